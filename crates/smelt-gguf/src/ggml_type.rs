@@ -103,7 +103,14 @@ impl GgmlType {
     pub fn is_quantized(self) -> bool {
         !matches!(
             self,
-            Self::F32 | Self::F16 | Self::BF16 | Self::F64 | Self::I8 | Self::I16 | Self::I32 | Self::I64
+            Self::F32
+                | Self::F16
+                | Self::BF16
+                | Self::F64
+                | Self::I8
+                | Self::I16
+                | Self::I32
+                | Self::I64
         )
     }
 
@@ -111,7 +118,7 @@ impl GgmlType {
     /// blocks or the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return None;
         }
         (n / bs).checked_mul(self.type_size() as u64)
