@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Quantization throughput to Q4_K, Q6_K and Q8_0 of one 4096x14336 f32 tensor: smelt (all
+# cores) vs candle-core's QTensor::quantize vs ggml (llama-cpp-python), in one run, with
+# byte comparisons. Prints a Markdown table last; see bench/RESULTS.md for recorded runs.
+#
+#   bench/quant.sh            # RUNS=3 by default; BENCH_OUT=folder for the data (bench/out)
+#
+# Needs nothing installed by hand: cargo builds the bench crate (its own workspace and
+# target dir, bench/candle-quant/target) and scripts/oracles.sh provides the Python venv.
+# Exits non-zero when smelt's bytes differ from ggml's.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=${BENCH_OUT:-$root/bench/out}
+runs=${RUNS:-3}
+
+py=$(scripts/oracles.sh | tail -n1)
+
+echo "==> $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" >&2
+echo "==> smelt and candle (bench/candle-quant, release)" >&2
+cargo run --release --quiet --manifest-path bench/candle-quant/Cargo.toml -- --out "$out" --runs "$runs"
+
+echo "==> ggml (llama-cpp-python's libggml-base)" >&2
+status=0
+"$py" bench/quant_ggml.py --dir "$out" --runs "$runs" || status=$?
+
+echo >&2
+"$py" bench/report.py "$out" || status=$?
+exit "$status"
