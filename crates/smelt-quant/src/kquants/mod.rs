@@ -1,151 +1,33 @@
-//! K-quants: 256-weight super-blocks (Q2_K ... Q8_K). STUB
+//! K-quants: 256-weight super-blocks split into 16- or 32-weight groups whose scales
+//! (and mins) are themselves quantized against one f16 scale per super-block.
+//!
+//! Quantization follows ggml's reference quantizers (`quantize_row_q*_K_ref`, no
+//! importance matrix) operation for operation, so the bytes match ggml's. Dot products
+//! run against [`BlockQ8K`] activations; each format has a portable and an AVX2 path
+//! that compute every super-block's integer sums exactly and fold them into the result
+//! through the same scalar code, which is why the two paths agree bit for bit.
 
-/// STUB: replaced by the real layout.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-pub struct BlockQ2K {
-    pub raw: [u8; 84],
-}
+// Indexed loops mirror ggml's layout arithmetic (weight `128 * h + 32 * k + i` ...),
+// which is what a reader checks them against.
+#![allow(clippy::needless_range_loop)]
 
-impl crate::Block for BlockQ2K {
-    const TYPE: crate::GgmlType = crate::GgmlType::Q2_K;
-    const WEIGHTS: usize = 256;
-    type Act = BlockQ8K;
-    fn dequantize_row(_src: &[Self], _dst: &mut [f32]) {
-        todo!()
-    }
-    fn vec_dot(_x: &[Self], _y: &[Self::Act]) -> f32 {
-        todo!()
-    }
-}
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+pub mod common;
+pub mod q2_k;
+pub mod q3_k;
+pub mod q4_k;
+pub mod q5_k;
+pub mod q6_k;
+pub mod q8_k;
 
-impl crate::Quantize for BlockQ2K {
-    fn quantize_row(_src: &[f32], _dst: &mut [Self]) {
-        todo!()
-    }
-}
+pub use common::QK_K;
+pub use q2_k::BlockQ2K;
+pub use q3_k::BlockQ3K;
+pub use q4_k::BlockQ4K;
+pub use q5_k::BlockQ5K;
+pub use q6_k::BlockQ6K;
+pub use q8_k::BlockQ8K;
 
-/// STUB: replaced by the real layout.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-pub struct BlockQ3K {
-    pub raw: [u8; 110],
-}
-
-impl crate::Block for BlockQ3K {
-    const TYPE: crate::GgmlType = crate::GgmlType::Q3_K;
-    const WEIGHTS: usize = 256;
-    type Act = BlockQ8K;
-    fn dequantize_row(_src: &[Self], _dst: &mut [f32]) {
-        todo!()
-    }
-    fn vec_dot(_x: &[Self], _y: &[Self::Act]) -> f32 {
-        todo!()
-    }
-}
-
-impl crate::Quantize for BlockQ3K {
-    fn quantize_row(_src: &[f32], _dst: &mut [Self]) {
-        todo!()
-    }
-}
-
-/// STUB: replaced by the real layout.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-pub struct BlockQ4K {
-    pub raw: [u8; 144],
-}
-
-impl crate::Block for BlockQ4K {
-    const TYPE: crate::GgmlType = crate::GgmlType::Q4_K;
-    const WEIGHTS: usize = 256;
-    type Act = BlockQ8K;
-    fn dequantize_row(_src: &[Self], _dst: &mut [f32]) {
-        todo!()
-    }
-    fn vec_dot(_x: &[Self], _y: &[Self::Act]) -> f32 {
-        todo!()
-    }
-}
-
-impl crate::Quantize for BlockQ4K {
-    fn quantize_row(_src: &[f32], _dst: &mut [Self]) {
-        todo!()
-    }
-}
-
-/// STUB: replaced by the real layout.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-pub struct BlockQ5K {
-    pub raw: [u8; 176],
-}
-
-impl crate::Block for BlockQ5K {
-    const TYPE: crate::GgmlType = crate::GgmlType::Q5_K;
-    const WEIGHTS: usize = 256;
-    type Act = BlockQ8K;
-    fn dequantize_row(_src: &[Self], _dst: &mut [f32]) {
-        todo!()
-    }
-    fn vec_dot(_x: &[Self], _y: &[Self::Act]) -> f32 {
-        todo!()
-    }
-}
-
-impl crate::Quantize for BlockQ5K {
-    fn quantize_row(_src: &[f32], _dst: &mut [Self]) {
-        todo!()
-    }
-}
-
-/// STUB: replaced by the real layout.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-pub struct BlockQ6K {
-    pub raw: [u8; 210],
-}
-
-impl crate::Block for BlockQ6K {
-    const TYPE: crate::GgmlType = crate::GgmlType::Q6_K;
-    const WEIGHTS: usize = 256;
-    type Act = BlockQ8K;
-    fn dequantize_row(_src: &[Self], _dst: &mut [f32]) {
-        todo!()
-    }
-    fn vec_dot(_x: &[Self], _y: &[Self::Act]) -> f32 {
-        todo!()
-    }
-}
-
-impl crate::Quantize for BlockQ6K {
-    fn quantize_row(_src: &[f32], _dst: &mut [Self]) {
-        todo!()
-    }
-}
-
-/// STUB: replaced by the real layout.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-pub struct BlockQ8K {
-    pub raw: [u8; 292],
-}
-
-impl crate::Block for BlockQ8K {
-    const TYPE: crate::GgmlType = crate::GgmlType::Q8_K;
-    const WEIGHTS: usize = 256;
-    type Act = BlockQ8K;
-    fn dequantize_row(_src: &[Self], _dst: &mut [f32]) {
-        todo!()
-    }
-    fn vec_dot(_x: &[Self], _y: &[Self::Act]) -> f32 {
-        todo!()
-    }
-}
-
-impl crate::Quantize for BlockQ8K {
-    fn quantize_row(_src: &[f32], _dst: &mut [Self]) {
-        todo!()
-    }
-}
+#[cfg(test)]
+pub(crate) mod testutil;

@@ -1,0 +1,230 @@
+//! Q2_K: 2.625 bits per weight. Sixteen 16-weight groups, each `d * sc * q - dmin * m`
+//! with 2-bit `q` and 4-bit `sc`/`m` sharing a byte.
+
+use super::common::{fold, make_qkx2_quants, nearest_int, Qkx2Search, QK_K};
+use super::BlockQ8K;
+use crate::{Block, GgmlType, Quantize};
+use half::f16;
+
+/// ggml's `block_q2_K` (84 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct BlockQ2K {
+    /// Group scale in the low nibble, group min in the high nibble.
+    pub scales: [u8; QK_K / 16],
+    /// Quants: in each 128-weight half `h`, bits `2k..2k+2` of byte `32 * h + l`
+    /// belong to weight `128 * h + 32 * k + l`.
+    pub qs: [u8; QK_K / 4],
+    /// Scale of the group scales.
+    pub d: f16,
+    /// Scale of the group mins.
+    pub dmin: f16,
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ2K>() == 84);
+
+const SEARCH: Qkx2Search = Qkx2Search {
+    nmax: 3,
+    rmin: -0.5,
+    rdelta: 0.1,
+    nstep: 15,
+    use_mad: true,
+};
+
+impl BlockQ2K {
+    /// ggml's `quantize_row_q2_K_ref` for one super-block.
+    pub fn quantize(x: &[f32; QK_K]) -> Self {
+        let mut l = [0u8; QK_K];
+        let mut scales = [0.0f32; 16];
+        let mut mins = [0.0f32; 16];
+        let mut max_scale = 0.0f32;
+        let mut max_min = 0.0f32;
+        for (j, (xs, ls)) in x.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
+            let (Ok(xs), Ok(ls)) = (<&[f32; 16]>::try_from(xs), ls.try_into()) else {
+                continue;
+            };
+            let weights = std::array::from_fn(|i| xs[i].abs());
+            (scales[j], mins[j]) = make_qkx2_quants(&SEARCH, xs, &weights, ls);
+            if scales[j] > max_scale {
+                max_scale = scales[j];
+            }
+            if mins[j] > max_min {
+                max_min = mins[j];
+            }
+        }
+        let mut y = <Self as bytemuck::Zeroable>::zeroed();
+        // ggml stores nearest_int straight into the uint8_t scale bytes: keep that wrap.
+        if max_scale > 0.0 {
+            let iscale = 15.0f32 / max_scale;
+            for (s, &v) in y.scales.iter_mut().zip(&scales) {
+                *s = nearest_int(iscale * v) as u8;
+            }
+            y.d = f16::from_f32(max_scale / 15.0);
+        }
+        if max_min > 0.0 {
+            let iscale = 15.0f32 / max_min;
+            for (s, &v) in y.scales.iter_mut().zip(&mins) {
+                *s |= nearest_int(iscale * v).wrapping_shl(4) as u8;
+            }
+            y.dmin = f16::from_f32(max_min / 15.0);
+        }
+        for j in 0..16 {
+            let d = y.d.to_f32() * (y.scales[j] & 0xF) as f32;
+            if d == 0.0 {
+                continue;
+            }
+            let dm = y.dmin.to_f32() * (y.scales[j] >> 4) as f32;
+            for i in 16 * j..16 * j + 16 {
+                l[i] = nearest_int((x[i] + dm) / d).clamp(0, 3) as u8;
+            }
+        }
+        for h in 0..2 {
+            let l = &l[128 * h..128 * h + 128];
+            for i in 0..32 {
+                y.qs[32 * h + i] = l[i] | (l[32 + i] << 2) | (l[64 + i] << 4) | (l[96 + i] << 6);
+            }
+        }
+        y
+    }
+
+    /// ggml's `dequantize_row_q2_K` for one super-block.
+    pub fn dequantize(&self, out: &mut [f32; QK_K]) {
+        let d = self.d.to_f32();
+        let min = self.dmin.to_f32();
+        for h in 0..2 {
+            for k in 0..4 {
+                for i in 0..32 {
+                    let e = 128 * h + 32 * k + i;
+                    let sc = self.scales[e / 16];
+                    let (dl, ml) = (d * (sc & 0xF) as f32, min * (sc >> 4) as f32);
+                    let q = (self.qs[32 * h + i] >> (2 * k)) & 3;
+                    out[e] = dl * q as f32 - ml;
+                }
+            }
+        }
+    }
+}
+
+/// Q2_K x Q8_K on any CPU.
+pub fn vec_dot_portable(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    for (x, y) in x.iter().zip(y) {
+        let mut isum = 0i32;
+        for h in 0..2 {
+            for k in 0..4 {
+                let ys = &y.qs[128 * h + 32 * k..128 * h + 32 * k + 32];
+                let q = &x.qs[32 * h..32 * h + 32];
+                let (mut a, mut b) = (0i32, 0i32);
+                for i in 0..16 {
+                    a += ((q[i] >> (2 * k)) & 3) as i32 * ys[i] as i32;
+                    b += ((q[16 + i] >> (2 * k)) & 3) as i32 * ys[16 + i] as i32;
+                }
+                let g = 8 * h + 2 * k;
+                isum += (x.scales[g] & 0xF) as i32 * a + (x.scales[g + 1] & 0xF) as i32 * b;
+            }
+        }
+        let msum: i32 = (0..16)
+            .map(|j| (x.scales[j] >> 4) as i32 * y.bsums[j] as i32)
+            .sum();
+        acc = fold(acc, y.d * x.d.to_f32(), isum, y.d * x.dmin.to_f32(), msum);
+    }
+    acc
+}
+
+/// Q2_K x Q8_K with AVX2; bit-identical to [`vec_dot_portable`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn vec_dot_avx2(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
+    use super::avx2::{hsum_i32, load, scales_pair};
+    use std::arch::x86_64::*;
+    let two_bits = _mm256_set1_epi8(3);
+    let mut acc = 0.0f32;
+    for (x, y) in x.iter().zip(y) {
+        let packed = _mm_loadu_si128(x.scales.as_ptr().cast());
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(
+            _mm_srli_epi16::<4>(packed),
+            _mm_set1_epi8(0x0F),
+        ));
+        let msum = hsum_i32(_mm256_madd_epi16(mins, load(y.bsums.as_ptr().cast())));
+        let mut sum = _mm256_setzero_si256();
+        for h in 0..2 {
+            let mut q = load(x.qs.as_ptr().add(32 * h));
+            for k in 0..4 {
+                let ys = load(y.qs.as_ptr().add(128 * h + 32 * k).cast());
+                let g = 8 * h + 2 * k;
+                let scale = scales_pair((x.scales[g] & 0xF) as i16, (x.scales[g + 1] & 0xF) as i16);
+                let p = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(_mm256_and_si256(q, two_bits), ys),
+                    scale,
+                );
+                sum = _mm256_add_epi32(sum, p);
+                q = _mm256_srli_epi16::<2>(q);
+            }
+        }
+        acc = fold(
+            acc,
+            y.d * x.d.to_f32(),
+            hsum_i32(sum),
+            y.d * x.dmin.to_f32(),
+            msum,
+        );
+    }
+    acc
+}
+
+impl Block for BlockQ2K {
+    const TYPE: GgmlType = GgmlType::Q2_K;
+    const WEIGHTS: usize = QK_K;
+    type Act = BlockQ8K;
+
+    fn dequantize_row(src: &[Self], dst: &mut [f32]) {
+        for (b, out) in src.iter().zip(dst.chunks_exact_mut(QK_K)) {
+            if let Ok(out) = out.try_into() {
+                b.dequantize(out);
+            }
+        }
+    }
+
+    fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::has_avx2() {
+            // SAFETY: has_avx2 checked the CPU for AVX2 and FMA.
+            return unsafe { vec_dot_avx2(x, y) };
+        }
+        vec_dot_portable(x, y)
+    }
+}
+
+impl Quantize for BlockQ2K {
+    fn quantize_row(src: &[f32], dst: &mut [Self]) {
+        for (x, y) in src.chunks_exact(QK_K).zip(dst) {
+            if let Ok(x) = x.try_into() {
+                *y = Self::quantize(x);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kquants::testutil::*;
+
+    #[test]
+    fn dot_paths_agree_and_match_f64() {
+        check_dot::<BlockQ2K>(vec_dot_portable, avx2_fn!(vec_dot_avx2), 8e-2);
+    }
+
+    #[test]
+    fn round_trip_error_is_bounded() {
+        check_round_trip::<BlockQ2K>(0.45);
+    }
+
+    #[test]
+    fn zero_row_is_all_zero() {
+        check_zero_row::<BlockQ2K>();
+    }
+}

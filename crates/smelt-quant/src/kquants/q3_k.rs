@@ -1,0 +1,260 @@
+//! Q3_K: 3.4375 bits per weight. Sixteen 16-weight groups, each `d * sc * q` with
+//! `q` in `-4..=3` (two low bits in `qs`, the high bit in `hmask`) and 6-bit signed `sc`.
+
+use super::common::{fold, make_q3_quants, nearest_int, QK_K};
+use super::BlockQ8K;
+use crate::{Block, GgmlType, Quantize};
+use half::f16;
+
+/// ggml's `block_q3_K` (110 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct BlockQ3K {
+    /// High bits: bit `b` of byte `l` belongs to weight `32 * b + l`; set means the
+    /// quant is `q2 + 0`, clear means `q2 - 4`.
+    pub hmask: [u8; QK_K / 8],
+    /// Low two bits: in each 128-weight half `h`, bits `2k..2k+2` of byte `32 * h + l`
+    /// belong to weight `128 * h + 32 * k + l`.
+    pub qs: [u8; QK_K / 4],
+    /// Sixteen 6-bit scales (offset by 32): low nibbles in bytes 0..8, top two bits
+    /// in bytes 8..12.
+    pub scales: [u8; 12],
+    /// Scale of the group scales.
+    pub d: f16,
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ3K>() == 110);
+
+/// Packs sixteen 6-bit values (`0..64`) into Q3_K's 12 scale bytes.
+fn pack_scales(l: &[u8; 16]) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    for (j, &l) in l.iter().enumerate() {
+        if j < 8 {
+            s[j] = l & 0xF;
+        } else {
+            s[j - 8] |= (l & 0xF) << 4;
+        }
+        s[j % 4 + 8] |= (l >> 4) << (2 * (j / 4));
+    }
+    s
+}
+
+/// Unpacks Q3_K's 12 scale bytes into signed group scales (`-32..32`).
+#[inline(always)]
+pub(crate) fn unpack_scales(s: &[u8; 12]) -> [i8; 16] {
+    std::array::from_fn(|j| {
+        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        (low | (high << 4)) as i8 - 32
+    })
+}
+
+impl BlockQ3K {
+    /// ggml's `quantize_row_q3_K_ref` for one super-block.
+    pub fn quantize(x: &[f32; QK_K]) -> Self {
+        let mut l = [0i8; QK_K];
+        let mut scales = [0.0f32; 16];
+        let mut max_scale = 0.0f32;
+        let mut amax = 0.0f32;
+        for (j, (xs, ls)) in x.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
+            let (Ok(xs), Ok(ls)) = (xs.try_into(), ls.try_into()) else {
+                continue;
+            };
+            scales[j] = make_q3_quants(4, xs, ls);
+            if scales[j].abs() > amax {
+                amax = scales[j].abs();
+                max_scale = scales[j];
+            }
+        }
+        let mut y = <Self as bytemuck::Zeroable>::zeroed();
+        if max_scale != 0.0 {
+            let iscale = -32.0f32 / max_scale;
+            // ggml stores nearest_int into an int8_t before clamping: keep that wrap.
+            let ls: [u8; 16] = std::array::from_fn(|j| {
+                ((nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32) as u8
+            });
+            y.scales = pack_scales(&ls);
+            y.d = f16::from_f32(1.0 / iscale);
+        }
+        let sc = unpack_scales(&y.scales);
+        for j in 0..16 {
+            let d = y.d.to_f32() * sc[j] as f32;
+            if d == 0.0 {
+                continue;
+            }
+            for i in 16 * j..16 * j + 16 {
+                l[i] = (nearest_int(x[i] / d).clamp(-4, 3) + 4) as i8;
+            }
+        }
+        for (j, l) in l.iter_mut().enumerate() {
+            if *l > 3 {
+                y.hmask[j % 32] |= 1 << (j / 32);
+                *l -= 4;
+            }
+        }
+        for h in 0..2 {
+            let l = &l[128 * h..128 * h + 128];
+            for i in 0..32 {
+                y.qs[32 * h + i] =
+                    (l[i] | (l[32 + i] << 2) | (l[64 + i] << 4) | (l[96 + i] << 6)) as u8;
+            }
+        }
+        y
+    }
+
+    /// The quant of weight `128 * h + 32 * k + i` plus 4 (`0..8`).
+    #[inline(always)]
+    fn q(&self, h: usize, k: usize, i: usize) -> i32 {
+        let low = (self.qs[32 * h + i] >> (2 * k)) & 3;
+        let high = (self.hmask[i] >> (4 * h + k)) & 1;
+        (low | (high << 2)) as i32
+    }
+
+    /// ggml's `dequantize_row_q3_K` for one super-block.
+    pub fn dequantize(&self, out: &mut [f32; QK_K]) {
+        let d = self.d.to_f32();
+        let sc = unpack_scales(&self.scales);
+        for h in 0..2 {
+            for k in 0..4 {
+                for i in 0..32 {
+                    let e = 128 * h + 32 * k + i;
+                    let dl = d * sc[e / 16] as f32;
+                    out[e] = dl * (self.q(h, k, i) - 4) as f32;
+                }
+            }
+        }
+    }
+}
+
+/// `sum_j sc_j * bsums_j`: the offset term of a 16-group format.
+#[inline(always)]
+pub(crate) fn offset_sum(sc: &[i8; 16], bsums: &[i16; 16]) -> i32 {
+    (0..16).map(|j| sc[j] as i32 * bsums[j] as i32).sum()
+}
+
+/// Q3_K x Q8_K on any CPU.
+pub fn vec_dot_portable(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    for (x, y) in x.iter().zip(y) {
+        let sc = unpack_scales(&x.scales);
+        // Quants are summed with offset 4 (0..8), taken off through the group sums.
+        let mut isum = -4 * offset_sum(&sc, &y.bsums);
+        for h in 0..2 {
+            for k in 0..4 {
+                let ys = &y.qs[128 * h + 32 * k..128 * h + 32 * k + 32];
+                let (mut a, mut b) = (0i32, 0i32);
+                for i in 0..16 {
+                    a += x.q(h, k, i) * ys[i] as i32;
+                    b += x.q(h, k, 16 + i) * ys[16 + i] as i32;
+                }
+                let g = 8 * h + 2 * k;
+                isum += sc[g] as i32 * a + sc[g + 1] as i32 * b;
+            }
+        }
+        acc = fold(acc, y.d * x.d.to_f32(), isum, 0.0, 0);
+    }
+    acc
+}
+
+/// Q3_K x Q8_K with AVX2; bit-identical to [`vec_dot_portable`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn vec_dot_avx2(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
+    use super::avx2::{hsum_i32, load, scales_pair};
+    use std::arch::x86_64::*;
+    let two_bits = _mm256_set1_epi8(3);
+    let one_bit = _mm256_set1_epi8(1);
+    let mut acc = 0.0f32;
+    for (x, y) in x.iter().zip(y) {
+        let sc = unpack_scales(&x.scales);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
+        let offset = _mm256_slli_epi32::<2>(_mm256_madd_epi16(load(y.bsums.as_ptr().cast()), sc16));
+        let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), offset);
+        // Shifted right one bit per 32-weight chunk, so that bit 0 is the chunk's.
+        let mut hm = load(x.hmask.as_ptr());
+        for h in 0..2 {
+            let mut q = load(x.qs.as_ptr().add(32 * h));
+            for k in 0..4 {
+                let high = _mm256_slli_epi16::<2>(_mm256_and_si256(hm, one_bit));
+                let q3 = _mm256_or_si256(_mm256_and_si256(q, two_bits), high);
+                let ys = load(y.qs.as_ptr().add(128 * h + 32 * k).cast());
+                let g = 8 * h + 2 * k;
+                let p = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(q3, ys),
+                    scales_pair(sc[g] as i16, sc[g + 1] as i16),
+                );
+                sum = _mm256_add_epi32(sum, p);
+                q = _mm256_srli_epi16::<2>(q);
+                hm = _mm256_srli_epi16::<1>(hm);
+            }
+        }
+        acc = fold(acc, y.d * x.d.to_f32(), hsum_i32(sum), 0.0, 0);
+    }
+    acc
+}
+
+impl Block for BlockQ3K {
+    const TYPE: GgmlType = GgmlType::Q3_K;
+    const WEIGHTS: usize = QK_K;
+    type Act = BlockQ8K;
+
+    fn dequantize_row(src: &[Self], dst: &mut [f32]) {
+        for (b, out) in src.iter().zip(dst.chunks_exact_mut(QK_K)) {
+            if let Ok(out) = out.try_into() {
+                b.dequantize(out);
+            }
+        }
+    }
+
+    fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::has_avx2() {
+            // SAFETY: has_avx2 checked the CPU for AVX2 and FMA.
+            return unsafe { vec_dot_avx2(x, y) };
+        }
+        vec_dot_portable(x, y)
+    }
+}
+
+impl Quantize for BlockQ3K {
+    fn quantize_row(src: &[f32], dst: &mut [Self]) {
+        for (x, y) in src.chunks_exact(QK_K).zip(dst) {
+            if let Ok(x) = x.try_into() {
+                *y = Self::quantize(x);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kquants::testutil::*;
+
+    #[test]
+    fn scale_packing_round_trips() {
+        let l: [u8; 16] = std::array::from_fn(|j| (j as u8 * 37 + 5) % 64);
+        let back = unpack_scales(&pack_scales(&l));
+        for j in 0..16 {
+            assert_eq!(back[j] as i32 + 32, l[j] as i32);
+        }
+    }
+
+    #[test]
+    fn dot_paths_agree_and_match_f64() {
+        check_dot::<BlockQ3K>(vec_dot_portable, avx2_fn!(vec_dot_avx2), 4e-2);
+    }
+
+    #[test]
+    fn round_trip_error_is_bounded() {
+        check_round_trip::<BlockQ3K>(0.25);
+    }
+
+    #[test]
+    fn zero_row_is_all_zero() {
+        check_zero_row::<BlockQ3K>();
+    }
+}

@@ -1,0 +1,171 @@
+//! Q8_K: the activation format every K-quant is dotted against. One f32 scale, 256
+//! signed bytes, and the sums of each 16 bytes, so a weight format's min term becomes
+//! 16 multiplies instead of 256.
+
+use super::common::{fold, nearest_int, QK_K};
+use crate::{Block, GgmlType, Quantize};
+
+/// ggml's `block_q8_K` (292 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct BlockQ8K {
+    /// Scale: weight `i` is `d * qs[i]`.
+    pub d: f32,
+    /// Quants in `-127..=127`.
+    pub qs: [i8; QK_K],
+    /// `bsums[j]` is the sum of `qs[16 * j..16 * j + 16]`.
+    pub bsums: [i16; QK_K / 16],
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
+
+impl BlockQ8K {
+    /// ggml's `quantize_row_q8_K_ref` for one super-block: the value of largest
+    /// magnitude maps to -127 (its sign kept in the scale).
+    pub fn quantize(x: &[f32; QK_K]) -> Self {
+        let mut max = 0.0f32;
+        let mut amax = 0.0f32;
+        for &v in x {
+            let ax = v.abs();
+            if ax > amax {
+                amax = ax;
+                max = v;
+            }
+        }
+        let mut y = <Self as bytemuck::Zeroable>::zeroed();
+        if amax == 0.0 {
+            return y;
+        }
+        let iscale = -127.0f32 / max;
+        for (q, &v) in y.qs.iter_mut().zip(x) {
+            *q = nearest_int(iscale * v).min(127) as i8;
+        }
+        for (s, q) in y.bsums.iter_mut().zip(y.qs.chunks_exact(16)) {
+            *s = q.iter().map(|&v| v as i32).sum::<i32>() as i16;
+        }
+        y.d = 1.0 / iscale;
+        y
+    }
+
+    /// Unpacks into `out`.
+    pub fn dequantize(&self, out: &mut [f32; QK_K]) {
+        for (o, &q) in out.iter_mut().zip(&self.qs) {
+            *o = self.d * q as f32;
+        }
+    }
+}
+
+/// Exact integer dot of two blocks' quants.
+#[inline(always)]
+fn isum_portable(x: &BlockQ8K, y: &BlockQ8K) -> i32 {
+    x.qs.iter()
+        .zip(&y.qs)
+        .map(|(&a, &b)| a as i32 * b as i32)
+        .sum()
+}
+
+/// Q8_K x Q8_K on any CPU.
+pub fn vec_dot_portable(x: &[BlockQ8K], y: &[BlockQ8K]) -> f32 {
+    x.iter().zip(y).fold(0.0, |acc, (x, y)| {
+        fold(acc, x.d * y.d, isum_portable(x, y), 0.0, 0)
+    })
+}
+
+/// Q8_K x Q8_K with AVX2; bit-identical to [`vec_dot_portable`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn vec_dot_avx2(x: &[BlockQ8K], y: &[BlockQ8K]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = 0.0f32;
+    for (x, y) in x.iter().zip(y) {
+        let mut sum = _mm256_setzero_si256();
+        // Widen to i16 before multiplying: maddubs would saturate on a -128 byte.
+        for c in 0..QK_K / 16 {
+            let a = _mm_loadu_si128(x.qs.as_ptr().add(16 * c).cast());
+            let b = _mm_loadu_si128(y.qs.as_ptr().add(16 * c).cast());
+            let p = _mm256_madd_epi16(_mm256_cvtepi8_epi16(a), _mm256_cvtepi8_epi16(b));
+            sum = _mm256_add_epi32(sum, p);
+        }
+        acc = fold(acc, x.d * y.d, super::avx2::hsum_i32(sum), 0.0, 0);
+    }
+    acc
+}
+
+impl Block for BlockQ8K {
+    const TYPE: GgmlType = GgmlType::Q8_K;
+    const WEIGHTS: usize = QK_K;
+    type Act = BlockQ8K;
+
+    fn dequantize_row(src: &[Self], dst: &mut [f32]) {
+        for (b, out) in src.iter().zip(dst.chunks_exact_mut(QK_K)) {
+            if let Ok(out) = out.try_into() {
+                b.dequantize(out);
+            }
+        }
+    }
+
+    fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::has_avx2() {
+            // SAFETY: has_avx2 checked the CPU for AVX2 and FMA.
+            return unsafe { vec_dot_avx2(x, y) };
+        }
+        vec_dot_portable(x, y)
+    }
+}
+
+impl Quantize for BlockQ8K {
+    fn quantize_row(src: &[f32], dst: &mut [Self]) {
+        for (x, y) in src.chunks_exact(QK_K).zip(dst) {
+            if let Ok(x) = x.try_into() {
+                *y = Self::quantize(x);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kquants::testutil::*;
+
+    #[test]
+    fn keeps_the_sign_of_the_largest_value_in_the_scale() {
+        let mut x = [0.0f32; QK_K];
+        x[3] = 2.0;
+        x[7] = -1.0;
+        let b = BlockQ8K::quantize(&x);
+        assert_eq!(b.qs[3], -127);
+        assert_eq!(b.qs[7], 64); // 63.5 rounds to even
+        assert!(b.d < 0.0);
+        assert_eq!(b.bsums[0], -127 + 64);
+    }
+
+    #[test]
+    fn zero_row_is_all_zero() {
+        let b = BlockQ8K::quantize(&[0.0; QK_K]);
+        assert_eq!(bytemuck::bytes_of(&b), &[0u8; 292][..]);
+    }
+
+    #[test]
+    fn round_trip_error_is_within_half_a_step() {
+        for seed in 0..8 {
+            let x = random_row(seed, QK_K, 3.0);
+            let b = BlockQ8K::quantize(x[..].try_into().unwrap());
+            let mut back = [0.0f32; QK_K];
+            b.dequantize(&mut back);
+            let step = b.d.abs();
+            for (a, r) in x.iter().zip(&back) {
+                assert!((a - r).abs() <= 0.5 * step * 1.0001, "{a} vs {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn dot_paths_agree_and_match_f64() {
+        check_dot::<BlockQ8K>(vec_dot_portable, avx2_fn!(vec_dot_avx2), 2e-3);
+    }
+}
