@@ -51,7 +51,7 @@ impl Bytes {
     }
     /// Zero padding up to a multiple of `align`.
     pub fn pad(mut self, align: usize) -> Self {
-        while self.0.len() % align != 0 {
+        while !self.0.len().is_multiple_of(align) {
             self.0.push(0);
         }
         self
