@@ -293,3 +293,15 @@ fn put_array(out: &mut Vec<u8>, a: &Array) {
         Array::Array(v) => v.iter().for_each(|inner| put_array(out, inner)),
     }
 }
+
+impl<W: Write> std::fmt::Debug for GgufWriter<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufWriter")
+            .field("path", &self.path)
+            .field("tensors", &self.specs.len())
+            .field("written", &self.next)
+            .field("alignment", &self.alignment)
+            .field("pos", &self.pos)
+            .finish_non_exhaustive()
+    }
+}
