@@ -1,151 +1,25 @@
-//! Legacy 32-weight block formats (Q4_0 ... Q8_1). STUB
+//! Legacy 32-weight block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1), byte-identical with
+//! ggml's reference quantizers (`quantize_row_*_ref` in `ggml-quants.c`).
+//!
+//! Each block type has two dot-product paths as associated functions, `vec_dot_portable`
+//! and (on x86_64) the unsafe `vec_dot_avx2`, which [`crate::Block::vec_dot`] picks between; both
+//! compute every block's integer dot exactly and combine the float scales with the same
+//! code (see [`dot`]), so they agree bit for bit on every input.
 
-/// STUB: replaced by the real layout.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-pub struct BlockQ4_0 {
-    pub raw: [u8; 18],
-}
+pub(crate) mod dot;
+mod q4_0;
+mod q4_1;
+mod q5_0;
+mod q5_1;
+mod q8_0;
+mod q8_1;
+pub(crate) mod scan;
+#[cfg(test)]
+pub(crate) mod testutil;
 
-impl crate::Block for BlockQ4_0 {
-    const TYPE: crate::GgmlType = crate::GgmlType::Q4_0;
-    const WEIGHTS: usize = 32;
-    type Act = BlockQ8_0;
-    fn dequantize_row(_src: &[Self], _dst: &mut [f32]) {
-        todo!()
-    }
-    fn vec_dot(_x: &[Self], _y: &[Self::Act]) -> f32 {
-        todo!()
-    }
-}
-
-impl crate::Quantize for BlockQ4_0 {
-    fn quantize_row(_src: &[f32], _dst: &mut [Self]) {
-        todo!()
-    }
-}
-
-/// STUB: replaced by the real layout.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-pub struct BlockQ4_1 {
-    pub raw: [u8; 20],
-}
-
-impl crate::Block for BlockQ4_1 {
-    const TYPE: crate::GgmlType = crate::GgmlType::Q4_1;
-    const WEIGHTS: usize = 32;
-    type Act = BlockQ8_1;
-    fn dequantize_row(_src: &[Self], _dst: &mut [f32]) {
-        todo!()
-    }
-    fn vec_dot(_x: &[Self], _y: &[Self::Act]) -> f32 {
-        todo!()
-    }
-}
-
-impl crate::Quantize for BlockQ4_1 {
-    fn quantize_row(_src: &[f32], _dst: &mut [Self]) {
-        todo!()
-    }
-}
-
-/// STUB: replaced by the real layout.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-pub struct BlockQ5_0 {
-    pub raw: [u8; 22],
-}
-
-impl crate::Block for BlockQ5_0 {
-    const TYPE: crate::GgmlType = crate::GgmlType::Q5_0;
-    const WEIGHTS: usize = 32;
-    type Act = BlockQ8_0;
-    fn dequantize_row(_src: &[Self], _dst: &mut [f32]) {
-        todo!()
-    }
-    fn vec_dot(_x: &[Self], _y: &[Self::Act]) -> f32 {
-        todo!()
-    }
-}
-
-impl crate::Quantize for BlockQ5_0 {
-    fn quantize_row(_src: &[f32], _dst: &mut [Self]) {
-        todo!()
-    }
-}
-
-/// STUB: replaced by the real layout.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-pub struct BlockQ5_1 {
-    pub raw: [u8; 24],
-}
-
-impl crate::Block for BlockQ5_1 {
-    const TYPE: crate::GgmlType = crate::GgmlType::Q5_1;
-    const WEIGHTS: usize = 32;
-    type Act = BlockQ8_1;
-    fn dequantize_row(_src: &[Self], _dst: &mut [f32]) {
-        todo!()
-    }
-    fn vec_dot(_x: &[Self], _y: &[Self::Act]) -> f32 {
-        todo!()
-    }
-}
-
-impl crate::Quantize for BlockQ5_1 {
-    fn quantize_row(_src: &[f32], _dst: &mut [Self]) {
-        todo!()
-    }
-}
-
-/// STUB: replaced by the real layout.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-pub struct BlockQ8_0 {
-    pub raw: [u8; 34],
-}
-
-impl crate::Block for BlockQ8_0 {
-    const TYPE: crate::GgmlType = crate::GgmlType::Q8_0;
-    const WEIGHTS: usize = 32;
-    type Act = BlockQ8_0;
-    fn dequantize_row(_src: &[Self], _dst: &mut [f32]) {
-        todo!()
-    }
-    fn vec_dot(_x: &[Self], _y: &[Self::Act]) -> f32 {
-        todo!()
-    }
-}
-
-impl crate::Quantize for BlockQ8_0 {
-    fn quantize_row(_src: &[f32], _dst: &mut [Self]) {
-        todo!()
-    }
-}
-
-/// STUB: replaced by the real layout.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-pub struct BlockQ8_1 {
-    pub raw: [u8; 36],
-}
-
-impl crate::Block for BlockQ8_1 {
-    const TYPE: crate::GgmlType = crate::GgmlType::Q8_1;
-    const WEIGHTS: usize = 32;
-    type Act = BlockQ8_1;
-    fn dequantize_row(_src: &[Self], _dst: &mut [f32]) {
-        todo!()
-    }
-    fn vec_dot(_x: &[Self], _y: &[Self::Act]) -> f32 {
-        todo!()
-    }
-}
-
-impl crate::Quantize for BlockQ8_1 {
-    fn quantize_row(_src: &[f32], _dst: &mut [Self]) {
-        todo!()
-    }
-}
+pub use q4_0::BlockQ4_0;
+pub use q4_1::BlockQ4_1;
+pub use q5_0::BlockQ5_0;
+pub use q5_1::BlockQ5_1;
+pub use q8_0::BlockQ8_0;
+pub use q8_1::BlockQ8_1;

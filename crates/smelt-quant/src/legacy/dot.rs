@@ -1,0 +1,219 @@
+//! The shared skeleton of the block dot products, and the AVX2 building blocks.
+//!
+//! A dot product of two block rows is `sum_b term(b)` where `term` turns block `b`'s exact
+//! integer dot into a float with the blocks' scales. The two paths differ only in how they
+//! get the integer dots (scalar loops, or AVX2 eight blocks at a time); the float side is
+//! the same code for both: block `b`'s term goes to partial sum `b % LANES`, and the
+//! partials are added in one fixed order. Eight independent partials also keep the adds
+//! from serializing on one register.
+
+/// Partial sums a dot product keeps.
+pub(crate) const LANES: usize = 8;
+
+/// Eight partial sums of block terms; block `b` always lands in partial `b % LANES`.
+pub(crate) struct Lanes([f32; LANES]);
+
+impl Lanes {
+    #[inline(always)]
+    pub(crate) fn new() -> Self {
+        Self([0.0; LANES])
+    }
+
+    #[inline(always)]
+    pub(crate) fn add(&mut self, block: usize, term: f32) {
+        self.0[block % LANES] += term;
+    }
+
+    /// `((p0+p4) + (p2+p6)) + ((p1+p5) + (p3+p7))`, the one order both paths use.
+    #[inline(always)]
+    pub(crate) fn sum(&self) -> f32 {
+        let p = &self.0;
+        let h: [f32; 4] = std::array::from_fn(|l| p[l] + p[l + 4]);
+        (h[0] + h[2]) + (h[1] + h[3])
+    }
+}
+
+/// The portable path: one block at a time.
+#[inline(always)]
+pub(crate) fn dot_blocks<X, Y>(
+    x: &[X],
+    y: &[Y],
+    isum: impl Fn(&X, &Y) -> i32,
+    term: impl Fn(&X, &Y, i32) -> f32,
+) -> f32 {
+    let mut acc = Lanes::new();
+    for (b, (xb, yb)) in x.iter().zip(y).enumerate() {
+        acc.add(b, term(xb, yb, isum(xb, yb)));
+    }
+    acc.sum()
+}
+
+/// The grouped path: `group` gives the integer dots of `LANES` blocks at once; the
+/// trailing blocks use the scalar `isum`. Integer dots are exact, so this equals
+/// [`dot_blocks`] bit for bit.
+#[inline(always)]
+pub(crate) fn dot_groups<X, Y>(
+    x: &[X],
+    y: &[Y],
+    group: impl Fn(&[X], &[Y]) -> [i32; LANES],
+    isum: impl Fn(&X, &Y) -> i32,
+    term: impl Fn(&X, &Y, i32) -> f32,
+) -> f32 {
+    let n = x.len().min(y.len());
+    let whole = n - n % LANES;
+    let mut acc = Lanes::new();
+    for g in (0..whole).step_by(LANES) {
+        let (xs, ys) = (&x[g..g + LANES], &y[g..g + LANES]);
+        let sums = group(xs, ys);
+        for l in 0..LANES {
+            acc.add(l, term(&xs[l], &ys[l], sums[l]));
+        }
+    }
+    for b in whole..n {
+        acc.add(b, term(&x[b], &y[b], isum(&x[b], &y[b])));
+    }
+    acc.sum()
+}
+
+/// Exact `sum a[i] * b[i]` of two 32-byte signed rows (the portable integer kernel).
+#[inline(always)]
+pub(crate) fn dot_i8(a: &[i8; 32], b: &[i8; 32]) -> i32 {
+    a.iter().zip(b).map(|(&p, &q)| p as i32 * q as i32).sum()
+}
+
+/// Exact `sum (q[i] - offset) * y[i]` for 32 unsigned quants laid out as ggml's 4/5-bit
+/// formats unpack them (weight `j` and `j + 16` share byte `j`).
+#[inline(always)]
+pub(crate) fn dot_unpacked(q: &[u8; 32], offset: i32, y: &[i8; 32]) -> i32 {
+    q.iter()
+        .zip(y)
+        .map(|(&p, &v)| (p as i32 - offset) * v as i32)
+        .sum()
+}
+
+/// Weights of a 4-bit block as values 0..15 in weight order.
+#[inline(always)]
+pub(crate) fn nibbles(qs: &[u8; 16]) -> [u8; 32] {
+    std::array::from_fn(|i| {
+        if i < 16 {
+            qs[i] & 0x0F
+        } else {
+            qs[i - 16] >> 4
+        }
+    })
+}
+
+/// Weights of a 5-bit block (4-bit `qs` plus the fifth bits in `qh`) as values 0..31.
+#[inline(always)]
+pub(crate) fn nibbles_with_high_bit(qs: &[u8; 16], qh: [u8; 4]) -> [u8; 32] {
+    let qh = u32::from_le_bytes(qh);
+    let low = nibbles(qs);
+    std::array::from_fn(|i| low[i] | ((((qh >> i) & 1) as u8) << 4))
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    //! AVX2 integer kernels. Each returns eight i32 partials whose sum is the block's exact
+    //! integer dot for *every* input: `maddubs` only ever sees operand pairs that cannot
+    //! saturate, and 8-bit by 8-bit products are widened to 16 bits first.
+    use super::LANES;
+    use std::arch::x86_64::*;
+
+    /// The 32 quants of a 4-bit block (`j` low nibble, `j + 16` high nibble) as bytes.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+        let lo = _mm_loadu_si128(qs.as_ptr().cast());
+        let hi = _mm_srli_epi16(lo, 4);
+        _mm256_and_si256(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(0x0F))
+    }
+
+    /// Byte `j` is `0x10` when bit `j` of `qh` is set: the fifth bits of a 5-bit block.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn fifth_bits(qh: [u8; 4]) -> __m256i {
+        let spread = _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        );
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(i32::from_le_bytes(qh)), spread);
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn load(q: &[i8; 32]) -> __m256i {
+        _mm256_loadu_si256(q.as_ptr().cast())
+    }
+
+    /// Partials of `sum (q - offset) * y` for unsigned `q <= 31` and `offset <= 16`: both
+    /// `maddubs` stay far from i16 saturation, and their difference is exact.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn dot_offset(q: __m256i, offset: i8, y: __m256i) -> __m256i {
+        let qy = _mm256_maddubs_epi16(q, y);
+        let oy = _mm256_maddubs_epi16(_mm256_set1_epi8(offset), y);
+        _mm256_madd_epi16(_mm256_sub_epi16(qy, oy), _mm256_set1_epi16(1))
+    }
+
+    /// Partials of `sum q * y` for unsigned `q <= 127`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn dot_unsigned(q: __m256i, y: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), _mm256_set1_epi16(1))
+    }
+
+    /// Pair sums (16 x i16) of `sum v * y` for signed `v` in -127..=127 given as its
+    /// positive and negative parts (`pos`, `neg` unsigned, at most one nonzero per byte):
+    /// each `maddubs` is at most 2*127*128 in magnitude, and the true difference fits i16,
+    /// so the wrapping subtraction is exact.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn pairs_signed(pos: __m256i, neg: __m256i, y: __m256i) -> __m256i {
+        _mm256_sub_epi16(_mm256_maddubs_epi16(pos, y), _mm256_maddubs_epi16(neg, y))
+    }
+
+    /// Partials of `sum a * b` for two arbitrary signed 32-byte rows, widened to i16.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn dot_i8(a: &[i8; 32], b: &[i8; 32]) -> __m256i {
+        let (a, b) = (a.as_ptr(), b.as_ptr());
+        let a0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(a.cast()));
+        let a1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(a.add(16).cast()));
+        let b0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.cast()));
+        let b1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(16).cast()));
+        _mm256_add_epi32(_mm256_madd_epi16(a0, b0), _mm256_madd_epi16(a1, b1))
+    }
+
+    /// The eight totals of eight vectors of i32 partials.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn hsum8(v: [__m256i; LANES]) -> [i32; LANES] {
+        let h01 = _mm256_hadd_epi32(v[0], v[1]);
+        let h23 = _mm256_hadd_epi32(v[2], v[3]);
+        let h45 = _mm256_hadd_epi32(v[4], v[5]);
+        let h67 = _mm256_hadd_epi32(v[6], v[7]);
+        // Per 128-bit half: [v0, v1, v2, v3] partly summed (low half of each v, high half).
+        let h0123 = _mm256_hadd_epi32(h01, h23);
+        let h4567 = _mm256_hadd_epi32(h45, h67);
+        let lo = _mm256_permute2x128_si256(h0123, h4567, 0x20);
+        let hi = _mm256_permute2x128_si256(h0123, h4567, 0x31);
+        let mut out = [0i32; LANES];
+        _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm256_add_epi32(lo, hi));
+        out
+    }
+
+    /// The total of one vector of i32 partials.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn hsum(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01));
+        _mm_cvtsi128_si32(s)
+    }
+}

@@ -1,0 +1,123 @@
+//! Q8_0: 32 weights as signed bytes with one f16 scale (`w = d * q`); also the activation
+//! format of Q4_0, Q5_0, Q8_0 and IQ4_NL dot products.
+
+use super::dot::{self, dot_blocks, dot_i8};
+use super::scan::{abs_max, blocks32, inverse, round_away};
+use crate::fp::{f16_to_f32, f32_to_f16};
+use crate::{Block, GgmlType, Quantize};
+use half::f16;
+
+/// ggml's `block_q8_0`.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct BlockQ8_0 {
+    pub d: f16,
+    pub qs: [i8; 32],
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
+
+impl BlockQ8_0 {
+    #[inline(always)]
+    fn isum(x: &Self, y: &Self) -> i32 {
+        dot_i8(&x.qs, &y.qs)
+    }
+
+    #[inline(always)]
+    fn term(x: &Self, y: &Self, isum: i32) -> f32 {
+        (f16_to_f32(x.d) * f16_to_f32(y.d)) * isum as f32
+    }
+
+    /// [`Block::vec_dot`] without SIMD.
+    pub fn vec_dot_portable(x: &[Self], y: &[Self]) -> f32 {
+        dot_blocks(x, y, Self::isum, Self::term)
+    }
+
+    /// [`Block::vec_dot`] with AVX2, bit-identical to [`Self::vec_dot_portable`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn vec_dot_avx2(x: &[Self], y: &[Self]) -> f32 {
+        use dot::x86;
+        let group = |xs: &[Self], ys: &[Self]| {
+            // SAFETY: this closure runs inside an AVX2 function.
+            unsafe { x86::hsum8(std::array::from_fn(|l| x86::dot_i8(&xs[l].qs, &ys[l].qs))) }
+        };
+        dot::dot_groups(x, y, group, Self::isum, Self::term)
+    }
+}
+
+impl Block for BlockQ8_0 {
+    const TYPE: GgmlType = GgmlType::Q8_0;
+    const WEIGHTS: usize = 32;
+    type Act = BlockQ8_0;
+
+    fn dequantize_row(src: &[Self], dst: &mut [f32]) {
+        for (b, out) in src.iter().zip(dst.chunks_exact_mut(32)) {
+            let d = f16_to_f32(b.d);
+            for (o, &q) in out.iter_mut().zip(&b.qs) {
+                *o = q as f32 * d;
+            }
+        }
+    }
+
+    fn vec_dot(x: &[Self], y: &[Self]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::has_avx2() {
+            // SAFETY: AVX2 and FMA were detected at run time.
+            return unsafe { Self::vec_dot_avx2(x, y) };
+        }
+        Self::vec_dot_portable(x, y)
+    }
+}
+
+impl Quantize for BlockQ8_0 {
+    /// `quantize_row_q8_0_ref`: scale `amax / 127`, quants `roundf(x / d)`.
+    fn quantize_row(src: &[f32], dst: &mut [Self]) {
+        for (b, x) in dst.iter_mut().zip(blocks32(src)) {
+            let d = abs_max(x) / 127.0;
+            let id = inverse(d);
+            b.d = f32_to_f16(d);
+            for (q, &v) in b.qs.iter_mut().zip(x) {
+                *q = round_away(v * id) as i8;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::legacy::testutil::*;
+    use bytemuck::Zeroable;
+
+    #[test]
+    fn known_blocks() {
+        let mut b = [BlockQ8_0::zeroed()];
+        BlockQ8_0::quantize_row(&[0.0; 32], &mut b);
+        assert_eq!((b[0].d.to_bits(), b[0].qs), (0, [0; 32]));
+
+        // amax 127 gives d = 1 exactly; halves round away from zero.
+        let mut x = [0.0f32; 32];
+        x[0] = 127.0;
+        x[1] = -127.0;
+        x[2] = 2.5;
+        x[3] = -2.5;
+        x[4] = 0.49;
+        BlockQ8_0::quantize_row(&x, &mut b);
+        assert_eq!(b[0].d, f16::ONE);
+        assert_eq!(&b[0].qs[..6], &[127, -127, 3, -3, 0, 0]);
+    }
+
+    #[test]
+    fn round_trip_error() {
+        check_round_trip::<BlockQ8_0>(1.0 / 254.0);
+    }
+
+    #[test]
+    fn dot_paths() {
+        check_dot::<BlockQ8_0>(BlockQ8_0::vec_dot_portable, avx2!(BlockQ8_0));
+    }
+}

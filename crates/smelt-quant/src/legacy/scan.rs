@@ -1,0 +1,158 @@
+//! Per-block scans and conversions shared by the reference quantizers.
+//!
+//! ggml scans a block element by element; these helpers scan in eight lanes so the
+//! compiler can vectorize them, and then repair the one thing lanes could change: which of
+//! several equal candidates is picked. ggml keeps the *first* element that reaches the
+//! final extreme, which only matters for the sign of the result (±0.0, or ±amax).
+
+/// Splits a row into 32-weight blocks (the trailing partial block, which callers never
+/// pass, is dropped).
+#[inline(always)]
+pub(crate) fn blocks32(src: &[f32]) -> impl Iterator<Item = &[f32; 32]> {
+    src.chunks_exact(32).filter_map(|c| c.try_into().ok())
+}
+
+/// Largest magnitude in `x` (ggml's `amax`), as a non-negative value.
+#[inline(always)]
+pub(crate) fn abs_max(x: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    for c in x.chunks_exact(8) {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            let a = v.abs();
+            *m = if a > *m { a } else { *m };
+        }
+    }
+    for &v in x.chunks_exact(8).remainder() {
+        let a = v.abs();
+        lanes[0] = if a > lanes[0] { a } else { lanes[0] };
+    }
+    lanes
+        .into_iter()
+        .fold(0.0, |m, a| if a > m { a } else { m })
+}
+
+/// The first element of largest magnitude, with its sign (ggml's `max` in q4_0/q5_0,
+/// whose sign becomes the scale's); `+0.0` for an all-zero block.
+#[inline(always)]
+pub(crate) fn signed_abs_max(x: &[f32]) -> f32 {
+    let amax = abs_max(x);
+    if amax == 0.0 {
+        return 0.0;
+    }
+    x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0)
+}
+
+/// The minimum and maximum of `x` as ggml's `if (v < min) min = v; if (v > max) max = v;`
+/// scan finds them, down to the sign of a zero extreme (the first zero seen wins).
+#[inline(always)]
+pub(crate) fn min_max(x: &[f32]) -> (f32, f32) {
+    let mut lo = [f32::MAX; 8];
+    let mut hi = [-f32::MAX; 8];
+    for c in x.chunks_exact(8) {
+        for l in 0..8 {
+            lo[l] = if c[l] < lo[l] { c[l] } else { lo[l] };
+            hi[l] = if c[l] > hi[l] { c[l] } else { hi[l] };
+        }
+    }
+    for &v in x.chunks_exact(8).remainder() {
+        lo[0] = if v < lo[0] { v } else { lo[0] };
+        hi[0] = if v > hi[0] { v } else { hi[0] };
+    }
+    let mut min = lo
+        .into_iter()
+        .fold(f32::MAX, |m, v| if v < m { v } else { m });
+    let mut max = hi
+        .into_iter()
+        .fold(-f32::MAX, |m, v| if v > m { v } else { m });
+    // Only zeros compare equal with different bits; take the first one, as ggml does.
+    let first_zero = || x.iter().copied().find(|&v| v == 0.0).unwrap_or(0.0);
+    if min == 0.0 {
+        min = first_zero();
+    }
+    if max == 0.0 {
+        max = first_zero();
+    }
+    (min, max)
+}
+
+/// `1/d`, or 0 when `d` is zero (ggml's `d ? 1.0f/d : 0.0f`).
+#[inline(always)]
+pub(crate) fn inverse(d: f32) -> f32 {
+    if d != 0.0 {
+        1.0 / d
+    } else {
+        0.0
+    }
+}
+
+/// C's `(int8_t)v` for a float as x86 compilers emit it: truncate toward zero to 32 bits,
+/// keep the low byte. Callers pass values well inside `i32`.
+#[inline(always)]
+pub(crate) fn trunc_i8(v: f32) -> i8 {
+    v as i32 as i8
+}
+
+/// C's `roundf` (half away from zero) as an integer, for `|v| < 2^23`: truncate, then step
+/// away from zero when the exact remainder reaches one half. Unlike `f32::round` this
+/// vectorizes.
+#[inline(always)]
+pub(crate) fn round_away(v: f32) -> i32 {
+    let t = v as i32;
+    let frac = v - t as f32;
+    t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_away_matches_roundf() {
+        let mut v = -130.0f32;
+        while v <= 130.0 {
+            assert_eq!(round_away(v), v.round() as i32, "{v}");
+            v += 0.0625;
+        }
+        for v in [
+            0.49999997f32,
+            -0.49999997,
+            0.5,
+            -0.5,
+            1.5,
+            -2.5,
+            126.5,
+            -126.50001,
+            8388607.5,
+        ] {
+            assert_eq!(round_away(v), v.round() as i32, "{v}");
+        }
+    }
+
+    #[test]
+    fn extremes_keep_ggml_first_choice() {
+        let mut x = [0.0f32; 32];
+        x[3] = -2.0;
+        x[9] = 2.0;
+        assert_eq!(signed_abs_max(&x), -2.0);
+        x[3] = 2.0;
+        x[9] = -2.0;
+        assert_eq!(signed_abs_max(&x), 2.0);
+        assert_eq!(signed_abs_max(&[0.0; 32]).to_bits(), 0.0f32.to_bits());
+
+        // ggml keeps the first zero: here -0.0 at index 1 for both extremes.
+        let mut z = [1.0f32; 32];
+        z[1] = -0.0;
+        z[2] = 0.0;
+        let (min, _) = min_max(&z);
+        assert_eq!(min.to_bits(), (-0.0f32).to_bits());
+        let mut z = [-1.0f32; 32];
+        z[5] = 0.0;
+        z[20] = -0.0;
+        let (_, max) = min_max(&z);
+        assert_eq!(max.to_bits(), 0.0f32.to_bits());
+        let mut r: [f32; 32] = std::array::from_fn(|i| i as f32 - 7.5);
+        r[31] = 100.0;
+        assert_eq!(min_max(&r), (-7.5, 100.0));
+        assert_eq!(abs_max(&r), 100.0);
+    }
+}
