@@ -1,0 +1,6 @@
+//! One module per subcommand.
+
+pub mod inspect;
+pub mod quantize;
+pub mod serve;
+pub mod synth;

@@ -1,0 +1,262 @@
+//! `smelt quantize`: rewrite a GGUF with its weights in another format or llama.cpp mixture.
+//!
+//! Tensors stream one at a time from the input's mmap to the output, so memory stays at
+//! about one tensor (as f32) however large the model.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rayon::prelude::*;
+use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::fmt::bytes;
+use crate::plan::{self, Action, ModelInfo, Planned, Target, TensorIn};
+use crate::progress;
+
+#[derive(Args, Debug)]
+pub struct QuantizeArgs {
+    /// Input GGUF (tensors in F32, F16 or BF16; quantized tensors are dequantized first).
+    pub input: PathBuf,
+    /// Output GGUF to write (overwritten if it exists).
+    pub output: PathBuf,
+    /// A format (f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k): every
+    /// tensor of two or more dimensions whose row length is a multiple of the format's block
+    /// becomes exactly that format, vectors become f32, and other rows fall back the way
+    /// llama.cpp does (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, else f16). Or a llama.cpp
+    /// mixture preset (q2_k q3_k_s q3_k_m q3_k_l q4_k_s q4_k_m q5_k_s q5_k_m q6_k q8_0 q4_0
+    /// q4_1 q5_0 q5_1 f16 bf16) with llama-quantize's per-tensor rules.
+    #[arg(long = "type", short = 't', value_name = "TYPE")]
+    pub ty: String,
+    /// Read TYPE as a llama.cpp preset even where it also names a format (q8_0, q6_k, q4_0,
+    /// f16...): the output tensor gets Q6_K, attn_v/ffn_down get llama.cpp's bumps, and
+    /// tensors llama.cpp never quantizes keep their type. Names that are only presets
+    /// (q4_k_m...) need no flag.
+    #[arg(long)]
+    pub preset: bool,
+    /// Worker threads for quantization (default: all cores). The output is byte-identical
+    /// whatever the count.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+pub fn run(args: &QuantizeArgs) -> Result<()> {
+    let start = Instant::now();
+    if let Some(n) = args.threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("cannot start the thread pool")?;
+    }
+    let target = Target::parse(&args.ty, args.preset).map_err(anyhow::Error::msg)?;
+    let same_file = args.output.exists()
+        && std::fs::canonicalize(&args.input).ok() == std::fs::canonicalize(&args.output).ok();
+    if same_file {
+        bail!("the output must be a different file from the input (it is read while writing)");
+    }
+    let g = Gguf::open(&args.input)
+        .with_context(|| format!("cannot read {} as a GGUF file", args.input.display()))?;
+
+    let tensors: Vec<TensorIn> = g
+        .tensors()
+        .iter()
+        .map(|t| TensorIn {
+            name: t.name.clone(),
+            ty: t.ty,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    let model = ModelInfo::from_metadata(g.metadata());
+    let planned = plan::plan(target, &model, &tensors);
+    check_plan(&tensors, &planned)?;
+    warn_about(&tensors, &planned);
+
+    let md = output_metadata(g.metadata(), target);
+    let specs: Vec<TensorSpec> = tensors
+        .iter()
+        .zip(&planned)
+        .map(|(t, p)| TensorSpec {
+            name: t.name.clone(),
+            ty: p.ty,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    let out_bytes: u64 = specs
+        .iter()
+        .map(|s| {
+            let n: u64 = s.shape.iter().product();
+            s.ty.row_bytes(n).unwrap_or(0)
+        })
+        .sum();
+    let mut w = GgufWriter::create(&args.output, &md, specs)
+        .with_context(|| format!("cannot create {}", args.output.display()))?;
+
+    let bar = progress::bytes_bar(out_bytes, "quantize");
+    for (info, p) in g.tensors().iter().zip(&planned) {
+        bar.set_message(info.name.clone());
+        let src = g.tensor_data(info);
+        let data = match p.action {
+            Action::Copy => std::borrow::Cow::Borrowed(src),
+            Action::Convert => std::borrow::Cow::Owned(
+                convert(info.ty, src, &info.shape, p.ty)
+                    .with_context(|| format!("tensor {} ({} -> {})", info.name, info.ty, p.ty))?,
+            ),
+        };
+        w.write_tensor(&info.name, &data).with_context(|| {
+            format!(
+                "cannot write tensor {} to {}",
+                info.name,
+                args.output.display()
+            )
+        })?;
+        bar.inc(data.len() as u64);
+    }
+    w.finish()
+        .with_context(|| format!("cannot finish {}", args.output.display()))?;
+    bar.finish_and_clear();
+
+    let before = std::fs::metadata(&args.input).map(|m| m.len()).unwrap_or(0);
+    let after = std::fs::metadata(&args.output)
+        .map(|m| m.len())
+        .unwrap_or(0);
+    eprintln!(
+        "wrote {} ({target}): {} tensors, {} -> {} ({:.1}%), {:.1} s",
+        args.output.display(),
+        tensors.len(),
+        bytes(before),
+        bytes(after),
+        if before > 0 {
+            after as f64 * 100.0 / before as f64
+        } else {
+            0.0
+        },
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Refuses up front what would fail half-way through writing.
+fn check_plan(tensors: &[TensorIn], planned: &[Planned]) -> Result<()> {
+    for (t, p) in tensors.iter().zip(planned) {
+        if p.action == Action::Convert {
+            if !smelt_quant::can_dequantize(t.ty) {
+                bail!(
+                    "tensor {} is {}, which smelt cannot read as numbers; it cannot be converted to {}",
+                    t.name,
+                    t.ty,
+                    p.ty
+                );
+            }
+            if !smelt_quant::can_quantize(p.ty) {
+                bail!(
+                    "tensor {} would need {}, which smelt cannot write",
+                    t.name,
+                    p.ty
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One warning per kind of surprise, not one per tensor: a model has hundreds.
+pub fn warn_about(tensors: &[TensorIn], planned: &[Planned]) {
+    let mut dequant: BTreeMap<GgmlType, usize> = BTreeMap::new();
+    for (t, p) in tensors.iter().zip(planned) {
+        if p.action == Action::Convert && t.ty.is_quantized() {
+            *dequant.entry(t.ty).or_default() += 1;
+        }
+    }
+    if !dequant.is_empty() {
+        let n: usize = dequant.values().sum();
+        let kinds: Vec<String> = dequant.iter().map(|(t, n)| format!("{n} {t}")).collect();
+        eprintln!(
+            "warning: {n} tensors are already quantized ({}); they are dequantized to f32 and \
+             requantized, so their earlier rounding stays in the output",
+            kinds.join(", ")
+        );
+    }
+    let mut fallbacks: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (t, p) in tensors.iter().zip(planned) {
+        if let Some(msg) = &p.fallback {
+            fallbacks.entry(msg.as_str()).or_default().push(&t.name);
+        }
+    }
+    for (msg, names) in fallbacks {
+        let more = if names.len() > 1 {
+            format!(" and {} more", names.len() - 1)
+        } else {
+            String::new()
+        };
+        eprintln!("warning: {}{more}: {msg}", names[0]);
+    }
+}
+
+/// The input's metadata, with the file type and quantization version llama.cpp writes,
+/// and without split keys (the output is one file).
+fn output_metadata(input: &Metadata, target: Target) -> Metadata {
+    let mut md = Metadata::new();
+    for (k, v) in input.iter() {
+        md.insert(k, v.clone());
+    }
+    for key in ["split.no", "split.count", "split.tensors.count"] {
+        md.remove(key);
+    }
+    md.insert("general.quantization_version", Value::U32(2));
+    md.insert("general.file_type", Value::U32(target.file_type()));
+    md
+}
+
+/// Source bytes of any readable type to `dst` bytes: unpack rows to f32 in parallel, then
+/// quantize on all cores.
+pub fn convert(src_ty: GgmlType, src: &[u8], shape: &[u64], dst: GgmlType) -> Result<Vec<u8>> {
+    let n: u64 = shape.iter().product();
+    let row = shape.first().copied().unwrap_or(1);
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let n = usize::try_from(n).context("tensor too large for this machine")?;
+    let row = usize::try_from(row).context("row too long for this machine")?;
+    let f32s = to_f32(src_ty, src, n, row)?;
+    Ok(smelt_quant::quantize_tensor(dst, &f32s, row, None)?)
+}
+
+fn to_f32(ty: GgmlType, src: &[u8], n: usize, row: usize) -> Result<Vec<f32>> {
+    let row_bytes = ty
+        .row_bytes(row as u64)
+        .with_context(|| format!("row length {row} is not a whole number of {ty} blocks"))?
+        as usize;
+    if row_bytes * (n / row) != src.len() {
+        bail!("{} bytes do not hold {n} weights of {ty}", src.len());
+    }
+    let mut out = vec![0f32; n];
+    out.par_chunks_mut(row)
+        .zip(src.par_chunks(row_bytes))
+        .try_for_each(|(dst, s)| smelt_quant::dequantize_row(ty, s, dst))?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_gets_file_type_and_loses_split_keys() {
+        let mut md = Metadata::new();
+        md.insert("general.architecture", Value::String("llama".into()));
+        md.insert("split.count", Value::U16(2));
+        md.insert("general.file_type", Value::U32(1));
+        let out = output_metadata(
+            &md,
+            Target::parse("q4_k_m", false).unwrap_or(Target::Exact(GgmlType::F32)),
+        );
+        assert_eq!(out.get_u64("general.file_type"), Some(15));
+        assert_eq!(out.get_u64("general.quantization_version"), Some(2));
+        assert!(out.get("split.count").is_none());
+        assert_eq!(out.architecture(), Some("llama"));
+    }
+}

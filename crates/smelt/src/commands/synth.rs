@@ -1,0 +1,398 @@
+//! `smelt synth`: a random-weight GGUF of a real model's shape, for speed measurements.
+//!
+//! Speed does not depend on weight values, but NaN/Inf would poison any run, so block
+//! formats get random quant bytes under fixed small scales chosen to give weights of
+//! standard deviation about 0.02 centred on zero, and float formats get N(0, 0.02). Tensors
+//! are generated in parallel and written one at a time.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use half::{bf16, f16};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+use rand_distr::{Distribution, Normal};
+use rayon::prelude::*;
+use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::commands::quantize::warn_about;
+use crate::fmt::{bytes, count};
+use crate::plan::{self, ModelInfo, Planned, Target, TensorIn};
+use crate::progress;
+use crate::shapes::{self, ModelShape};
+
+#[derive(Args, Debug)]
+pub struct SynthArgs {
+    /// Model shape: llama3-8b, llama3-1b, qwen3-32b, qwen2.5-0.5b, mistral-7b, llama2-7b.
+    #[arg(long)]
+    pub shape: String,
+    /// Weight type, as `smelt quantize --type` takes it: a format (q4_k, q8_0, f16... with
+    /// output.weight in Q6_K for K-quant formats, as llama.cpp does) or a llama.cpp preset
+    /// (q4_k_m...).
+    #[arg(long, value_name = "TYPE")]
+    pub quant: String,
+    /// Where to write the GGUF.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: PathBuf,
+    /// Override the layer count (tiny models for tests).
+    #[arg(long, value_name = "N")]
+    pub layers: Option<u64>,
+    /// Copy the tokenizer (every tokenizer.* key) of this GGUF and take its vocabulary size,
+    /// so llama.cpp can tokenize text. Without it the tokenizer model is "none": llama.cpp
+    /// loads the file and runs token ids, but cannot tokenize.
+    #[arg(long, value_name = "GGUF")]
+    pub tokenizer_from: Option<PathBuf>,
+    /// Random seed; the same seed gives the same file whatever the thread count.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+pub fn run(args: &SynthArgs) -> Result<()> {
+    let start = Instant::now();
+    let mut shape = shapes::find(&args.shape)
+        .with_context(|| {
+            format!(
+                "unknown shape `{}`; known shapes: {}",
+                args.shape,
+                shapes::names()
+            )
+        })?
+        .clone();
+    if let Some(n) = args.layers {
+        if n == 0 {
+            bail!("--layers must be at least 1");
+        }
+        shape.n_layer = n;
+    }
+    let target = Target::parse(&args.quant, false).map_err(anyhow::Error::msg)?;
+
+    let tokenizer = match &args.tokenizer_from {
+        Some(p) => Some(tokenizer_of(p)?),
+        None => None,
+    };
+    if let Some((_, n_vocab)) = &tokenizer {
+        shape.n_vocab = *n_vocab;
+    }
+    let md = metadata(&shape, target, tokenizer.map(|(md, _)| md));
+
+    let tensors: Vec<TensorIn> = shape
+        .tensors()
+        .into_iter()
+        .map(|(name, shape)| TensorIn {
+            name,
+            ty: GgmlType::F32,
+            shape,
+        })
+        .collect();
+    let planned = plan_types(
+        target,
+        &ModelInfo::from_metadata(&md),
+        &tensors,
+        shape.tied_embeddings,
+    );
+    warn_about(&tensors, &planned);
+    for p in &planned {
+        if !smelt_quant::can_quantize(p.ty) && random_block(p.ty).is_none() {
+            bail!("smelt cannot make {} tensors", p.ty);
+        }
+    }
+
+    let specs: Vec<TensorSpec> = tensors
+        .iter()
+        .zip(&planned)
+        .map(|(t, p)| TensorSpec {
+            name: t.name.clone(),
+            ty: p.ty,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    let total: u64 = specs
+        .iter()
+        .map(|s| s.ty.row_bytes(s.shape.iter().product()).unwrap_or(0))
+        .sum();
+    let params: u64 = specs.iter().map(|s| s.shape.iter().product::<u64>()).sum();
+    let mut w = GgufWriter::create(&args.output, &md, specs)
+        .with_context(|| format!("cannot create {}", args.output.display()))?;
+    let bar = progress::bytes_bar(total, "synth");
+    for (i, (t, p)) in tensors.iter().zip(&planned).enumerate() {
+        bar.set_message(t.name.clone());
+        let data = generate(&t.name, &t.shape, p.ty, args.seed, i as u64)
+            .with_context(|| format!("tensor {} ({})", t.name, p.ty))?;
+        w.write_tensor(&t.name, &data).with_context(|| {
+            format!(
+                "cannot write tensor {} to {}",
+                t.name,
+                args.output.display()
+            )
+        })?;
+        bar.inc(data.len() as u64);
+    }
+    w.finish()
+        .with_context(|| format!("cannot finish {}", args.output.display()))?;
+    bar.finish_and_clear();
+    eprintln!(
+        "wrote {}: {} ({} layers, {target}), {} parameters, {} tensors, {}, {:.1} s",
+        args.output.display(),
+        shape.name,
+        shape.n_layer,
+        count(params),
+        tensors.len(),
+        bytes(
+            std::fs::metadata(&args.output)
+                .map(|m| m.len())
+                .unwrap_or(total)
+        ),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Types as `smelt quantize` would choose them, plus llama.cpp's habit for whole-model
+/// K-quant types: the output projection (or tied embeddings) in Q6_K.
+fn plan_types(target: Target, model: &ModelInfo, tensors: &[TensorIn], tied: bool) -> Vec<Planned> {
+    let mut planned = plan::plan(target, model, tensors);
+    if let Target::Exact(ty) = target {
+        let kquant = matches!(
+            ty,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K
+        );
+        for (t, p) in tensors.iter().zip(planned.iter_mut()) {
+            let is_output = t.name == "output.weight" || (tied && t.name == "token_embd.weight");
+            if kquant && is_output && t.shape.first().is_some_and(|r| r % 256 == 0) {
+                p.ty = GgmlType::Q6_K;
+            }
+        }
+    }
+    planned
+}
+
+/// The tokenizer.* keys of another GGUF and its vocabulary size.
+fn tokenizer_of(path: &std::path::Path) -> Result<(Vec<(String, Value)>, u64)> {
+    let g = Gguf::open(path)
+        .with_context(|| format!("cannot read {} as a GGUF file", path.display()))?;
+    let keys: Vec<(String, Value)> = g
+        .metadata()
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    let n_vocab = match g.metadata().get("tokenizer.ggml.tokens") {
+        Some(Value::Array(a)) if !a.is_empty() => a.len() as u64,
+        _ => bail!(
+            "{} has no tokenizer.ggml.tokens array to copy",
+            path.display()
+        ),
+    };
+    Ok((keys, n_vocab))
+}
+
+/// Everything llama.cpp reads for these architectures.
+fn metadata(s: &ModelShape, target: Target, tokenizer: Option<Vec<(String, Value)>>) -> Metadata {
+    let a = s.arch;
+    let mut md = Metadata::new();
+    md.insert("general.architecture", Value::String(a.into()));
+    md.insert("general.type", Value::String("model".into()));
+    md.insert(
+        "general.name",
+        Value::String(format!("smelt synth {} (random weights)", s.name)),
+    );
+    md.insert("general.file_type", Value::U32(target.file_type()));
+    md.insert("general.quantization_version", Value::U32(2));
+    let u32v = |x: u64| Value::U32(u32::try_from(x).unwrap_or(u32::MAX));
+    md.insert(format!("{a}.context_length"), u32v(s.n_ctx_train));
+    md.insert(format!("{a}.embedding_length"), u32v(s.n_embd));
+    md.insert(format!("{a}.block_count"), u32v(s.n_layer));
+    md.insert(format!("{a}.feed_forward_length"), u32v(s.n_ff));
+    md.insert(format!("{a}.attention.head_count"), u32v(s.n_head));
+    md.insert(format!("{a}.attention.head_count_kv"), u32v(s.n_head_kv));
+    md.insert(format!("{a}.attention.key_length"), u32v(s.head_dim));
+    md.insert(format!("{a}.attention.value_length"), u32v(s.head_dim));
+    md.insert(format!("{a}.rope.dimension_count"), u32v(s.head_dim));
+    md.insert(format!("{a}.rope.freq_base"), Value::F32(s.rope_freq_base));
+    md.insert(
+        format!("{a}.attention.layer_norm_rms_epsilon"),
+        Value::F32(s.rms_eps),
+    );
+    md.insert(format!("{a}.vocab_size"), u32v(s.n_vocab));
+    match tokenizer {
+        Some(keys) => {
+            for (k, v) in keys {
+                md.insert(k, v);
+            }
+        }
+        None => md.insert("tokenizer.ggml.model", Value::String("none".into())),
+    }
+    md
+}
+
+/// Weights per generation task: enough to amortise scheduling, small enough to spread a
+/// vocabulary-sized tensor over every core.
+const CHUNK_WEIGHTS: usize = 1 << 16;
+const STD: f32 = 0.02;
+
+/// One tensor's bytes. Each chunk has its own RNG seeded from (seed, tensor, chunk), so the
+/// output does not depend on how rayon schedules the chunks.
+fn generate(name: &str, shape: &[u64], ty: GgmlType, seed: u64, index: u64) -> Result<Vec<u8>> {
+    let n = usize::try_from(shape.iter().product::<u64>())
+        .context("tensor too large for this machine")?;
+    let rng_for = |chunk: usize| {
+        let s = seed
+            ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (chunk as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+        StdRng::seed_from_u64(s)
+    };
+    if plan::n_dims(shape) < 2 && name.contains("norm") {
+        return float_bytes(ty, &vec![1.0; n]);
+    }
+    if let Some(patch) = random_block(ty) {
+        let (bs, ts) = (ty.block_size(), ty.type_size());
+        if n % bs != 0 {
+            bail!("{n} weights are not a whole number of {ty} blocks");
+        }
+        let mut out = vec![0u8; n / bs * ts];
+        let blocks_per_chunk = (CHUNK_WEIGHTS / bs).max(1);
+        out.par_chunks_mut(blocks_per_chunk * ts)
+            .enumerate()
+            .for_each(|(c, chunk)| {
+                rng_for(c).fill_bytes(chunk);
+                chunk.chunks_exact_mut(ts).for_each(&patch);
+            });
+        return Ok(out);
+    }
+    let normal = Normal::new(0.0f32, STD).context("normal distribution")?;
+    let mut vals = vec![0f32; n];
+    vals.par_chunks_mut(CHUNK_WEIGHTS)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mut rng = rng_for(c);
+            chunk.iter_mut().for_each(|v| *v = normal.sample(&mut rng));
+        });
+    float_bytes(ty, &vals)
+}
+
+fn float_bytes(ty: GgmlType, vals: &[f32]) -> Result<Vec<u8>> {
+    Ok(match ty {
+        GgmlType::F32 => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GgmlType::F16 => vals
+            .iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => vals
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect(),
+        // A vector in a block format (a tied output in a ragged fallback, say): quantize it.
+        _ => {
+            let row = vals.len();
+            smelt_quant::quantize_tensor(ty, vals, row.max(1), None)?
+        }
+    })
+}
+
+fn put_f16(b: &mut [u8], at: usize, v: f32) {
+    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+}
+
+/// How to turn a block of random bytes into a sane block of `ty`: fixed scales (and
+/// minimums, set so the mean weight is about zero) over random quants. `None` for types
+/// that are not block formats.
+#[allow(clippy::type_complexity)]
+fn random_block(ty: GgmlType) -> Option<fn(&mut [u8])> {
+    // Offsets are ggml's block layouts (ggml-common.h).
+    Some(match ty {
+        // d, qs: weight = d * (q - 8), q uniform in 0..16
+        GgmlType::Q4_0 => |b| put_f16(b, 0, 0.004),
+        // d, m, qs: weight = d * q + m
+        GgmlType::Q4_1 => |b| {
+            put_f16(b, 0, 0.004);
+            put_f16(b, 2, -0.030);
+        },
+        // d, qh, qs: weight = d * (q - 16), q uniform in 0..32
+        GgmlType::Q5_0 => |b| put_f16(b, 0, 0.002),
+        GgmlType::Q5_1 => |b| {
+            put_f16(b, 0, 0.002);
+            put_f16(b, 2, -0.031);
+        },
+        // d, qs: weight = d * q, q uniform in -128..128
+        GgmlType::Q8_0 => |b| put_f16(b, 0, 2.7e-4),
+        // scales[16] (scale | min << 4), qs[64], d, dmin: weight = d*8*q - dmin*1, q in 0..4
+        GgmlType::Q2_K => |b| {
+            b[..16].fill(0x18);
+            put_f16(b, 80, 0.0022);
+            put_f16(b, 82, 0.0264);
+        },
+        // hmask[32], qs[64], scales[12] (6-bit, minus 32: random is centred), d
+        GgmlType::Q3_K => |b| put_f16(b, 108, 5e-4),
+        // d, dmin, scales[12], qs[128]: all eight sub-block scales and mins 15
+        GgmlType::Q4_K => |b| {
+            put_f16(b, 0, 3e-4);
+            put_f16(b, 2, 2.25e-3);
+            b[4..12].fill(15);
+            b[12..16].fill(0xFF);
+        },
+        // d, dmin, scales[12], qh[32], qs[128]: q in 0..32
+        GgmlType::Q5_K => |b| {
+            put_f16(b, 0, 1.5e-4);
+            put_f16(b, 2, 2.3e-3);
+            b[4..12].fill(15);
+            b[12..16].fill(0xFF);
+        },
+        // ql[128], qh[64], scales[16] (i8), d: weight = d * scale * (q - 32)
+        GgmlType::Q6_K => |b| {
+            b[192..208].fill(8);
+            put_f16(b, 208, 1.35e-4);
+        },
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_blocks_decode_to_small_centred_weights() {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
+            let bytes = generate("w", &[256, 64], ty, 1, 2).expect("generate");
+            let mut vals = vec![0f32; 256];
+            let row = bytes.len() / 64;
+            let mut sum = 0.0f64;
+            let mut sq = 0.0f64;
+            for r in 0..64 {
+                smelt_quant::dequantize_row(ty, &bytes[r * row..(r + 1) * row], &mut vals)
+                    .expect("dequantize");
+                for v in &vals {
+                    assert!(v.is_finite(), "{ty}");
+                    sum += f64::from(*v);
+                    sq += f64::from(*v) * f64::from(*v);
+                }
+            }
+            let n = 256.0 * 64.0;
+            let mean = sum / n;
+            let std = (sq / n - mean * mean).sqrt();
+            assert!(mean.abs() < 0.005, "{ty}: mean {mean}");
+            assert!((0.01..0.04).contains(&std), "{ty}: std {std}");
+        }
+    }
+
+    #[test]
+    fn same_seed_same_bytes() {
+        let a = generate("w", &[64, 1000], GgmlType::F16, 7, 3).expect("generate");
+        let b = generate("w", &[64, 1000], GgmlType::F16, 7, 3).expect("generate");
+        assert_eq!(a, b);
+        let c = generate("w", &[64, 1000], GgmlType::F16, 8, 3).expect("generate");
+        assert_ne!(a, c);
+    }
+}
