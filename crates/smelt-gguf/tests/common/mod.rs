@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use smelt_gguf::{Array, Gguf, Value};
+use smelt_gguf::{Array, GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
 
 /// Builds GGUF bytes by hand, for files our writer would refuse to produce.
 #[derive(Default, Clone)]
@@ -277,4 +277,112 @@ pub fn assert_matches_gguf_py(path: &Path) {
         "{}: line counts differ",
         path.display()
     );
+}
+
+/// Every value type, scalar and array, with edge values.
+pub fn every_value() -> Metadata {
+    let mut m = Metadata::new();
+    m.insert("general.architecture", Value::from("llama"));
+    m.insert("t.u8", Value::U8(u8::MAX));
+    m.insert("t.i8", Value::I8(i8::MIN));
+    m.insert("t.u16", Value::U16(u16::MAX));
+    m.insert("t.i16", Value::I16(i16::MIN));
+    m.insert("t.u32", Value::U32(u32::MAX));
+    m.insert("t.i32", Value::I32(i32::MIN));
+    m.insert("t.u64", Value::U64(u64::MAX));
+    m.insert("t.i64", Value::I64(i64::MIN));
+    m.insert("t.f32", Value::F32(-1.5e-30));
+    m.insert("t.f64", Value::F64(std::f64::consts::PI));
+    m.insert("t.f32.inf", Value::F32(f32::NEG_INFINITY));
+    m.insert("t.bool.true", Value::Bool(true));
+    m.insert("t.bool.false", Value::Bool(false));
+    m.insert("t.string", Value::from("héllo, 世界 🦀"));
+    m.insert("t.string.empty", Value::from(""));
+    m.insert("t.array.u8", Value::from(vec![0u8, 1, 255]));
+    m.insert("t.array.i8", Value::from(vec![-128i8, 0, 127]));
+    m.insert("t.array.u16", Value::from(vec![0u16, 65535]));
+    m.insert("t.array.i16", Value::from(vec![-32768i16, 32767]));
+    m.insert("t.array.u32", Value::from(vec![1u32, 2, 3]));
+    m.insert("t.array.i32", Value::from(vec![-1i32, 0, 1]));
+    m.insert("t.array.u64", Value::from(vec![u64::MAX, 0]));
+    m.insert("t.array.i64", Value::from(vec![i64::MIN, i64::MAX]));
+    m.insert("t.array.f32", Value::from(vec![0.5f32, -0.0, f32::MAX]));
+    m.insert(
+        "t.array.f64",
+        Value::from(vec![1e300f64, f64::MIN_POSITIVE]),
+    );
+    m.insert("t.array.bool", Value::from(vec![true, false, true]));
+    m.insert(
+        "t.array.string",
+        Value::from(vec!["a".to_string(), String::new(), "ü".to_string()]),
+    );
+    m.insert("t.array.empty.u8", Value::from(Vec::<u8>::new()));
+    m.insert("t.array.empty.f64", Value::from(Vec::<f64>::new()));
+    m.insert("t.array.empty.string", Value::from(Vec::<String>::new()));
+    m.insert("t.array.empty.array", Value::Array(Array::Array(vec![])));
+    m.insert(
+        "t.array.nested",
+        Value::Array(Array::Array(vec![
+            Array::I32(vec![1, 2]),
+            Array::I32(vec![]),
+            Array::I32(vec![3]),
+        ])),
+    );
+    m.insert(
+        "t.array.nested.strings",
+        Value::Array(Array::Array(vec![
+            Array::String(vec!["x".into(), "yz".into()]),
+            Array::String(vec!["w".into()]),
+        ])),
+    );
+    m.insert(
+        "t.array.nested3",
+        Value::Array(Array::Array(vec![Array::Array(vec![
+            Array::U16(vec![7, 8]),
+            Array::U16(vec![9]),
+        ])])),
+    );
+    m
+}
+
+/// One tensor of every type (two rows of two blocks), a scalar, an empty and a 4-D tensor.
+pub fn every_tensor() -> Vec<(TensorSpec, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (i, ty) in GgmlType::ALL.into_iter().enumerate() {
+        let shape = vec![2 * ty.block_size() as u64, 2];
+        let spec = TensorSpec {
+            name: format!("t.{}", ty.name()),
+            ty,
+            shape,
+        };
+        let data = (0..spec.n_bytes())
+            .map(|b| (b as u8).wrapping_mul(31).wrapping_add(i as u8))
+            .collect();
+        out.push((spec, data));
+    }
+    let extra = [
+        ("scalar", GgmlType::F32, vec![]),
+        ("empty", GgmlType::Q4_K, vec![256, 0]),
+        ("four.d", GgmlType::F16, vec![3, 2, 2, 2]),
+        ("odd.size", GgmlType::I8, vec![5]),
+    ];
+    for (name, ty, shape) in extra {
+        let spec = TensorSpec {
+            name: name.into(),
+            ty,
+            shape,
+        };
+        let data = (0..spec.n_bytes()).map(|b| b as u8 ^ 0x5a).collect();
+        out.push((spec, data));
+    }
+    out
+}
+
+pub fn write_to_vec(m: &Metadata, tensors: &[(TensorSpec, Vec<u8>)]) -> Vec<u8> {
+    let specs = tensors.iter().map(|(s, _)| s.clone()).collect();
+    let mut w = GgufWriter::new(Vec::new(), m, specs).unwrap();
+    for (spec, data) in tensors {
+        w.write_tensor(&spec.name, data).unwrap();
+    }
+    w.finish().unwrap()
 }

@@ -10,7 +10,12 @@ import struct
 import sys
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+
+# gguf-py 0.19 still sizes Q8_1 blocks with the old f32 d and s (40 bytes); ggml's
+# block_q8_1 has two f16s and 32 int8s (36 bytes, static_assert in ggml-common.h). The
+# reader uses this shared table, so patch it to ggml's truth.
+GGML_QUANT_SIZES[GGMLQuantizationType.Q8_1] = (32, 2 + 2 + 32)
 
 
 def item(x, ty):
