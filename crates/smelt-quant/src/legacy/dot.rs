@@ -206,14 +206,4 @@ pub(crate) mod x86 {
         _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm256_add_epi32(lo, hi));
         out
     }
-
-    /// The total of one vector of i32 partials.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    pub(crate) unsafe fn hsum(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01));
-        _mm_cvtsi128_si32(s)
-    }
 }

@@ -1,7 +1,7 @@
 //! Q5_1: 32 weights as 5-bit steps above a minimum (`w = d * q + m`).
 
 use super::dot::{self, dot_blocks, dot_unpacked, nibbles_with_high_bit};
-use super::scan::{blocks32, inverse, min_max};
+use super::scan::{blocks32, inverse, min_max, trunc_i8};
 use super::BlockQ8_1;
 use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::{Block, GgmlType, Quantize};
@@ -93,8 +93,8 @@ impl Quantize for BlockQ5_1 {
             b.m = f32_to_f16(min);
             let mut qh = 0u32;
             for j in 0..16 {
-                let lo = ((x[j] - min) * id + 0.5) as i32 as u8;
-                let hi = ((x[j + 16] - min) * id + 0.5) as i32 as u8;
+                let lo = trunc_i8((x[j] - min) * id + 0.5) as u8;
+                let hi = trunc_i8((x[j + 16] - min) * id + 0.5) as u8;
                 b.qs[j] = (lo & 0x0F) | ((hi & 0x0F) << 4);
                 qh |= ((lo as u32 & 0x10) >> 4) << j;
                 qh |= ((hi as u32 & 0x10) >> 4) << (j + 16);

@@ -85,21 +85,35 @@ pub(crate) fn inverse(d: f32) -> f32 {
     }
 }
 
-/// C's `(int8_t)v` for a float as x86 compilers emit it: truncate toward zero to 32 bits,
-/// keep the low byte. Callers pass values well inside `i32`.
+/// C's float -> int conversion as x86 executes it (`cvttss2si`): truncation toward zero,
+/// and the "integer indefinite" `i32::MIN` for NaN and anything out of range. ggml hits
+/// the latter for real: a block of tiny values has a subnormal scale whose inverse is
+/// infinite, and its quants come out of converting infinities and NaNs.
 #[inline(always)]
-pub(crate) fn trunc_i8(v: f32) -> i8 {
-    v as i32 as i8
+pub(crate) fn cvtt(v: f32) -> i32 {
+    if v.abs() < 2_147_483_648.0 {
+        v as i32
+    } else {
+        i32::MIN
+    }
 }
 
-/// C's `roundf` (half away from zero) as an integer, for `|v| < 2^23`: truncate, then step
-/// away from zero when the exact remainder reaches one half. Unlike `f32::round` this
-/// vectorizes.
+/// C's `(int8_t)v` (or `(uint8_t)v`) for a float as x86 compilers emit it: [`cvtt`], then
+/// keep the low byte.
+#[inline(always)]
+pub(crate) fn trunc_i8(v: f32) -> i8 {
+    cvtt(v) as i8
+}
+
+/// C's `(int8_t)roundf(v)` as x86 executes it (round half away from zero, then [`cvtt`]'s
+/// conversion). Unlike `f32::round` this vectorizes: truncate, then step away from zero
+/// when the exact remainder reaches one half (only below 2^23, where a remainder exists).
 #[inline(always)]
 pub(crate) fn round_away(v: f32) -> i32 {
-    let t = v as i32;
+    let t = cvtt(v);
     let frac = v - t as f32;
-    t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
+    let step = (frac >= 0.5) as i32 - (frac <= -0.5) as i32;
+    t + (step & -((v.abs() < 8_388_608.0) as i32))
 }
 
 #[cfg(test)]
