@@ -11,9 +11,66 @@
 // which is what a reader checks them against.
 #![allow(clippy::needless_range_loop)]
 
+/// Implements [`crate::Block`] and [`crate::Quantize`] for a K-quant block from the
+/// invoking module's `quantize`/`dequantize` methods and `vec_dot_portable`/
+/// `vec_dot_avx2` functions. Quantizing is compiled twice, once with AVX2 enabled so
+/// the lane loops of `lanes.rs` vectorize 8 wide; no FMA is enabled or formed, so both
+/// builds compute the same bytes.
+macro_rules! impl_kquant {
+    ($block:ident, $ty:ident) => {
+        impl $crate::Block for $block {
+            const TYPE: $crate::GgmlType = $crate::GgmlType::$ty;
+            const WEIGHTS: usize = $crate::kquants::QK_K;
+            type Act = $crate::kquants::BlockQ8K;
+
+            fn dequantize_row(src: &[Self], dst: &mut [f32]) {
+                for (b, out) in src.iter().zip(dst.chunks_exact_mut($crate::kquants::QK_K)) {
+                    if let Ok(out) = out.try_into() {
+                        b.dequantize(out);
+                    }
+                }
+            }
+
+            fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
+                #[cfg(target_arch = "x86_64")]
+                if $crate::simd::has_avx2() {
+                    // SAFETY: has_avx2 checked the CPU for AVX2 and FMA.
+                    return unsafe { vec_dot_avx2(x, y) };
+                }
+                vec_dot_portable(x, y)
+            }
+        }
+
+        impl $crate::Quantize for $block {
+            fn quantize_row(src: &[f32], dst: &mut [Self]) {
+                #[inline(always)]
+                fn blocks(src: &[f32], dst: &mut [$block]) {
+                    for (x, y) in src.chunks_exact($crate::kquants::QK_K).zip(dst) {
+                        if let Ok(x) = x.try_into() {
+                            *y = <$block>::quantize(x);
+                        }
+                    }
+                }
+                #[cfg(target_arch = "x86_64")]
+                if $crate::simd::has_avx2() {
+                    #[target_feature(enable = "avx2")]
+                    unsafe fn blocks_avx2(src: &[f32], dst: &mut [$block]) {
+                        blocks(src, dst)
+                    }
+                    // SAFETY: has_avx2 checked the CPU for AVX2.
+                    unsafe { blocks_avx2(src, dst) };
+                    return;
+                }
+                blocks(src, dst)
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod common;
+mod lanes;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_k;
@@ -29,5 +86,7 @@ pub use q5_k::BlockQ5K;
 pub use q6_k::BlockQ6K;
 pub use q8_k::BlockQ8K;
 
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 pub(crate) mod testutil;

@@ -1,9 +1,8 @@
 //! Q2_K: 2.625 bits per weight. Sixteen 16-weight groups, each `d * sc * q - dmin * m`
 //! with 2-bit `q` and 4-bit `sc`/`m` sharing a byte.
 
-use super::common::{fold, make_qkx2_quants, nearest_int, Qkx2Search, QK_K};
-use super::BlockQ8K;
-use crate::{Block, GgmlType, Quantize};
+use super::common::{fold, from_lanes, nearest_int, to_lanes, QK_K};
+use super::{lanes, BlockQ8K};
 use half::f16;
 
 /// ggml's `block_q2_K` (84 bytes).
@@ -23,28 +22,20 @@ pub struct BlockQ2K {
 
 const _: () = assert!(std::mem::size_of::<BlockQ2K>() == 84);
 
-const SEARCH: Qkx2Search = Qkx2Search {
-    nmax: 3,
-    rmin: -0.5,
-    rdelta: 0.1,
-    nstep: 15,
-    use_mad: true,
-};
-
 impl BlockQ2K {
     /// ggml's `quantize_row_q2_K_ref` for one super-block.
+    #[inline(always)]
     pub fn quantize(x: &[f32; QK_K]) -> Self {
+        let xt: [[f32; 16]; 16] = to_lanes(x);
+        let w: [[f32; 16]; 16] = std::array::from_fn(|i| std::array::from_fn(|k| xt[i][k].abs()));
+        let mut lt = [[0u8; 16]; 16];
+        let (scales, mins) =
+            lanes::make_qkx2_quants::<16, 16, true>(3, -0.5, 0.1, 15, &xt, &w, &mut lt);
         let mut l = [0u8; QK_K];
-        let mut scales = [0.0f32; 16];
-        let mut mins = [0.0f32; 16];
+        from_lanes(&lt, &mut l);
         let mut max_scale = 0.0f32;
         let mut max_min = 0.0f32;
-        for (j, (xs, ls)) in x.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
-            let (Ok(xs), Ok(ls)) = (<&[f32; 16]>::try_from(xs), ls.try_into()) else {
-                continue;
-            };
-            let weights = std::array::from_fn(|i| xs[i].abs());
-            (scales[j], mins[j]) = make_qkx2_quants(&SEARCH, xs, &weights, ls);
+        for j in 0..16 {
             if scales[j] > max_scale {
                 max_scale = scales[j];
             }
@@ -175,38 +166,7 @@ pub unsafe fn vec_dot_avx2(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
     acc
 }
 
-impl Block for BlockQ2K {
-    const TYPE: GgmlType = GgmlType::Q2_K;
-    const WEIGHTS: usize = QK_K;
-    type Act = BlockQ8K;
-
-    fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        for (b, out) in src.iter().zip(dst.chunks_exact_mut(QK_K)) {
-            if let Ok(out) = out.try_into() {
-                b.dequantize(out);
-            }
-        }
-    }
-
-    fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2() {
-            // SAFETY: has_avx2 checked the CPU for AVX2 and FMA.
-            return unsafe { vec_dot_avx2(x, y) };
-        }
-        vec_dot_portable(x, y)
-    }
-}
-
-impl Quantize for BlockQ2K {
-    fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (x, y) in src.chunks_exact(QK_K).zip(dst) {
-            if let Ok(x) = x.try_into() {
-                *y = Self::quantize(x);
-            }
-        }
-    }
-}
+impl_kquant!(BlockQ2K, Q2_K);
 
 #[cfg(test)]
 mod tests {

@@ -1,9 +1,8 @@
 //! Q3_K: 3.4375 bits per weight. Sixteen 16-weight groups, each `d * sc * q` with
 //! `q` in `-4..=3` (two low bits in `qs`, the high bit in `hmask`) and 6-bit signed `sc`.
 
-use super::common::{fold, make_q3_quants, nearest_int, QK_K};
-use super::BlockQ8K;
-use crate::{Block, GgmlType, Quantize};
+use super::common::{fold, from_lanes, nearest_int, to_lanes, QK_K};
+use super::{lanes, BlockQ8K};
 use half::f16;
 
 /// ggml's `block_q3_K` (110 bytes).
@@ -51,19 +50,19 @@ pub(crate) fn unpack_scales(s: &[u8; 12]) -> [i8; 16] {
 
 impl BlockQ3K {
     /// ggml's `quantize_row_q3_K_ref` for one super-block.
+    #[inline(always)]
     pub fn quantize(x: &[f32; QK_K]) -> Self {
+        let xt: [[f32; 16]; 16] = to_lanes(x);
+        let mut lt = [[0i8; 16]; 16];
+        let scales = lanes::make_q3_quants::<16>(4, &xt, &mut lt);
         let mut l = [0i8; QK_K];
-        let mut scales = [0.0f32; 16];
+        from_lanes(&lt, &mut l);
         let mut max_scale = 0.0f32;
         let mut amax = 0.0f32;
-        for (j, (xs, ls)) in x.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
-            let (Ok(xs), Ok(ls)) = (xs.try_into(), ls.try_into()) else {
-                continue;
-            };
-            scales[j] = make_q3_quants(4, xs, ls);
-            if scales[j].abs() > amax {
-                amax = scales[j].abs();
-                max_scale = scales[j];
+        for &scale in &scales {
+            if scale.abs() > amax {
+                amax = scale.abs();
+                max_scale = scale;
             }
         }
         let mut y = <Self as bytemuck::Zeroable>::zeroed();
@@ -196,38 +195,7 @@ pub unsafe fn vec_dot_avx2(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
     acc
 }
 
-impl Block for BlockQ3K {
-    const TYPE: GgmlType = GgmlType::Q3_K;
-    const WEIGHTS: usize = QK_K;
-    type Act = BlockQ8K;
-
-    fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        for (b, out) in src.iter().zip(dst.chunks_exact_mut(QK_K)) {
-            if let Ok(out) = out.try_into() {
-                b.dequantize(out);
-            }
-        }
-    }
-
-    fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2() {
-            // SAFETY: has_avx2 checked the CPU for AVX2 and FMA.
-            return unsafe { vec_dot_avx2(x, y) };
-        }
-        vec_dot_portable(x, y)
-    }
-}
-
-impl Quantize for BlockQ3K {
-    fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (x, y) in src.chunks_exact(QK_K).zip(dst) {
-            if let Ok(x) = x.try_into() {
-                *y = Self::quantize(x);
-            }
-        }
-    }
-}
+impl_kquant!(BlockQ3K, Q3_K);
 
 #[cfg(test)]
 mod tests {

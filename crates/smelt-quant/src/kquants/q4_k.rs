@@ -2,10 +2,9 @@
 //! with 4-bit `q` and 6-bit `sc`/`m` packed into 12 bytes.
 
 use super::common::{
-    fold, make_qkx2_quants, nearest_int, pack_scale_min_k4, unpack_scale_min_k4, Qkx2Search, QK_K,
+    fold, from_lanes, nearest_int, pack_scale_min_k4, to_lanes, unpack_scale_min_k4, QK_K,
 };
-use super::BlockQ8K;
-use crate::{Block, GgmlType, Quantize};
+use super::{lanes, BlockQ8K};
 use half::f16;
 
 /// ggml's `block_q4_K` (144 bytes).
@@ -25,41 +24,37 @@ pub struct BlockQ4K {
 
 const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 
-const SEARCH: Qkx2Search = Qkx2Search {
-    nmax: 15,
-    rmin: -1.0,
-    rdelta: 0.1,
-    nstep: 20,
-    use_mad: false,
-};
-
-/// Fits each 32-weight group with ggml's weighting `sqrt(mean(x^2)) + |x|`; the part
-/// shared by Q4_K and Q5_K. Returns group scales and mins, levels in `l`.
+/// Fits each 32-weight group with ggml's weighting `sqrt(mean(x^2)) + |x|`, all eight
+/// at once; the part shared by Q4_K (`nmax` 15) and Q5_K (31). Returns group scales
+/// and mins, levels in `l`.
+#[inline(always)]
 pub(crate) fn fit_groups(
     x: &[f32; QK_K],
-    search: &Qkx2Search,
+    nmax: i32,
+    rmin: f32,
+    nstep: i32,
     l: &mut [u8; QK_K],
 ) -> ([f32; 8], [f32; 8]) {
-    let mut scales = [0.0f32; 8];
-    let mut mins = [0.0f32; 8];
-    for (j, (xs, ls)) in x.chunks_exact(32).zip(l.chunks_exact_mut(32)).enumerate() {
-        let (Ok(xs), Ok(ls)) = (<&[f32; 32]>::try_from(xs), <&mut [u8; 32]>::try_from(ls)) else {
-            continue;
-        };
-        let mut sum_x2 = 0.0f32;
-        for &v in xs {
-            sum_x2 += v * v;
+    let xt: [[f32; 8]; 32] = to_lanes(x);
+    let mut sum_x2 = [0.0f32; 8];
+    for row in &xt {
+        for k in 0..8 {
+            sum_x2[k] += row[k] * row[k];
         }
-        let av_x = (sum_x2 / 32.0).sqrt();
-        let weights = std::array::from_fn(|i| av_x + xs[i].abs());
-        (scales[j], mins[j]) = make_qkx2_quants(search, xs, &weights, ls);
     }
-    (scales, mins)
+    let av_x: [f32; 8] = std::array::from_fn(|k| (sum_x2[k] / 32.0).sqrt());
+    let w: [[f32; 8]; 32] =
+        std::array::from_fn(|i| std::array::from_fn(|k| av_x[k] + xt[i][k].abs()));
+    let mut lt = [[0u8; 8]; 32];
+    let fit = lanes::make_qkx2_quants::<32, 8, false>(nmax, rmin, 0.1, nstep, &xt, &w, &mut lt);
+    from_lanes(&lt, l);
+    fit
 }
 
 /// Quantizes the group scales and mins to 6 bits against their maxima, then
 /// re-rounds every weight with the scales as stored; the part shared by Q4_K and Q5_K.
 /// Returns `(d, dmin, packed scales)`.
+#[inline(always)]
 pub(crate) fn pack_groups(
     x: &[f32; QK_K],
     scales: &[f32; 8],
@@ -106,9 +101,10 @@ pub(crate) fn pack_groups(
 
 impl BlockQ4K {
     /// ggml's `quantize_row_q4_K_ref` for one super-block.
+    #[inline(always)]
     pub fn quantize(x: &[f32; QK_K]) -> Self {
         let mut l = [0u8; QK_K];
-        let (scales, mins) = fit_groups(x, &SEARCH, &mut l);
+        let (scales, mins) = fit_groups(x, 15, -1.0, 20, &mut l);
         let (d, dmin, packed) = pack_groups(x, &scales, &mins, 15, &mut l);
         let mut qs = [0u8; QK_K / 2];
         for c in 0..4 {
@@ -218,38 +214,7 @@ pub unsafe fn vec_dot_avx2(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
     acc
 }
 
-impl Block for BlockQ4K {
-    const TYPE: GgmlType = GgmlType::Q4_K;
-    const WEIGHTS: usize = QK_K;
-    type Act = BlockQ8K;
-
-    fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        for (b, out) in src.iter().zip(dst.chunks_exact_mut(QK_K)) {
-            if let Ok(out) = out.try_into() {
-                b.dequantize(out);
-            }
-        }
-    }
-
-    fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2() {
-            // SAFETY: has_avx2 checked the CPU for AVX2 and FMA.
-            return unsafe { vec_dot_avx2(x, y) };
-        }
-        vec_dot_portable(x, y)
-    }
-}
-
-impl Quantize for BlockQ4K {
-    fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (x, y) in src.chunks_exact(QK_K).zip(dst) {
-            if let Ok(x) = x.try_into() {
-                *y = Self::quantize(x);
-            }
-        }
-    }
-}
+impl_kquant!(BlockQ4K, Q4_K);
 
 #[cfg(test)]
 mod tests {

@@ -1,9 +1,8 @@
 //! Q5_K: 5.5 bits per weight. Q5_K's layout plus one high bit per weight in `qh`.
 
-use super::common::{fold, unpack_scale_min_k4, Qkx2Search, QK_K};
+use super::common::{fold, unpack_scale_min_k4, QK_K};
 use super::q4_k::{fit_groups, min_sum, pack_groups};
 use super::BlockQ8K;
-use crate::{Block, GgmlType, Quantize};
 use half::f16;
 
 /// ggml's `block_q5_K` (176 bytes).
@@ -26,19 +25,12 @@ pub struct BlockQ5K {
 
 const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
 
-const SEARCH: Qkx2Search = Qkx2Search {
-    nmax: 31,
-    rmin: -0.5,
-    rdelta: 0.1,
-    nstep: 15,
-    use_mad: false,
-};
-
 impl BlockQ5K {
     /// ggml's `quantize_row_q5_K_ref` for one super-block.
+    #[inline(always)]
     pub fn quantize(x: &[f32; QK_K]) -> Self {
         let mut l = [0u8; QK_K];
-        let (scales, mins) = fit_groups(x, &SEARCH, &mut l);
+        let (scales, mins) = fit_groups(x, 31, -0.5, 15, &mut l);
         let (d, dmin, packed) = pack_groups(x, &scales, &mins, 31, &mut l);
         let mut qs = [0u8; QK_K / 2];
         let mut qh = [0u8; QK_K / 8];
@@ -156,38 +148,7 @@ pub unsafe fn vec_dot_avx2(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
     acc
 }
 
-impl Block for BlockQ5K {
-    const TYPE: GgmlType = GgmlType::Q5_K;
-    const WEIGHTS: usize = QK_K;
-    type Act = BlockQ8K;
-
-    fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        for (b, out) in src.iter().zip(dst.chunks_exact_mut(QK_K)) {
-            if let Ok(out) = out.try_into() {
-                b.dequantize(out);
-            }
-        }
-    }
-
-    fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2() {
-            // SAFETY: has_avx2 checked the CPU for AVX2 and FMA.
-            return unsafe { vec_dot_avx2(x, y) };
-        }
-        vec_dot_portable(x, y)
-    }
-}
-
-impl Quantize for BlockQ5K {
-    fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (x, y) in src.chunks_exact(QK_K).zip(dst) {
-            if let Ok(x) = x.try_into() {
-                *y = Self::quantize(x);
-            }
-        }
-    }
-}
+impl_kquant!(BlockQ5K, Q5_K);
 
 #[cfg(test)]
 mod tests {

@@ -1,9 +1,8 @@
 //! Q6_K: 6.5625 bits per weight. Sixteen 16-weight groups, each `d * sc * (q - 32)`
 //! with 6-bit `q` (low nibbles in `ql`, top two bits in `qh`) and signed 8-bit `sc`.
 
-use super::common::{fold, make_qx_quants, nearest_int, GROUP_MAX_EPS, QK_K};
-use super::BlockQ8K;
-use crate::{Block, GgmlType, Quantize};
+use super::common::{fold, from_lanes, nearest_int, to_lanes, GROUP_MAX_EPS, QK_K};
+use super::{lanes, BlockQ8K};
 use half::f16;
 
 /// ggml's `block_q6_K` (210 bytes).
@@ -26,17 +25,16 @@ const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 
 impl BlockQ6K {
     /// ggml's `quantize_row_q6_K_ref` for one super-block.
+    #[inline(always)]
     pub fn quantize(x: &[f32; QK_K]) -> Self {
+        let xt: [[f32; 16]; 16] = to_lanes(x);
+        let mut lt = [[0i8; 16]; 16];
+        let scales = lanes::make_qx_quants::<16>(32, &xt, &mut lt);
         let mut l = [0i8; QK_K];
-        let mut scales = [0.0f32; 16];
+        from_lanes(&lt, &mut l);
         let mut max_scale = 0.0f32;
         let mut max_abs_scale = 0.0f32;
-        for (ib, (xs, ls)) in x.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
-            let (Ok(xs), Ok(ls)) = (xs.try_into(), ls.try_into()) else {
-                continue;
-            };
-            let scale = make_qx_quants(32, xs, ls);
-            scales[ib] = scale;
+        for &scale in &scales {
             if scale.abs() > max_abs_scale {
                 max_abs_scale = scale.abs();
                 max_scale = scale;
@@ -181,38 +179,7 @@ pub unsafe fn vec_dot_avx2(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
     acc
 }
 
-impl Block for BlockQ6K {
-    const TYPE: GgmlType = GgmlType::Q6_K;
-    const WEIGHTS: usize = QK_K;
-    type Act = BlockQ8K;
-
-    fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        for (b, out) in src.iter().zip(dst.chunks_exact_mut(QK_K)) {
-            if let Ok(out) = out.try_into() {
-                b.dequantize(out);
-            }
-        }
-    }
-
-    fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2() {
-            // SAFETY: has_avx2 checked the CPU for AVX2 and FMA.
-            return unsafe { vec_dot_avx2(x, y) };
-        }
-        vec_dot_portable(x, y)
-    }
-}
-
-impl Quantize for BlockQ6K {
-    fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (x, y) in src.chunks_exact(QK_K).zip(dst) {
-            if let Ok(x) = x.try_into() {
-                *y = Self::quantize(x);
-            }
-        }
-    }
-}
+impl_kquant!(BlockQ6K, Q6_K);
 
 #[cfg(test)]
 mod tests {

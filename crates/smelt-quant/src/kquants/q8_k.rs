@@ -3,7 +3,6 @@
 //! 16 multiplies instead of 256.
 
 use super::common::{fold, nearest_int, QK_K};
-use crate::{Block, GgmlType, Quantize};
 
 /// ggml's `block_q8_K` (292 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
@@ -22,6 +21,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
 impl BlockQ8K {
     /// ggml's `quantize_row_q8_K_ref` for one super-block: the value of largest
     /// magnitude maps to -127 (its sign kept in the scale).
+    #[inline(always)]
     pub fn quantize(x: &[f32; QK_K]) -> Self {
         let mut max = 0.0f32;
         let mut amax = 0.0f32;
@@ -94,38 +94,7 @@ pub unsafe fn vec_dot_avx2(x: &[BlockQ8K], y: &[BlockQ8K]) -> f32 {
     acc
 }
 
-impl Block for BlockQ8K {
-    const TYPE: GgmlType = GgmlType::Q8_K;
-    const WEIGHTS: usize = QK_K;
-    type Act = BlockQ8K;
-
-    fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        for (b, out) in src.iter().zip(dst.chunks_exact_mut(QK_K)) {
-            if let Ok(out) = out.try_into() {
-                b.dequantize(out);
-            }
-        }
-    }
-
-    fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2() {
-            // SAFETY: has_avx2 checked the CPU for AVX2 and FMA.
-            return unsafe { vec_dot_avx2(x, y) };
-        }
-        vec_dot_portable(x, y)
-    }
-}
-
-impl Quantize for BlockQ8K {
-    fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (x, y) in src.chunks_exact(QK_K).zip(dst) {
-            if let Ok(x) = x.try_into() {
-                *y = Self::quantize(x);
-            }
-        }
-    }
-}
+impl_kquant!(BlockQ8K, Q8_K);
 
 #[cfg(test)]
 mod tests {

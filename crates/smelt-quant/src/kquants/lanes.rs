@@ -1,0 +1,423 @@
+//! ggml's per-group scale searches, run on all groups of a super-block at once.
+//!
+//! The searches are long chains of dependent f32 sums, so one group at a time leaves
+//! the CPU waiting on add latency. Here lane `k` of every `[_; L]` array is group `k`,
+//! and each lane performs exactly the operations ggml performs for that group, in the
+//! same order; data-dependent branches become per-lane selects. The arithmetic per lane
+//! is unchanged, so the results are bit-identical to the one-group-at-a-time C code
+//! (the tests check that against the scalar transcriptions in `reference.rs`), while
+//! the compiler turns the lane loops into SIMD.
+//!
+//! Inputs are transposed: `x[i][k]` is element `i` of group `k`.
+
+use super::common::{nearest_int, GROUP_MAX_EPS};
+
+/// Lane-wise `make_qkx2_quants` (see `common::Qkx2Search` for the parameters);
+/// `MAD` selects absolute instead of squared error. Writes levels to `out` and returns
+/// per-group `(scale, min)`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn make_qkx2_quants<const N: usize, const L: usize, const MAD: bool>(
+    nmax: i32,
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    x: &[[f32; L]; N],
+    w: &[[f32; L]; N],
+    out: &mut [[u8; L]; N],
+) -> ([f32; L], [f32; L]) {
+    let err = |diff: f32| if MAD { diff.abs() } else { diff * diff };
+    let level = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(0, nmax);
+    let nmaxf = nmax as f32;
+
+    let mut min = x[0];
+    let mut max = x[0];
+    let mut sum_w = w[0];
+    let mut sum_x = [0.0f32; L];
+    for k in 0..L {
+        sum_x[k] = sum_w[k] * x[0][k];
+    }
+    for i in 1..N {
+        for k in 0..L {
+            let v = x[i][k];
+            min[k] = if v < min[k] { v } else { min[k] };
+            max[k] = if v > max[k] { v } else { max[k] };
+            sum_w[k] += w[i][k];
+            sum_x[k] += w[i][k] * v;
+        }
+    }
+    let mut flat = [false; L];
+    let mut iscale = [0.0f32; L];
+    let mut scale = [0.0f32; L];
+    for k in 0..L {
+        if min[k] > 0.0 {
+            min[k] = 0.0;
+        }
+        // A flat group computes garbage below (division by zero) that is never taken.
+        flat[k] = max[k] == min[k];
+        iscale[k] = nmaxf / (max[k] - min[k]);
+        scale[k] = 1.0 / iscale[k];
+    }
+    let mut best_error = [0.0f32; L];
+    for i in 0..N {
+        for k in 0..L {
+            let l = level(iscale[k], x[i][k] - min[k]);
+            out[i][k] = l as u8;
+            best_error[k] += w[i][k] * err(scale[k] * l as f32 + min[k] - x[i][k]);
+        }
+    }
+
+    let mut aux = [[0u8; L]; N];
+    for is in 0..=nstep {
+        let mut sum_l = [0.0f32; L];
+        let mut sum_l2 = [0.0f32; L];
+        let mut sum_xl = [0.0f32; L];
+        for k in 0..L {
+            iscale[k] = (rmin + rdelta * is as f32 + nmaxf) / (max[k] - min[k]);
+        }
+        for i in 0..N {
+            for k in 0..L {
+                let l = level(iscale[k], x[i][k] - min[k]);
+                aux[i][k] = l as u8;
+                let wl = w[i][k] * l as f32;
+                sum_l[k] += wl;
+                sum_l2[k] += wl * l as f32;
+                sum_xl[k] += wl * x[i][k];
+            }
+        }
+        let mut d = [0.0f32; L];
+        let mut this_scale = [0.0f32; L];
+        let mut this_min = [0.0f32; L];
+        for k in 0..L {
+            d[k] = sum_w[k] * sum_l2[k] - sum_l[k] * sum_l[k];
+            this_scale[k] = (sum_w[k] * sum_xl[k] - sum_x[k] * sum_l[k]) / d[k];
+            this_min[k] = (sum_l2[k] * sum_x[k] - sum_l[k] * sum_xl[k]) / d[k];
+            if this_min[k] > 0.0 {
+                this_min[k] = 0.0;
+                this_scale[k] = sum_xl[k] / sum_l2[k];
+            }
+        }
+        let mut cur_error = [0.0f32; L];
+        for i in 0..N {
+            for k in 0..L {
+                cur_error[k] +=
+                    w[i][k] * err(this_scale[k] * aux[i][k] as f32 + this_min[k] - x[i][k]);
+            }
+        }
+        let take: [bool; L] =
+            std::array::from_fn(|k| !flat[k] && d[k] > 0.0 && cur_error[k] < best_error[k]);
+        if take.iter().any(|&t| t) {
+            for i in 0..N {
+                for k in 0..L {
+                    out[i][k] = if take[k] { aux[i][k] } else { out[i][k] };
+                }
+            }
+            for k in 0..L {
+                if take[k] {
+                    best_error[k] = cur_error[k];
+                    scale[k] = this_scale[k];
+                    min[k] = this_min[k];
+                }
+            }
+        }
+    }
+    let mut neg_min = [0.0f32; L];
+    for k in 0..L {
+        if flat[k] {
+            scale[k] = 0.0;
+            for row in out.iter_mut() {
+                row[k] = 0;
+            }
+        }
+        neg_min[k] = -min[k];
+    }
+    (scale, neg_min)
+}
+
+/// Lane-wise `make_qx_quants` with `rmse_type == 1` and no importance weights, on
+/// 16-element groups. Writes levels `l + nmax` and returns the scales.
+#[inline(always)]
+pub(crate) fn make_qx_quants<const L: usize>(
+    nmax: i32,
+    x: &[[f32; L]; 16],
+    out: &mut [[i8; L]; 16],
+) -> [f32; L] {
+    let nmaxf = nmax as f32;
+    let level = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+    let mut max = [0.0f32; L];
+    let mut amax = [0.0f32; L];
+    for row in x {
+        for k in 0..L {
+            let ax = row[k].abs();
+            if ax > amax[k] {
+                amax[k] = ax;
+                max[k] = row[k];
+            }
+        }
+    }
+    let zero: [bool; L] = std::array::from_fn(|k| amax[k] < GROUP_MAX_EPS);
+    let mut w = [[0.0f32; L]; 16];
+    let mut wx = [[0.0f32; L]; 16];
+    for i in 0..16 {
+        for k in 0..L {
+            w[i][k] = x[i][k] * x[i][k];
+            wx[i][k] = w[i][k] * x[i][k];
+        }
+    }
+    let mut sumlx = [0.0f32; L];
+    let mut suml2 = [0.0f32; L];
+    let iscale: [f32; L] = std::array::from_fn(|k| -nmaxf / max[k]);
+    for i in 0..16 {
+        for k in 0..L {
+            let l = level(iscale[k], x[i][k]);
+            out[i][k] = (l + nmax) as i8;
+            let lf = l as f32;
+            sumlx[k] += wx[i][k] * lf;
+            suml2[k] += w[i][k] * lf * lf;
+        }
+    }
+    let mut scale = [0.0f32; L];
+    let mut best = [0.0f32; L];
+    for k in 0..L {
+        scale[k] = if suml2[k] != 0.0 {
+            sumlx[k] / suml2[k]
+        } else {
+            0.0
+        };
+        best[k] = scale[k] * sumlx[k];
+    }
+    let mut ls = [[0i8; L]; 16];
+    for is in (-9..=9).filter(|&is| is != 0) {
+        let iscale: [f32; L] = std::array::from_fn(|k| -(nmaxf + 0.1f32 * is as f32) / max[k]);
+        let mut sumlx = [0.0f32; L];
+        let mut suml2 = [0.0f32; L];
+        for i in 0..16 {
+            for k in 0..L {
+                let l = level(iscale[k], x[i][k]);
+                ls[i][k] = (l + nmax) as i8;
+                let lf = l as f32;
+                sumlx[k] += wx[i][k] * lf;
+                suml2[k] += w[i][k] * lf * lf;
+            }
+        }
+        let take: [bool; L] =
+            std::array::from_fn(|k| suml2[k] > 0.0 && sumlx[k] * sumlx[k] > best[k] * suml2[k]);
+        if take.iter().any(|&t| t) {
+            for i in 0..16 {
+                for k in 0..L {
+                    out[i][k] = if take[k] { ls[i][k] } else { out[i][k] };
+                }
+            }
+            for k in 0..L {
+                if take[k] {
+                    scale[k] = sumlx[k] / suml2[k];
+                    best[k] = scale[k] * sumlx[k];
+                }
+            }
+        }
+    }
+    for k in 0..L {
+        if zero[k] {
+            scale[k] = 0.0;
+            for row in out.iter_mut() {
+                row[k] = 0;
+            }
+        }
+    }
+    scale
+}
+
+/// Lane-wise `make_q3_quants` with `do_rmse`, on 16-element groups. Writes levels
+/// `l + nmax` and returns the scales.
+#[inline(always)]
+pub(crate) fn make_q3_quants<const L: usize>(
+    nmax: i32,
+    x: &[[f32; L]; 16],
+    out: &mut [[i8; L]; 16],
+) -> [f32; L] {
+    let nmaxf = nmax as f32;
+    let mut max = [0.0f32; L];
+    let mut amax = [0.0f32; L];
+    for row in x {
+        for k in 0..L {
+            let ax = row[k].abs();
+            if ax > amax[k] {
+                amax[k] = ax;
+                max[k] = row[k];
+            }
+        }
+    }
+    let zero: [bool; L] = std::array::from_fn(|k| amax[k] < GROUP_MAX_EPS);
+    let mut w = [[0.0f32; L]; 16];
+    let mut wx = [[0.0f32; L]; 16];
+    for i in 0..16 {
+        for k in 0..L {
+            w[i][k] = x[i][k] * x[i][k];
+            wx[i][k] = w[i][k] * x[i][k];
+        }
+    }
+    let iscale: [f32; L] = std::array::from_fn(|k| -nmaxf / max[k]);
+    let mut l = [[0i32; L]; 16];
+    let mut sumlx = [0.0f32; L];
+    let mut suml2 = [0.0f32; L];
+    for i in 0..16 {
+        for k in 0..L {
+            let li = nearest_int(iscale[k] * x[i][k]).clamp(-nmax, nmax - 1);
+            l[i][k] = li;
+            let lf = li as f32;
+            sumlx[k] += wx[i][k] * lf;
+            suml2[k] += w[i][k] * lf * lf;
+        }
+    }
+    // ggml stops a group after a pass that changes nothing; another pass from the same
+    // state would change nothing again, so running passes until no lane changes is
+    // the same computation.
+    for _ in 0..5 {
+        let mut changed = false;
+        for i in 0..16 {
+            for k in 0..L {
+                let li = l[i][k] as f32;
+                let slx = sumlx[k] - wx[i][k] * li;
+                let sl2 = suml2[k] - w[i][k] * li * li;
+                let new_l = nearest_int(x[i][k] * sl2 / slx).clamp(-nmax, nmax - 1);
+                let nf = new_l as f32;
+                let slx2 = slx + wx[i][k] * nf;
+                let sl22 = sl2 + w[i][k] * nf * nf;
+                let take = slx > 0.0
+                    && new_l != l[i][k]
+                    && sl22 > 0.0
+                    && slx2 * slx2 * suml2[k] > sumlx[k] * sumlx[k] * sl22;
+                if take {
+                    l[i][k] = new_l;
+                    sumlx[k] = slx2;
+                    suml2[k] = sl22;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let mut scale = [0.0f32; L];
+    for k in 0..L {
+        scale[k] = if suml2[k] > 0.0 {
+            sumlx[k] / suml2[k]
+        } else {
+            0.0
+        };
+        if zero[k] {
+            scale[k] = 0.0;
+        }
+    }
+    for i in 0..16 {
+        for k in 0..L {
+            out[i][k] = if zero[k] { 0 } else { (l[i][k] + nmax) as i8 };
+        }
+    }
+    scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::reference;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// Groups meant to reach every branch: Gaussian at several scales, all positive,
+    /// all zero, constant, near-zero, a lone outlier, few distinct values.
+    fn group<const N: usize>(rng: &mut StdRng) -> [f32; N] {
+        let kind = rng.gen_range(0..8);
+        let scale = 10f32.powi(rng.gen_range(-12..6));
+        std::array::from_fn(|i| match kind {
+            0 => 0.0,
+            1 => scale,
+            2 => rng.gen_range(0.1..1.0) * scale,
+            3 if i == 5 => 1e4 * scale,
+            4 => rng.gen_range(-2..3) as f32 * scale,
+            5 => rng.gen_range(-1.0..1.0) * 1e-16,
+            _ => (rng.gen::<f32>() - 0.5) * scale,
+        })
+    }
+
+    fn lanes_of<const N: usize, const L: usize>(groups: &[[f32; N]; L]) -> [[f32; L]; N] {
+        std::array::from_fn(|i| std::array::from_fn(|k| groups[k][i]))
+    }
+
+    fn check_qkx2<const N: usize, const L: usize, const MAD: bool>(
+        nmax: i32,
+        rmin: f32,
+        nstep: i32,
+    ) {
+        let p = reference::Qkx2Search {
+            nmax,
+            rmin,
+            rdelta: 0.1,
+            nstep,
+            use_mad: MAD,
+        };
+        let mut rng = StdRng::seed_from_u64(nmax as u64);
+        for _ in 0..200 {
+            let groups: [[f32; N]; L] = std::array::from_fn(|_| group(&mut rng));
+            let x = lanes_of(&groups);
+            let w: [[f32; L]; N] = std::array::from_fn(|i| {
+                std::array::from_fn(|k| {
+                    if MAD {
+                        x[i][k].abs()
+                    } else {
+                        0.3 + x[i][k].abs()
+                    }
+                })
+            });
+            let mut out = [[0u8; L]; N];
+            let (scale, min) =
+                super::make_qkx2_quants::<N, L, MAD>(nmax, rmin, 0.1, nstep, &x, &w, &mut out);
+            for k in 0..L {
+                let wk: [f32; N] = std::array::from_fn(|i| w[i][k]);
+                let mut want = [0u8; N];
+                let (s, m) = reference::make_qkx2_quants(&p, &groups[k], &wk, &mut want);
+                assert_eq!(
+                    (scale[k].to_bits(), min[k].to_bits()),
+                    (s.to_bits(), m.to_bits()),
+                    "{:?}",
+                    groups[k]
+                );
+                assert!((0..N).all(|i| out[i][k] == want[i]), "{:?}", groups[k]);
+            }
+        }
+    }
+
+    #[test]
+    fn qkx2_matches_the_scalar_search() {
+        check_qkx2::<16, 16, true>(3, -0.5, 15);
+        check_qkx2::<32, 8, false>(15, -1.0, 20);
+        check_qkx2::<32, 8, false>(31, -0.5, 15);
+    }
+
+    #[test]
+    fn qx_and_q3_match_the_scalar_searches() {
+        let mut rng = StdRng::seed_from_u64(7);
+        for _ in 0..200 {
+            let groups: [[f32; 16]; 16] = std::array::from_fn(|_| group(&mut rng));
+            let x = lanes_of(&groups);
+            let (mut qx, mut q3) = ([[0i8; 16]; 16], [[0i8; 16]; 16]);
+            let sx = super::make_qx_quants::<16>(32, &x, &mut qx);
+            let s3 = super::make_q3_quants::<16>(4, &x, &mut q3);
+            for k in 0..16 {
+                let (mut wx, mut w3) = ([0i8; 16], [0i8; 16]);
+                assert_eq!(
+                    sx[k].to_bits(),
+                    reference::make_qx_quants(32, &groups[k], &mut wx).to_bits()
+                );
+                assert_eq!(
+                    s3[k].to_bits(),
+                    reference::make_q3_quants(4, &groups[k], &mut w3).to_bits()
+                );
+                assert!(
+                    (0..16).all(|i| qx[i][k] == wx[i] && q3[i][k] == w3[i]),
+                    "{:?}",
+                    groups[k]
+                );
+            }
+        }
+    }
+}
