@@ -130,8 +130,12 @@ fn check_quantize_tensor(refs: &TypeRefs, report: &mut Report) {
                     }
                     for (k, (&i, got)) in picks.iter().zip(out.chunks(row_bytes)).enumerate() {
                         if let Some(d) = block_detail(refs, i, got) {
-                            report
-                                .fail(&stage, || format!("tensor row {k} of {}: {d}", picks.len()));
+                            // The quantize_row stage shows the blocks when it fails too;
+                            // here the first line says enough.
+                            let first = d.lines().next().unwrap_or_default().to_string();
+                            report.fail(&stage, || {
+                                format!("tensor row {k} of {}: {first}", picks.len())
+                            });
                         }
                     }
                 }

@@ -3,6 +3,8 @@
 //! byte went wrong. Each test crate uses a different subset, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod dot_cases;
+
 use smelt_quant::GgmlType;
 use std::fmt::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -333,7 +335,9 @@ impl Report {
             }
             failed |= *n > 0;
         }
-        eprint!("{text}");
+        if !failed {
+            eprint!("{text}");
+        }
         assert!(!failed, "\n{text}");
     }
 }
