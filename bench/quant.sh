@@ -16,7 +16,9 @@ runs=${RUNS:-3}
 
 py=$(scripts/oracles.sh | tail -n1)
 
-echo "==> $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" >&2
+# Other processes on the machine skew these numbers more than anything else: the load
+# average is printed before and after so a recorded run shows how quiet the machine was.
+echo "==> $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), commit $(git rev-parse --short HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo '?'), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 echo "==> smelt and candle (bench/candle-quant, release)" >&2
 cargo run --release --quiet --manifest-path bench/candle-quant/Cargo.toml -- --out "$out" --runs "$runs"
 
@@ -24,6 +26,7 @@ echo "==> ggml (llama-cpp-python's libggml-base)" >&2
 status=0
 "$py" bench/quant_ggml.py --dir "$out" --runs "$runs" || status=$?
 
+echo "==> done $(date -u '+%H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 echo >&2
 "$py" bench/report.py "$out" || status=$?
 exit "$status"
