@@ -1,0 +1,9 @@
+//! Instruction families, each an `impl Kernel` block.
+
+pub mod arith;
+pub mod bits;
+pub mod control;
+pub mod convert;
+pub mod memory;
+pub mod special;
+pub mod warp;
