@@ -58,16 +58,18 @@ pub(crate) fn make_qkx2_quants<const N: usize, const L: usize, const MAD: bool>(
         iscale[k] = nmaxf / (max[k] - min[k]);
         scale[k] = 1.0 / iscale[k];
     }
+    // Levels are kept as f32 (exact for 0..=31) so no lane loop converts types.
+    let mut best = [[0.0f32; L]; N];
     let mut best_error = [0.0f32; L];
     for i in 0..N {
         for k in 0..L {
-            let l = level(iscale[k], x[i][k] - min[k]);
-            out[i][k] = l as u8;
-            best_error[k] += w[i][k] * err(scale[k] * l as f32 + min[k] - x[i][k]);
+            let l = level(iscale[k], x[i][k] - min[k]) as f32;
+            best[i][k] = l;
+            best_error[k] += w[i][k] * err(scale[k] * l + min[k] - x[i][k]);
         }
     }
 
-    let mut aux = [[0u8; L]; N];
+    let mut aux = [[0.0f32; L]; N];
     for is in 0..=nstep {
         let mut sum_l = [0.0f32; L];
         let mut sum_l2 = [0.0f32; L];
@@ -77,11 +79,11 @@ pub(crate) fn make_qkx2_quants<const N: usize, const L: usize, const MAD: bool>(
         }
         for i in 0..N {
             for k in 0..L {
-                let l = level(iscale[k], x[i][k] - min[k]);
-                aux[i][k] = l as u8;
-                let wl = w[i][k] * l as f32;
+                let l = level(iscale[k], x[i][k] - min[k]) as f32;
+                aux[i][k] = l;
+                let wl = w[i][k] * l;
                 sum_l[k] += wl;
-                sum_l2[k] += wl * l as f32;
+                sum_l2[k] += wl * l;
                 sum_xl[k] += wl * x[i][k];
             }
         }
@@ -90,45 +92,41 @@ pub(crate) fn make_qkx2_quants<const N: usize, const L: usize, const MAD: bool>(
         let mut this_min = [0.0f32; L];
         for k in 0..L {
             d[k] = sum_w[k] * sum_l2[k] - sum_l[k] * sum_l[k];
-            this_scale[k] = (sum_w[k] * sum_xl[k] - sum_x[k] * sum_l[k]) / d[k];
-            this_min[k] = (sum_l2[k] * sum_x[k] - sum_l[k] * sum_xl[k]) / d[k];
-            if this_min[k] > 0.0 {
-                this_min[k] = 0.0;
-                this_scale[k] = sum_xl[k] / sum_l2[k];
-            }
+            let s = (sum_w[k] * sum_xl[k] - sum_x[k] * sum_l[k]) / d[k];
+            let m = (sum_l2[k] * sum_x[k] - sum_l[k] * sum_xl[k]) / d[k];
+            let clip = m > 0.0;
+            this_min[k] = if clip { 0.0 } else { m };
+            this_scale[k] = if clip { sum_xl[k] / sum_l2[k] } else { s };
         }
         let mut cur_error = [0.0f32; L];
         for i in 0..N {
             for k in 0..L {
-                cur_error[k] +=
-                    w[i][k] * err(this_scale[k] * aux[i][k] as f32 + this_min[k] - x[i][k]);
+                cur_error[k] += w[i][k] * err(this_scale[k] * aux[i][k] + this_min[k] - x[i][k]);
             }
         }
         let take: [bool; L] =
-            std::array::from_fn(|k| !flat[k] && d[k] > 0.0 && cur_error[k] < best_error[k]);
+            std::array::from_fn(|k| !flat[k] & (d[k] > 0.0) & (cur_error[k] < best_error[k]));
         if take.iter().any(|&t| t) {
             for i in 0..N {
                 for k in 0..L {
-                    out[i][k] = if take[k] { aux[i][k] } else { out[i][k] };
+                    best[i][k] = if take[k] { aux[i][k] } else { best[i][k] };
                 }
             }
             for k in 0..L {
-                if take[k] {
-                    best_error[k] = cur_error[k];
-                    scale[k] = this_scale[k];
-                    min[k] = this_min[k];
-                }
+                best_error[k] = if take[k] { cur_error[k] } else { best_error[k] };
+                scale[k] = if take[k] { this_scale[k] } else { scale[k] };
+                min[k] = if take[k] { this_min[k] } else { min[k] };
             }
+        }
+    }
+    for i in 0..N {
+        for k in 0..L {
+            out[i][k] = if flat[k] { 0 } else { best[i][k] as u8 };
         }
     }
     let mut neg_min = [0.0f32; L];
     for k in 0..L {
-        if flat[k] {
-            scale[k] = 0.0;
-            for row in out.iter_mut() {
-                row[k] = 0;
-            }
-        }
+        scale[k] = if flat[k] { 0.0 } else { scale[k] };
         neg_min[k] = -min[k];
     }
     (scale, neg_min)
@@ -273,7 +271,7 @@ pub(crate) fn make_q3_quants<const L: usize>(
     // state would change nothing again, so running passes until no lane changes is
     // the same computation.
     for _ in 0..5 {
-        let mut changed = false;
+        let mut changed = [false; L];
         for i in 0..16 {
             for k in 0..L {
                 let li = l[i][k] as f32;
@@ -283,19 +281,18 @@ pub(crate) fn make_q3_quants<const L: usize>(
                 let nf = new_l as f32;
                 let slx2 = slx + wx[i][k] * nf;
                 let sl22 = sl2 + w[i][k] * nf * nf;
-                let take = slx > 0.0
-                    && new_l != l[i][k]
-                    && sl22 > 0.0
-                    && slx2 * slx2 * suml2[k] > sumlx[k] * sumlx[k] * sl22;
-                if take {
-                    l[i][k] = new_l;
-                    sumlx[k] = slx2;
-                    suml2[k] = sl22;
-                    changed = true;
-                }
+                // Non-short-circuit `&` keeps this a select the compiler can vectorize.
+                let take = (slx > 0.0)
+                    & (new_l != l[i][k])
+                    & (sl22 > 0.0)
+                    & (slx2 * slx2 * suml2[k] > sumlx[k] * sumlx[k] * sl22);
+                l[i][k] = if take { new_l } else { l[i][k] };
+                sumlx[k] = if take { slx2 } else { sumlx[k] };
+                suml2[k] = if take { sl22 } else { suml2[k] };
+                changed[k] |= take;
             }
         }
-        if !changed {
+        if !changed.iter().any(|&c| c) {
             break;
         }
     }
