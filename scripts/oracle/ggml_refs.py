@@ -95,6 +95,12 @@ def _outlier(v):
     return gen
 
 
+def _one_nonzero(r, n):
+    x = np.zeros(n)
+    x[r.integers(0, n)] = r.standard_normal()
+    return x
+
+
 def _subnormal(r, n):
     bits = r.integers(1, 1 << 23, size=n, dtype=np.uint32) | (r.integers(0, 2, size=n, dtype=np.uint32) << 31)
     return bits.astype(np.uint32).view(np.float32)
@@ -155,6 +161,9 @@ DIST = {"b32": [3, 16], "b256": [1, 3]}
 CASES = [
     ("normal", _normal(1.0), "all"),
     ("zeros", _const(0.0), SPECIAL),
+    ("neg_zeros", _const(-0.0), SPECIAL),
+    ("one_nonzero", _one_nonzero, SPECIAL),
+    ("two_levels", lambda r, n: np.where(r.random(n) < 0.5, -0.75, 2.5), SPECIAL),
     ("const_pos", _const(1.0), SPECIAL),
     ("const_neg", _const(-1.0), SPECIAL),
     ("const_0.3", _const(0.3), SPECIAL),
