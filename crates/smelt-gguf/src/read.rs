@@ -78,7 +78,8 @@ impl<'a> Cursor<'a> {
 
     /// A length-prefixed UTF-8 string; the length is checked before anything is copied.
     fn string(&mut self, what: &str) -> Result<String, String> {
-        let len = self.u64(&format!("{what} length"))?;
+        // The label is only formatted on error: token lists hold 100k+ strings.
+        let len = self.u64("").map_err(|e| format!("{what} length{e}"))?;
         if len > self.remaining() {
             return Err(format!(
                 "{what} length {len} at offset {} runs past the end of the file ({} bytes left)",
