@@ -71,6 +71,11 @@ impl Metadata {
         self.get(key)?.as_u64()
     }
 
+    /// Any integer type, widened to i64 when it fits.
+    pub fn get_i64(&self, key: &str) -> Option<i64> {
+        self.get(key)?.as_i64()
+    }
+
     /// F32, or F64 narrowed.
     pub fn get_f32(&self, key: &str) -> Option<f32> {
         self.get(key)?.as_f32()

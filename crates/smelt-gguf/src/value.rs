@@ -324,8 +324,9 @@ impl fmt::Display for Value {
             Self::I32(v) => write!(f, "{v}"),
             Self::U64(v) => write!(f, "{v}"),
             Self::I64(v) => write!(f, "{v}"),
-            Self::F32(v) => write!(f, "{v}"),
-            Self::F64(v) => write!(f, "{v}"),
+            // Debug switches to exponent form for tiny and huge values (1e-6, not 0.000001).
+            Self::F32(v) => write!(f, "{v:?}"),
+            Self::F64(v) => write!(f, "{v:?}"),
             Self::Bool(v) => write!(f, "{v}"),
             Self::String(s) => write_str_short(f, s),
             Self::Array(a) => write!(f, "{a}"),
@@ -356,6 +357,9 @@ impl fmt::Display for Array {
         fn plain<T: fmt::Display>(f: &mut fmt::Formatter<'_>, v: &T) -> fmt::Result {
             write!(f, "{v}")
         }
+        fn float<T: fmt::Debug>(f: &mut fmt::Formatter<'_>, v: &T) -> fmt::Result {
+            write!(f, "{v:?}")
+        }
         match self {
             Self::U8(v) => write_items(f, v, plain),
             Self::I8(v) => write_items(f, v, plain),
@@ -365,8 +369,8 @@ impl fmt::Display for Array {
             Self::I32(v) => write_items(f, v, plain),
             Self::U64(v) => write_items(f, v, plain),
             Self::I64(v) => write_items(f, v, plain),
-            Self::F32(v) => write_items(f, v, plain),
-            Self::F64(v) => write_items(f, v, plain),
+            Self::F32(v) => write_items(f, v, float),
+            Self::F64(v) => write_items(f, v, float),
             Self::Bool(v) => write_items(f, v, plain),
             Self::String(v) => write_items(f, v, |f, s| write_str_short(f, s)),
             Self::Array(v) => write_items(f, v, plain),
@@ -381,6 +385,9 @@ mod tests {
     #[test]
     fn display_is_short() {
         assert_eq!(Value::U32(7).to_string(), "7");
+        assert_eq!(Value::F32(1e-6).to_string(), "1e-6");
+        assert_eq!(Value::F64(10000.0).to_string(), "10000.0");
+        assert_eq!(Value::from(vec![0.5f32, 1e-30]).to_string(), "[0.5, 1e-30]");
         assert_eq!(Value::from("llama").to_string(), "\"llama\"");
         assert_eq!(Value::from(vec![1u32, 2]).to_string(), "[1, 2]");
         assert_eq!(
