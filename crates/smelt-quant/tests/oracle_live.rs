@@ -7,6 +7,7 @@
 //!   adversarial rows: byte-identical;
 //! - gguf-py's dequantizers on fresh random valid blocks of every type it has: identical
 //!   bits;
+//! - ggml's quantizers and dequantizers on fresh data of the same kinds, for every type;
 //! - ggml-cpu's own `vec_dot` on smelt-quantized rows: within the dot tolerance.
 //!
 //! The oracles live in the venv `scripts/oracles.sh` makes (or at `SMELT_PYTHON`); when
@@ -122,24 +123,40 @@ fn random_rows(n: usize, count: usize, rng: &mut Rng) -> Vec<(&'static str, Vec<
         .collect()
 }
 
-fn gguf_py_quantize(ty: GgmlType) {
+/// A Python oracle with `quantize TYPE N IN OUT` and `dequantize TYPE IN OUT` modes.
+#[derive(Clone, Copy)]
+struct Oracle {
+    name: &'static str,
+    script: &'static str,
+}
+
+const GGUF_PY: Oracle = Oracle {
+    name: "gguf-py",
+    script: "gguf_py.py",
+};
+const GGML: Oracle = Oracle {
+    name: "ggml",
+    script: "ggml_quant.py",
+};
+
+/// Fresh random and adversarial rows quantized by smelt and by `oracle`: same bytes.
+fn quantize_like(oracle: Oracle, ty: GgmlType) {
     const N: usize = 512;
-    let seed = common::fresh_seed(&format!("gguf-py quantize {}", ty.name()));
+    let seed = common::fresh_seed(&format!("{} quantize {}", oracle.name, ty.name()));
     let mut rng = Rng::new(seed);
     let mut rows = adversarial_rows(N, &mut rng);
     rows.extend(random_rows(N, 48, &mut rng));
-    let scratch = Scratch::new(&format!("gguf-quant-{}", ty.name()));
+    let scratch = Scratch::new(&format!("{}-quant-{}", oracle.name, ty.name()));
     let (src, dst) = (scratch.path("in.f32"), scratch.path("out.bin"));
     let flat: Vec<f32> = rows.iter().flat_map(|(_, r)| r.iter().copied()).collect();
     std::fs::write(&src, f32_bytes(&flat)).unwrap();
-    let (code, text) = run_oracle(
-        "gguf_py.py",
-        &["quantize", &py_name(ty), &N.to_string(), &src, &dst],
-    );
+    let args = ["quantize", &py_name(ty), &N.to_string(), &src, &dst];
+    let (code, text) = run_oracle(oracle.script, &args);
     assert_eq!(
         code,
         Some(0),
-        "gguf_py.py quantize {} failed:\n{text}",
+        "{} quantize {} failed:\n{text}",
+        oracle.script,
         ty.name()
     );
     let want = std::fs::read(&dst).unwrap();
@@ -147,11 +164,12 @@ fn gguf_py_quantize(ty: GgmlType) {
     assert_eq!(
         want.len(),
         rows.len() * row_bytes,
-        "gguf-py wrote the wrong size"
+        "{} wrote the wrong size",
+        oracle.name
     );
 
     let mut report = Report::new(format!("{} (seed {seed})", ty.name()));
-    let stage = "quantize_row == gguf-py";
+    let stage = &format!("quantize_row == {}", oracle.name);
     report.stage(stage);
     let (size, weights) = (ty.type_size(), ty.block_size());
     for (i, ((case, row), want)) in rows.iter().zip(want.chunks(row_bytes)).enumerate() {
@@ -167,8 +185,9 @@ fn gguf_py_quantize(ty: GgmlType) {
                     let b = off / size;
                     report.fail(stage, || {
                         format!(
-                            "row {i} ({case}): block {b} differs at byte {off} ({} of the block)\n  gguf-py: {}\n  smelt  : {}\n  input  : {}",
+                            "row {i} ({case}): block {b} differs at byte {off} ({} of the block)\n  {:7}: {}\n  smelt  : {}\n  input  : {}",
                             off % size,
+                            oracle.name,
                             hex(&want[b * size..(b + 1) * size]),
                             hex(&got[b * size..(b + 1) * size]),
                             floats(&row[b * weights..(b + 1) * weights])
@@ -181,27 +200,29 @@ fn gguf_py_quantize(ty: GgmlType) {
     report.finish();
 }
 
-fn gguf_py_dequantize(ty: GgmlType) {
-    let seed = common::fresh_seed(&format!("gguf-py dequantize {}", ty.name()));
+/// Fresh random valid blocks dequantized by smelt and by `oracle`: same bits.
+fn dequantize_like(oracle: Oracle, ty: GgmlType) {
+    let seed = common::fresh_seed(&format!("{} dequantize {}", oracle.name, ty.name()));
     let mut rng = Rng::new(seed);
     let blocks = if ty.block_size() == 256 { 64 } else { 512 };
     let raw = random_valid_blocks(ty, blocks, &mut rng);
-    let scratch = Scratch::new(&format!("gguf-dequant-{}", ty.name()));
+    let scratch = Scratch::new(&format!("{}-dequant-{}", oracle.name, ty.name()));
     let (src, dst) = (scratch.path("in.bin"), scratch.path("out.f32"));
     std::fs::write(&src, &raw).unwrap();
-    let (code, text) = run_oracle("gguf_py.py", &["dequantize", &py_name(ty), &src, &dst]);
+    let (code, text) = run_oracle(oracle.script, &["dequantize", &py_name(ty), &src, &dst]);
     assert_eq!(
         code,
         Some(0),
-        "gguf_py.py dequantize {} failed:\n{text}",
+        "{} dequantize {} failed:\n{text}",
+        oracle.script,
         ty.name()
     );
     let want = common::bytes_f32(&std::fs::read(&dst).unwrap());
     let n = blocks * ty.block_size();
-    assert_eq!(want.len(), n, "gguf-py wrote the wrong size");
+    assert_eq!(want.len(), n, "{} wrote the wrong size", oracle.name);
 
     let mut report = Report::new(format!("{} (seed {seed})", ty.name()));
-    let stage = "dequantize_row(random valid blocks) == gguf-py";
+    let stage = &format!("dequantize_row(random valid blocks) == {}", oracle.name);
     report.stage(stage);
     let mut got = vec![f32::NAN; n];
     match catch(|| dequantize_row(ty, &raw, &mut got)) {
@@ -213,8 +234,9 @@ fn gguf_py_dequantize(ty: GgmlType) {
                 if w.iter().zip(g).any(|(a, c)| a.to_bits() != c.to_bits()) {
                     report.fail(stage, || {
                         format!(
-                            "block {b}: {}\n  gguf-py: {}\n  smelt  : {}",
+                            "block {b}: {}\n  {:7}: {}\n  smelt  : {}",
                             hex(&raw[b * size..(b + 1) * size]),
+                            oracle.name,
                             floats(w),
                             floats(g)
                         )
@@ -319,6 +341,14 @@ fn ggml_vec_dot(ty: GgmlType) {
 }
 
 macro_rules! live_tests {
+    ($f:ident($oracle:expr): $($name:ident => $ty:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $f($oracle, GgmlType::$ty);
+            }
+        )*
+    };
     ($f:ident: $($name:ident => $ty:ident),* $(,)?) => {
         $(
             #[test]
@@ -330,7 +360,7 @@ macro_rules! live_tests {
 }
 
 // gguf-py quantizes only these (its numpy K-quant code dequantizes only).
-live_tests! { gguf_py_quantize:
+live_tests! { quantize_like(GGUF_PY):
     gguf_py_quantize_f16 => F16,
     gguf_py_quantize_bf16 => BF16,
     gguf_py_quantize_q4_0 => Q4_0,
@@ -342,7 +372,7 @@ live_tests! { gguf_py_quantize:
 
 // gguf-py has no Q8_1 or Q8_K (activation-only formats); the committed ggml references
 // cover their dequantization.
-live_tests! { gguf_py_dequantize:
+live_tests! { dequantize_like(GGUF_PY):
     gguf_py_dequantize_f32 => F32,
     gguf_py_dequantize_f16 => F16,
     gguf_py_dequantize_bf16 => BF16,
@@ -358,6 +388,45 @@ live_tests! { gguf_py_dequantize:
     gguf_py_dequantize_q6_k => Q6_K,
     gguf_py_dequantize_iq4_nl => IQ4_NL,
     gguf_py_dequantize_iq4_xs => IQ4_XS,
+}
+
+// ggml itself on fresh data, for every type (the committed references are fixed data).
+live_tests! { quantize_like(GGML):
+    ggml_quantize_f32 => F32,
+    ggml_quantize_f16 => F16,
+    ggml_quantize_bf16 => BF16,
+    ggml_quantize_q4_0 => Q4_0,
+    ggml_quantize_q4_1 => Q4_1,
+    ggml_quantize_q5_0 => Q5_0,
+    ggml_quantize_q5_1 => Q5_1,
+    ggml_quantize_q8_0 => Q8_0,
+    ggml_quantize_q8_1 => Q8_1,
+    ggml_quantize_q2_k => Q2_K,
+    ggml_quantize_q3_k => Q3_K,
+    ggml_quantize_q4_k => Q4_K,
+    ggml_quantize_q5_k => Q5_K,
+    ggml_quantize_q6_k => Q6_K,
+    ggml_quantize_q8_k => Q8_K,
+}
+
+live_tests! { dequantize_like(GGML):
+    ggml_dequantize_f32 => F32,
+    ggml_dequantize_f16 => F16,
+    ggml_dequantize_bf16 => BF16,
+    ggml_dequantize_q4_0 => Q4_0,
+    ggml_dequantize_q4_1 => Q4_1,
+    ggml_dequantize_q5_0 => Q5_0,
+    ggml_dequantize_q5_1 => Q5_1,
+    ggml_dequantize_q8_0 => Q8_0,
+    ggml_dequantize_q8_1 => Q8_1,
+    ggml_dequantize_q2_k => Q2_K,
+    ggml_dequantize_q3_k => Q3_K,
+    ggml_dequantize_q4_k => Q4_K,
+    ggml_dequantize_q5_k => Q5_K,
+    ggml_dequantize_q6_k => Q6_K,
+    ggml_dequantize_q8_k => Q8_K,
+    ggml_dequantize_iq4_nl => IQ4_NL,
+    ggml_dequantize_iq4_xs => IQ4_XS,
 }
 
 // ggml-cpu has no vec_dot for Q8_1 and Q8_K (activation-only formats): `dot.rs` checks
