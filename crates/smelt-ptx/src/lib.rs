@@ -46,6 +46,7 @@ pub use module::{Module, PtxVersion, Target};
 pub use ops::arith::Cmp;
 pub use ops::bits::{Lut, PrmtMode};
 pub use ops::convert::{CvtFrom, Exact, FloatRound, IntRound, Rounding};
+pub use ops::dot::Bytes;
 pub use ops::memory::{L2Prefetch, Load, LoadCache, Narrow, Space, Store, StoreCache};
 pub use ops::special::{Dim, Special};
 pub use ops::warp::{Shfl, FULL_WARP};

@@ -4,6 +4,7 @@ pub mod arith;
 pub mod bits;
 pub mod control;
 pub mod convert;
+pub mod dot;
 pub mod memory;
 pub mod special;
 pub mod warp;
