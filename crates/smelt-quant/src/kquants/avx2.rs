@@ -1,5 +1,7 @@
 //! Small AVX2 building blocks shared by the K-quant dot products.
 
+use super::common::fold;
+use super::BlockQ8K;
 use std::arch::x86_64::*;
 
 /// Sum of the eight i32 lanes (exact: callers keep block sums far from overflow).
@@ -25,4 +27,126 @@ pub(crate) unsafe fn load(p: *const u8) -> __m256i {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn scales_pair(lo: i16, hi: i16) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+}
+
+/// One K-quant format's AVX2 inner kernel: the exact integer sums of one super-block
+/// against one Q8_K block, spread over lanes (the block's sums are the lane totals).
+pub(crate) trait Kernel: Sized {
+    /// `(scaled quant sums, min sums)`; formats without mins return zero for the latter.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    unsafe fn sums(&self, y: &BlockQ8K) -> (__m256i, __m128i);
+
+    /// `(d * y.d, dmin * y.d)`, exactly as the portable path computes them.
+    fn scales(&self, y: &BlockQ8K) -> (f32, f32);
+}
+
+/// Lane totals of four vectors: `[sum(a), sum(b), sum(c), sum(d)]`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn totals4(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m128i {
+    let ab = _mm256_hadd_epi32(a, b);
+    let cd = _mm256_hadd_epi32(c, d);
+    let abcd = _mm256_hadd_epi32(ab, cd);
+    _mm_add_epi32(
+        _mm256_castsi256_si128(abcd),
+        _mm256_extracti128_si256::<1>(abcd),
+    )
+}
+
+/// Lane totals of four 128-bit vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn totals4_128(a: __m128i, b: __m128i, c: __m128i, d: __m128i) -> __m128i {
+    _mm_hadd_epi32(_mm_hadd_epi32(a, b), _mm_hadd_epi32(c, d))
+}
+
+/// Sum of the four i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum_i32_128(v: __m128i) -> i32 {
+    let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The dot product of a row: four blocks' integer sums are reduced together and their
+/// terms `dd * isum - dm * msum` formed four wide, then added to the total one block
+/// at a time in order. Each term is computed with the same f32 operations as
+/// `common::fold`, so the result is bit-identical to the portable path.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot<X: Kernel>(x: &[X], y: &[BlockQ8K]) -> f32 {
+    let n = x.len().min(y.len());
+    let (x, y) = (&x[..n], &y[..n]);
+    let mut acc = 0.0f32;
+    let mut xs = x.chunks_exact(4);
+    let mut ys = y.chunks_exact(4);
+    for (xc, yc) in (&mut xs).zip(&mut ys) {
+        let s0 = xc[0].sums(&yc[0]);
+        let s1 = xc[1].sums(&yc[1]);
+        let s2 = xc[2].sums(&yc[2]);
+        let s3 = xc[3].sums(&yc[3]);
+        let isum = _mm_cvtepi32_ps(totals4(s0.0, s1.0, s2.0, s3.0));
+        let msum = _mm_cvtepi32_ps(totals4_128(s0.1, s1.1, s2.1, s3.1));
+        let f: [(f32, f32); 4] = std::array::from_fn(|b| xc[b].scales(&yc[b]));
+        let dd = _mm_setr_ps(f[0].0, f[1].0, f[2].0, f[3].0);
+        let dm = _mm_setr_ps(f[0].1, f[1].1, f[2].1, f[3].1);
+        let t: [f32; 4] =
+            std::mem::transmute(_mm_sub_ps(_mm_mul_ps(dd, isum), _mm_mul_ps(dm, msum)));
+        acc += t[0];
+        acc += t[1];
+        acc += t[2];
+        acc += t[3];
+    }
+    for (x, y) in xs.remainder().iter().zip(ys.remainder()) {
+        let (i, m) = x.sums(y);
+        let (dd, dm) = x.scales(y);
+        acc = fold(acc, dd, hsum_i32(i), dm, hsum_i32_128(m));
+    }
+    acc
+}
+
+/// Broadcasts i16 lane `lo` of each 128-bit half of `v` across the low half of the
+/// result and lane `hi` across the high half (both halves of `v` must be equal).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn pick_pair(v: __m256i, lo: usize, hi: usize) -> __m256i {
+    let sel = |i: usize| (((2 * i + 1) << 8) | (2 * i)) as i16;
+    _mm256_shuffle_epi8(
+        v,
+        _mm256_set_m128i(_mm_set1_epi16(sel(hi)), _mm_set1_epi16(sel(lo))),
+    )
+}
+
+/// Q4_K/Q5_K's twelve scale bytes as sixteen i16 lanes, scales 0..8 then mins 0..8
+/// (ggml's 32-bit unpacking; same values as `common::unpack_scale_min_k4`).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn scales_mins_k4(q: &[u8; 12]) -> __m256i {
+    const M6: u32 = 0x3f3f_3f3f;
+    const M4: u32 = 0x0f0f_0f0f;
+    const M2: u32 = 0x0303_0303;
+    let w = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (u0, u1, u2) = (w(0), w(1), w(2));
+    let sc_lo = u0 & M6;
+    let sc_hi = (u2 & M4) | (((u0 >> 6) & M2) << 4);
+    let m_lo = u1 & M6;
+    let m_hi = ((u2 >> 4) & M4) | (((u1 >> 6) & M2) << 4);
+    _mm256_cvtepu8_epi16(_mm_set_epi32(
+        m_hi as i32,
+        m_lo as i32,
+        sc_hi as i32,
+        sc_lo as i32,
+    ))
+}
+
+/// The min term of Q4_K/Q5_K: `m_j * (bsums[2j] + bsums[2j+1])` over four i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn mins_k4(scales_mins: __m256i, bsums: &[i16; 16]) -> __m128i {
+    let b = load(bsums.as_ptr().cast());
+    let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
+    _mm_madd_epi16(_mm256_extracti128_si256::<1>(scales_mins), pairs)
 }

@@ -1,7 +1,7 @@
 //! Q2_K: 2.625 bits per weight. Sixteen 16-weight groups, each `d * sc * q - dmin * m`
 //! with 2-bit `q` and 4-bit `sc`/`m` sharing a byte.
 
-use super::common::{fold, from_lanes, nearest_int, to_lanes, QK_K};
+use super::common::{f16_to_f32, fold, from_lanes, nearest_int, to_lanes, QK_K};
 use super::{lanes, BlockQ8K};
 use half::f16;
 
@@ -60,11 +60,11 @@ impl BlockQ2K {
             y.dmin = f16::from_f32(max_min / 15.0);
         }
         for j in 0..16 {
-            let d = y.d.to_f32() * (y.scales[j] & 0xF) as f32;
+            let d = f16_to_f32(y.d) * (y.scales[j] & 0xF) as f32;
             if d == 0.0 {
                 continue;
             }
-            let dm = y.dmin.to_f32() * (y.scales[j] >> 4) as f32;
+            let dm = f16_to_f32(y.dmin) * (y.scales[j] >> 4) as f32;
             for i in 16 * j..16 * j + 16 {
                 l[i] = nearest_int((x[i] + dm) / d).clamp(0, 3) as u8;
             }
@@ -80,8 +80,8 @@ impl BlockQ2K {
 
     /// ggml's `dequantize_row_q2_K` for one super-block.
     pub fn dequantize(&self, out: &mut [f32; QK_K]) {
-        let d = self.d.to_f32();
-        let min = self.dmin.to_f32();
+        let d = f16_to_f32(self.d);
+        let min = f16_to_f32(self.dmin);
         for h in 0..2 {
             for k in 0..4 {
                 for i in 0..32 {
@@ -117,7 +117,13 @@ pub fn vec_dot_portable(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
         let msum: i32 = (0..16)
             .map(|j| (x.scales[j] >> 4) as i32 * y.bsums[j] as i32)
             .sum();
-        acc = fold(acc, y.d * x.d.to_f32(), isum, y.d * x.dmin.to_f32(), msum);
+        acc = fold(
+            acc,
+            y.d * f16_to_f32(x.d),
+            isum,
+            y.d * f16_to_f32(x.dmin),
+            msum,
+        );
     }
     acc
 }
@@ -157,9 +163,9 @@ pub unsafe fn vec_dot_avx2(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
         }
         acc = fold(
             acc,
-            y.d * x.d.to_f32(),
+            y.d * f16_to_f32(x.d),
             hsum_i32(sum),
-            y.d * x.dmin.to_f32(),
+            y.d * f16_to_f32(x.dmin),
             msum,
         );
     }

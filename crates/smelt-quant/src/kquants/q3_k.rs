@@ -1,7 +1,7 @@
 //! Q3_K: 3.4375 bits per weight. Sixteen 16-weight groups, each `d * sc * q` with
 //! `q` in `-4..=3` (two low bits in `qs`, the high bit in `hmask`) and 6-bit signed `sc`.
 
-use super::common::{fold, from_lanes, nearest_int, to_lanes, QK_K};
+use super::common::{f16_to_f32, fold, from_lanes, nearest_int, to_lanes, QK_K};
 use super::{lanes, BlockQ8K};
 use half::f16;
 
@@ -77,7 +77,7 @@ impl BlockQ3K {
         }
         let sc = unpack_scales(&y.scales);
         for j in 0..16 {
-            let d = y.d.to_f32() * sc[j] as f32;
+            let d = f16_to_f32(y.d) * sc[j] as f32;
             if d == 0.0 {
                 continue;
             }
@@ -111,7 +111,7 @@ impl BlockQ3K {
 
     /// ggml's `dequantize_row_q3_K` for one super-block.
     pub fn dequantize(&self, out: &mut [f32; QK_K]) {
-        let d = self.d.to_f32();
+        let d = f16_to_f32(self.d);
         let sc = unpack_scales(&self.scales);
         for h in 0..2 {
             for k in 0..4 {
@@ -150,7 +150,7 @@ pub fn vec_dot_portable(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
                 isum += sc[g] as i32 * a + sc[g + 1] as i32 * b;
             }
         }
-        acc = fold(acc, y.d * x.d.to_f32(), isum, 0.0, 0);
+        acc = fold(acc, y.d * f16_to_f32(x.d), isum, 0.0, 0);
     }
     acc
 }
@@ -190,7 +190,7 @@ pub unsafe fn vec_dot_avx2(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
                 hm = _mm256_srli_epi16::<1>(hm);
             }
         }
-        acc = fold(acc, y.d * x.d.to_f32(), hsum_i32(sum), 0.0, 0);
+        acc = fold(acc, y.d * f16_to_f32(x.d), hsum_i32(sum), 0.0, 0);
     }
     acc
 }

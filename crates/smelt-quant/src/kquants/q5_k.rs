@@ -1,6 +1,6 @@
 //! Q5_K: 5.5 bits per weight. Q5_K's layout plus one high bit per weight in `qh`.
 
-use super::common::{fold, unpack_scale_min_k4, QK_K};
+use super::common::{f16_to_f32, fold, unpack_scale_min_k4, QK_K};
 use super::q4_k::{fit_groups, min_sum, pack_groups};
 use super::BlockQ8K;
 use half::f16;
@@ -52,8 +52,8 @@ impl BlockQ5K {
 
     /// ggml's `dequantize_row_q5_K` for one super-block.
     pub fn dequantize(&self, out: &mut [f32; QK_K]) {
-        let d = self.d.to_f32();
-        let min = self.dmin.to_f32();
+        let d = f16_to_f32(self.d);
+        let min = f16_to_f32(self.dmin);
         let (sc, m) = unpack_scale_min_k4(&self.scales);
         for c in 0..4 {
             let (d1, m1) = (d * sc[2 * c] as f32, min * m[2 * c] as f32);
@@ -88,9 +88,9 @@ pub fn vec_dot_portable(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
         }
         acc = fold(
             acc,
-            y.d * x.d.to_f32(),
+            y.d * f16_to_f32(x.d),
             isum,
-            y.d * x.dmin.to_f32(),
+            y.d * f16_to_f32(x.dmin),
             min_sum(&m, &y.bsums),
         );
     }
@@ -104,18 +104,28 @@ pub fn vec_dot_portable(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn vec_dot_avx2(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
-    use super::avx2::{hsum_i32, load};
-    use std::arch::x86_64::*;
-    let nibble = _mm256_set1_epi8(0x0F);
-    let bit4 = _mm256_set1_epi8(0x10);
-    let mut acc = 0.0f32;
-    for (x, y) in x.iter().zip(y) {
-        let (sc, m) = unpack_scale_min_k4(&x.scales);
+    super::avx2::dot(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+impl super::avx2::Kernel for BlockQ5K {
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn sums(
+        &self,
+        y: &BlockQ8K,
+    ) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m128i) {
+        use super::avx2::{load, mins_k4, pick_pair, scales_mins_k4};
+        use std::arch::x86_64::*;
+        let nibble = _mm256_set1_epi8(0x0F);
+        let bit4 = _mm256_set1_epi8(0x10);
+        let sm = scales_mins_k4(&self.scales);
+        let scales = _mm256_permute2x128_si256::<0x00>(sm, sm);
         let mut sum = _mm256_setzero_si256();
         // Shifted right by 2 per chunk so that chunk c's two bits sit at bits 0 and 1.
-        let mut h = load(x.qh.as_ptr());
+        let mut h = load(self.qh.as_ptr());
         for c in 0..4 {
-            let q = load(x.qs.as_ptr().add(32 * c));
+            let q = load(self.qs.as_ptr().add(32 * c));
             let lo = _mm256_or_si256(
                 _mm256_and_si256(q, nibble),
                 _mm256_and_si256(_mm256_slli_epi16::<4>(h), bit4),
@@ -129,23 +139,20 @@ pub unsafe fn vec_dot_avx2(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
             let yhi = load(y.qs.as_ptr().add(64 * c + 32).cast());
             let plo = _mm256_madd_epi16(
                 _mm256_maddubs_epi16(lo, ylo),
-                _mm256_set1_epi16(sc[2 * c] as i16),
+                pick_pair(scales, 2 * c, 2 * c),
             );
             let phi = _mm256_madd_epi16(
                 _mm256_maddubs_epi16(hi, yhi),
-                _mm256_set1_epi16(sc[2 * c + 1] as i16),
+                pick_pair(scales, 2 * c + 1, 2 * c + 1),
             );
             sum = _mm256_add_epi32(sum, _mm256_add_epi32(plo, phi));
         }
-        acc = fold(
-            acc,
-            y.d * x.d.to_f32(),
-            hsum_i32(sum),
-            y.d * x.dmin.to_f32(),
-            min_sum(&m, &y.bsums),
-        );
+        (sum, mins_k4(sm, &y.bsums))
     }
-    acc
+
+    fn scales(&self, y: &BlockQ8K) -> (f32, f32) {
+        (y.d * f16_to_f32(self.d), y.d * f16_to_f32(self.dmin))
+    }
 }
 
 impl_kquant!(BlockQ5K, Q5_K);

@@ -1,7 +1,7 @@
 //! Q6_K: 6.5625 bits per weight. Sixteen 16-weight groups, each `d * sc * (q - 32)`
 //! with 6-bit `q` (low nibbles in `ql`, top two bits in `qh`) and signed 8-bit `sc`.
 
-use super::common::{fold, from_lanes, nearest_int, to_lanes, GROUP_MAX_EPS, QK_K};
+use super::common::{f16_to_f32, fold, from_lanes, nearest_int, to_lanes, GROUP_MAX_EPS, QK_K};
 use super::{lanes, BlockQ8K};
 use half::f16;
 
@@ -50,7 +50,7 @@ impl BlockQ6K {
             *s = nearest_int(iscale * v).min(127) as i8;
         }
         for j in 0..16 {
-            let d = y.d.to_f32() * y.scales[j] as f32;
+            let d = f16_to_f32(y.d) * y.scales[j] as f32;
             if d == 0.0 {
                 continue;
             }
@@ -86,7 +86,7 @@ impl BlockQ6K {
 
     /// ggml's `dequantize_row_q6_K` for one super-block.
     pub fn dequantize(&self, out: &mut [f32; QK_K]) {
-        let d = self.d.to_f32();
+        let d = f16_to_f32(self.d);
         for h in 0..2 {
             for k in 0..4 {
                 for i in 0..32 {
@@ -120,7 +120,7 @@ pub fn vec_dot_portable(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
                 isum += sc[0] as i32 * a + sc[1] as i32 * b;
             }
         }
-        acc = fold(acc, y.d * x.d.to_f32(), isum, 0.0, 0);
+        acc = fold(acc, y.d * f16_to_f32(x.d), isum, 0.0, 0);
     }
     acc
 }
@@ -174,7 +174,7 @@ pub unsafe fn vec_dot_avx2(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
                 sum = _mm256_add_epi32(sum, p);
             }
         }
-        acc = fold(acc, y.d * x.d.to_f32(), hsum_i32(sum), 0.0, 0);
+        acc = fold(acc, y.d * f16_to_f32(x.d), hsum_i32(sum), 0.0, 0);
     }
     acc
 }

@@ -23,15 +23,11 @@ impl BlockQ8K {
     /// magnitude maps to -127 (its sign kept in the scale).
     #[inline(always)]
     pub fn quantize(x: &[f32; QK_K]) -> Self {
-        let mut max = 0.0f32;
-        let mut amax = 0.0f32;
-        for &v in x {
-            let ax = v.abs();
-            if ax > amax {
-                amax = ax;
-                max = v;
-            }
-        }
+        // ggml keeps the first value of largest magnitude; finding the magnitude first
+        // (a max is order-free) and then its first position picks the same value
+        // without a loop-carried branch.
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
         let mut y = <Self as bytemuck::Zeroable>::zeroed();
         if amax == 0.0 {
             return y;
