@@ -17,6 +17,7 @@ fn dot_is_close(ty: GgmlType) {
     let stage = "vec_dot within tolerance of the exact dot of the dequantized rows";
     report.stage(stage);
     let mut rng = Rng::new(SEED ^ ty.id() as u64);
+    let mut worst = 0f64;
     match cases(ty, &mut rng) {
         Err(e) => report.fail(stage, || format!("cannot build inputs: {e}")),
         Ok(cases) => {
@@ -36,6 +37,7 @@ fn dot_is_close(ty: GgmlType) {
                     Err(e) => report.fail(stage, || format!("{}: {e}", case.label)),
                     Ok((exact, tol)) => {
                         let err = (got as f64 - exact).abs();
+                        worst = worst.max(err / tol);
                         if err.is_nan() || err > tol {
                             report.fail(stage, || {
                                 format!("{}: smelt {got:e}, exact {exact:e}, |diff| {err:e} > tolerance {tol:e}", case.label)
@@ -46,6 +48,10 @@ fn dot_is_close(ty: GgmlType) {
             }
         }
     }
+    eprintln!(
+        "{}: largest |vec_dot - exact| / tolerance = {worst:.3e}",
+        ty.name()
+    );
     report.finish();
 }
 

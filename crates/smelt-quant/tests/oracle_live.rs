@@ -263,6 +263,7 @@ fn ggml_vec_dot(ty: GgmlType) {
     };
     let act = act_type(ty).unwrap();
     let scratch = Scratch::new(&format!("ggml-dot-{}", ty.name()));
+    let mut worst = 0f64;
     let mut lengths: Vec<usize> = all.iter().map(|c| c.n).collect();
     lengths.dedup();
     for n in lengths {
@@ -324,6 +325,7 @@ fn ggml_vec_dot(ty: GgmlType) {
                 Ok((exact, tol)) => {
                     // Both approximate `exact` within `tol`, each in its own order.
                     let diff = (ours as f64 - theirs as f64).abs();
+                    worst = worst.max(diff / (2.0 * tol));
                     if diff.is_nan() || diff > 2.0 * tol {
                         report.fail(stage, || {
                             format!(
@@ -337,6 +339,10 @@ fn ggml_vec_dot(ty: GgmlType) {
             }
         }
     }
+    eprintln!(
+        "{}: largest |smelt - ggml| / tolerance = {worst:.3e}",
+        ty.name()
+    );
     report.finish();
 }
 
