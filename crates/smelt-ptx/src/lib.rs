@@ -49,6 +49,7 @@ pub use ops::convert::{CvtFrom, Exact, FloatRound, IntRound, Rounding};
 pub use ops::dot::Bytes;
 pub use ops::memory::{L2Prefetch, Load, LoadCache, Narrow, Space, Store, StoreCache};
 pub use ops::special::{Dim, Special};
-pub use ops::warp::{Shfl, FULL_WARP};
+pub use ops::tensor::{CpAsyncCache, MmaFloat};
+pub use ops::warp::{Scope, Shfl, FULL_WARP};
 pub use reg::{Addr, Cond, Reg, Reinterpret, Src};
 pub use types::{Bf16, Pred, B16, B32, B64, F16, F32, F64, S16, S32, S64, U16, U32, U64};

@@ -302,6 +302,43 @@ fn tour(k: &Kernel) {
     k.warp_sum(s);
     k.warp_max(y);
 
+    // votes, fences
+    k.ballot(u, pr, FULL_WARP);
+    k.vote_any(q, !pr, FULL_WARP);
+    k.vote_all(q, pr, FULL_WARP);
+    k.activemask(u);
+    k.membar(Scope::Cta);
+    k.membar(Scope::Gpu);
+    k.membar(Scope::Sys);
+
+    // async copies and tensor cores
+    let stage = k.shared::<B32>("stage", 256, 16);
+    let sbase = k.shared_base(&stage);
+    let srow = k.mad(k.reg(), lane, 16u32, sbase);
+    k.cp_async(CpAsyncCache::Cg, srow, addr, 16);
+    k.cp_async(CpAsyncCache::Ca, srow.at(4), addr.at(4), 4);
+    k.cp_async_commit();
+    k.cp_async_wait(0);
+    k.bar_sync();
+    let fa = k.regs::<B32, 4>();
+    let fb = k.regs::<B32, 2>();
+    k.ldmatrix(fa, srow, false);
+    k.ldmatrix(fb, srow, true);
+    k.ldmatrix([fb[0]], srow, false);
+    let facc = k.regs::<F32, 4>();
+    for r in facc {
+        k.mov(r, 0.0f32);
+    }
+    k.mma_m16n8k16(MmaFloat::F16, facc, fa, fb, facc);
+    k.mma_m16n8k16(MmaFloat::Bf16, facc, fa, fb, facc);
+    let iacc = k.regs::<S32, 4>();
+    for r in iacc {
+        k.mov(r, 0i32);
+    }
+    k.mma_m16n8k32_s8(iacc, fa, fb, iacc);
+    k.st_v4(Store::GLOBAL, addr, facc);
+    k.st_v4(Store::GLOBAL, addr.at(16), iacc);
+
     // control
     k.if_(pr, |k| {
         k.add(u, u, 1u32);
@@ -346,6 +383,22 @@ fn newest_accepted_isa_assembles() {
         });
         vec![("isa_9_0".to_string(), m)]
     });
+}
+
+#[test]
+fn ptxas_warnings_fail() {
+    let mut m = Module::new(Target::Sm80);
+    m.kernel("overcommitted", |k| {
+        // 32 blocks of 1024 threads cannot fit on one SM: ptxas warns and ignores it.
+        k.max_threads(1024, 1, 1);
+        k.min_blocks_per_sm(32);
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let err = match assemble(Target::Sm80, "overcommitted", &m.to_ptx()) {
+        Ok(()) => panic!("a ptxas warning passed"),
+        Err(e) => e,
+    };
+    assert!(err.contains("minnctapersm"), "{err}");
 }
 
 #[test]

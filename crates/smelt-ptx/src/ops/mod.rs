@@ -7,4 +7,5 @@ pub mod convert;
 pub mod dot;
 pub mod memory;
 pub mod special;
+pub mod tensor;
 pub mod warp;

@@ -1,8 +1,8 @@
 //! Warp-level data exchange: `shfl.sync` and the butterfly reductions built on it.
 
 use crate::kernel::Kernel;
-use crate::reg::Src;
-use crate::types::{Arith, Word, U32};
+use crate::reg::{Cond, Src};
+use crate::types::{Arith, Pred, Word, U32};
 use crate::Reg;
 
 /// Every lane of a full warp: the member mask of warp-wide `shfl.sync`.
@@ -41,7 +41,63 @@ impl Shfl {
     }
 }
 
+/// A memory barrier's scope (`membar.cta`, `.gl`, `.sys`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The block.
+    Cta,
+    /// The whole GPU: what a kernel that hands results between blocks needs.
+    Gpu,
+    /// The GPU and the host.
+    Sys,
+}
+
 impl Kernel {
+    /// A bit per lane of `mask`: set where `p` holds (`vote.sync.ballot.b32`).
+    pub fn ballot(&self, d: Reg<U32>, p: impl Into<Cond>, mask: u32) -> Reg<U32> {
+        self.emit(format!(
+            "vote.sync.ballot.b32 {d}, {}, {}",
+            p.into(),
+            Src::<U32>::operand(&mask)
+        ));
+        d
+    }
+
+    /// `d` = whether `p` holds in any lane of `mask` (`vote.sync.any.pred`).
+    pub fn vote_any(&self, d: Reg<Pred>, p: impl Into<Cond>, mask: u32) -> Reg<Pred> {
+        self.emit(format!(
+            "vote.sync.any.pred {d}, {}, {}",
+            p.into(),
+            Src::<U32>::operand(&mask)
+        ));
+        d
+    }
+
+    /// `d` = whether `p` holds in every lane of `mask` (`vote.sync.all.pred`).
+    pub fn vote_all(&self, d: Reg<Pred>, p: impl Into<Cond>, mask: u32) -> Reg<Pred> {
+        self.emit(format!(
+            "vote.sync.all.pred {d}, {}, {}",
+            p.into(),
+            Src::<U32>::operand(&mask)
+        ));
+        d
+    }
+
+    /// The lanes executing this instruction together (`activemask.b32`).
+    pub fn activemask(&self, d: Reg<U32>) -> Reg<U32> {
+        self.emit(format!("activemask.b32 {d}"));
+        d
+    }
+
+    /// Orders this thread's memory accesses as seen by others in `scope` (`membar`).
+    pub fn membar(&self, scope: Scope) {
+        self.emit(match scope {
+            Scope::Cta => "membar.cta",
+            Scope::Gpu => "membar.gl",
+            Scope::Sys => "membar.sys",
+        });
+    }
+
     /// `d = a` of another lane (`shfl.sync.bfly.b32 d, a, b, 0x1f, mask`) over the whole
     /// warp; every lane in `mask` must execute it.
     pub fn shfl_sync<T: Word>(
@@ -136,6 +192,33 @@ mod tests {
             want.push(format!("add.rn.f32 %f1, %f1, %f{o};"));
         }
         assert_eq!(text, want);
+    }
+
+    #[test]
+    fn votes_and_fences() {
+        let text = body(|k| {
+            let p = k.reg::<Pred>();
+            let d = k.reg::<U32>();
+            k.ballot(d, p, FULL_WARP);
+            k.vote_any(p, !p, FULL_WARP);
+            k.vote_all(p, p, 0xFFu32);
+            k.activemask(d);
+            k.membar(Scope::Cta);
+            k.membar(Scope::Gpu);
+            k.membar(Scope::Sys);
+        });
+        assert_eq!(
+            text,
+            [
+                "vote.sync.ballot.b32 %r0, %p0, 0xFFFFFFFF;",
+                "vote.sync.any.pred %p0, !%p0, 0xFFFFFFFF;",
+                "vote.sync.all.pred %p0, %p0, 255;",
+                "activemask.b32 %r0;",
+                "membar.cta;",
+                "membar.gl;",
+                "membar.sys;",
+            ]
+        );
     }
 
     #[test]
