@@ -1,7 +1,7 @@
 //! Q4_0: 32 weights as 4-bit offsets from 8, one f16 scale (`w = d * (q - 8)`).
 
 use super::dot::{self, dot_blocks, dot_unpacked, nibbles};
-use super::scan::{blocks32, inverse, signed_abs_max, trunc_i8};
+use super::scan::{blocks32, inverse, pack4, signed_abs_max, trunc_i8, vectorized};
 use super::BlockQ8_0;
 use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::{Block, GgmlType, Quantize};
@@ -82,16 +82,18 @@ impl Quantize for BlockQ4_0 {
     /// `quantize_row_q4_0_ref`: the scale is the signed extreme over -8, so it maps to
     /// quant 0; each weight is truncated after adding 8.5 and capped at 15.
     fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (b, x) in dst.iter_mut().zip(blocks32(src)) {
-            let d = signed_abs_max(x) / -8.0;
-            let id = inverse(d);
-            b.d = f32_to_f16(d);
-            for j in 0..16 {
-                let lo = trunc_i8(x[j] * id + 8.5).min(15) as u8;
-                let hi = trunc_i8(x[j + 16] * id + 8.5).min(15) as u8;
-                b.qs[j] = lo | (hi << 4);
+        vectorized(|| {
+            for (b, x) in dst.iter_mut().zip(blocks32(src)) {
+                let d = signed_abs_max(x) / -8.0;
+                let id = inverse(d);
+                b.d = f32_to_f16(d);
+                let mut q = [0u8; 32];
+                for (j, q) in q.iter_mut().enumerate() {
+                    *q = trunc_i8(x[j] * id + 8.5).min(15) as u8;
+                }
+                b.qs = pack4(&q);
             }
-        }
+        })
     }
 }
 

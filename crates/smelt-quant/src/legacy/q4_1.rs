@@ -1,7 +1,7 @@
 //! Q4_1: 32 weights as 4-bit steps above a minimum (`w = d * q + m`).
 
 use super::dot::{self, dot_blocks, dot_unpacked, nibbles};
-use super::scan::{blocks32, inverse, min_max, trunc_i8};
+use super::scan::{blocks32, inverse, min_max, pack4, trunc_i8, vectorized};
 use super::BlockQ8_1;
 use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::{Block, GgmlType, Quantize};
@@ -83,18 +83,20 @@ impl Quantize for BlockQ4_1 {
     /// `quantize_row_q4_1_ref`: 15 steps from the block's minimum to its maximum; each
     /// weight truncated after adding 0.5, capped at 15.
     fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (b, x) in dst.iter_mut().zip(blocks32(src)) {
-            let (min, max) = min_max(x);
-            let d = (max - min) / 15.0;
-            let id = inverse(d);
-            b.d = f32_to_f16(d);
-            b.m = f32_to_f16(min);
-            for j in 0..16 {
-                let lo = trunc_i8((x[j] - min) * id + 0.5).min(15) as u8;
-                let hi = trunc_i8((x[j + 16] - min) * id + 0.5).min(15) as u8;
-                b.qs[j] = lo | (hi << 4);
+        vectorized(|| {
+            for (b, x) in dst.iter_mut().zip(blocks32(src)) {
+                let (min, max) = min_max(x);
+                let d = (max - min) / 15.0;
+                let id = inverse(d);
+                b.d = f32_to_f16(d);
+                b.m = f32_to_f16(min);
+                let mut q = [0u8; 32];
+                for (j, q) in q.iter_mut().enumerate() {
+                    *q = trunc_i8((x[j] - min) * id + 0.5).min(15) as u8;
+                }
+                b.qs = pack4(&q);
             }
-        }
+        })
     }
 }
 

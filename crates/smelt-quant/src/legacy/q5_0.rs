@@ -1,7 +1,7 @@
 //! Q5_0: 32 weights as 5-bit offsets from 16, one f16 scale (`w = d * (q - 16)`).
 
 use super::dot::{self, dot_blocks, dot_unpacked, nibbles_with_high_bit};
-use super::scan::{blocks32, inverse, signed_abs_max, trunc_i8};
+use super::scan::{blocks32, inverse, pack5, signed_abs_max, trunc_i8, vectorized};
 use super::BlockQ8_0;
 use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::{Block, GgmlType, Quantize};
@@ -85,20 +85,18 @@ impl Quantize for BlockQ5_0 {
     /// `quantize_row_q5_0_ref`: as Q4_0 with 32 levels (scale = signed extreme / -16,
     /// truncation after adding 16.5, cap at 31).
     fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (b, x) in dst.iter_mut().zip(blocks32(src)) {
-            let d = signed_abs_max(x) / -16.0;
-            let id = inverse(d);
-            b.d = f32_to_f16(d);
-            let mut qh = 0u32;
-            for j in 0..16 {
-                let lo = trunc_i8(x[j] * id + 16.5).min(31) as u8;
-                let hi = trunc_i8(x[j + 16] * id + 16.5).min(31) as u8;
-                b.qs[j] = (lo & 0x0F) | ((hi & 0x0F) << 4);
-                qh |= ((lo as u32 & 0x10) >> 4) << j;
-                qh |= ((hi as u32 & 0x10) >> 4) << (j + 16);
+        vectorized(|| {
+            for (b, x) in dst.iter_mut().zip(blocks32(src)) {
+                let d = signed_abs_max(x) / -16.0;
+                let id = inverse(d);
+                b.d = f32_to_f16(d);
+                let mut q = [0u8; 32];
+                for (j, q) in q.iter_mut().enumerate() {
+                    *q = trunc_i8(x[j] * id + 16.5).min(31) as u8;
+                }
+                (b.qs, b.qh) = pack5(&q);
             }
-            b.qh = qh.to_le_bytes();
-        }
+        })
     }
 }
 

@@ -1,7 +1,7 @@
 //! Q5_1: 32 weights as 5-bit steps above a minimum (`w = d * q + m`).
 
 use super::dot::{self, dot_blocks, dot_unpacked, nibbles_with_high_bit};
-use super::scan::{blocks32, inverse, min_max, trunc_i8};
+use super::scan::{blocks32, inverse, min_max, pack5, trunc_i8, vectorized};
 use super::BlockQ8_1;
 use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::{Block, GgmlType, Quantize};
@@ -85,22 +85,20 @@ impl Quantize for BlockQ5_1 {
     /// `quantize_row_q5_1_ref`: 31 steps from minimum to maximum; each weight truncated
     /// to a byte after adding 0.5 (ggml has no cap here, and needs none).
     fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (b, x) in dst.iter_mut().zip(blocks32(src)) {
-            let (min, max) = min_max(x);
-            let d = (max - min) / 31.0;
-            let id = inverse(d);
-            b.d = f32_to_f16(d);
-            b.m = f32_to_f16(min);
-            let mut qh = 0u32;
-            for j in 0..16 {
-                let lo = trunc_i8((x[j] - min) * id + 0.5) as u8;
-                let hi = trunc_i8((x[j + 16] - min) * id + 0.5) as u8;
-                b.qs[j] = (lo & 0x0F) | ((hi & 0x0F) << 4);
-                qh |= ((lo as u32 & 0x10) >> 4) << j;
-                qh |= ((hi as u32 & 0x10) >> 4) << (j + 16);
+        vectorized(|| {
+            for (b, x) in dst.iter_mut().zip(blocks32(src)) {
+                let (min, max) = min_max(x);
+                let d = (max - min) / 31.0;
+                let id = inverse(d);
+                b.d = f32_to_f16(d);
+                b.m = f32_to_f16(min);
+                let mut q = [0u8; 32];
+                for (j, q) in q.iter_mut().enumerate() {
+                    *q = trunc_i8((x[j] - min) * id + 0.5) as u8;
+                }
+                (b.qs, b.qh) = pack5(&q);
             }
-            b.qh = qh.to_le_bytes();
-        }
+        })
     }
 }
 

@@ -2,7 +2,7 @@
 //! format of Q4_0, Q5_0, Q8_0 and IQ4_NL dot products.
 
 use super::dot::{self, dot_blocks, dot_i8};
-use super::scan::{abs_max, blocks32, inverse, round_away};
+use super::scan::{abs_max, blocks32, inverse, round_away, vectorized};
 use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::{Block, GgmlType, Quantize};
 use half::f16;
@@ -76,14 +76,16 @@ impl Block for BlockQ8_0 {
 impl Quantize for BlockQ8_0 {
     /// `quantize_row_q8_0_ref`: scale `amax / 127`, quants `roundf(x / d)`.
     fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (b, x) in dst.iter_mut().zip(blocks32(src)) {
-            let d = abs_max(x) / 127.0;
-            let id = inverse(d);
-            b.d = f32_to_f16(d);
-            for (q, &v) in b.qs.iter_mut().zip(x) {
-                *q = round_away(v * id) as i8;
+        vectorized(|| {
+            for (b, x) in dst.iter_mut().zip(blocks32(src)) {
+                let d = abs_max(x) / 127.0;
+                let id = inverse(d);
+                b.d = f32_to_f16(d);
+                for (q, &v) in b.qs.iter_mut().zip(x) {
+                    *q = round_away(v * id) as i8;
+                }
             }
-        }
+        })
     }
 }
 

@@ -2,7 +2,7 @@
 //! lets their minimum be applied once per block instead of once per weight).
 
 use super::dot::{self, dot_blocks, dot_i8};
-use super::scan::{abs_max, blocks32, inverse, round_away};
+use super::scan::{abs_max, blocks32, inverse, round_away, vectorized};
 use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::{Block, GgmlType, Quantize};
 use half::f16;
@@ -78,18 +78,19 @@ impl Block for BlockQ8_1 {
 impl Quantize for BlockQ8_1 {
     /// `quantize_row_q8_1_ref`: as Q8_0, plus `s = f16(d * sum of quants)`.
     fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (b, x) in dst.iter_mut().zip(blocks32(src)) {
-            let d = abs_max(x) / 127.0;
-            let id = inverse(d);
-            b.d = f32_to_f16(d);
-            let mut sum = 0i32;
-            for (q, &v) in b.qs.iter_mut().zip(x) {
-                let r = round_away(v * id);
-                *q = r as i8;
-                sum += r;
+        vectorized(|| {
+            for (b, x) in dst.iter_mut().zip(blocks32(src)) {
+                let d = abs_max(x) / 127.0;
+                let id = inverse(d);
+                b.d = f32_to_f16(d);
+                for (q, &v) in b.qs.iter_mut().zip(x) {
+                    *q = round_away(v * id) as i8;
+                }
+                // ggml sums the stored bytes (what a block of tiny values wraps to included).
+                let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
+                b.s = f32_to_f16(sum as f32 * d);
             }
-            b.s = f32_to_f16(sum as f32 * d);
-        }
+        })
     }
 }
 

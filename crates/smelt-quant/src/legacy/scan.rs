@@ -5,11 +5,49 @@
 //! several equal candidates is picked. ggml keeps the *first* element that reaches the
 //! final extreme, which only matters for the sign of the result (±0.0, or ±amax).
 
+/// Runs `f` compiled for AVX2 when the CPU has it, else as is. The scans and conversions
+/// here are exact IEEE operations (Rust never fuses a multiply and an add), so the wider
+/// code gives the same bytes; it only lets the compiler use 8-lane vectors where the
+/// baseline x86_64 target has 4.
+#[inline(always)]
+pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { avx2(f) };
+    }
+    f()
+}
+
 /// Splits a row into 32-weight blocks (the trailing partial block, which callers never
 /// pass, is dropped).
 #[inline(always)]
 pub(crate) fn blocks32(src: &[f32]) -> impl Iterator<Item = &[f32; 32]> {
     src.chunks_exact(32).filter_map(|c| c.try_into().ok())
+}
+
+/// Packs 32 four-bit quants as ggml does: weight `j` in the low nibble of byte `j`,
+/// weight `j + 16` in its high nibble.
+#[inline(always)]
+pub(crate) fn pack4(q: &[u8; 32]) -> [u8; 16] {
+    std::array::from_fn(|j| (q[j] & 0x0F) | (q[j + 16] << 4))
+}
+
+/// Packs 32 five-bit quants: the low four bits as [`pack4`], the fifth bit of weight `j`
+/// as bit `j` of a little-endian u32.
+#[inline(always)]
+pub(crate) fn pack5(q: &[u8; 32]) -> ([u8; 16], [u8; 4]) {
+    // Eight quants at a time as a u64: bit 4 of each byte moved to bit 0, then one
+    // multiply gathers the eight bits into the top byte (no partial products collide).
+    let qh: [u8; 4] = std::array::from_fn(|k| {
+        let w = u64::from_le_bytes(std::array::from_fn(|i| q[8 * k + i]));
+        (((w >> 4) & 0x0101_0101_0101_0101).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8
+    });
+    (pack4(q), qh)
 }
 
 /// Largest magnitude in `x` (ggml's `amax`), as a non-negative value.
@@ -39,7 +77,15 @@ pub(crate) fn signed_abs_max(x: &[f32]) -> f32 {
     if amax == 0.0 {
         return 0.0;
     }
-    x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0)
+    // A bit mask of the elements reaching `amax` compiles to packed compares; its lowest
+    // set bit is ggml's pick.
+    let hits = x
+        .iter()
+        .enumerate()
+        .fold(0u64, |m, (i, v)| m | (((v.abs() == amax) as u64) << i));
+    x.get(hits.trailing_zeros() as usize)
+        .copied()
+        .unwrap_or(0.0)
 }
 
 /// The minimum and maximum of `x` as ggml's `if (v < min) min = v; if (v > max) max = v;`
@@ -91,8 +137,14 @@ pub(crate) fn inverse(d: f32) -> f32 {
 /// infinite, and its quants come out of converting infinities and NaNs.
 #[inline(always)]
 pub(crate) fn cvtt(v: f32) -> i32 {
-    if v.abs() < 2_147_483_648.0 {
-        v as i32
+    // Written as select-convert-select rather than `v as i32` (which saturates, and which
+    // LLVM leaves scalar): this form compiles to one packed conversion plus blends.
+    let in_range = v.abs() < 2_147_483_648.0; // false for NaN
+    let safe = if in_range { v } else { 0.0 };
+    // SAFETY: `safe` is finite and truncates to a value inside i32.
+    let t = unsafe { safe.to_int_unchecked::<i32>() };
+    if in_range {
+        t
     } else {
         i32::MIN
     }

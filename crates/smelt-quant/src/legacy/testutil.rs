@@ -1,7 +1,6 @@
 //! Test helpers shared by the block formats' unit tests.
 
 use crate::{Block, Quantize};
-use bytemuck::Zeroable;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
