@@ -7,7 +7,6 @@ mod common;
 use common::dot_cases::{cases, reference};
 use common::{catch, hex, Report, Rng};
 use smelt_quant::{vec_dot, GgmlType};
-use std::fmt::Write as _;
 
 /// Fixed so a failure replays; `oracle_live.rs` adds fresh seeds through ggml.
 const SEED: u64 = 0x05EE_DD07;
@@ -86,37 +85,55 @@ dot_tests! {
     iq4_xs => IQ4_XS,
 }
 
-/// Everything whose speed path the process chose at start-up, as `label value` lines:
-/// quantized weights and activations, and the dot products' bits.
+/// Everything whose speed path the process chose at start-up, one line per case:
+/// `TYPE | label | field value | field value ...` with the quantized weights and
+/// activations, the weights dequantized, and the dot product's bits.
 fn simd_sensitive_outputs(seed: u64) -> Vec<String> {
     let mut lines = Vec::new();
     for ty in common::DEQUANTIZABLE {
         let mut rng = Rng::new(seed ^ ty.id() as u64);
-        match cases(ty, &mut rng) {
-            Err(e) => lines.push(format!("{} inputs: {e}", ty.name())),
-            Ok(cases) => {
-                for case in cases {
-                    let dot = match catch(|| vec_dot(ty, case.n, &case.x, &case.y)) {
-                        Ok(Ok(v)) => format!("{:08x}", v.to_bits()),
-                        Ok(Err(e)) => format!("error {e}"),
-                        Err(p) => p,
-                    };
-                    let mut line = format!(
-                        "{} {}: x {} y {} dot {dot}",
-                        ty.name(),
-                        case.label,
-                        hex(&case.x),
-                        hex(&case.y)
-                    );
-                    if let Ok(xf) = common::dot_cases::dequantize(ty, &case.x, case.n) {
-                        let _ = write!(line, " deq {}", hex(&common::f32_bytes(&xf)));
-                    }
-                    lines.push(line);
-                }
+        let cases = match cases(ty, &mut rng) {
+            Ok(c) => c,
+            Err(e) => {
+                lines.push(format!("{} | inputs | error {e}", ty.name()));
+                continue;
             }
+        };
+        for case in cases {
+            let dot = match catch(|| vec_dot(ty, case.n, &case.x, &case.y)) {
+                Ok(Ok(v)) => format!("{:08x}", v.to_bits()),
+                Ok(Err(e)) => format!("error {e}"),
+                Err(p) => p,
+            };
+            let deq = match common::dot_cases::dequantize(ty, &case.x, case.n) {
+                Ok(v) => hex(&common::f32_bytes(&v)),
+                Err(e) => e,
+            };
+            lines.push(format!(
+                "{} | {} | weights {} | activations {} | dequantized {deq} | dot {dot}",
+                ty.name(),
+                case.label,
+                hex(&case.x),
+                hex(&case.y),
+            ));
         }
     }
     lines
+}
+
+/// The fields two output lines disagree on, dots shown in full (the rest are long hex).
+fn differing_fields(avx2: &str, portable: &str) -> String {
+    let fields = avx2.split(" | ").zip(portable.split(" | ")).skip(2);
+    let diffs: Vec<String> = fields
+        .filter(|(a, b)| a != b)
+        .map(
+            |(a, b)| match (a.strip_prefix("dot "), b.strip_prefix("dot ")) {
+                (Some(a), Some(b)) => format!("dot {a} (AVX2) vs {b} (portable)"),
+                _ => format!("{} differ", a.split(' ').next().unwrap_or("?")),
+            },
+        )
+        .collect();
+    diffs.join(", ")
 }
 
 /// The child half of [`portable_path_is_bit_identical`]: writes its outputs where the
@@ -178,31 +195,9 @@ fn portable_path_is_bit_identical() {
     );
     for (a, b) in ours.iter().zip(theirs) {
         if a != b {
-            let ty = a.split(' ').next().unwrap_or("?");
-            let label: String = a.split(" x ").next().unwrap_or(a).to_string();
-            let what = if a.contains(" dot ")
-                && a.split(" dot ").nth(1).map(|s| &s[..8.min(s.len())])
-                    != b.split(" dot ").nth(1).map(|s| &s[..8.min(s.len())])
-            {
-                format!(
-                    "dot AVX2 {} vs portable {}",
-                    a.split(" dot ")
-                        .nth(1)
-                        .unwrap_or("?")
-                        .split(' ')
-                        .next()
-                        .unwrap_or("?"),
-                    b.split(" dot ")
-                        .nth(1)
-                        .unwrap_or("?")
-                        .split(' ')
-                        .next()
-                        .unwrap_or("?")
-                )
-            } else {
-                "quantized or dequantized bytes differ".to_string()
-            };
-            report.fail(ty, || format!("{label}: {what}"));
+            let mut head = a.split(" | ");
+            let (ty, label) = (head.next().unwrap_or("?"), head.next().unwrap_or("?"));
+            report.fail(ty, || format!("{label}: {}", differing_fields(a, b)));
         }
     }
     report.finish();
