@@ -157,6 +157,7 @@ class Ggml:
             self.cpu.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
             self.cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(TypeTraitsCpu)
             self.cpu.ggml_cpu_init()
+            self._check_cpu_layout()
 
     def traits(self, name):
         return self.base.ggml_get_type_traits(TYPES[name]).contents
@@ -178,6 +179,28 @@ class Ggml:
                 raise OracleError(
                     f"ggml_type_traits layout mismatch for {name}: interleave "
                     f"{tr.blck_size_interleave}, is_quantized {tr.is_quantized}"
+                )
+        # The function pointers must be the exported functions they name.
+        q8 = self.traits("Q8_0")
+        for field, symbol in (("to_float", "dequantize_row_q8_0"), ("from_float_ref", "quantize_row_q8_0_ref")):
+            want = ctypes.cast(getattr(self.base, symbol), ctypes.c_void_p).value
+            if getattr(q8, field) != want:
+                raise OracleError(f"ggml_type_traits layout mismatch: Q8_0's {field} is not {symbol}")
+
+    def _check_cpu_layout(self):
+        """`struct ggml_type_traits_cpu` read through ctypes must name the exported Q4_0
+        functions and ggml's known activation pairings."""
+        tr = self.cpu.ggml_get_type_traits_cpu(TYPES["Q4_0"]).contents
+        for field, symbol in (("from_float", "quantize_row_q4_0"), ("vec_dot", "ggml_vec_dot_q4_0_q8_0")):
+            want = ctypes.cast(getattr(self.cpu, symbol), ctypes.c_void_p).value
+            if getattr(tr, field) != want:
+                raise OracleError(f"ggml_type_traits_cpu layout mismatch: Q4_0's {field} is not {symbol}")
+        for name, act in (("Q4_0", "Q8_0"), ("Q4_1", "Q8_1"), ("Q4_K", "Q8_K"), ("F16", "F16")):
+            tr = self.cpu.ggml_get_type_traits_cpu(TYPES[name]).contents
+            if tr.vec_dot_type != TYPES[act] or tr.nrows != 1:
+                raise OracleError(
+                    f"ggml_type_traits_cpu layout mismatch: {name} pairs with type "
+                    f"{tr.vec_dot_type} ({tr.nrows} rows), expected {act}"
                 )
 
     def row_size(self, name, n):
