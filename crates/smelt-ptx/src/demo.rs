@@ -3,8 +3,8 @@
 //! The production kernels live in `smelt-kernels`; these stay small and obvious.
 
 use crate::{
-    Dim, Exact, FloatRound, Kernel, L2Prefetch, Load, Lut, Module, Narrow, PtxError, Reg, Space,
-    Special, Store, Target, F16, F32, S32, U32, U64,
+    Exact, FloatRound, Kernel, L2Prefetch, Load, Lut, Module, Narrow, PtxError, Reg, Space, Store,
+    Target, F16, F32, S32, U32, U64,
 };
 
 /// Bytes of a Q8_0 block: an f16 scale and 32 int8 quants.
@@ -46,8 +46,8 @@ pub fn vector_add(k: &Kernel) {
     let n = k.param_u32("n");
     let i = k.global_id_x();
     k.exit_if(k.ge(i, n));
-    let x = k.ld(Load::GLOBAL_NC, k.reg::<F32>(), k.elem_addr(a, i, 4));
-    let y = k.ld(Load::GLOBAL_NC, k.reg::<F32>(), k.elem_addr(b, i, 4));
+    let x = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(a, i, 4));
+    let y = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(b, i, 4));
     let sum = k.add(k.reg(), x, y);
     k.st(Store::GLOBAL, k.elem_addr(c, i, 4), sum);
 }
@@ -80,26 +80,26 @@ pub fn block_sum(k: &Kernel) {
     let partials = k.shared::<F32>("partials", 32, 4);
 
     let tid = k.tid_x();
-    let lane = k.and(k.reg(), tid, 31u32);
-    let warp = k.shr(k.reg(), tid, 5u32);
+    let lane = k.and(k.reg(), tid, 31);
+    let warp = k.shr(k.reg(), tid, 5);
     let acc = k.f32(0.0);
     let (start, step) = (k.global_id_x(), k.grid_size_x());
     k.stride_loop(start, n, step, |k, i| {
-        let v = k.ld(Load::GLOBAL_NC, k.reg::<F32>(), k.elem_addr(x, i, 4));
+        let v = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(x, i, 4));
         k.add(acc, acc, v);
     });
     let warp_total = k.warp_sum(acc);
 
     let base = k.shared_base(&partials);
-    let lane0 = k.eq(lane, 0u32);
-    let slot = k.mad(k.reg(), warp, 4u32, base);
+    let lane0 = k.eq(lane, 0);
+    let slot = k.mad(k.reg(), warp, 4, base);
     k.guarded(lane0, |k| k.st(Store::SHARED, slot, warp_total));
     k.bar_sync();
 
-    k.if_(k.eq(warp, 0u32), |k| {
-        let nwarps = k.shr(k.reg(), k.ntid_x(), 5u32);
+    k.if_(k.eq(warp, 0), |k| {
+        let nwarps = k.shr(k.reg(), k.ntid_x(), 5);
         let v = k.f32(0.0);
-        let mine = k.mad(k.reg(), lane, 4u32, base);
+        let mine = k.mad(k.reg(), lane, 4, base);
         k.guarded(k.lt(lane, nwarps), |k| {
             k.ld(Load::SHARED, v, mine);
         });
@@ -116,25 +116,20 @@ pub fn q8_0_dot_rows(k: &Kernel) {
     let (a, b, out) = (k.param_ptr("a"), k.param_ptr("b"), k.param_ptr("out"));
     let nblocks = k.param_u32("nblocks");
     let nrows = k.param_u32("nrows");
-    let row = k.mad(
-        k.reg(),
-        k.ctaid_x(),
-        k.special(Special::Ntid(Dim::Y)),
-        k.tid_y(),
-    );
+    let row = k.mad(k.reg(), k.ctaid_x(), k.ntid_y(), k.tid_y());
     k.exit_if(k.ge(row, nrows));
     let row_bytes = k.mul(k.reg(), nblocks, Q8_0_BLOCK_BYTES);
     let row_offset = k.mul_wide(k.reg::<U64>(), row, row_bytes);
     let a_row = k.add(k.reg(), a, row_offset);
 
     let acc = k.f32(0.0);
-    k.stride_loop(k.tid_x(), nblocks, 32u32, |k, blk| {
+    k.stride_loop(k.tid_x(), nblocks, 32, |k, blk| {
         let wa = k.elem_addr(a_row, blk, Q8_0_BLOCK_BYTES);
         let wb = k.elem_addr(b, blk, Q8_0_BLOCK_BYTES);
         let qa = q8_0_quants(k, wa);
         let qb = q8_0_quants(k, wb);
-        let da = k.ld(Load::GLOBAL_NC, k.reg::<F16>(), wa);
-        let db = k.ld(Load::GLOBAL_NC, k.reg::<F16>(), wb);
+        let da = k.load::<F16>(Load::GLOBAL_NC, wa);
+        let db = k.load::<F16>(Load::GLOBAL_NC, wb);
         let isum = k.s32(0);
         for (x, y) in qa.iter().zip(&qb) {
             k.dp4a(isum, *x, *y, isum);
@@ -146,7 +141,7 @@ pub fn q8_0_dot_rows(k: &Kernel) {
         k.fma(acc, sum, scale, acc);
     });
     let total = k.warp_sum(acc);
-    k.if_(k.eq(k.tid_x(), 0u32), |k| {
+    k.if_(k.eq(k.tid_x(), 0), |k| {
         k.st(Store::GLOBAL, k.elem_addr(out, row, 4), total);
     });
 }
@@ -168,7 +163,7 @@ fn q8_0_quants(k: &Kernel, block: Reg<U64>) -> [Reg<U32>; 8] {
             k.reg::<U32>(),
             block.at(offset + 2),
         );
-        k.prmt(k.reg::<U32>(), lo, hi, 0x5410u32)
+        k.prmt(k.reg::<U32>(), lo, hi, 0x5410)
     })
 }
 
@@ -183,10 +178,10 @@ pub fn q4_0_dequant(k: &Kernel) {
     k.exit_if(k.ge(blk, nblocks));
     let src = k.elem_addr(q, blk, Q4_0_BLOCK_BYTES);
     let dst = k.elem_addr(y, blk, 32 * 4);
-    let d = k.ld(Load::GLOBAL_NC, k.reg::<F16>(), src);
+    let d = k.load::<F16>(Load::GLOBAL_NC, src);
     let d = k.cvt(k.reg::<F32>(), d, Exact);
     let nibbles = Lut::from_fn(|a, b, _| a & b);
-    for w in 0..4u32 {
+    for w in 0..4 {
         let offset = 2 + 4 * i64::from(w);
         let lo = k.ld_narrow(Load::GLOBAL_NC, Narrow::U16, k.reg::<U32>(), src.at(offset));
         let hi = k.ld_narrow(
@@ -195,15 +190,15 @@ pub fn q4_0_dequant(k: &Kernel) {
             k.reg::<U32>(),
             src.at(offset + 2),
         );
-        let word = k.prmt(k.reg::<U32>(), lo, hi, 0x5410u32);
-        let low = k.lop3(k.reg::<U32>(), word, 0x0F0F_0F0Fu32, 0u32, nibbles);
-        let shifted = k.shr(k.reg(), word, 4u32);
-        let high = k.and(k.reg(), shifted, 0x0F0F_0F0Fu32);
+        let word = k.prmt(k.reg::<U32>(), lo, hi, 0x5410);
+        let low = k.lop3(k.reg::<U32>(), word, 0x0F0F_0F0F, 0, nibbles);
+        let shifted = k.shr(k.reg(), word, 4);
+        let high = k.and(k.reg(), shifted, 0x0F0F_0F0F);
         for (plane, first) in [(low, 4 * w), (high, 16 + 4 * w)] {
             let values = k.regs::<F32, 4>();
             for (byte, v) in values.iter().enumerate() {
-                let n = k.bfe(k.reg::<U32>(), plane, 8 * byte as u32, 8u32);
-                let centered = k.sub(k.reg::<S32>(), n.cast::<S32>(), 8i32);
+                let n = k.bfe(k.reg::<U32>(), plane, 8 * byte as u32, 8);
+                let centered = k.sub(k.reg::<S32>(), n.cast::<S32>(), 8);
                 k.cvt(*v, centered, FloatRound::Rn);
                 k.mul(*v, *v, d);
             }

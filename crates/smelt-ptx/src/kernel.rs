@@ -132,6 +132,13 @@ impl Kernel {
         Label(id)
     }
 
+    /// Refuses the kernel being built: a generator that finds its configuration unusable
+    /// (a tile that does not divide a shape, say) says why, and [`crate::Module::kernel`]
+    /// returns the reason as an error instead of emitting a broken kernel.
+    pub fn reject(&self, reason: impl Into<String>) {
+        self.fail(reason);
+    }
+
     /// Records the first misuse; [`crate::Module::kernel`] reports it.
     pub(crate) fn fail(&self, reason: impl Into<String>) {
         self.record(PtxError::Invalid {
@@ -429,6 +436,16 @@ mod tests {
 \tret;
 }
 "
+        );
+    }
+
+    #[test]
+    fn generators_can_reject_a_configuration() {
+        let mut m = Module::new(Target::Sm80);
+        let r = m.kernel("tiled", |k| k.reject("tile 48 does not divide 4096"));
+        assert_eq!(
+            r.err().map(|e| e.to_string()),
+            Some("kernel `tiled`: tile 48 does not divide 4096".to_string())
         );
     }
 

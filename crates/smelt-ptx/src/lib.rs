@@ -17,8 +17,8 @@
 //!     let n = k.param_u32("n");
 //!     let i = k.global_id_x();
 //!     k.exit_if(k.ge(i, n));
-//!     let x = k.ld(Load::GLOBAL_NC, k.reg::<F32>(), k.elem_addr(a, i, 4));
-//!     let y = k.ld(Load::GLOBAL_NC, k.reg::<F32>(), k.elem_addr(b, i, 4));
+//!     let x = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(a, i, 4));
+//!     let y = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(b, i, 4));
 //!     let sum = k.add(k.reg(), x, y); // add.rn.f32: never contracted into an FMA
 //!     k.st(Store::GLOBAL, k.elem_addr(c, i, 4), sum);
 //! })?;

@@ -428,3 +428,40 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod literal_tests {
+    use crate::testing::body;
+    use crate::types::{B32, F32, S32, U32, U64};
+
+    #[test]
+    fn bare_literals_take_the_instruction_type() {
+        let text = body(|k| {
+            let (u, s, f, b, w) = (
+                k.reg::<U32>(),
+                k.reg::<S32>(),
+                k.reg::<F32>(),
+                k.reg::<B32>(),
+                k.reg::<U64>(),
+            );
+            k.add(u, u, 1);
+            k.add(s, s, -1);
+            k.mul(f, f, 0.5);
+            k.and(b, b, 0xFF);
+            k.add(w, w, 8);
+            k.exit_if(k.ge(u, 10));
+        });
+        assert_eq!(
+            text,
+            [
+                "add.u32 %r0, %r0, 1;",
+                "add.s32 %s0, %s0, -1;",
+                "mul.rn.f32 %f0, %f0, 0f3F000000;",
+                "and.b32 %b0, %b0, 255;",
+                "add.u64 %rd0, %rd0, 8;",
+                "setp.ge.u32 %p0, %r0, 10;",
+                "@%p0 exit;",
+            ]
+        );
+    }
+}

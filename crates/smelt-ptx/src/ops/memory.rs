@@ -252,6 +252,11 @@ impl Kernel {
         d
     }
 
+    /// A new register loaded from `addr`: `let x = k.load::<F32>(Load::GLOBAL_NC, a)`.
+    pub fn load<T: RegType>(&self, op: Load, addr: impl Into<Addr>) -> Reg<T> {
+        self.ld(op, self.reg::<T>(), addr)
+    }
+
     /// Two consecutive elements in one instruction (`ld.v2`); `addr` aligned to their size.
     pub fn ld_v2<T: RegType>(&self, op: Load, d: [Reg<T>; 2], addr: impl Into<Addr>) {
         let opcode = self.load_opcode(op);
@@ -430,6 +435,7 @@ mod tests {
             k.ld_narrow(Load::GLOBAL_NC, Narrow::U16, q[0], p.at(2));
             k.ld_narrow(Load::GLOBAL, Narrow::S8, k.reg::<S32>(), p);
             k.ld(Load::SHARED, x, q[1].at(128));
+            k.load::<F32>(Load::GLOBAL_NC, p.at(8));
         });
         assert_eq!(
             text,
@@ -442,6 +448,7 @@ mod tests {
                 "ld.global.nc.u16 %r0, [%rd0+2];",
                 "ld.global.s8 %s0, [%rd0];",
                 "ld.shared.f32 %f0, [%r1+128];",
+                "ld.global.nc.f32 %f1, [%rd0+8];",
             ]
         );
     }

@@ -76,6 +76,11 @@ impl Kernel {
         self.special(Special::Ntid(Dim::X))
     }
 
+    /// `%ntid.y`.
+    pub fn ntid_y(&self) -> Reg<U32> {
+        self.special(Special::Ntid(Dim::Y))
+    }
+
     /// `%ctaid.x`.
     pub fn ctaid_x(&self) -> Reg<U32> {
         self.special(Special::Ctaid(Dim::X))
