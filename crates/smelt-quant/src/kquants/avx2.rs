@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 /// Sum of the eight i32 lanes (exact: callers keep block sums far from overflow).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn hsum_i32(v: __m256i) -> i32 {
+unsafe fn hsum_i32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
@@ -19,14 +19,6 @@ pub(crate) unsafe fn hsum_i32(v: __m256i) -> i32 {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn load(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p.cast())
-}
-
-/// Per-i16-lane scale vector: lanes 0..8 get `lo`, lanes 8..16 get `hi` (the two
-/// 16-weight groups covered by one 32-byte `maddubs`).
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn scales_pair(lo: i16, hi: i16) -> __m256i {
-    _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
 }
 
 /// One K-quant format's AVX2 inner kernel: the exact integer sums of one super-block
@@ -90,7 +82,12 @@ pub(crate) unsafe fn dot<X: Kernel>(x: &[X], y: &[BlockQ8K]) -> f32 {
         let s3 = xc[3].sums(&yc[3]);
         let isum = _mm_cvtepi32_ps(totals4(s0.0, s1.0, s2.0, s3.0));
         let msum = _mm_cvtepi32_ps(totals4_128(s0.1, s1.1, s2.1, s3.1));
-        let f: [(f32, f32); 4] = std::array::from_fn(|b| xc[b].scales(&yc[b]));
+        let f = [
+            xc[0].scales(&yc[0]),
+            xc[1].scales(&yc[1]),
+            xc[2].scales(&yc[2]),
+            xc[3].scales(&yc[3]),
+        ];
         let dd = _mm_setr_ps(f[0].0, f[1].0, f[2].0, f[3].0);
         let dm = _mm_setr_ps(f[0].1, f[1].1, f[2].1, f[3].1);
         let t: [f32; 4] =

@@ -135,41 +135,50 @@ pub fn vec_dot_portable(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn vec_dot_avx2(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
-    use super::avx2::{hsum_i32, load, scales_pair};
-    use std::arch::x86_64::*;
-    let two_bits = _mm256_set1_epi8(3);
-    let mut acc = 0.0f32;
-    for (x, y) in x.iter().zip(y) {
-        let packed = _mm_loadu_si128(x.scales.as_ptr().cast());
-        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(
-            _mm_srli_epi16::<4>(packed),
-            _mm_set1_epi8(0x0F),
-        ));
-        let msum = hsum_i32(_mm256_madd_epi16(mins, load(y.bsums.as_ptr().cast())));
+    super::avx2::dot(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+impl super::avx2::Kernel for BlockQ2K {
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn sums(
+        &self,
+        y: &BlockQ8K,
+    ) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m128i) {
+        use super::avx2::{load, pick_pair};
+        use std::arch::x86_64::*;
+        let two_bits = _mm256_set1_epi8(3);
+        let low4 = _mm_set1_epi8(0x0F);
+        let packed = _mm_loadu_si128(self.scales.as_ptr().cast());
+        let sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low4));
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), low4));
+        let m = _mm256_madd_epi16(mins, load(y.bsums.as_ptr().cast()));
+        let msum = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
         let mut sum = _mm256_setzero_si256();
         for h in 0..2 {
-            let mut q = load(x.qs.as_ptr().add(32 * h));
+            let scales = if h == 0 {
+                _mm256_permute2x128_si256::<0x00>(sc16, sc16)
+            } else {
+                _mm256_permute2x128_si256::<0x11>(sc16, sc16)
+            };
+            let mut q = load(self.qs.as_ptr().add(32 * h));
             for k in 0..4 {
                 let ys = load(y.qs.as_ptr().add(128 * h + 32 * k).cast());
-                let g = 8 * h + 2 * k;
-                let scale = scales_pair((x.scales[g] & 0xF) as i16, (x.scales[g + 1] & 0xF) as i16);
-                let p = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(_mm256_and_si256(q, two_bits), ys),
-                    scale,
+                let p = _mm256_maddubs_epi16(_mm256_and_si256(q, two_bits), ys);
+                sum = _mm256_add_epi32(
+                    sum,
+                    _mm256_madd_epi16(p, pick_pair(scales, 2 * k, 2 * k + 1)),
                 );
-                sum = _mm256_add_epi32(sum, p);
                 q = _mm256_srli_epi16::<2>(q);
             }
         }
-        acc = fold(
-            acc,
-            y.d * f16_to_f32(x.d),
-            hsum_i32(sum),
-            y.d * f16_to_f32(x.dmin),
-            msum,
-        );
+        (sum, msum)
     }
-    acc
+
+    fn scales(&self, y: &BlockQ8K) -> (f32, f32) {
+        (y.d * f16_to_f32(self.d), y.d * f16_to_f32(self.dmin))
+    }
 }
 
 impl_kquant!(BlockQ2K, Q2_K);

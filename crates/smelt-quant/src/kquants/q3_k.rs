@@ -38,14 +38,33 @@ fn pack_scales(l: &[u8; 16]) -> [u8; 12] {
     s
 }
 
+/// Unpacks Q3_K's 12 scale bytes into sixteen 6-bit scales (`0..64`, offset by 32),
+/// four per little-endian word, with ggml's 32-bit masking: words 0-1 hold the low
+/// nibbles, word 2 the top bits.
+#[inline(always)]
+fn unpack_scale_words(s: &[u8; 12]) -> [u32; 4] {
+    const M4: u32 = 0x0f0f_0f0f;
+    const M2: u32 = 0x0303_0303;
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (a0, a1, t) = (w(0), w(1), w(2));
+    [
+        (a0 & M4) | ((t & M2) << 4),
+        (a1 & M4) | (((t >> 2) & M2) << 4),
+        ((a0 >> 4) & M4) | (((t >> 4) & M2) << 4),
+        ((a1 >> 4) & M4) | (((t >> 6) & M2) << 4),
+    ]
+}
+
 /// Unpacks Q3_K's 12 scale bytes into signed group scales (`-32..32`).
 #[inline(always)]
 pub(crate) fn unpack_scales(s: &[u8; 12]) -> [i8; 16] {
-    std::array::from_fn(|j| {
-        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
-        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-        (low | (high << 4)) as i8 - 32
-    })
+    let mut out = [0i8; 16];
+    for (o, w) in out.chunks_exact_mut(4).zip(unpack_scale_words(s)) {
+        for (o, b) in o.iter_mut().zip(w.to_le_bytes()) {
+            *o = b as i8 - 32;
+        }
+    }
+    out
 }
 
 impl BlockQ3K {
@@ -162,37 +181,55 @@ pub fn vec_dot_portable(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn vec_dot_avx2(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
-    use super::avx2::{hsum_i32, load, scales_pair};
-    use std::arch::x86_64::*;
-    let two_bits = _mm256_set1_epi8(3);
-    let one_bit = _mm256_set1_epi8(1);
-    let mut acc = 0.0f32;
-    for (x, y) in x.iter().zip(y) {
-        let sc = unpack_scales(&x.scales);
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
+    super::avx2::dot(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+impl super::avx2::Kernel for BlockQ3K {
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn sums(
+        &self,
+        y: &BlockQ8K,
+    ) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m128i) {
+        use super::avx2::{load, pick_pair};
+        use std::arch::x86_64::*;
+        let two_bits = _mm256_set1_epi8(3);
+        let one_bit = _mm256_set1_epi8(1);
+        let [w0, w1, w2, w3] = unpack_scale_words(&self.scales).map(|w| w as i32);
+        let sc8 = _mm_sub_epi8(_mm_setr_epi32(w0, w1, w2, w3), _mm_set1_epi8(32));
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        // Quants are summed with offset 4 (0..8), taken off through the group sums.
         let offset = _mm256_slli_epi32::<2>(_mm256_madd_epi16(load(y.bsums.as_ptr().cast()), sc16));
         let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), offset);
         // Shifted right one bit per 32-weight chunk, so that bit 0 is the chunk's.
-        let mut hm = load(x.hmask.as_ptr());
+        let mut hm = load(self.hmask.as_ptr());
         for h in 0..2 {
-            let mut q = load(x.qs.as_ptr().add(32 * h));
+            let scales = if h == 0 {
+                _mm256_permute2x128_si256::<0x00>(sc16, sc16)
+            } else {
+                _mm256_permute2x128_si256::<0x11>(sc16, sc16)
+            };
+            let mut q = load(self.qs.as_ptr().add(32 * h));
             for k in 0..4 {
                 let high = _mm256_slli_epi16::<2>(_mm256_and_si256(hm, one_bit));
                 let q3 = _mm256_or_si256(_mm256_and_si256(q, two_bits), high);
                 let ys = load(y.qs.as_ptr().add(128 * h + 32 * k).cast());
-                let g = 8 * h + 2 * k;
                 let p = _mm256_madd_epi16(
                     _mm256_maddubs_epi16(q3, ys),
-                    scales_pair(sc[g] as i16, sc[g + 1] as i16),
+                    pick_pair(scales, 2 * k, 2 * k + 1),
                 );
                 sum = _mm256_add_epi32(sum, p);
                 q = _mm256_srli_epi16::<2>(q);
                 hm = _mm256_srli_epi16::<1>(hm);
             }
         }
-        acc = fold(acc, y.d * f16_to_f32(x.d), hsum_i32(sum), 0.0, 0);
+        (sum, _mm_setzero_si128())
     }
-    acc
+
+    fn scales(&self, y: &BlockQ8K) -> (f32, f32) {
+        (y.d * f16_to_f32(self.d), 0.0)
+    }
 }
 
 impl_kquant!(BlockQ3K, Q3_K);

@@ -132,22 +132,35 @@ pub fn vec_dot_portable(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn vec_dot_avx2(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
-    use super::avx2::{hsum_i32, load, scales_pair};
-    use std::arch::x86_64::*;
-    let nibble = _mm256_set1_epi8(0x0F);
-    let two = _mm256_set1_epi8(0x30);
-    let mut acc = 0.0f32;
-    for (x, y) in x.iter().zip(y) {
+    super::avx2::dot(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+impl super::avx2::Kernel for BlockQ6K {
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn sums(
+        &self,
+        y: &BlockQ8K,
+    ) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m128i) {
+        use super::avx2::{load, pick_pair};
+        use std::arch::x86_64::*;
+        let nibble = _mm256_set1_epi8(0x0F);
+        let two = _mm256_set1_epi8(0x30);
         // Quants are summed unsigned (0..64) and the offset 32 taken off through the
         // activation group sums: sum sc * (q - 32) * y = sum sc * q * y - 32 * sum sc * bsum.
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr().cast()));
-        let bsums = load(y.bsums.as_ptr().cast());
-        let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(self.scales.as_ptr().cast()));
+        let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(load(y.bsums.as_ptr().cast()), sc16));
         let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), offset);
         for h in 0..2 {
-            let qa = load(x.ql.as_ptr().add(64 * h));
-            let qb = load(x.ql.as_ptr().add(64 * h + 32));
-            let qh = load(x.qh.as_ptr().add(32 * h));
+            let scales = if h == 0 {
+                _mm256_permute2x128_si256::<0x00>(sc16, sc16)
+            } else {
+                _mm256_permute2x128_si256::<0x11>(sc16, sc16)
+            };
+            let qa = load(self.ql.as_ptr().add(64 * h));
+            let qb = load(self.ql.as_ptr().add(64 * h + 32));
+            let qh = load(self.qh.as_ptr().add(32 * h));
             let q = [
                 _mm256_or_si256(
                     _mm256_and_si256(qa, nibble),
@@ -168,15 +181,19 @@ pub unsafe fn vec_dot_avx2(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
             ];
             for (k, q) in q.into_iter().enumerate() {
                 let ys = load(y.qs.as_ptr().add(128 * h + 32 * k).cast());
-                let s = 8 * h + 2 * k;
-                let scale = scales_pair(x.scales[s] as i16, x.scales[s + 1] as i16);
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, ys), scale);
+                let p = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(q, ys),
+                    pick_pair(scales, 2 * k, 2 * k + 1),
+                );
                 sum = _mm256_add_epi32(sum, p);
             }
         }
-        acc = fold(acc, y.d * f16_to_f32(x.d), hsum_i32(sum), 0.0, 0);
+        (sum, _mm_setzero_si128())
     }
-    acc
+
+    fn scales(&self, y: &BlockQ8K) -> (f32, f32) {
+        (y.d * f16_to_f32(self.d), 0.0)
+    }
 }
 
 impl_kquant!(BlockQ6K, Q6_K);

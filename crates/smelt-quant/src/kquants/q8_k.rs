@@ -74,20 +74,32 @@ pub fn vec_dot_portable(x: &[BlockQ8K], y: &[BlockQ8K]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn vec_dot_avx2(x: &[BlockQ8K], y: &[BlockQ8K]) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = 0.0f32;
-    for (x, y) in x.iter().zip(y) {
+    super::avx2::dot(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+impl super::avx2::Kernel for BlockQ8K {
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn sums(
+        &self,
+        y: &BlockQ8K,
+    ) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m128i) {
+        use std::arch::x86_64::*;
         let mut sum = _mm256_setzero_si256();
         // Widen to i16 before multiplying: maddubs would saturate on a -128 byte.
         for c in 0..QK_K / 16 {
-            let a = _mm_loadu_si128(x.qs.as_ptr().add(16 * c).cast());
+            let a = _mm_loadu_si128(self.qs.as_ptr().add(16 * c).cast());
             let b = _mm_loadu_si128(y.qs.as_ptr().add(16 * c).cast());
             let p = _mm256_madd_epi16(_mm256_cvtepi8_epi16(a), _mm256_cvtepi8_epi16(b));
             sum = _mm256_add_epi32(sum, p);
         }
-        acc = fold(acc, x.d * y.d, super::avx2::hsum_i32(sum), 0.0, 0);
+        (sum, _mm_setzero_si128())
     }
-    acc
+
+    fn scales(&self, y: &BlockQ8K) -> (f32, f32) {
+        (self.d * y.d, 0.0)
+    }
 }
 
 impl_kquant!(BlockQ8K, Q8_K);
