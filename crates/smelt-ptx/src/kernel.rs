@@ -9,7 +9,7 @@ use std::fmt;
 use crate::error::PtxError;
 use crate::module::Target;
 use crate::reg::{Addr, Cond, Reg};
-use crate::types::{RegType, CLASSES, U32, U64};
+use crate::types::{Data, RegType, CLASSES, U32, U64};
 
 /// A branch target inside one kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -250,7 +250,7 @@ impl Kernel {
     /// Declares a kernel parameter `name` of type `T` and loads it into a register
     /// (`ld.param`). Parameters appear in the order they are declared, which is the order
     /// the host passes them in.
-    pub fn param<T: RegType>(&self, name: &str) -> Reg<T> {
+    pub fn param<T: Data>(&self, name: &str) -> Reg<T> {
         let r = self.reg::<T>();
         if self.declare_name("parameter", name) {
             self.params
@@ -277,7 +277,7 @@ impl Kernel {
 
     /// Declares a shared-memory array of `len` elements of `T`, aligned to
     /// `max(align, size of T)` bytes (16 for arrays read with vector loads).
-    pub fn shared<T: RegType>(&self, name: &str, len: u32, align: u32) -> Shared {
+    pub fn shared<T: Data>(&self, name: &str, len: u32, align: u32) -> Shared {
         let elem = T::BITS.div_ceil(8);
         let align = align.max(elem);
         if !align.is_power_of_two() {

@@ -28,6 +28,54 @@
 //! ```
 //!
 //! What the builder cannot express yet goes through [`Kernel::raw`].
+//!
+//! # What the types catch
+//!
+//! Each block below fails to compile, each for the reason its comment gives; the first
+//! compiles, to show the rest fail for that reason and not a typo.
+//!
+//! ```
+//! # use smelt_ptx::*;
+//! # let mut m = Module::new(Target::Sm80);
+//! m.kernel("k", |k| {
+//!     let (f, u) = (k.reg::<F32>(), k.reg::<U32>());
+//!     k.add(f, f, 1.0);
+//!     k.cvt(f, u, FloatRound::Rn);
+//! })?;
+//! # Ok::<(), PtxError>(())
+//! ```
+//! ```compile_fail
+//! # use smelt_ptx::*;
+//! # let mut m = Module::new(Target::Sm80);
+//! m.kernel("k", |k| {
+//!     let (f, u) = (k.reg::<F32>(), k.reg::<U32>());
+//!     k.add(f, f, u); // a u32 operand in a float add
+//! });
+//! ```
+//! ```compile_fail
+//! # use smelt_ptx::*;
+//! # let mut m = Module::new(Target::Sm80);
+//! m.kernel("k", |k| {
+//!     let (f, u) = (k.reg::<F32>(), k.reg::<U32>());
+//!     k.cvt(f, u, Exact); // int -> float needs a float rounding mode
+//! });
+//! ```
+//! ```compile_fail
+//! # use smelt_ptx::*;
+//! # let mut m = Module::new(Target::Sm80);
+//! m.kernel("k", |k| {
+//!     let p = k.reg::<U64>();
+//!     k.load::<Pred>(Load::GLOBAL, p); // predicates have no memory form
+//! });
+//! ```
+//! ```compile_fail
+//! # use smelt_ptx::*;
+//! # let mut m = Module::new(Target::Sm80);
+//! m.kernel("k", |k| {
+//!     let d = k.reg::<U64>();
+//!     k.prmt(d, d, d, 0x5410); // prmt works on 32-bit words
+//! });
+//! ```
 
 pub mod demo;
 mod error;

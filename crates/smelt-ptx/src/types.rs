@@ -123,6 +123,23 @@ reg_type!(
     Bf16, "bf16", "%bf", 16, 13, B16, move = "b16"
 );
 
+/// Types that live in memory: everything but predicates, which have no memory form
+/// (loads, stores, parameters, shared arrays, `selp`).
+pub trait Data: RegType {}
+impl Data for B16 {}
+impl Data for U16 {}
+impl Data for S16 {}
+impl Data for F16 {}
+impl Data for Bf16 {}
+impl Data for B32 {}
+impl Data for U32 {}
+impl Data for S32 {}
+impl Data for F32 {}
+impl Data for B64 {}
+impl Data for U64 {}
+impl Data for S64 {}
+impl Data for F64 {}
+
 /// Integer types: `add`/`mul.lo`/`mad.lo`, shifts by sign, `bfe`.
 pub trait Int: RegType {
     /// Whether the integer is signed (selects arithmetic or logical right shift).
@@ -187,7 +204,11 @@ impl Signed for F32 {}
 impl Signed for F64 {}
 
 /// Types `setp` compares: integers, floats and bit patterns (equality only for bits).
-pub trait Compare: RegType {}
+pub trait Compare: RegType {
+    /// Whether only `eq`/`ne` apply (untyped bits have no order).
+    #[doc(hidden)]
+    const EQUALITY_ONLY: bool = false;
+}
 impl Compare for U16 {}
 impl Compare for S16 {}
 impl Compare for U32 {}
@@ -197,9 +218,15 @@ impl Compare for S64 {}
 impl Compare for F16 {}
 impl Compare for F32 {}
 impl Compare for F64 {}
-impl Compare for B16 {}
-impl Compare for B32 {}
-impl Compare for B64 {}
+impl Compare for B16 {
+    const EQUALITY_ONLY: bool = true;
+}
+impl Compare for B32 {
+    const EQUALITY_ONLY: bool = true;
+}
+impl Compare for B64 {
+    const EQUALITY_ONLY: bool = true;
+}
 
 /// Types shifts accept; `shr` is arithmetic on signed types and logical otherwise.
 pub trait Shift: RegType {}

@@ -7,7 +7,7 @@
 use crate::kernel::Kernel;
 use crate::reg::{Reinterpret, Src};
 use crate::types::{
-    Arith, Compare, Float, Int, Pred, RegType, Signed, Widen, B32, F16, F32, S32, U32, U64,
+    Arith, Compare, Data, Float, Int, Pred, RegType, Signed, Widen, B32, F16, F32, S32, U32, U64,
 };
 use crate::Reg;
 
@@ -240,13 +240,7 @@ impl Kernel {
     }
 
     /// `d = p ? a : b` without a branch (`selp`).
-    pub fn selp<T: RegType>(
-        &self,
-        d: Reg<T>,
-        a: impl Src<T>,
-        b: impl Src<T>,
-        p: Reg<Pred>,
-    ) -> Reg<T> {
+    pub fn selp<T: Data>(&self, d: Reg<T>, a: impl Src<T>, b: impl Src<T>, p: Reg<Pred>) -> Reg<T> {
         self.emit(format!(
             "selp.{} {d}, {}, {}, {p}",
             T::MOVE_NAME,
@@ -258,6 +252,13 @@ impl Kernel {
 
     /// `p = a <cmp> b` (`setp.lt.u32`).
     pub fn setp<T: Compare>(&self, cmp: Cmp, p: Reg<Pred>, a: Reg<T>, b: impl Src<T>) {
+        if T::EQUALITY_ONLY && !matches!(cmp, Cmp::Eq | Cmp::Ne) {
+            self.fail(format!(
+                "setp.{}.{}: untyped bits compare only for equality",
+                cmp.name(),
+                T::NAME
+            ));
+        }
         self.emit(format!(
             "setp.{}.{} {p}, {a}, {}",
             cmp.name(),
@@ -426,6 +427,20 @@ mod tests {
                 "mov.f32 %f3, %f0;",
             ]
         );
+    }
+
+    #[test]
+    fn bits_compare_only_for_equality() {
+        let mut m = crate::Module::new(crate::Target::Sm80);
+        assert!(m
+            .kernel("eq", |k| {
+                k.cmp(Cmp::Ne, k.reg::<B32>(), 0);
+            })
+            .is_ok());
+        let r = m.kernel("lt", |k| {
+            k.cmp(Cmp::Lt, k.reg::<B32>(), 0);
+        });
+        assert!(matches!(r, Err(crate::PtxError::Invalid { .. })), "{r:?}");
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::kernel::Kernel;
 use crate::reg::{Addr, Src};
-use crate::types::{AtomAdd, Int, RegType, U32, U64};
+use crate::types::{AtomAdd, Data, Int, RegType, U32, U64};
 use crate::Reg;
 
 /// A PTX state space that loads and stores address.
@@ -246,19 +246,19 @@ impl Kernel {
     }
 
     /// `d = *addr`.
-    pub fn ld<T: RegType>(&self, op: Load, d: Reg<T>, addr: impl Into<Addr>) -> Reg<T> {
+    pub fn ld<T: Data>(&self, op: Load, d: Reg<T>, addr: impl Into<Addr>) -> Reg<T> {
         let opcode = self.load_opcode(op);
         self.emit(format!("{opcode}.{} {d}, {}", T::MOVE_NAME, addr.into()));
         d
     }
 
     /// A new register loaded from `addr`: `let x = k.load::<F32>(Load::GLOBAL_NC, a)`.
-    pub fn load<T: RegType>(&self, op: Load, addr: impl Into<Addr>) -> Reg<T> {
+    pub fn load<T: Data>(&self, op: Load, addr: impl Into<Addr>) -> Reg<T> {
         self.ld(op, self.reg::<T>(), addr)
     }
 
     /// Two consecutive elements in one instruction (`ld.v2`); `addr` aligned to their size.
-    pub fn ld_v2<T: RegType>(&self, op: Load, d: [Reg<T>; 2], addr: impl Into<Addr>) {
+    pub fn ld_v2<T: Data>(&self, op: Load, d: [Reg<T>; 2], addr: impl Into<Addr>) {
         let opcode = self.load_opcode(op);
         self.check_vector::<T>(2);
         self.emit(format!(
@@ -272,7 +272,7 @@ impl Kernel {
     /// Four consecutive elements in one instruction (`ld.global.nc.v4.u32`): the 16-byte
     /// load that streaming kernels are built on; `addr` must be 16-byte aligned for 32-bit
     /// elements.
-    pub fn ld_v4<T: RegType>(&self, op: Load, d: [Reg<T>; 4], addr: impl Into<Addr>) {
+    pub fn ld_v4<T: Data>(&self, op: Load, d: [Reg<T>; 4], addr: impl Into<Addr>) {
         let opcode = self.load_opcode(op);
         self.check_vector::<T>(4);
         self.emit(format!(
@@ -298,7 +298,7 @@ impl Kernel {
     }
 
     /// `*addr = v`.
-    pub fn st<T: RegType>(&self, op: Store, addr: impl Into<Addr>, v: Reg<T>) {
+    pub fn st<T: Data>(&self, op: Store, addr: impl Into<Addr>, v: Reg<T>) {
         self.emit(format!(
             "{}.{} {}, {v}",
             op.opcode(),
@@ -308,7 +308,7 @@ impl Kernel {
     }
 
     /// Stores two consecutive elements (`st.v2`).
-    pub fn st_v2<T: RegType>(&self, op: Store, addr: impl Into<Addr>, v: [Reg<T>; 2]) {
+    pub fn st_v2<T: Data>(&self, op: Store, addr: impl Into<Addr>, v: [Reg<T>; 2]) {
         self.check_vector::<T>(2);
         self.emit(format!(
             "{}.v2.{} {}, {}",
@@ -320,7 +320,7 @@ impl Kernel {
     }
 
     /// Stores four consecutive elements (`st.v4`), 16 bytes for 32-bit elements.
-    pub fn st_v4<T: RegType>(&self, op: Store, addr: impl Into<Addr>, v: [Reg<T>; 4]) {
+    pub fn st_v4<T: Data>(&self, op: Store, addr: impl Into<Addr>, v: [Reg<T>; 4]) {
         self.check_vector::<T>(4);
         self.emit(format!(
             "{}.v4.{} {}, {}",
