@@ -10,6 +10,7 @@
 //! partial `i % 32` (a product of two f16 or two bf16 values is exact in f32, so only the
 //! additions round), and the partials are reduced in one fixed order by [`reduce`].
 
+use crate::legacy::scan::vectorized;
 use crate::{Block, GgmlType, Quantize};
 
 /// A 32-bit float weight.
@@ -268,9 +269,11 @@ impl Block for F16 {
     type Act = F16;
 
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = f16_to_f32(*s);
-        }
+        vectorized(|| {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = f16_to_f32(*s);
+            }
+        })
     }
 
     fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
@@ -285,9 +288,11 @@ impl Block for F16 {
 
 impl Quantize for F16 {
     fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = f32_to_f16(*s);
-        }
+        vectorized(|| {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = f32_to_f16(*s);
+            }
+        })
     }
 }
 
@@ -297,9 +302,11 @@ impl Block for BF16 {
     type Act = BF16;
 
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = bf16_to_f32(*s);
-        }
+        vectorized(|| {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = bf16_to_f32(*s);
+            }
+        })
     }
 
     fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
@@ -314,9 +321,11 @@ impl Block for BF16 {
 
 impl Quantize for BF16 {
     fn quantize_row(src: &[f32], dst: &mut [Self]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = f32_to_bf16(*s);
-        }
+        vectorized(|| {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = f32_to_bf16(*s);
+            }
+        })
     }
 }
 

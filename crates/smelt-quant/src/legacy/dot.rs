@@ -78,29 +78,34 @@ pub(crate) fn dot_groups<X, Y>(
 /// Exact `sum a[i] * b[i]` of two 32-byte signed rows (the portable integer kernel).
 #[inline(always)]
 pub(crate) fn dot_i8(a: &[i8; 32], b: &[i8; 32]) -> i32 {
-    a.iter().zip(b).map(|(&p, &q)| p as i32 * q as i32).sum()
+    // i16 products summed as i32 is the shape compilers turn into `pmaddwd`.
+    a.iter()
+        .zip(b)
+        .map(|(&p, &q)| (p as i16 * q as i16) as i32)
+        .sum()
 }
 
 /// Exact `sum (q[i] - offset) * y[i]` for 32 unsigned quants laid out as ggml's 4/5-bit
 /// formats unpack them (weight `j` and `j + 16` share byte `j`).
 #[inline(always)]
-pub(crate) fn dot_unpacked(q: &[u8; 32], offset: i32, y: &[i8; 32]) -> i32 {
+pub(crate) fn dot_unpacked(q: &[u8; 32], offset: i16, y: &[i8; 32]) -> i32 {
+    // |q - offset| <= 31 and |y| <= 128: every product fits i16.
     q.iter()
         .zip(y)
-        .map(|(&p, &v)| (p as i32 - offset) * v as i32)
+        .map(|(&p, &v)| ((p as i16 - offset) * v as i16) as i32)
         .sum()
 }
 
 /// Weights of a 4-bit block as values 0..15 in weight order.
 #[inline(always)]
 pub(crate) fn nibbles(qs: &[u8; 16]) -> [u8; 32] {
-    std::array::from_fn(|i| {
-        if i < 16 {
-            qs[i] & 0x0F
-        } else {
-            qs[i - 16] >> 4
-        }
-    })
+    let mut q = [0u8; 32];
+    let (lo, hi) = q.split_at_mut(16);
+    for ((l, h), &b) in lo.iter_mut().zip(hi).zip(qs) {
+        *l = b & 0x0F;
+        *h = b >> 4;
+    }
+    q
 }
 
 /// Weights of a 5-bit block (4-bit `qs` plus the fifth bits in `qh`) as values 0..31.
