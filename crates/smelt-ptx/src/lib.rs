@@ -77,6 +77,8 @@
 //! });
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod demo;
 mod error;
 mod kernel;

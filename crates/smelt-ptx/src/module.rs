@@ -60,7 +60,9 @@ impl fmt::Display for Target {
 /// A PTX ISA version (`.version 8.0`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PtxVersion {
+    /// Major version (8 in 8.0).
     pub major: u32,
+    /// Minor version (0 in 8.0).
     pub minor: u32,
 }
 

@@ -11,16 +11,22 @@ use crate::types::{
 };
 use crate::Reg;
 
-/// A `setp` comparison. On unsigned integers the orderings compare unsigned; on floats
-/// every ordering is false when either side is NaN (`Ne` included, as in C's `!=`
-/// negated: use `!eq` for "not equal or NaN").
+/// A `setp` comparison. On unsigned integers the orderings compare unsigned. On floats
+/// each is PTX's ordered form, false when either side is NaN — `Ne` included, unlike C's
+/// `!=`; negate an `Eq` for "not equal or NaN".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cmp {
+    /// `a == b`.
     Eq,
+    /// `a != b`.
     Ne,
+    /// `a < b`.
     Lt,
+    /// `a <= b`.
     Le,
+    /// `a > b`.
     Gt,
+    /// `a >= b`.
     Ge,
 }
 

@@ -26,9 +26,13 @@ impl Rounding for Exact {
 /// Rounding to a float result: to nearest even, toward zero, down, up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FloatRound {
+    /// To nearest, ties to even (`.rn`).
     Rn,
+    /// Toward zero (`.rz`).
     Rz,
+    /// Toward minus infinity (`.rm`).
     Rm,
+    /// Toward plus infinity (`.rp`).
     Rp,
 }
 
@@ -47,9 +51,13 @@ impl Rounding for FloatRound {
 /// rounds halves away from zero), toward zero (C's cast), down, up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IntRound {
+    /// To nearest integer, ties to even (`.rni`).
     Rni,
+    /// Toward zero, as C casts (`.rzi`).
     Rzi,
+    /// Down, floor (`.rmi`).
     Rmi,
+    /// Up, ceiling (`.rpi`).
     Rpi,
 }
 

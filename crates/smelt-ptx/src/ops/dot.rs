@@ -9,7 +9,9 @@ use crate::Reg;
 /// Whether the packed bytes of a `dp4a` operand are signed (int8) or unsigned (uint8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bytes {
+    /// int8 lanes (`.s32`).
     Signed,
+    /// uint8 lanes (`.u32`).
     Unsigned,
 }
 

@@ -32,8 +32,11 @@ impl Space {
 /// kernel asks for 256 bytes so the next warps' lines are already on their way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum L2Prefetch {
+    /// `.L2::64B`.
     B64,
+    /// `.L2::128B`.
     B128,
+    /// `.L2::256B`, what streaming GEMV wants.
     B256,
 }
 
@@ -51,10 +54,15 @@ impl L2Prefetch {
 /// `.lu` last use, `.cv` volatile).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoadCache {
+    /// Cache at all levels (`.ca`).
     Ca,
+    /// Cache in L2 only (`.cg`).
     Cg,
+    /// Streaming, likely read once (`.cs`).
     Cs,
+    /// Last use (`.lu`).
     Lu,
+    /// Volatile, fetch again (`.cv`).
     Cv,
 }
 
@@ -147,9 +155,13 @@ impl Load {
 /// write through).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreCache {
+    /// Write back (`.wb`), the default.
     Wb,
+    /// Cache in L2 only (`.cg`).
     Cg,
+    /// Streaming, unlikely read soon (`.cs`).
     Cs,
+    /// Write through to system memory (`.wt`).
     Wt,
 }
 
@@ -201,9 +213,13 @@ impl Store {
 /// `ld.u8` fill a 32-bit register, zero- or sign-extending).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Narrow {
+    /// Unsigned byte, zero-extended.
     U8,
+    /// Signed byte, sign-extended.
     S8,
+    /// Unsigned 16 bits, zero-extended.
     U16,
+    /// Signed 16 bits, sign-extended.
     S16,
 }
 

@@ -9,8 +9,11 @@ use crate::Reg;
 /// A grid or block dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dim {
+    /// `.x`, the fastest-varying.
     X,
+    /// `.y`.
     Y,
+    /// `.z`.
     Z,
 }
 

@@ -12,7 +12,9 @@ use crate::Reg;
 /// copies only), the usual choice for GEMM tiles read once per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CpAsyncCache {
+    /// L1 and L2 (`.ca`).
     Ca,
+    /// L2 only (`.cg`).
     Cg,
 }
 
@@ -20,7 +22,9 @@ pub enum CpAsyncCache {
 /// f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MmaFloat {
+    /// IEEE half inputs.
     F16,
+    /// bfloat16 inputs.
     Bf16,
 }
 
