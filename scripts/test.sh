@@ -14,6 +14,10 @@ step "python oracles (gguf-py, ggml through llama-cpp-python)"
 SMELT_PYTHON=$(scripts/oracles.sh | tail -n1)
 export SMELT_PYTHON
 
+step "ptxas (PyPI nvidia-cuda-nvcc) for the PTX assembly checks"
+SMELT_PTXAS=$(scripts/ptxas.sh | tail -n1)
+export SMELT_PTXAS
+
 step "test models"
 scripts/fetch-models.sh all
 
