@@ -52,27 +52,23 @@ pub(crate) fn pack5(q: &[u8; 32]) -> ([u8; 16], [u8; 4]) {
 
 /// Largest magnitude in `x` (ggml's `amax`), as a non-negative value.
 #[inline(always)]
-pub(crate) fn abs_max(x: &[f32]) -> f32 {
+pub(crate) fn abs_max(x: &[f32; 32]) -> f32 {
     let mut lanes = [0.0f32; 8];
-    for c in x.chunks_exact(8) {
-        for (m, &v) in lanes.iter_mut().zip(c) {
-            let a = v.abs();
+    for k in 0..4 {
+        for (l, m) in lanes.iter_mut().enumerate() {
+            let a = x[8 * k + l].abs();
             *m = if a > *m { a } else { *m };
         }
     }
-    for &v in x.chunks_exact(8).remainder() {
-        let a = v.abs();
-        lanes[0] = if a > lanes[0] { a } else { lanes[0] };
-    }
-    lanes
-        .into_iter()
-        .fold(0.0, |m, a| if a > m { a } else { m })
+    // max of non-negative non-NaN values: any order gives the same bits.
+    let m4: [f32; 4] = std::array::from_fn(|l| lanes[l].max(lanes[l + 4]));
+    m4[0].max(m4[2]).max(m4[1].max(m4[3]))
 }
 
 /// The first element of largest magnitude, with its sign (ggml's `max` in q4_0/q5_0,
 /// whose sign becomes the scale's); `+0.0` for an all-zero block.
 #[inline(always)]
-pub(crate) fn signed_abs_max(x: &[f32]) -> f32 {
+pub(crate) fn signed_abs_max(x: &[f32; 32]) -> f32 {
     let amax = abs_max(x);
     if amax == 0.0 {
         return 0.0;
@@ -82,7 +78,7 @@ pub(crate) fn signed_abs_max(x: &[f32]) -> f32 {
     let hits = x
         .iter()
         .enumerate()
-        .fold(0u64, |m, (i, v)| m | (((v.abs() == amax) as u64) << i));
+        .fold(0u32, |m, (i, v)| m | (((v.abs() == amax) as u32) << i));
     x.get(hits.trailing_zeros() as usize)
         .copied()
         .unwrap_or(0.0)
@@ -91,18 +87,15 @@ pub(crate) fn signed_abs_max(x: &[f32]) -> f32 {
 /// The minimum and maximum of `x` as ggml's `if (v < min) min = v; if (v > max) max = v;`
 /// scan finds them, down to the sign of a zero extreme (the first zero seen wins).
 #[inline(always)]
-pub(crate) fn min_max(x: &[f32]) -> (f32, f32) {
+pub(crate) fn min_max(x: &[f32; 32]) -> (f32, f32) {
     let mut lo = [f32::MAX; 8];
     let mut hi = [-f32::MAX; 8];
-    for c in x.chunks_exact(8) {
+    for k in 0..4 {
         for l in 0..8 {
-            lo[l] = if c[l] < lo[l] { c[l] } else { lo[l] };
-            hi[l] = if c[l] > hi[l] { c[l] } else { hi[l] };
+            let v = x[8 * k + l];
+            lo[l] = if v < lo[l] { v } else { lo[l] };
+            hi[l] = if v > hi[l] { v } else { hi[l] };
         }
-    }
-    for &v in x.chunks_exact(8).remainder() {
-        lo[0] = if v < lo[0] { v } else { lo[0] };
-        hi[0] = if v > hi[0] { v } else { hi[0] };
     }
     let mut min = lo
         .into_iter()
@@ -204,6 +197,9 @@ mod tests {
         x[9] = -2.0;
         assert_eq!(signed_abs_max(&x), 2.0);
         assert_eq!(signed_abs_max(&[0.0; 32]).to_bits(), 0.0f32.to_bits());
+        let mut last = [0.5f32; 32];
+        last[31] = -3.0;
+        assert_eq!(signed_abs_max(&last), -3.0);
 
         // ggml keeps the first zero: here -0.0 at index 1 for both extremes.
         let mut z = [1.0f32; 32];
