@@ -139,11 +139,17 @@ pub(crate) unsafe fn scales_mins_k4(q: &[u8; 12]) -> __m256i {
     ))
 }
 
-/// The min term of Q4_K/Q5_K: `m_j * (bsums[2j] + bsums[2j+1])` over four i32 lanes.
+/// The min term of Q4_K/Q5_K, `m_j * (bsums[2j] + bsums[2j+1])`, over four i32 lanes.
+/// Each min meets its two group sums in one `madd`, so no i16 sum can wrap even for
+/// activations whose sums are arbitrary.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn mins_k4(scales_mins: __m256i, bsums: &[i16; 16]) -> __m128i {
-    let b = load(bsums.as_ptr().cast());
-    let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
-    _mm_madd_epi16(_mm256_extracti128_si256::<1>(scales_mins), pairs)
+    let m = _mm256_extracti128_si256::<1>(scales_mins);
+    let pairs = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
+    let prod = _mm256_madd_epi16(pairs, load(bsums.as_ptr().cast()));
+    _mm_add_epi32(
+        _mm256_castsi256_si128(prod),
+        _mm256_extracti128_si256::<1>(prod),
+    )
 }

@@ -189,6 +189,11 @@ mod tests {
     use crate::kquants::testutil::*;
 
     #[test]
+    fn dot_paths_agree_on_arbitrary_bytes() {
+        check_dot_raw::<BlockQ2K>(vec_dot_portable, avx2_fn!(vec_dot_avx2));
+    }
+
+    #[test]
     fn dot_paths_agree_and_match_f64() {
         check_dot::<BlockQ2K>(vec_dot_portable, avx2_fn!(vec_dot_avx2), 8e-2);
     }

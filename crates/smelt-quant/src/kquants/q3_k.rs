@@ -241,11 +241,16 @@ mod tests {
 
     #[test]
     fn scale_packing_round_trips() {
-        let l: [u8; 16] = std::array::from_fn(|j| (j as u8 * 37 + 5) % 64);
+        let l: [u8; 16] = std::array::from_fn(|j| ((j * 37 + 5) % 64) as u8);
         let back = unpack_scales(&pack_scales(&l));
         for j in 0..16 {
             assert_eq!(back[j] as i32 + 32, l[j] as i32);
         }
+    }
+
+    #[test]
+    fn dot_paths_agree_on_arbitrary_bytes() {
+        check_dot_raw::<BlockQ3K>(vec_dot_portable, avx2_fn!(vec_dot_avx2));
     }
 
     #[test]

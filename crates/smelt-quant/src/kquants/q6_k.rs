@@ -103,11 +103,12 @@ pub fn vec_dot_portable(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
     let mut acc = 0.0f32;
     for (x, y) in x.iter().zip(y) {
         // The offset 32 goes through the activation group sums, as in the AVX2 path,
-        // so both give the same integer even for activations with inconsistent sums.
-        let mut isum = -32
-            * (0..16)
-                .map(|j| x.scales[j] as i32 * y.bsums[j] as i32)
-                .sum::<i32>();
+        // so both give the same integer even for activations with inconsistent sums
+        // (arbitrary sums can exceed i32: both paths then wrap alike).
+        let offset = (0..16).fold(0i32, |s, j| {
+            s.wrapping_add(x.scales[j] as i32 * y.bsums[j] as i32)
+        });
+        let mut isum = offset.wrapping_mul(-32);
         for h in 0..2 {
             for k in 0..4 {
                 let ys = &y.qs[128 * h + 32 * k..128 * h + 32 * k + 32];
@@ -117,7 +118,7 @@ pub fn vec_dot_portable(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
                     b += x.q(h, k, 16 + i) * ys[16 + i] as i32;
                 }
                 let sc = &x.scales[8 * h + 2 * k..8 * h + 2 * k + 2];
-                isum += sc[0] as i32 * a + sc[1] as i32 * b;
+                isum = isum.wrapping_add(sc[0] as i32 * a + sc[1] as i32 * b);
             }
         }
         acc = fold(acc, y.d * f16_to_f32(x.d), isum, 0.0, 0);
@@ -202,6 +203,11 @@ impl_kquant!(BlockQ6K, Q6_K);
 mod tests {
     use super::*;
     use crate::kquants::testutil::*;
+
+    #[test]
+    fn dot_paths_agree_on_arbitrary_bytes() {
+        check_dot_raw::<BlockQ6K>(vec_dot_portable, avx2_fn!(vec_dot_avx2));
+    }
 
     #[test]
     fn dot_paths_agree_and_match_f64() {

@@ -142,6 +142,11 @@ mod tests {
     }
 
     #[test]
+    fn dot_paths_agree_on_arbitrary_bytes() {
+        check_dot_raw::<BlockQ8K>(vec_dot_portable, avx2_fn!(vec_dot_avx2));
+    }
+
+    #[test]
     fn dot_paths_agree_and_match_f64() {
         check_dot::<BlockQ8K>(vec_dot_portable, avx2_fn!(vec_dot_avx2), 2e-3);
     }

@@ -112,6 +112,54 @@ pub fn check_dot<B: Quantize<Act = BlockQ8K>>(
     }
 }
 
+/// Arbitrary bytes (any quant, scale bytes, -128 activations, sums that disagree with
+/// the quants) still give bit-identical AVX2 and portable results: both paths compute
+/// the same exact integers. Only the f16/f32 scales are kept finite, so that results
+/// are numbers and compare by bits.
+pub fn check_dot_raw<B: Block<Act = BlockQ8K>>(portable: DotFn<B>, avx2: Option<DotFn<B>>) {
+    let Some(avx2) = avx2 else { return };
+    let mut rng = StdRng::seed_from_u64(99);
+    for blocks in [1usize, 4, 7, 9] {
+        let mut xb = vec![0u8; blocks * std::mem::size_of::<B>()];
+        let mut yb = vec![0u8; blocks * std::mem::size_of::<BlockQ8K>()];
+        for _ in 0..20 {
+            rng.fill(&mut xb[..]);
+            rng.fill(&mut yb[..]);
+            let mut x: Vec<B> = bytemuck::pod_collect_to_vec(&xb);
+            let mut y: Vec<BlockQ8K> = bytemuck::pod_collect_to_vec(&yb);
+            for b in &mut y {
+                b.d = rng.gen_range(-1.0..1.0);
+            }
+            for b in &mut x {
+                sanitize_f16_scales(bytemuck::bytes_of_mut(b), B::TYPE);
+            }
+            let (p, f) = (portable(&x, &y), avx2(&x, &y));
+            assert_eq!(
+                p.to_bits(),
+                f.to_bits(),
+                "{:?}: portable {p} vs avx2 {f}",
+                B::TYPE
+            );
+        }
+    }
+}
+
+/// Clears the top exponent bit of every f16 field of a block so that none is
+/// infinite or NaN.
+fn sanitize_f16_scales(b: &mut [u8], ty: crate::GgmlType) {
+    use crate::GgmlType::*;
+    let offsets: &[usize] = match ty {
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q4_K | Q5_K => &[0, 2],
+        Q6_K => &[208],
+        _ => &[],
+    };
+    for &o in offsets {
+        b[o + 1] &= 0xBF;
+    }
+}
+
 /// Quantize -> dequantize keeps the RMS error under `rel_rms` times the data's RMS,
 /// across several scales of data (the format has no absolute scale).
 pub fn check_round_trip<B: Quantize>(rel_rms: f64) {
