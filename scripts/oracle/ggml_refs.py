@@ -162,6 +162,7 @@ CASES = [
     ("normal", _normal(1.0), "all"),
     ("zeros", _const(0.0), SPECIAL),
     ("neg_zeros", _const(-0.0), SPECIAL),
+    ("mixed_zeros", lambda r, n: np.where(r.random(n) < 0.5, -0.0, 0.0), SPECIAL),
     ("one_nonzero", _one_nonzero, SPECIAL),
     ("two_levels", lambda r, n: np.where(r.random(n) < 0.5, -0.75, 2.5), SPECIAL),
     ("const_pos", _const(1.0), SPECIAL),

@@ -146,6 +146,18 @@ fn quantize_like(oracle: Oracle, ty: GgmlType) {
     let seed = common::fresh_seed(&format!("{} quantize {}", oracle.name, ty.name()));
     let mut rng = Rng::new(seed);
     let mut rows = adversarial_rows(N, &mut rng);
+    // Signed zeros only for ggml: gguf-py's numpy min/max and sign handling pick +0.0
+    // where ggml keeps -0.0 (Q4_0/Q5_0 all -0.0 blocks: d; Q4_1/Q5_1 mixed zeros: m), and
+    // ggml is the reference.
+    if oracle.script == GGML.script {
+        rows.push(("all -0.0", vec![-0.0; N]));
+        rows.push((
+            "-0.0 and 0.0",
+            (0..N)
+                .map(|i| if i % 3 == 0 { -0.0 } else { 0.0 })
+                .collect(),
+        ));
+    }
     rows.extend(random_rows(N, 48, &mut rng));
     let scratch = Scratch::new(&format!("{}-quant-{}", oracle.name, ty.name()));
     let (src, dst) = (scratch.path("in.f32"), scratch.path("out.bin"));

@@ -437,10 +437,16 @@ pub fn python() -> PathBuf {
     let path = match std::env::var_os("SMELT_PYTHON") {
         Some(p) => PathBuf::from(p),
         None => {
-            let home = std::env::var_os("HOME")
+            // Where scripts/oracles.sh puts it: $SMELT_CACHE, else ~/.cache/smelt.
+            let cache = std::env::var_os("SMELT_CACHE")
                 .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/smelt/venv-llcpp-0.3.36/bin/python")
+                .unwrap_or_else(|| {
+                    let home = std::env::var_os("HOME")
+                        .map(PathBuf::from)
+                        .unwrap_or_default();
+                    home.join(".cache/smelt")
+                });
+            cache.join("venv-llcpp-0.3.36/bin/python")
         }
     };
     assert!(
