@@ -232,12 +232,6 @@ pub use avx2::{
     vec_dot_f32 as vec_dot_f32_avx2,
 };
 
-/// Whether the F16 AVX2 path (which also needs F16C) may run.
-#[cfg(target_arch = "x86_64")]
-fn has_f16c() -> bool {
-    crate::simd::has_avx2() && std::arch::is_x86_feature_detected!("f16c")
-}
-
 impl Block for f32 {
     const TYPE: GgmlType = GgmlType::F32;
     const WEIGHTS: usize = 1;
@@ -278,7 +272,7 @@ impl Block for F16 {
 
     fn vec_dot(x: &[Self], y: &[Self::Act]) -> f32 {
         #[cfg(target_arch = "x86_64")]
-        if has_f16c() {
+        if crate::legacy::dot::avx2_ready() {
             // SAFETY: AVX2, FMA and F16C were detected at run time.
             return unsafe { avx2::vec_dot_f16(x, y) };
         }
@@ -423,7 +417,7 @@ mod tests {
             assert!((p16 as f64 - exact(&w(&xh), &w(&yh))).abs() < tol, "n={n}");
             assert!((pb as f64 - exact(&wb(&xb), &wb(&yb))).abs() < tol, "n={n}");
             #[cfg(target_arch = "x86_64")]
-            if has_f16c() {
+            if crate::legacy::dot::avx2_ready() {
                 // SAFETY: features checked just above.
                 unsafe {
                     assert_eq!(

@@ -68,9 +68,9 @@ impl BlockIQ4NL {
     /// [`Block::vec_dot`] with AVX2, bit-identical to [`Self::vec_dot_portable`].
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
+    /// The CPU must support AVX2, FMA and F16C.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot_avx2(x: &[Self], y: &[BlockQ8_0]) -> f32 {
         use dot::x86;
         use std::arch::x86_64::*;
@@ -78,13 +78,14 @@ impl BlockIQ4NL {
         let group = |xs: &[Self], ys: &[BlockQ8_0]| {
             // SAFETY: this closure runs inside an AVX2 function.
             unsafe {
-                x86::hsum8(std::array::from_fn(|l| {
+                let sums = x86::hsum8(std::array::from_fn(|l| {
                     let pairs = table.pairs(&xs[l].qs, x86::load(&ys[l].qs));
                     _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
-                }))
+                }));
+                x86::scaled(x86::f16x8(|l| xs[l].d), x86::f16x8(|l| ys[l].d), sums)
             }
         };
-        dot::dot_groups(x, y, group, Self::isum, Self::term)
+        x86::dot_groups(x, y, group, Self::isum, Self::term)
     }
 }
 
@@ -101,8 +102,8 @@ impl Block for BlockIQ4NL {
 
     fn vec_dot(x: &[Self], y: &[BlockQ8_0]) -> f32 {
         #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2() {
-            // SAFETY: AVX2 and FMA were detected at run time.
+        if crate::legacy::dot::avx2_ready() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
             return unsafe { Self::vec_dot_avx2(x, y) };
         }
         Self::vec_dot_portable(x, y)
@@ -157,9 +158,9 @@ impl BlockIQ4XS {
     /// [`Block::vec_dot`] with AVX2, bit-identical to [`Self::vec_dot_portable`].
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
+    /// The CPU must support AVX2, FMA and F16C.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot_avx2(x: &[Self], y: &[BlockQ8K]) -> f32 {
         use dot::x86;
         use std::arch::x86_64::*;
@@ -180,9 +181,13 @@ impl BlockIQ4XS {
         };
         let group = |xs: &[Self], ys: &[BlockQ8K]| {
             // SAFETY: this closure runs inside an AVX2 function.
-            unsafe { x86::hsum8(std::array::from_fn(|l| block(&xs[l], &ys[l]))) }
+            unsafe {
+                let sums = x86::hsum8(std::array::from_fn(|l| block(&xs[l], &ys[l])));
+                let dy = _mm256_loadu_ps(std::array::from_fn::<f32, 8, _>(|l| ys[l].d).as_ptr());
+                x86::scaled(x86::f16x8(|l| xs[l].d), dy, sums)
+            }
         };
-        dot::dot_groups(x, y, group, Self::isum, Self::term)
+        x86::dot_groups(x, y, group, Self::isum, Self::term)
     }
 }
 
@@ -202,8 +207,8 @@ impl Block for BlockIQ4XS {
 
     fn vec_dot(x: &[Self], y: &[BlockQ8K]) -> f32 {
         #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2() {
-            // SAFETY: AVX2 and FMA were detected at run time.
+        if crate::legacy::dot::avx2_ready() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
             return unsafe { Self::vec_dot_avx2(x, y) };
         }
         Self::vec_dot_portable(x, y)

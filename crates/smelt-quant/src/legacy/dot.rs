@@ -1,11 +1,28 @@
 //! The shared skeleton of the block dot products, and the AVX2 building blocks.
 //!
 //! A dot product of two block rows is `sum_b term(b)` where `term` turns block `b`'s exact
-//! integer dot into a float with the blocks' scales. The two paths differ only in how they
-//! get the integer dots (scalar loops, or AVX2 eight blocks at a time); the float side is
-//! the same code for both: block `b`'s term goes to partial sum `b % LANES`, and the
-//! partials are added in one fixed order. Eight independent partials also keep the adds
-//! from serializing on one register.
+//! integer dot into a float with the blocks' scales (`(dx * dy) * isum`, plus `mx * sy`
+//! for the formats with a minimum). Both paths compute every integer dot exactly and then
+//! perform the same float operations in the same order: block `b`'s term is added to
+//! partial sum `b % LANES`, and the partials are added in one fixed order at the end. The
+//! portable path does this one block at a time in scalars; the AVX2 path does eight
+//! blocks per vector, one block per lane, converting eight f16 scales at once. Eight
+//! independent partials also keep the adds from serializing on one register.
+
+/// Whether the AVX2 dot paths may run: they need AVX2 and FMA (see [`crate::simd`]) and
+/// F16C, which converts eight f16 scales in one instruction (every AVX2 CPU has it).
+pub(crate) fn avx2_ready() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static READY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *READY
+            .get_or_init(|| crate::simd::has_avx2() && std::arch::is_x86_feature_detected!("f16c"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// Partial sums a dot product keeps.
 pub(crate) const LANES: usize = 8;
@@ -17,6 +34,11 @@ impl Lanes {
     #[inline(always)]
     pub(crate) fn new() -> Self {
         Self([0.0; LANES])
+    }
+
+    #[inline(always)]
+    pub(crate) fn from_array(p: [f32; LANES]) -> Self {
+        Self(p)
     }
 
     #[inline(always)]
@@ -44,33 +66,6 @@ pub(crate) fn dot_blocks<X, Y>(
     let mut acc = Lanes::new();
     for (b, (xb, yb)) in x.iter().zip(y).enumerate() {
         acc.add(b, term(xb, yb, isum(xb, yb)));
-    }
-    acc.sum()
-}
-
-/// The grouped path: `group` gives the integer dots of `LANES` blocks at once; the
-/// trailing blocks use the scalar `isum`. Integer dots are exact, so this equals
-/// [`dot_blocks`] bit for bit.
-#[inline(always)]
-pub(crate) fn dot_groups<X, Y>(
-    x: &[X],
-    y: &[Y],
-    group: impl Fn(&[X], &[Y]) -> [i32; LANES],
-    isum: impl Fn(&X, &Y) -> i32,
-    term: impl Fn(&X, &Y, i32) -> f32,
-) -> f32 {
-    let n = x.len().min(y.len());
-    let whole = n - n % LANES;
-    let mut acc = Lanes::new();
-    for g in (0..whole).step_by(LANES) {
-        let (xs, ys) = (&x[g..g + LANES], &y[g..g + LANES]);
-        let sums = group(xs, ys);
-        for l in 0..LANES {
-            acc.add(l, term(&xs[l], &ys[l], sums[l]));
-        }
-    }
-    for b in whole..n {
-        acc.add(b, term(&x[b], &y[b], isum(&x[b], &y[b])));
     }
     acc.sum()
 }
@@ -118,11 +113,57 @@ pub(crate) fn nibbles_with_high_bit(qs: &[u8; 16], qh: [u8; 4]) -> [u8; 32] {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    //! AVX2 integer kernels. Each returns eight i32 partials whose sum is the block's exact
-    //! integer dot for *every* input: `maddubs` only ever sees operand pairs that cannot
-    //! saturate, and 8-bit by 8-bit products are widened to 16 bits first.
-    use super::LANES;
+    //! AVX2 kernels. The integer ones return eight i32 partials whose sum is the block's
+    //! exact integer dot for *every* input: `maddubs` only ever sees operand pairs that
+    //! cannot saturate, and 8-bit by 8-bit products are widened to 16 bits first. The float
+    //! side handles eight blocks per vector, lane `l` doing exactly the scalar operations
+    //! the portable path does for block `l` (IEEE multiply, add and int->float conversion
+    //! round the same in a vector lane as in a scalar register).
+    use super::{Lanes, LANES};
+    use half::f16;
     use std::arch::x86_64::*;
+
+    /// The AVX2 driver: `group` turns `LANES` blocks into a vector of their terms (the
+    /// same values the scalar `term` gives); lane `l` accumulates blocks `l, l+8, ...`,
+    /// exactly as [`super::dot_blocks`] does, and the trailing blocks run through the
+    /// scalar `isum`/`term` into the same lanes.
+    #[inline(always)]
+    pub(crate) unsafe fn dot_groups<X, Y>(
+        x: &[X],
+        y: &[Y],
+        group: impl Fn(&[X], &[Y]) -> __m256,
+        isum: impl Fn(&X, &Y) -> i32,
+        term: impl Fn(&X, &Y, i32) -> f32,
+    ) -> f32 {
+        let n = x.len().min(y.len());
+        let whole = n - n % LANES;
+        let mut acc = _mm256_setzero_ps();
+        for g in (0..whole).step_by(LANES) {
+            acc = _mm256_add_ps(acc, group(&x[g..g + LANES], &y[g..g + LANES]));
+        }
+        let mut p = [0.0f32; LANES];
+        _mm256_storeu_ps(p.as_mut_ptr(), acc);
+        let mut lanes = Lanes::from_array(p);
+        for b in whole..n {
+            lanes.add(b, term(&x[b], &y[b], isum(&x[b], &y[b])));
+        }
+        lanes.sum()
+    }
+
+    /// Eight f16 scales, `h(0)` in lane 0, widened exactly.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    pub(crate) unsafe fn f16x8(h: impl Fn(usize) -> f16) -> __m256 {
+        let bits: [u16; LANES] = std::array::from_fn(|l| h(l).to_bits());
+        _mm256_cvtph_ps(_mm_loadu_si128(bits.as_ptr().cast()))
+    }
+
+    /// Lane-wise `(dx * dy) * sums as f32`: the common block term.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn scaled(dx: __m256, dy: __m256, sums: __m256i) -> __m256 {
+        _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(sums))
+    }
 
     /// The 32 quants of a 4-bit block (`j` low nibble, `j + 16` high nibble) as bytes.
     #[target_feature(enable = "avx2")]
@@ -194,10 +235,10 @@ pub(crate) mod x86 {
         _mm256_add_epi32(_mm256_madd_epi16(a0, b0), _mm256_madd_epi16(a1, b1))
     }
 
-    /// The eight totals of eight vectors of i32 partials.
+    /// The eight totals of eight vectors of i32 partials (lane `l` = total of `v[l]`).
     #[target_feature(enable = "avx2")]
     #[inline]
-    pub(crate) unsafe fn hsum8(v: [__m256i; LANES]) -> [i32; LANES] {
+    pub(crate) unsafe fn hsum8(v: [__m256i; LANES]) -> __m256i {
         let h01 = _mm256_hadd_epi32(v[0], v[1]);
         let h23 = _mm256_hadd_epi32(v[2], v[3]);
         let h45 = _mm256_hadd_epi32(v[4], v[5]);
@@ -207,8 +248,6 @@ pub(crate) mod x86 {
         let h4567 = _mm256_hadd_epi32(h45, h67);
         let lo = _mm256_permute2x128_si256(h0123, h4567, 0x20);
         let hi = _mm256_permute2x128_si256(h0123, h4567, 0x31);
-        let mut out = [0i32; LANES];
-        _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm256_add_epi32(lo, hi));
-        out
+        _mm256_add_epi32(lo, hi)
     }
 }

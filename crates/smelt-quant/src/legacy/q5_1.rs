@@ -38,22 +38,25 @@ impl BlockQ5_1 {
     /// [`Block::vec_dot`] with AVX2, bit-identical to [`Self::vec_dot_portable`].
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
+    /// The CPU must support AVX2, FMA and F16C.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot_avx2(x: &[Self], y: &[BlockQ8_1]) -> f32 {
         use dot::x86;
-        use std::arch::x86_64::_mm256_or_si256;
+        use std::arch::x86_64::{_mm256_add_ps, _mm256_mul_ps, _mm256_or_si256};
         let group = |xs: &[Self], ys: &[BlockQ8_1]| {
             // SAFETY: this closure runs inside an AVX2 function.
             unsafe {
-                x86::hsum8(std::array::from_fn(|l| {
+                let sums = x86::hsum8(std::array::from_fn(|l| {
                     let q = _mm256_or_si256(x86::nibbles(&xs[l].qs), x86::fifth_bits(xs[l].qh));
                     x86::dot_unsigned(q, x86::load(&ys[l].qs))
-                }))
+                }));
+                let dxy = x86::scaled(x86::f16x8(|l| xs[l].d), x86::f16x8(|l| ys[l].d), sums);
+                let ms = _mm256_mul_ps(x86::f16x8(|l| xs[l].m), x86::f16x8(|l| ys[l].s));
+                _mm256_add_ps(dxy, ms)
             }
         };
-        dot::dot_groups(x, y, group, Self::isum, Self::term)
+        x86::dot_groups(x, y, group, Self::isum, Self::term)
     }
 }
 
@@ -73,8 +76,8 @@ impl Block for BlockQ5_1 {
 
     fn vec_dot(x: &[Self], y: &[BlockQ8_1]) -> f32 {
         #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2() {
-            // SAFETY: AVX2 and FMA were detected at run time.
+        if crate::legacy::dot::avx2_ready() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
             return unsafe { Self::vec_dot_avx2(x, y) };
         }
         Self::vec_dot_portable(x, y)

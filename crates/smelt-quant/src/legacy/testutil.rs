@@ -13,7 +13,7 @@ macro_rules! avx2 {
     ($B:ty) => {{
         #[cfg(target_arch = "x86_64")]
         let path: Option<$crate::legacy::testutil::DotFn<$B>> =
-            $crate::simd::has_avx2().then_some(<$B>::vec_dot_avx2 as _);
+            $crate::legacy::dot::avx2_ready().then_some(<$B>::vec_dot_avx2 as _);
         #[cfg(not(target_arch = "x86_64"))]
         let path: Option<$crate::legacy::testutil::DotFn<$B>> = None;
         path
