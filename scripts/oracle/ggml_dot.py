@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from ggml_lib import EXPECTED_TRAITS, TYPES, Ggml
+from ggml_lib import EXPECTED_TRAITS, TYPES, Ggml, OracleError
 
 
 def main(argv):
@@ -45,4 +45,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    try:
+        sys.exit(main(sys.argv))
+    except OracleError as e:
+        print(f"{sys.argv[0]}: {e}", file=sys.stderr)
+        sys.exit(4)
