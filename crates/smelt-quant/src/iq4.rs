@@ -12,6 +12,7 @@
 use crate::fp::f16_to_f32;
 use crate::kquants::BlockQ8K;
 use crate::legacy::dot::{self, dot_blocks, nibbles};
+use crate::legacy::scan::vectorized;
 use crate::legacy::BlockQ8_0;
 use crate::{Block, GgmlType};
 use half::f16;
@@ -95,9 +96,11 @@ impl Block for BlockIQ4NL {
     type Act = BlockQ8_0;
 
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        for (b, out) in src.iter().zip(dst.chunks_exact_mut(32)) {
-            dequantize_group(&b.qs, f16_to_f32(b.d), out);
-        }
+        vectorized(|| {
+            for (b, out) in src.iter().zip(dst.chunks_exact_mut(32)) {
+                dequantize_group(&b.qs, f16_to_f32(b.d), out);
+            }
+        })
     }
 
     fn vec_dot(x: &[Self], y: &[BlockQ8_0]) -> f32 {

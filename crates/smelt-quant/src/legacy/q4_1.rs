@@ -65,12 +65,14 @@ impl Block for BlockQ4_1 {
     type Act = BlockQ8_1;
 
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        for (b, out) in src.iter().zip(dst.chunks_exact_mut(32)) {
-            let (d, m) = (f16_to_f32(b.d), f16_to_f32(b.m));
-            for (o, q) in out.iter_mut().zip(nibbles(&b.qs)) {
-                *o = q as f32 * d + m;
+        vectorized(|| {
+            for (b, out) in src.iter().zip(dst.chunks_exact_mut(32)) {
+                let (d, m) = (f16_to_f32(b.d), f16_to_f32(b.m));
+                for (o, q) in out.iter_mut().zip(nibbles(&b.qs)) {
+                    *o = q as f32 * d + m;
+                }
             }
-        }
+        })
     }
 
     fn vec_dot(x: &[Self], y: &[BlockQ8_1]) -> f32 {

@@ -60,12 +60,14 @@ impl Block for BlockQ8_1 {
     type Act = BlockQ8_1;
 
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        for (b, out) in src.iter().zip(dst.chunks_exact_mut(32)) {
-            let d = f16_to_f32(b.d);
-            for (o, &q) in out.iter_mut().zip(&b.qs) {
-                *o = q as f32 * d;
+        vectorized(|| {
+            for (b, out) in src.iter().zip(dst.chunks_exact_mut(32)) {
+                let d = f16_to_f32(b.d);
+                for (o, &q) in out.iter_mut().zip(&b.qs) {
+                    *o = q as f32 * d;
+                }
             }
-        }
+        })
     }
 
     fn vec_dot(x: &[Self], y: &[Self]) -> f32 {
