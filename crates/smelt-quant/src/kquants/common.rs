@@ -91,6 +91,20 @@ pub(crate) fn from_lanes<T: Copy, const N: usize, const L: usize>(
     }
 }
 
+/// `sum_g scales[g] * (q_g . y_g)` over consecutive groups of `G` weights: the exact
+/// integer part of a portable dot product, written as plain fixed-size loops so the
+/// compiler vectorizes them. Wrapping adds match the AVX2 lanes on arbitrary input
+/// (valid blocks never come near i32's range).
+#[inline(always)]
+pub(crate) fn group_sums<const G: usize>(q: &[u8; QK_K], y: &[i8; QK_K], scales: &[i32]) -> i32 {
+    let mut isum = 0i32;
+    for ((qg, yg), &s) in q.chunks_exact(G).zip(y.chunks_exact(G)).zip(scales) {
+        let d: i32 = qg.iter().zip(yg).map(|(&a, &b)| a as i32 * b as i32).sum();
+        isum = isum.wrapping_add(s.wrapping_mul(d));
+    }
+    isum
+}
+
 /// Folds one super-block into a dot product's running sum: `dd * isum - dm * msum`,
 /// where `isum`/`msum` are the block's exact integer sums and `dd`/`dm` its float
 /// scales times the activation scale. The portable and AVX2 paths both end here, so

@@ -1,7 +1,7 @@
 //! Q2_K: 2.625 bits per weight. Sixteen 16-weight groups, each `d * sc * q - dmin * m`
 //! with 2-bit `q` and 4-bit `sc`/`m` sharing a byte.
 
-use super::common::{f16_to_f32, fold, from_lanes, nearest_int, to_lanes, QK_K};
+use super::common::{f16_to_f32, fold, from_lanes, group_sums, nearest_int, to_lanes, QK_K};
 use super::{lanes, BlockQ8K};
 use half::f16;
 
@@ -78,6 +78,22 @@ impl BlockQ2K {
         y
     }
 
+    /// The 2-bit quants in weight order.
+    #[inline(always)]
+    fn quants(&self) -> [u8; QK_K] {
+        let mut q = [0u8; QK_K];
+        for h in 0..2 {
+            let out = &mut q[128 * h..128 * h + 128];
+            for (i, &b) in self.qs[32 * h..32 * h + 32].iter().enumerate() {
+                out[i] = b & 3;
+                out[32 + i] = (b >> 2) & 3;
+                out[64 + i] = (b >> 4) & 3;
+                out[96 + i] = b >> 6;
+            }
+        }
+        q
+    }
+
     /// ggml's `dequantize_row_q2_K` for one super-block.
     pub fn dequantize(&self, out: &mut [f32; QK_K]) {
         let d = f16_to_f32(self.d);
@@ -100,20 +116,8 @@ impl BlockQ2K {
 pub fn vec_dot_portable(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
     let mut acc = 0.0f32;
     for (x, y) in x.iter().zip(y) {
-        let mut isum = 0i32;
-        for h in 0..2 {
-            for k in 0..4 {
-                let ys = &y.qs[128 * h + 32 * k..128 * h + 32 * k + 32];
-                let q = &x.qs[32 * h..32 * h + 32];
-                let (mut a, mut b) = (0i32, 0i32);
-                for i in 0..16 {
-                    a += ((q[i] >> (2 * k)) & 3) as i32 * ys[i] as i32;
-                    b += ((q[16 + i] >> (2 * k)) & 3) as i32 * ys[16 + i] as i32;
-                }
-                let g = 8 * h + 2 * k;
-                isum += (x.scales[g] & 0xF) as i32 * a + (x.scales[g + 1] & 0xF) as i32 * b;
-            }
-        }
+        let sc: [i32; 16] = std::array::from_fn(|g| (x.scales[g] & 0xF) as i32);
+        let isum = group_sums::<16>(&x.quants(), &y.qs, &sc);
         let msum: i32 = (0..16)
             .map(|j| (x.scales[j] >> 4) as i32 * y.bsums[j] as i32)
             .sum();

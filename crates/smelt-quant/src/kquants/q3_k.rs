@@ -1,7 +1,7 @@
 //! Q3_K: 3.4375 bits per weight. Sixteen 16-weight groups, each `d * sc * q` with
 //! `q` in `-4..=3` (two low bits in `qs`, the high bit in `hmask`) and 6-bit signed `sc`.
 
-use super::common::{f16_to_f32, fold, from_lanes, nearest_int, to_lanes, QK_K};
+use super::common::{f16_to_f32, fold, from_lanes, group_sums, nearest_int, to_lanes, QK_K};
 use super::{lanes, BlockQ8K};
 use half::f16;
 
@@ -128,6 +128,24 @@ impl BlockQ3K {
         (low | (high << 2)) as i32
     }
 
+    /// All quants plus 4, in weight order.
+    #[inline(always)]
+    fn quants(&self) -> [u8; QK_K] {
+        let mut q = [0u8; QK_K];
+        for h in 0..2 {
+            let out = &mut q[128 * h..128 * h + 128];
+            let qs = &self.qs[32 * h..32 * h + 32];
+            for i in 0..32 {
+                let (b, m) = (qs[i], self.hmask[i] >> (4 * h));
+                out[i] = (b & 3) | ((m & 1) << 2);
+                out[32 + i] = ((b >> 2) & 3) | ((m & 2) << 1);
+                out[64 + i] = ((b >> 4) & 3) | (m & 4);
+                out[96 + i] = (b >> 6) | ((m & 8) >> 1);
+            }
+        }
+        q
+    }
+
     /// ggml's `dequantize_row_q3_K` for one super-block.
     pub fn dequantize(&self, out: &mut [f32; QK_K]) {
         let d = f16_to_f32(self.d);
@@ -144,31 +162,14 @@ impl BlockQ3K {
     }
 }
 
-/// `sum_j sc_j * bsums_j`: the offset term of a 16-group format.
-#[inline(always)]
-pub(crate) fn offset_sum(sc: &[i8; 16], bsums: &[i16; 16]) -> i32 {
-    (0..16).map(|j| sc[j] as i32 * bsums[j] as i32).sum()
-}
-
 /// Q3_K x Q8_K on any CPU.
 pub fn vec_dot_portable(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
     let mut acc = 0.0f32;
     for (x, y) in x.iter().zip(y) {
-        let sc = unpack_scales(&x.scales);
+        let sc = unpack_scales(&x.scales).map(i32::from);
         // Quants are summed with offset 4 (0..8), taken off through the group sums.
-        let mut isum = -4 * offset_sum(&sc, &y.bsums);
-        for h in 0..2 {
-            for k in 0..4 {
-                let ys = &y.qs[128 * h + 32 * k..128 * h + 32 * k + 32];
-                let (mut a, mut b) = (0i32, 0i32);
-                for i in 0..16 {
-                    a += x.q(h, k, i) * ys[i] as i32;
-                    b += x.q(h, k, 16 + i) * ys[16 + i] as i32;
-                }
-                let g = 8 * h + 2 * k;
-                isum += sc[g] as i32 * a + sc[g + 1] as i32 * b;
-            }
-        }
+        let offset: i32 = (0..16).map(|j| sc[j] * y.bsums[j] as i32).sum();
+        let isum = group_sums::<16>(&x.quants(), &y.qs, &sc).wrapping_sub(4 * offset);
         acc = fold(acc, y.d * f16_to_f32(x.d), isum, 0.0, 0);
     }
     acc

@@ -2,8 +2,8 @@
 //! with 4-bit `q` and 6-bit `sc`/`m` packed into 12 bytes.
 
 use super::common::{
-    f16_to_f32, fold, from_lanes, nearest_int, pack_scale_min_k4, to_lanes, unpack_scale_min_k4,
-    QK_K,
+    f16_to_f32, fold, from_lanes, group_sums, nearest_int, pack_scale_min_k4, to_lanes,
+    unpack_scale_min_k4, QK_K,
 };
 use super::{lanes, BlockQ8K};
 use half::f16;
@@ -152,17 +152,14 @@ pub fn vec_dot_portable(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
     let mut acc = 0.0f32;
     for (x, y) in x.iter().zip(y) {
         let (sc, m) = unpack_scale_min_k4(&x.scales);
-        let mut isum = 0i32;
+        let mut q = [0u8; QK_K];
         for c in 0..4 {
-            let q = &x.qs[32 * c..32 * c + 32];
-            let ys = &y.qs[64 * c..64 * c + 64];
-            let (mut lo, mut hi) = (0i32, 0i32);
             for i in 0..32 {
-                lo += (q[i] & 0xF) as i32 * ys[i] as i32;
-                hi += (q[i] >> 4) as i32 * ys[32 + i] as i32;
+                q[64 * c + i] = x.qs[32 * c + i] & 0xF;
+                q[64 * c + 32 + i] = x.qs[32 * c + i] >> 4;
             }
-            isum += sc[2 * c] as i32 * lo + sc[2 * c + 1] as i32 * hi;
         }
+        let isum = group_sums::<32>(&q, &y.qs, &sc.map(i32::from));
         acc = fold(
             acc,
             y.d * f16_to_f32(x.d),

@@ -1,6 +1,6 @@
 //! Q5_K: 5.5 bits per weight. Q5_K's layout plus one high bit per weight in `qh`.
 
-use super::common::{f16_to_f32, fold, unpack_scale_min_k4, QK_K};
+use super::common::{f16_to_f32, fold, group_sums, unpack_scale_min_k4, QK_K};
 use super::q4_k::{fit_groups, min_sum, pack_groups};
 use super::BlockQ8K;
 use half::f16;
@@ -74,18 +74,15 @@ pub fn vec_dot_portable(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
     let mut acc = 0.0f32;
     for (x, y) in x.iter().zip(y) {
         let (sc, m) = unpack_scale_min_k4(&x.scales);
-        let mut isum = 0i32;
+        let mut q = [0u8; QK_K];
         for c in 0..4 {
-            let q = &x.qs[32 * c..32 * c + 32];
-            let ys = &y.qs[64 * c..64 * c + 64];
-            let (mut lo, mut hi) = (0i32, 0i32);
             for i in 0..32 {
                 let h = x.qh[i] >> (2 * c);
-                lo += ((q[i] & 0xF) | (h & 1) << 4) as i32 * ys[i] as i32;
-                hi += ((q[i] >> 4) | (h & 2) << 3) as i32 * ys[32 + i] as i32;
+                q[64 * c + i] = (x.qs[32 * c + i] & 0xF) | (h & 1) << 4;
+                q[64 * c + 32 + i] = (x.qs[32 * c + i] >> 4) | (h & 2) << 3;
             }
-            isum += sc[2 * c] as i32 * lo + sc[2 * c + 1] as i32 * hi;
         }
+        let isum = group_sums::<32>(&q, &y.qs, &sc.map(i32::from));
         acc = fold(
             acc,
             y.d * f16_to_f32(x.d),

@@ -1,7 +1,9 @@
 //! Q6_K: 6.5625 bits per weight. Sixteen 16-weight groups, each `d * sc * (q - 32)`
 //! with 6-bit `q` (low nibbles in `ql`, top two bits in `qh`) and signed 8-bit `sc`.
 
-use super::common::{f16_to_f32, fold, from_lanes, nearest_int, to_lanes, GROUP_MAX_EPS, QK_K};
+use super::common::{
+    f16_to_f32, fold, from_lanes, group_sums, nearest_int, to_lanes, GROUP_MAX_EPS, QK_K,
+};
 use super::{lanes, BlockQ8K};
 use half::f16;
 
@@ -102,25 +104,20 @@ impl BlockQ6K {
 pub fn vec_dot_portable(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
     let mut acc = 0.0f32;
     for (x, y) in x.iter().zip(y) {
+        let mut q = [0u8; QK_K];
+        for h in 0..2 {
+            for k in 0..4 {
+                for i in 0..32 {
+                    q[128 * h + 32 * k + i] = x.q(h, k, i) as u8;
+                }
+            }
+        }
+        let sc = x.scales.map(i32::from);
         // The offset 32 goes through the activation group sums, as in the AVX2 path,
         // so both give the same integer even for activations with inconsistent sums
         // (arbitrary sums can exceed i32: both paths then wrap alike).
-        let offset = (0..16).fold(0i32, |s, j| {
-            s.wrapping_add(x.scales[j] as i32 * y.bsums[j] as i32)
-        });
-        let mut isum = offset.wrapping_mul(-32);
-        for h in 0..2 {
-            for k in 0..4 {
-                let ys = &y.qs[128 * h + 32 * k..128 * h + 32 * k + 32];
-                let (mut a, mut b) = (0i32, 0i32);
-                for i in 0..16 {
-                    a += x.q(h, k, i) * ys[i] as i32;
-                    b += x.q(h, k, 16 + i) * ys[16 + i] as i32;
-                }
-                let sc = &x.scales[8 * h + 2 * k..8 * h + 2 * k + 2];
-                isum = isum.wrapping_add(sc[0] as i32 * a + sc[1] as i32 * b);
-            }
-        }
+        let offset = (0..16).fold(0i32, |s, j| s.wrapping_add(sc[j] * y.bsums[j] as i32));
+        let isum = group_sums::<16>(&q, &y.qs, &sc).wrapping_sub(offset.wrapping_mul(32));
         acc = fold(acc, y.d * f16_to_f32(x.d), isum, 0.0, 0);
     }
     acc
