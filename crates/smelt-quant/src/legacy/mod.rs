@@ -2,9 +2,10 @@
 //! ggml's reference quantizers (`quantize_row_*_ref` in `ggml-quants.c`).
 //!
 //! Each block type has two dot-product paths as associated functions, `vec_dot_portable`
-//! and (on x86_64) the unsafe `vec_dot_avx2`, which [`crate::Block::vec_dot`] picks between; both
-//! compute every block's integer dot exactly and combine the float scales with the same
-//! code (see [`dot`]), so they agree bit for bit on every input.
+//! and (on x86_64) the unsafe `vec_dot_avx2`, between which [`crate::Block::vec_dot`]
+//! picks at run time. Both compute every block's integer dot exactly and apply the float
+//! scales with the same operations in the same order (see `legacy/dot.rs`), so they agree
+//! bit for bit on every input, including byte patterns no quantizer writes.
 
 pub(crate) mod dot;
 mod q4_0;
