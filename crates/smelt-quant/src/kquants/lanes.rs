@@ -368,6 +368,25 @@ mod tests {
             let mut out = [[0u8; L]; N];
             let (scale, min) =
                 super::make_qkx2_quants::<N, L, MAD>(nmax, rmin, 0.1, nstep, &x, &w, &mut out);
+            #[cfg(target_arch = "x86_64")]
+            if L == 8 && std::arch::is_x86_feature_detected!("avx2") {
+                let x8: [[f32; 8]; N] = std::array::from_fn(|i| std::array::from_fn(|k| x[i][k]));
+                let w8: [[f32; 8]; N] = std::array::from_fn(|i| std::array::from_fn(|k| w[i][k]));
+                let mut out8 = [[0u8; 8]; N];
+                // SAFETY: the CPU was just checked for AVX2.
+                let (s8, m8) = unsafe {
+                    super::avx2::make_qkx2_quants::<N, MAD>(
+                        nmax, rmin, 0.1, nstep, &x8, &w8, &mut out8,
+                    )
+                };
+                for k in 0..8 {
+                    assert_eq!(
+                        (s8[k].to_bits(), m8[k].to_bits()),
+                        (scale[k].to_bits(), min[k].to_bits())
+                    );
+                    assert!((0..N).all(|i| out8[i][k] == out[i][k]));
+                }
+            }
             for k in 0..L {
                 let wk: [f32; N] = std::array::from_fn(|i| w[i][k]);
                 let mut want = [0u8; N];
@@ -386,6 +405,7 @@ mod tests {
     #[test]
     fn qkx2_matches_the_scalar_search() {
         check_qkx2::<16, 16, true>(3, -0.5, 15);
+        check_qkx2::<16, 8, true>(3, -0.5, 15);
         check_qkx2::<32, 8, false>(15, -1.0, 20);
         check_qkx2::<32, 8, false>(31, -0.5, 15);
     }
@@ -416,5 +436,155 @@ mod tests {
                 );
             }
         }
+    }
+}
+
+/// [`make_qkx2_quants`] for eight groups at a time, written with AVX2 intrinsics (the
+/// compiler keeps the generic version's per-lane sums in memory, one lane at a time).
+/// Every intrinsic is the IEEE operation the generic code performs, in the same order;
+/// selects are blends on comparison masks, so signed zeros come out the same too.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// Lane-wise `nearest_int(iscale * (x - min)).clamp(0, nmax)`, as f32.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn level(iscale: __m256, x: __m256, min: __m256, nmax: __m256i) -> __m256 {
+        let v = _mm256_add_ps(
+            _mm256_mul_ps(iscale, _mm256_sub_ps(x, min)),
+            _mm256_set1_ps(12_582_912.0),
+        );
+        let bits = _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x007f_ffff));
+        let l = _mm256_sub_epi32(bits, _mm256_set1_epi32(0x0040_0000));
+        _mm256_cvtepi32_ps(_mm256_min_epi32(
+            _mm256_max_epi32(l, _mm256_setzero_si256()),
+            nmax,
+        ))
+    }
+
+    /// `|diff|` or `diff^2`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn err<const MAD: bool>(diff: __m256) -> __m256 {
+        if MAD {
+            _mm256_and_ps(diff, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)))
+        } else {
+            _mm256_mul_ps(diff, diff)
+        }
+    }
+
+    /// Eight-lane `make_qkx2_quants`; same contract as the generic one.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn make_qkx2_quants<const N: usize, const MAD: bool>(
+        nmax: i32,
+        rmin: f32,
+        rdelta: f32,
+        nstep: i32,
+        x: &[[f32; 8]; N],
+        w: &[[f32; 8]; N],
+        out: &mut [[u8; 8]; N],
+    ) -> ([f32; 8], [f32; 8]) {
+        let ld = |a: &[f32; 8]| _mm256_loadu_ps(a.as_ptr());
+        let zero = _mm256_setzero_ps();
+        let nmax_i = _mm256_set1_epi32(nmax);
+        let nmaxf = nmax as f32;
+
+        let mut min = ld(&x[0]);
+        let mut max = min;
+        let mut sum_w = ld(&w[0]);
+        let mut sum_x = _mm256_mul_ps(sum_w, min);
+        for i in 1..N {
+            let (v, wi) = (ld(&x[i]), ld(&w[i]));
+            min = _mm256_min_ps(v, min);
+            max = _mm256_max_ps(v, max);
+            sum_w = _mm256_add_ps(sum_w, wi);
+            sum_x = _mm256_add_ps(sum_x, _mm256_mul_ps(wi, v));
+        }
+        min = _mm256_blendv_ps(min, zero, _mm256_cmp_ps::<_CMP_GT_OQ>(min, zero));
+        let flat = _mm256_cmp_ps::<_CMP_EQ_OQ>(max, min);
+        let iscale = _mm256_div_ps(_mm256_set1_ps(nmaxf), _mm256_sub_ps(max, min));
+        let mut scale = _mm256_div_ps(_mm256_set1_ps(1.0), iscale);
+
+        let mut best = [zero; N];
+        let mut best_error = zero;
+        for i in 0..N {
+            let xi = ld(&x[i]);
+            let l = level(iscale, xi, min, nmax_i);
+            best[i] = l;
+            let diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, l), min), xi);
+            best_error = _mm256_add_ps(best_error, _mm256_mul_ps(ld(&w[i]), err::<MAD>(diff)));
+        }
+
+        let mut aux = [zero; N];
+        for is in 0..=nstep {
+            let iscale = _mm256_div_ps(
+                _mm256_set1_ps(rmin + rdelta * is as f32 + nmaxf),
+                _mm256_sub_ps(max, min),
+            );
+            let (mut sum_l, mut sum_l2, mut sum_xl) = (zero, zero, zero);
+            for i in 0..N {
+                let xi = ld(&x[i]);
+                let l = level(iscale, xi, min, nmax_i);
+                aux[i] = l;
+                let wl = _mm256_mul_ps(ld(&w[i]), l);
+                sum_l = _mm256_add_ps(sum_l, wl);
+                sum_l2 = _mm256_add_ps(sum_l2, _mm256_mul_ps(wl, l));
+                sum_xl = _mm256_add_ps(sum_xl, _mm256_mul_ps(wl, xi));
+            }
+            let d = _mm256_sub_ps(_mm256_mul_ps(sum_w, sum_l2), _mm256_mul_ps(sum_l, sum_l));
+            let s = _mm256_div_ps(
+                _mm256_sub_ps(_mm256_mul_ps(sum_w, sum_xl), _mm256_mul_ps(sum_x, sum_l)),
+                d,
+            );
+            let m = _mm256_div_ps(
+                _mm256_sub_ps(_mm256_mul_ps(sum_l2, sum_x), _mm256_mul_ps(sum_l, sum_xl)),
+                d,
+            );
+            let clip = _mm256_cmp_ps::<_CMP_GT_OQ>(m, zero);
+            let this_min = _mm256_blendv_ps(m, zero, clip);
+            let this_scale = _mm256_blendv_ps(s, _mm256_div_ps(sum_xl, sum_l2), clip);
+            let mut cur_error = zero;
+            for i in 0..N {
+                let xi = ld(&x[i]);
+                let diff = _mm256_sub_ps(
+                    _mm256_add_ps(_mm256_mul_ps(this_scale, aux[i]), this_min),
+                    xi,
+                );
+                cur_error = _mm256_add_ps(cur_error, _mm256_mul_ps(ld(&w[i]), err::<MAD>(diff)));
+            }
+            let better = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GT_OQ>(d, zero),
+                _mm256_cmp_ps::<_CMP_LT_OQ>(cur_error, best_error),
+            );
+            let take = _mm256_andnot_ps(flat, better);
+            if _mm256_movemask_ps(take) != 0 {
+                for i in 0..N {
+                    best[i] = _mm256_blendv_ps(best[i], aux[i], take);
+                }
+                best_error = _mm256_blendv_ps(best_error, cur_error, take);
+                scale = _mm256_blendv_ps(scale, this_scale, take);
+                min = _mm256_blendv_ps(min, this_min, take);
+            }
+        }
+        for i in 0..N {
+            let l = _mm256_cvttps_epi32(_mm256_andnot_ps(flat, best[i]));
+            let mut lanes = [0i32; 8];
+            _mm256_storeu_si256(lanes.as_mut_ptr().cast(), l);
+            out[i] = lanes.map(|v| v as u8);
+        }
+        let mut scale_out = [0.0f32; 8];
+        let mut neg_min = [0.0f32; 8];
+        _mm256_storeu_ps(scale_out.as_mut_ptr(), _mm256_andnot_ps(flat, scale));
+        _mm256_storeu_ps(
+            neg_min.as_mut_ptr(),
+            _mm256_xor_ps(min, _mm256_set1_ps(-0.0)),
+        );
+        (scale_out, neg_min)
     }
 }

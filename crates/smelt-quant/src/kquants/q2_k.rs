@@ -22,6 +22,38 @@ pub struct BlockQ2K {
 
 const _: () = assert!(std::mem::size_of::<BlockQ2K>() == 84);
 
+/// ggml's `make_qkx2_quants` on all sixteen groups, eight lanes at a time with AVX2.
+#[inline(always)]
+fn fit_groups(
+    xt: &[[f32; 16]; 16],
+    w: &[[f32; 16]; 16],
+    lt: &mut [[u8; 16]; 16],
+) -> ([f32; 16], [f32; 16]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        let mut scales = [0.0f32; 16];
+        let mut mins = [0.0f32; 16];
+        for half in 0..2 {
+            let xh: [[f32; 8]; 16] =
+                std::array::from_fn(|i| std::array::from_fn(|k| xt[i][8 * half + k]));
+            let wh: [[f32; 8]; 16] =
+                std::array::from_fn(|i| std::array::from_fn(|k| w[i][8 * half + k]));
+            let mut lh = [[0u8; 8]; 16];
+            // SAFETY: has_avx2 checked the CPU for AVX2.
+            let (s, m) = unsafe {
+                lanes::avx2::make_qkx2_quants::<16, true>(3, -0.5, 0.1, 15, &xh, &wh, &mut lh)
+            };
+            scales[8 * half..8 * half + 8].copy_from_slice(&s);
+            mins[8 * half..8 * half + 8].copy_from_slice(&m);
+            for (row, lrow) in lt.iter_mut().zip(&lh) {
+                row[8 * half..8 * half + 8].copy_from_slice(lrow);
+            }
+        }
+        return (scales, mins);
+    }
+    lanes::make_qkx2_quants::<16, 16, true>(3, -0.5, 0.1, 15, xt, w, lt)
+}
+
 impl BlockQ2K {
     /// ggml's `quantize_row_q2_K_ref` for one super-block.
     #[inline(always)]
@@ -29,8 +61,7 @@ impl BlockQ2K {
         let xt: [[f32; 16]; 16] = to_lanes(x);
         let w: [[f32; 16]; 16] = std::array::from_fn(|i| std::array::from_fn(|k| xt[i][k].abs()));
         let mut lt = [[0u8; 16]; 16];
-        let (scales, mins) =
-            lanes::make_qkx2_quants::<16, 16, true>(3, -0.5, 0.1, 15, &xt, &w, &mut lt);
+        let (scales, mins) = fit_groups(&xt, &w, &mut lt);
         let mut l = [0u8; QK_K];
         from_lanes(&lt, &mut l);
         let mut max_scale = 0.0f32;

@@ -47,6 +47,16 @@ pub(crate) fn fit_groups(
     let w: [[f32; 8]; 32] =
         std::array::from_fn(|i| std::array::from_fn(|k| av_x[k] + xt[i][k].abs()));
     let mut lt = [[0u8; 8]; 32];
+    #[cfg(target_arch = "x86_64")]
+    let fit = if crate::simd::has_avx2() {
+        // SAFETY: has_avx2 checked the CPU for AVX2.
+        unsafe {
+            lanes::avx2::make_qkx2_quants::<32, false>(nmax, rmin, 0.1, nstep, &xt, &w, &mut lt)
+        }
+    } else {
+        lanes::make_qkx2_quants::<32, 8, false>(nmax, rmin, 0.1, nstep, &xt, &w, &mut lt)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
     let fit = lanes::make_qkx2_quants::<32, 8, false>(nmax, rmin, 0.1, nstep, &xt, &w, &mut lt);
     from_lanes(&lt, l);
     fit
