@@ -98,11 +98,11 @@ pub(crate) fn pack_groups(
 
     let (sc, m) = unpack_scale_min_k4(&packed);
     for j in 0..8 {
-        let dj = d.to_f32() * sc[j] as f32;
+        let dj = f16_to_f32(d) * sc[j] as f32;
         if dj == 0.0 {
             continue;
         }
-        let dm = dmin.to_f32() * m[j] as f32;
+        let dm = f16_to_f32(dmin) * m[j] as f32;
         for i in 32 * j..32 * j + 32 {
             l[i] = nearest_int((x[i] + dm) / dj).clamp(0, nmax) as u8;
         }
