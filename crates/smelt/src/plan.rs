@@ -2,9 +2,9 @@
 //!
 //! The mixture rules follow llama.cpp's `src/llama-quant.cpp` (`llama_tensor_get_type`,
 //! `tensor_allows_quantization`, the ragged-row fallback) so a file smelt writes with
-//! `q4_k_m` has the same tensor types as one `llama-quantize` writes. The rules are facts
-//! about that program, re-expressed here; where smelt cannot write a type llama.cpp would
-//! pick (IQ4_NL), the nearest format it can write is used and the plan says so.
+//! `q4_k_m` has the same tensor types as one `llama-quantize` writes (the tests check this,
+//! byte for byte, against the llama.cpp of llama-cpp-python 0.3.36). The rules are facts
+//! about that program, re-expressed here.
 
 use smelt_gguf::{GgmlType, Metadata};
 use std::fmt;
@@ -334,9 +334,11 @@ fn fallback(ty: GgmlType, row: u64) -> (GgmlType, Option<String>) {
         GgmlType::Q5_K => GgmlType::Q5_1,
         GgmlType::Q6_K => GgmlType::Q8_0,
         GgmlType::Q2_K | GgmlType::Q3_K => {
-            // llama.cpp picks IQ4_NL here (newer versions Q4_0); smelt cannot write IQ4_NL,
-            // and Q4_0 has its block size and bits per weight.
-            note = " (llama.cpp would use iq4_nl, which smelt cannot write)".into();
+            // Older llama.cpp picked IQ4_NL here, which smelt cannot write; the llama.cpp
+            // of llama-cpp-python 0.3.36 picks Q4_0 (same block and bits), and so do we.
+            note = " (as current llama.cpp does; older llama.cpp used iq4_nl, which smelt \
+                    cannot write)"
+                .into();
             GgmlType::Q4_0
         }
         _ => GgmlType::F16,
@@ -752,7 +754,7 @@ mod tests {
     fn q2_k_and_q3_k_fall_back_to_q4_0() {
         let (ty, note) = fallback(GgmlType::Q3_K, 640);
         assert_eq!(ty, GgmlType::Q4_0);
-        assert!(note.is_some_and(|n| n.contains("iq4_nl")));
+        assert!(note.is_some_and(|n| n.contains("q4_0") && n.contains("iq4_nl")));
         assert_eq!(fallback(GgmlType::Q8_0, 100).0, GgmlType::F16);
     }
 

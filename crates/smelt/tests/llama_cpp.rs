@@ -212,3 +212,113 @@ fn qwen3_synth_shapes() {
     let got = greedy(&out, 4, "ids:1,2,3");
     assert_eq!(got.tokens.len(), 4);
 }
+
+/// Runs llama.cpp's own quantizer (`llama_model_quantize`).
+fn llama_quantize(input: &std::path::Path, output: &std::path::Path, ftype: u32) {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/llama_quantize.py");
+    let out = std::process::Command::new(python())
+        .arg(script)
+        .arg(input)
+        .arg(output)
+        .arg(ftype.to_string())
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "llama.cpp quantize failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every tensor of `a` and `b` (matched by name: llama.cpp reorders them) has the same
+/// type and the same bytes.
+fn assert_same_tensors(what: &str, a: &std::path::Path, b: &std::path::Path) {
+    let a = smelt_gguf::Gguf::open(a).expect("llama.cpp output reads");
+    let b = smelt_gguf::Gguf::open(b).expect("smelt output reads");
+    assert_eq!(a.tensors().len(), b.tensors().len(), "{what}");
+    let mut types = 0;
+    let mut bytes = 0;
+    for ta in a.tensors() {
+        let tb = b
+            .tensor(&ta.name)
+            .unwrap_or_else(|| panic!("{what}: smelt lacks {}", ta.name));
+        if ta.ty != tb.ty || ta.shape != tb.shape {
+            types += 1;
+            eprintln!(
+                "{what}: {} is {} in llama.cpp, {} in smelt",
+                ta.name, ta.ty, tb.ty
+            );
+        } else if a.tensor_data(ta) != b.tensor_data(tb) {
+            bytes += 1;
+            eprintln!("{what}: {} ({}) bytes differ", ta.name, ta.ty);
+        }
+    }
+    assert_eq!(
+        (types, bytes),
+        (0, 0),
+        "{what}: tensors whose type / bytes differ from llama.cpp's"
+    );
+    assert_eq!(
+        a.metadata().get_u64("general.file_type"),
+        b.metadata().get_u64("general.file_type"),
+        "{what}"
+    );
+}
+
+/// Every preset, on the llama (SmolLM2, 576-wide rows: ragged for K-quants) and gemma3
+/// architectures: smelt's per-tensor types and bytes equal llama.cpp's own quantizer's.
+#[test]
+fn presets_match_llama_cpp_quantize_byte_for_byte() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let all: &[(&str, u32)] = &[
+        ("q2_k", 10),
+        ("q3_k_s", 11),
+        ("q3_k_m", 12),
+        ("q3_k_l", 13),
+        ("q4_k_s", 14),
+        ("q4_k_m", 15),
+        ("q5_k_s", 16),
+        ("q5_k_m", 17),
+        ("q6_k", 18),
+        ("q8_0", 7),
+        ("q4_0", 2),
+        ("q4_1", 3),
+        ("q5_0", 8),
+        ("q5_1", 9),
+        ("f16", 1),
+        ("bf16", 32),
+    ];
+    let few: &[(&str, u32)] = &[
+        ("q2_k", 10),
+        ("q3_k_m", 12),
+        ("q4_k_m", 15),
+        ("q5_k_s", 16),
+        ("q8_0", 7),
+    ];
+    for (name, presets) in [(SMOLLM, all), (GEMMA, few)] {
+        // An F16 source, as llama-quantize usually gets one.
+        let f16 = dir.path().join("source-f16.gguf");
+        smelt_ok(&[
+            "quantize",
+            model(name).to_str().expect("p"),
+            f16.to_str().expect("p"),
+            "--type",
+            "f16",
+        ]);
+        for &(preset, ftype) in presets {
+            let theirs = dir.path().join("llama.gguf");
+            let ours = dir.path().join("smelt.gguf");
+            llama_quantize(&f16, &theirs, ftype);
+            smelt_ok(&[
+                "quantize",
+                f16.to_str().expect("p"),
+                ours.to_str().expect("p"),
+                "--type",
+                preset,
+                "--preset",
+            ]);
+            assert_same_tensors(&format!("{name} {preset}"), &theirs, &ours);
+        }
+    }
+}

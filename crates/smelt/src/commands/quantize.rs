@@ -24,7 +24,7 @@ pub struct QuantizeArgs {
     /// A format (f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k): every
     /// tensor of two or more dimensions whose row length is a multiple of the format's block
     /// becomes exactly that format, vectors become f32, and other rows fall back the way
-    /// llama.cpp does (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, else f16). Or a llama.cpp
+    /// llama.cpp does (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, q2_k/q3_k -> q4_0, else f16). Or a llama.cpp
     /// mixture preset (q2_k q3_k_s q3_k_m q3_k_l q4_k_s q4_k_m q5_k_s q5_k_m q6_k q8_0 q4_0
     /// q4_1 q5_0 q5_1 f16 bf16) with llama-quantize's per-tensor rules.
     #[arg(long = "type", short = 't', value_name = "TYPE")]
