@@ -21,6 +21,8 @@ struct Args {
     cols: usize,
     runs: usize,
     seed: u64,
+    /// File stems of the types to run (`q4_k,q6_k`), all of [`TYPES`] by default.
+    types: Option<Vec<String>>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -30,6 +32,7 @@ fn parse_args() -> Result<Args> {
         cols: 14336,
         runs: 3,
         seed: 42,
+        types: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -40,12 +43,28 @@ fn parse_args() -> Result<Args> {
             "--cols" => args.cols = value()?.parse().context("--cols")?,
             "--runs" => args.runs = value()?.parse().context("--runs")?,
             "--seed" => args.seed = value()?.parse().context("--seed")?,
+            "--types" => {
+                args.types = Some(
+                    value()?
+                        .split(',')
+                        .map(|t| t.trim().to_lowercase())
+                        .collect(),
+                )
+            }
             "-h" | "--help" => {
-                println!("usage: candle-quant [--out DIR] [--rows 4096] [--cols 14336] [--runs 3] [--seed 42]");
+                println!("usage: candle-quant [--out DIR] [--rows 4096] [--cols 14336] [--runs 3] [--seed 42] [--types q4_k,q6_k,q8_0]");
                 std::process::exit(0);
             }
             other => bail!("unknown argument {other} (see --help)"),
         }
+    }
+    if let Some(unknown) = args
+        .types
+        .iter()
+        .flatten()
+        .find(|w| !TYPES.iter().any(|t| t.2 == w.as_str()))
+    {
+        bail!("unknown type {unknown} in --types (one of q4_k, q6_k, q8_0)");
     }
     Ok(args)
 }
@@ -112,7 +131,12 @@ fn main() -> Result<()> {
     let tensor = Tensor::from_slice(&values, (args.rows, args.cols), &Device::Cpu)?;
 
     let mut entries = Vec::new();
-    for (ty, dtype, stem) in TYPES {
+    let wanted = |stem: &str| {
+        args.types
+            .as_ref()
+            .is_none_or(|t| t.iter().any(|w| w == stem))
+    };
+    for (ty, dtype, stem) in TYPES.into_iter().filter(|t| wanted(t.2)) {
         let name = ty.to_string().to_uppercase();
         eprintln!("{name}: candle ...");
         let (candle_ms, candle_q) =
