@@ -11,8 +11,11 @@ use std::path::{Path, PathBuf};
 
 const LAYERS: usize = 8;
 
+/// One tensor of the toy model: its name, ggml shape and f32 values.
+type Toy = (String, Vec<u64>, Vec<f32>);
+
 /// A llama-shaped F32 model: `embd`-wide, 4 query heads sharing 1 KV head (GQA 4).
-fn toy_model(dir: &Path, embd: u64) -> (PathBuf, Vec<(String, Vec<u64>, Vec<f32>)>) {
+fn toy_model(dir: &Path, embd: u64) -> (PathBuf, Vec<Toy>) {
     let (ff, vocab, kv) = (2 * embd, 512u64, embd / 4);
     let mut shapes: Vec<(String, Vec<u64>)> = vec![
         ("token_embd.weight".into(), vec![embd, vocab]),
@@ -45,7 +48,7 @@ fn toy_model(dir: &Path, embd: u64) -> (PathBuf, Vec<(String, Vec<u64>, Vec<f32>
     md.insert("general.file_type", Value::U32(0));
     let mut rng = StdRng::seed_from_u64(42);
     let normal = Normal::new(0.0f32, 0.02).expect("normal");
-    let tensors: Vec<(String, Vec<u64>, Vec<f32>)> = shapes
+    let tensors: Vec<Toy> = shapes
         .into_iter()
         .map(|(name, shape)| {
             let n = shape.iter().product::<u64>() as usize;

@@ -297,7 +297,6 @@ fn put_f16(b: &mut [u8], at: usize, v: f32) {
 /// How to turn a block of random bytes into a sane block of `ty`: fixed scales (and
 /// minimums, set so the mean weight is about zero) over random quants. `None` for types
 /// that are not block formats.
-#[allow(clippy::type_complexity)]
 fn random_block(ty: GgmlType) -> Option<fn(&mut [u8])> {
     // Offsets are ggml's block layouts (ggml-common.h).
     Some(match ty {
