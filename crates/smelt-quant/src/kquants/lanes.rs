@@ -12,9 +12,10 @@
 
 use super::common::{nearest_int, GROUP_MAX_EPS};
 
-/// Lane-wise `make_qkx2_quants` (see `common::Qkx2Search` for the parameters);
-/// `MAD` selects absolute instead of squared error. Writes levels to `out` and returns
-/// per-group `(scale, min)`.
+/// Lane-wise `make_qkx2_quants`: fits `x ~ scale * l - min` with `l` in `0..=nmax` and
+/// `min >= 0`, trying the candidate scales `(nmax + rmin + rdelta * is) / (max - min)`
+/// for `is` in `0..=nstep` and keeping the lowest weighted error; `MAD` selects absolute
+/// instead of squared error. Writes levels to `out` and returns per-group `(scale, min)`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn make_qkx2_quants<const N: usize, const L: usize, const MAD: bool>(
