@@ -200,12 +200,14 @@ impl Block for BlockIQ4XS {
     type Act = BlockQ8K;
 
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        for (b, out) in src.iter().zip(dst.chunks_exact_mut(256)) {
-            let d = f16_to_f32(b.d);
-            for (g, (qs, out)) in b.groups().iter().zip(out.chunks_exact_mut(32)).enumerate() {
-                dequantize_group(qs, d * b.group_scale(g) as f32, out);
+        vectorized(|| {
+            for (b, out) in src.iter().zip(dst.chunks_exact_mut(256)) {
+                let d = f16_to_f32(b.d);
+                for (g, (qs, out)) in b.groups().iter().zip(out.chunks_exact_mut(32)).enumerate() {
+                    dequantize_group(qs, d * b.group_scale(g) as f32, out);
+                }
             }
-        }
+        })
     }
 
     fn vec_dot(x: &[Self], y: &[BlockQ8K]) -> f32 {

@@ -50,19 +50,19 @@ pub(crate) fn pack5(q: &[u8; 32]) -> ([u8; 16], [u8; 4]) {
     (pack4(q), qh)
 }
 
-/// Largest magnitude in `x` (ggml's `amax`), as a non-negative value.
+/// Largest magnitude in `x` (ggml's `amax`), as a non-negative value, for finite `x`
+/// (callers reject NaN and infinities before quantizing).
 #[inline(always)]
 pub(crate) fn abs_max(x: &[f32; 32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
+    // Magnitudes of finite floats order exactly as their bit patterns do, and integer max
+    // vectorizes where LLVM leaves a float compare-and-select scalar.
+    let mut lanes = [0u32; 8];
     for k in 0..4 {
         for (l, m) in lanes.iter_mut().enumerate() {
-            let a = x[8 * k + l].abs();
-            *m = if a > *m { a } else { *m };
+            *m = (*m).max(x[8 * k + l].to_bits() & 0x7FFF_FFFF);
         }
     }
-    // max of non-negative non-NaN values: any order gives the same bits.
-    let m4: [f32; 4] = std::array::from_fn(|l| lanes[l].max(lanes[l + 4]));
-    m4[0].max(m4[2]).max(m4[1].max(m4[3]))
+    f32::from_bits(lanes.into_iter().fold(0, u32::max))
 }
 
 /// The first element of largest magnitude, with its sign (ggml's `max` in q4_0/q5_0,
@@ -88,22 +88,25 @@ pub(crate) fn signed_abs_max(x: &[f32; 32]) -> f32 {
 /// scan finds them, down to the sign of a zero extreme (the first zero seen wins).
 #[inline(always)]
 pub(crate) fn min_max(x: &[f32; 32]) -> (f32, f32) {
-    let mut lo = [f32::MAX; 8];
-    let mut hi = [-f32::MAX; 8];
+    // Compared as integer keys, which order finite floats exactly as `<` does except that
+    // -0.0 sorts below +0.0 (fixed below); integer min/max vectorizes, float select does not.
+    let key = |v: f32| {
+        let b = v.to_bits() as i32;
+        b ^ (((b >> 31) as u32) >> 1) as i32
+    };
+    let unkey = |k: i32| f32::from_bits((k ^ (((k >> 31) as u32) >> 1) as i32) as u32);
+    let mut lo = [i32::MAX; 8];
+    let mut hi = [i32::MIN; 8];
     for k in 0..4 {
         for l in 0..8 {
-            let v = x[8 * k + l];
-            lo[l] = if v < lo[l] { v } else { lo[l] };
-            hi[l] = if v > hi[l] { v } else { hi[l] };
+            let v = key(x[8 * k + l]);
+            lo[l] = lo[l].min(v);
+            hi[l] = hi[l].max(v);
         }
     }
-    let mut min = lo
-        .into_iter()
-        .fold(f32::MAX, |m, v| if v < m { v } else { m });
-    let mut max = hi
-        .into_iter()
-        .fold(-f32::MAX, |m, v| if v > m { v } else { m });
-    // Only zeros compare equal with different bits; take the first one, as ggml does.
+    let mut min = unkey(lo.into_iter().fold(i32::MAX, i32::min));
+    let mut max = unkey(hi.into_iter().fold(i32::MIN, i32::max));
+    // ggml keeps the first zero it meets when the extreme is zero.
     let first_zero = || x.iter().copied().find(|&v| v == 0.0).unwrap_or(0.0);
     if min == 0.0 {
         min = first_zero();
@@ -216,5 +219,110 @@ mod tests {
         r[31] = 100.0;
         assert_eq!(min_max(&r), (-7.5, 100.0));
         assert_eq!(abs_max(&r), 100.0);
+    }
+
+    #[test]
+    fn conversions_follow_x86_for_out_of_range_values() {
+        for v in [
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            3e9,
+            -2147483904.0,
+        ] {
+            assert_eq!(cvtt(v), i32::MIN, "{v}");
+            assert_eq!(round_away(v), i32::MIN, "{v}");
+            assert_eq!(trunc_i8(v), 0, "{v}");
+        }
+        assert_eq!(cvtt(-2147483648.0), i32::MIN);
+        assert_eq!(cvtt(-2147483520.0), -2147483520);
+        assert_eq!(cvtt(-7.9), -7);
+        assert_eq!(trunc_i8(200.7), -56);
+        assert_eq!(round_away(1e9 + 0.0), 1_000_000_000);
+    }
+
+    #[test]
+    fn pack5_puts_fifth_bits_in_weight_order() {
+        for seed in 0..64u32 {
+            let q: [u8; 32] = std::array::from_fn(|i| ((i as u32 * 7 + seed * 13) % 32) as u8);
+            let (qs, qh) = pack5(&q);
+            let qh = u32::from_le_bytes(qh);
+            for j in 0..32 {
+                let low = if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 };
+                assert_eq!(
+                    low | ((((qh >> j) & 1) as u8) << 4),
+                    q[j],
+                    "seed {seed} j {j}"
+                );
+            }
+        }
+    }
+
+    /// ggml's sequential scans, for comparison.
+    fn ggml_min_max(x: &[f32; 32]) -> (f32, f32) {
+        let (mut min, mut max) = (f32::MAX, -f32::MAX);
+        for &v in x {
+            if v < min {
+                min = v;
+            }
+            if v > max {
+                max = v;
+            }
+        }
+        (min, max)
+    }
+
+    fn ggml_signed_abs_max(x: &[f32; 32]) -> f32 {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        max
+    }
+
+    #[test]
+    fn scans_match_ggml_bit_for_bit() {
+        let pool = [
+            0.0f32,
+            -0.0,
+            1.0,
+            -1.0,
+            1e-45,
+            -1e-45,
+            1e-39,
+            -1e-39,
+            f32::MAX,
+            -f32::MAX,
+            3.5,
+            -3.5,
+        ];
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..20_000 {
+            let x: [f32; 32] = std::array::from_fn(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                pool[(state % pool.len() as u64) as usize]
+            });
+            let (min, max) = min_max(&x);
+            let (gmin, gmax) = ggml_min_max(&x);
+            assert_eq!(
+                (min.to_bits(), max.to_bits()),
+                (gmin.to_bits(), gmax.to_bits()),
+                "{x:?}"
+            );
+            assert_eq!(
+                signed_abs_max(&x).to_bits(),
+                ggml_signed_abs_max(&x).to_bits(),
+                "{x:?}"
+            );
+            let amax = x
+                .iter()
+                .fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+            assert_eq!(abs_max(&x).to_bits(), amax.to_bits());
+        }
     }
 }
