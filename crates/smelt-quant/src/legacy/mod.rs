@@ -24,3 +24,34 @@ pub use q5_0::BlockQ5_0;
 pub use q5_1::BlockQ5_1;
 pub use q8_0::BlockQ8_0;
 pub use q8_1::BlockQ8_1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Block;
+
+    fn layout<B: Block>() {
+        assert_eq!(
+            std::mem::size_of::<B>(),
+            B::TYPE.type_size(),
+            "{:?}",
+            B::TYPE
+        );
+        assert_eq!(B::WEIGHTS, B::TYPE.block_size(), "{:?}", B::TYPE);
+    }
+
+    #[test]
+    fn block_layouts_match_the_gguf_type_table() {
+        layout::<BlockQ4_0>();
+        layout::<BlockQ4_1>();
+        layout::<BlockQ5_0>();
+        layout::<BlockQ5_1>();
+        layout::<BlockQ8_0>();
+        layout::<BlockQ8_1>();
+        layout::<f32>();
+        layout::<half::f16>();
+        layout::<half::bf16>();
+        layout::<crate::iq4::BlockIQ4NL>();
+        layout::<crate::iq4::BlockIQ4XS>();
+    }
+}
