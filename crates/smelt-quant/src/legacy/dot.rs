@@ -55,7 +55,9 @@ impl Lanes {
     }
 }
 
-/// The portable path: one block at a time.
+/// The portable path: eight blocks at a time (integer dots, then their terms into the
+/// eight partials), which lets the compiler vectorize across blocks; the trailing blocks
+/// one by one into the same partials.
 #[inline(always)]
 pub(crate) fn dot_blocks<X, Y>(
     x: &[X],
@@ -63,9 +65,21 @@ pub(crate) fn dot_blocks<X, Y>(
     isum: impl Fn(&X, &Y) -> i32,
     term: impl Fn(&X, &Y, i32) -> f32,
 ) -> f32 {
+    let n = x.len().min(y.len());
+    let whole = n - n % LANES;
     let mut acc = Lanes::new();
-    for (b, (xb, yb)) in x.iter().zip(y).enumerate() {
-        acc.add(b, term(xb, yb, isum(xb, yb)));
+    for (xs, ys) in x[..whole]
+        .chunks_exact(LANES)
+        .zip(y[..whole].chunks_exact(LANES))
+    {
+        let sums: [i32; LANES] = std::array::from_fn(|l| isum(&xs[l], &ys[l]));
+        let terms: [f32; LANES] = std::array::from_fn(|l| term(&xs[l], &ys[l], sums[l]));
+        for (p, t) in acc.0.iter_mut().zip(terms) {
+            *p += t;
+        }
+    }
+    for b in whole..n {
+        acc.add(b, term(&x[b], &y[b], isum(&x[b], &y[b])));
     }
     acc.sum()
 }
