@@ -104,10 +104,12 @@ impl BlockQ3K {
                 l[i] = (nearest_int(x[i] / d).clamp(-4, 3) + 4) as i8;
             }
         }
-        for (j, l) in l.iter_mut().enumerate() {
-            if *l > 3 {
-                y.hmask[j % 32] |= 1 << (j / 32);
-                *l -= 4;
+        // Levels are 0..8 here, so ggml's `if l > 3 { set the high bit; l -= 4 }` is
+        // bit 2 moved into `hmask`: done without a branch per weight.
+        for (b, chunk) in l.chunks_exact_mut(32).enumerate() {
+            for (m, l) in y.hmask.iter_mut().zip(chunk) {
+                *m |= (((*l as u8) >> 2) & 1) << b;
+                *l &= 3;
             }
         }
         for h in 0..2 {
