@@ -94,15 +94,33 @@ pub(crate) fn dot_i8(a: &[i8; 32], b: &[i8; 32]) -> i32 {
         .sum()
 }
 
-/// Exact `sum (q[i] - offset) * y[i]` for 32 unsigned quants laid out as ggml's 4/5-bit
-/// formats unpack them (weight `j` and `j + 16` share byte `j`).
+/// Exact `sum (q[j] - offset) * y[j]` straight from a packed 4-bit block (weight `j`
+/// in the low nibble of byte `j`, weight `j + 16` in its high nibble).
 #[inline(always)]
-pub(crate) fn dot_unpacked(q: &[u8; 32], offset: i16, y: &[i8; 32]) -> i32 {
-    // |q - offset| <= 31 and |y| <= 128: every product fits i16.
-    q.iter()
-        .zip(y)
-        .map(|(&p, &v)| ((p as i16 - offset) * v as i16) as i32)
+pub(crate) fn dot_nibbles(qs: &[u8; 16], offset: i16, y: &[i8; 32]) -> i32 {
+    let (ylo, yhi) = y.split_at(16);
+    qs.iter()
+        .zip(ylo.iter().zip(yhi))
+        .map(|(&b, (&a, &c))| {
+            let lo = (b & 0x0F) as i16 - offset;
+            let hi = (b >> 4) as i16 - offset;
+            lo as i32 * a as i32 + hi as i32 * c as i32
+        })
         .sum()
+}
+
+/// [`dot_nibbles`] for a 5-bit block: bit `j` of `qh` (little-endian) adds 16 to weight
+/// `j`, so the high bits contribute `16 * sum of y[j] over set bits` (selected by testing
+/// constant masks, which vectorizes where shifting by the index does not).
+#[inline(always)]
+pub(crate) fn dot_nibbles5(qs: &[u8; 16], qh: [u8; 4], offset: i16, y: &[i8; 32]) -> i32 {
+    let qh = u32::from_le_bytes(qh);
+    let high: i32 = y
+        .iter()
+        .enumerate()
+        .map(|(j, &v)| if qh & (1 << j) != 0 { v as i32 } else { 0 })
+        .sum();
+    dot_nibbles(qs, offset, y) + 16 * high
 }
 
 /// Weights of a 4-bit block as values 0..15 in weight order.

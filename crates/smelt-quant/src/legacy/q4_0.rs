@@ -1,6 +1,6 @@
 //! Q4_0: 32 weights as 4-bit offsets from 8, one f16 scale (`w = d * (q - 8)`).
 
-use super::dot::{self, dot_blocks, dot_unpacked, nibbles};
+use super::dot::{self, dot_blocks, dot_nibbles, nibbles};
 use super::scan::{blocks32, inverse, pack4, signed_abs_max, trunc_i8, vectorized};
 use super::BlockQ8_0;
 use crate::fp::{f16_to_f32, f32_to_f16};
@@ -21,7 +21,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
 impl BlockQ4_0 {
     #[inline(always)]
     fn isum(x: &Self, y: &BlockQ8_0) -> i32 {
-        dot_unpacked(&nibbles(&x.qs), 8, &y.qs)
+        dot_nibbles(&x.qs, 8, &y.qs)
     }
 
     #[inline(always)]

@@ -1,6 +1,6 @@
 //! Q4_1: 32 weights as 4-bit steps above a minimum (`w = d * q + m`).
 
-use super::dot::{self, dot_blocks, dot_unpacked, nibbles};
+use super::dot::{self, dot_blocks, dot_nibbles, nibbles};
 use super::scan::{blocks32, inverse, min_max, pack4, trunc_i8, vectorized};
 use super::BlockQ8_1;
 use crate::fp::{f16_to_f32, f32_to_f16};
@@ -21,7 +21,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
 impl BlockQ4_1 {
     #[inline(always)]
     fn isum(x: &Self, y: &BlockQ8_1) -> i32 {
-        dot_unpacked(&nibbles(&x.qs), 0, &y.qs)
+        dot_nibbles(&x.qs, 0, &y.qs)
     }
 
     /// `d_x d_y sum(q y) + m_x s_y`, where `s_y = d_y sum(y)` comes precomputed in Q8_1.

@@ -1,6 +1,6 @@
 //! Q5_0: 32 weights as 5-bit offsets from 16, one f16 scale (`w = d * (q - 16)`).
 
-use super::dot::{self, dot_blocks, dot_unpacked, nibbles_with_high_bit};
+use super::dot::{self, dot_blocks, dot_nibbles5, nibbles_with_high_bit};
 use super::scan::{blocks32, inverse, pack5, signed_abs_max, trunc_i8, vectorized};
 use super::BlockQ8_0;
 use crate::fp::{f16_to_f32, f32_to_f16};
@@ -22,7 +22,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
 impl BlockQ5_0 {
     #[inline(always)]
     fn isum(x: &Self, y: &BlockQ8_0) -> i32 {
-        dot_unpacked(&nibbles_with_high_bit(&x.qs, x.qh), 16, &y.qs)
+        dot_nibbles5(&x.qs, x.qh, 16, &y.qs)
     }
 
     #[inline(always)]

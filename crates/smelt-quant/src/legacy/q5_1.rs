@@ -1,6 +1,6 @@
 //! Q5_1: 32 weights as 5-bit steps above a minimum (`w = d * q + m`).
 
-use super::dot::{self, dot_blocks, dot_unpacked, nibbles_with_high_bit};
+use super::dot::{self, dot_blocks, dot_nibbles5, nibbles_with_high_bit};
 use super::scan::{blocks32, inverse, min_max, pack5, trunc_i8, vectorized};
 use super::BlockQ8_1;
 use crate::fp::{f16_to_f32, f32_to_f16};
@@ -22,7 +22,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == 24);
 impl BlockQ5_1 {
     #[inline(always)]
     fn isum(x: &Self, y: &BlockQ8_1) -> i32 {
-        dot_unpacked(&nibbles_with_high_bit(&x.qs, x.qh), 0, &y.qs)
+        dot_nibbles5(&x.qs, x.qh, 0, &y.qs)
     }
 
     #[inline(always)]
