@@ -82,7 +82,8 @@ pub fn bf16_to_f32(h: BF16) -> f32 {
 #[inline(always)]
 pub fn f32_to_bf16(f: f32) -> BF16 {
     let u = f.to_bits();
-    let bits = if u & 0x7FFF_FFFF > 0x7F80_0000 {
+    // Compared as i32 (the masked value is non-negative): x86 has no unsigned vector compare.
+    let bits = if (u & 0x7FFF_FFFF) as i32 > 0x7F80_0000 {
         (u >> 16) | 64
     } else {
         u.wrapping_add(0x7FFF + ((u >> 16) & 1)) >> 16
