@@ -32,6 +32,75 @@ pub(crate) trait Kernel: Sized {
 
     /// `(d * y.d, dmin * y.d)`, exactly as the portable path computes them.
     fn scales(&self, y: &BlockQ8K) -> (f32, f32);
+
+    /// [`Kernel::scales`] of four blocks as `(dd, dm)` vectors; formats with f16
+    /// scales override it with [`f16_scales4`], bit-identical lane by lane.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[inline(always)]
+    unsafe fn scales4(x: &[Self; 4], y: &[BlockQ8K; 4]) -> (__m128, __m128) {
+        let f = [
+            x[0].scales(&y[0]),
+            x[1].scales(&y[1]),
+            x[2].scales(&y[2]),
+            x[3].scales(&y[3]),
+        ];
+        (
+            _mm_setr_ps(f[0].0, f[1].0, f[2].0, f[3].0),
+            _mm_setr_ps(f[0].1, f[1].1, f[2].1, f[3].1),
+        )
+    }
+}
+
+/// `common::f16_to_f32` on the low 16 bits of four lanes, bit for bit (the same three
+/// candidates, picked by masks).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn f16x4_to_f32(h: __m128i) -> __m128 {
+    let mag = _mm_and_si128(h, _mm_set1_epi32(0x7fff));
+    let shifted = _mm_slli_epi32::<13>(mag);
+    let normal = _mm_add_epi32(shifted, _mm_set1_epi32(0x3800_0000));
+    let subnormal = _mm_castps_si128(_mm_mul_ps(
+        _mm_cvtepi32_ps(mag),
+        _mm_set1_ps(f32::from_bits(0x3380_0000)),
+    ));
+    let special = _mm_or_si128(shifted, _mm_set1_epi32(0x7f80_0000));
+    let bits = _mm_blendv_epi8(
+        normal,
+        subnormal,
+        _mm_cmplt_epi32(mag, _mm_set1_epi32(0x0400)),
+    );
+    let bits = _mm_blendv_epi8(bits, special, _mm_cmpgt_epi32(mag, _mm_set1_epi32(0x7bff)));
+    let sign = _mm_slli_epi32::<16>(_mm_and_si128(h, _mm_set1_epi32(0x8000)));
+    _mm_castsi128_ps(_mm_or_si128(bits, sign))
+}
+
+/// `(y.d * d, y.d * dmin)` for four blocks from their f16 scale bits (`d | dmin << 16`);
+/// without mins (`MIN == false`) the second is exactly zero, as the scalar `scales`
+/// returns it.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[inline(always)]
+pub(crate) unsafe fn f16_scales4<const MIN: bool>(
+    bits: [u32; 4],
+    y: &[BlockQ8K; 4],
+) -> (__m128, __m128) {
+    let v = _mm_setr_epi32(
+        bits[0] as i32,
+        bits[1] as i32,
+        bits[2] as i32,
+        bits[3] as i32,
+    );
+    let yd = _mm_setr_ps(y[0].d, y[1].d, y[2].d, y[3].d);
+    let dd = _mm_mul_ps(yd, f16x4_to_f32(v));
+    let dm = if MIN {
+        _mm_mul_ps(yd, f16x4_to_f32(_mm_srli_epi32::<16>(v)))
+    } else {
+        _mm_setzero_ps()
+    };
+    (dd, dm)
 }
 
 /// Lane totals of four vectors: `[sum(a), sum(b), sum(c), sum(d)]`.
@@ -76,20 +145,17 @@ pub(crate) unsafe fn dot<X: Kernel>(x: &[X], y: &[BlockQ8K]) -> f32 {
     let mut xs = x.chunks_exact(4);
     let mut ys = y.chunks_exact(4);
     for (xc, yc) in (&mut xs).zip(&mut ys) {
-        let s0 = xc[0].sums(&yc[0]);
-        let s1 = xc[1].sums(&yc[1]);
-        let s2 = xc[2].sums(&yc[2]);
-        let s3 = xc[3].sums(&yc[3]);
+        // `chunks_exact(4)` yields exactly four blocks: these conversions cannot fail.
+        let (Ok(x4), Ok(y4)) = (<&[X; 4]>::try_from(xc), <&[BlockQ8K; 4]>::try_from(yc)) else {
+            continue;
+        };
+        let s0 = x4[0].sums(&y4[0]);
+        let s1 = x4[1].sums(&y4[1]);
+        let s2 = x4[2].sums(&y4[2]);
+        let s3 = x4[3].sums(&y4[3]);
         let isum = _mm_cvtepi32_ps(totals4(s0.0, s1.0, s2.0, s3.0));
         let msum = _mm_cvtepi32_ps(totals4_128(s0.1, s1.1, s2.1, s3.1));
-        let f = [
-            xc[0].scales(&yc[0]),
-            xc[1].scales(&yc[1]),
-            xc[2].scales(&yc[2]),
-            xc[3].scales(&yc[3]),
-        ];
-        let dd = _mm_setr_ps(f[0].0, f[1].0, f[2].0, f[3].0);
-        let dm = _mm_setr_ps(f[0].1, f[1].1, f[2].1, f[3].1);
+        let (dd, dm) = X::scales4(x4, y4);
         let t: [f32; 4] =
             std::mem::transmute(_mm_sub_ps(_mm_mul_ps(dd, isum), _mm_mul_ps(dm, msum)));
         acc += t[0];
@@ -152,4 +218,32 @@ pub(crate) unsafe fn mins_k4(scales_mins: __m256i, bsums: &[i16; 16]) -> __m128i
         _mm256_castsi256_si128(prod),
         _mm256_extracti128_si256::<1>(prod),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16x4_conversion_matches_the_scalar_one_everywhere() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        for base in (0..=u16::MAX as u32).step_by(4) {
+            let lanes = [base, base + 1, base + 2, base + 3];
+            // SAFETY: the CPU was just checked for AVX2 and FMA.
+            let got: [f32; 4] = unsafe {
+                std::mem::transmute(f16x4_to_f32(_mm_setr_epi32(
+                    lanes[0] as i32,
+                    lanes[1] as i32 | 0x5a5a_0000,
+                    lanes[2] as i32,
+                    lanes[3] as i32,
+                )))
+            };
+            for (g, h) in got.iter().zip(lanes) {
+                let want = super::super::common::f16_to_f32(half::f16::from_bits(h as u16));
+                assert_eq!(g.to_bits(), want.to_bits(), "{h:#06x}");
+            }
+        }
+    }
 }

@@ -233,6 +233,14 @@ impl super::avx2::Kernel for BlockQ3K {
     fn scales(&self, y: &BlockQ8K) -> (f32, f32) {
         (y.d * f16_to_f32(self.d), 0.0)
     }
+
+    #[inline(always)]
+    unsafe fn scales4(
+        x: &[Self; 4],
+        y: &[BlockQ8K; 4],
+    ) -> (std::arch::x86_64::__m128, std::arch::x86_64::__m128) {
+        super::avx2::f16_scales4::<false>(x.map(|b| b.d.to_bits() as u32), y)
+    }
 }
 
 impl_kquant!(BlockQ3K, Q3_K);

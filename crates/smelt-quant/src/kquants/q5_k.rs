@@ -150,6 +150,17 @@ impl super::avx2::Kernel for BlockQ5K {
     fn scales(&self, y: &BlockQ8K) -> (f32, f32) {
         (y.d * f16_to_f32(self.d), y.d * f16_to_f32(self.dmin))
     }
+
+    #[inline(always)]
+    unsafe fn scales4(
+        x: &[Self; 4],
+        y: &[BlockQ8K; 4],
+    ) -> (std::arch::x86_64::__m128, std::arch::x86_64::__m128) {
+        super::avx2::f16_scales4::<true>(
+            x.map(|b| b.d.to_bits() as u32 | (b.dmin.to_bits() as u32) << 16),
+            y,
+        )
+    }
 }
 
 impl_kquant!(BlockQ5K, Q5_K);
