@@ -90,3 +90,35 @@ pub use q8_k::BlockQ8K;
 mod reference;
 #[cfg(test)]
 pub(crate) mod testutil;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Block;
+
+    fn check_layout<B: Block>() {
+        assert_eq!(
+            std::mem::size_of::<B>(),
+            B::TYPE.type_size(),
+            "{:?}",
+            B::TYPE
+        );
+        assert_eq!(B::WEIGHTS, B::TYPE.block_size(), "{:?}", B::TYPE);
+        assert_eq!(
+            <B::Act as Block>::TYPE,
+            crate::GgmlType::Q8_K,
+            "{:?}",
+            B::TYPE
+        );
+    }
+
+    #[test]
+    fn block_sizes_are_ggml_type_sizes() {
+        check_layout::<BlockQ2K>();
+        check_layout::<BlockQ3K>();
+        check_layout::<BlockQ4K>();
+        check_layout::<BlockQ5K>();
+        check_layout::<BlockQ6K>();
+        check_layout::<BlockQ8K>();
+    }
+}
