@@ -12,7 +12,7 @@
 use crate::fp::f16_to_f32;
 use crate::kquants::BlockQ8K;
 use crate::legacy::dot::{self, dot_blocks, nibbles};
-use crate::legacy::scan::vectorized;
+use crate::legacy::scan::{blocks32_mut, vectorized};
 use crate::legacy::BlockQ8_0;
 use crate::{Block, GgmlType};
 use half::f16;
@@ -97,7 +97,7 @@ impl Block for BlockIQ4NL {
 
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
         vectorized(|| {
-            for (b, out) in src.iter().zip(dst.chunks_exact_mut(32)) {
+            for (b, out) in src.iter().zip(blocks32_mut(dst)) {
                 dequantize_group(&b.qs, f16_to_f32(b.d), out);
             }
         })

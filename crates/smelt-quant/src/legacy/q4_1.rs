@@ -1,7 +1,7 @@
 //! Q4_1: 32 weights as 4-bit steps above a minimum (`w = d * q + m`).
 
 use super::dot::{self, dot_blocks, dot_nibbles, nibbles};
-use super::scan::{blocks32, inverse, min_max, pack4, trunc_i8, vectorized};
+use super::scan::{blocks32, blocks32_mut, inverse, min_max, pack4, trunc_i8, vectorized};
 use super::BlockQ8_1;
 use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::{Block, GgmlType, Quantize};
@@ -66,7 +66,7 @@ impl Block for BlockQ4_1 {
 
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
         vectorized(|| {
-            for (b, out) in src.iter().zip(dst.chunks_exact_mut(32)) {
+            for (b, out) in src.iter().zip(blocks32_mut(dst)) {
                 let (d, m) = (f16_to_f32(b.d), f16_to_f32(b.m));
                 for (o, q) in out.iter_mut().zip(nibbles(&b.qs)) {
                     *o = q as f32 * d + m;

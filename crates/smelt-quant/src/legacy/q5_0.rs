@@ -1,7 +1,7 @@
 //! Q5_0: 32 weights as 5-bit offsets from 16, one f16 scale (`w = d * (q - 16)`).
 
 use super::dot::{self, dot_blocks, dot_nibbles5, nibbles_with_high_bit};
-use super::scan::{blocks32, inverse, pack5, signed_abs_max, trunc_i8, vectorized};
+use super::scan::{blocks32, blocks32_mut, inverse, pack5, signed_abs_max, trunc_i8, vectorized};
 use super::BlockQ8_0;
 use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::{Block, GgmlType, Quantize};
@@ -65,7 +65,7 @@ impl Block for BlockQ5_0 {
 
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
         vectorized(|| {
-            for (b, out) in src.iter().zip(dst.chunks_exact_mut(32)) {
+            for (b, out) in src.iter().zip(blocks32_mut(dst)) {
                 let d = f16_to_f32(b.d);
                 for (o, q) in out.iter_mut().zip(nibbles_with_high_bit(&b.qs, b.qh)) {
                     *o = (q as i32 - 16) as f32 * d;

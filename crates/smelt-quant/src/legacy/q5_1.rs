@@ -1,7 +1,7 @@
 //! Q5_1: 32 weights as 5-bit steps above a minimum (`w = d * q + m`).
 
 use super::dot::{self, dot_blocks, dot_nibbles5, nibbles_with_high_bit};
-use super::scan::{blocks32, inverse, min_max, pack5, trunc_i8, vectorized};
+use super::scan::{blocks32, blocks32_mut, inverse, min_max, pack5, trunc_i8, vectorized};
 use super::BlockQ8_1;
 use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::{Block, GgmlType, Quantize};
@@ -67,7 +67,7 @@ impl Block for BlockQ5_1 {
 
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
         vectorized(|| {
-            for (b, out) in src.iter().zip(dst.chunks_exact_mut(32)) {
+            for (b, out) in src.iter().zip(blocks32_mut(dst)) {
                 let (d, m) = (f16_to_f32(b.d), f16_to_f32(b.m));
                 for (o, q) in out.iter_mut().zip(nibbles_with_high_bit(&b.qs, b.qh)) {
                     *o = q as f32 * d + m;

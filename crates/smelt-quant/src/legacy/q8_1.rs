@@ -2,7 +2,7 @@
 //! lets their minimum be applied once per block instead of once per weight).
 
 use super::dot::{self, dot_blocks, dot_i8};
-use super::scan::{abs_max, blocks32, inverse, round_away, vectorized};
+use super::scan::{abs_max, blocks32, blocks32_mut, inverse, round_away, vectorized};
 use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::{Block, GgmlType, Quantize};
 use half::f16;
@@ -61,7 +61,7 @@ impl Block for BlockQ8_1 {
 
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
         vectorized(|| {
-            for (b, out) in src.iter().zip(dst.chunks_exact_mut(32)) {
+            for (b, out) in src.iter().zip(blocks32_mut(dst)) {
                 let d = f16_to_f32(b.d);
                 for (o, &q) in out.iter_mut().zip(&b.qs) {
                     *o = q as f32 * d;

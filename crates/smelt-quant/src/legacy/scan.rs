@@ -30,6 +30,13 @@ pub(crate) fn blocks32(src: &[f32]) -> impl Iterator<Item = &[f32; 32]> {
     src.chunks_exact(32).filter_map(|c| c.try_into().ok())
 }
 
+/// Splits an output row into 32-float blocks as arrays, so loops over a block have a
+/// length the compiler knows.
+#[inline(always)]
+pub(crate) fn blocks32_mut(dst: &mut [f32]) -> impl Iterator<Item = &mut [f32; 32]> {
+    dst.chunks_exact_mut(32).filter_map(|c| c.try_into().ok())
+}
+
 /// Packs 32 four-bit quants as ggml does: weight `j` in the low nibble of byte `j`,
 /// weight `j + 16` in its high nibble.
 #[inline(always)]
