@@ -15,11 +15,30 @@ out=${BENCH_OUT:-$root/bench/out}
 runs=${RUNS:-3}
 
 py=$(scripts/oracles.sh | tail -n1)
+echo "==> building bench/candle-quant (release)" >&2
+cargo build --release --quiet --manifest-path bench/candle-quant/Cargo.toml
 
-# Other processes on the machine skew these numbers more than anything else: the load
-# average is printed before and after so a recorded run shows how quiet the machine was.
+# Other processes on the machine skew these numbers more than anything else (on two
+# cores one busy neighbour halves the all-cores figures), so wait up to BENCH_QUIET_WAIT
+# seconds (default 180) for the CPUs to be at least 90% idle, and print the load average
+# before and after so a recorded run shows how quiet the machine was.
+cpu_idle_pct() { # idle share of all CPUs over 2 s, from /proc/stat
+  local a b
+  read -r -a a < /proc/stat; sleep 2; read -r -a b < /proc/stat
+  local total=0 i
+  for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
+  echo $(( 100 * (b[4] + b[5] - a[4] - a[5]) / (total > 0 ? total : 1) ))
+}
+deadline=$((SECONDS + ${BENCH_QUIET_WAIT:-180}))
+while idle=$(cpu_idle_pct); [ "$idle" -lt 90 ]; do
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "==> machine still busy (${idle}% idle), measuring anyway" >&2
+    break
+  fi
+done
+echo "==> CPUs ${idle}% idle before the run" >&2
 echo "==> $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), commit $(git rev-parse --short HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo '?'), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-echo "==> smelt and candle (bench/candle-quant, release)" >&2
+echo "==> smelt and candle" >&2
 cargo run --release --quiet --manifest-path bench/candle-quant/Cargo.toml -- --out "$out" --runs "$runs"
 
 echo "==> ggml (llama-cpp-python's libggml-base)" >&2

@@ -24,6 +24,23 @@ import gguf
 import numpy as np
 
 
+def plain_pages() -> None:
+    """Stops numpy from asking for transparent huge pages on big arrays.
+
+    numpy madvises large allocations with MADV_HUGEPAGE; ggml's callers (and smelt's and
+    candle's Vec) get ordinary malloc memory. With THP in `madvise` mode, numpy's buffers
+    would fault in 2 MiB at a time and spare ggml ~10 ms of page faults per output that
+    the others pay, so the harness gives ggml the same plain pages.
+    """
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # numpy 1.x
+        from numpy.core import multiarray
+    setter = getattr(multiarray, "_set_madvise_hugepage", None)
+    if setter is not None:
+        setter(False)
+
+
 def load_ggml_base() -> ctypes.CDLL:
     """libggml-base from llama-cpp-python's package folder, found without importing it."""
     spec = importlib.util.find_spec("llama_cpp")
@@ -86,6 +103,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
 
+    plain_pages()
     folder = Path(args.dir)
     rust = json.loads((folder / "rust.json").read_text())
     rows, cols = rust["rows"], rust["cols"]
