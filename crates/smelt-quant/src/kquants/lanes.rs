@@ -370,22 +370,45 @@ mod tests {
             let (scale, min) =
                 super::make_qkx2_quants::<N, L, MAD>(nmax, rmin, 0.1, nstep, &x, &w, &mut out);
             #[cfg(target_arch = "x86_64")]
-            if L == 8 && std::arch::is_x86_feature_detected!("avx2") {
-                let x8: [[f32; 8]; N] = std::array::from_fn(|i| std::array::from_fn(|k| x[i][k]));
-                let w8: [[f32; 8]; N] = std::array::from_fn(|i| std::array::from_fn(|k| w[i][k]));
-                let mut out8 = [[0u8; 8]; N];
-                // SAFETY: the CPU was just checked for AVX2.
-                let (s8, m8) = unsafe {
-                    super::avx2::make_qkx2_quants::<N, MAD>(
-                        nmax, rmin, 0.1, nstep, &x8, &w8, &mut out8,
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY (both calls): the CPU was just checked for AVX2.
+                let (got, out_avx2): (Vec<(f32, f32)>, Vec<Vec<u8>>) = if L == 8 {
+                    let x8: [[f32; 8]; N] =
+                        std::array::from_fn(|i| std::array::from_fn(|k| x[i][k]));
+                    let w8: [[f32; 8]; N] =
+                        std::array::from_fn(|i| std::array::from_fn(|k| w[i][k]));
+                    let mut o = [[0u8; 8]; N];
+                    let (s, m) = unsafe {
+                        super::avx2::make_qkx2_quants::<N, 8, 1, MAD>(
+                            nmax, rmin, 0.1, nstep, &x8, &w8, &mut o,
+                        )
+                    };
+                    (
+                        s.into_iter().zip(m).collect(),
+                        o.iter().map(|r| r.to_vec()).collect(),
+                    )
+                } else {
+                    let x16: [[f32; 16]; N] =
+                        std::array::from_fn(|i| std::array::from_fn(|k| x[i][k]));
+                    let w16: [[f32; 16]; N] =
+                        std::array::from_fn(|i| std::array::from_fn(|k| w[i][k]));
+                    let mut o = [[0u8; 16]; N];
+                    let (s, m) = unsafe {
+                        super::avx2::make_qkx2_quants::<N, 16, 2, MAD>(
+                            nmax, rmin, 0.1, nstep, &x16, &w16, &mut o,
+                        )
+                    };
+                    (
+                        s.into_iter().zip(m).collect(),
+                        o.iter().map(|r| r.to_vec()).collect(),
                     )
                 };
-                for k in 0..8 {
+                for (k, (s, m)) in got.into_iter().enumerate() {
                     assert_eq!(
-                        (s8[k].to_bits(), m8[k].to_bits()),
+                        (s.to_bits(), m.to_bits()),
                         (scale[k].to_bits(), min[k].to_bits())
                     );
-                    assert!((0..N).all(|i| out8[i][k] == out[i][k]));
+                    assert!((0..N).all(|i| out_avx2[i][k] == out[i][k]));
                 }
             }
             for k in 0..L {
@@ -407,6 +430,7 @@ mod tests {
     fn qkx2_matches_the_scalar_search() {
         check_qkx2::<16, 16, true>(3, -0.5, 15);
         check_qkx2::<16, 8, true>(3, -0.5, 15);
+        check_qkx2::<32, 16, false>(15, -1.0, 20);
         check_qkx2::<32, 8, false>(15, -1.0, 20);
         check_qkx2::<32, 8, false>(31, -0.5, 15);
     }
@@ -475,117 +499,172 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// Eight-lane `make_qkx2_quants`; same contract as the generic one.
+    /// `make_qkx2_quants` on `L = 8 * W` groups: `W` independent eight-lane searches
+    /// interleaved in one loop, so that one search's additions fill the latency of the
+    /// other's (each search's sums are long dependent chains). Same contract as the
+    /// generic version.
     ///
     /// # Safety
     /// The CPU must support AVX2.
     #[inline]
     #[target_feature(enable = "avx2")]
     #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn make_qkx2_quants<const N: usize, const MAD: bool>(
+    pub(crate) unsafe fn make_qkx2_quants<
+        const N: usize,
+        const L: usize,
+        const W: usize,
+        const MAD: bool,
+    >(
         nmax: i32,
         rmin: f32,
         rdelta: f32,
         nstep: i32,
-        x: &[[f32; 8]; N],
-        w: &[[f32; 8]; N],
-        out: &mut [[u8; 8]; N],
-    ) -> ([f32; 8], [f32; 8]) {
-        let ld = |a: &[f32; 8]| _mm256_loadu_ps(a.as_ptr());
+        x: &[[f32; L]; N],
+        w: &[[f32; L]; N],
+        out: &mut [[u8; L]; N],
+    ) -> ([f32; L], [f32; L]) {
+        const { assert!(L == 8 * W) };
+        let ld = |a: &[f32; L], v: usize| _mm256_loadu_ps(a.as_ptr().add(8 * v));
         let zero = _mm256_setzero_ps();
         let nmax_i = _mm256_set1_epi32(nmax);
         let nmaxf = nmax as f32;
 
-        let mut min = ld(&x[0]);
-        let mut max = min;
-        let mut sum_w = ld(&w[0]);
-        let mut sum_x = _mm256_mul_ps(sum_w, min);
+        let mut min = [zero; W];
+        let mut max = [zero; W];
+        let mut sum_w = [zero; W];
+        let mut sum_x = [zero; W];
+        for v in 0..W {
+            min[v] = ld(&x[0], v);
+            max[v] = min[v];
+            sum_w[v] = ld(&w[0], v);
+            sum_x[v] = _mm256_mul_ps(sum_w[v], min[v]);
+        }
         for i in 1..N {
-            let (v, wi) = (ld(&x[i]), ld(&w[i]));
-            min = _mm256_min_ps(v, min);
-            max = _mm256_max_ps(v, max);
-            sum_w = _mm256_add_ps(sum_w, wi);
-            sum_x = _mm256_add_ps(sum_x, _mm256_mul_ps(wi, v));
+            for v in 0..W {
+                let (xi, wi) = (ld(&x[i], v), ld(&w[i], v));
+                min[v] = _mm256_min_ps(xi, min[v]);
+                max[v] = _mm256_max_ps(xi, max[v]);
+                sum_w[v] = _mm256_add_ps(sum_w[v], wi);
+                sum_x[v] = _mm256_add_ps(sum_x[v], _mm256_mul_ps(wi, xi));
+            }
         }
-        min = _mm256_blendv_ps(min, zero, _mm256_cmp_ps::<_CMP_GT_OQ>(min, zero));
-        let flat = _mm256_cmp_ps::<_CMP_EQ_OQ>(max, min);
-        let iscale = _mm256_div_ps(_mm256_set1_ps(nmaxf), _mm256_sub_ps(max, min));
-        let mut scale = _mm256_div_ps(_mm256_set1_ps(1.0), iscale);
+        let mut flat = [zero; W];
+        let mut iscale = [zero; W];
+        let mut scale = [zero; W];
+        for v in 0..W {
+            min[v] = _mm256_blendv_ps(min[v], zero, _mm256_cmp_ps::<_CMP_GT_OQ>(min[v], zero));
+            flat[v] = _mm256_cmp_ps::<_CMP_EQ_OQ>(max[v], min[v]);
+            iscale[v] = _mm256_div_ps(_mm256_set1_ps(nmaxf), _mm256_sub_ps(max[v], min[v]));
+            scale[v] = _mm256_div_ps(_mm256_set1_ps(1.0), iscale[v]);
+        }
 
-        let mut best = [zero; N];
-        let mut best_error = zero;
+        let mut best = [[zero; W]; N];
+        let mut best_error = [zero; W];
         for i in 0..N {
-            let xi = ld(&x[i]);
-            let l = level(iscale, xi, min, nmax_i);
-            best[i] = l;
-            let diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, l), min), xi);
-            best_error = _mm256_add_ps(best_error, _mm256_mul_ps(ld(&w[i]), err::<MAD>(diff)));
+            for v in 0..W {
+                let xi = ld(&x[i], v);
+                let l = level(iscale[v], xi, min[v], nmax_i);
+                best[i][v] = l;
+                let diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale[v], l), min[v]), xi);
+                best_error[v] =
+                    _mm256_add_ps(best_error[v], _mm256_mul_ps(ld(&w[i], v), err::<MAD>(diff)));
+            }
         }
 
-        let mut aux = [zero; N];
+        let mut aux = [[zero; W]; N];
         for is in 0..=nstep {
-            let iscale = _mm256_div_ps(
-                _mm256_set1_ps(rmin + rdelta * is as f32 + nmaxf),
-                _mm256_sub_ps(max, min),
-            );
-            let (mut sum_l, mut sum_l2, mut sum_xl) = (zero, zero, zero);
-            for i in 0..N {
-                let xi = ld(&x[i]);
-                let l = level(iscale, xi, min, nmax_i);
-                aux[i] = l;
-                let wl = _mm256_mul_ps(ld(&w[i]), l);
-                sum_l = _mm256_add_ps(sum_l, wl);
-                sum_l2 = _mm256_add_ps(sum_l2, _mm256_mul_ps(wl, l));
-                sum_xl = _mm256_add_ps(sum_xl, _mm256_mul_ps(wl, xi));
+            let num = _mm256_set1_ps(rmin + rdelta * is as f32 + nmaxf);
+            let mut sum_l = [zero; W];
+            let mut sum_l2 = [zero; W];
+            let mut sum_xl = [zero; W];
+            for v in 0..W {
+                iscale[v] = _mm256_div_ps(num, _mm256_sub_ps(max[v], min[v]));
             }
-            let d = _mm256_sub_ps(_mm256_mul_ps(sum_w, sum_l2), _mm256_mul_ps(sum_l, sum_l));
-            let s = _mm256_div_ps(
-                _mm256_sub_ps(_mm256_mul_ps(sum_w, sum_xl), _mm256_mul_ps(sum_x, sum_l)),
-                d,
-            );
-            let m = _mm256_div_ps(
-                _mm256_sub_ps(_mm256_mul_ps(sum_l2, sum_x), _mm256_mul_ps(sum_l, sum_xl)),
-                d,
-            );
-            let clip = _mm256_cmp_ps::<_CMP_GT_OQ>(m, zero);
-            let this_min = _mm256_blendv_ps(m, zero, clip);
-            let this_scale = _mm256_blendv_ps(s, _mm256_div_ps(sum_xl, sum_l2), clip);
-            let mut cur_error = zero;
             for i in 0..N {
-                let xi = ld(&x[i]);
-                let diff = _mm256_sub_ps(
-                    _mm256_add_ps(_mm256_mul_ps(this_scale, aux[i]), this_min),
-                    xi,
-                );
-                cur_error = _mm256_add_ps(cur_error, _mm256_mul_ps(ld(&w[i]), err::<MAD>(diff)));
-            }
-            let better = _mm256_and_ps(
-                _mm256_cmp_ps::<_CMP_GT_OQ>(d, zero),
-                _mm256_cmp_ps::<_CMP_LT_OQ>(cur_error, best_error),
-            );
-            let take = _mm256_andnot_ps(flat, better);
-            if _mm256_movemask_ps(take) != 0 {
-                for i in 0..N {
-                    best[i] = _mm256_blendv_ps(best[i], aux[i], take);
+                for v in 0..W {
+                    let xi = ld(&x[i], v);
+                    let l = level(iscale[v], xi, min[v], nmax_i);
+                    aux[i][v] = l;
+                    let wl = _mm256_mul_ps(ld(&w[i], v), l);
+                    sum_l[v] = _mm256_add_ps(sum_l[v], wl);
+                    sum_l2[v] = _mm256_add_ps(sum_l2[v], _mm256_mul_ps(wl, l));
+                    sum_xl[v] = _mm256_add_ps(sum_xl[v], _mm256_mul_ps(wl, xi));
                 }
-                best_error = _mm256_blendv_ps(best_error, cur_error, take);
-                scale = _mm256_blendv_ps(scale, this_scale, take);
-                min = _mm256_blendv_ps(min, this_min, take);
+            }
+            let mut d = [zero; W];
+            let mut this_scale = [zero; W];
+            let mut this_min = [zero; W];
+            for v in 0..W {
+                d[v] = _mm256_sub_ps(
+                    _mm256_mul_ps(sum_w[v], sum_l2[v]),
+                    _mm256_mul_ps(sum_l[v], sum_l[v]),
+                );
+                let s = _mm256_div_ps(
+                    _mm256_sub_ps(
+                        _mm256_mul_ps(sum_w[v], sum_xl[v]),
+                        _mm256_mul_ps(sum_x[v], sum_l[v]),
+                    ),
+                    d[v],
+                );
+                let m = _mm256_div_ps(
+                    _mm256_sub_ps(
+                        _mm256_mul_ps(sum_l2[v], sum_x[v]),
+                        _mm256_mul_ps(sum_l[v], sum_xl[v]),
+                    ),
+                    d[v],
+                );
+                let clip = _mm256_cmp_ps::<_CMP_GT_OQ>(m, zero);
+                this_min[v] = _mm256_blendv_ps(m, zero, clip);
+                this_scale[v] = _mm256_blendv_ps(s, _mm256_div_ps(sum_xl[v], sum_l2[v]), clip);
+            }
+            let mut cur_error = [zero; W];
+            for i in 0..N {
+                for v in 0..W {
+                    let xi = ld(&x[i], v);
+                    let diff = _mm256_sub_ps(
+                        _mm256_add_ps(_mm256_mul_ps(this_scale[v], aux[i][v]), this_min[v]),
+                        xi,
+                    );
+                    cur_error[v] =
+                        _mm256_add_ps(cur_error[v], _mm256_mul_ps(ld(&w[i], v), err::<MAD>(diff)));
+                }
+            }
+            for v in 0..W {
+                let better = _mm256_and_ps(
+                    _mm256_cmp_ps::<_CMP_GT_OQ>(d[v], zero),
+                    _mm256_cmp_ps::<_CMP_LT_OQ>(cur_error[v], best_error[v]),
+                );
+                let take = _mm256_andnot_ps(flat[v], better);
+                if _mm256_movemask_ps(take) != 0 {
+                    for (b, a) in best.iter_mut().zip(&aux) {
+                        b[v] = _mm256_blendv_ps(b[v], a[v], take);
+                    }
+                    best_error[v] = _mm256_blendv_ps(best_error[v], cur_error[v], take);
+                    scale[v] = _mm256_blendv_ps(scale[v], this_scale[v], take);
+                    min[v] = _mm256_blendv_ps(min[v], this_min[v], take);
+                }
             }
         }
-        for i in 0..N {
-            let l = _mm256_cvttps_epi32(_mm256_andnot_ps(flat, best[i]));
-            let mut lanes = [0i32; 8];
-            _mm256_storeu_si256(lanes.as_mut_ptr().cast(), l);
-            out[i] = lanes.map(|v| v as u8);
+        let mut scale_out = [0.0f32; L];
+        let mut neg_min = [0.0f32; L];
+        for v in 0..W {
+            for i in 0..N {
+                let l = _mm256_cvttps_epi32(_mm256_andnot_ps(flat[v], best[i][v]));
+                let mut lanes = [0i32; 8];
+                _mm256_storeu_si256(lanes.as_mut_ptr().cast(), l);
+                for (o, l) in out[i][8 * v..8 * v + 8].iter_mut().zip(lanes) {
+                    *o = l as u8;
+                }
+            }
+            _mm256_storeu_ps(
+                scale_out.as_mut_ptr().add(8 * v),
+                _mm256_andnot_ps(flat[v], scale[v]),
+            );
+            _mm256_storeu_ps(
+                neg_min.as_mut_ptr().add(8 * v),
+                _mm256_xor_ps(min[v], _mm256_set1_ps(-0.0)),
+            );
         }
-        let mut scale_out = [0.0f32; 8];
-        let mut neg_min = [0.0f32; 8];
-        _mm256_storeu_ps(scale_out.as_mut_ptr(), _mm256_andnot_ps(flat, scale));
-        _mm256_storeu_ps(
-            neg_min.as_mut_ptr(),
-            _mm256_xor_ps(min, _mm256_set1_ps(-0.0)),
-        );
         (scale_out, neg_min)
     }
 }

@@ -22,7 +22,7 @@ pub struct BlockQ2K {
 
 const _: () = assert!(std::mem::size_of::<BlockQ2K>() == 84);
 
-/// ggml's `make_qkx2_quants` on all sixteen groups, eight lanes at a time with AVX2.
+/// ggml's `make_qkx2_quants` on all sixteen groups at once.
 #[inline(always)]
 fn fit_groups(
     xt: &[[f32; 16]; 16],
@@ -31,25 +31,10 @@ fn fit_groups(
 ) -> ([f32; 16], [f32; 16]) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2() {
-        let mut scales = [0.0f32; 16];
-        let mut mins = [0.0f32; 16];
-        for half in 0..2 {
-            let xh: [[f32; 8]; 16] =
-                std::array::from_fn(|i| std::array::from_fn(|k| xt[i][8 * half + k]));
-            let wh: [[f32; 8]; 16] =
-                std::array::from_fn(|i| std::array::from_fn(|k| w[i][8 * half + k]));
-            let mut lh = [[0u8; 8]; 16];
-            // SAFETY: has_avx2 checked the CPU for AVX2.
-            let (s, m) = unsafe {
-                lanes::avx2::make_qkx2_quants::<16, true>(3, -0.5, 0.1, 15, &xh, &wh, &mut lh)
-            };
-            scales[8 * half..8 * half + 8].copy_from_slice(&s);
-            mins[8 * half..8 * half + 8].copy_from_slice(&m);
-            for (row, lrow) in lt.iter_mut().zip(&lh) {
-                row[8 * half..8 * half + 8].copy_from_slice(lrow);
-            }
-        }
-        return (scales, mins);
+        // SAFETY: has_avx2 checked the CPU for AVX2.
+        return unsafe {
+            lanes::avx2::make_qkx2_quants::<16, 16, 2, true>(3, -0.5, 0.1, 15, xt, w, lt)
+        };
     }
     lanes::make_qkx2_quants::<16, 16, true>(3, -0.5, 0.1, 15, xt, w, lt)
 }

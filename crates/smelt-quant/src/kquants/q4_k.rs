@@ -51,7 +51,9 @@ pub(crate) fn fit_groups(
     let fit = if crate::simd::has_avx2() {
         // SAFETY: has_avx2 checked the CPU for AVX2.
         unsafe {
-            lanes::avx2::make_qkx2_quants::<32, false>(nmax, rmin, 0.1, nstep, &xt, &w, &mut lt)
+            lanes::avx2::make_qkx2_quants::<32, 8, 1, false>(
+                nmax, rmin, 0.1, nstep, &xt, &w, &mut lt,
+            )
         }
     } else {
         lanes::make_qkx2_quants::<32, 8, false>(nmax, rmin, 0.1, nstep, &xt, &w, &mut lt)
