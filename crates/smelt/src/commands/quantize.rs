@@ -102,7 +102,7 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         let data = match p.action {
             Action::Copy => std::borrow::Cow::Borrowed(src),
             Action::Convert => std::borrow::Cow::Owned(
-                convert(info.ty, src, &info.shape, p.ty)
+                convert(info.ty, src, &info.shape, p.ty, &|b| bar.inc(b))
                     .with_context(|| format!("tensor {} ({} -> {})", info.name, info.ty, p.ty))?,
             ),
         };
@@ -113,7 +113,9 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
                 args.output.display()
             )
         })?;
-        bar.inc(data.len() as u64);
+        if p.action == Action::Copy {
+            bar.inc(data.len() as u64);
+        }
     }
     w.finish()
         .with_context(|| format!("cannot finish {}", args.output.display()))?;
@@ -211,33 +213,55 @@ fn output_metadata(input: &Metadata, target: Target) -> Metadata {
     md
 }
 
-/// Source bytes of any readable type to `dst` bytes: unpack rows to f32 in parallel, then
-/// quantize on all cores.
-pub fn convert(src_ty: GgmlType, src: &[u8], shape: &[u64], dst: GgmlType) -> Result<Vec<u8>> {
+/// f32 staged per slice of rows: bounds the working memory to the output tensor plus this,
+/// however large the tensor (a 152k-token embedding is 3 GiB as f32).
+const SLICE_F32_BYTES: usize = 64 << 20;
+
+/// Source bytes of any readable type to `dst` bytes, a slice of rows at a time: unpack the
+/// rows to f32 in parallel, then quantize them on all cores. `progress` gets the output
+/// bytes of each slice as it is done.
+pub fn convert(
+    src_ty: GgmlType,
+    src: &[u8],
+    shape: &[u64],
+    dst: GgmlType,
+    progress: &dyn Fn(u64),
+) -> Result<Vec<u8>> {
     let n: u64 = shape.iter().product();
-    let row = shape.first().copied().unwrap_or(1);
     if n == 0 {
         return Ok(Vec::new());
     }
-    let n = usize::try_from(n).context("tensor too large for this machine")?;
-    let row = usize::try_from(row).context("row too long for this machine")?;
-    let f32s = to_f32(src_ty, src, n, row)?;
-    Ok(smelt_quant::quantize_tensor(dst, &f32s, row, None)?)
+    let row = usize::try_from(shape.first().copied().unwrap_or(1))
+        .context("row too long for this machine")?;
+    let rows = usize::try_from(n).context("tensor too large for this machine")? / row;
+    let src_row = row_bytes(src_ty, row)?;
+    let dst_row = row_bytes(dst, row)?;
+    if src_row * rows != src.len() {
+        bail!(
+            "{} bytes do not hold {rows} rows of {row} {src_ty} weights",
+            src.len()
+        );
+    }
+    let rows_per_slice = (SLICE_F32_BYTES / (row * 4)).max(1);
+    let mut out = Vec::with_capacity(dst_row * rows);
+    let mut f32s = vec![0f32; rows_per_slice.min(rows) * row];
+    for slice in src.chunks(src_row * rows_per_slice) {
+        let vals = &mut f32s[..slice.len() / src_row * row];
+        vals.par_chunks_mut(row)
+            .zip(slice.par_chunks(src_row))
+            .try_for_each(|(d, s)| smelt_quant::dequantize_row(src_ty, s, d))?;
+        let q = smelt_quant::quantize_tensor(dst, vals, row, None)?;
+        progress(q.len() as u64);
+        out.extend_from_slice(&q);
+    }
+    Ok(out)
 }
 
-fn to_f32(ty: GgmlType, src: &[u8], n: usize, row: usize) -> Result<Vec<f32>> {
-    let row_bytes = ty
+fn row_bytes(ty: GgmlType, row: usize) -> Result<usize> {
+    let b = ty
         .row_bytes(row as u64)
-        .with_context(|| format!("row length {row} is not a whole number of {ty} blocks"))?
-        as usize;
-    if row_bytes * (n / row) != src.len() {
-        bail!("{} bytes do not hold {n} weights of {ty}", src.len());
-    }
-    let mut out = vec![0f32; n];
-    out.par_chunks_mut(row)
-        .zip(src.par_chunks(row_bytes))
-        .try_for_each(|(dst, s)| smelt_quant::dequantize_row(ty, s, dst))?;
-    Ok(out)
+        .with_context(|| format!("row length {row} is not a whole number of {ty} blocks"))?;
+    usize::try_from(b).context("row too long for this machine")
 }
 
 #[cfg(test)]
