@@ -4,6 +4,7 @@
 # byte comparisons. Prints a Markdown table last; see bench/RESULTS.md for recorded runs.
 #
 #   bench/quant.sh            # RUNS=3 by default; BENCH_OUT=folder for the data (bench/out)
+#   bench/quant.sh --rows 64  # arguments go to bench/candle-quant (see its --help)
 #
 # Needs nothing installed by hand: cargo builds the bench crate (its own workspace and
 # target dir, bench/candle-quant/target) and scripts/oracles.sh provides the Python venv.
@@ -39,7 +40,7 @@ done
 echo "==> CPUs ${idle}% idle before the run" >&2
 echo "==> $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), commit $(git rev-parse --short HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo '?'), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 echo "==> smelt and candle" >&2
-cargo run --release --quiet --manifest-path bench/candle-quant/Cargo.toml -- --out "$out" --runs "$runs"
+cargo run --release --quiet --manifest-path bench/candle-quant/Cargo.toml -- --out "$out" --runs "$runs" "$@"
 
 echo "==> ggml (llama-cpp-python's libggml-base)" >&2
 status=0
