@@ -261,14 +261,31 @@ fn generate(name: &str, shape: &[u64], ty: GgmlType, seed: u64, index: u64) -> R
         return Ok(out);
     }
     let normal = Normal::new(0.0f32, STD).context("normal distribution")?;
-    let mut vals = vec![0f32; n];
-    vals.par_chunks_mut(CHUNK_WEIGHTS)
+    let encode: Option<fn(f32, &mut [u8])> = match ty {
+        GgmlType::F32 => Some(|v, b| b.copy_from_slice(&v.to_le_bytes())),
+        GgmlType::F16 => Some(|v, b| b.copy_from_slice(&f16::from_f32(v).to_le_bytes())),
+        GgmlType::BF16 => Some(|v, b| b.copy_from_slice(&bf16::from_f32(v).to_le_bytes())),
+        _ => None,
+    };
+    let Some(encode) = encode else {
+        // A block format without a random-bytes recipe: quantize normals.
+        let mut vals = vec![0f32; n];
+        let mut rng = rng_for(0);
+        vals.iter_mut().for_each(|v| *v = normal.sample(&mut rng));
+        return float_bytes(ty, &vals);
+    };
+    // Normals straight into the output bytes: no f32 copy of a vocabulary-sized tensor.
+    let size = ty.type_size();
+    let mut out = vec![0u8; n * size];
+    out.par_chunks_mut(CHUNK_WEIGHTS * size)
         .enumerate()
         .for_each(|(c, chunk)| {
             let mut rng = rng_for(c);
-            chunk.iter_mut().for_each(|v| *v = normal.sample(&mut rng));
+            chunk
+                .chunks_exact_mut(size)
+                .for_each(|b| encode(normal.sample(&mut rng), b));
         });
-    float_bytes(ty, &vals)
+    Ok(out)
 }
 
 fn float_bytes(ty: GgmlType, vals: &[f32]) -> Result<Vec<u8>> {
