@@ -23,11 +23,19 @@ pub enum QuantError {
     #[error("cannot quantize non-finite value {value} at row {row}, column {col}")]
     NonFinite { row: usize, col: usize, value: f32 },
     #[error("row length {n} is not a multiple of {ty}'s block size {block}")]
-    RaggedRow { ty: GgmlType, n: usize, block: usize },
+    RaggedRow {
+        ty: GgmlType,
+        n: usize,
+        block: usize,
+    },
     #[error("{ty} has no {op} in smelt")]
     Unsupported { ty: GgmlType, op: &'static str },
     #[error("buffer of {got} bytes does not hold {want} bytes of {ty}")]
-    BadLength { ty: GgmlType, got: usize, want: usize },
+    BadLength {
+        ty: GgmlType,
+        got: usize,
+        want: usize,
+    },
     #[error("source length {len} is not a whole number of rows of {n_per_row}")]
     BadShape { len: usize, n_per_row: usize },
 }
@@ -63,6 +71,7 @@ pub trait Quantize: Block {
 
 /// Calls `$body` with `$B` bound to the block type of `$ty`, or evaluates `$none` for
 /// types smelt does not implement.
+#[rustfmt::skip]
 macro_rules! with_block {
     ($ty:expr, $B:ident => $body:expr, _ => $none:expr) => {
         match $ty {
@@ -89,6 +98,7 @@ macro_rules! with_block {
 }
 
 /// Same as [`with_block`] but only for types implementing [`Quantize`].
+#[rustfmt::skip]
 macro_rules! with_quantize {
     ($ty:expr, $B:ident => $body:expr, _ => $none:expr) => {
         match $ty {
@@ -129,7 +139,7 @@ pub fn act_type(ty: GgmlType) -> Result<GgmlType, QuantError> {
 
 fn check_row(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
     let block = ty.block_size();
-    if n % block != 0 {
+    if !n.is_multiple_of(block) {
         return Err(QuantError::RaggedRow { ty, n, block });
     }
     Ok(n / block * ty.type_size())
@@ -160,7 +170,11 @@ fn blocks<B: Block>(bytes: &[u8]) -> std::borrow::Cow<'_, [B]> {
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     let want = check_row(ty, src.len())?;
     if dst.len() != want {
-        return Err(QuantError::BadLength { ty, got: dst.len(), want });
+        return Err(QuantError::BadLength {
+            ty,
+            got: dst.len(),
+            want,
+        });
     }
     check_finite(src, src.len())?;
     with_quantize!(ty, B => {
@@ -180,7 +194,11 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
     let want = check_row(ty, dst.len())?;
     if src.len() != want {
-        return Err(QuantError::BadLength { ty, got: src.len(), want });
+        return Err(QuantError::BadLength {
+            ty,
+            got: src.len(),
+            want,
+        });
     }
     with_block!(ty, B => {
         <B as Block>::dequantize_row(&blocks::<B>(src), dst);
@@ -193,7 +211,11 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 pub fn vec_dot(ty: GgmlType, n: usize, x: &[u8], y: &[u8]) -> Result<f32, QuantError> {
     let want_x = check_row(ty, n)?;
     if x.len() != want_x {
-        return Err(QuantError::BadLength { ty, got: x.len(), want: want_x });
+        return Err(QuantError::BadLength {
+            ty,
+            got: x.len(),
+            want: want_x,
+        });
     }
     with_block!(ty, B => {
         let act = <<B as Block>::Act as Block>::TYPE;

@@ -18,23 +18,35 @@ pub fn quantize_tensor(
     n_per_row: usize,
     threads: Option<usize>,
 ) -> Result<Vec<u8>, QuantError> {
-    if n_per_row == 0 || src.len() % n_per_row != 0 {
-        return Err(QuantError::BadShape { len: src.len(), n_per_row });
+    if n_per_row == 0 || !src.len().is_multiple_of(n_per_row) {
+        return Err(QuantError::BadShape {
+            len: src.len(),
+            n_per_row,
+        });
     }
     let block = ty.block_size();
-    if n_per_row % block != 0 {
-        return Err(QuantError::RaggedRow { ty, n: n_per_row, block });
+    if !n_per_row.is_multiple_of(block) {
+        return Err(QuantError::RaggedRow {
+            ty,
+            n: n_per_row,
+            block,
+        });
     }
     if !crate::can_quantize(ty) {
-        return Err(QuantError::Unsupported { ty, op: "quantization" });
+        return Err(QuantError::Unsupported {
+            ty,
+            op: "quantization",
+        });
     }
-    check_finite(src, n_per_row)?;
     let row_bytes = n_per_row / block * ty.type_size();
     let mut out = vec![0u8; src.len() / n_per_row * row_bytes];
     let work = |out: &mut Vec<u8>| {
         out.par_chunks_mut(row_bytes * ROWS_PER_TASK)
             .zip(src.par_chunks(n_per_row * ROWS_PER_TASK))
-            .try_for_each(|(dst, src)| {
+            .enumerate()
+            .try_for_each(|(task, (dst, src))| {
+                // Each task checks its own rows, so the NaN/Inf scan runs on all cores too.
+                check_finite(src, n_per_row).map_err(|e| offset_row(e, task * ROWS_PER_TASK))?;
                 dst.chunks_mut(row_bytes)
                     .zip(src.chunks(n_per_row))
                     .try_for_each(|(d, s)| quantize_row(ty, s, d))
@@ -45,8 +57,23 @@ pub fn quantize_tensor(
         Some(n) => rayon::ThreadPoolBuilder::new()
             .num_threads(n.max(1))
             .build()
-            .map_err(|_| QuantError::Unsupported { ty, op: "a thread pool" })?
+            .map_err(|_| QuantError::Unsupported {
+                ty,
+                op: "a thread pool",
+            })?
             .install(|| work(&mut out))?,
     }
     Ok(out)
+}
+
+/// Moves a [`QuantError::NonFinite`] found in a task's slice to the tensor's row numbering.
+fn offset_row(e: QuantError, first_row: usize) -> QuantError {
+    match e {
+        QuantError::NonFinite { row, col, value } => QuantError::NonFinite {
+            row: row + first_row,
+            col,
+            value,
+        },
+        other => other,
+    }
 }
