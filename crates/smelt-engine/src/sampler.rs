@@ -1,0 +1,1 @@
+//! Turning logits into the next token (filled in by the sampler work).

@@ -1,0 +1,1 @@
+//! Tokenizers (SentencePiece/llama, GPT-2 BPE, Gemma) and chat templates from GGUF metadata.
