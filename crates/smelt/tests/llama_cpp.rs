@@ -214,7 +214,7 @@ fn qwen3_synth_shapes() {
 }
 
 /// Runs llama.cpp's own quantizer (`llama_model_quantize`).
-fn llama_quantize(input: &std::path::Path, output: &std::path::Path, ftype: u32) {
+fn llama_quantize(input: &std::path::Path, output: &std::path::Path, ftype: u32, pure: bool) {
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/llama_quantize.py");
     let out = std::process::Command::new(python())
@@ -222,6 +222,7 @@ fn llama_quantize(input: &std::path::Path, output: &std::path::Path, ftype: u32)
         .arg(input)
         .arg(output)
         .arg(ftype.to_string())
+        .args(pure.then_some("--pure"))
         .output()
         .expect("python runs");
     assert!(
@@ -309,7 +310,7 @@ fn presets_match_llama_cpp_quantize_byte_for_byte() {
         for &(preset, ftype) in presets {
             let theirs = dir.path().join("llama.gguf");
             let ours = dir.path().join("smelt.gguf");
-            llama_quantize(&f16, &theirs, ftype);
+            llama_quantize(&f16, &theirs, ftype, false);
             smelt_ok(&[
                 "quantize",
                 f16.to_str().expect("p"),
@@ -320,5 +321,43 @@ fn presets_match_llama_cpp_quantize_byte_for_byte() {
             ]);
             assert_same_tensors(&format!("{name} {preset}"), &theirs, &ours);
         }
+    }
+}
+
+/// An exact format is llama.cpp's `--pure` quantization: one type for every matrix (with
+/// the same ragged-row fallbacks), byte for byte.
+#[test]
+fn exact_types_match_llama_cpp_pure_byte_for_byte() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f16 = dir.path().join("source-f16.gguf");
+    smelt_ok(&[
+        "quantize",
+        model(SMOLLM).to_str().expect("p"),
+        f16.to_str().expect("p"),
+        "--type",
+        "f16",
+    ]);
+    // (format, the llama.cpp file type whose default type it is)
+    for (ty, ftype) in [
+        ("q4_0", 2),
+        ("q5_1", 9),
+        ("q8_0", 7),
+        ("q2_k", 10),
+        ("q3_k", 11),
+        ("q4_k", 14),
+        ("q5_k", 16),
+        ("q6_k", 18),
+    ] {
+        let theirs = dir.path().join("llama.gguf");
+        let ours = dir.path().join("smelt.gguf");
+        llama_quantize(&f16, &theirs, ftype, true);
+        smelt_ok(&[
+            "quantize",
+            f16.to_str().expect("p"),
+            ours.to_str().expect("p"),
+            "--type",
+            ty,
+        ]);
+        assert_same_tensors(&format!("{SMOLLM} pure {ty}"), &theirs, &ours);
     }
 }
