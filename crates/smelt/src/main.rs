@@ -2,6 +2,7 @@
 
 mod commands;
 mod fmt;
+mod output;
 mod plan;
 mod progress;
 mod shapes;

@@ -302,3 +302,53 @@ fn bad_requests_are_clean_errors() {
         );
     }
 }
+
+#[test]
+fn a_failed_run_leaves_no_output() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A model whose fourth tensor holds a NaN: quantization stops there.
+    let mut md = Metadata::new();
+    md.insert("general.architecture", Value::String("llama".into()));
+    let names = ["a.weight", "b.weight", "c.weight", "d.weight"];
+    let specs = names
+        .iter()
+        .map(|n| TensorSpec {
+            name: (*n).into(),
+            ty: GgmlType::F32,
+            shape: vec![32, 4],
+        })
+        .collect();
+    let input = dir.path().join("nan.gguf");
+    let mut w = GgufWriter::create(&input, &md, specs).expect("create");
+    for (i, n) in names.iter().enumerate() {
+        let mut vals = vec![0.5f32; 128];
+        if i == 3 {
+            vals[37] = f32::NAN;
+        }
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.write_tensor(n, &bytes).expect("write");
+    }
+    w.finish().expect("finish");
+
+    let out = dir.path().join("out.gguf");
+    let run = smelt(&[
+        "quantize",
+        input.to_str().expect("p"),
+        out.to_str().expect("p"),
+        "--type",
+        "q8_0",
+    ]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    assert!(err.contains("d.weight") && err.contains("NaN"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("nan.gguf")],
+        "no output and no .partial left"
+    );
+}

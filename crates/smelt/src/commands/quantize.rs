@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crate::fmt::bytes;
 use crate::plan::{self, Action, ModelInfo, Planned, Target, TensorIn};
-use crate::progress;
+use crate::{output, progress};
 
 #[derive(Args, Debug)]
 pub struct QuantizeArgs {
@@ -92,8 +92,9 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
             s.ty.row_bytes(n).unwrap_or(0)
         })
         .sum();
-    let mut w = GgufWriter::create(&args.output, &md, specs)
-        .with_context(|| format!("cannot create {}", args.output.display()))?;
+    let partial = output::Partial::new(&args.output);
+    let mut w = GgufWriter::create(partial.path(), &md, specs)
+        .with_context(|| format!("cannot create {}", partial.path().display()))?;
 
     let bar = progress::bytes_bar(out_bytes, "quantize");
     for (info, p) in g.tensors().iter().zip(&planned) {
@@ -118,7 +119,8 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         }
     }
     w.finish()
-        .with_context(|| format!("cannot finish {}", args.output.display()))?;
+        .with_context(|| format!("cannot finish {}", partial.path().display()))?;
+    partial.commit()?;
     bar.finish_and_clear();
 
     let before = std::fs::metadata(&args.input).map(|m| m.len()).unwrap_or(0);

@@ -19,8 +19,8 @@ use std::time::Instant;
 use crate::commands::quantize::warn_about;
 use crate::fmt::{bytes, count};
 use crate::plan::{self, ModelInfo, Planned, Target, TensorIn};
-use crate::progress;
 use crate::shapes::{self, ModelShape};
+use crate::{output, progress};
 
 #[derive(Args, Debug)]
 pub struct SynthArgs {
@@ -112,8 +112,9 @@ pub fn run(args: &SynthArgs) -> Result<()> {
         .map(|s| s.ty.row_bytes(s.shape.iter().product()).unwrap_or(0))
         .sum();
     let params: u64 = specs.iter().map(|s| s.shape.iter().product::<u64>()).sum();
-    let mut w = GgufWriter::create(&args.output, &md, specs)
-        .with_context(|| format!("cannot create {}", args.output.display()))?;
+    let partial = output::Partial::new(&args.output);
+    let mut w = GgufWriter::create(partial.path(), &md, specs)
+        .with_context(|| format!("cannot create {}", partial.path().display()))?;
     let bar = progress::bytes_bar(total, "synth");
     for (i, (t, p)) in tensors.iter().zip(&planned).enumerate() {
         bar.set_message(t.name.clone());
@@ -129,7 +130,8 @@ pub fn run(args: &SynthArgs) -> Result<()> {
         bar.inc(data.len() as u64);
     }
     w.finish()
-        .with_context(|| format!("cannot finish {}", args.output.display()))?;
+        .with_context(|| format!("cannot finish {}", partial.path().display()))?;
+    partial.commit()?;
     bar.finish_and_clear();
     eprintln!(
         "wrote {}: {} ({} layers, {target}), {} parameters, {} tensors, {}, {:.1} s",
