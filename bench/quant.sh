@@ -38,6 +38,12 @@ while idle=$(cpu_idle_pct); [ "$idle" -lt 90 ]; do
   fi
 done
 echo "==> CPUs ${idle}% idle before the run" >&2
+# CPU ticks busy on the whole machine (user nice system irq softirq steal), and those of
+# this script's finished children (cutime + cstime): the difference over the run is what
+# other processes (or the hypervisor) took while we measured.
+busy_ticks() { local a; read -r -a a < /proc/stat; echo $((a[1] + a[2] + a[3] + a[6] + a[7] + a[8])); }
+our_ticks() { awk '{print $16 + $17}' "/proc/$$/stat"; }
+busy0=$(busy_ticks); ours0=$(our_ticks); t0=$SECONDS
 echo "==> $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), commit $(git rev-parse --short HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo '?'), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 echo "==> smelt and candle" >&2
 cargo run --release --quiet --manifest-path bench/candle-quant/Cargo.toml -- --out "$out" --runs "$runs" "$@"
@@ -46,7 +52,14 @@ echo "==> ggml (llama-cpp-python's libggml-base)" >&2
 status=0
 "$py" bench/quant_ggml.py --dir "$out" --runs "$runs" || status=$?
 
-echo "==> done $(date -u '+%H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+others=$(( $(busy_ticks) - busy0 - ($(our_ticks) - ours0) ))
+hz=$(getconf CLK_TCK)
+wall=$((SECONDS - t0 > 0 ? SECONDS - t0 : 1))
+share=$((100 * others / (hz * wall * $(nproc))))
+echo "==> done $(date -u '+%H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg); other processes used $((others / hz)) CPU-s of the $((wall * $(nproc))) available during the ${wall} s run (${share}%)" >&2
+if [ "$share" -ge 5 ]; then
+  echo "==> WARNING: the machine was busy during the run; the all-cores figures are suspect" >&2
+fi
 echo >&2
 "$py" bench/report.py "$out" || status=$?
 exit "$status"
