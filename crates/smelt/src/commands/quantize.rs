@@ -43,15 +43,7 @@ pub struct QuantizeArgs {
 
 pub fn run(args: &QuantizeArgs) -> Result<()> {
     let start = Instant::now();
-    if let Some(n) = args.threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("cannot start the thread pool")?;
-    }
+    super::use_threads(args.threads)?;
     let target = Target::parse(&args.ty, args.preset).map_err(anyhow::Error::msg)?;
     let same_file = args.output.exists()
         && std::fs::canonicalize(&args.input).ok() == std::fs::canonicalize(&args.output).ok();

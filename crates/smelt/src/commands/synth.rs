@@ -46,10 +46,14 @@ pub struct SynthArgs {
     /// Random seed; the same seed gives the same file whatever the thread count.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Worker threads (default: all cores); the file is the same whatever the count.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
 }
 
 pub fn run(args: &SynthArgs) -> Result<()> {
     let start = Instant::now();
+    super::use_threads(args.threads)?;
     let mut shape = shapes::find(&args.shape)
         .with_context(|| {
             format!(
