@@ -1,0 +1,138 @@
+//! Attention over the paged KV cache, with llama.cpp's (non flash-attention) precision:
+//! K and V are stored as f16, the query is rounded to f16 before `q·k` (ggml converts the
+//! f32 operand of an f16 matmul), the softmax runs in f32 with an f64 sum, and the
+//! probabilities are rounded to f16 before they weight V.
+
+use half::f16;
+use rayon::prelude::*;
+use smelt_quant::fp::{f16_to_f32, f32_to_f16};
+
+use crate::backend::{AttnParams, AttnSeq};
+
+/// K and V of every layer: `[layer][slot * kv_dim + d]`, a slot being
+/// `block * block_size + offset`.
+pub struct CpuKv {
+    pub(crate) block_size: usize,
+    pub(crate) kv_dim: usize,
+    pub(crate) k: Vec<Vec<f16>>,
+    pub(crate) v: Vec<Vec<f16>>,
+}
+
+impl CpuKv {
+    pub fn new(n_layer: usize, n_blocks: usize, block_size: usize, kv_dim: usize) -> Self {
+        let n = n_blocks * block_size * kv_dim;
+        Self {
+            block_size,
+            kv_dim,
+            k: (0..n_layer).map(|_| vec![f16::ZERO; n]).collect(),
+            v: (0..n_layer).map(|_| vec![f16::ZERO; n]).collect(),
+        }
+    }
+
+    fn slot(&self, blocks: &[u32], pos: usize) -> usize {
+        blocks[pos / self.block_size] as usize * self.block_size + pos % self.block_size
+    }
+
+    pub fn write(&mut self, layer: usize, k: &[f32], v: &[f32], seqs: &[AttnSeq<'_>]) {
+        let d = self.kv_dim;
+        for s in seqs {
+            for i in 0..s.n_tokens {
+                let slot = self.slot(s.blocks, s.start_pos + i);
+                let row = s.row + i;
+                for (dst, &src) in self.k[layer][slot * d..(slot + 1) * d]
+                    .iter_mut()
+                    .zip(&k[row * d..(row + 1) * d])
+                {
+                    *dst = f32_to_f16(src);
+                }
+                for (dst, &src) in self.v[layer][slot * d..(slot + 1) * d]
+                    .iter_mut()
+                    .zip(&v[row * d..(row + 1) * d])
+                {
+                    *dst = f32_to_f16(src);
+                }
+            }
+        }
+    }
+
+    pub fn attend(
+        &self,
+        q: &[f32],
+        layer: usize,
+        seqs: &[AttnSeq<'_>],
+        p: &AttnParams,
+        out: &mut [f32],
+    ) {
+        let hd = p.head_dim;
+        let group = p.n_head / p.n_head_kv.max(1);
+        // Which sequence each batch row belongs to.
+        let mut owner = Vec::new();
+        for (si, s) in seqs.iter().enumerate() {
+            if owner.len() < s.row + s.n_tokens {
+                owner.resize(s.row + s.n_tokens, usize::MAX);
+            }
+            owner[s.row..s.row + s.n_tokens].fill(si);
+        }
+        let (ks, vs) = (&self.k[layer], &self.v[layer]);
+        out.par_chunks_mut(hd).enumerate().for_each_init(
+            || (vec![0f32; hd], Vec::<f32>::new()),
+            |(q16, scores), (i, o)| {
+                let (row, h) = (i / p.n_head, i % p.n_head);
+                let Some(s) = owner.get(row).and_then(|&si| seqs.get(si)) else {
+                    return;
+                };
+                let pos = s.start_pos + row - s.row;
+                let lo = match p.window {
+                    Some(w) => (pos + 1).saturating_sub(w),
+                    None => 0,
+                };
+                let kvh = h / group;
+                let qrow = &q[(row * p.n_head + h) * hd..][..hd];
+                for (a, &b) in q16.iter_mut().zip(qrow) {
+                    *a = f16_to_f32(f32_to_f16(b));
+                }
+                scores.clear();
+                let mut max = f32::NEG_INFINITY;
+                for kp in lo..=pos {
+                    let slot = self.slot(s.blocks, kp);
+                    let k = &ks[slot * self.kv_dim + kvh * hd..][..hd];
+                    let dot = dot_f16(q16, k) * p.scale;
+                    max = max.max(dot);
+                    scores.push(dot);
+                }
+                let mut sum = 0f64;
+                for x in scores.iter_mut() {
+                    *x = (*x - max).exp();
+                    sum += *x as f64;
+                }
+                let inv = (1.0 / sum) as f32;
+                o.fill(0.0);
+                for (j, kp) in (lo..=pos).enumerate() {
+                    let w = f16_to_f32(f32_to_f16(scores[j] * inv));
+                    let slot = self.slot(s.blocks, kp);
+                    let v = &vs[slot * self.kv_dim + kvh * hd..][..hd];
+                    for (a, &b) in o.iter_mut().zip(v) {
+                        *a += w * f16_to_f32(b);
+                    }
+                }
+            },
+        );
+    }
+}
+
+/// `q·k` with f32 products and sums in eight lanes (as a SIMD loop would).
+fn dot_f16(q: &[f32], k: &[f16]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut qc = q.chunks_exact(8);
+    let mut kc = k.chunks_exact(8);
+    for (a, b) in (&mut qc).zip(&mut kc) {
+        for l in 0..8 {
+            acc[l] += a[l] * f16_to_f32(b[l]);
+        }
+    }
+    let mut s = 0f32;
+    for (a, &b) in qc.remainder().iter().zip(kc.remainder()) {
+        s += a * f16_to_f32(b);
+    }
+    acc.iter().sum::<f32>() + s
+}

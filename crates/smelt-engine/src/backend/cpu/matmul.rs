@@ -1,0 +1,193 @@
+//! Quantized matrix times activations, as ggml does it: each activation row is quantized
+//! once to the weight format's paired type (Q8_0, Q8_1, Q8_K, or the float type itself),
+//! then every output is one `vec_dot` of a weight row with an activation row.
+//!
+//! The batched path walks the weights in chunks of rows spread over rayon's threads, and
+//! each chunk meets every token while it is hot in cache, so a prefill reads each weight
+//! row from memory once for the whole batch.
+
+use bytemuck::Zeroable;
+use rayon::prelude::*;
+use smelt_quant::{fp, iq4, kquants, legacy, Block, GgmlType, Quantize};
+
+use crate::EngineError;
+
+/// Weight rows per rayon task: enough work to amortize the task, small enough that the
+/// rows stay in L1/L2 while every token of the batch passes over them.
+const ROWS_PER_TASK: usize = 16;
+/// Tokens per pass over a chunk of rows, so the activations touched also stay in cache.
+const TOKENS_PER_TILE: usize = 64;
+
+/// `out[t * rows + r] = w[r] · x[t]` for a weight of `ty` with `rows` rows of `cols`.
+pub fn matmul(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), EngineError> {
+    macro_rules! go {
+        ($B:ty) => {
+            matmul_typed::<$B>(w, rows, cols, x, out)
+        };
+    }
+    match ty {
+        GgmlType::F32 => go!(fp::F32),
+        GgmlType::F16 => go!(fp::F16),
+        GgmlType::BF16 => go!(fp::BF16),
+        GgmlType::Q4_0 => go!(legacy::BlockQ4_0),
+        GgmlType::Q4_1 => go!(legacy::BlockQ4_1),
+        GgmlType::Q5_0 => go!(legacy::BlockQ5_0),
+        GgmlType::Q5_1 => go!(legacy::BlockQ5_1),
+        GgmlType::Q8_0 => go!(legacy::BlockQ8_0),
+        GgmlType::Q2_K => go!(kquants::BlockQ2K),
+        GgmlType::Q3_K => go!(kquants::BlockQ3K),
+        GgmlType::Q4_K => go!(kquants::BlockQ4K),
+        GgmlType::Q5_K => go!(kquants::BlockQ5K),
+        GgmlType::Q6_K => go!(kquants::BlockQ6K),
+        GgmlType::IQ4_NL => go!(iq4::BlockIQ4NL),
+        GgmlType::IQ4_XS => go!(iq4::BlockIQ4XS),
+        _ => Err(EngineError::UnsupportedType {
+            name: "matmul weight".into(),
+            ty,
+        }),
+    }
+}
+
+/// Whether [`matmul`] takes weights of this type.
+pub fn supported(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | IQ4_NL
+            | IQ4_XS
+    )
+}
+
+fn matmul_typed<B: Block>(
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), EngineError> {
+    let n_tok = x.len() / cols;
+    let w_per_row = cols / B::WEIGHTS;
+    let a_per_row = cols / <B::Act as Block>::WEIGHTS;
+    // Loaded weights were checked for size and alignment; a failure here is a misaligned
+    // buffer (e.g. from an unaligned in-memory file), which we copy once rather than reject.
+    let owned;
+    let w: &[B] = match bytemuck::try_cast_slice(w) {
+        Ok(w) => w,
+        Err(_) => {
+            owned = bytemuck::pod_collect_to_vec::<u8, B>(w);
+            &owned
+        }
+    };
+    let mut act = vec![<B::Act as Zeroable>::zeroed(); n_tok * a_per_row];
+    act.par_chunks_mut(a_per_row.max(1))
+        .zip(x.par_chunks(cols))
+        .for_each(|(a, x)| <B::Act as Quantize>::quantize_row(x, a));
+
+    if n_tok == 1 {
+        out.par_chunks_mut(ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(c, o)| {
+                let r0 = c * ROWS_PER_TASK;
+                for (i, y) in o.iter_mut().enumerate() {
+                    let r = r0 + i;
+                    *y = B::vec_dot(&w[r * w_per_row..(r + 1) * w_per_row], &act);
+                }
+            });
+        return Ok(());
+    }
+
+    // Row-major per weight row first ([rows, n_tok]) so each task owns a contiguous slice,
+    // then transposed into token rows.
+    let mut by_row = vec![0f32; rows * n_tok];
+    by_row
+        .par_chunks_mut(ROWS_PER_TASK * n_tok)
+        .enumerate()
+        .for_each(|(c, o)| {
+            let r0 = c * ROWS_PER_TASK;
+            let nr = o.len() / n_tok;
+            for t0 in (0..n_tok).step_by(TOKENS_PER_TILE) {
+                let t1 = (t0 + TOKENS_PER_TILE).min(n_tok);
+                for i in 0..nr {
+                    let r = r0 + i;
+                    let wr = &w[r * w_per_row..(r + 1) * w_per_row];
+                    for t in t0..t1 {
+                        o[i * n_tok + t] = B::vec_dot(wr, &act[t * a_per_row..(t + 1) * a_per_row]);
+                    }
+                }
+            }
+        });
+    out.par_chunks_mut(rows).enumerate().for_each(|(t, o)| {
+        for (r, y) in o.iter_mut().enumerate() {
+            *y = by_row[r * n_tok + t];
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The batched path gives each token exactly what a one-token call gives it.
+    #[test]
+    fn batched_equals_one_at_a_time() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let (rows, cols, n_tok) = (37, 256, 70);
+        let wf: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::F16,
+            GgmlType::F32,
+        ] {
+            let rb = ty.type_size() * cols / ty.block_size();
+            let mut w = vec![0u8; rows * rb];
+            for r in 0..rows {
+                smelt_quant::quantize_row(
+                    ty,
+                    &wf[r * cols..(r + 1) * cols],
+                    &mut w[r * rb..(r + 1) * rb],
+                )
+                .unwrap();
+            }
+            let x: Vec<f32> = (0..n_tok * cols)
+                .map(|_| rng.gen_range(-2.0..2.0))
+                .collect();
+            let mut all = vec![0f32; n_tok * rows];
+            matmul(ty, &w, rows, cols, &x, &mut all).unwrap();
+            for t in 0..n_tok {
+                let mut one = vec![0f32; rows];
+                matmul(ty, &w, rows, cols, &x[t * cols..(t + 1) * cols], &mut one).unwrap();
+                assert_eq!(one, all[t * rows..(t + 1) * rows], "{ty} token {t}");
+            }
+            // And each output is the library's vec_dot of the quantized activations.
+            let act = smelt_quant::act_type(ty).unwrap();
+            let ab = act.type_size() * cols / act.block_size();
+            let mut xq = vec![0u8; ab];
+            smelt_quant::quantize_row(act, &x[..cols], &mut xq).unwrap();
+            let want = smelt_quant::vec_dot(ty, cols, &w[..rb], &xq).unwrap();
+            assert_eq!(all[0], want, "{ty}");
+        }
+    }
+}

@@ -1,0 +1,400 @@
+//! The CPU backend: weights stay in the memory-mapped file, activations are plain `Vec<f32>`
+//! matrices, quantized dot products come from `smelt-quant` (AVX2 where the CPU has it), and
+//! the work is spread over rayon's current thread pool (the engine installs one with the
+//! requested number of threads).
+
+mod attention;
+pub mod matmul;
+
+use std::sync::{Arc, OnceLock};
+
+use rayon::prelude::*;
+use smelt_gguf::{GgmlType, Gguf};
+use smelt_quant::fp::{f16_to_f32, f32_to_f16};
+
+pub use attention::CpuKv;
+
+use super::{AttnParams, AttnSeq, Backend, Glu, RopeParams, RopeStyle};
+use crate::EngineError;
+
+/// The CPU backend (stateless: threads come from the caller's rayon pool).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu;
+
+/// A row-major f32 matrix.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpuTensor {
+    pub data: Vec<f32>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// A weight: matrices stay in the mapped file; vectors (norms, biases) are converted to
+/// f32 once.
+pub enum CpuWeight {
+    Matrix {
+        gguf: Arc<Gguf>,
+        index: usize,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+    },
+    Vector(Vec<f32>),
+}
+
+impl CpuWeight {
+    fn vector(&self) -> &[f32] {
+        match self {
+            CpuWeight::Vector(v) => v,
+            CpuWeight::Matrix { .. } => &[],
+        }
+    }
+}
+
+impl Backend for Cpu {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+    type KvStore = CpuKv;
+
+    fn load_weight(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CpuWeight, EngineError> {
+        let index = gguf
+            .tensors()
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
+        let info = &gguf.tensors()[index];
+        let cols = info.row_len() as usize;
+        let rows = info.n_rows() as usize;
+        if info.shape.len() <= 1 {
+            let mut v = vec![0f32; cols];
+            smelt_quant::dequantize_row(info.ty, gguf.tensor_data(info), &mut v).map_err(|_| {
+                EngineError::UnsupportedType {
+                    name: name.into(),
+                    ty: info.ty,
+                }
+            })?;
+            return Ok(CpuWeight::Vector(v));
+        }
+        if !matmul::supported(info.ty) {
+            return Err(EngineError::UnsupportedType {
+                name: name.into(),
+                ty: info.ty,
+            });
+        }
+        Ok(CpuWeight::Matrix {
+            gguf: gguf.clone(),
+            index,
+            ty: info.ty,
+            rows,
+            cols,
+        })
+    }
+
+    fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
+        match w {
+            CpuWeight::Matrix { rows, cols, .. } => (*rows, *cols),
+            CpuWeight::Vector(v) => (1, v.len()),
+        }
+    }
+
+    fn alloc(&self, rows: usize, cols: usize) -> CpuTensor {
+        CpuTensor {
+            data: vec![0.0; rows * cols],
+            rows,
+            cols,
+        }
+    }
+
+    fn shape(&self, x: &CpuTensor) -> (usize, usize) {
+        (x.rows, x.cols)
+    }
+
+    fn embed(
+        &self,
+        table: &CpuWeight,
+        tokens: &[u32],
+        out: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        let CpuWeight::Matrix {
+            gguf,
+            index,
+            ty,
+            rows,
+            cols,
+        } = table
+        else {
+            return Err(EngineError::BadMetadata {
+                key: "token_embd.weight".into(),
+                why: "not a matrix".into(),
+            });
+        };
+        let data = gguf.tensor_data(&gguf.tensors()[*index]);
+        let rb = ty.type_size() * cols / ty.block_size();
+        for (&t, o) in tokens.iter().zip(out.data.chunks_mut(*cols)) {
+            if t as usize >= *rows {
+                return Err(EngineError::BadToken {
+                    token: t,
+                    n_vocab: *rows,
+                });
+            }
+            let t = t as usize;
+            smelt_quant::dequantize_row(*ty, &data[t * rb..(t + 1) * rb], o)?;
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), EngineError> {
+        let CpuWeight::Matrix {
+            gguf,
+            index,
+            ty,
+            rows,
+            cols,
+        } = w
+        else {
+            return Err(EngineError::BadMetadata {
+                key: "matmul".into(),
+                why: "weight is a vector".into(),
+            });
+        };
+        debug_assert_eq!(x.cols, *cols);
+        out.rows = x.rows;
+        out.cols = *rows;
+        out.data.resize(x.rows * rows, 0.0);
+        matmul::matmul(
+            *ty,
+            gguf.tensor_data(&gguf.tensors()[*index]),
+            *rows,
+            *cols,
+            &x.data,
+            &mut out.data,
+        )
+    }
+
+    fn add_bias(&self, x: &mut CpuTensor, bias: &CpuWeight) {
+        let b = bias.vector();
+        for row in x.data.chunks_mut(x.cols) {
+            for (a, &b) in row.iter_mut().zip(b) {
+                *a += b;
+            }
+        }
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &CpuWeight, eps: f32, out: &mut CpuTensor) {
+        let w = w.vector();
+        out.rows = x.rows;
+        out.cols = x.cols;
+        out.data.resize(x.data.len(), 0.0);
+        let n = w.len();
+        out.data
+            .par_chunks_mut(n)
+            .zip(x.data.par_chunks(n))
+            .for_each(|(y, x)| {
+                let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+                let mean = (sum / n as f64) as f32;
+                let scale = 1.0 / (mean + eps).sqrt();
+                for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
+                    *y = (x * scale) * w;
+                }
+            });
+    }
+
+    fn scale(&self, x: &mut CpuTensor, s: f32) {
+        x.data.iter_mut().for_each(|v| *v *= s);
+    }
+
+    fn add(&self, x: &mut CpuTensor, y: &CpuTensor) {
+        x.data.iter_mut().zip(&y.data).for_each(|(a, &b)| *a += b);
+    }
+
+    fn glu(&self, gate: &mut CpuTensor, up: &CpuTensor, act: Glu) {
+        let f: fn(f32) -> f32 = match act {
+            Glu::Silu => |x| x / (1.0 + (-x).exp()),
+            Glu::Gelu => gelu,
+        };
+        gate.data
+            .par_chunks_mut(4096)
+            .zip(up.data.par_chunks(4096))
+            .for_each(|(g, u)| {
+                for (g, &u) in g.iter_mut().zip(u) {
+                    *g = f(*g) * u;
+                }
+            });
+    }
+
+    fn rope(
+        &self,
+        x: &mut CpuTensor,
+        positions: &[u32],
+        head_dim: usize,
+        p: &RopeParams,
+        ff: Option<&CpuWeight>,
+    ) {
+        let ff = ff.map(|w| w.vector());
+        let n_rot = p.n_rot.min(head_dim);
+        let theta_scale = p.freq_base.powf(-2.0 / n_rot as f32);
+        let cols = x.cols;
+        x.data
+            .par_chunks_mut(cols)
+            .zip(positions.par_iter())
+            .for_each_init(
+                || vec![(0f32, 0f32); n_rot / 2],
+                |cs, (row, &pos)| {
+                    let mut theta_base = pos as f32;
+                    for (i, c) in cs.iter_mut().enumerate() {
+                        let extrap = match ff {
+                            Some(ff) => theta_base / ff.get(i).copied().unwrap_or(1.0),
+                            None => theta_base,
+                        };
+                        let theta = p.freq_scale * extrap;
+                        *c = (theta.cos(), theta.sin());
+                        theta_base *= theta_scale;
+                    }
+                    for head in row.chunks_mut(head_dim) {
+                        for (i, &(cos, sin)) in cs.iter().enumerate() {
+                            let (a, b) = match p.style {
+                                RopeStyle::Normal => (2 * i, 2 * i + 1),
+                                RopeStyle::Neox => (i, i + n_rot / 2),
+                            };
+                            let (x0, x1) = (head[a], head[b]);
+                            head[a] = x0 * cos - x1 * sin;
+                            head[b] = x0 * sin + x1 * cos;
+                        }
+                    }
+                },
+            );
+    }
+
+    fn gather_rows(&self, x: &CpuTensor, rows: &[usize]) -> CpuTensor {
+        let mut data = Vec::with_capacity(rows.len() * x.cols);
+        for &r in rows {
+            data.extend_from_slice(&x.data[r * x.cols..(r + 1) * x.cols]);
+        }
+        CpuTensor {
+            data,
+            rows: rows.len(),
+            cols: x.cols,
+        }
+    }
+
+    fn to_host(&self, x: &CpuTensor) -> Vec<f32> {
+        x.data.clone()
+    }
+
+    fn argmax_rows(&self, x: &CpuTensor) -> Vec<u32> {
+        x.data.chunks(x.cols.max(1)).map(argmax).collect()
+    }
+
+    fn kv_alloc(&self, n_layer: usize, n_blocks: usize, block_size: usize, kv_dim: usize) -> CpuKv {
+        CpuKv::new(n_layer, n_blocks, block_size, kv_dim)
+    }
+
+    fn kv_write(
+        &self,
+        kv: &mut CpuKv,
+        layer: usize,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        seqs: &[AttnSeq<'_>],
+    ) {
+        kv.write(layer, &k.data, &v.data, seqs);
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        kv: &CpuKv,
+        layer: usize,
+        seqs: &[AttnSeq<'_>],
+        p: &AttnParams,
+        out: &mut CpuTensor,
+    ) {
+        out.rows = q.rows;
+        out.cols = p.n_head * p.head_dim;
+        out.data.resize(out.rows * out.cols, 0.0);
+        kv.attend(&q.data, layer, seqs, p, &mut out.data);
+    }
+}
+
+/// Index of the first largest value.
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// GELU with the tanh approximation, looked up by the input rounded to f16 as ggml's CPU
+/// backend does (`GGML_GELU_FP16`), so activations match llama.cpp's bit for bit.
+fn gelu(x: f32) -> f32 {
+    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
+    if x <= -10.0 {
+        return 0.0;
+    }
+    if x >= 10.0 {
+        return x;
+    }
+    let table = TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| f16_to_f32(f32_to_f16(gelu_exact(f16_to_f32(half::f16::from_bits(b))))))
+            .collect()
+    });
+    table[f32_to_f16(x).to_bits() as usize]
+}
+
+fn gelu_exact(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_neox_and_normal_rotate_pairs() {
+        let cpu = Cpu;
+        let mut x = CpuTensor {
+            data: vec![1.0, 0.0, 0.0, 1.0],
+            rows: 1,
+            cols: 4,
+        };
+        let p = RopeParams {
+            style: RopeStyle::Normal,
+            n_rot: 4,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+        };
+        cpu.rope(&mut x, &[0], 4, &p, None);
+        assert_eq!(x.data, vec![1.0, 0.0, 0.0, 1.0]);
+        cpu.rope(&mut x, &[1], 4, &p, None);
+        assert!((x.data[0] - 1f32.cos()).abs() < 1e-6 && (x.data[1] - 1f32.sin()).abs() < 1e-6);
+        let mut y = CpuTensor {
+            data: vec![1.0, 0.0, 0.0, 0.0],
+            rows: 1,
+            cols: 4,
+        };
+        let p = RopeParams {
+            style: RopeStyle::Neox,
+            ..p
+        };
+        cpu.rope(&mut y, &[1], 4, &p, None);
+        assert!((y.data[0] - 1f32.cos()).abs() < 1e-6 && (y.data[2] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn gelu_matches_formula_within_f16() {
+        for x in [-3.0f32, -0.5, 0.0, 0.1, 1.0, 2.5] {
+            assert!(
+                (gelu(x) - gelu_exact(x)).abs() <= 2e-3 * (1.0 + x.abs()),
+                "{x}"
+            );
+        }
+        assert_eq!(gelu(-11.0), 0.0);
+        assert_eq!(gelu(12.0), 12.0);
+    }
+}

@@ -1,0 +1,206 @@
+//! The engine: a model on a backend, its paged KV cache, and a forward step over a batch
+//! of sequences at different positions (what a continuous-batching scheduler drives).
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use smelt_gguf::Gguf;
+
+use crate::backend::cpu::{Cpu, CpuKv};
+use crate::backend::{AttnSeq, Backend};
+use crate::kv_cache::{BlockTable, SeqId};
+use crate::model::{Model, ModelInfo};
+use crate::EngineError;
+
+/// How to size and run an engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Worker threads; `None` uses every core.
+    pub threads: Option<usize>,
+    /// KV cache capacity in tokens, shared by all sequences.
+    pub kv_tokens: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            threads: None,
+            kv_tokens: 4096,
+            block_size: 16,
+        }
+    }
+}
+
+/// Which logits a [`SeqInput`] wants back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// The last token's row (generation).
+    Last,
+    /// One row per token (perplexity, speculative checks).
+    All,
+    /// None (a prefill chunk that is not the prompt's last).
+    None,
+}
+
+/// One sequence's new tokens in a batch; they are appended at the sequence's length.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqInput {
+    pub seq: SeqId,
+    pub tokens: Vec<u32>,
+    pub logits: Logits,
+}
+
+/// A loaded model ready to run.
+pub struct Engine {
+    gguf: Arc<Gguf>,
+    backend: Cpu,
+    model: Model<Cpu>,
+    kv: CpuKv,
+    table: BlockTable,
+    pool: rayon::ThreadPool,
+}
+
+impl Engine {
+    pub fn load(path: &Path, opts: &EngineOptions) -> Result<Engine, EngineError> {
+        Self::from_gguf(Arc::new(Gguf::open(path)?), opts)
+    }
+
+    /// Builds an engine over an already opened file (tests, in-memory GGUFs).
+    pub fn from_gguf(gguf: Arc<Gguf>, opts: &EngineOptions) -> Result<Engine, EngineError> {
+        if opts.block_size == 0 || opts.kv_tokens == 0 {
+            return Err(EngineError::BadOptions(
+                "kv_tokens and block_size must be positive".into(),
+            ));
+        }
+        let mut pool = rayon::ThreadPoolBuilder::new();
+        if let Some(t) = opts.threads {
+            pool = pool.num_threads(t.max(1));
+        }
+        let pool = pool
+            .build()
+            .map_err(|e| EngineError::BadOptions(format!("thread pool: {e}")))?;
+        let backend = Cpu;
+        let model = Model::load(&backend, &gguf)?;
+        let n_blocks = opts.kv_tokens.div_ceil(opts.block_size);
+        let i = &model.info;
+        let kv = backend.kv_alloc(
+            i.n_layer,
+            n_blocks,
+            opts.block_size,
+            i.n_head_kv * i.head_dim,
+        );
+        Ok(Engine {
+            gguf,
+            backend,
+            model,
+            kv,
+            table: BlockTable::new(n_blocks, opts.block_size),
+            pool,
+        })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.model.info
+    }
+
+    pub fn gguf(&self) -> &Gguf {
+        &self.gguf
+    }
+
+    pub fn new_sequence(&mut self) -> SeqId {
+        self.table.new_sequence()
+    }
+
+    /// Drops a sequence and returns its KV blocks to the free list at once.
+    pub fn free_sequence(&mut self, seq: SeqId) {
+        self.table.free_sequence(seq);
+    }
+
+    /// Tokens cached for `seq` (0 for an unknown sequence).
+    pub fn seq_len(&self, seq: SeqId) -> usize {
+        self.table.seq_len(seq).unwrap_or(0)
+    }
+
+    /// KV blocks not held by any sequence.
+    pub fn free_blocks(&self) -> usize {
+        self.table.free_blocks()
+    }
+
+    /// KV blocks in all.
+    pub fn total_blocks(&self) -> usize {
+        self.table.n_blocks()
+    }
+
+    /// One step over a batch of sequences at different positions. Returns, per input in
+    /// order, the logits rows asked for, each `n_vocab` long. A refused batch (unknown
+    /// sequence, bad token, KV cache full) leaves every sequence as it was.
+    pub fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        let n_vocab = self.model.info.n_vocab;
+        let mut seen = HashSet::new();
+        for inp in batch {
+            if !self.table.contains(inp.seq) {
+                return Err(EngineError::UnknownSequence(inp.seq.0));
+            }
+            if !seen.insert(inp.seq) {
+                return Err(EngineError::DuplicateSequence(inp.seq.0));
+            }
+            if let Some(&token) = inp.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+                return Err(EngineError::BadToken { token, n_vocab });
+            }
+        }
+        let starts: Vec<usize> = batch.iter().map(|i| self.seq_len(i.seq)).collect();
+        let grow: Vec<(SeqId, usize)> = batch.iter().map(|i| (i.seq, i.tokens.len())).collect();
+        self.table.grow(&grow)?;
+
+        let mut tokens = Vec::new();
+        let mut positions = Vec::new();
+        let mut out_rows = Vec::new();
+        let mut seqs = Vec::with_capacity(batch.len());
+        for (inp, &start) in batch.iter().zip(&starts) {
+            let row = tokens.len();
+            let n = inp.tokens.len();
+            tokens.extend_from_slice(&inp.tokens);
+            positions.extend((start..start + n).map(|p| p as u32));
+            match inp.logits {
+                Logits::Last if n > 0 => out_rows.push(row + n - 1),
+                Logits::All => out_rows.extend(row..row + n),
+                _ => {}
+            }
+            if n > 0 {
+                seqs.push(AttnSeq {
+                    row,
+                    n_tokens: n,
+                    start_pos: start,
+                    blocks: self.table.blocks(inp.seq).unwrap_or(&[]),
+                });
+            }
+        }
+        if tokens.is_empty() {
+            return Ok(batch.iter().map(|_| Vec::new()).collect());
+        }
+        let (model, backend, kv) = (&self.model, &self.backend, &mut self.kv);
+        let logits = self
+            .pool
+            .install(|| model.forward(backend, kv, &tokens, &positions, &seqs, &out_rows))?;
+        let flat = if out_rows.is_empty() {
+            Vec::new()
+        } else {
+            backend.to_host(&logits)
+        };
+        let mut rows = flat.chunks(n_vocab.max(1)).map(<[f32]>::to_vec);
+        Ok(batch
+            .iter()
+            .map(|inp| {
+                let k = match inp.logits {
+                    Logits::Last => usize::from(!inp.tokens.is_empty()),
+                    Logits::All => inp.tokens.len(),
+                    Logits::None => 0,
+                };
+                rows.by_ref().take(k).collect()
+            })
+            .collect())
+    }
+}

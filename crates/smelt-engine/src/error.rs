@@ -1,0 +1,41 @@
+//! Why the engine refused to load a model or run a step.
+
+use smelt_gguf::{GgmlType, GgufError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unsupported architecture {0:?} (smelt knows llama, qwen2, qwen3, gemma3)")]
+    UnknownArchitecture(String),
+    #[error("the GGUF has no general.architecture key")]
+    NoArchitecture,
+    #[error("missing metadata key {0}")]
+    MissingKey(String),
+    #[error("bad metadata {key}: {why}")]
+    BadMetadata { key: String, why: String },
+    #[error("missing tensor {0}")]
+    MissingTensor(String),
+    #[error("tensor {name} has shape {got:?}, expected {want:?}")]
+    BadShape {
+        name: String,
+        got: Vec<u64>,
+        want: Vec<u64>,
+    },
+    #[error("tensor {name} has type {ty}, which smelt cannot use here")]
+    UnsupportedType { name: String, ty: GgmlType },
+    #[error("token id {token} is out of range (vocabulary of {n_vocab})")]
+    BadToken { token: u32, n_vocab: usize },
+    #[error("unknown or freed sequence {0}")]
+    UnknownSequence(u64),
+    #[error("sequence {0} appears twice in one batch")]
+    DuplicateSequence(u64),
+    #[error("out of KV cache blocks: need {need}, {free} free (raise kv_tokens)")]
+    OutOfKvBlocks { need: usize, free: usize },
+    #[error("sequence would reach {len} tokens, past the model's context of {max}")]
+    ContextOverflow { len: usize, max: usize },
+    #[error("bad engine options: {0}")]
+    BadOptions(String),
+    #[error("quantization: {0}")]
+    Quant(#[from] smelt_quant::QuantError),
+}

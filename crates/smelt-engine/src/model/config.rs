@@ -1,0 +1,245 @@
+//! Model hyperparameters from GGUF metadata, with llama.cpp's per-architecture defaults.
+
+use smelt_gguf::{Gguf, Metadata};
+
+use crate::backend::RopeStyle;
+use crate::EngineError;
+
+/// The architectures smelt can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 2/3.x, SmolLM2, Mistral (GGUF architecture `llama`).
+    Llama,
+    /// Qwen2 / Qwen2.5: biases on Q, K and V.
+    Qwen2,
+    /// Qwen3: RMS norms on each head of Q and K.
+    Qwen3,
+    /// Gemma 3: sandwich norms, GeGLU, scaled embeddings, local/global attention.
+    Gemma3,
+}
+
+impl Arch {
+    pub fn from_name(name: &str) -> Result<Self, EngineError> {
+        Ok(match name {
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "gemma3" => Arch::Gemma3,
+            other => return Err(EngineError::UnknownArchitecture(other.into())),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
+        }
+    }
+}
+
+/// Everything the forward pass needs to know about a model's shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelInfo {
+    pub arch: Arch,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    /// Size of each query/key head.
+    pub head_dim: usize,
+    /// Size of each value head.
+    pub head_dim_v: usize,
+    pub n_rot: usize,
+    pub rms_eps: f32,
+    pub rope_style: RopeStyle,
+    pub rope_freq_base: f32,
+    pub rope_freq_scale: f32,
+    /// Rope base of sliding-window layers (Gemma 3's local layers use 10000).
+    pub rope_freq_base_swa: f32,
+    pub rope_freq_scale_swa: f32,
+    /// Sliding window size, for the layers marked in `swa_layers`.
+    pub n_swa: Option<usize>,
+    pub swa_layers: Vec<bool>,
+    /// Multiplier of `q·k` inside the softmax.
+    pub kq_scale: f32,
+    /// Multiplier applied to Q before attention (Gemma's query_pre_attn_scalar), or 1.
+    pub q_scale: f32,
+    /// Multiplier of the token embeddings (Gemma: sqrt(n_embd)).
+    pub embd_scale: Option<f32>,
+}
+
+fn req_u64(m: &Metadata, key: &str) -> Result<usize, EngineError> {
+    m.get_u64(key)
+        .map(|v| v as usize)
+        .ok_or_else(|| EngineError::MissingKey(key.into()))
+}
+
+/// A per-layer count stored either as one number or as an array; llama.cpp takes the
+/// array's first element for models whose layers agree.
+fn u64_or_first(m: &Metadata, key: &str) -> Option<usize> {
+    if let Some(v) = m.get_u64(key) {
+        return Some(v as usize);
+    }
+    match m.get_array(key)? {
+        smelt_gguf::Array::U32(v) => v.first().map(|&x| x as usize),
+        smelt_gguf::Array::I32(v) => v.first().map(|&x| x as usize),
+        _ => None,
+    }
+}
+
+impl ModelInfo {
+    pub fn from_gguf(gguf: &Gguf) -> Result<Self, EngineError> {
+        let m = gguf.metadata();
+        let arch_name = m.architecture().ok_or(EngineError::NoArchitecture)?;
+        let arch = Arch::from_name(arch_name)?;
+        let k = |s: &str| format!("{arch_name}.{s}");
+        let n_embd = req_u64(m, &k("embedding_length"))?;
+        let n_layer = req_u64(m, &k("block_count"))?;
+        let n_head = u64_or_first(m, &k("attention.head_count"))
+            .ok_or_else(|| EngineError::MissingKey(k("attention.head_count")))?;
+        let n_head_kv = u64_or_first(m, &k("attention.head_count_kv")).unwrap_or(n_head);
+        let n_ff = u64_or_first(m, &k("feed_forward_length"))
+            .ok_or_else(|| EngineError::MissingKey(k("feed_forward_length")))?;
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(EngineError::BadMetadata {
+                key: k("attention.head_count_kv"),
+                why: format!("{n_head} query heads cannot share {n_head_kv} KV heads"),
+            });
+        }
+        let head_dim = m
+            .get_u64(&k("attention.key_length"))
+            .map(|v| v as usize)
+            .unwrap_or(n_embd / n_head);
+        let head_dim_v = m
+            .get_u64(&k("attention.value_length"))
+            .map(|v| v as usize)
+            .unwrap_or(head_dim);
+        if head_dim_v != head_dim {
+            return Err(EngineError::BadMetadata {
+                key: k("attention.value_length"),
+                why: "value heads of a different size than key heads".into(),
+            });
+        }
+        let n_rot = m
+            .get_u64(&k("rope.dimension_count"))
+            .map(|v| v as usize)
+            .unwrap_or(head_dim);
+        if n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(EngineError::BadMetadata {
+                key: k("rope.dimension_count"),
+                why: format!("{n_rot} rotated dimensions in heads of {head_dim}"),
+            });
+        }
+        let rms_eps = m
+            .get_f32(&k("attention.layer_norm_rms_epsilon"))
+            .ok_or_else(|| EngineError::MissingKey(k("attention.layer_norm_rms_epsilon")))?;
+        let n_vocab = match m.get_u64(&k("vocab_size")) {
+            Some(v) => v as usize,
+            None => gguf
+                .tensor("token_embd.weight")
+                .map(|t| t.n_rows() as usize)
+                .ok_or_else(|| EngineError::MissingTensor("token_embd.weight".into()))?,
+        };
+        let n_ctx_train = m
+            .get_u64(&k("context_length"))
+            .map(|v| v as usize)
+            .unwrap_or(4096);
+        let rope_freq_base = m.get_f32(&k("rope.freq_base")).unwrap_or(10000.0);
+        let rope_freq_scale = rope_scale(m, arch_name)?;
+
+        let mut info = ModelInfo {
+            arch,
+            n_vocab,
+            n_ctx_train,
+            n_layer,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            head_dim_v,
+            n_rot,
+            rms_eps,
+            rope_style: RopeStyle::Normal,
+            rope_freq_base,
+            rope_freq_scale,
+            rope_freq_base_swa: rope_freq_base,
+            rope_freq_scale_swa: rope_freq_scale,
+            n_swa: None,
+            swa_layers: vec![false; n_layer],
+            kq_scale: 1.0 / (head_dim as f32).sqrt(),
+            q_scale: 1.0,
+            embd_scale: None,
+        };
+        match arch {
+            Arch::Llama => {}
+            Arch::Qwen2 | Arch::Qwen3 => info.rope_style = RopeStyle::Neox,
+            Arch::Gemma3 => {
+                info.rope_style = RopeStyle::Neox;
+                // llama.cpp: local layers use base 10000 unscaled; every 6th layer is global.
+                info.rope_freq_base_swa = 10000.0;
+                info.rope_freq_scale_swa = 1.0;
+                info.n_swa = Some(
+                    u64_or_first(m, &k("attention.sliding_window"))
+                        .ok_or_else(|| EngineError::MissingKey(k("attention.sliding_window")))?,
+                );
+                info.swa_layers = (0..n_layer).map(|il| il % 6 < 5).collect();
+                // Q is pre-scaled (query_pre_attn_scalar); the softmax scale is then 1.
+                // The 27B model (62 layers) scales by n_embd / n_head instead of head_dim.
+                let d = if n_layer == 62 {
+                    n_embd / n_head
+                } else {
+                    head_dim
+                };
+                info.q_scale = 1.0 / (d as f32).sqrt();
+                info.kq_scale = 1.0;
+                info.embd_scale = Some((n_embd as f32).sqrt());
+            }
+        }
+        Ok(info)
+    }
+
+    /// Rope base and scale of layer `il`.
+    pub fn rope_for_layer(&self, il: usize) -> (f32, f32) {
+        if self.swa_layers.get(il).copied().unwrap_or(false) {
+            (self.rope_freq_base_swa, self.rope_freq_scale_swa)
+        } else {
+            (self.rope_freq_base, self.rope_freq_scale)
+        }
+    }
+
+    /// Sliding window of layer `il`, if it has one.
+    pub fn window_for_layer(&self, il: usize) -> Option<usize> {
+        if self.swa_layers.get(il).copied().unwrap_or(false) {
+            self.n_swa
+        } else {
+            None
+        }
+    }
+}
+
+/// `rope.scaling.*` as llama.cpp reads it: the linear factor (`rope.scale_linear`, else
+/// `rope.scaling.factor`) divides positions whatever the type says; Llama 3 scaling is
+/// carried by the `rope_freqs.weight` tensor; YaRN and LongRoPE are not implemented yet.
+fn rope_scale(m: &Metadata, arch: &str) -> Result<f32, EngineError> {
+    let key = format!("{arch}.rope.scaling.type");
+    match m.get_str(&key).unwrap_or("none") {
+        "none" | "linear" | "llama3" => {}
+        other => {
+            return Err(EngineError::BadMetadata {
+                key,
+                why: format!("rope scaling {other:?} is not supported yet"),
+            })
+        }
+    }
+    let factor = m
+        .get_f32(&format!("{arch}.rope.scale_linear"))
+        .or_else(|| m.get_f32(&format!("{arch}.rope.scaling.factor")))
+        .unwrap_or(0.0);
+    Ok(if factor == 0.0 { 1.0 } else { 1.0 / factor })
+}

@@ -1,0 +1,251 @@
+//! The transformer, written once against [`Backend`]: the Llama family (Llama, Qwen2,
+//! Qwen3) and Gemma 3 differ only in which optional tensors a layer has and in a few
+//! hyperparameters, so one forward pass covers them all, following llama.cpp's graphs
+//! (`llm_build_llama`, `llm_build_qwen2`, `llm_build_qwen3`, `llm_build_gemma3_iswa`).
+
+pub mod config;
+
+use std::sync::Arc;
+
+use smelt_gguf::Gguf;
+
+use crate::backend::{AttnParams, AttnSeq, Backend, Glu, RopeParams};
+use crate::EngineError;
+pub use config::{Arch, ModelInfo};
+
+struct Layer<B: Backend> {
+    attn_norm: B::Weight,
+    wq: B::Weight,
+    wk: B::Weight,
+    wv: B::Weight,
+    wo: B::Weight,
+    bq: Option<B::Weight>,
+    bk: Option<B::Weight>,
+    bv: Option<B::Weight>,
+    q_norm: Option<B::Weight>,
+    k_norm: Option<B::Weight>,
+    post_attn_norm: Option<B::Weight>,
+    ffn_norm: B::Weight,
+    gate: B::Weight,
+    up: B::Weight,
+    down: B::Weight,
+    post_ffn_norm: Option<B::Weight>,
+}
+
+/// A model's weights on a backend.
+pub struct Model<B: Backend> {
+    pub info: ModelInfo,
+    tok_embd: B::Weight,
+    output_norm: B::Weight,
+    output: B::Weight,
+    rope_freqs: Option<B::Weight>,
+    layers: Vec<Layer<B>>,
+}
+
+/// Scratch activations of one forward pass, reused by every layer.
+struct Scratch<T> {
+    h: T,
+    q: T,
+    k: T,
+    v: T,
+    att: T,
+    o: T,
+    gate: T,
+    up: T,
+    tmp: T,
+}
+
+impl<B: Backend> Model<B> {
+    pub fn load(b: &B, gguf: &Arc<Gguf>) -> Result<Self, EngineError> {
+        let info = ModelInfo::from_gguf(gguf)?;
+        let (e, hd, nh, nkv, ff) = (
+            info.n_embd,
+            info.head_dim,
+            info.n_head,
+            info.n_head_kv,
+            info.n_ff,
+        );
+        let need = |name: &str, shape: (usize, usize)| -> Result<B::Weight, EngineError> {
+            let w = b.load_weight(gguf, name)?;
+            let got = b.weight_shape(&w);
+            if got != shape {
+                return Err(EngineError::BadShape {
+                    name: name.into(),
+                    got: vec![got.1 as u64, got.0 as u64],
+                    want: vec![shape.1 as u64, shape.0 as u64],
+                });
+            }
+            Ok(w)
+        };
+        let opt = |name: &str, shape: (usize, usize)| -> Result<Option<B::Weight>, EngineError> {
+            if gguf.tensor(name).is_some() {
+                need(name, shape).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let gemma = info.arch == Arch::Gemma3;
+        let qk_norm = matches!(info.arch, Arch::Qwen3 | Arch::Gemma3);
+        let mut layers = Vec::with_capacity(info.n_layer);
+        for il in 0..info.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}.weight");
+            let bias = |s: &str| format!("blk.{il}.{s}.bias");
+            let req_if =
+                |yes: bool, name: String, shape| -> Result<Option<B::Weight>, EngineError> {
+                    if yes {
+                        need(&name, shape).map(Some)
+                    } else {
+                        opt(&name, shape)
+                    }
+                };
+            layers.push(Layer {
+                attn_norm: need(&n("attn_norm"), (1, e))?,
+                wq: need(&n("attn_q"), (nh * hd, e))?,
+                wk: need(&n("attn_k"), (nkv * hd, e))?,
+                wv: need(&n("attn_v"), (nkv * hd, e))?,
+                wo: need(&n("attn_output"), (e, nh * hd))?,
+                bq: req_if(info.arch == Arch::Qwen2, bias("attn_q"), (1, nh * hd))?,
+                bk: req_if(info.arch == Arch::Qwen2, bias("attn_k"), (1, nkv * hd))?,
+                bv: req_if(info.arch == Arch::Qwen2, bias("attn_v"), (1, nkv * hd))?,
+                q_norm: req_if(qk_norm, n("attn_q_norm"), (1, hd))?,
+                k_norm: req_if(qk_norm, n("attn_k_norm"), (1, hd))?,
+                post_attn_norm: req_if(gemma, n("post_attention_norm"), (1, e))?,
+                ffn_norm: need(&n("ffn_norm"), (1, e))?,
+                gate: need(&n("ffn_gate"), (ff, e))?,
+                up: need(&n("ffn_up"), (ff, e))?,
+                down: need(&n("ffn_down"), (e, ff))?,
+                post_ffn_norm: req_if(gemma, n("post_ffw_norm"), (1, e))?,
+            });
+        }
+        let tok_embd = need("token_embd.weight", (info.n_vocab, e))?;
+        // Tied embeddings: llama.cpp falls back to token_embd when output.weight is absent.
+        let output = match opt("output.weight", (info.n_vocab, e))? {
+            Some(w) => w,
+            None => need("token_embd.weight", (info.n_vocab, e))?,
+        };
+        Ok(Model {
+            tok_embd,
+            output_norm: need("output_norm.weight", (1, e))?,
+            output,
+            rope_freqs: opt("rope_freqs.weight", (1, info.n_rot / 2))?,
+            layers,
+            info,
+        })
+    }
+
+    /// Runs `tokens` (all sequences' new tokens, concatenated in `seqs` order) through the
+    /// model, writing their K/V into `kv`, and returns the logits of `out_rows`.
+    pub fn forward(
+        &self,
+        b: &B,
+        kv: &mut B::KvStore,
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+    ) -> Result<B::Tensor, EngineError> {
+        let i = &self.info;
+        let n = tokens.len();
+        let (qd, kvd) = (i.n_head * i.head_dim, i.n_head_kv * i.head_dim);
+        let mut x = b.alloc(n, i.n_embd);
+        b.embed(&self.tok_embd, tokens, &mut x)?;
+        if let Some(s) = i.embd_scale {
+            b.scale(&mut x, s);
+        }
+        let mut s = Scratch {
+            h: b.alloc(n, i.n_embd),
+            q: b.alloc(n, qd),
+            k: b.alloc(n, kvd),
+            v: b.alloc(n, kvd),
+            att: b.alloc(n, qd),
+            o: b.alloc(n, i.n_embd),
+            gate: b.alloc(n, i.n_ff),
+            up: b.alloc(n, i.n_ff),
+            tmp: b.alloc(n, qd.max(i.n_embd)),
+        };
+        let glu = if i.arch == Arch::Gemma3 {
+            Glu::Gelu
+        } else {
+            Glu::Silu
+        };
+        for (il, l) in self.layers.iter().enumerate() {
+            b.rms_norm(&x, &l.attn_norm, i.rms_eps, &mut s.h);
+            b.matmul(&l.wq, &s.h, &mut s.q)?;
+            b.matmul(&l.wk, &s.h, &mut s.k)?;
+            b.matmul(&l.wv, &s.h, &mut s.v)?;
+            if let Some(bq) = &l.bq {
+                b.add_bias(&mut s.q, bq);
+            }
+            if let Some(bk) = &l.bk {
+                b.add_bias(&mut s.k, bk);
+            }
+            if let Some(bv) = &l.bv {
+                b.add_bias(&mut s.v, bv);
+            }
+            if let Some(w) = &l.q_norm {
+                b.rms_norm(&s.q, w, i.rms_eps, &mut s.tmp);
+                std::mem::swap(&mut s.q, &mut s.tmp);
+            }
+            if let Some(w) = &l.k_norm {
+                b.rms_norm(&s.k, w, i.rms_eps, &mut s.tmp);
+                std::mem::swap(&mut s.k, &mut s.tmp);
+            }
+            let (freq_base, freq_scale) = i.rope_for_layer(il);
+            let rope = RopeParams {
+                style: i.rope_style,
+                n_rot: i.n_rot,
+                freq_base,
+                freq_scale,
+            };
+            b.rope(
+                &mut s.q,
+                positions,
+                i.head_dim,
+                &rope,
+                self.rope_freqs.as_ref(),
+            );
+            b.rope(
+                &mut s.k,
+                positions,
+                i.head_dim,
+                &rope,
+                self.rope_freqs.as_ref(),
+            );
+            if i.q_scale != 1.0 {
+                b.scale(&mut s.q, i.q_scale);
+            }
+            b.kv_write(kv, il, &s.k, &s.v, seqs);
+            let p = AttnParams {
+                n_head: i.n_head,
+                n_head_kv: i.n_head_kv,
+                head_dim: i.head_dim,
+                scale: i.kq_scale,
+                window: i.window_for_layer(il),
+            };
+            b.attention(&s.q, kv, il, seqs, &p, &mut s.att);
+            b.matmul(&l.wo, &s.att, &mut s.o)?;
+            if let Some(w) = &l.post_attn_norm {
+                b.rms_norm(&s.o, w, i.rms_eps, &mut s.tmp);
+                std::mem::swap(&mut s.o, &mut s.tmp);
+            }
+            b.add(&mut x, &s.o);
+
+            b.rms_norm(&x, &l.ffn_norm, i.rms_eps, &mut s.h);
+            b.matmul(&l.gate, &s.h, &mut s.gate)?;
+            b.matmul(&l.up, &s.h, &mut s.up)?;
+            b.glu(&mut s.gate, &s.up, glu);
+            b.matmul(&l.down, &s.gate, &mut s.o)?;
+            if let Some(w) = &l.post_ffn_norm {
+                b.rms_norm(&s.o, w, i.rms_eps, &mut s.tmp);
+                std::mem::swap(&mut s.o, &mut s.tmp);
+            }
+            b.add(&mut x, &s.o);
+        }
+        let last = b.gather_rows(&x, out_rows);
+        let mut normed = b.alloc(out_rows.len(), i.n_embd);
+        b.rms_norm(&last, &self.output_norm, i.rms_eps, &mut normed);
+        let mut logits = b.alloc(out_rows.len(), i.n_vocab);
+        b.matmul(&self.output, &normed, &mut logits)?;
+        Ok(logits)
+    }
+}
