@@ -1,0 +1,107 @@
+//! Every kernel this crate emits, by name, so CI can assemble them all and the GPU check
+//! can load them all from one module; and run-time dispatch over the weight types.
+
+use smelt_ptx::{Kernel, Module, PtxError, Target};
+
+use crate::formats::{self, GpuFormat, Q4K, Q6K, Q8_0};
+use crate::{act, gemv, GgmlType, KernelError};
+
+/// Weight types with a GEMV here.
+pub const GEMV_TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K];
+
+/// The name of the activation quantize kernel.
+pub const QUANTIZE: &str = "quantize_q8_1";
+
+/// Calls `$body` with `$F` bound to the GPU format of `$ty`, else evaluates `$none`.
+macro_rules! with_format {
+    ($ty:expr, $F:ident => $body:expr, _ => $none:expr) => {
+        match $ty {
+            GgmlType::Q4_K => {
+                type $F = Q4K;
+                $body
+            }
+            GgmlType::Q8_0 => {
+                type $F = Q8_0;
+                $body
+            }
+            GgmlType::Q6_K => {
+                type $F = Q6K;
+                $body
+            }
+            _ => $none,
+        }
+    };
+}
+
+fn unsupported(ty: GgmlType) -> KernelError {
+    KernelError::Quant(smelt_quant::QuantError::Unsupported {
+        ty,
+        op: "GPU GEMV",
+    })
+}
+
+/// The GEMV kernel's name for `ty` and `ntok` tokens.
+pub fn gemv_name(ty: GgmlType, ntok: usize) -> Result<String, KernelError> {
+    with_format!(ty, F => Ok(gemv::name::<F>(ntok)), _ => Err(unsupported(ty)))
+}
+
+/// Bytes of a row of `k` weights of `ty` in the GPU layout.
+pub fn row_bytes(ty: GgmlType, k: usize) -> Result<usize, KernelError> {
+    with_format!(ty, F => F::row_bytes(k), _ => Err(unsupported(ty)))
+}
+
+/// Repacks `rows` rows of ggml bytes of `ty` into the GPU layout.
+pub fn repack(ty: GgmlType, ggml: &[u8], rows: usize, k: usize) -> Result<Vec<u8>, KernelError> {
+    with_format!(ty, F => formats::repack::<F>(ggml, rows, k), _ => Err(unsupported(ty)))
+}
+
+/// Every kernel: its name and the function that emits it.
+pub fn all() -> Vec<(String, Box<dyn Fn(&Kernel)>)> {
+    let mut v: Vec<(String, Box<dyn Fn(&Kernel)>)> =
+        vec![(QUANTIZE.to_string(), Box::new(act::quantize_kernel))];
+    for ty in GEMV_TYPES {
+        for ntok in 1..=gemv::MAX_TOKENS {
+            with_format!(ty, F => {
+                v.push((gemv::name::<F>(ntok), Box::new(move |k: &Kernel| gemv::kernel::<F>(k, ntok))));
+            }, _ => {});
+        }
+    }
+    v
+}
+
+/// One module holding every kernel, for `target`.
+pub fn module(target: Target) -> Result<Module, PtxError> {
+    let mut m = Module::new(target);
+    for (name, build) in all() {
+        m.kernel(&name, |k| build(k))?;
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_builds_for_every_target() {
+        for target in [Target::Sm80, Target::Sm90] {
+            let ptx = module(target).unwrap().to_ptx();
+            for (name, _) in all() {
+                assert!(ptx.contains(&format!(".entry {name}(")), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn gemv_refuses_token_counts_out_of_range() {
+        let mut m = Module::new(Target::Sm80);
+        assert!(m.kernel("g", |k| gemv::kernel::<Q4K>(k, 9)).is_err());
+        assert!(m.kernel("g", |k| gemv::kernel::<Q4K>(k, 0)).is_err());
+    }
+
+    #[test]
+    fn unsupported_types_are_errors() {
+        assert!(gemv_name(GgmlType::Q2_K, 1).is_err());
+        assert!(row_bytes(GgmlType::F32, 256).is_err());
+    }
+}

@@ -1,0 +1,106 @@
+//! Weight formats as the GEMV kernels see them: one [`GpuFormat`] per ggml type.
+//!
+//! Every format is read in tiles of 256 weights by four threads, each taking 64 weights
+//! (two 32-weight activation blocks) with 16-byte `ld.global.nc` loads. Where ggml's block
+//! is a multiple of 16 bytes (Q4_K: 144) its bytes are used as they are; where it is not
+//! (Q8_0: 34, Q6_K: 210), a row is repacked once at upload into one array per block field
+//! (all quants, then all scales ...), which keeps every thread's loads aligned and moves
+//! exactly ggml's bytes (plus at most 15 bytes of padding per row).
+
+use smelt_ptx::{Kernel, Reg, F32, U32, U64};
+
+use crate::act::ActRegs;
+use crate::{GgmlType, KernelError};
+
+pub mod q4_k;
+pub mod q6_k;
+pub mod q8_0;
+
+pub use q4_k::Q4K;
+pub use q6_k::Q6K;
+pub use q8_0::Q8_0;
+
+/// A weight format the GEMV kernels read.
+pub trait GpuFormat {
+    /// The ggml type of the weights.
+    const TYPE: GgmlType;
+    /// Lower-case name used in kernel names (`q4_k`).
+    const NAME: &'static str;
+
+    /// Per-thread values computed once before the loop over tiles.
+    type Setup;
+    /// A thread's raw loads of one tile.
+    type Loaded;
+    /// A thread's share of one tile, unpacked for the dot products (shared by all tokens).
+    type Decoded;
+
+    /// Bytes of one row of `k` weights in the GPU layout (a multiple of 16).
+    fn row_bytes(k: usize) -> Result<usize, KernelError>;
+
+    /// Writes one row of ggml blocks (`ggml`, `k` weights) into `out` in the GPU layout.
+    fn repack_row(ggml: &[u8], k: usize, out: &mut [u8]);
+
+    /// Per-thread setup; `part` is the thread's quarter of a tile (0..4), `ntiles` the
+    /// number of tiles in a row.
+    fn setup(k: &Kernel, part: Reg<U32>, ntiles: Reg<U32>) -> Self::Setup;
+
+    /// The two activation blocks of a tile (0..8) that thread `part` dots with: its first
+    /// eight quant words pair with the first block, the next eight with the second.
+    fn act_blocks(k: &Kernel, part: Reg<U32>) -> (Reg<U32>, Reg<U32>);
+
+    /// Issues the thread's loads of tile `tile` of the row at `row`.
+    fn load(k: &Kernel, setup: &Self::Setup, row: Reg<U64>, tile: Reg<U32>) -> Self::Loaded;
+
+    /// Unpacks the loads (masks, scales) once for all tokens.
+    fn decode(k: &Kernel, setup: &Self::Setup, w: &Self::Loaded) -> Self::Decoded;
+
+    /// `acc += this thread's weights . x`.
+    fn dot(k: &Kernel, setup: &Self::Setup, w: &Self::Decoded, x: &ActRegs, acc: Reg<F32>);
+}
+
+/// Checks a row of ggml bytes against its expected size.
+pub(crate) fn check_ggml_row(ty: GgmlType, ggml: &[u8], k: usize) -> Result<(), KernelError> {
+    let want = k / ty.block_size() * ty.type_size();
+    if ggml.len() != want || !k.is_multiple_of(ty.block_size()) {
+        return Err(KernelError::BadLength {
+            what: "ggml weight row",
+            got: ggml.len(),
+            want,
+        });
+    }
+    Ok(())
+}
+
+/// Repacks `rows` rows of ggml bytes into the GPU layout of `F`.
+pub fn repack<F: GpuFormat>(ggml: &[u8], rows: usize, k: usize) -> Result<Vec<u8>, KernelError> {
+    let row_bytes = F::row_bytes(k)?;
+    let ggml_row = k / F::TYPE.block_size() * F::TYPE.type_size();
+    if ggml.len() != rows * ggml_row {
+        return Err(KernelError::BadLength {
+            what: "ggml weights",
+            got: ggml.len(),
+            want: rows * ggml_row,
+        });
+    }
+    let mut out = vec![0u8; rows * row_bytes];
+    for (src, dst) in ggml
+        .chunks_exact(ggml_row.max(1))
+        .zip(out.chunks_exact_mut(row_bytes.max(1)))
+    {
+        check_ggml_row(F::TYPE, src, k)?;
+        F::repack_row(src, k, dst);
+    }
+    Ok(out)
+}
+
+/// Unpacks a `b32` word into its two f16 halves and converts them (low half first).
+pub(crate) fn halves_to_f32(k: &Kernel, word: Reg<U32>) -> [Reg<F32>; 2] {
+    let (lo, hi) = (k.reg::<smelt_ptx::F16>(), k.reg::<smelt_ptx::F16>());
+    k.raw(format!("mov.b32 {{{lo}, {hi}}}, {word}"));
+    [lo, hi].map(|h| k.cvt(k.reg::<F32>(), h, smelt_ptx::Exact))
+}
+
+/// `round_up(n, 16)`.
+pub(crate) fn pad16(n: usize) -> usize {
+    n.div_ceil(16) * 16
+}

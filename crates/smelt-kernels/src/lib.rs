@@ -1,0 +1,68 @@
+//! GPU kernels written as Rust functions that emit PTX (through `smelt-ptx`), each with a
+//! CPU twin that computes the same thing with `smelt-quant`, so a GPU run can check every
+//! kernel against the CPU on fresh inputs.
+//!
+//! What is here so far: the decode-time matrix-vector products (GEMV, 1 to 8 tokens) of
+//! quantized weights with activations quantized on the GPU to q8_1.
+//!
+//! - [`act`]: the activation format (q8_1 blocks, laid out in 256-weight tiles so a
+//!   thread's 64 quants are contiguous and 16-byte aligned), its quantize kernel and twin.
+//! - [`formats`]: one [`formats::GpuFormat`] per weight type: its GPU row layout (ggml's
+//!   own bytes where they are already aligned, a per-row field-by-field repack where not),
+//!   how a thread loads its share of a tile and how it dots it with dp4a.
+//! - [`gemv`]: the one GEMV kernel, generic over the format, and its CPU twin.
+//! - [`catalog`]: every kernel this crate emits, for ptxas in CI and for the GPU check.
+
+pub mod act;
+pub mod catalog;
+pub mod formats;
+pub mod gemv;
+
+pub use smelt_quant::GgmlType;
+
+/// Why a kernel's host-side helper refused its input.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The row length does not fit the kernel's tiling.
+    #[error("row length {k} is not a multiple of {multiple} ({what})")]
+    RaggedRow {
+        /// The row length given.
+        k: usize,
+        /// What it must be a multiple of.
+        multiple: usize,
+        /// The kernel or layout that needs it.
+        what: &'static str,
+    },
+    /// A buffer has the wrong size for the shape given.
+    #[error("{what}: {got} bytes, expected {want}")]
+    BadLength {
+        /// Which buffer.
+        what: &'static str,
+        /// Its length.
+        got: usize,
+        /// The length the shape implies.
+        want: usize,
+    },
+    /// The CPU quantizer or dequantizer refused the data.
+    #[error(transparent)]
+    Quant(#[from] smelt_quant::QuantError),
+    /// The PTX builder refused a kernel.
+    #[error(transparent)]
+    Ptx(#[from] smelt_ptx::PtxError),
+}
+
+/// Weights per tile: the unit every GEMV thread group works on (one K-quant super-block,
+/// eight 32-weight blocks of the legacy formats).
+pub const TILE: usize = 256;
+
+/// Checks that `k` is a whole number of tiles and returns how many.
+pub fn tiles(k: usize, what: &'static str) -> Result<usize, KernelError> {
+    if k == 0 || !k.is_multiple_of(TILE) {
+        return Err(KernelError::RaggedRow {
+            k,
+            multiple: TILE,
+            what,
+        });
+    }
+    Ok(k / TILE)
+}
