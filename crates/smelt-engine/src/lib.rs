@@ -14,6 +14,7 @@
 pub mod backend;
 mod engine;
 mod error;
+pub mod generate;
 pub mod kv_cache;
 pub mod model;
 pub mod sampler;
