@@ -1,0 +1,327 @@
+//! The GPU check of `smelt-kernels`, run on the GPU machine (`bench/gpu/gemv.sh`):
+//!
+//! 1. parity: every kernel against its CPU twin on fresh random inputs, outputs poisoned
+//!    first (0xFF bytes, NaN floats), on several shapes including ragged row counts, and
+//!    1..8 tokens;
+//! 2. speed: each GEMV at real shapes, timed with CUDA events over many launches that
+//!    rotate between several weight copies (so L2 cannot serve them), reported as GB/s of
+//!    the bytes a launch must move and as a share of a device-to-device copy measured in
+//!    the same run (read + write bytes over time).
+//!
+//! The PTX is generated here and loaded through the driver; no CUDA toolkit is involved.
+//! Exit status 1 when any parity check fails.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use rand::{Rng, SeedableRng};
+use smelt_kernels::{act, catalog, gemv, GgmlType, TILE};
+use smelt_ptx::{Kernel, Store, Target, U32};
+
+/// A small kernel that fills `n` words with a hash of their index, so timing never runs
+/// on zeros and nothing large crosses PCIe.
+fn fill_kernel(k: &Kernel) {
+    let p = k.param_ptr("p");
+    let n = k.param_u32("n");
+    let seed = k.param_u32("seed");
+    k.stride_loop(k.global_id_x(), n, k.grid_size_x(), |k, i| {
+        let h = k.mad(k.reg::<U32>(), i, 0x9E37_79B1u32, seed);
+        let t = k.shr(k.reg(), h, 15u32);
+        k.xor(h, h, t);
+        k.mul(h, h, 0x2C1B_3C6Du32);
+        let t = k.shr(k.reg(), h, 12u32);
+        k.xor(h, h, t);
+        k.st(Store::GLOBAL, k.elem_addr(p, i, 4), h);
+    });
+}
+
+struct Gpu {
+    stream: Arc<CudaStream>,
+    quantize: CudaFunction,
+    fill: CudaFunction,
+    module: Arc<cudarc::driver::CudaModule>,
+}
+
+impl Gpu {
+    fn new() -> Result<Self> {
+        let ctx = CudaContext::new(0).context("no CUDA device")?;
+        // One stream, so cudarc's per-slice event tracking only costs launch time.
+        unsafe { ctx.disable_event_tracking() };
+        let mut m = catalog::module(Target::Sm90)?;
+        m.kernel("fill", fill_kernel)?;
+        let t = Instant::now();
+        let module = ctx.load_module(Ptx::from_src(m.to_ptx()))?;
+        println!(
+            "module: {} kernels, {} KiB of PTX, loaded in {:.0} ms",
+            catalog::all().len() + 1,
+            m.to_ptx().len() / 1024,
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(Self {
+            stream: ctx.default_stream(),
+            quantize: module.load_function(catalog::QUANTIZE)?,
+            fill: module.load_function("fill")?,
+            module,
+        })
+    }
+
+    fn gemv(&self, ty: GgmlType, ntok: usize) -> Result<CudaFunction> {
+        Ok(self.module.load_function(&catalog::gemv_name(ty, ntok)?)?)
+    }
+
+    fn quantize(&self, x: &CudaSlice<f32>, q: &mut CudaSlice<u8>, k: usize, ntok: usize) -> Result<()> {
+        let ntiles = (k / TILE) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (ntiles.div_ceil(act::QUANTIZE_WARPS), ntok as u32, 1),
+            block_dim: (32, act::QUANTIZE_WARPS, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(&self.quantize);
+        l.arg(x).arg(q).arg(&ntiles);
+        unsafe { l.launch(cfg) }?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_launch(
+        &self,
+        f: &CudaFunction,
+        w: &CudaSlice<u8>,
+        x: &CudaSlice<u8>,
+        y: &mut CudaSlice<f32>,
+        nrows: usize,
+        k: usize,
+        row_bytes: usize,
+    ) -> Result<()> {
+        let (nrows, ntiles, row_bytes) = (nrows as u32, (k / TILE) as u32, row_bytes as u32);
+        let cfg = LaunchConfig {
+            grid_dim: (nrows.div_ceil(gemv::ROWS_PER_CTA), 1, 1),
+            block_dim: (32, gemv::ROWS_PER_CTA, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(f);
+        l.arg(w).arg(x).arg(y).arg(&nrows).arg(&ntiles).arg(&row_bytes);
+        unsafe { l.launch(cfg) }?;
+        Ok(())
+    }
+
+    fn random_bytes(&self, n: usize, seed: u32) -> Result<CudaSlice<u8>> {
+        let words = n.div_ceil(4);
+        let mut buf = self.stream.alloc_zeros::<u8>(words * 4)?;
+        let cfg = LaunchConfig {
+            grid_dim: (1024, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let n = words as u32;
+        let mut l = self.stream.launch_builder(&self.fill);
+        l.arg(&mut buf).arg(&n).arg(&seed);
+        unsafe { l.launch(cfg) }?;
+        Ok(buf)
+    }
+}
+
+fn random_floats(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let v: f32 = rng.gen_range(-1.0..1.0) * scale;
+            // An outlier now and then, as real activations have.
+            if i % 97 == 13 {
+                v * 20.0
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+/// `|y - ref| / |ref|` over the vector (L2), NaN when any output is not finite.
+fn rel_error(y: &[f32], r: &[f32]) -> f64 {
+    if y.iter().any(|v| !v.is_finite()) {
+        return f64::NAN;
+    }
+    let num: f64 = y.iter().zip(r).map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2)).sum();
+    let den: f64 = r.iter().map(|&b| f64::from(b).powi(2)).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
+    let mut failures = 0;
+    println!("\n== parity (fresh random inputs, poisoned outputs) ==");
+    // Quantize: exact bytes.
+    for (k, ntok) in [(256, 1), (768, 3), (4096, 2), (14336, 1), (2048, 8)] {
+        let scale = rng.gen_range(0.01..10.0);
+        let x = random_floats(rng, k * ntok, scale);
+        let want = act::quantize_cpu(&x, k)?;
+        let xd = gpu.stream.clone_htod(&x)?;
+        let mut q = gpu.stream.clone_htod(&vec![0xFFu8; want.len()])?;
+        gpu.quantize(&xd, &mut q, k, ntok)?;
+        let got = gpu.stream.clone_dtoh(&q)?;
+        let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        let ok = diff == 0;
+        failures += usize::from(!ok);
+        println!(
+            "quantize_q8_1 k={k:5} tokens={ntok}: {} ({diff} of {} bytes differ)",
+            if ok { "exact" } else { "FAIL" },
+            want.len()
+        );
+    }
+    // GEMVs: vs the f64 CPU twin.
+    let shapes = [(1, 256), (5, 512), (37, 2304), (130, 4096), (517, 1280), (3, 14336)];
+    for ty in catalog::GEMV_TYPES {
+        let mut worst = 0f64;
+        let mut cases = 0;
+        for &(nrows, k) in &shapes {
+            let wf = random_floats(rng, nrows * k, 1.0);
+            let ggml_row = k / ty.block_size() * ty.type_size();
+            let mut ggml = vec![0u8; nrows * ggml_row];
+            for (src, dst) in wf.chunks_exact(k).zip(ggml.chunks_exact_mut(ggml_row)) {
+                smelt_quant::quantize_row(ty, src, dst)?;
+            }
+            let packed = catalog::repack(ty, &ggml, nrows, k)?;
+            let row_bytes = catalog::row_bytes(ty, k)?;
+            let wd = gpu.stream.clone_htod(&packed)?;
+            for ntok in [1, 2, 3, 5, 8] {
+                let x = random_floats(rng, k * ntok, 2.0);
+                let xd = gpu.stream.clone_htod(&x)?;
+                let mut q = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)? * ntok)?;
+                gpu.quantize(&xd, &mut q, k, ntok)?;
+                let qh = gpu.stream.clone_dtoh(&q)?;
+                let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
+                gpu.gemv_launch(&gpu.gemv(ty, ntok)?, &wd, &q, &mut y, nrows, k, row_bytes)?;
+                let got = gpu.stream.clone_dtoh(&y)?;
+                let want = gemv::cpu(ty, &ggml, nrows, k, &qh, ntok)?;
+                let err = rel_error(&got, &want);
+                cases += 1;
+                if !(err < 1e-5) {
+                    failures += 1;
+                    println!("{ty:?} {nrows}x{k} tokens={ntok}: FAIL rel err {err:.3e}");
+                    let bad = got.iter().zip(&want).position(|(a, b)| !((a - b).abs() <= 1e-4 * b.abs().max(1.0)));
+                    if let Some(i) = bad {
+                        println!("  first bad output {i}: gpu {} cpu {}", got[i], want[i]);
+                    }
+                }
+                worst = worst.max(if err.is_nan() { f64::INFINITY } else { err });
+            }
+        }
+        println!("gemv {ty:?}: {cases} cases (shapes {shapes:?}, tokens 1,2,3,5,8), worst rel err {worst:.2e}");
+    }
+    Ok(failures)
+}
+
+/// Median of `reps` timings (ms per launch) of `launches` launches each.
+fn time_launches(gpu: &Gpu, reps: usize, launches: usize, mut launch: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    for i in 0..10 {
+        launch(i)?;
+    }
+    gpu.stream.synchronize()?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        for i in 0..launches {
+            launch(i)?;
+        }
+        let end = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        times.push(f64::from(start.elapsed_ms(&end)?) / launches as f64);
+    }
+    gpu.stream.synchronize()?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[reps / 2])
+}
+
+struct Row {
+    name: String,
+    shape: String,
+    ntok: usize,
+    us: f64,
+    gbs: f64,
+}
+
+fn speed(gpu: &Gpu, quick: bool) -> Result<(f64, Vec<Row>)> {
+    println!("\n== speed ==");
+    let copy_bytes = 1usize << 30;
+    let src = gpu.random_bytes(copy_bytes, 1)?;
+    let mut dst = gpu.stream.alloc_zeros::<u8>(copy_bytes)?;
+    let ms = time_launches(gpu, 7, 5, |_| Ok(gpu.stream.memcpy_dtod(&src, &mut dst)?))?;
+    let copy = 2.0 * copy_bytes as f64 / (ms * 1e-3) / 1e9;
+    println!("device copy (cuMemcpyDtoD of 1 GiB, read + write): {copy:.0} GB/s");
+    drop((src, dst));
+
+    let shapes: &[(usize, usize)] = &[(14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096), (151936, 2048)];
+    let mut cases: Vec<(GgmlType, (usize, usize), usize)> = Vec::new();
+    for ty in catalog::GEMV_TYPES {
+        for &s in shapes {
+            cases.push((ty, s, 1));
+        }
+    }
+    for ntok in [2, 4, 8] {
+        cases.push((GgmlType::Q4_K, (14336, 4096), ntok));
+        cases.push((GgmlType::Q4_K, (4096, 14336), ntok));
+    }
+    if quick {
+        cases.truncate(2);
+    }
+    let mut rows = Vec::new();
+    for (ty, (nrows, k), ntok) in cases {
+        let row_bytes = catalog::row_bytes(ty, k)?;
+        let wbytes = nrows * row_bytes;
+        // Enough copies that one pass over them is several times the L2 (50-60 MB).
+        let copies = (600_000_000usize.div_ceil(wbytes)).clamp(2, 64);
+        let ws: Vec<_> = (0..copies)
+            .map(|c| gpu.random_bytes(wbytes, 17 + c as u32))
+            .collect::<Result<_>>()?;
+        let x = random_floats(&mut rand::rngs::StdRng::seed_from_u64(5), k * ntok, 1.0);
+        let xd = gpu.stream.clone_htod(&x)?;
+        let mut q = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)? * ntok)?;
+        gpu.quantize(&xd, &mut q, k, ntok)?;
+        let mut y = gpu.stream.alloc_zeros::<f32>(nrows * ntok)?;
+        let f = gpu.gemv(ty, ntok)?;
+        let launches = (4_000_000_000usize / wbytes).clamp(50, 2000);
+        let ms = time_launches(gpu, 7, launches, |i| {
+            gpu.gemv_launch(&f, &ws[i % copies], &q, &mut y, nrows, k, row_bytes)
+        })?;
+        let bytes = wbytes + q.len() + 4 * y.len();
+        let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+        let name = format!("{ty:?}");
+        let shape = format!("{nrows}x{k}");
+        println!(
+            "{name:6} {shape:>12} t{ntok}: {:8.2} us  {gbs:6.0} GB/s  {:5.1}% of copy  ({copies} weight copies, {launches} launches x 7)",
+            ms * 1e3,
+            100.0 * gbs / copy
+        );
+        rows.push(Row { name, shape, ntok, us: ms * 1e3, gbs });
+    }
+    Ok((copy, rows))
+}
+
+fn main() -> Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let gpu = Gpu::new()?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let failures = parity(&gpu, &mut rng)?;
+    let (copy, rows) = speed(&gpu, quick)?;
+    println!("\n== summary: GEMV (stream launches, back to back) vs device copy {copy:.0} GB/s ==");
+    println!("| type | rows x k | tokens | us | GB/s | % of copy |");
+    println!("|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {:.2} | {:.0} | {:.1} |",
+            r.name,
+            r.shape,
+            r.ntok,
+            r.us,
+            r.gbs,
+            100.0 * r.gbs / copy
+        );
+    }
+    println!("parity failures: {failures}");
+    if failures > 0 {
+        bail!("{failures} parity checks failed");
+    }
+    Ok(())
+}
+
