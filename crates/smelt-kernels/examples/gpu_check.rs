@@ -15,10 +15,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 use rand::{Rng, SeedableRng};
+use smelt_kernels::gemv::Config;
 use smelt_kernels::{act, catalog, gemv, GgmlType, TILE};
 use smelt_ptx::{Kernel, Store, Target, U32};
 
@@ -69,11 +72,19 @@ impl Gpu {
         })
     }
 
-    fn gemv(&self, ty: GgmlType, ntok: usize) -> Result<CudaFunction> {
-        Ok(self.module.load_function(&catalog::gemv_name(ty, ntok)?)?)
+    fn gemv(&self, ty: GgmlType, cfg: Config) -> Result<CudaFunction> {
+        Ok(self
+            .module
+            .load_function(&catalog::gemv_config_name(ty, cfg)?)?)
     }
 
-    fn quantize(&self, x: &CudaSlice<f32>, q: &mut CudaSlice<u8>, k: usize, ntok: usize) -> Result<()> {
+    fn quantize(
+        &self,
+        x: &CudaSlice<f32>,
+        q: &mut CudaSlice<u8>,
+        k: usize,
+        ntok: usize,
+    ) -> Result<()> {
         let ntiles = (k / TILE) as u32;
         let cfg = LaunchConfig {
             grid_dim: (ntiles.div_ceil(act::QUANTIZE_WARPS), ntok as u32, 1),
@@ -89,7 +100,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     fn gemv_launch(
         &self,
-        f: &CudaFunction,
+        (f, cfg): (&CudaFunction, Config),
         w: &CudaSlice<u8>,
         x: &CudaSlice<u8>,
         y: &mut CudaSlice<f32>,
@@ -99,12 +110,19 @@ impl Gpu {
     ) -> Result<()> {
         let (nrows, ntiles, row_bytes) = (nrows as u32, (k / TILE) as u32, row_bytes as u32);
         let cfg = LaunchConfig {
-            grid_dim: (nrows.div_ceil(gemv::ROWS_PER_CTA), 1, 1),
-            block_dim: (32, gemv::ROWS_PER_CTA, 1),
+            grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
+            block_dim: (32, gemv::WARPS_PER_CTA, 1),
             shared_mem_bytes: 0,
         };
         let mut l = self.stream.launch_builder(f);
-        l.arg(w).arg(x).arg(y).arg(&nrows).arg(&ntiles).arg(&row_bytes);
+        let never = 0u32;
+        l.arg(w)
+            .arg(x)
+            .arg(y)
+            .arg(&nrows)
+            .arg(&ntiles)
+            .arg(&row_bytes)
+            .arg(&never);
         unsafe { l.launch(cfg) }?;
         Ok(())
     }
@@ -144,7 +162,11 @@ fn rel_error(y: &[f32], r: &[f32]) -> f64 {
     if y.iter().any(|v| !v.is_finite()) {
         return f64::NAN;
     }
-    let num: f64 = y.iter().zip(r).map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2)).sum();
+    let num: f64 = y
+        .iter()
+        .zip(r)
+        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+        .sum();
     let den: f64 = r.iter().map(|&b| f64::from(b).powi(2)).sum();
     (num / den.max(1e-300)).sqrt()
 }
@@ -171,7 +193,14 @@ fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
         );
     }
     // GEMVs: vs the f64 CPU twin.
-    let shapes = [(1, 256), (5, 512), (37, 2304), (130, 4096), (517, 1280), (3, 14336)];
+    let shapes = [
+        (1, 256),
+        (5, 512),
+        (37, 2304),
+        (130, 4096),
+        (517, 1280),
+        (3, 14336),
+    ];
     for ty in catalog::GEMV_TYPES {
         let mut worst = 0f64;
         let mut cases = 0;
@@ -185,22 +214,36 @@ fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
             let packed = catalog::repack(ty, &ggml, nrows, k)?;
             let row_bytes = catalog::row_bytes(ty, k)?;
             let wd = gpu.stream.clone_htod(&packed)?;
-            for ntok in [1, 2, 3, 5, 8] {
+            let mut configs: Vec<Config> = [1, 2, 3, 5, 8].into_iter().map(Config::new).collect();
+            configs.extend(catalog::tuning_configs());
+            for cfg in configs {
+                let ntok = cfg.ntok;
                 let x = random_floats(rng, k * ntok, 2.0);
                 let xd = gpu.stream.clone_htod(&x)?;
                 let mut q = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)? * ntok)?;
                 gpu.quantize(&xd, &mut q, k, ntok)?;
                 let qh = gpu.stream.clone_dtoh(&q)?;
                 let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
-                gpu.gemv_launch(&gpu.gemv(ty, ntok)?, &wd, &q, &mut y, nrows, k, row_bytes)?;
+                gpu.gemv_launch(
+                    (&gpu.gemv(ty, cfg)?, cfg),
+                    &wd,
+                    &q,
+                    &mut y,
+                    nrows,
+                    k,
+                    row_bytes,
+                )?;
                 let got = gpu.stream.clone_dtoh(&y)?;
                 let want = gemv::cpu(ty, &ggml, nrows, k, &qh, ntok)?;
                 let err = rel_error(&got, &want);
                 cases += 1;
                 if !(err < 1e-5) {
                     failures += 1;
-                    println!("{ty:?} {nrows}x{k} tokens={ntok}: FAIL rel err {err:.3e}");
-                    let bad = got.iter().zip(&want).position(|(a, b)| !((a - b).abs() <= 1e-4 * b.abs().max(1.0)));
+                    println!("{ty:?} {nrows}x{k} {cfg:?}: FAIL rel err {err:.3e}");
+                    let bad = got
+                        .iter()
+                        .zip(&want)
+                        .position(|(a, b)| !((a - b).abs() <= 1e-4 * b.abs().max(1.0)));
                     if let Some(i) = bad {
                         println!("  first bad output {i}: gpu {} cpu {}", got[i], want[i]);
                     }
@@ -208,24 +251,68 @@ fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                 worst = worst.max(if err.is_nan() { f64::INFINITY } else { err });
             }
         }
-        println!("gemv {ty:?}: {cases} cases (shapes {shapes:?}, tokens 1,2,3,5,8), worst rel err {worst:.2e}");
+        println!("gemv {ty:?}: {cases} cases (shapes {shapes:?}, tokens 1,2,3,5,8 and the tuning variants), worst rel err {worst:.2e}");
     }
     Ok(failures)
 }
 
+/// Median of `reps` replays (ms per launch) of a CUDA graph of `launches` launches.
+fn time_graph(
+    gpu: &Gpu,
+    reps: usize,
+    launches: usize,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    gpu.stream.synchronize()?;
+    gpu.stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    for i in 0..launches {
+        launch(i)?;
+    }
+    let graph = gpu
+        .stream
+        .end_capture(CUgraphInstantiate_flags(0))?
+        .context("empty graph")?;
+    graph.launch()?;
+    gpu.stream.synchronize()?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = gpu
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        graph.launch()?;
+        let end = gpu
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        times.push(f64::from(start.elapsed_ms(&end)?) / launches as f64);
+    }
+    gpu.stream.synchronize()?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[reps / 2])
+}
+
 /// Median of `reps` timings (ms per launch) of `launches` launches each.
-fn time_launches(gpu: &Gpu, reps: usize, launches: usize, mut launch: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+fn time_launches(
+    gpu: &Gpu,
+    reps: usize,
+    launches: usize,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
     for i in 0..10 {
         launch(i)?;
     }
     gpu.stream.synchronize()?;
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
-        let start = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let start = gpu
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         for i in 0..launches {
             launch(i)?;
         }
-        let end = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = gpu
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         times.push(f64::from(start.elapsed_ms(&end)?) / launches as f64);
     }
     gpu.stream.synchronize()?;
@@ -239,6 +326,8 @@ struct Row {
     ntok: usize,
     us: f64,
     gbs: f64,
+    us_graph: f64,
+    gbs_graph: f64,
 }
 
 fn speed(gpu: &Gpu, quick: bool) -> Result<(f64, Vec<Row>)> {
@@ -251,22 +340,37 @@ fn speed(gpu: &Gpu, quick: bool) -> Result<(f64, Vec<Row>)> {
     println!("device copy (cuMemcpyDtoD of 1 GiB, read + write): {copy:.0} GB/s");
     drop((src, dst));
 
-    let shapes: &[(usize, usize)] = &[(14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096), (151936, 2048)];
-    let mut cases: Vec<(GgmlType, (usize, usize), usize)> = Vec::new();
+    let shapes: &[(usize, usize)] = &[
+        (14336, 4096),
+        (4096, 14336),
+        (4096, 4096),
+        (1024, 4096),
+        (151936, 2048),
+    ];
+    let mut cases: Vec<(GgmlType, (usize, usize), Config)> = Vec::new();
     for ty in catalog::GEMV_TYPES {
         for &s in shapes {
-            cases.push((ty, s, 1));
+            cases.push((ty, s, Config::new(1)));
+        }
+    }
+    for ty in catalog::GEMV_TYPES {
+        for cfg in catalog::tuning_configs() {
+            if cfg != Config::new(1) {
+                cases.push((ty, (14336, 4096), cfg));
+                cases.push((ty, (4096, 14336), cfg));
+            }
         }
     }
     for ntok in [2, 4, 8] {
-        cases.push((GgmlType::Q4_K, (14336, 4096), ntok));
-        cases.push((GgmlType::Q4_K, (4096, 14336), ntok));
+        cases.push((GgmlType::Q4_K, (14336, 4096), Config::new(ntok)));
+        cases.push((GgmlType::Q4_K, (4096, 14336), Config::new(ntok)));
     }
     if quick {
         cases.truncate(2);
     }
     let mut rows = Vec::new();
-    for (ty, (nrows, k), ntok) in cases {
+    for (ty, (nrows, k), cfg) in cases {
+        let ntok = cfg.ntok;
         let row_bytes = catalog::row_bytes(ty, k)?;
         let wbytes = nrows * row_bytes;
         // Enough copies that one pass over them is several times the L2 (50-60 MB).
@@ -279,21 +383,33 @@ fn speed(gpu: &Gpu, quick: bool) -> Result<(f64, Vec<Row>)> {
         let mut q = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)? * ntok)?;
         gpu.quantize(&xd, &mut q, k, ntok)?;
         let mut y = gpu.stream.alloc_zeros::<f32>(nrows * ntok)?;
-        let f = gpu.gemv(ty, ntok)?;
+        let f = gpu.gemv(ty, cfg)?;
         let launches = (4_000_000_000usize / wbytes).clamp(50, 2000);
-        let ms = time_launches(gpu, 7, launches, |i| {
-            gpu.gemv_launch(&f, &ws[i % copies], &q, &mut y, nrows, k, row_bytes)
-        })?;
-        let bytes = wbytes + q.len() + 4 * y.len();
-        let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
-        let name = format!("{ty:?}");
+        let mut launch =
+            |i: usize| gpu.gemv_launch((&f, cfg), &ws[i % copies], &q, &mut y, nrows, k, row_bytes);
+        let ms = time_launches(gpu, 7, launches, &mut launch)?;
+        let ms_graph = time_graph(gpu, 7, launches, &mut launch)?;
+        let bytes = (wbytes + q.len() + 4 * y.len()) as f64;
+        let gbs = bytes / (ms * 1e-3) / 1e9;
+        let gbs_graph = bytes / (ms_graph * 1e-3) / 1e9;
+        let name = catalog::gemv_config_name(ty, cfg)?;
         let shape = format!("{nrows}x{k}");
         println!(
-            "{name:6} {shape:>12} t{ntok}: {:8.2} us  {gbs:6.0} GB/s  {:5.1}% of copy  ({copies} weight copies, {launches} launches x 7)",
+            "{name:20} {shape:>12}: stream {:8.2} us {gbs:5.0} GB/s {:5.1}% | graph {:8.2} us {gbs_graph:5.0} GB/s {:5.1}%  ({copies} copies, {launches} launches x 7)",
             ms * 1e3,
-            100.0 * gbs / copy
+            100.0 * gbs / copy,
+            ms_graph * 1e3,
+            100.0 * gbs_graph / copy,
         );
-        rows.push(Row { name, shape, ntok, us: ms * 1e3, gbs });
+        rows.push(Row {
+            name,
+            shape,
+            ntok,
+            us: ms * 1e3,
+            gbs,
+            us_graph: ms_graph * 1e3,
+            gbs_graph,
+        });
     }
     Ok((copy, rows))
 }
@@ -304,18 +420,21 @@ fn main() -> Result<()> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let failures = parity(&gpu, &mut rng)?;
     let (copy, rows) = speed(&gpu, quick)?;
-    println!("\n== summary: GEMV (stream launches, back to back) vs device copy {copy:.0} GB/s ==");
-    println!("| type | rows x k | tokens | us | GB/s | % of copy |");
-    println!("|---|---|---|---|---|---|");
+    println!("\n== summary: GEMV GB/s (bytes a launch must move) vs device copy {copy:.0} GB/s, stream launches and CUDA-graph replays ==");
+    println!("| kernel | rows x k | tokens | stream us | stream GB/s | % copy | graph us | graph GB/s | % copy |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.2} | {:.0} | {:.1} |",
+            "| {} | {} | {} | {:.2} | {:.0} | {:.1} | {:.2} | {:.0} | {:.1} |",
             r.name,
             r.shape,
             r.ntok,
             r.us,
             r.gbs,
-            100.0 * r.gbs / copy
+            100.0 * r.gbs / copy,
+            r.us_graph,
+            r.gbs_graph,
+            100.0 * r.gbs_graph / copy
         );
     }
     println!("parity failures: {failures}");
@@ -324,4 +443,3 @@ fn main() -> Result<()> {
     }
     Ok(())
 }
-

@@ -133,8 +133,18 @@ pub fn quantize_kernel(k: &Kernel) {
     }
     let words: [Reg<U32>; 2] = std::array::from_fn(|w| {
         let q4 = &quants[4 * w..4 * w + 4];
-        let lo = k.prmt(k.reg::<U32>(), q4[0].cast::<U32>(), q4[1].cast::<U32>(), 0x0040u32);
-        let hi = k.prmt(k.reg::<U32>(), q4[2].cast::<U32>(), q4[3].cast::<U32>(), 0x0040u32);
+        let lo = k.prmt(
+            k.reg::<U32>(),
+            q4[0].cast::<U32>(),
+            q4[1].cast::<U32>(),
+            0x0040u32,
+        );
+        let hi = k.prmt(
+            k.reg::<U32>(),
+            q4[2].cast::<U32>(),
+            q4[3].cast::<U32>(),
+            0x0040u32,
+        );
         k.prmt(k.reg::<U32>(), lo, hi, 0x5410u32)
     });
     let qdst = k.add(k.reg(), dst, k.mul_wide(k.reg::<U64>(), lane, 8u32));
@@ -206,8 +216,16 @@ pub fn load_tile(k: &Kernel, tile: Reg<U64>, slots: &ActSlots) -> ActRegs {
     let sum = [k.reg::<S32>(), k.reg::<S32>()];
     for b in 0..2 {
         let base = k.add(k.reg(), tile, slots.quants[b]);
-        k.ld_v4(load, [q[8 * b], q[8 * b + 1], q[8 * b + 2], q[8 * b + 3]], base);
-        k.ld_v4(load, [q[8 * b + 4], q[8 * b + 5], q[8 * b + 6], q[8 * b + 7]], base.at(16));
+        k.ld_v4(
+            load,
+            [q[8 * b], q[8 * b + 1], q[8 * b + 2], q[8 * b + 3]],
+            base,
+        );
+        k.ld_v4(
+            load,
+            [q[8 * b + 4], q[8 * b + 5], q[8 * b + 6], q[8 * b + 7]],
+            base.at(16),
+        );
         let head = k.add(k.reg(), tile, slots.header[b]);
         dh[b] = k.ld(load, dh[b], head);
         k.ld_narrow(load, Narrow::S16, sum[b], head.at(16));
@@ -240,9 +258,13 @@ mod tests {
             let tile = &tiles[(b / 8) * TILE_BYTES..];
             let slot = b % 8;
             assert_eq!(&tile[32 * slot..32 * slot + 32], &block[4..]);
-            assert_eq!(&tile[D_OFFSET + 2 * slot..D_OFFSET + 2 * slot + 2], &block[..2]);
+            assert_eq!(
+                &tile[D_OFFSET + 2 * slot..D_OFFSET + 2 * slot + 2],
+                &block[..2]
+            );
             let sum: i32 = block[4..].iter().map(|&q| i32::from(q as i8)).sum();
-            let s = i16::from_le_bytes([tile[SUM_OFFSET + 2 * slot], tile[SUM_OFFSET + 2 * slot + 1]]);
+            let s =
+                i16::from_le_bytes([tile[SUM_OFFSET + 2 * slot], tile[SUM_OFFSET + 2 * slot + 1]]);
             assert_eq!(i32::from(s), sum);
         }
     }

@@ -4,6 +4,7 @@
 use smelt_ptx::{Kernel, Module, PtxError, Target};
 
 use crate::formats::{self, GpuFormat, Q4K, Q6K, Q8_0};
+use crate::gemv::Config;
 use crate::{act, gemv, GgmlType, KernelError};
 
 /// Weight types with a GEMV here.
@@ -34,15 +35,30 @@ macro_rules! with_format {
 }
 
 fn unsupported(ty: GgmlType) -> KernelError {
-    KernelError::Quant(smelt_quant::QuantError::Unsupported {
-        ty,
-        op: "GPU GEMV",
-    })
+    KernelError::Quant(smelt_quant::QuantError::Unsupported { ty, op: "GPU GEMV" })
 }
 
-/// The GEMV kernel's name for `ty` and `ntok` tokens.
+/// The GEMV kernel's name for `ty` and `ntok` tokens (the default configuration).
 pub fn gemv_name(ty: GgmlType, ntok: usize) -> Result<String, KernelError> {
-    with_format!(ty, F => Ok(gemv::name::<F>(ntok)), _ => Err(unsupported(ty)))
+    gemv_config_name(ty, Config::new(ntok))
+}
+
+/// The GEMV kernel's name for `ty` in configuration `cfg`.
+pub fn gemv_config_name(ty: GgmlType, cfg: Config) -> Result<String, KernelError> {
+    with_format!(ty, F => Ok(cfg.name::<F>()), _ => Err(unsupported(ty)))
+}
+
+/// The 1-token variants the GPU check times against the default, to choose defaults by
+/// measurement.
+pub fn tuning_configs() -> Vec<Config> {
+    [(1, false), (1, true), (2, false), (2, true), (4, false)]
+        .into_iter()
+        .map(|(rows_per_warp, pin_loads)| Config {
+            ntok: 1,
+            rows_per_warp,
+            pin_loads,
+        })
+        .collect()
 }
 
 /// Bytes of a row of `k` weights of `ty` in the GPU layout.
@@ -59,10 +75,16 @@ pub fn repack(ty: GgmlType, ggml: &[u8], rows: usize, k: usize) -> Result<Vec<u8
 pub fn all() -> Vec<(String, Box<dyn Fn(&Kernel)>)> {
     let mut v: Vec<(String, Box<dyn Fn(&Kernel)>)> =
         vec![(QUANTIZE.to_string(), Box::new(act::quantize_kernel))];
+    let mut configs: Vec<Config> = (1..=gemv::MAX_TOKENS).map(Config::new).collect();
+    configs.extend(
+        tuning_configs()
+            .into_iter()
+            .filter(|c| *c != Config::new(c.ntok)),
+    );
     for ty in GEMV_TYPES {
-        for ntok in 1..=gemv::MAX_TOKENS {
+        for &cfg in &configs {
             with_format!(ty, F => {
-                v.push((gemv::name::<F>(ntok), Box::new(move |k: &Kernel| gemv::kernel::<F>(k, ntok))));
+                v.push((cfg.name::<F>(), Box::new(move |k: &Kernel| gemv::kernel::<F>(k, cfg))));
             }, _ => {});
         }
     }
@@ -95,8 +117,12 @@ mod tests {
     #[test]
     fn gemv_refuses_token_counts_out_of_range() {
         let mut m = Module::new(Target::Sm80);
-        assert!(m.kernel("g", |k| gemv::kernel::<Q4K>(k, 9)).is_err());
-        assert!(m.kernel("g", |k| gemv::kernel::<Q4K>(k, 0)).is_err());
+        assert!(m
+            .kernel("g", |k| gemv::kernel::<Q4K>(k, Config::new(9)))
+            .is_err());
+        assert!(m
+            .kernel("g", |k| gemv::kernel::<Q4K>(k, Config::new(0)))
+            .is_err());
     }
 
     #[test]

@@ -7,53 +7,120 @@
 //! arithmetic, unpacks the weights once and dots them with every token's activations, so
 //! 2..8 tokens read the weights once. The warp's partial sums meet in a butterfly.
 
-use smelt_ptx::{Kernel, Store, U64};
+use smelt_ptx::{Cmp, Kernel, Store, U32, U64};
 
 use crate::act::{self, ActSlots};
 use crate::formats::GpuFormat;
 use crate::{tiles, GgmlType, KernelError, TILE};
 
-/// Rows per block: blocks are `(32, ROWS_PER_CTA)` threads, one warp per row.
-pub const ROWS_PER_CTA: u32 = 4;
+/// Warps per block: blocks are `(32, WARPS_PER_CTA)` threads.
+pub const WARPS_PER_CTA: u32 = 4;
 
 /// Most tokens one launch handles.
 pub const MAX_TOKENS: usize = 8;
 
-/// The kernel's name for format `F` and `ntok` tokens.
-pub fn name<F: GpuFormat>(ntok: usize) -> String {
-    format!("gemv_{}_t{ntok}", F::NAME)
+/// The shape of one GEMV kernel: what is fixed when its PTX is generated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Tokens (activation rows) per launch, 1..=8.
+    pub ntok: usize,
+    /// Weight rows per warp: more rows put more loads in flight per thread and share the
+    /// activation loads between rows.
+    pub rows_per_warp: u32,
+    /// Ends each step's loads with a branch that depends on all of them and is never taken,
+    /// so ptxas issues every load before the first use instead of interleaving them.
+    pub pin_loads: bool,
 }
 
-/// Emits the GEMV for `ntok` tokens. Parameters, in order: `w` (rows in `F`'s GPU layout),
-/// `x` (`ntok` rows of quantized activations), `y` (`ntok x nrows` floats), `nrows`,
-/// `ntiles` (`k / 256`), `row_bytes` (`F::row_bytes(k)`). Grid: `ceil(nrows / ROWS_PER_CTA)`.
-pub fn kernel<F: GpuFormat>(k: &Kernel, ntok: usize) {
+impl Config {
+    /// The default for `ntok` tokens (the fastest measured; see bench/RESULTS.md).
+    pub fn new(ntok: usize) -> Self {
+        Self {
+            ntok,
+            rows_per_warp: 1,
+            pin_loads: false,
+        }
+    }
+
+    /// Rows one block covers: the grid is `ceil(nrows / rows_per_cta())`.
+    pub fn rows_per_cta(&self) -> u32 {
+        WARPS_PER_CTA * self.rows_per_warp
+    }
+
+    /// The kernel's name for format `F`.
+    pub fn name<F: GpuFormat>(&self) -> String {
+        let mut n = format!("gemv_{}_t{}", F::NAME, self.ntok);
+        if self.rows_per_warp != 1 {
+            n.push_str(&format!("_r{}", self.rows_per_warp));
+        }
+        if self.pin_loads {
+            n.push_str("_pin");
+        }
+        n
+    }
+}
+
+/// The default kernel's name for format `F` and `ntok` tokens.
+pub fn name<F: GpuFormat>(ntok: usize) -> String {
+    Config::new(ntok).name::<F>()
+}
+
+/// Emits the GEMV. Parameters, in order: `w` (rows in `F`'s GPU layout), `x` (`ntok` rows
+/// of quantized activations), `y` (`ntok x nrows` floats), `nrows`, `ntiles` (`k / 256`),
+/// `row_bytes` (`F::row_bytes(k)`), `never` (0: the pinning branch's operand). Blocks of
+/// `(32, WARPS_PER_CTA)`, grid `ceil(nrows / cfg.rows_per_cta())`.
+pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
+    let ntok = cfg.ntok;
     if ntok == 0 || ntok > MAX_TOKENS {
         k.reject(format!("{ntok} tokens: the GEMV takes 1 to {MAX_TOKENS}"));
         return;
     }
-    k.max_threads(32, ROWS_PER_CTA, 1);
+    if !(1..=4).contains(&cfg.rows_per_warp) {
+        k.reject(format!("{} rows per warp: 1 to 4", cfg.rows_per_warp));
+        return;
+    }
+    k.max_threads(32, WARPS_PER_CTA, 1);
     let w = k.param_ptr("w");
     let x = k.param_ptr("x");
     let y = k.param_ptr("y");
     let nrows = k.param_u32("nrows");
     let ntiles = k.param_u32("ntiles");
     let row_bytes = k.param_u32("row_bytes");
+    let never = k.param_u32("never");
 
-    let row = k.mad(k.reg(), k.ctaid_x(), ROWS_PER_CTA, k.tid_y());
-    k.exit_if(k.ge(row, nrows));
+    let nr = cfg.rows_per_warp as usize;
+    let warp = k.mad(k.reg(), k.ctaid_x(), WARPS_PER_CTA, k.tid_y());
+    let first_row = k.mul(k.reg(), warp, cfg.rows_per_warp);
+    k.exit_if(k.ge(first_row, nrows));
+    let last = k.sub(k.reg(), nrows, 1u32);
+    // Rows past the end read the last row again and store nothing.
+    let rows: Vec<_> = (0..nr)
+        .map(|r| {
+            let row = k.add(k.reg(), first_row, r as u32);
+            k.min(row, row, last)
+        })
+        .collect();
     let lane = k.tid_x();
     let part = k.and(k.reg(), lane, 3u32);
     let first = k.shr(k.reg(), lane, 2u32);
-    let wrow = k.add(k.reg(), w, k.mul_wide(k.reg::<U64>(), row, row_bytes));
+    let wrows: Vec<_> = rows
+        .iter()
+        .map(|&row| k.add(k.reg(), w, k.mul_wide(k.reg::<U64>(), row, row_bytes)))
+        .collect();
     let setup = F::setup(k, part, ntiles);
     let (b0, b1) = F::act_blocks(k, part);
     let slots = ActSlots::new(k, b0, b1);
     let token_stride = k.mul_wide(k.reg::<U64>(), ntiles, act::TILE_BYTES as u32);
-    let accs: Vec<_> = (0..ntok).map(|_| k.f32(0.0)).collect();
+    let accs: Vec<Vec<_>> = (0..nr)
+        .map(|_| (0..ntok).map(|_| k.f32(0.0)).collect())
+        .collect();
+    let sink = k.label();
 
     k.stride_loop(first, ntiles, 8u32, |k, tile| {
-        let weights = F::load(k, &setup, wrow, tile);
+        let weights: Vec<_> = wrows
+            .iter()
+            .map(|&wr| F::load(k, &setup, wr, tile))
+            .collect();
         let xtile = k.add(
             k.reg(),
             x,
@@ -69,23 +136,55 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, ntok: usize) {
                 act::load_tile(k, at, &slots)
             })
             .collect();
-        let decoded = F::decode(k, &setup, &weights);
-        for (x, acc) in xs.iter().zip(&accs) {
-            F::dot(k, &setup, &decoded, x, *acc);
+        if cfg.pin_loads {
+            let all = k.u32(0);
+            for wl in &weights {
+                for word in F::load_words(wl) {
+                    k.xor(all, all, word);
+                }
+            }
+            for xa in &xs {
+                k.xor(all, all, xa.q[0]);
+                k.xor(all, all, xa.q[8]);
+                k.xor(all, all, xa.sum[0].cast::<U32>());
+                k.xor(all, all, xa.sum[1].cast::<U32>());
+            }
+            // `never` is 0, so this is never taken; ptxas cannot know, and so issues
+            // every load before it.
+            let hit = k.cmp(Cmp::Eq, all, never);
+            let armed = k.cmp(Cmp::Ne, never, 0u32);
+            k.and(hit, hit, armed);
+            k.bra_if(hit, sink);
+        }
+        for (wl, acc_r) in weights.iter().zip(&accs) {
+            let decoded = F::decode(k, &setup, wl);
+            for (xa, acc) in xs.iter().zip(acc_r) {
+                F::dot(k, &setup, &decoded, xa, *acc);
+            }
         }
     });
 
-    let sums: Vec<_> = accs.iter().map(|&a| k.warp_sum(a)).collect();
-    k.if_(k.eq(lane, 0u32), |k| {
-        let mut out = k.elem_addr(y, row, 4);
-        let stride = k.mul_wide(k.reg::<U64>(), nrows, 4u32);
-        for (t, s) in sums.iter().enumerate() {
-            if t > 0 {
-                out = k.add(out, out, stride);
+    for (r, acc_r) in accs.iter().enumerate() {
+        let sums: Vec<_> = acc_r.iter().map(|&a| k.warp_sum(a)).collect();
+        let row = k.add(k.reg(), first_row, r as u32);
+        let store = k.lt(row, nrows);
+        let lane0 = k.eq(lane, 0u32);
+        k.and(store, store, lane0);
+        k.if_(store, |k| {
+            let mut out = k.elem_addr(y, row, 4);
+            let stride = k.mul_wide(k.reg::<U64>(), nrows, 4u32);
+            for (t, s) in sums.iter().enumerate() {
+                if t > 0 {
+                    out = k.add(out, out, stride);
+                }
+                k.st(Store::GLOBAL, out, *s);
             }
-            k.st(Store::GLOBAL, out, *s);
-        }
-    });
+        });
+    }
+    if cfg.pin_loads {
+        k.exit();
+    }
+    k.place(sink);
 }
 
 /// CPU twin of [`kernel`]: `y[t][r] = sum_i W[r][i] * x[t][i]` in f64, with `W` dequantized

@@ -26,12 +26,15 @@ fn ptxas() -> &'static Path {
             return p;
         }
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ptxas.sh");
-        let out = Command::new("bash").arg(&script).output().unwrap_or_else(|e| {
-            panic!(
-                "cannot run {}: {e}; set SMELT_PTXAS to a ptxas binary",
-                script.display()
-            )
-        });
+        let out = Command::new("bash")
+            .arg(&script)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {}: {e}; set SMELT_PTXAS to a ptxas binary",
+                    script.display()
+                )
+            });
         assert!(
             out.status.success(),
             "{} failed ({}); set SMELT_PTXAS to a ptxas binary or fix the install:\n{}",

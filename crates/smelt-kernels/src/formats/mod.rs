@@ -51,6 +51,10 @@ pub trait GpuFormat {
     /// Issues the thread's loads of tile `tile` of the row at `row`.
     fn load(k: &Kernel, setup: &Self::Setup, row: Reg<U64>, tile: Reg<U32>) -> Self::Loaded;
 
+    /// One word of each load instruction in `w` (a vector load completes as a whole), for
+    /// the dependency that pins all loads before their first use.
+    fn load_words(w: &Self::Loaded) -> Vec<Reg<U32>>;
+
     /// Unpacks the loads (masks, scales) once for all tokens.
     fn decode(k: &Kernel, setup: &Self::Setup, w: &Self::Loaded) -> Self::Decoded;
 

@@ -6,9 +6,7 @@
 //! 16-byte loads for 64 weights. High nibbles are masked in place (`& 0xF0`) rather than
 //! shifted: the factor 16 is folded into the activation scale.
 
-use smelt_ptx::{
-    Bytes, Cmp, FloatRound, Kernel, L2Prefetch, Load, Pred, Reg, F32, S32, U32, U64,
-};
+use smelt_ptx::{Bytes, Cmp, FloatRound, Kernel, L2Prefetch, Load, Pred, Reg, F32, S32, U32, U64};
 
 use super::{halves_to_f32, GpuFormat};
 use crate::act::{and_or, ActRegs};
@@ -105,6 +103,10 @@ impl GpuFormat for Q4K {
         Loaded { header, qs }
     }
 
+    fn load_words(w: &Loaded) -> Vec<Reg<U32>> {
+        vec![w.header[0], w.qs[0], w.qs[4]]
+    }
+
     fn decode(k: &Kernel, s: &Setup, w: &Loaded) -> Decoded {
         let [dm, s0, s1, s2] = w.header;
         // ggml's get_scale_min_k4 on four bytes at once, then the thread's two bytes.
@@ -119,8 +121,12 @@ impl GpuFormat for Q4K {
         k.shr(top_m, top_m, 2u32);
         let min_src = k.shr(min_src, min_src, s.min_shift);
         let mins = k.lop3(k.reg::<U32>(), min_src, s.mask_lo, top_m, and_or());
-        let scale = s.pos.map(|p| k.bfe(k.reg::<U32>(), scales, p, 8u32).cast::<S32>());
-        let min = s.pos.map(|p| k.bfe(k.reg::<U32>(), mins, p, 8u32).cast::<S32>());
+        let scale = s
+            .pos
+            .map(|p| k.bfe(k.reg::<U32>(), scales, p, 8u32).cast::<S32>());
+        let min = s
+            .pos
+            .map(|p| k.bfe(k.reg::<U32>(), mins, p, 8u32).cast::<S32>());
         let [d, dmin] = halves_to_f32(k, dm);
         let neg_dmin = k.neg(dmin, dmin);
         let low = w.qs.map(|q| k.and(k.reg(), q, 0x0F0F_0F0Fu32));
@@ -140,7 +146,14 @@ impl GpuFormat for Q4K {
         let hi = k.s32(0);
         for i in 0..8 {
             k.dp4a_with(Bytes::Unsigned, Bytes::Signed, lo, w.low[i], x.q[i], lo);
-            k.dp4a_with(Bytes::Unsigned, Bytes::Signed, hi, w.high[i], x.q[8 + i], hi);
+            k.dp4a_with(
+                Bytes::Unsigned,
+                Bytes::Signed,
+                hi,
+                w.high[i],
+                x.q[8 + i],
+                hi,
+            );
         }
         // sum_d = d8_0 * (lo * sc0) + d8_1 / 16 * (16 hi * sc1)
         k.mul(lo, lo, w.scale[0]);

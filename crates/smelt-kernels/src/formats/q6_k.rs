@@ -119,6 +119,10 @@ impl GpuFormat for Q6K {
         Loaded { ql, qh, scales, d }
     }
 
+    fn load_words(w: &Loaded) -> Vec<Reg<U32>> {
+        vec![w.ql[0], w.ql[4], w.qh[0], w.qh[4], w.scales[0]]
+    }
+
     fn decode(k: &Kernel, s: &Setup, w: &Loaded) -> Decoded {
         let mut low = [k.reg::<U32>(); 8];
         let mut high = [k.reg::<U32>(); 8];

@@ -75,6 +75,10 @@ impl GpuFormat for Q8_0 {
         Loaded { qs, d }
     }
 
+    fn load_words(w: &Loaded) -> Vec<Reg<U32>> {
+        vec![w.qs[0], w.qs[4], w.qs[8], w.qs[12], w.d]
+    }
+
     fn decode(k: &Kernel, _s: &Setup, w: &Loaded) -> Self::Decoded {
         (w.qs, halves_to_f32(k, w.d))
     }
