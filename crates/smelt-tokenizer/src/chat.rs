@@ -1,0 +1,248 @@
+//! Chat templates: the GGUF's `tokenizer.chat_template` rendered with minijinja in the
+//! environment Hugging Face and llama.cpp give it, or llama.cpp's built-in format for the
+//! architecture when the GGUF has none.
+
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::Serde;
+use minijinja::{Environment, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+use smelt_gguf::Metadata;
+
+use crate::{Tokenizer, TokenizerError};
+
+/// One message of a conversation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// llama.cpp's hard-coded chat formats (`llm_chat_apply_template`), for GGUFs without a
+/// template of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BuiltinTemplate {
+    ChatMl,
+    Llama3,
+    Gemma,
+}
+
+impl BuiltinTemplate {
+    /// By llama.cpp's template name (`chatml`, `llama3`, `gemma`).
+    pub fn from_name(name: &str) -> Option<BuiltinTemplate> {
+        match name {
+            "chatml" => Some(BuiltinTemplate::ChatMl),
+            "llama3" => Some(BuiltinTemplate::Llama3),
+            "gemma" => Some(BuiltinTemplate::Gemma),
+            _ => None,
+        }
+    }
+
+    /// The format an architecture's chat models use; ChatML otherwise, llama.cpp's default.
+    pub fn for_architecture(arch: &str) -> BuiltinTemplate {
+        if arch.starts_with("gemma") {
+            BuiltinTemplate::Gemma
+        } else {
+            BuiltinTemplate::ChatMl
+        }
+    }
+
+    fn render(self, messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+        let mut s = String::new();
+        match self {
+            BuiltinTemplate::ChatMl => {
+                for m in messages {
+                    s += &format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content);
+                }
+                if add_generation_prompt {
+                    s += "<|im_start|>assistant\n";
+                }
+            }
+            BuiltinTemplate::Llama3 => {
+                for m in messages {
+                    s += &format!(
+                        "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>",
+                        m.role,
+                        trim(&m.content)
+                    );
+                }
+                if add_generation_prompt {
+                    s += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+                }
+            }
+            BuiltinTemplate::Gemma => {
+                // Gemma has no system turn: the system text opens the next user turn
+                let mut system = String::new();
+                for m in messages {
+                    if m.role == "system" {
+                        system += trim(&m.content);
+                        continue;
+                    }
+                    let role = if m.role == "assistant" {
+                        "model"
+                    } else {
+                        m.role.as_str()
+                    };
+                    s += &format!("<start_of_turn>{role}\n");
+                    if !system.is_empty() && role != "model" {
+                        s += &system;
+                        s += "\n\n";
+                        system.clear();
+                    }
+                    s += trim(&m.content);
+                    s += "<end_of_turn>\n";
+                }
+                if add_generation_prompt {
+                    s += "<start_of_turn>model\n";
+                }
+            }
+        }
+        s
+    }
+}
+
+/// C's `isspace` trim, as llama-chat.cpp's `trim`.
+fn trim(s: &str) -> &str {
+    s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r'))
+}
+
+#[derive(Clone, Debug)]
+enum Source {
+    Jinja(String),
+    Builtin(BuiltinTemplate),
+}
+
+/// A model's chat template.
+#[derive(Clone, Debug)]
+pub struct ChatTemplate {
+    source: Source,
+    bos_token: String,
+    eos_token: String,
+    add_bos: bool,
+    add_eos: bool,
+}
+
+impl ChatTemplate {
+    /// The GGUF's `tokenizer.chat_template`, or llama.cpp's built-in format for the
+    /// architecture when there is none.
+    pub fn from_gguf(meta: &Metadata, tok: &Tokenizer) -> Result<ChatTemplate, TokenizerError> {
+        let source = match meta.get_str("tokenizer.chat_template") {
+            Some(t) => Source::Jinja(t.to_string()),
+            None => Source::Builtin(BuiltinTemplate::for_architecture(
+                meta.architecture().unwrap_or(""),
+            )),
+        };
+        let t = ChatTemplate::with_source(source, tok);
+        if let Source::Jinja(src) = &t.source {
+            // compile once up front, so a broken template is a load error, not a chat error
+            t.environment().template_from_str(src)?;
+        }
+        Ok(t)
+    }
+
+    /// A Jinja template from its source, with the tokenizer's BOS/EOS.
+    pub fn from_jinja(source: &str, tok: &Tokenizer) -> Result<ChatTemplate, TokenizerError> {
+        let t = ChatTemplate::with_source(Source::Jinja(source.to_string()), tok);
+        t.environment().template_from_str(source)?;
+        Ok(t)
+    }
+
+    /// One of llama.cpp's built-in formats.
+    pub fn builtin(which: BuiltinTemplate, tok: &Tokenizer) -> ChatTemplate {
+        ChatTemplate::with_source(Source::Builtin(which), tok)
+    }
+
+    fn with_source(source: Source, tok: &Tokenizer) -> ChatTemplate {
+        let text = |id: Option<u32>| {
+            id.map(|i| String::from_utf8_lossy(&tok.token_bytes(i)).into_owned())
+                .unwrap_or_default()
+        };
+        ChatTemplate {
+            source,
+            bos_token: text(tok.bos()),
+            eos_token: text(tok.eos()),
+            add_bos: tok.add_bos(),
+            add_eos: tok.add_eos(),
+        }
+    }
+
+    /// The Jinja source, or `None` for a built-in format.
+    pub fn jinja_source(&self) -> Option<&str> {
+        match &self.source {
+            Source::Jinja(s) => Some(s),
+            Source::Builtin(_) => None,
+        }
+    }
+
+    /// The prompt for `messages`, ready for `encode(prompt, add_special = true,
+    /// parse_special = true)`: as llama.cpp does, a BOS (EOS) text the template writes at the
+    /// start (end) is removed when the tokenizer adds that token itself, so it is not doubled.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let mut out = self.render_raw(messages, add_generation_prompt)?;
+        if self.add_bos && !self.bos_token.is_empty() && out.starts_with(&self.bos_token) {
+            out.drain(..self.bos_token.len());
+        }
+        if self.add_eos && !self.eos_token.is_empty() && out.ends_with(&self.eos_token) {
+            out.truncate(out.len() - self.eos_token.len());
+        }
+        Ok(out)
+    }
+
+    /// Exactly what the template writes (Jinja's output, BOS text included).
+    pub fn render_raw(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        match &self.source {
+            Source::Builtin(b) => Ok(b.render(messages, add_generation_prompt)),
+            Source::Jinja(src) => {
+                let env = self.environment();
+                let tmpl = env.template_from_str(src)?;
+                let ctx = minijinja::context! {
+                    messages => Value::from(Serde(messages)),
+                    add_generation_prompt => add_generation_prompt,
+                    bos_token => self.bos_token.as_str(),
+                    eos_token => self.eos_token.as_str(),
+                };
+                Ok(tmpl.render(ctx)?)
+            }
+        }
+    }
+
+    /// The environment Hugging Face's `apply_chat_template` renders in: blocks trimmed,
+    /// `raise_exception`, `strftime_now`, `tojson`, and Python's string/dict methods.
+    fn environment(&self) -> Environment<'static> {
+        let mut env = Environment::new();
+        if let Ok(syntax) = SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+        {
+            env.set_syntax(syntax);
+        }
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<Value, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
+        env.add_function("strftime_now", |fmt: String| {
+            crate::time::strftime_now(&fmt)
+        });
+        env
+    }
+}

@@ -1,0 +1,386 @@
+//! BPE pre-tokenization: splitting text into words before merges, per `tokenizer.ggml.pre`.
+//!
+//! llama.cpp runs a list of regexes in sequence, each one splitting the pieces the previous
+//! one produced (text between matches is kept as its own piece). Two of its patterns (GPT-2's
+//! and Llama 3's) are hand-written scanners rather than regexes, and their quirks decide token
+//! ids, so they are reproduced here as scanners too; every other pattern runs through
+//! `fancy-regex` with llama.cpp's exact expression.
+
+use fancy_regex::Regex;
+
+use crate::unicode::{byte_encode_into, flags, Flags};
+use crate::TokenizerError;
+
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// llama.cpp's pre-tokenizer settings for one `tokenizer.ggml.pre` value.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PreType {
+    pub patterns: &'static [&'static str],
+    /// `clean_up_tokenization_spaces`: detokenize removes spaces before punctuation.
+    pub clean_spaces: bool,
+    /// A whole word that is already a token skips the merges (Llama 3's tiktoken heritage).
+    pub ignore_merges: bool,
+    /// The default for add_bos when the GGUF does not say.
+    pub add_bos: bool,
+}
+
+impl PreType {
+    /// The settings for `tokenizer.ggml.pre` (empty or absent means "default").
+    pub(crate) fn from_name(name: &str) -> Result<PreType, TokenizerError> {
+        const DEFAULT: &[&str] = &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"];
+        const STARCODER: &[&str] = &[r"\p{N}", GPT2];
+        let pre = |patterns, clean_spaces| PreType {
+            patterns,
+            clean_spaces,
+            ignore_merges: false,
+            add_bos: false,
+        };
+        Ok(match name {
+            "" | "default" => pre(DEFAULT, true),
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
+            | "midm-2.0" | "lfm2" => PreType {
+                ignore_merges: true,
+                add_bos: true,
+                ..pre(&[LLAMA3], true)
+            },
+            "dbrx" | "smaug-bpe" => pre(&[LLAMA3], true),
+            "qwen2" | "deepseek-r1-qwen" | "megrez" => pre(&[QWEN2], false),
+            "stablelm2" => pre(&[QWEN2], true),
+            "smollm" | "command-r" => pre(STARCODER, false),
+            "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" => pre(STARCODER, true),
+            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es"
+            | "jina-v2-de" | "a.x-4.0" | "mellum" | "mpt" | "olmo" | "jais" | "exaone4" => {
+                pre(&[GPT2], true)
+            }
+            "falcon" => pre(&[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"], true),
+            "chatglm-bpe" | "glm4" => pre(&[LLAMA3], true),
+            other => return Err(TokenizerError::UnknownPreTokenizer(other.to_string())),
+        })
+    }
+}
+
+enum Step {
+    Gpt2,
+    Llama3,
+    Regex(Box<Regex>),
+}
+
+/// A compiled pre-tokenizer.
+pub(crate) struct PreTokenizer {
+    steps: Vec<Step>,
+}
+
+impl PreTokenizer {
+    pub(crate) fn new(pre: &PreType) -> Result<PreTokenizer, TokenizerError> {
+        let steps = pre
+            .patterns
+            .iter()
+            .map(|&p| match p {
+                GPT2 => Ok(Step::Gpt2),
+                LLAMA3 => Ok(Step::Llama3),
+                _ => Regex::new(p)
+                    .map(|r| Step::Regex(Box::new(r)))
+                    .map_err(|e| TokenizerError::Regex(p.to_string(), e.to_string())),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(PreTokenizer { steps })
+    }
+
+    /// The words of `text`, each in the GPT-2 byte alphabet.
+    pub(crate) fn split(&self, text: &str) -> Vec<String> {
+        let chars: Vec<char> = text.chars().collect();
+        let fl: Vec<Flags> = chars.iter().map(|&c| flags(c)).collect();
+        // byte offset of each char, plus the end
+        let mut pos: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
+        pos.push(text.len());
+
+        let mut pieces = vec![chars.len()];
+        for step in &self.steps {
+            let mut next = Vec::with_capacity(pieces.len() * 2);
+            let mut start = 0;
+            for &len in &pieces {
+                let end = start + len;
+                match step {
+                    Step::Gpt2 => split_gpt2(&chars, &fl, start, end, &mut next),
+                    Step::Llama3 => split_llama3(&chars, &fl, start, end, &mut next),
+                    Step::Regex(re) => split_regex(re, text, &pos, start, end, &mut next),
+                }
+                start = end;
+            }
+            pieces = next;
+        }
+
+        let mut words = Vec::with_capacity(pieces.len());
+        let mut start = 0;
+        for len in pieces {
+            let mut w = String::with_capacity(len * 2);
+            byte_encode_into(&text[pos[start]..pos[start + len]], &mut w);
+            words.push(w);
+            start += len;
+        }
+        words
+    }
+}
+
+/// Splits chars `[ini, end)` at every match of `re`, keeping the text between matches
+/// (std::regex_iterator over the piece, as llama.cpp's `unicode_regex_split_stl`).
+fn split_regex(
+    re: &Regex,
+    text: &str,
+    pos: &[usize],
+    ini: usize,
+    end: usize,
+    out: &mut Vec<usize>,
+) {
+    let base = pos[ini];
+    let slice = &text[base..pos[end]];
+    // byte offset within the slice -> char index
+    let to_char = |b: usize| pos[ini..=end].partition_point(|&p| p < base + b) + ini;
+    let mut prev = ini;
+    for m in re.find_iter(slice) {
+        let Ok(m) = m else { break };
+        let (s, e) = (to_char(m.start()), to_char(m.end()));
+        if s > prev {
+            out.push(s - prev);
+        }
+        if e > s {
+            out.push(e - s);
+        }
+        prev = e;
+    }
+    if end > prev {
+        out.push(end - prev);
+    }
+}
+
+/// A scanner over one piece: out-of-piece positions read as "no char" with empty flags.
+struct Scan<'a> {
+    chars: &'a [char],
+    fl: &'a [Flags],
+    ini: usize,
+    end: usize,
+    prev_end: usize,
+}
+
+impl Scan<'_> {
+    fn cpt(&self, p: usize) -> Option<char> {
+        (self.ini <= p && p < self.end).then(|| self.chars[p])
+    }
+    fn flags(&self, p: usize) -> Flags {
+        if self.ini <= p && p < self.end {
+            self.fl[p]
+        } else {
+            Flags::default()
+        }
+    }
+    fn add(&mut self, end: usize, out: &mut Vec<usize>) -> usize {
+        let len = end - self.prev_end;
+        if len > 0 {
+            out.push(len);
+        }
+        self.prev_end = end;
+        len
+    }
+    /// `\s+(?!\S)|\s+` at `pos`, after the other alternatives failed.
+    fn whitespace(&mut self, pos: &mut usize, out: &mut Vec<usize>) -> bool {
+        let mut n = 0;
+        while self.flags(*pos + n).whitespace {
+            n += 1;
+        }
+        if n > 1 && self.cpt(*pos + n).is_some() {
+            *pos += n - 1;
+        } else if n > 0 {
+            *pos += n;
+        } else {
+            return false;
+        }
+        self.add(*pos, out);
+        true
+    }
+}
+
+fn is_other(f: Flags) -> bool {
+    !(f.whitespace || f.letter || f.number) && f.present
+}
+
+/// GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
+fn split_gpt2(chars: &[char], fl: &[Flags], ini: usize, end: usize, out: &mut Vec<usize>) {
+    let mut s = Scan {
+        chars,
+        fl,
+        ini,
+        end,
+        prev_end: ini,
+    };
+    let mut pos = ini;
+    while pos < end {
+        let cpt = chars[pos];
+        if cpt == '\'' && pos + 1 < end {
+            let next = chars[pos + 1];
+            if matches!(next, 's' | 't' | 'm' | 'd') {
+                pos += s.add(pos + 2, out);
+                continue;
+            }
+            if pos + 2 < end {
+                let nn = chars[pos + 2];
+                if matches!((next, nn), ('r', 'e') | ('v', 'e') | ('l', 'l')) {
+                    pos += s.add(pos + 3, out);
+                    continue;
+                }
+            }
+        }
+        let f2 = if cpt == ' ' {
+            s.flags(pos + 1)
+        } else {
+            fl[pos]
+        };
+        let class: Option<fn(Flags) -> bool> = if f2.letter {
+            Some(|f| f.letter)
+        } else if f2.number {
+            Some(|f| f.number)
+        } else if is_other(f2) {
+            Some(is_other)
+        } else {
+            None
+        };
+        if let Some(class) = class {
+            pos += usize::from(cpt == ' ');
+            while class(s.flags(pos)) {
+                pos += 1;
+            }
+            s.add(pos, out);
+            continue;
+        }
+        if s.whitespace(&mut pos, out) {
+            continue;
+        }
+        pos += 1;
+        s.add(pos, out);
+    }
+}
+
+/// Llama 3: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+/// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
+fn split_llama3(chars: &[char], fl: &[Flags], ini: usize, end: usize, out: &mut Vec<usize>) {
+    let mut s = Scan {
+        chars,
+        fl,
+        ini,
+        end,
+        prev_end: ini,
+    };
+    let lower = |c: char| {
+        let mut l = c.to_lowercase();
+        match (l.next(), l.next()) {
+            (Some(x), None) => x,
+            _ => c,
+        }
+    };
+    let mut pos = ini;
+    while pos < end {
+        let cpt = chars[pos];
+        let f = fl[pos];
+        if cpt == '\'' && pos + 1 < end {
+            let next = lower(chars[pos + 1]);
+            if matches!(next, 's' | 't' | 'm' | 'd') {
+                pos += s.add(pos + 2, out);
+                continue;
+            }
+            if pos + 2 < end {
+                let nn = lower(chars[pos + 2]);
+                if matches!((next, nn), ('r', 'e') | ('v', 'e') | ('l', 'l')) {
+                    pos += s.add(pos + 3, out);
+                    continue;
+                }
+            }
+        }
+        if !(cpt == '\r' || cpt == '\n' || f.number) && (f.letter || s.flags(pos + 1).letter) {
+            pos += 1;
+            while s.flags(pos).letter {
+                pos += 1;
+            }
+            s.add(pos, out);
+            continue;
+        }
+        if f.number {
+            let mut start = pos;
+            while s.flags(pos).number {
+                pos += 1;
+                if pos - start >= 3 {
+                    s.add(pos, out);
+                    start = pos;
+                }
+            }
+            s.add(pos, out);
+            continue;
+        }
+        let f2 = if cpt == ' ' { s.flags(pos + 1) } else { f };
+        // llama.cpp tests that `cpt` (always present) has flags here, not f2
+        if is_other(Flags {
+            present: true,
+            ..f2
+        }) {
+            pos += usize::from(cpt == ' ');
+            while is_other(s.flags(pos)) {
+                pos += 1;
+            }
+            while matches!(s.cpt(pos), Some('\r' | '\n')) {
+                pos += 1;
+            }
+            s.add(pos, out);
+            continue;
+        }
+        let mut n = 0;
+        let mut last_rn = None;
+        while s.flags(pos + n).whitespace {
+            if matches!(chars[pos + n], '\r' | '\n') {
+                last_rn = Some(pos + n + 1);
+            }
+            n += 1;
+        }
+        if let Some(p) = last_rn {
+            pos = p;
+            s.add(pos, out);
+            continue;
+        }
+        if s.whitespace(&mut pos, out) {
+            continue;
+        }
+        pos += 1;
+        s.add(pos, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(pre: &str, text: &str) -> Vec<String> {
+        let p = PreTokenizer::new(&PreType::from_name(pre).unwrap()).unwrap();
+        p.split(text)
+    }
+
+    #[test]
+    fn gpt2_words() {
+        assert_eq!(
+            words("gpt-2", "Hello world's  end 123"),
+            ["Hello", "Ġworld", "'s", "Ġ", "Ġend", "Ġ123"]
+        );
+    }
+
+    #[test]
+    fn smollm_splits_digits() {
+        assert_eq!(words("smollm", "a 1234"), ["a", "Ġ", "1", "2", "3", "4"]);
+    }
+
+    #[test]
+    fn llama3_words() {
+        assert_eq!(
+            words("llama3", "Hello 12345 it's\n\n ok"),
+            ["Hello", "Ġ", "123", "45", "Ġit", "'s", "ĊĊ", "Ġok"]
+        );
+    }
+}

@@ -1,0 +1,95 @@
+//! Special-token partitioning (llama.cpp's `tokenizer_st_partition`): before any merging, the
+//! text of control, user-defined and unknown tokens is cut out of the raw text, longest token
+//! first, each occurrence becoming that token. Control and unknown tokens are only looked for
+//! when the caller asks to parse special tokens; user-defined ones always are.
+
+use aho_corasick::AhoCorasick;
+
+use crate::vocab::{attr, Vocab};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fragment {
+    /// A byte range of the raw text still to be tokenized.
+    Text(usize, usize),
+    Token(u32),
+}
+
+/// Finds which special tokens occur in a text at all, so that only those are searched for
+/// fragment by fragment (a Gemma vocabulary has thousands of them).
+pub(crate) struct SpecialMatcher {
+    automaton: Option<AhoCorasick>,
+    /// Token id per automaton pattern.
+    ids: Vec<u32>,
+}
+
+impl SpecialMatcher {
+    pub(crate) fn new(vocab: &Vocab) -> SpecialMatcher {
+        let ids: Vec<u32> = vocab.special.clone();
+        let automaton =
+            AhoCorasick::new(ids.iter().map(|&i| vocab.texts[i as usize].as_bytes())).ok();
+        SpecialMatcher { automaton, ids }
+    }
+
+    /// The fragments of `text`.
+    pub(crate) fn partition(
+        &self,
+        vocab: &Vocab,
+        text: &str,
+        parse_special: bool,
+    ) -> Vec<Fragment> {
+        let mut frags = Vec::new();
+        if text.is_empty() {
+            return frags;
+        }
+        frags.push(Fragment::Text(0, text.len()));
+        let Some(ac) = &self.automaton else {
+            return frags;
+        };
+        let mut present = vec![false; vocab.texts.len()];
+        let mut any = false;
+        for m in ac.find_overlapping_iter(text) {
+            present[self.ids[m.pattern().as_usize()] as usize] = true;
+            any = true;
+        }
+        if !any {
+            return frags;
+        }
+        let bytes = text.as_bytes();
+        for &id in &vocab.special {
+            if !present[id as usize] {
+                continue;
+            }
+            if !parse_special && vocab.attr(id) & (attr::CONTROL | attr::UNKNOWN) != 0 {
+                continue;
+            }
+            let needle = vocab.texts[id as usize].as_bytes();
+            let mut next = Vec::with_capacity(frags.len() + 2);
+            for f in frags {
+                let Fragment::Text(mut start, end) = f else {
+                    next.push(f);
+                    continue;
+                };
+                while let Some(at) = find(&bytes[start..end], needle) {
+                    let m = start + at;
+                    if m > start {
+                        next.push(Fragment::Text(start, m));
+                    }
+                    next.push(Fragment::Token(id));
+                    start = m + needle.len();
+                }
+                if start < end {
+                    next.push(Fragment::Text(start, end));
+                }
+            }
+            frags = next;
+        }
+        frags
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || needle.len() > hay.len() {
+        return None;
+    }
+    hay.windows(needle.len()).position(|w| w == needle)
+}

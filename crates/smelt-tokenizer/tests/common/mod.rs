@@ -1,0 +1,103 @@
+//! Shared plumbing for the tests that compare with llama.cpp: the oracle's Python, the real
+//! models, and one JSON request/answer exchange with `tests/oracle.py`.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The Python with llama-cpp-python 0.3.36 (`SMELT_PYTHON`, default the oracle venv). A missing
+/// oracle is a failure, never a skip.
+pub fn python() -> PathBuf {
+    let path = match std::env::var_os("SMELT_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            Path::new(&home).join(".cache/smelt/venv-llcpp-0.3.36/bin/python")
+        }
+    };
+    assert!(
+        path.exists(),
+        "the llama.cpp oracle's python is missing at {} (set SMELT_PYTHON or run scripts/oracles.sh)",
+        path.display()
+    );
+    path
+}
+
+pub const SMOLLM: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+pub const GEMMA: &str = "gemma-3-270m-q4_k_m.gguf";
+
+pub fn model(name: &str) -> PathBuf {
+    let path = root().join(".models").join(name);
+    assert!(
+        path.exists(),
+        "test model {} is missing (run scripts/fetch-models.sh all)",
+        path.display()
+    );
+    path
+}
+
+/// Sends one request to `tests/oracle.py` and returns its answer.
+pub fn oracle(request: &Value) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle.py");
+    let mut child = Command::new(python())
+        .arg(&script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the oracle python");
+    let body = serde_json::to_vec(request).expect("serialize request");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&body)
+        .expect("write request");
+    let out = child.wait_with_output().expect("run oracle");
+    assert!(
+        out.status.success(),
+        "oracle failed ({}): {}\n(run scripts/oracles.sh if llama_cpp is missing)",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("oracle answer is JSON")
+}
+
+pub fn corpus() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("read corpus"))
+        .expect("corpus is JSON")
+}
+
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("id list")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+pub fn hex(v: &Value) -> Vec<u8> {
+    let s = v.as_str().expect("hex string");
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// Shortens long test strings in failure messages.
+pub fn show(s: &str) -> String {
+    let mut t: String = s.chars().take(80).collect();
+    if t.len() < s.len() {
+        t += &format!("… ({} bytes)", s.len());
+    }
+    format!("{t:?}")
+}
