@@ -3,7 +3,7 @@
 //! architecture when the GGUF has none.
 
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::Serde;
+use minijinja::value::{Kwargs, Serde};
 use minijinja::{Environment, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 use smelt_gguf::Metadata;
@@ -243,6 +243,60 @@ impl ChatTemplate {
         env.add_function("strftime_now", |fmt: String| {
             crate::time::strftime_now(&fmt)
         });
+        env.add_filter("tojson", tojson);
         env
+    }
+}
+
+/// `tojson` as Hugging Face defines it for chat templates: Python's `json.dumps` with
+/// `ensure_ascii=False` (`", "` and `": "` separators, no HTML escaping), keys in insertion
+/// order, and an optional `indent`.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(value)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = String::new();
+    write_json(&json, indent, 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn write_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: &mut String) {
+    use serde_json::Value as J;
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.extend(std::iter::repeat_n(' ', n * depth));
+        }
+    };
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        J::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                write_json(item, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        J::Object(map) if !map.is_empty() => {
+            out.push('{');
+            for (i, (k, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                out.push_str(&J::String(k.clone()).to_string());
+                out.push_str(": ");
+                write_json(item, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
     }
 }
