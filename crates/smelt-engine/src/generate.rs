@@ -17,6 +17,16 @@ pub trait TokenText {
     fn is_eog(&self, id: u32) -> bool;
 }
 
+impl TokenText for smelt_tokenizer::Tokenizer {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        smelt_tokenizer::Tokenizer::token_bytes(self, id)
+    }
+
+    fn is_eog(&self, id: u32) -> bool {
+        smelt_tokenizer::Tokenizer::is_eog(self, id)
+    }
+}
+
 /// Prompt tokens per forward while prefilling: long prompts go through in chunks so the
 /// activations of one step stay small.
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;

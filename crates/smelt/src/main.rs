@@ -8,7 +8,7 @@ mod progress;
 mod shapes;
 
 use clap::{Parser, Subcommand};
-use commands::{inspect, quantize, serve, synth};
+use commands::{chat, inspect, perplexity, quantize, run, serve, synth};
 use std::process::ExitCode;
 
 /// smelt: a Rust LLM inference server for GGUF models.
@@ -27,6 +27,12 @@ enum Command {
     Quantize(quantize::QuantizeArgs),
     /// Write a random-weight GGUF of a real model's shape, for speed tests.
     Synth(synth::SynthArgs),
+    /// Generate text from a prompt (streamed; --json for one object with ids and timings).
+    Run(run::RunArgs),
+    /// Talk with a model in the terminal; the conversation is kept until /reset.
+    Chat(chat::ChatArgs),
+    /// Score a text file with llama.cpp's perplexity method.
+    Perplexity(perplexity::PerplexityArgs),
     /// Serve a model over an OpenAI-compatible API (not yet: prints a notice, exits 0).
     Serve(serve::ServeArgs),
 }
@@ -38,6 +44,9 @@ fn main() -> ExitCode {
         Command::Quantize(a) => quantize::run(a),
         Command::Synth(a) => synth::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Run(a) => run::run(a),
+        Command::Chat(a) => chat::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

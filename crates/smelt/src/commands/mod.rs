@@ -1,7 +1,11 @@
 //! One module per subcommand.
 
+pub mod chat;
 pub mod inspect;
+pub mod model_ref;
+pub mod perplexity;
 pub mod quantize;
+pub mod run;
 pub mod serve;
 pub mod synth;
 

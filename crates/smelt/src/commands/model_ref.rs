@@ -1,0 +1,154 @@
+//! `--model`: a GGUF path or a short alias of a model the project knows how to fetch, and the
+//! loading shared by the commands that run a model (`run`, `chat`, `perplexity`).
+
+use anyhow::{bail, Context, Result};
+use smelt_engine::{Engine, EngineOptions};
+use smelt_tokenizer::Tokenizer;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Aliases and the file `scripts/fetch-models.sh` writes for each.
+const ALIASES: &[(&str, &str)] = &[
+    ("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    ("gemma3-270m", "gemma-3-270m-q4_k_m.gguf"),
+];
+
+/// The GGUF file `model` names: an existing path as it is; an alias found in `$SMELT_MODELS`
+/// or the repository's `.models/`; else fetched by the repository's script when there is
+/// one. Anything else is an error that says how to get the file.
+pub fn resolve(model: &str) -> Result<PathBuf> {
+    let as_path = Path::new(model);
+    if as_path.is_file() {
+        return Ok(as_path.to_path_buf());
+    }
+    let Some(&(alias, file)) = ALIASES.iter().find(|(a, _)| *a == model) else {
+        let known: Vec<&str> = ALIASES.iter().map(|(a, _)| *a).collect();
+        bail!(
+            "model {model:?} is neither a file nor a known alias ({})",
+            known.join(", ")
+        );
+    };
+    for dir in cache_dirs() {
+        let p = dir.join(file);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    let Some(script) = fetch_script() else {
+        bail!(
+            "model {alias} is not in $SMELT_MODELS or .models/ and the fetch script is not \
+             here: run scripts/fetch-models.sh {alias} from a smelt checkout, or pass a GGUF path"
+        );
+    };
+    eprintln!("fetching {alias} with {}", script.display());
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(alias)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} {alias} failed ({})", script.display(), out.status);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let path = stdout.lines().last().map(str::trim).unwrap_or("");
+    if path.is_empty() || !Path::new(path).is_file() {
+        bail!(
+            "{} {alias} printed no model path ({path:?})",
+            script.display()
+        );
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// Where fetched models live: `$SMELT_MODELS`, then `.models/` of the checkout this binary
+/// was built from, then `.models/` under the current directory.
+fn cache_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = std::env::var_os("SMELT_MODELS") {
+        dirs.push(PathBuf::from(d));
+    }
+    if let Some(root) = repo_root() {
+        dirs.push(root.join(".models"));
+    }
+    dirs.push(PathBuf::from(".models"));
+    dirs
+}
+
+fn fetch_script() -> Option<PathBuf> {
+    let mut roots: Vec<PathBuf> = repo_root().into_iter().collect();
+    roots.push(PathBuf::from("."));
+    roots
+        .into_iter()
+        .map(|r| r.join("scripts/fetch-models.sh"))
+        .find(|p| p.is_file())
+}
+
+/// The checkout this binary was built from, when it is still there.
+fn repo_root() -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.join("Cargo.toml").is_file().then_some(root)
+}
+
+/// `--device`: the CPU for now; `auto` means the CPU until the GPU backend exists.
+pub fn check_device(device: &str) -> Result<()> {
+    match device {
+        "cpu" | "auto" => Ok(()),
+        "cuda" => {
+            bail!("--device cuda: the CUDA backend lands with the GPU issue; use --device cpu")
+        }
+        other => bail!("unknown --device {other:?} (cpu, auto or cuda)"),
+    }
+}
+
+/// A model loaded for running: the engine and its tokenizer.
+pub struct Loaded {
+    pub path: PathBuf,
+    pub engine: Engine,
+    pub tokenizer: Tokenizer,
+}
+
+/// Resolves `model`, loads its weights with room for `kv_tokens` tokens of KV cache, and
+/// builds its tokenizer.
+pub fn load(model: &str, device: &str, threads: Option<usize>, kv_tokens: usize) -> Result<Loaded> {
+    check_device(device)?;
+    if threads == Some(0) {
+        bail!("--threads must be at least 1");
+    }
+    let path = resolve(model)?;
+    let opts = EngineOptions {
+        threads,
+        kv_tokens,
+        ..EngineOptions::default()
+    };
+    let engine =
+        Engine::load(&path, &opts).with_context(|| format!("cannot load {}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(engine.gguf().metadata())
+        .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
+    Ok(Loaded {
+        path,
+        engine,
+        tokenizer,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_name_is_a_clear_error() {
+        let e = resolve("no-such-model-xyz").unwrap_err().to_string();
+        assert!(e.contains("neither a file nor a known alias"), "{e}");
+        assert!(e.contains("smollm2-135m"), "{e}");
+    }
+
+    #[test]
+    fn devices() {
+        assert!(check_device("cpu").is_ok());
+        assert!(check_device("auto").is_ok());
+        let e = check_device("cuda").unwrap_err().to_string();
+        assert!(e.contains("GPU issue"), "{e}");
+        assert!(check_device("tpu").is_err());
+    }
+}

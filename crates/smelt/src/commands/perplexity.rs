@@ -1,0 +1,154 @@
+//! `smelt perplexity`: how well a model predicts a text, by llama.cpp's method so the two
+//! numbers compare: the text is cut into non-overlapping windows of `--ctx` tokens, each run
+//! from an empty cache (its first token replaced by BOS when the model adds one), and only
+//! the second half of each window is scored, so every scored token has at least ctx/2
+//! tokens of context.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use smelt_engine::{Logits, SeqInput};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::model_ref;
+
+/// Logit rows computed per forward while scoring: a row is n_vocab floats (1 MiB for a
+/// 262k vocabulary), so a window's second half at once would be hundreds of MiB.
+const SCORE_CHUNK: usize = 64;
+/// Prompt tokens per forward for the unscored first half.
+const PREFILL_CHUNK: usize = 512;
+
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    /// A GGUF path or an alias (smollm2-135m, gemma3-270m).
+    #[arg(long)]
+    pub model: String,
+    /// The text to score (UTF-8).
+    #[arg(long)]
+    pub file: PathBuf,
+    /// Tokens per window; the text needs at least two windows.
+    #[arg(long, default_value_t = 512)]
+    pub ctx: usize,
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+pub fn run(args: &PerplexityArgs) -> Result<()> {
+    if args.ctx < 4 {
+        bail!("--ctx must be at least 4");
+    }
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read {} as UTF-8 text", args.file.display()))?;
+    let mut m = model_ref::load(&args.model, &args.device, args.threads, args.ctx)?;
+    let tokens = m.tokenizer.encode(&text, true, false);
+    let bos = m.tokenizer.bos();
+    // The model adds BOS when tokenizing with special tokens gave one more token up front.
+    let add_bos = bos.is_some()
+        && tokens.first().copied() == bos
+        && m.tokenizer.encode(&text, false, false).len() < tokens.len();
+    let n_ctx = args.ctx;
+    if tokens.len() < 2 * n_ctx {
+        bail!(
+            "{} has {} tokens; perplexity needs at least 2 x --ctx = {} (use a smaller --ctx)",
+            args.file.display(),
+            tokens.len(),
+            2 * n_ctx
+        );
+    }
+    let n_chunk = tokens.len() / n_ctx;
+    let first = n_ctx / 2;
+    eprintln!(
+        "perplexity: {} tokens, {n_chunk} windows of {n_ctx}, scoring the last {} of each",
+        tokens.len(),
+        n_ctx - 1 - first
+    );
+    let started = Instant::now();
+    let (mut nll, mut count) = (0.0f64, 0usize);
+    for i in 0..n_chunk {
+        let mut window = tokens[i * n_ctx..(i + 1) * n_ctx].to_vec();
+        if let (true, Some(b)) = (add_bos, bos) {
+            window[0] = b;
+        }
+        let seq = m.engine.new_sequence();
+        let scored = score_window(&mut m.engine, seq, &window, first);
+        m.engine.free_sequence(seq);
+        let (w_nll, w_count) = scored?;
+        nll += w_nll;
+        count += w_count;
+        eprintln!(
+            "[{}/{n_chunk}] {:.4} ({:.1} s)",
+            i + 1,
+            (nll / count as f64).exp(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    println!("perplexity: {:.4}", (nll / count as f64).exp());
+    Ok(())
+}
+
+/// Negative log-likelihood of `window[first+1..]` given what precedes each token, and how
+/// many tokens that is.
+fn score_window(
+    engine: &mut smelt_engine::Engine,
+    seq: smelt_engine::SeqId,
+    window: &[u32],
+    first: usize,
+) -> Result<(f64, usize)> {
+    for part in window[..first].chunks(PREFILL_CHUNK) {
+        // Logits::Last, not None: one unused row costs little, and the engine's matmul
+        // refuses a forward with no output rows at the moment (chunk_size 0).
+        engine.forward(&[SeqInput {
+            seq,
+            tokens: part.to_vec(),
+            logits: Logits::Last,
+        }])?;
+    }
+    let (mut nll, mut count) = (0.0f64, 0usize);
+    let mut pos = first;
+    for part in window[first..].chunks(SCORE_CHUNK) {
+        let rows = engine
+            .forward(&[SeqInput {
+                seq,
+                tokens: part.to_vec(),
+                logits: Logits::All,
+            }])?
+            .pop()
+            .unwrap_or_default();
+        for row in rows {
+            // The row at `pos` predicts the token at `pos + 1`; the window's last row has
+            // nothing to predict.
+            if let Some(&next) = window.get(pos + 1) {
+                nll -= log_prob(&row, next as usize);
+                count += 1;
+            }
+            pos += 1;
+        }
+    }
+    Ok((nll, count))
+}
+
+/// log softmax(row)[tok] as llama.cpp computes it: f32 exponentials summed in f64.
+fn log_prob(row: &[f32], tok: usize) -> f64 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum_exp: f64 = row.iter().map(|&l| f64::from((l - max).exp())).sum();
+    let l = row.get(tok).copied().unwrap_or(f32::NEG_INFINITY);
+    f64::from(l - max) - sum_exp.ln()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_prob;
+
+    #[test]
+    fn log_prob_is_a_log_softmax() {
+        let row = [1.0f32, 2.0, 3.0];
+        let z: f64 = row.iter().map(|&x| f64::from(x).exp()).sum();
+        for (i, &x) in row.iter().enumerate() {
+            assert!((log_prob(&row, i) - (f64::from(x) - z.ln())).abs() < 1e-6);
+        }
+        // Uniform over four: ln(1/4).
+        assert!((log_prob(&[7.0; 4], 2) - 0.25f64.ln()).abs() < 1e-12);
+    }
+}

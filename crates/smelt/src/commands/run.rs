@@ -1,0 +1,234 @@
+//! `smelt run`: generate from one prompt (or a file of prompts), streaming the text.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use smelt_engine::generate::{generate, GenerateParams, Generation};
+use smelt_engine::sampler::SamplingParams;
+use smelt_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use super::model_ref;
+
+/// How tokens are picked; shared with `smelt chat`.
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// 0 or less: greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling: the most likely tokens up to this probability (1: all).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens less likely than this fraction of the best one (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Penalise tokens seen in the last --penalty-last-n (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    pub penalty_last_n: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            penalty_last_n: self.penalty_last_n,
+            seed: self.seed,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// A GGUF path or an alias (smollm2-135m, gemma3-270m).
+    #[arg(long)]
+    pub model: String,
+    /// The prompt text.
+    #[arg(
+        long,
+        required_unless_present = "prompts_file",
+        conflicts_with = "prompts_file"
+    )]
+    pub prompt: Option<String>,
+    /// Many prompts, one JSON string per line, each generated from a fresh sequence; prints
+    /// one JSON object per prompt (implies --json). Loads the model once for all of them.
+    #[arg(long)]
+    pub prompts_file: Option<PathBuf>,
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Stop before this text (repeatable); it is not printed.
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Wrap the prompt as one user message through the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message for --chat.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// cpu (auto means cpu until the GPU backend lands).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// KV cache room in tokens (prompt plus generation).
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+    /// After the text, print one JSON object on the last line: prompt_tokens, tokens, text,
+    /// finish_reason, timings.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &RunArgs) -> Result<()> {
+    let mut m = model_ref::load(&args.model, &args.device, args.threads, args.ctx)?;
+    let template = if args.chat {
+        Some(
+            ChatTemplate::from_gguf(m.engine.gguf().metadata(), &m.tokenizer)
+                .context("the model's chat template")?,
+        )
+    } else {
+        None
+    };
+    let params = GenerateParams {
+        max_tokens: args.max_tokens,
+        stop: args.stop.clone(),
+        sampling: args.sampling.params(),
+        ..GenerateParams::default()
+    };
+    let prompts = match &args.prompts_file {
+        Some(f) => read_prompts(f)?,
+        None => vec![args.prompt.clone().unwrap_or_default()],
+    };
+    let batch = args.prompts_file.is_some();
+    let mut stdout = std::io::stdout().lock();
+    for text in &prompts {
+        let prompt_text = match &template {
+            Some(t) => render_chat(t, args.system.as_deref(), text)?,
+            None => text.clone(),
+        };
+        let ids = tokenize_prompt(&m.tokenizer, &prompt_text, args.chat);
+        if ids.is_empty() {
+            bail!("the prompt tokenizes to nothing: give some text");
+        }
+        let seq = m.engine.new_sequence();
+        let mut write_err = None;
+        let result = generate(&mut m.engine, seq, &[], &ids, &m.tokenizer, &params, |d| {
+            if !batch && write_err.is_none() {
+                if let Err(e) = stdout.write_all(d.as_bytes()).and_then(|()| stdout.flush()) {
+                    write_err = Some(e);
+                }
+            }
+        });
+        m.engine.free_sequence(seq);
+        if let Some(e) = write_err {
+            return Err(e.into());
+        }
+        let g = result.with_context(|| format!("generation failed on {}", m.path.display()))?;
+        if !batch {
+            writeln!(stdout)?;
+        }
+        if args.json || batch {
+            writeln!(stdout, "{}", to_json(&ids, &prompt_text, &g))?;
+        } else {
+            eprintln!("{}", summary(&g));
+        }
+    }
+    Ok(())
+}
+
+/// One user message (after an optional system one), rendered to end where the assistant's
+/// answer starts.
+pub fn render_chat(t: &ChatTemplate, system: Option<&str>, user: &str) -> Result<String> {
+    let mut msgs = Vec::new();
+    if let Some(s) = system {
+        msgs.push(ChatMessage {
+            role: "system".into(),
+            content: s.into(),
+        });
+    }
+    msgs.push(ChatMessage {
+        role: "user".into(),
+        content: user.into(),
+    });
+    Ok(t.render(&msgs, true)?)
+}
+
+/// llama.cpp's tokenization of a prompt: BOS as the GGUF says; a chat prompt has its
+/// special tokens parsed, and keeps one BOS when the template already wrote its text (as
+/// llama.cpp's chat path does).
+pub fn tokenize_prompt(tok: &Tokenizer, text: &str, chat: bool) -> Vec<u32> {
+    let mut ids = tok.encode(text, true, chat);
+    if chat {
+        if let Some(bos) = tok.bos() {
+            if ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+                ids.remove(0);
+            }
+        }
+    }
+    ids
+}
+
+fn read_prompts(path: &PathBuf) -> Result<Vec<String>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str::<String>(l).with_context(|| {
+                format!("{} line {}: expected a JSON string", path.display(), i + 1)
+            })
+        })
+        .collect()
+}
+
+fn to_json(prompt: &[u32], prompt_text: &str, g: &Generation) -> String {
+    let t = &g.timings;
+    json!({
+        "prompt_tokens": prompt,
+        "prompt_text": prompt_text,
+        "tokens": g.tokens,
+        "text": g.text,
+        "finish_reason": g.finish_reason.as_str(),
+        "timings": {
+            "prompt_n": t.prompt_tokens,
+            "prompt_ms": t.prompt.as_secs_f64() * 1e3,
+            "prompt_tokens_per_s": t.prompt_tokens_per_s(),
+            "decode_n": t.decode_tokens,
+            "decode_ms": t.decode.as_secs_f64() * 1e3,
+            "decode_tokens_per_s": t.decode_tokens_per_s(),
+        },
+    })
+    .to_string()
+}
+
+pub fn summary(g: &Generation) -> String {
+    let t = &g.timings;
+    format!(
+        "[{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, finish: {}]",
+        t.prompt_tokens,
+        t.prompt_tokens_per_s(),
+        g.tokens.len(),
+        t.decode_tokens_per_s(),
+        g.finish_reason.as_str()
+    )
+}
