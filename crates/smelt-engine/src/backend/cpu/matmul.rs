@@ -8,7 +8,9 @@
 
 use bytemuck::Zeroable;
 use rayon::prelude::*;
-use smelt_quant::{fp, iq4, kquants, legacy, Block, GgmlType, Quantize};
+use smelt_quant::{fp, iq4, kquants, legacy, Block, GgmlType};
+
+use super::act_quant::quantize_act;
 
 use crate::EngineError;
 
@@ -100,7 +102,7 @@ fn matmul_typed<B: Block>(
     let mut act = vec![<B::Act as Zeroable>::zeroed(); n_tok * a_per_row];
     act.par_chunks_mut(a_per_row.max(1))
         .zip(x.par_chunks(cols))
-        .for_each(|(a, x)| <B::Act as Quantize>::quantize_row(x, a));
+        .for_each(|(a, x)| quantize_act::<B::Act>(x, a));
 
     if n_tok == 1 {
         out.par_chunks_mut(ROWS_PER_TASK)

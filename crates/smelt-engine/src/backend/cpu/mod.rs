@@ -3,6 +3,7 @@
 //! the work is spread over rayon's current thread pool (the engine installs one with the
 //! requested number of threads).
 
+mod act_quant;
 mod attention;
 pub mod matmul;
 

@@ -1,0 +1,144 @@
+//! A batch of sequences at different positions in one forward call gives each sequence
+//! what it gets alone, and freeing sequences returns their KV blocks.
+
+mod common;
+
+use smelt_engine::{Engine, EngineError, EngineOptions, Logits, SeqInput};
+
+fn engine(kv_tokens: usize) -> Engine {
+    let opts = EngineOptions {
+        threads: Some(2),
+        kv_tokens,
+        block_size: 16,
+    };
+    Engine::load(&common::model(common::SMOLLM2), &opts).unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn batched_sequences_equal_their_single_runs() {
+    let prompts: [Vec<u32>; 4] = [
+        (1..=37).collect(),
+        vec![504, 3458, 282, 4649, 314],
+        (100..117).collect(),
+        vec![42],
+    ];
+    let follow: [Vec<u32>; 4] = [vec![7, 8], vec![9], vec![10, 11, 12], vec![13]];
+
+    // Alone: prompt, then the follow-up tokens with all their logits.
+    let mut single = engine(1024);
+    let mut want = Vec::new();
+    for (p, f) in prompts.iter().zip(&follow) {
+        let s = single.new_sequence();
+        let a = single
+            .forward(&[SeqInput {
+                seq: s,
+                tokens: p.clone(),
+                logits: Logits::Last,
+            }])
+            .unwrap();
+        let b = single
+            .forward(&[SeqInput {
+                seq: s,
+                tokens: f.clone(),
+                logits: Logits::All,
+            }])
+            .unwrap();
+        want.push((a[0][0].clone(), b[0].clone()));
+        single.free_sequence(s);
+    }
+
+    // Together: all prompts in one call, then all follow-ups (different positions) in one.
+    let mut e = engine(1024);
+    let free0 = e.free_blocks();
+    let seqs: Vec<_> = prompts.iter().map(|_| e.new_sequence()).collect();
+    let batch: Vec<_> = seqs
+        .iter()
+        .zip(&prompts)
+        .map(|(&seq, p)| SeqInput {
+            seq,
+            tokens: p.clone(),
+            logits: Logits::Last,
+        })
+        .collect();
+    let got = e.forward(&batch).unwrap();
+    let batch: Vec<_> = seqs
+        .iter()
+        .zip(&follow)
+        .map(|(&seq, f)| SeqInput {
+            seq,
+            tokens: f.clone(),
+            logits: Logits::All,
+        })
+        .collect();
+    let got2 = e.forward(&batch).unwrap();
+    for i in 0..prompts.len() {
+        assert_eq!(got[i].len(), 1);
+        assert_eq!(got2[i].len(), follow[i].len());
+        // Same numbers: rows are computed independently of their batch neighbours.
+        assert_eq!(max_diff(&got[i][0], &want[i].0), 0.0, "sequence {i} prompt");
+        for (r, w) in got2[i].iter().zip(&want[i].1) {
+            assert_eq!(max_diff(r, w), 0.0, "sequence {i} follow-up");
+        }
+        assert_eq!(e.seq_len(seqs[i]), prompts[i].len() + follow[i].len());
+    }
+    // 39 + 6 + 20 + 2 tokens in blocks of 16: 3 + 1 + 2 + 1 blocks.
+    assert_eq!(free0 - e.free_blocks(), 7);
+    for &s in &seqs {
+        e.free_sequence(s);
+    }
+    assert_eq!(e.free_blocks(), free0);
+    assert!(matches!(
+        e.forward(&[SeqInput {
+            seq: seqs[0],
+            tokens: vec![1],
+            logits: Logits::Last
+        }]),
+        Err(EngineError::UnknownSequence(_))
+    ));
+}
+
+#[test]
+fn full_cache_is_an_error_not_a_panic() {
+    let mut e = engine(64);
+    let a = e.new_sequence();
+    let b = e.new_sequence();
+    e.forward(&[SeqInput {
+        seq: a,
+        tokens: vec![1; 48],
+        logits: Logits::None,
+    }])
+    .unwrap();
+    let err = e
+        .forward(&[SeqInput {
+            seq: b,
+            tokens: vec![1; 17],
+            logits: Logits::Last,
+        }])
+        .unwrap_err();
+    assert!(
+        matches!(err, EngineError::OutOfKvBlocks { need: 2, free: 1 }),
+        "{err}"
+    );
+    assert_eq!(e.seq_len(b), 0);
+    e.free_sequence(a);
+    e.forward(&[SeqInput {
+        seq: b,
+        tokens: vec![1; 17],
+        logits: Logits::Last,
+    }])
+    .unwrap();
+    let bad = e.forward(&[SeqInput {
+        seq: b,
+        tokens: vec![1_000_000],
+        logits: Logits::Last,
+    }]);
+    assert!(matches!(bad, Err(EngineError::BadToken { .. })));
+    assert_eq!(e.seq_len(b), 17);
+}

@@ -1,0 +1,63 @@
+//! Shared by the integration tests: where the test models and the llama.cpp oracle are.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A test model fetched by `scripts/fetch-models.sh all`; a missing one fails the test.
+pub fn model(file: &str) -> PathBuf {
+    let dir = std::env::var_os("SMELT_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".models"));
+    let p = dir.join(file);
+    assert!(
+        p.is_file(),
+        "test model {} is missing: run scripts/fetch-models.sh all",
+        p.display()
+    );
+    p
+}
+
+pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// The Python that has llama-cpp-python: `SMELT_PYTHON`, or the venv `scripts/oracles.sh`
+/// builds. Missing is a failure, never a skip.
+pub fn python() -> PathBuf {
+    let p = std::env::var_os("SMELT_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            Path::new(&home).join(".cache/smelt/venv-llcpp-0.3.36/bin/python")
+        });
+    assert!(
+        p.is_file(),
+        "the llama.cpp oracle python {} is missing: run scripts/oracles.sh (or set SMELT_PYTHON)",
+        p.display()
+    );
+    p
+}
+
+/// Runs an oracle script from `tests/oracle/` with arguments; panics with its stderr when
+/// it fails.
+pub fn run_oracle(script: &str, args: &[&str]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/oracle")
+        .join(script);
+    let out = Command::new(python())
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("start the oracle python");
+    assert!(
+        out.status.success(),
+        "{script} failed (if llama_cpp is missing, run scripts/oracles.sh):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
