@@ -1,0 +1,119 @@
+//! The BPE pre-tokenizers no real test model uses (Llama 3, Qwen2, GPT-2, "default"...):
+//! SmolLM2's vocabulary and merges are written into vocabulary-only GGUFs that differ only in
+//! `tokenizer.ggml.pre`, and each must tokenize and detokenize the corpus as llama.cpp does.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use smelt_gguf::{Gguf, GgufWriter, Metadata, Value};
+use smelt_tokenizer::Tokenizer;
+
+fn check(pre: &str, drop_add_bos: bool) {
+    let src = Gguf::open(model(SMOLLM)).expect("open SmolLM2");
+    let mut meta = Metadata::new();
+    for (k, v) in src.metadata().iter() {
+        meta.insert(k, v.clone());
+    }
+    meta.insert("tokenizer.ggml.pre", Value::from(pre));
+    if drop_add_bos {
+        // the pre-tokenizer's own default decides (llama3: add BOS)
+        meta.remove("tokenizer.ggml.add_bos_token");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(format!("vocab-{pre}.gguf"));
+    GgufWriter::create(&path, &meta, Vec::new())
+        .and_then(|w| w.finish())
+        .expect("write vocab GGUF");
+
+    let tok = Tokenizer::from_gguf(&meta).expect("tokenizer");
+    let texts = corpus();
+    // how much this pre-tokenizer changes the ids from SmolLM2's own, to show the test bites
+    let own = Tokenizer::from_gguf(src.metadata()).expect("SmolLM2 tokenizer");
+    let differ = texts
+        .iter()
+        .filter(|t| tok.encode(t, false, false) != own.encode(t, false, false))
+        .count();
+    eprintln!(
+        "{pre}: {differ} of {} corpus strings tokenize differently from smollm",
+        texts.len()
+    );
+    let answer = oracle(&json!({ "model": path, "texts": texts }));
+    let mut failures = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        for add in [false, true] {
+            for parse in [false, true] {
+                let want =
+                    ids(&answer["encode"][i][format!("{}{}", u8::from(add), u8::from(parse))]);
+                let got = tok.encode(text, add, parse);
+                if got != want {
+                    failures.push(format!(
+                        "encode({}, {add}, {parse}):\n  llama.cpp {want:?}\n  smelt     {got:?}",
+                        show(text)
+                    ));
+                }
+            }
+        }
+        let ids_tt = ids(&answer["encode"][i]["11"]);
+        for rs in [false, true] {
+            for us in [false, true] {
+                let want = hex(&answer["detok"][i][format!("{}{}", u8::from(rs), u8::from(us))]);
+                let got = tok.detokenize(&ids_tt, rs, us);
+                if got != want {
+                    failures.push(format!(
+                        "detokenize({}, {rs}, {us}):\n  llama.cpp {:?}\n  smelt     {:?}",
+                        show(text),
+                        String::from_utf8_lossy(&want),
+                        String::from_utf8_lossy(&got)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "pre-tokenizer {pre}: {} mismatches with llama.cpp:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(10)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn llama3() {
+    check("llama-bpe", true);
+}
+
+#[test]
+fn qwen2() {
+    check("qwen2", false);
+}
+
+#[test]
+fn default() {
+    check("default", false);
+}
+
+#[test]
+fn gpt2() {
+    check("gpt-2", false);
+}
+
+#[test]
+fn starcoder() {
+    check("starcoder", false);
+}
+
+#[test]
+fn falcon() {
+    check("falcon", false);
+}
+
+#[test]
+fn stablelm2() {
+    check("stablelm2", false);
+}
