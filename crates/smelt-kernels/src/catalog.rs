@@ -48,17 +48,42 @@ pub fn gemv_config_name(ty: GgmlType, cfg: Config) -> Result<String, KernelError
     with_format!(ty, F => Ok(cfg.name::<F>()), _ => Err(unsupported(ty)))
 }
 
-/// The 1-token variants the GPU check times against the default, to choose defaults by
-/// measurement.
+/// Variants the GPU check times against the defaults, to choose defaults by measurement:
+/// rows per warp, load pinning and L1 allocation of the weights, for 1, 2, 4 and 8 tokens.
 pub fn tuning_configs() -> Vec<Config> {
-    [(1, false), (1, true), (2, false), (2, true), (4, false)]
-        .into_iter()
-        .map(|(rows_per_warp, pin_loads)| Config {
-            ntok: 1,
-            rows_per_warp,
-            pin_loads,
-        })
-        .collect()
+    let mut v = vec![Config {
+        rows_per_warp: 4,
+        ..Config::new(1)
+    }];
+    for ntok in [1, 2, 4, 8] {
+        for rows_per_warp in [1, 2] {
+            for pin_loads in [false, true] {
+                for no_l1 in [false, true] {
+                    if ntok > 1 && !pin_loads {
+                        continue;
+                    }
+                    v.push(Config {
+                        ntok,
+                        rows_per_warp,
+                        pin_loads,
+                        no_l1,
+                    });
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Every configuration the catalog emits: the defaults for 1..=8 tokens and the variants.
+pub fn configs() -> Vec<Config> {
+    let mut v: Vec<Config> = (1..=gemv::MAX_TOKENS).map(Config::new).collect();
+    for c in tuning_configs() {
+        if !v.contains(&c) {
+            v.push(c);
+        }
+    }
+    v
 }
 
 /// Bytes of a row of `k` weights of `ty` in the GPU layout.

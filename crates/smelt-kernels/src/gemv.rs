@@ -10,7 +10,7 @@
 use smelt_ptx::{Cmp, Kernel, Store, U32, U64};
 
 use crate::act::{self, ActSlots};
-use crate::formats::GpuFormat;
+use crate::formats::{GpuFormat, WeightLoad};
 use crate::{tiles, GgmlType, KernelError, TILE};
 
 /// Warps per block: blocks are `(32, WARPS_PER_CTA)` threads.
@@ -30,15 +30,20 @@ pub struct Config {
     /// Ends each step's loads with a branch that depends on all of them and is never taken,
     /// so ptxas issues every load before the first use instead of interleaving them.
     pub pin_loads: bool,
+    /// Weight loads skip L1 (`.L1::no_allocate`), keeping it for the activations.
+    pub no_l1: bool,
 }
 
 impl Config {
-    /// The default for `ntok` tokens (the fastest measured; see bench/RESULTS.md).
+    /// The default for `ntok` tokens: the fastest measured (H200, 2026-11-22: two rows per
+    /// warp with pinned loads took Q4_K at 14336x4096 from 68% to 77% of the device copy
+    /// rate, Q6_K from 54% to 79%; see the smelt-kernels section of bench/RESULTS.md).
     pub fn new(ntok: usize) -> Self {
         Self {
             ntok,
-            rows_per_warp: 1,
-            pin_loads: false,
+            rows_per_warp: if ntok == 1 { 2 } else { 1 },
+            pin_loads: true,
+            no_l1: false,
         }
     }
 
@@ -50,11 +55,16 @@ impl Config {
     /// The kernel's name for format `F`.
     pub fn name<F: GpuFormat>(&self) -> String {
         let mut n = format!("gemv_{}_t{}", F::NAME, self.ntok);
-        if self.rows_per_warp != 1 {
+        if *self != Config::new(self.ntok) {
             n.push_str(&format!("_r{}", self.rows_per_warp));
+        } else {
+            return n;
         }
-        if self.pin_loads {
-            n.push_str("_pin");
+        if !self.pin_loads {
+            n.push_str("_nopin");
+        }
+        if self.no_l1 {
+            n.push_str("_nol1");
         }
         n
     }
@@ -117,9 +127,10 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
     let sink = k.label();
 
     k.stride_loop(first, ntiles, 8u32, |k, tile| {
+        let how = WeightLoad { no_l1: cfg.no_l1 };
         let weights: Vec<_> = wrows
             .iter()
-            .map(|&wr| F::load(k, &setup, wr, tile))
+            .map(|&wr| F::load(k, &setup, wr, tile, how))
             .collect();
         let xtile = k.add(
             k.reg(),
@@ -197,6 +208,20 @@ pub fn cpu(
     x: &[u8],
     ntok: usize,
 ) -> Result<Vec<f32>, KernelError> {
+    Ok(cpu_with_magnitude(ty, ggml, nrows, k, x, ntok)?.0)
+}
+
+/// [`cpu`], plus each output's `sum_i |W[r][i] * x[t][i]|`: the scale that float rounding
+/// errors of a dot product grow with, so a parity check can bound the error by it instead
+/// of by the result (which cancellation can make arbitrarily small).
+pub fn cpu_with_magnitude(
+    ty: GgmlType,
+    ggml: &[u8],
+    nrows: usize,
+    k: usize,
+    x: &[u8],
+    ntok: usize,
+) -> Result<(Vec<f32>, Vec<f64>), KernelError> {
     let ntiles = tiles(k, "GEMV")?;
     let want_x = ntok * ntiles * act::TILE_BYTES;
     if x.len() != want_x {
@@ -219,14 +244,63 @@ pub fn cpu(
         .flat_map(act::dequantize_tile)
         .collect();
     let mut y = vec![0f32; ntok * nrows];
+    let mut mag = vec![0f64; ntok * nrows];
     let mut w = vec![0f32; k];
     for r in 0..nrows {
         smelt_quant::dequantize_row(ty, &ggml[r * row_ggml..(r + 1) * row_ggml], &mut w)?;
         for t in 0..ntok {
             let xt = &xs[t * ntiles * TILE..(t + 1) * ntiles * TILE];
-            let dot: f64 = w.iter().zip(xt).map(|(&a, &b)| f64::from(a) * b).sum();
+            let (mut dot, mut abs) = (0f64, 0f64);
+            for (&a, &b) in w.iter().zip(xt) {
+                let p = f64::from(a) * b;
+                dot += p;
+                abs += p.abs();
+            }
             y[t * nrows + r] = dot as f32;
+            mag[t * nrows + r] = abs;
         }
     }
-    Ok(y)
+    Ok((y, mag))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The twin computes what it says: the dot of the dequantized weights with the
+    /// dequantized activations, close to the dot of the original floats.
+    #[test]
+    fn twin_is_close_to_the_float_product() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let (nrows, k, ntok) = (5, 512, 2);
+        let w: Vec<f32> = (0..nrows * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let x: Vec<f32> = (0..ntok * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let q = act::quantize_cpu(&x, k).unwrap();
+        for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K] {
+            let row = k / ty.block_size() * ty.type_size();
+            let mut ggml = vec![0u8; nrows * row];
+            for (src, dst) in w.chunks_exact(k).zip(ggml.chunks_exact_mut(row)) {
+                smelt_quant::quantize_row(ty, src, dst).unwrap();
+            }
+            let (y, mag) = cpu_with_magnitude(ty, &ggml, nrows, k, &q, ntok).unwrap();
+            for t in 0..ntok {
+                for r in 0..nrows {
+                    let exact: f64 = (0..k)
+                        .map(|i| f64::from(w[r * k + i]) * f64::from(x[t * k + i]))
+                        .sum();
+                    let got = f64::from(y[t * nrows + r]);
+                    // Quantization error: a few percent of the magnitude at most.
+                    assert!((got - exact).abs() < 0.05 * mag[t * nrows + r], "{ty:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn twin_checks_its_inputs() {
+        assert!(cpu(GgmlType::Q4_K, &[0; 144], 1, 256, &[0; 10], 1).is_err());
+        assert!(cpu(GgmlType::Q4_K, &[0; 100], 1, 256, &[0; act::TILE_BYTES], 1).is_err());
+        assert!(cpu(GgmlType::Q4_K, &[0; 144], 1, 100, &[0; act::TILE_BYTES], 1).is_err());
+    }
 }

@@ -91,6 +91,10 @@ fn assemble(target: Target, name: &str, ptx: &str) -> Result<String, String> {
 fn every_kernel_assembles_for_sm80_and_sm90_without_spills() {
     let mut failures = Vec::new();
     let mut assembled = 0;
+    let mut strict = vec![catalog::QUANTIZE.to_string()];
+    for ty in catalog::GEMV_TYPES {
+        strict.push(catalog::gemv_name(ty, 1).unwrap_or_else(|e| panic!("{e}")));
+    }
     for target in [Target::Sm80, Target::Sm90] {
         for (name, build) in catalog::all() {
             let mut m = Module::new(target);
@@ -102,11 +106,13 @@ fn every_kernel_assembles_for_sm80_and_sm90_without_spills() {
                 Ok(report) => {
                     assembled += 1;
                     let spills = !report.contains(" 0 bytes spill stores");
-                    // ptxas's own register budget leaves a few bytes of spill in some
-                    // many-token variants (q4_k_t6: 8 bytes on sm_90); the 1..4 token
-                    // kernels, the ones decode runs, must have none.
-                    if spills && name.ends_with(['1', '2', '3', '4']) {
+                    // The kernels decode runs (1 token, default configuration) and the
+                    // quantize kernel must not spill; ptxas's own register budget leaves
+                    // a few bytes in some many-token variants, which are shown.
+                    if spills && strict.contains(&name) {
                         failures.push(format!("{name} ({target}) spills:\n{report}"));
+                    } else if spills {
+                        eprintln!("note: {name} ({target}) spills:\n{report}");
                     }
                 }
                 Err(e) => failures.push(e),

@@ -7,7 +7,7 @@
 //! (all quants, then all scales ...), which keeps every thread's loads aligned and moves
 //! exactly ggml's bytes (plus at most 15 bytes of padding per row).
 
-use smelt_ptx::{Kernel, Reg, F32, U32, U64};
+use smelt_ptx::{Addr, Kernel, L2Prefetch, Load, Reg, F32, U32, U64};
 
 use crate::act::ActRegs;
 use crate::{GgmlType, KernelError};
@@ -48,8 +48,15 @@ pub trait GpuFormat {
     /// eight quant words pair with the first block, the next eight with the second.
     fn act_blocks(k: &Kernel, part: Reg<U32>) -> (Reg<U32>, Reg<U32>);
 
-    /// Issues the thread's loads of tile `tile` of the row at `row`.
-    fn load(k: &Kernel, setup: &Self::Setup, row: Reg<U64>, tile: Reg<U32>) -> Self::Loaded;
+    /// Issues the thread's loads of tile `tile` of the row at `row`, the 16-byte ones
+    /// through [`ld_weights`] with `how`.
+    fn load(
+        k: &Kernel,
+        setup: &Self::Setup,
+        row: Reg<U64>,
+        tile: Reg<U32>,
+        how: WeightLoad,
+    ) -> Self::Loaded;
 
     /// One word of each load instruction in `w` (a vector load completes as a whole), for
     /// the dependency that pins all loads before their first use.
@@ -60,6 +67,29 @@ pub trait GpuFormat {
 
     /// `acc += this thread's weights . x`.
     fn dot(k: &Kernel, setup: &Self::Setup, w: &Self::Decoded, x: &ActRegs, acc: Reg<F32>);
+}
+
+/// How the 16-byte weight loads are issued: always `ld.global.nc` with the 256-byte L2
+/// prefetch hint; optionally without allocating in L1, so that streaming weights (read
+/// once) do not evict the activations every warp of the SM reads again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightLoad {
+    /// `.L1::no_allocate`.
+    pub no_l1: bool,
+}
+
+/// Loads four words of weights at `addr` as `how` says.
+pub fn ld_weights(k: &Kernel, how: WeightLoad, d: [Reg<U32>; 4], addr: impl Into<Addr>) {
+    if how.no_l1 {
+        // smelt-ptx has no eviction-priority qualifier yet.
+        let addr = addr.into();
+        k.raw(format!(
+            "ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {{{}, {}, {}, {}}}, {addr}",
+            d[0], d[1], d[2], d[3]
+        ));
+    } else {
+        k.ld_v4(Load::GLOBAL_NC.prefetch(L2Prefetch::B256), d, addr);
+    }
 }
 
 /// Checks a row of ggml bytes against its expected size.

@@ -6,9 +6,9 @@
 //! 16-byte loads for 64 weights. High nibbles are masked in place (`& 0xF0`) rather than
 //! shifted: the factor 16 is folded into the activation scale.
 
-use smelt_ptx::{Bytes, Cmp, FloatRound, Kernel, L2Prefetch, Load, Pred, Reg, F32, S32, U32, U64};
+use smelt_ptx::{Bytes, Cmp, FloatRound, Kernel, Pred, Reg, F32, S32, U32, U64};
 
-use super::{halves_to_f32, GpuFormat};
+use super::{halves_to_f32, ld_weights, GpuFormat, WeightLoad};
 use crate::act::{and_or, ActRegs};
 use crate::{tiles, GgmlType, KernelError};
 
@@ -91,15 +91,14 @@ impl GpuFormat for Q4K {
         (b0, b1)
     }
 
-    fn load(k: &Kernel, s: &Setup, row: Reg<U64>, tile: Reg<U32>) -> Loaded {
-        let load = Load::GLOBAL_NC.prefetch(L2Prefetch::B256);
+    fn load(k: &Kernel, s: &Setup, row: Reg<U64>, tile: Reg<U32>, how: WeightLoad) -> Loaded {
         let block = k.add(k.reg(), row, k.mul_wide(k.reg::<U64>(), tile, BLOCK));
         let header = k.regs::<U32, 4>();
-        k.ld_v4(load, header, block);
+        ld_weights(k, how, header, block);
         let quants = k.add(k.reg(), block, s.qoff);
         let qs = k.regs::<U32, 8>();
-        k.ld_v4(load, [qs[0], qs[1], qs[2], qs[3]], quants);
-        k.ld_v4(load, [qs[4], qs[5], qs[6], qs[7]], quants.at(16));
+        ld_weights(k, how, [qs[0], qs[1], qs[2], qs[3]], quants);
+        ld_weights(k, how, [qs[4], qs[5], qs[6], qs[7]], quants.at(16));
         Loaded { header, qs }
     }
 

@@ -8,9 +8,9 @@
 //! of `qh` bytes `32h + l`. Values are `q - 32`: the 6-bit `q` is dotted as is and
 //! `32 * sum(x)` taken off with a second `dp4a` against bytes of -32.
 
-use smelt_ptx::{Bytes, FloatRound, Kernel, L2Prefetch, Load, Reg, F16, F32, S32, U32, U64};
+use smelt_ptx::{Bytes, FloatRound, Kernel, Load, Reg, F16, F32, S32, U32, U64};
 
-use super::{pad16, GpuFormat};
+use super::{ld_weights, pad16, GpuFormat, WeightLoad};
 use crate::act::{and_or, ActRegs};
 use crate::{tiles, GgmlType, KernelError};
 
@@ -99,8 +99,7 @@ impl GpuFormat for Q6K {
         (b0, b1)
     }
 
-    fn load(k: &Kernel, s: &Setup, row: Reg<U64>, tile: Reg<U32>) -> Loaded {
-        let load = Load::GLOBAL_NC.prefetch(L2Prefetch::B256);
+    fn load(k: &Kernel, s: &Setup, row: Reg<U64>, tile: Reg<U32>, how: WeightLoad) -> Loaded {
         let at = |base: Reg<U64>, stride: u32| {
             let a = k.add(k.reg(), row, base);
             k.add(a, a, k.mul_wide(k.reg::<U64>(), tile, stride))
@@ -109,10 +108,10 @@ impl GpuFormat for Q6K {
         let (sc_at, d_at) = (at(s.scales, 16), at(s.d, 2));
         let ql = k.regs::<U32, 8>();
         let qh = k.regs::<U32, 8>();
-        k.ld_v4(load, [ql[0], ql[1], ql[2], ql[3]], ql_at);
-        k.ld_v4(load, [ql[4], ql[5], ql[6], ql[7]], ql_at.at(16));
-        k.ld_v4(load, [qh[0], qh[1], qh[2], qh[3]], qh_at);
-        k.ld_v4(load, [qh[4], qh[5], qh[6], qh[7]], qh_at.at(16));
+        ld_weights(k, how, [ql[0], ql[1], ql[2], ql[3]], ql_at);
+        ld_weights(k, how, [ql[4], ql[5], ql[6], ql[7]], ql_at.at(16));
+        ld_weights(k, how, [qh[0], qh[1], qh[2], qh[3]], qh_at);
+        ld_weights(k, how, [qh[4], qh[5], qh[6], qh[7]], qh_at.at(16));
         let scales = k.regs::<U32, 2>();
         k.ld_v2(Load::GLOBAL_NC, scales, sc_at);
         let d = k.ld(Load::GLOBAL_NC, k.reg::<F16>(), d_at);

@@ -3,9 +3,9 @@
 //! scales, padded to 16 bytes. Thread `p` of a tile dots blocks `2p` and `2p + 1`: four
 //! 16-byte loads of quants and one 4-byte load of both scales.
 
-use smelt_ptx::{FloatRound, Kernel, L2Prefetch, Load, Reg, F32, U32, U64};
+use smelt_ptx::{FloatRound, Kernel, Load, Reg, F32, U32, U64};
 
-use super::{halves_to_f32, pad16, GpuFormat};
+use super::{halves_to_f32, ld_weights, pad16, GpuFormat, WeightLoad};
 use crate::act::ActRegs;
 use crate::{tiles, GgmlType, KernelError};
 
@@ -60,14 +60,13 @@ impl GpuFormat for Q8_0 {
         (b0, b1)
     }
 
-    fn load(k: &Kernel, s: &Setup, row: Reg<U64>, tile: Reg<U32>) -> Loaded {
-        let load = Load::GLOBAL_NC.prefetch(L2Prefetch::B256);
+    fn load(k: &Kernel, s: &Setup, row: Reg<U64>, tile: Reg<U32>, how: WeightLoad) -> Loaded {
         let tile_q = k.add(k.reg(), row, k.mul_wide(k.reg::<U64>(), tile, 256u32));
         let quants = k.add(k.reg(), tile_q, s.qoff);
         let qs = k.regs::<U32, 16>();
         for c in 0..4 {
             let words = [qs[4 * c], qs[4 * c + 1], qs[4 * c + 2], qs[4 * c + 3]];
-            k.ld_v4(load, words, quants.at(16 * c as i64));
+            ld_weights(k, how, words, quants.at(16 * c as i64));
         }
         let scales = k.add(k.reg(), row, s.doff);
         let scales = k.add(scales, scales, k.mul_wide(k.reg::<U64>(), tile, 16u32));
