@@ -38,6 +38,8 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     pub sampling: SamplingParams,
     pub prefill_chunk: usize,
+    /// Keep going past end-of-generation tokens (benchmarks that need exactly max_tokens).
+    pub ignore_eog: bool,
 }
 
 impl Default for GenerateParams {
@@ -47,6 +49,7 @@ impl Default for GenerateParams {
             stop: Vec::new(),
             sampling: SamplingParams::default(),
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            ignore_eog: false,
         }
     }
 }
@@ -165,7 +168,7 @@ pub fn generate(
         let next = sampler.sample(&logits, &context);
         tokens.push(next);
         context.push(next);
-        if tok.is_eog(next) {
+        if !params.ignore_eog && tok.is_eog(next) {
             break FinishReason::Eog;
         }
         let (delta, stopped) = text.push(&tok.token_bytes(next));

@@ -241,6 +241,9 @@ impl<B: Backend> Model<B> {
             }
             b.add(&mut x, &s.o);
         }
+        if out_rows.is_empty() {
+            return Ok(b.alloc(0, i.n_vocab));
+        }
         let last = b.gather_rows(&x, out_rows);
         let mut normed = b.alloc(out_rows.len(), i.n_embd);
         b.rms_norm(&last, &self.output_norm, i.rms_eps, &mut normed);

@@ -86,7 +86,10 @@ fn matmul_typed<B: Block>(
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), EngineError> {
-    let n_tok = x.len() / cols;
+    let n_tok = x.len() / cols.max(1);
+    if n_tok == 0 || rows == 0 {
+        return Ok(());
+    }
     let w_per_row = cols / B::WEIGHTS;
     let a_per_row = cols / <B::Act as Block>::WEIGHTS;
     // Loaded weights were checked for size and alignment; a failure here is a misaligned
