@@ -40,7 +40,7 @@ pub fn row_bytes(k: usize) -> Result<usize, KernelError> {
 /// `smelt_quant`'s Q8_1 quantizer and lays the blocks out in tiles.
 pub fn quantize_cpu(x: &[f32], k: usize) -> Result<Vec<u8>, KernelError> {
     let per_row = row_bytes(k)?;
-    if !x.len().is_multiple_of(k) {
+    if x.len() % k != 0 {
         return Err(KernelError::BadLength {
             what: "activations",
             got: x.len() * 4,

@@ -35,13 +35,13 @@ pub struct Config {
 }
 
 impl Config {
-    /// The default for `ntok` tokens: the fastest measured (H200, 2026-11-22: two rows per
-    /// warp with pinned loads took Q4_K at 14336x4096 from 68% to 77% of the device copy
-    /// rate, Q6_K from 54% to 79%; see the smelt-kernels section of bench/RESULTS.md).
+    /// The default for `ntok` tokens: the fastest measured (H200, 2026-11-22, CUDA-graph
+    /// replays: two rows per warp with pinned loads took Q4_K at 14336x4096 from 68% to 77%
+    /// of the device copy rate, Q6_K from 54% to 79%, and 2-token Q4_K from 51% to 67%).
     pub fn new(ntok: usize) -> Self {
         Self {
             ntok,
-            rows_per_warp: if ntok == 1 { 2 } else { 1 },
+            rows_per_warp: 2,
             pin_loads: true,
             no_l1: false,
         }

@@ -57,7 +57,7 @@ pub const TILE: usize = 256;
 
 /// Checks that `k` is a whole number of tiles and returns how many.
 pub fn tiles(k: usize, what: &'static str) -> Result<usize, KernelError> {
-    if k == 0 || !k.is_multiple_of(TILE) {
+    if k == 0 || k % TILE != 0 {
         return Err(KernelError::RaggedRow {
             k,
             multiple: TILE,

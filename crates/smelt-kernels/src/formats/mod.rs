@@ -95,7 +95,7 @@ pub fn ld_weights(k: &Kernel, how: WeightLoad, d: [Reg<U32>; 4], addr: impl Into
 /// Checks a row of ggml bytes against its expected size.
 pub(crate) fn check_ggml_row(ty: GgmlType, ggml: &[u8], k: usize) -> Result<(), KernelError> {
     let want = k / ty.block_size() * ty.type_size();
-    if ggml.len() != want || !k.is_multiple_of(ty.block_size()) {
+    if ggml.len() != want || k % ty.block_size() != 0 {
         return Err(KernelError::BadLength {
             what: "ggml weight row",
             got: ggml.len(),

@@ -156,9 +156,9 @@ impl GpuFormat for Q6K {
         for (b, quants) in [w.low, w.high].iter().enumerate() {
             let mut group = [k.s32(0), k.s32(0)];
             for (g, isum) in group.iter_mut().enumerate() {
-                for i in 4 * g..4 * g + 4 {
-                    let a = x.q[8 * b + i];
-                    k.dp4a_with(Bytes::Unsigned, Bytes::Signed, *isum, quants[i], a, *isum);
+                let xq = &x.q[8 * b + 4 * g..8 * b + 4 * g + 4];
+                for (&q, &a) in quants[4 * g..4 * g + 4].iter().zip(xq) {
+                    k.dp4a_with(Bytes::Unsigned, Bytes::Signed, *isum, q, a, *isum);
                     k.dp4a(*isum, minus32, a, *isum);
                 }
             }

@@ -84,13 +84,13 @@ impl GpuFormat for Q8_0 {
 
     fn dot(k: &Kernel, _s: &Setup, w: &Self::Decoded, x: &ActRegs, acc: Reg<F32>) {
         let (qs, d) = w;
-        for b in 0..2 {
+        for (b, (&dw, &dx)) in d.iter().zip(&x.d).enumerate() {
             let isum = k.s32(0);
-            for i in 8 * b..8 * b + 8 {
-                k.dp4a(isum, qs[i], x.q[i], isum);
+            for (&q, &a) in qs[8 * b..8 * b + 8].iter().zip(&x.q[8 * b..8 * b + 8]) {
+                k.dp4a(isum, q, a, isum);
             }
             let f = k.cvt(k.reg::<F32>(), isum, FloatRound::Rn);
-            let scale = k.mul(k.reg(), d[b], x.d[b]);
+            let scale = k.mul(k.reg(), dw, dx);
             k.fma(acc, scale, f, acc);
         }
     }
