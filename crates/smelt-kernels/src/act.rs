@@ -22,7 +22,7 @@ use smelt_ptx::{
 use smelt_quant::legacy::BlockQ8_1;
 use smelt_quant::{GgmlType, Quantize};
 
-use crate::{tiles, KernelError, TILE};
+use crate::{padded_tiles, KernelError, TILE};
 
 /// Bytes of one tile of quantized activations.
 pub const TILE_BYTES: usize = TILE + 8 * 2 + 8 * 2;
@@ -33,7 +33,7 @@ pub const SUM_OFFSET: usize = TILE + 16;
 
 /// Bytes of one token's quantized activations of length `k`.
 pub fn row_bytes(k: usize) -> Result<usize, KernelError> {
-    Ok(tiles(k, "q8_1 activation tiles")? * TILE_BYTES)
+    Ok(padded_tiles(k, "q8_1 activation tiles")? * TILE_BYTES)
 }
 
 /// CPU twin of [`quantize_kernel`]: quantizes `x` (rows of `k` floats, one per token) with
@@ -48,9 +48,13 @@ pub fn quantize_cpu(x: &[f32], k: usize) -> Result<Vec<u8>, KernelError> {
         });
     }
     smelt_quant::check_finite(x, k)?;
-    let nblocks = x.len() / 32;
-    let mut blocks = vec![<BlockQ8_1 as bytemuck::Zeroable>::zeroed(); nblocks];
-    BlockQ8_1::quantize_row(x, &mut blocks);
+    let padded = per_row / TILE_BYTES * TILE;
+    let mut xp = vec![0f32; x.len() / k * padded];
+    for (src, dst) in x.chunks_exact(k).zip(xp.chunks_exact_mut(padded)) {
+        dst[..k].copy_from_slice(src);
+    }
+    let mut blocks = vec![<BlockQ8_1 as bytemuck::Zeroable>::zeroed(); xp.len() / 32];
+    BlockQ8_1::quantize_row(&xp, &mut blocks);
     let mut out = vec![0u8; x.len() / k * per_row];
     for (b, block) in blocks.iter().enumerate() {
         let (tile, slot) = (b / 8, b % 8);
@@ -83,7 +87,8 @@ pub const GGML_TYPE: GgmlType = GgmlType::Q8_1;
 /// Threads per block of [`quantize_kernel`] along y: one warp quantizes one tile.
 pub const QUANTIZE_WARPS: u32 = 4;
 
-/// `q = quantize(x)` for `ntok` rows of `k = 256 * ntiles` floats. Launch with blocks of
+/// `q = quantize(x)` for `ntok` rows of `k` floats (`k` a multiple of 32, `ntiles =
+/// ceil(k / 256)`; a partial last tile is written as zero blocks). Launch with blocks of
 /// `(32, QUANTIZE_WARPS)` and a grid of `(ceil(ntiles / QUANTIZE_WARPS), ntok)`.
 ///
 /// One warp per tile, eight floats per lane, four lanes per 32-weight block. Each step is
@@ -93,20 +98,27 @@ pub const QUANTIZE_WARPS: u32 = 4;
 pub fn quantize_kernel(k: &Kernel) {
     let x = k.param_ptr("x");
     let q = k.param_ptr("q");
+    let len = k.param_u32("k");
     let ntiles = k.param_u32("ntiles");
     let lane = k.tid_x();
     let tile = k.mad(k.reg(), k.ctaid_x(), QUANTIZE_WARPS, k.tid_y());
     k.exit_if(k.ge(tile, ntiles));
     let tok = k.ctaid_y();
     let index = k.mad(k.reg(), tok, ntiles, tile);
-    let src = k.elem_addr(x, index, (TILE * 4) as u32);
-    let src = k.add(src, src, k.mul_wide(k.reg::<U64>(), lane, 32u32));
     let dst = k.elem_addr(q, index, TILE_BYTES as u32);
+    // This lane's eight floats: all inside the row or all past it (k is a multiple of 32).
+    let col = k.shl(k.reg(), lane, 3u32);
+    k.mad(col, tile, TILE as u32, col);
+    let inside = k.lt(col, len);
+    let first = k.mad(k.reg(), tok, len, col);
+    let src = k.elem_addr(x, first, 4);
 
     let load = Load::GLOBAL_NC.prefetch(L2Prefetch::B256);
-    let v = k.regs::<F32, 8>();
-    k.ld_v4(load, [v[0], v[1], v[2], v[3]], src);
-    k.ld_v4(load, [v[4], v[5], v[6], v[7]], src.at(16));
+    let v: [Reg<F32>; 8] = std::array::from_fn(|_| k.f32(0.0));
+    k.guarded(inside, |k| {
+        k.ld_v4(load, [v[0], v[1], v[2], v[3]], src);
+        k.ld_v4(load, [v[4], v[5], v[6], v[7]], src.at(16));
+    });
 
     let amax = k.abs(k.reg(), v[0]);
     for &x in &v[1..] {
@@ -250,6 +262,13 @@ mod tests {
         let k = 512;
         let x: Vec<f32> = (0..2 * k).map(|_| rng.gen_range(-3.0..3.0)).collect();
         let tiles = quantize_cpu(&x, k).unwrap();
+        // A row of 288 floats pads to two tiles; the padding is zero blocks.
+        let short = quantize_cpu(&x[..2 * 288], 288).unwrap();
+        assert_eq!(short.len(), 2 * 2 * TILE_BYTES);
+        assert_eq!(&short[..TILE_BYTES], &tiles[..TILE_BYTES]);
+        assert!(short[TILE_BYTES + 32..2 * TILE_BYTES]
+            .iter()
+            .all(|&b| b == 0));
         assert_eq!(tiles.len(), 2 * 2 * TILE_BYTES);
         let mut ggml = vec![0u8; 2 * k / 32 * 36];
         smelt_quant::quantize_row(GgmlType::Q8_1, &x, &mut ggml).unwrap();
@@ -273,6 +292,7 @@ mod tests {
     fn bad_shapes_and_values_are_errors() {
         assert!(quantize_cpu(&[0.0; 100], 100).is_err());
         assert!(quantize_cpu(&[0.0; 300], 256).is_err());
+        assert!(quantize_cpu(&[0.0; 0], 0).is_err());
         let mut x = vec![0.0; 256];
         x[3] = f32::NAN;
         assert!(quantize_cpu(&x, 256).is_err());

@@ -11,7 +11,7 @@ use smelt_ptx::{Cmp, Kernel, Store, U32, U64};
 
 use crate::act::{self, ActSlots};
 use crate::formats::{GpuFormat, WeightLoad};
-use crate::{tiles, GgmlType, KernelError, TILE};
+use crate::{padded_tiles, GgmlType, KernelError, TILE};
 
 /// Warps per block: blocks are `(32, WARPS_PER_CTA)` threads.
 pub const WARPS_PER_CTA: u32 = 4;
@@ -76,7 +76,7 @@ pub fn name<F: GpuFormat>(ntok: usize) -> String {
 }
 
 /// Emits the GEMV. Parameters, in order: `w` (rows in `F`'s GPU layout), `x` (`ntok` rows
-/// of quantized activations), `y` (`ntok x nrows` floats), `nrows`, `ntiles` (`k / 256`),
+/// of quantized activations), `y` (`ntok x nrows` floats), `nrows`, `ntiles` (`ceil(k / 256)`),
 /// `row_bytes` (`F::row_bytes(k)`), `never` (0: the pinning branch's operand). Blocks of
 /// `(32, WARPS_PER_CTA)`, grid `ceil(nrows / cfg.rows_per_cta())`.
 pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
@@ -222,7 +222,7 @@ pub fn cpu_with_magnitude(
     x: &[u8],
     ntok: usize,
 ) -> Result<(Vec<f32>, Vec<f64>), KernelError> {
-    let ntiles = tiles(k, "GEMV")?;
+    let ntiles = padded_tiles(k, "GEMV")?;
     let want_x = ntok * ntiles * act::TILE_BYTES;
     if x.len() != want_x {
         return Err(KernelError::BadLength {
@@ -249,7 +249,7 @@ pub fn cpu_with_magnitude(
     for r in 0..nrows {
         smelt_quant::dequantize_row(ty, &ggml[r * row_ggml..(r + 1) * row_ggml], &mut w)?;
         for t in 0..ntok {
-            let xt = &xs[t * ntiles * TILE..(t + 1) * ntiles * TILE];
+            let xt = &xs[t * ntiles * TILE..t * ntiles * TILE + k];
             let (mut dot, mut abs) = (0f64, 0f64);
             for (&a, &b) in w.iter().zip(xt) {
                 let p = f64::from(a) * b;

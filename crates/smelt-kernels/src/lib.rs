@@ -55,6 +55,19 @@ pub enum KernelError {
 /// eight 32-weight blocks of the legacy formats).
 pub const TILE: usize = 256;
 
+/// Tiles of a row of `k` weights when the last one may be partial (32-weight formats:
+/// rows are padded with zero blocks to whole tiles on the GPU).
+pub fn padded_tiles(k: usize, what: &'static str) -> Result<usize, KernelError> {
+    if k == 0 || k % 32 != 0 {
+        return Err(KernelError::RaggedRow {
+            k,
+            multiple: 32,
+            what,
+        });
+    }
+    Ok(k.div_ceil(TILE))
+}
+
 /// Checks that `k` is a whole number of tiles and returns how many.
 pub fn tiles(k: usize, what: &'static str) -> Result<usize, KernelError> {
     if k == 0 || k % TILE != 0 {

@@ -1,13 +1,14 @@
 //! Q8_0 on the GPU. ggml's 34-byte blocks leave the quants 2-byte aligned, so a row is
 //! repacked at upload into all its quants (32 bytes per block) followed by all its f16
-//! scales, padded to 16 bytes. Thread `p` of a tile dots blocks `2p` and `2p + 1`: four
+//! scales, padded to 16 bytes. Rows whose length is not a multiple of 256 get zero blocks
+//! up to the next tile, as the activations do. Thread `p` of a tile dots blocks `2p` and `2p + 1`: four
 //! 16-byte loads of quants and one 4-byte load of both scales.
 
 use smelt_ptx::{FloatRound, Kernel, Load, Reg, F32, U32, U64};
 
 use super::{halves_to_f32, ld_weights, pad16, GpuFormat, WeightLoad};
 use crate::act::ActRegs;
-use crate::{tiles, GgmlType, KernelError};
+use crate::{padded_tiles, GgmlType, KernelError};
 
 /// The Q8_0 format (repacked rows).
 pub struct Q8_0;
@@ -34,11 +35,12 @@ impl GpuFormat for Q8_0 {
     type Decoded = ([Reg<U32>; 16], [Reg<F32>; 2]);
 
     fn row_bytes(k: usize) -> Result<usize, KernelError> {
-        Ok(pad16(tiles(k, "Q8_0 GEMV")? * 8 * 34))
+        Ok(pad16(padded_tiles(k, "Q8_0 GEMV")? * 8 * 34))
     }
 
     fn repack_row(ggml: &[u8], k: usize, out: &mut [u8]) {
-        let nb = k / 32;
+        // Blocks of the padded row: the zero blocks past `k` have d = 0.
+        let nb = k.div_ceil(256) * 8;
         let (quants, rest) = out.split_at_mut(32 * nb);
         for (b, block) in ggml.chunks_exact(34).enumerate() {
             quants[32 * b..32 * b + 32].copy_from_slice(&block[2..]);
