@@ -266,9 +266,10 @@ mod tests {
         let short = quantize_cpu(&x[..2 * 288], 288).unwrap();
         assert_eq!(short.len(), 2 * 2 * TILE_BYTES);
         assert_eq!(&short[..TILE_BYTES], &tiles[..TILE_BYTES]);
-        assert!(short[TILE_BYTES + 32..2 * TILE_BYTES]
-            .iter()
-            .all(|&b| b == 0));
+        let pad = &short[TILE_BYTES..2 * TILE_BYTES];
+        assert!(pad[32..TILE].iter().all(|&b| b == 0));
+        assert!(pad[D_OFFSET + 2..SUM_OFFSET].iter().all(|&b| b == 0));
+        assert!(pad[SUM_OFFSET + 2..].iter().all(|&b| b == 0));
         assert_eq!(tiles.len(), 2 * 2 * TILE_BYTES);
         let mut ggml = vec![0u8; 2 * k / 32 * 36];
         smelt_quant::quantize_row(GgmlType::Q8_1, &x, &mut ggml).unwrap();
