@@ -8,7 +8,10 @@
 
 use fancy_regex::Regex;
 
-use crate::unicode::{byte_encode_into, flags, Flags};
+use crate::unicode::{
+    byte_encode_into, collapse, flags, Flags, COLLAPSED_LETTER, COLLAPSED_MARK, COLLAPSED_NUMBER,
+    COLLAPSED_PUNCTUATION, COLLAPSED_SYMBOL,
+};
 use crate::TokenizerError;
 
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
@@ -81,7 +84,7 @@ impl PreTokenizer {
             .map(|&p| match p {
                 GPT2 => Ok(Step::Gpt2),
                 LLAMA3 => Ok(Step::Llama3),
-                _ => Regex::new(p)
+                _ => Regex::new(&collapse_pattern(p))
                     .map(|r| Step::Regex(Box::new(r)))
                     .map_err(|e| TokenizerError::Regex(p.to_string(), e.to_string())),
             })
@@ -97,6 +100,17 @@ impl PreTokenizer {
         let mut pos: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
         pos.push(text.len());
 
+        let collapsed: Option<(String, Vec<usize>)> = self
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Regex(_)))
+            .then(|| {
+                let c: String = chars.iter().map(|&c| collapse(c)).collect();
+                let mut cpos: Vec<usize> = c.char_indices().map(|(i, _)| i).collect();
+                cpos.push(c.len());
+                (c, cpos)
+            });
+
         let mut pieces = vec![chars.len()];
         for step in &self.steps {
             let mut next = Vec::with_capacity(pieces.len() * 2);
@@ -106,7 +120,11 @@ impl PreTokenizer {
                 match step {
                     Step::Gpt2 => split_gpt2(&chars, &fl, start, end, &mut next),
                     Step::Llama3 => split_llama3(&chars, &fl, start, end, &mut next),
-                    Step::Regex(re) => split_regex(re, text, &pos, start, end, &mut next),
+                    Step::Regex(re) => {
+                        if let Some((ctext, cpos)) = &collapsed {
+                            split_regex(re, ctext, cpos, start, end, &mut next);
+                        }
+                    }
                 }
                 start = end;
             }
@@ -123,6 +141,51 @@ impl PreTokenizer {
         }
         words
     }
+}
+
+/// llama.cpp's rewrite of a pattern for the collapsed text: each `\p{N}`, `\p{L}`, `\p{P}`,
+/// `\p{M}`, `\p{S}` becomes its stand-in plus the ASCII members of the category, bracketed
+/// unless already inside a class.
+fn collapse_pattern(p: &str) -> String {
+    let class = |cat: &str| -> Option<String> {
+        let (stand_in, ascii) = match cat {
+            "N" => (COLLAPSED_NUMBER, "0-9"),
+            "L" | "Lu" | "Ll" | "Lt" | "Lm" | "Lo" => (COLLAPSED_LETTER, "A-Za-z"),
+            "P" => (COLLAPSED_PUNCTUATION, r"!-#%-*,-/:-;?-@\[-\]_\{\}"),
+            "M" => (COLLAPSED_MARK, ""),
+            "S" => (COLLAPSED_SYMBOL, r"\$\+<->\^`\|"),
+            _ => return None,
+        };
+        Some(format!("{stand_in}{ascii}"))
+    };
+    let b = p.as_bytes();
+    let mut out = String::with_capacity(p.len() * 2);
+    let mut inside = false;
+    let mut i = 0;
+    while i < p.len() {
+        let escaped = i > 0 && b[i - 1] == b'\\';
+        if b[i] == b'[' && !escaped {
+            inside = true;
+        } else if inside && b[i] == b']' && !escaped {
+            inside = false;
+        } else if p[i..].starts_with(r"\p{") {
+            if let Some(close) = p[i..].find('}') {
+                if let Some(c) = class(&p[i + 3..i + close]) {
+                    if inside {
+                        out += &c;
+                    } else {
+                        out += &format!("[{c}]");
+                    }
+                    i += close + 1;
+                    continue;
+                }
+            }
+        }
+        let ch = p[i..].chars().next().unwrap_or(' ');
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
 }
 
 /// Splits chars `[ini, end)` at every match of `re`, keeping the text between matches

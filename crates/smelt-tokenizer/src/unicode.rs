@@ -16,6 +16,9 @@ pub(crate) struct Flags {
 }
 
 /// Unicode White_Space, the set llama.cpp's tables mark as whitespace.
+///
+/// Categories come from Unicode 15.0 (`unicode-general-category` 0.6), the data llama.cpp's
+/// `unicode-data.cpp` was generated from: characters assigned later are "undefined" there.
 pub(crate) fn is_whitespace(c: char) -> bool {
     matches!(
         c,
@@ -42,19 +45,64 @@ pub(crate) fn flags(c: char) -> Flags {
             present: true,
         };
     }
-    let cat = get_general_category(c);
+    let cat = category(c);
     Flags {
-        letter: matches!(
-            cat,
-            G::UppercaseLetter
-                | G::LowercaseLetter
-                | G::TitlecaseLetter
-                | G::ModifierLetter
-                | G::OtherLetter
-        ),
-        number: matches!(cat, G::DecimalNumber | G::LetterNumber | G::OtherNumber),
+        letter: cat == Category::Letter,
+        number: cat == Category::Number,
         whitespace: is_whitespace(c),
         present: true,
+    }
+}
+
+/// The stand-in llama.cpp's regex path gives a code point (`unicode_regex_split`'s "collapsed"
+/// text): ASCII stays itself, other whitespace becomes `\x0B`, and every other code point
+/// becomes one character per category, so that patterns can name categories with ASCII-only
+/// classes. Private-use characters play llama.cpp's bytes 0xD0..0xD5.
+pub(crate) fn collapse(c: char) -> char {
+    if c.is_ascii() {
+        return c;
+    }
+    if is_whitespace(c) {
+        return '\x0B';
+    }
+    match category(c) {
+        Category::Number => COLLAPSED_NUMBER,
+        Category::Letter => COLLAPSED_LETTER,
+        Category::Punctuation => COLLAPSED_PUNCTUATION,
+        Category::Mark => COLLAPSED_MARK,
+        Category::Symbol => COLLAPSED_SYMBOL,
+        Category::Other => '\u{E0D0}',
+    }
+}
+
+pub(crate) const COLLAPSED_NUMBER: char = '\u{E0D1}';
+pub(crate) const COLLAPSED_LETTER: char = '\u{E0D2}';
+pub(crate) const COLLAPSED_PUNCTUATION: char = '\u{E0D3}';
+pub(crate) const COLLAPSED_MARK: char = '\u{E0D4}';
+pub(crate) const COLLAPSED_SYMBOL: char = '\u{E0D5}';
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Category {
+    Number,
+    Letter,
+    Punctuation,
+    Mark,
+    Symbol,
+    Other,
+}
+
+fn category(c: char) -> Category {
+    use G::*;
+    match get_general_category(c) {
+        DecimalNumber | LetterNumber | OtherNumber => Category::Number,
+        UppercaseLetter | LowercaseLetter | TitlecaseLetter | ModifierLetter | OtherLetter => {
+            Category::Letter
+        }
+        ConnectorPunctuation | DashPunctuation | OpenPunctuation | ClosePunctuation
+        | InitialPunctuation | FinalPunctuation | OtherPunctuation => Category::Punctuation,
+        NonspacingMark | SpacingMark | EnclosingMark => Category::Mark,
+        MathSymbol | CurrencySymbol | ModifierSymbol | OtherSymbol => Category::Symbol,
+        _ => Category::Other,
     }
 }
 

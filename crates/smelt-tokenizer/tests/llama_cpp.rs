@@ -38,8 +38,9 @@ fn encode_and_detokenize_match(name: &str) {
                 let got = tok.encode(text, add, parse);
                 if got != want {
                     failures.push(format!(
-                        "encode({}, add_special={add}, parse_special={parse}):\n  llama.cpp {want:?}\n  smelt     {got:?}",
-                        show(text)
+                        "encode({}, add_special={add}, parse_special={parse}): {}",
+                        show(text),
+                        diff(&want, &got)
                     ));
                 }
             }

@@ -101,3 +101,35 @@ pub fn show(s: &str) -> String {
     }
     format!("{t:?}")
 }
+
+/// Every BMP code point (surrogates excluded) in a few contexts that decide how
+/// pre-tokenizers classify it: after a letter, after a digit, after a space, doubled.
+pub fn codepoint_texts() -> Vec<String> {
+    let chars: Vec<char> = (0x80u32..0x10000).filter_map(char::from_u32).collect();
+    chars
+        .chunks(64)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .map(|c| format!("a{c}1{c} {c}{c}'{c}\n"))
+                .collect()
+        })
+        .collect()
+}
+
+/// Where two id lists first differ, with a few ids of context (whole lists can be huge).
+pub fn diff(want: &[u32], got: &[u32]) -> String {
+    let at = want
+        .iter()
+        .zip(got)
+        .position(|(a, b)| a != b)
+        .unwrap_or(want.len().min(got.len()));
+    let lo = at.saturating_sub(4);
+    format!(
+        "first difference at {at} of {}/{}:\n  llama.cpp ..{:?}..\n  smelt     ..{:?}..",
+        want.len(),
+        got.len(),
+        &want[lo..(at + 8).min(want.len())],
+        &got[lo..(at + 8).min(got.len())]
+    )
+}
