@@ -44,11 +44,20 @@ fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f16, i32) {
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     let mut sum = 0i32;
     for (q, &v) in qs.iter_mut().zip(x) {
-        let r = (v * id).round_ties_even() as i32;
+        let r = round_ties_even(v * id) as i32;
         *q = r as i8;
         sum += r;
     }
     (f32_to_f16(d), sum)
+}
+
+/// Rounds half to even like `_mm256_round_ps(_MM_ROUND_NEAREST)`; `f32::round_ties_even`
+/// is a libm call without SSE4.1, and adding and removing 1.5 * 2^23 does the same rounding
+/// in two additions for the |x| <= 127 this is used on.
+#[inline(always)]
+fn round_ties_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
 }
 
 #[cfg(test)]
@@ -64,10 +73,13 @@ mod tests {
             qs: [0; 32],
         }];
         quantize_act(&x, &mut b);
-        let amax = 21.7f32 * 0.37;
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert_eq!(b[0].d, f32_to_f16(amax / 127.0));
         let sum: i32 = b[0].qs.iter().map(|&q| q as i32).sum();
         assert_eq!(b[0].s, f32_to_f16(amax / 127.0 * sum as f32));
         assert!(b[0].qs.iter().any(|&q| q == 127 || q == -127));
+        for x in [0.5f32, 1.5, 2.5, -0.5, -1.5, 126.5, -127.0, 3.49, -3.51] {
+            assert_eq!(round_ties_even(x), x.round_ties_even(), "{x}");
+        }
     }
 }

@@ -65,6 +65,11 @@ impl CpuKv {
     ) {
         let hd = p.head_dim;
         let group = p.n_head / p.n_head_kv.max(1);
+        // Each sequence's keys and values, widened to f32 once per layer and laid out
+        // `[kv_head][position][d]`: every key is read by every query of the batch (and by
+        // `group` heads), so converting it once is far cheaper than at each use.
+        let widened: Vec<(Vec<f32>, Vec<f32>, usize)> =
+            seqs.par_iter().map(|s| self.widen(layer, s, p)).collect();
         // Which sequence each batch row belongs to.
         let mut owner = Vec::new();
         for (si, s) in seqs.iter().enumerate() {
@@ -73,30 +78,31 @@ impl CpuKv {
             }
             owner[s.row..s.row + s.n_tokens].fill(si);
         }
-        let (ks, vs) = (&self.k[layer], &self.v[layer]);
         out.par_chunks_mut(hd).enumerate().for_each_init(
             || (vec![0f32; hd], Vec::<f32>::new()),
             |(q16, scores), (i, o)| {
                 let (row, h) = (i / p.n_head, i % p.n_head);
-                let Some(s) = owner.get(row).and_then(|&si| seqs.get(si)) else {
+                let Some(&si) = owner.get(row) else { return };
+                let (Some(s), Some((kf, vf, first))) = (seqs.get(si), widened.get(si)) else {
                     return;
                 };
                 let pos = s.start_pos + row - s.row;
+                let n_pos = s.start_pos + s.n_tokens - first;
                 let lo = match p.window {
                     Some(w) => (pos + 1).saturating_sub(w),
                     None => 0,
-                };
+                } - first;
+                let hi = pos - first;
                 let kvh = h / group;
+                let (kf, vf) = (&kf[kvh * n_pos * hd..], &vf[kvh * n_pos * hd..]);
                 let qrow = &q[(row * p.n_head + h) * hd..][..hd];
                 for (a, &b) in q16.iter_mut().zip(qrow) {
                     *a = f16_to_f32(f32_to_f16(b));
                 }
                 scores.clear();
                 let mut max = f32::NEG_INFINITY;
-                for kp in lo..=pos {
-                    let slot = self.slot(s.blocks, kp);
-                    let k = &ks[slot * self.kv_dim + kvh * hd..][..hd];
-                    let dot = dot_f16(q16, k) * p.scale;
+                for k in kf[lo * hd..(hi + 1) * hd].chunks_exact(hd) {
+                    let dot = dot(q16, k) * p.scale;
                     max = max.max(dot);
                     scores.push(dot);
                 }
@@ -107,32 +113,68 @@ impl CpuKv {
                 }
                 let inv = (1.0 / sum) as f32;
                 o.fill(0.0);
-                for (j, kp) in (lo..=pos).enumerate() {
-                    let w = f16_to_f32(f32_to_f16(scores[j] * inv));
-                    let slot = self.slot(s.blocks, kp);
-                    let v = &vs[slot * self.kv_dim + kvh * hd..][..hd];
+                for (&w, v) in scores
+                    .iter()
+                    .zip(vf[lo * hd..(hi + 1) * hd].chunks_exact(hd))
+                {
+                    let w = f16_to_f32(f32_to_f16(w * inv));
                     for (a, &b) in o.iter_mut().zip(v) {
-                        *a += w * f16_to_f32(b);
+                        *a += w * b;
                     }
                 }
             },
         );
     }
+
+    /// The f32 keys and values a sequence's queries can see in this call, from the first
+    /// position any of them attends to; returns them with that first position.
+    fn widen(&self, layer: usize, s: &AttnSeq<'_>, p: &AttnParams) -> (Vec<f32>, Vec<f32>, usize) {
+        let hd = p.head_dim;
+        let end = s.start_pos + s.n_tokens;
+        let first = match p.window {
+            Some(w) => (s.start_pos + 1).saturating_sub(w),
+            None => 0,
+        };
+        let n_pos = end - first;
+        let mut kf = vec![0f32; p.n_head_kv * n_pos * hd];
+        let mut vf = vec![0f32; p.n_head_kv * n_pos * hd];
+        for (j, pos) in (first..end).enumerate() {
+            let slot = self.slot(s.blocks, pos);
+            let src_k = &self.k[layer][slot * self.kv_dim..][..self.kv_dim];
+            let src_v = &self.v[layer][slot * self.kv_dim..][..self.kv_dim];
+            for h in 0..p.n_head_kv {
+                let dst = (h * n_pos + j) * hd;
+                for (d, &x) in kf[dst..dst + hd]
+                    .iter_mut()
+                    .zip(&src_k[h * hd..(h + 1) * hd])
+                {
+                    *d = f16_to_f32(x);
+                }
+                for (d, &x) in vf[dst..dst + hd]
+                    .iter_mut()
+                    .zip(&src_v[h * hd..(h + 1) * hd])
+                {
+                    *d = f16_to_f32(x);
+                }
+            }
+        }
+        (kf, vf, first)
+    }
 }
 
-/// `q·k` with f32 products and sums in eight lanes (as a SIMD loop would).
-fn dot_f16(q: &[f32], k: &[f16]) -> f32 {
+/// `q·k` in f32 with eight partial sums (as a SIMD loop would; vectorizes).
+fn dot(q: &[f32], k: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let mut qc = q.chunks_exact(8);
     let mut kc = k.chunks_exact(8);
     for (a, b) in (&mut qc).zip(&mut kc) {
         for l in 0..8 {
-            acc[l] += a[l] * f16_to_f32(b[l]);
+            acc[l] += a[l] * b[l];
         }
     }
     let mut s = 0f32;
-    for (a, &b) in qc.remainder().iter().zip(kc.remainder()) {
-        s += a * f16_to_f32(b);
+    for (a, b) in qc.remainder().iter().zip(kc.remainder()) {
+        s += a * b;
     }
     acc.iter().sum::<f32>() + s
 }
