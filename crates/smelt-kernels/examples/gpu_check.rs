@@ -380,16 +380,27 @@ fn speed(gpu: &Gpu, quick: bool) -> Result<(f64, Vec<Row>)> {
             cases.push((ty, s, Config::new(1)));
         }
     }
+    // The variants were timed against the defaults on 2026-11-22 (bench/RESULTS.md); the
+    // `--tune` flag times them again, here for every format.
+    let tune = std::env::args().any(|a| a == "--tune");
     for ty in catalog::GEMV_TYPES {
+        let legacy = ty.block_size() == 32 && ty != GgmlType::Q8_0;
         for cfg in catalog::tuning_configs() {
-            if cfg != Config::new(cfg.ntok) && (cfg.ntok == 1 || ty == GgmlType::Q4_K) {
+            let pinned_one_row =
+                cfg.ntok == 1 && cfg.rows_per_warp == 1 && cfg.pin_loads && !cfg.no_l1;
+            if cfg != Config::new(cfg.ntok) && (tune || (legacy && pinned_one_row)) {
                 cases.push((ty, (14336, 4096), cfg));
                 cases.push((ty, (4096, 14336), cfg));
             }
         }
     }
     for ntok in [2, 4, 8] {
-        for ty in catalog::GEMV_TYPES {
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q8_0,
+            GgmlType::Q6_K,
+            GgmlType::Q4_0,
+        ] {
             cases.push((ty, (14336, 4096), Config::new(ntok)));
             cases.push((ty, (4096, 14336), Config::new(ntok)));
         }

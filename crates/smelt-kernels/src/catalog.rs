@@ -3,12 +3,20 @@
 
 use smelt_ptx::{Kernel, Module, PtxError, Target};
 
-use crate::formats::{self, GpuFormat, Q4K, Q6K, Q8_0};
+use crate::formats::{self, GpuFormat, Q4K, Q4_0, Q4_1, Q5_0, Q5_1, Q6K, Q8_0};
 use crate::gemv::Config;
 use crate::{act, gemv, GgmlType, KernelError};
 
 /// Weight types with a GEMV here.
-pub const GEMV_TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K];
+pub const GEMV_TYPES: [GgmlType; 7] = [
+    GgmlType::Q4_K,
+    GgmlType::Q8_0,
+    GgmlType::Q6_K,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+];
 
 /// The name of the activation quantize kernel.
 pub const QUANTIZE: &str = "quantize_q8_1";
@@ -27,6 +35,22 @@ macro_rules! with_format {
             }
             GgmlType::Q6_K => {
                 type $F = Q6K;
+                $body
+            }
+            GgmlType::Q4_0 => {
+                type $F = Q4_0;
+                $body
+            }
+            GgmlType::Q4_1 => {
+                type $F = Q4_1;
+                $body
+            }
+            GgmlType::Q5_0 => {
+                type $F = Q5_0;
+                $body
+            }
+            GgmlType::Q5_1 => {
+                type $F = Q5_1;
                 $body
             }
             _ => $none,
