@@ -105,7 +105,7 @@ impl ModelInfo {
         let n_head_kv = u64_or_first(m, &k("attention.head_count_kv")).unwrap_or(n_head);
         let n_ff = u64_or_first(m, &k("feed_forward_length"))
             .ok_or_else(|| EngineError::MissingKey(k("feed_forward_length")))?;
-        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+        if n_head == 0 || n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
             return Err(EngineError::BadMetadata {
                 key: k("attention.head_count_kv"),
                 why: format!("{n_head} query heads cannot share {n_head_kv} KV heads"),
@@ -129,7 +129,7 @@ impl ModelInfo {
             .get_u64(&k("rope.dimension_count"))
             .map(|v| v as usize)
             .unwrap_or(head_dim);
-        if n_rot > head_dim || n_rot % 2 != 0 {
+        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
             return Err(EngineError::BadMetadata {
                 key: k("rope.dimension_count"),
                 why: format!("{n_rot} rotated dimensions in heads of {head_dim}"),
