@@ -69,13 +69,25 @@ impl SpecialMatcher {
                     next.push(f);
                     continue;
                 };
+                let a = vocab.attr(id);
                 while let Some(at) = find(&bytes[start..end], needle) {
                     let m = start + at;
-                    if m > start {
-                        next.push(Fragment::Text(start, m));
+                    let mut left_end = m;
+                    if a & attr::LSTRIP != 0 {
+                        while left_end > start && is_c_space(bytes[left_end - 1]) {
+                            left_end -= 1;
+                        }
+                    }
+                    if left_end > start {
+                        next.push(Fragment::Text(start, left_end));
                     }
                     next.push(Fragment::Token(id));
                     start = m + needle.len();
+                    if a & attr::RSTRIP != 0 {
+                        while start < end && is_c_space(bytes[start]) {
+                            start += 1;
+                        }
+                    }
                 }
                 if start < end {
                     next.push(Fragment::Text(start, end));
@@ -85,6 +97,11 @@ impl SpecialMatcher {
         }
         frags
     }
+}
+
+/// C's `isspace` in the "C" locale.
+fn is_c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\x0B' | b'\x0C' | b'\r')
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {

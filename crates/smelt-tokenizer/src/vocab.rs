@@ -16,6 +16,10 @@ pub(crate) mod attr {
     pub const CONTROL: u16 = 1 << 3;
     pub const USER_DEFINED: u16 = 1 << 4;
     pub const BYTE: u16 = 1 << 5;
+    /// Whitespace before the token's text is swallowed by it in special-token partitioning.
+    pub const LSTRIP: u16 = 1 << 7;
+    /// Whitespace after the token's text is swallowed by it.
+    pub const RSTRIP: u16 = 1 << 8;
 }
 
 /// Which algorithm turns text into tokens.
@@ -306,6 +310,29 @@ impl Vocab {
             })
             .collect();
         special.sort_by_key(|&i| std::cmp::Reverse(texts[i as usize].len()));
+
+        // llama.cpp's per-model attributes, chosen by model name: Phi-3's special tokens eat
+        // the whitespace that follows them (its HF tokenizer's rstrip)
+        let name = meta.get_str("general.name").unwrap_or("").to_lowercase();
+        if name.contains("phi-3") || name.contains("phi3") {
+            for &id in &special {
+                attrs[id as usize] |= attr::RSTRIP;
+            }
+            let mut set = |t: &str, on: bool| {
+                if let Some(id) = ids.get(t) {
+                    let a = &mut attrs[*id as usize];
+                    *a = if on {
+                        *a | attr::RSTRIP
+                    } else {
+                        *a & !attr::RSTRIP
+                    };
+                }
+            };
+            set("</s>", true);
+            for t in ["<unk>", "<s>", "<|endoftext|>"] {
+                set(t, false);
+            }
+        }
 
         Ok(Vocab {
             kind,

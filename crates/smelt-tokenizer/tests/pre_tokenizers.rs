@@ -6,20 +6,27 @@ mod common;
 
 use common::*;
 use serde_json::json;
-use smelt_gguf::{Gguf, GgufWriter, Metadata, Value};
+use smelt_gguf::{Array, Gguf, GgufWriter, Metadata, Value};
 use smelt_tokenizer::Tokenizer;
 
 fn check(pre: &str, drop_add_bos: bool, every_code_point: bool) {
+    check_with(pre, every_code_point, |meta| {
+        meta.insert("tokenizer.ggml.pre", Value::from(pre));
+        if drop_add_bos {
+            // the pre-tokenizer's own default decides (llama3: add BOS)
+            meta.remove("tokenizer.ggml.add_bos_token");
+        }
+    });
+}
+
+/// SmolLM2's metadata changed by `edit`, written as a vocabulary-only GGUF, against llama.cpp.
+fn check_with(pre: &str, every_code_point: bool, edit: impl FnOnce(&mut Metadata)) {
     let src = Gguf::open(model(SMOLLM)).expect("open SmolLM2");
     let mut meta = Metadata::new();
     for (k, v) in src.metadata().iter() {
         meta.insert(k, v.clone());
     }
-    meta.insert("tokenizer.ggml.pre", Value::from(pre));
-    if drop_add_bos {
-        // the pre-tokenizer's own default decides (llama3: add BOS)
-        meta.remove("tokenizer.ggml.add_bos_token");
-    }
+    edit(&mut meta);
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join(format!("vocab-{pre}.gguf"));
     GgufWriter::create(&path, &meta, Vec::new())
@@ -35,7 +42,7 @@ fn check(pre: &str, drop_add_bos: bool, every_code_point: bool) {
     let own = Tokenizer::from_gguf(src.metadata()).expect("SmolLM2 tokenizer");
     let differ = texts
         .iter()
-        .filter(|t| tok.encode(t, false, false) != own.encode(t, false, false))
+        .filter(|t| tok.encode(t, true, true) != own.encode(t, true, true))
         .count();
     eprintln!(
         "{pre}: {differ} of {} corpus strings tokenize differently from smollm",
@@ -120,4 +127,24 @@ fn falcon() {
 #[test]
 fn stablelm2() {
     check("stablelm2", false, false);
+}
+
+/// llama.cpp gives Phi-3 models (by `general.name`) right-stripping special tokens: the
+/// whitespace after `<|im_end|>` and friends is swallowed.
+#[test]
+fn phi3_special_tokens_strip_the_whitespace_after_them() {
+    check_with("phi-3 rstrip", false, |meta| {
+        meta.insert("general.name", Value::from("Phi-3 mini (test)"));
+        // llama.cpp looks these up by text on Phi-3 and fails without them
+        let Some(Value::Array(Array::String(tokens))) = meta.get("tokenizer.ggml.tokens").cloned()
+        else {
+            panic!("SmolLM2 token list");
+        };
+        let mut tokens = tokens;
+        let n = tokens.len();
+        for (i, t) in ["</s>", "<unk>", "<s>"].into_iter().enumerate() {
+            tokens[n - 1 - i] = t.to_string();
+        }
+        meta.insert("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
+    });
 }
