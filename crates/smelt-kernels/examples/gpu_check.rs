@@ -203,15 +203,26 @@ fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
         );
     }
     // GEMVs: vs the f64 CPU twin.
-    let shapes = [
+    let all_shapes = [
         (1, 256),
         (5, 512),
         (37, 2304),
         (130, 4096),
         (517, 1280),
         (3, 14336),
+        (9, 576),
+        (70, 640),
+        (2, 32),
+        (11, 4128),
     ];
     for ty in catalog::GEMV_TYPES {
+        // K-quant rows are whole super-blocks; the 32-weight formats take any multiple of
+        // 32 (rows padded to whole tiles on the GPU).
+        let shapes: Vec<_> = all_shapes
+            .iter()
+            .copied()
+            .filter(|&(_, k)| k % ty.block_size() == 0)
+            .collect();
         let mut worst = 0f64;
         let mut worst_bound = 0f64;
         let mut cases = 0;
