@@ -1,6 +1,8 @@
-//! The BPE pre-tokenizers no real test model uses (Llama 3, Qwen2, GPT-2, "default"...):
-//! SmolLM2's vocabulary and merges are written into vocabulary-only GGUFs that differ only in
-//! `tokenizer.ggml.pre`, and each must tokenize and detokenize the corpus as llama.cpp does.
+//! Tokenizer settings no real test model has: the BPE pre-tokenizers (Llama 3, Qwen2, GPT-2,
+//! "default"...), SentencePiece with a space prefix and EOS (Llama 2, Mistral), Phi-3's
+//! right-stripping special tokens. A real model's vocabulary is written into vocabulary-only
+//! GGUFs that differ only in those settings, and each must tokenize and detokenize the corpus
+//! as llama.cpp does.
 
 mod common;
 
@@ -21,7 +23,17 @@ fn check(pre: &str, drop_add_bos: bool, every_code_point: bool) {
 
 /// SmolLM2's metadata changed by `edit`, written as a vocabulary-only GGUF, against llama.cpp.
 fn check_with(pre: &str, every_code_point: bool, edit: impl FnOnce(&mut Metadata)) {
-    let src = Gguf::open(model(SMOLLM)).expect("open SmolLM2");
+    check_model_with(SMOLLM, pre, every_code_point, edit);
+}
+
+/// A model's metadata changed by `edit`, written as a vocabulary-only GGUF, against llama.cpp.
+fn check_model_with(
+    base: &str,
+    pre: &str,
+    every_code_point: bool,
+    edit: impl FnOnce(&mut Metadata),
+) {
+    let src = Gguf::open(model(base)).expect("open model");
     let mut meta = Metadata::new();
     for (k, v) in src.metadata().iter() {
         meta.insert(k, v.clone());
@@ -39,13 +51,13 @@ fn check_with(pre: &str, every_code_point: bool, edit: impl FnOnce(&mut Metadata
         texts.extend(codepoint_texts());
     }
     // how much this pre-tokenizer changes the ids from SmolLM2's own, to show the test bites
-    let own = Tokenizer::from_gguf(src.metadata()).expect("SmolLM2 tokenizer");
+    let own = Tokenizer::from_gguf(src.metadata()).expect("unchanged tokenizer");
     let differ = texts
         .iter()
         .filter(|t| tok.encode(t, true, true) != own.encode(t, true, true))
         .count();
     eprintln!(
-        "{pre}: {differ} of {} corpus strings tokenize differently from smollm",
+        "{pre}: {differ} of {} corpus strings tokenize differently from the unchanged model",
         texts.len()
     );
     let answer = oracle(&json!({ "model": path, "texts": texts }));
@@ -146,5 +158,16 @@ fn phi3_special_tokens_strip_the_whitespace_after_them() {
             tokens[n - 1 - i] = t.to_string();
         }
         meta.insert("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
+    });
+}
+
+/// SentencePiece as Llama 2 and Mistral GGUFs use it: a space prefixed to the text (and after
+/// every special token), EOS appended; Gemma 3's vocabulary with those settings.
+#[test]
+fn spm_with_space_prefix_and_eos() {
+    check_model_with(GEMMA, "spm space prefix", false, |meta| {
+        meta.remove("tokenizer.ggml.add_space_prefix"); // SPM's default: true
+        meta.insert("tokenizer.ggml.add_eos_token", Value::Bool(true));
+        meta.insert("tokenizer.ggml.add_bos_token", Value::Bool(false));
     });
 }
