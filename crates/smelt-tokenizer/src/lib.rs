@@ -25,6 +25,7 @@ mod error;
 mod pretokenize;
 mod special;
 mod spm;
+mod stream;
 mod time;
 mod tokenizer;
 mod unicode;
@@ -32,5 +33,6 @@ mod vocab;
 
 pub use chat::{BuiltinTemplate, ChatMessage, ChatTemplate};
 pub use error::TokenizerError;
+pub use stream::DecodeStream;
 pub use tokenizer::Tokenizer;
 pub use vocab::VocabKind;

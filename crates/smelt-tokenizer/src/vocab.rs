@@ -370,3 +370,77 @@ impl Vocab {
             .or_else(|| std::str::from_utf8(&[b]).ok().and_then(|s| self.id(s)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use smelt_gguf::{Array, Metadata, Value};
+
+    use super::Vocab;
+    use crate::TokenizerError;
+
+    fn spm(tokens: &[&str]) -> Metadata {
+        let mut m = Metadata::new();
+        m.insert("tokenizer.ggml.model", Value::from("llama"));
+        let t = tokens.iter().map(|s| s.to_string()).collect();
+        m.insert("tokenizer.ggml.tokens", Value::Array(Array::String(t)));
+        m
+    }
+
+    #[test]
+    fn bad_metadata_is_an_error() {
+        let err = |m: &Metadata| {
+            Vocab::from_gguf(m)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert!(err(&Metadata::new()).contains("tokenizer.ggml.model"));
+        let mut m = spm(&["<unk>", "<s>", "</s>", "a"]);
+        m.insert("tokenizer.ggml.model", Value::from("t5"));
+        assert!(matches!(
+            Vocab::from_gguf(&m),
+            Err(TokenizerError::UnknownModel(_))
+        ));
+        let mut m = spm(&["<unk>", "<s>", "</s>", "a"]);
+        m.insert(
+            "tokenizer.ggml.scores",
+            Value::Array(Array::F32(vec![0.0; 2])),
+        );
+        assert!(err(&m).contains("tokenizer.ggml.scores"));
+        let mut m = spm(&["<unk>", "<s>", "</s>", "a"]);
+        m.insert(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::String(vec![])),
+        );
+        assert!(err(&m).contains("tokenizer.ggml.token_type"));
+        let mut m = spm(&["<unk>", "<s>", "</s>", "a"]);
+        m.insert("tokenizer.ggml.model", Value::from("gpt2"));
+        assert!(err(&m).contains("tokenizer.ggml.merges"));
+        m.insert(
+            "tokenizer.ggml.merges",
+            Value::Array(Array::String(vec!["a a".into()])),
+        );
+        m.insert("tokenizer.ggml.pre", Value::from("no-such-pre"));
+        assert!(matches!(
+            Vocab::from_gguf(&m),
+            Err(TokenizerError::UnknownPreTokenizer(_))
+        ));
+        m.insert("tokenizer.ggml.tokens", Value::U32(3));
+        assert!(err(&m).contains("tokenizer.ggml.tokens"));
+    }
+
+    #[test]
+    fn special_ids_out_of_range_fall_back() {
+        let mut m = spm(&["<unk>", "<s>"]);
+        m.insert("tokenizer.ggml.bos_token_id", Value::U32(99));
+        m.insert("tokenizer.ggml.add_bos_token", Value::Bool(false));
+        let v = Vocab::from_gguf(&m).expect("vocab");
+        // the SPM default BOS is 1; EOS's default 2 is past the end, so there is none
+        assert_eq!((v.bos, v.eos), (Some(1), None));
+        m.insert("tokenizer.ggml.add_eos_token", Value::Bool(true));
+        assert!(
+            Vocab::from_gguf(&m).is_err(),
+            "add_eos without an EOS token"
+        );
+    }
+}

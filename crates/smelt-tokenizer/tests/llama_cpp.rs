@@ -8,7 +8,7 @@ use std::time::Instant;
 use common::*;
 use serde_json::json;
 use smelt_gguf::Gguf;
-use smelt_tokenizer::{Tokenizer, VocabKind};
+use smelt_tokenizer::{DecodeStream, Tokenizer, VocabKind};
 
 fn load(name: &str) -> (Gguf, Tokenizer) {
     let gguf = Gguf::open(model(name)).expect("open model");
@@ -162,6 +162,26 @@ fn decode_round_trips_the_corpus() {
                 "{name}: pieces of {}",
                 show(&text)
             );
+            // streamed a chunk per token: never a broken character, the same text at the end
+            let mut stream = DecodeStream::new(&tok, true);
+            let mut streamed = String::new();
+            for &id in &ids {
+                let chunk = stream.push(id);
+                assert!(
+                    !chunk.contains('\u{FFFD}'),
+                    "{name}: broken chunk {chunk:?}"
+                );
+                streamed += &chunk;
+            }
+            streamed += &stream.finish();
+            assert_eq!(streamed, text, "{name}: streamed {}", show(&text));
         }
     }
+}
+
+#[test]
+fn tokenizer_is_shareable_across_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Tokenizer>();
+    shareable::<smelt_tokenizer::ChatTemplate>();
 }
