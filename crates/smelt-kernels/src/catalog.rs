@@ -3,13 +3,14 @@
 
 use smelt_ptx::{Kernel, Module, PtxError, Target};
 
-use crate::formats::{self, GpuFormat, Q4K, Q4_0, Q4_1, Q5_0, Q5_1, Q6K, Q8_0};
+use crate::formats::{self, GpuFormat, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use crate::gemv::Config;
 use crate::{act, gemv, GgmlType, KernelError};
 
 /// Weight types with a GEMV here.
-pub const GEMV_TYPES: [GgmlType; 7] = [
+pub const GEMV_TYPES: [GgmlType; 8] = [
     GgmlType::Q4_K,
+    GgmlType::Q5_K,
     GgmlType::Q8_0,
     GgmlType::Q6_K,
     GgmlType::Q4_0,
@@ -31,6 +32,10 @@ macro_rules! with_format {
             }
             GgmlType::Q8_0 => {
                 type $F = Q8_0;
+                $body
+            }
+            GgmlType::Q5_K => {
+                type $F = Q5K;
                 $body
             }
             GgmlType::Q6_K => {

@@ -21,7 +21,7 @@ pub struct Q4K;
 /// Per-thread constants: where the thread's quants sit and how its scale bytes decode.
 pub struct Setup {
     /// Byte offset of the thread's quants in a super-block.
-    qoff: Reg<U64>,
+    pub(crate) qoff: Reg<U64>,
     /// The thread's sub-blocks are 4..8 (the split 6-bit encoding).
     upper: Reg<Pred>,
     /// `0x3F` bytes for sub-blocks 0..4, `0x0F` for 4..8.
@@ -66,23 +66,7 @@ impl GpuFormat for Q4K {
     }
 
     fn setup(k: &Kernel, part: Reg<U32>, _ntiles: Reg<U32>) -> Setup {
-        let qoff = k.mad(k.reg(), part, 32u32, 16u32);
-        let qoff = k.cvt(k.reg::<U64>(), qoff, smelt_ptx::Exact);
-        let upper = k.cmp(Cmp::Ge, part, 2u32);
-        let mask_lo = k.selp(k.reg(), 0x0F0F_0F0Fu32, 0x3F3F_3F3Fu32, upper);
-        let mask_hi = k.selp(k.reg(), 0xC0C0_C0C0u32, 0u32, upper);
-        let min_shift = k.selp(k.reg(), 4u32, 0u32, upper);
-        let odd = k.and(k.reg(), part, 1u32);
-        let pos0 = k.shl(k.reg(), odd, 4u32);
-        let pos1 = k.add(k.reg(), pos0, 8u32);
-        Setup {
-            qoff,
-            upper,
-            mask_lo,
-            mask_hi,
-            min_shift,
-            pos: [pos0, pos1],
-        }
+        setup_with_quants_at(k, part, 16)
     }
 
     fn act_blocks(k: &Kernel, part: Reg<U32>) -> (Reg<U32>, Reg<U32>) {
@@ -107,27 +91,12 @@ impl GpuFormat for Q4K {
     }
 
     fn decode(k: &Kernel, s: &Setup, w: &Loaded) -> Decoded {
-        let [dm, s0, s1, s2] = w.header;
-        // ggml's get_scale_min_k4 on four bytes at once, then the thread's two bytes.
-        // Sub-blocks 0..4: scale = s0 & 63, min = s1 & 63. Sub-blocks 4..8: scale =
-        // (s2 & 0xF) | (s0 >> 6) << 4, min = (s2 >> 4) | (s1 >> 6) << 4.
-        let scale_src = k.selp(k.reg::<U32>(), s2, s0, s.upper);
-        let min_src = k.selp(k.reg::<U32>(), s2, s1, s.upper);
-        let top_s = k.and(k.reg(), s0, s.mask_hi);
-        k.shr(top_s, top_s, 2u32);
-        let scales = k.lop3(k.reg::<U32>(), scale_src, s.mask_lo, top_s, and_or());
-        let top_m = k.and(k.reg(), s1, s.mask_hi);
-        k.shr(top_m, top_m, 2u32);
-        let min_src = k.shr(min_src, min_src, s.min_shift);
-        let mins = k.lop3(k.reg::<U32>(), min_src, s.mask_lo, top_m, and_or());
-        let scale = s
-            .pos
-            .map(|p| k.bfe(k.reg::<U32>(), scales, p, 8u32).cast::<S32>());
-        let min = s
-            .pos
-            .map(|p| k.bfe(k.reg::<U32>(), mins, p, 8u32).cast::<S32>());
-        let [d, dmin] = halves_to_f32(k, dm);
-        let neg_dmin = k.neg(dmin, dmin);
+        let Header {
+            d,
+            neg_dmin,
+            scale,
+            min,
+        } = decode_header(k, s, w.header);
         let low = w.qs.map(|q| k.and(k.reg(), q, 0x0F0F_0F0Fu32));
         let high = w.qs.map(|q| k.and(k.reg(), q, 0xF0F0_F0F0u32));
         Decoded {
@@ -172,4 +141,66 @@ impl GpuFormat for Q4K {
         k.fma(acc, w.d, sum_d, acc);
         k.fma(acc, w.neg_dmin, sum_m, acc);
     }
+}
+
+/// The per-thread setup of the 144/176-byte K-quant super-blocks (Q4_K, Q5_K): the thread's
+/// quant bytes start at `quants_at + 32 * part`.
+pub(crate) fn setup_with_quants_at(k: &Kernel, part: Reg<U32>, quants_at: u32) -> Setup {
+    let qoff = k.mad(k.reg(), part, 32u32, quants_at);
+    let qoff = k.cvt(k.reg::<U64>(), qoff, smelt_ptx::Exact);
+    let upper = k.cmp(Cmp::Ge, part, 2u32);
+    let mask_lo = k.selp(k.reg(), 0x0F0F_0F0Fu32, 0x3F3F_3F3Fu32, upper);
+    let mask_hi = k.selp(k.reg(), 0xC0C0_C0C0u32, 0u32, upper);
+    let min_shift = k.selp(k.reg(), 4u32, 0u32, upper);
+    let odd = k.and(k.reg(), part, 1u32);
+    let pos0 = k.shl(k.reg(), odd, 4u32);
+    let pos1 = k.add(k.reg(), pos0, 8u32);
+    Setup {
+        qoff,
+        upper,
+        mask_lo,
+        mask_hi,
+        min_shift,
+        pos: [pos0, pos1],
+    }
+}
+
+/// `d`, `-dmin` and the thread's two 6-bit scales and mins from a K-quant header (`d|dmin`
+/// and the 12 scale bytes, as four words).
+pub(crate) fn decode_header(k: &Kernel, s: &Setup, header: [Reg<U32>; 4]) -> Header {
+    let [dm, s0, s1, s2] = header;
+    // ggml's get_scale_min_k4 on four bytes at once, then the thread's two bytes.
+    // Sub-blocks 0..4: scale = s0 & 63, min = s1 & 63. Sub-blocks 4..8: scale =
+    // (s2 & 0xF) | (s0 >> 6) << 4, min = (s2 >> 4) | (s1 >> 6) << 4.
+    let scale_src = k.selp(k.reg::<U32>(), s2, s0, s.upper);
+    let min_src = k.selp(k.reg::<U32>(), s2, s1, s.upper);
+    let top_s = k.and(k.reg(), s0, s.mask_hi);
+    k.shr(top_s, top_s, 2u32);
+    let scales = k.lop3(k.reg::<U32>(), scale_src, s.mask_lo, top_s, and_or());
+    let top_m = k.and(k.reg(), s1, s.mask_hi);
+    k.shr(top_m, top_m, 2u32);
+    let min_src = k.shr(min_src, min_src, s.min_shift);
+    let mins = k.lop3(k.reg::<U32>(), min_src, s.mask_lo, top_m, and_or());
+    let scale = s
+        .pos
+        .map(|p| k.bfe(k.reg::<U32>(), scales, p, 8u32).cast::<S32>());
+    let min = s
+        .pos
+        .map(|p| k.bfe(k.reg::<U32>(), mins, p, 8u32).cast::<S32>());
+    let [d, dmin] = halves_to_f32(k, dm);
+    let neg_dmin = k.neg(dmin, dmin);
+    Header {
+        d,
+        neg_dmin,
+        scale,
+        min,
+    }
+}
+
+/// A K-quant header decoded for one thread.
+pub(crate) struct Header {
+    pub(crate) d: Reg<F32>,
+    pub(crate) neg_dmin: Reg<F32>,
+    pub(crate) scale: [Reg<S32>; 2],
+    pub(crate) min: [Reg<S32>; 2],
 }
