@@ -2,6 +2,8 @@
 //! environment Hugging Face and llama.cpp give it, or llama.cpp's built-in format for the
 //! architecture when the GGUF has none.
 
+use std::sync::Arc;
+
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Kwargs, Serde};
 use minijinja::{Environment, ErrorKind, Value};
@@ -114,10 +116,29 @@ fn trim(s: &str) -> &str {
     s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r'))
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 enum Source {
-    Jinja(String),
+    /// The source and an environment holding it compiled (as template `chat`).
+    Jinja(String, Arc<Environment<'static>>),
     Builtin(BuiltinTemplate),
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Jinja(src, _) => f.debug_tuple("Jinja").field(src).finish(),
+            Source::Builtin(b) => f.debug_tuple("Builtin").field(b).finish(),
+        }
+    }
+}
+
+impl Source {
+    /// Compiles once, so a broken template is a load error and rendering costs no parsing.
+    fn jinja(src: &str) -> Result<Source, TokenizerError> {
+        let mut env = environment();
+        env.add_template_owned("chat", src.to_string())?;
+        Ok(Source::Jinja(src.to_string(), Arc::new(env)))
+    }
 }
 
 /// A model's chat template.
@@ -135,24 +156,17 @@ impl ChatTemplate {
     /// architecture when there is none.
     pub fn from_gguf(meta: &Metadata, tok: &Tokenizer) -> Result<ChatTemplate, TokenizerError> {
         let source = match meta.get_str("tokenizer.chat_template") {
-            Some(t) => Source::Jinja(t.to_string()),
+            Some(t) => Source::jinja(t)?,
             None => Source::Builtin(BuiltinTemplate::for_architecture(
                 meta.architecture().unwrap_or(""),
             )),
         };
-        let t = ChatTemplate::with_source(source, tok);
-        if let Source::Jinja(src) = &t.source {
-            // compile once up front, so a broken template is a load error, not a chat error
-            t.environment().template_from_str(src)?;
-        }
-        Ok(t)
+        Ok(ChatTemplate::with_source(source, tok))
     }
 
     /// A Jinja template from its source, with the tokenizer's BOS/EOS.
     pub fn from_jinja(source: &str, tok: &Tokenizer) -> Result<ChatTemplate, TokenizerError> {
-        let t = ChatTemplate::with_source(Source::Jinja(source.to_string()), tok);
-        t.environment().template_from_str(source)?;
-        Ok(t)
+        Ok(ChatTemplate::with_source(Source::jinja(source)?, tok))
     }
 
     /// One of llama.cpp's built-in formats.
@@ -177,7 +191,7 @@ impl ChatTemplate {
     /// The Jinja source, or `None` for a built-in format.
     pub fn jinja_source(&self) -> Option<&str> {
         match &self.source {
-            Source::Jinja(s) => Some(s),
+            Source::Jinja(s, _) => Some(s),
             Source::Builtin(_) => None,
         }
     }
@@ -208,9 +222,8 @@ impl ChatTemplate {
     ) -> Result<String, TokenizerError> {
         match &self.source {
             Source::Builtin(b) => Ok(b.render(messages, add_generation_prompt)),
-            Source::Jinja(src) => {
-                let env = self.environment();
-                let tmpl = env.template_from_str(src)?;
+            Source::Jinja(_, env) => {
+                let tmpl = env.get_template("chat")?;
                 let ctx = minijinja::context! {
                     messages => Value::from(Serde(messages)),
                     add_generation_prompt => add_generation_prompt,
@@ -221,31 +234,31 @@ impl ChatTemplate {
             }
         }
     }
+}
 
-    /// The environment Hugging Face's `apply_chat_template` renders in: blocks trimmed,
-    /// `raise_exception`, `strftime_now`, `tojson`, and Python's string/dict methods.
-    fn environment(&self) -> Environment<'static> {
-        let mut env = Environment::new();
-        if let Ok(syntax) = SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build()
-        {
-            env.set_syntax(syntax);
-        }
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<Value, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
-        env.add_function("strftime_now", |fmt: String| {
-            crate::time::strftime_now(&fmt)
-        });
-        env.add_filter("tojson", tojson);
-        env
+/// The environment Hugging Face's `apply_chat_template` renders in: blocks trimmed,
+/// `raise_exception`, `strftime_now`, `tojson`, and Python's string/dict methods.
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    if let Ok(syntax) = SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()
+    {
+        env.set_syntax(syntax);
     }
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> Result<Value, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        },
+    );
+    env.add_function("strftime_now", |fmt: String| {
+        crate::time::strftime_now(&fmt)
+    });
+    env.add_filter("tojson", tojson);
+    env
 }
 
 /// `tojson` as Hugging Face defines it for chat templates: Python's `json.dumps` with
