@@ -63,10 +63,13 @@ pub struct RunArgs {
     /// The prompt text.
     #[arg(
         long,
-        required_unless_present = "prompts_file",
-        conflicts_with = "prompts_file"
+        required_unless_present_any = ["prompts_file", "prompt_ids"],
+        conflicts_with_all = ["prompts_file", "prompt_ids"]
     )]
     pub prompt: Option<String>,
+    /// The prompt as token ids, comma-separated, used as they are (benchmarks, tests).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompts_file", "chat"])]
+    pub prompt_ids: Option<Vec<u32>>,
     /// Many prompts, one JSON string per line, each generated from a fresh sequence; prints
     /// one JSON object per prompt (implies --json). Loads the model once for all of them.
     #[arg(long)]
@@ -96,6 +99,9 @@ pub struct RunArgs {
     /// finish_reason, timings.
     #[arg(long)]
     pub json: bool,
+    /// Generate exactly --max-tokens, past end-of-generation tokens (benchmarks).
+    #[arg(long)]
+    pub ignore_eog: bool,
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
@@ -112,6 +118,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         max_tokens: args.max_tokens,
         stop: args.stop.clone(),
         sampling: args.sampling.params(),
+        ignore_eog: args.ignore_eog,
         ..GenerateParams::default()
     };
     let prompts = match &args.prompts_file {
@@ -125,7 +132,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
             Some(t) => render_chat(t, args.system.as_deref(), text)?,
             None => text.clone(),
         };
-        let ids = tokenize_prompt(&m.tokenizer, &prompt_text, args.chat);
+        let ids = match &args.prompt_ids {
+            Some(ids) => ids.clone(),
+            None => tokenize_prompt(&m.tokenizer, &prompt_text, args.chat),
+        };
         if ids.is_empty() {
             bail!("the prompt tokenizes to nothing: give some text");
         }
