@@ -269,13 +269,15 @@ impl Vocab {
 
         let mut eog = HashSet::new();
         let id_of = |t: &str| ids.get(t).copied();
+        // llama.cpp takes the first candidate in hash-map order; the lowest id is a stable
+        // choice that agrees with it on the models tested
         if eot.is_none() {
-            eot = EOT_TEXTS.iter().find_map(|t| id_of(t));
+            eot = EOT_TEXTS.iter().filter_map(|t| id_of(t)).min();
         }
         for &(key, texts, ends) in FIM_TEXTS {
             let id = match special_id(key, None) {
                 Some(id) => Some(id),
-                None => texts.iter().find_map(|t| id_of(t)).inspect(|&id| {
+                None => texts.iter().filter_map(|t| id_of(t)).min().inspect(|&id| {
                     attrs[id as usize] |= attr::CONTROL;
                 }),
             };

@@ -120,6 +120,12 @@ fn pieces_match(name: &str) {
         answer["eos"].as_i64(),
         "{name}: EOS"
     );
+    // llama.cpp answers -1 for "none"
+    assert_eq!(
+        tok.eot().map_or(-1, i64::from),
+        answer["eot"].as_i64().expect("eot"),
+        "{name}: EOT"
+    );
     assert_eq!(
         tok.eog_ids(),
         ids(&answer["eog"]),

@@ -127,6 +127,7 @@ def main():
         out["pieces"] = [[piece(vocab, t, True).hex(), piece(vocab, t, False).hex()] for t in range(n)]
         out["bos"] = llama_cpp.llama_vocab_bos(vocab)
         out["eos"] = llama_cpp.llama_vocab_eos(vocab)
+        out["eot"] = llama_cpp.llama_vocab_eot(vocab)
         out["eog"] = [t for t in range(n) if llama_cpp.llama_vocab_is_eog(vocab, t)]
     out["builtin"] = [builtin_template(name, msgs, add) for name, msgs, add in req.get("builtin", [])]
     if req.get("jinja"):
