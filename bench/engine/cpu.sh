@@ -21,17 +21,40 @@ smelt=$root/target/release/smelt
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+# Other work on a 2-core machine ruins both sides' numbers (ggml's workers spin): wait up to
+# IDLE_WAIT seconds (default 120) for the CPUs to be 90% idle before each model, and print
+# the load average so a recorded run shows how quiet the machine was.
+cpu_idle_pct() { # idle share of all CPUs over 2 s, from /proc/stat
+  local a b total=0 i
+  read -r -a a < /proc/stat; sleep 2; read -r -a b < /proc/stat
+  for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
+  echo $(( 100 * (b[4] + b[5] - a[4] - a[5]) / (total > 0 ? total : 1) ))
+}
+wait_idle() {
+  local deadline=$((SECONDS + ${IDLE_WAIT:-120})) idle
+  while idle=$(cpu_idle_pct); [ "$idle" -lt 90 ]; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "==> machine still busy (${idle}% idle), measuring anyway" >&2
+      return
+    fi
+  done
+  echo "==> CPUs ${idle}% idle" >&2
+}
+echo "==> $(date -u '+%Y-%m-%d %H:%M UTC'), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), commit $(git rev-parse --short HEAD), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+
 rows=()
 for name in smollm2-135m gemma3-270m; do
+  wait_idle
   model=$(scripts/fetch-models.sh "$name" | tail -n1)
   # A 512-token prompt: the perplexity text, tokenized by llama.cpp, cut to 512 ids.
-  "$py" - "$model" crates/smelt/tests/data/perplexity.txt "$n_prompt" > "$tmp/ids" <<'PY'
+  "$py" - "$model" crates/smelt/tests/data/perplexity.txt "$n_prompt" > "$tmp/ids" 2>/dev/null <<'PY'
 import sys
 from llama_cpp import Llama
 llm = Llama(model_path=sys.argv[1], vocab_only=True, verbose=False)
 ids = llm.tokenize(open(sys.argv[2], "rb").read(), add_bos=True, special=False)[: int(sys.argv[3])]
 print(",".join(map(str, ids)))
 PY
+  [ "$(tr ',' '\n' < "$tmp/ids" | wc -l)" -eq "$n_prompt" ] || { echo "cpu.sh: the text is shorter than $n_prompt tokens" >&2; exit 1; }
   s_pp=0; s_tg=0; l_pp=0; l_tg=0
   for _ in $(seq "$reps"); do
     l=$("$py" bench/engine/llamacpp_speed.py "$model" "$tmp/ids" "$n_decode" "$threads" 1 2>/dev/null | tail -n1)
@@ -46,6 +69,7 @@ PY
   rows+=("$name $s_pp $l_pp $s_tg $l_tg")
 done
 
+echo "==> done $(date -u '+%H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "$py" - "$threads" "${rows[@]}" <<'PY'
 import sys
 threads = sys.argv[1]
