@@ -3,13 +3,15 @@
 
 use smelt_ptx::{Kernel, Module, PtxError, Target};
 
-use crate::formats::{self, GpuFormat, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use crate::formats::{self, GpuFormat, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use crate::gemv::Config;
 use crate::{act, gemv, GgmlType, KernelError};
 
 /// Weight types with a GEMV here.
-pub const GEMV_TYPES: [GgmlType; 8] = [
+pub const GEMV_TYPES: [GgmlType; 10] = [
     GgmlType::Q4_K,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
     GgmlType::Q5_K,
     GgmlType::Q8_0,
     GgmlType::Q6_K,
@@ -32,6 +34,14 @@ macro_rules! with_format {
             }
             GgmlType::Q8_0 => {
                 type $F = Q8_0;
+                $body
+            }
+            GgmlType::Q2_K => {
+                type $F = Q2K;
+                $body
+            }
+            GgmlType::Q3_K => {
+                type $F = Q3K;
                 $body
             }
             GgmlType::Q5_K => {
@@ -185,7 +195,7 @@ mod tests {
 
     #[test]
     fn unsupported_types_are_errors() {
-        assert!(gemv_name(GgmlType::Q2_K, 1).is_err());
+        assert!(gemv_name(GgmlType::IQ4_XS, 1).is_err());
         assert!(row_bytes(GgmlType::F32, 256).is_err());
     }
 }

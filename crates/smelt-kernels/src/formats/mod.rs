@@ -13,12 +13,16 @@ use crate::act::ActRegs;
 use crate::{GgmlType, KernelError};
 
 pub mod legacy;
+pub mod q2_k;
+pub mod q3_k;
 pub mod q4_k;
 pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
 
 pub use legacy::{Q4_0, Q4_1, Q5_0, Q5_1};
+pub use q2_k::Q2K;
+pub use q3_k::Q3K;
 pub use q4_k::Q4K;
 pub use q5_k::Q5K;
 pub use q6_k::Q6K;
