@@ -9,13 +9,16 @@
 use fancy_regex::Regex;
 
 use crate::unicode::{
-    byte_encode_into, collapse, flags, Flags, COLLAPSED_LETTER, COLLAPSED_MARK, COLLAPSED_NUMBER,
-    COLLAPSED_PUNCTUATION, COLLAPSED_SYMBOL,
+    byte_encode_into, collapse, flags, is_whitespace, Flags, COLLAPSED_LETTER, COLLAPSED_MARK,
+    COLLAPSED_NUMBER, COLLAPSED_PUNCTUATION, COLLAPSED_SYMBOL,
 };
 use crate::TokenizerError;
 
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const BLOOM: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// llama.cpp's pre-tokenizer settings for one `tokenizer.ggml.pre` value.
@@ -59,6 +62,46 @@ impl PreType {
                 pre(&[GPT2], true)
             }
             "falcon" => pre(&[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"], true),
+            "deepseek-coder" => pre(
+                &[
+                    "[\r\n]",
+                    r"\s?\p{L}+",
+                    r"\s?\p{P}+",
+                    r"[\x{4E00}-\x{9FA5}\x{0800}-\x{4E00}\x{AC00}-\x{D7FF}]+",
+                    r"\p{N}",
+                ],
+                false,
+            ),
+            "deepseek-v3" | "hunyuan-dense" => pre(
+                &[
+                    r"\p{N}{1,3}",
+                    r"[\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+",
+                    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+                ],
+                false,
+            ),
+            "tekken" => PreType {
+                ignore_merges: true,
+                add_bos: true,
+                ..pre(&[TEKKEN], false)
+            },
+            "gpt-4o" | "llama4" => pre(&[GPT4O], false),
+            "bloom" | "gpt3-finnish" => pre(&[BLOOM], true),
+            "poro-chat" => pre(&[BLOOM], false),
+            "viking" => pre(&[BLOOM, r"\p{N}"], false),
+            "hunyuan" | "grok-2" => pre(&[QWEN2], false),
+            "bailingmoe" | "bailingmoe2" | "llada-moe" => pre(
+                &[
+                    r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
+                ],
+                false,
+            ),
+            "seed-coder" => pre(
+                &[
+                    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+",
+                ],
+                false,
+            ),
             "chatglm-bpe" | "glm4" => pre(&[LLAMA3], true),
             other => return Err(TokenizerError::UnknownPreTokenizer(other.to_string())),
         })
@@ -68,7 +111,11 @@ impl PreType {
 enum Step {
     Gpt2,
     Llama3,
-    Regex(Box<Regex>),
+    /// A pattern naming categories, over the collapsed text.
+    Collapsed(Box<Regex>),
+    /// A pattern without categories, over the real characters (llama.cpp's `std::wregex`
+    /// path, where non-ASCII whitespace reads as `\x0B`).
+    Wide(Box<Regex>),
 }
 
 /// A compiled pre-tokenizer.
@@ -84,11 +131,19 @@ impl PreTokenizer {
             .map(|&p| match p {
                 GPT2 => Ok(Step::Gpt2),
                 LLAMA3 => Ok(Step::Llama3),
-                _ => Regex::new(&collapse_pattern(p))
-                    .map(|r| Step::Regex(Box::new(r)))
-                    .map_err(|e| TokenizerError::Regex(p.to_string(), e.to_string())),
+                _ => {
+                    let err =
+                        |e: fancy_regex::Error| TokenizerError::Regex(p.to_string(), e.to_string());
+                    if p.contains(r"\p{") {
+                        Ok(Step::Collapsed(Box::new(
+                            Regex::new(&collapse_pattern(p)).map_err(err)?,
+                        )))
+                    } else {
+                        Ok(Step::Wide(Box::new(Regex::new(p).map_err(err)?)))
+                    }
+                }
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<_, TokenizerError>>()?;
         Ok(PreTokenizer { steps })
     }
 
@@ -100,16 +155,18 @@ impl PreTokenizer {
         let mut pos: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
         pos.push(text.len());
 
-        let collapsed: Option<(String, Vec<usize>)> = self
-            .steps
-            .iter()
-            .any(|s| matches!(s, Step::Regex(_)))
-            .then(|| {
-                let c: String = chars.iter().map(|&c| collapse(c)).collect();
-                let mut cpos: Vec<usize> = c.char_indices().map(|(i, _)| i).collect();
-                cpos.push(c.len());
-                (c, cpos)
-            });
+        let needs = |f: fn(&Step) -> bool| self.steps.iter().any(f);
+        let collapsed =
+            needs(|s| matches!(s, Step::Collapsed(_))).then(|| mapped(&chars, collapse));
+        let wide = needs(|s| matches!(s, Step::Wide(_))).then(|| {
+            mapped(&chars, |c| {
+                if !c.is_ascii() && is_whitespace(c) {
+                    '\x0B'
+                } else {
+                    c
+                }
+            })
+        });
 
         let mut pieces = vec![chars.len()];
         for step in &self.steps {
@@ -120,9 +177,14 @@ impl PreTokenizer {
                 match step {
                     Step::Gpt2 => split_gpt2(&chars, &fl, start, end, &mut next),
                     Step::Llama3 => split_llama3(&chars, &fl, start, end, &mut next),
-                    Step::Regex(re) => {
+                    Step::Collapsed(re) => {
                         if let Some((ctext, cpos)) = &collapsed {
                             split_regex(re, ctext, cpos, start, end, &mut next);
+                        }
+                    }
+                    Step::Wide(re) => {
+                        if let Some((wtext, wpos)) = &wide {
+                            split_regex(re, wtext, wpos, start, end, &mut next);
                         }
                     }
                 }
@@ -141,6 +203,14 @@ impl PreTokenizer {
         }
         words
     }
+}
+
+/// The text with every char mapped, and the byte offset of each char (plus the end).
+fn mapped(chars: &[char], f: impl Fn(char) -> char) -> (String, Vec<usize>) {
+    let text: String = chars.iter().map(|&c| f(c)).collect();
+    let mut pos: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
+    pos.push(text.len());
+    (text, pos)
 }
 
 /// llama.cpp's rewrite of a pattern for the collapsed text: each `\p{N}`, `\p{L}`, `\p{P}`,

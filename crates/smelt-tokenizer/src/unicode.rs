@@ -17,8 +17,9 @@ pub(crate) struct Flags {
 
 /// Unicode White_Space, the set llama.cpp's tables mark as whitespace.
 ///
-/// Categories come from Unicode 15.0 (`unicode-general-category` 0.6), the data llama.cpp's
-/// `unicode-data.cpp` was generated from: characters assigned later are "undefined" there.
+/// Categories are Unicode 15.1's, the data llama.cpp's `unicode-data.cpp` was generated from
+/// (`unicode-general-category` 0.6 has 15.0, plus 15.1's 627 additions below): characters
+/// assigned later are "undefined" there, and must be here too.
 pub(crate) fn is_whitespace(c: char) -> bool {
     matches!(
         c,
@@ -93,6 +94,12 @@ enum Category {
 
 fn category(c: char) -> Category {
     use G::*;
+    // Unicode 15.1's additions to the 15.0 data: llama.cpp's table is 15.1
+    match c {
+        '\u{2FFC}'..='\u{2FFF}' | '\u{31EF}' => return Category::Symbol,
+        '\u{2EBF0}'..='\u{2EE5D}' => return Category::Letter,
+        _ => {}
+    }
     match get_general_category(c) {
         DecimalNumber | LetterNumber | OtherNumber => Category::Number,
         UppercaseLetter | LowercaseLetter | TitlecaseLetter | ModifierLetter | OtherLetter => {

@@ -1,6 +1,6 @@
 //! Seeded random strings over an alphabet of the characters tokenizers trip on (spaces, tabs,
 //! newlines, digits, apostrophes, punctuation, accents, CJK, emoji, pieces of special tokens),
-//! and every assigned code point of the Basic Multilingual Plane in letter/digit/space
+//! and every code point of the Basic Multilingual Plane (plus samples of the others) in letter/digit/space
 //! contexts: ids must equal llama.cpp's on both models.
 
 mod common;

@@ -171,3 +171,23 @@ fn spm_with_space_prefix_and_eos() {
         meta.insert("tokenizer.ggml.add_bos_token", Value::Bool(false));
     });
 }
+
+#[test]
+fn more_pre_tokenizers() {
+    // deepseek-coder and bloom also run llama.cpp's wide-character regex path (no categories)
+    for pre in [
+        "deepseek-coder",
+        "deepseek-v3",
+        "tekken",
+        "gpt-4o",
+        "bloom",
+        "viking",
+        "bailingmoe",
+        "seed-coder",
+    ] {
+        // the category-heaviest one also over every BMP code point (llama.cpp's std::regex
+        // makes this slow, so only one)
+        let every_code_point = pre == "deepseek-v3";
+        check(pre, false, every_code_point);
+    }
+}

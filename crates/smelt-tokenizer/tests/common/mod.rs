@@ -102,10 +102,28 @@ pub fn show(s: &str) -> String {
     format!("{t:?}")
 }
 
-/// Every BMP code point (surrogates excluded) in a few contexts that decide how
-/// pre-tokenizers classify it: after a letter, after a digit, after a space, doubled.
+/// Every BMP code point (surrogates excluded), and samples of the other planes (emoji, math
+/// letters, CJK extensions including Unicode 15.1's Extension I), in a few contexts that decide
+/// how pre-tokenizers classify a character: after a letter, after a digit, after a space,
+/// doubled.
 pub fn codepoint_texts() -> Vec<String> {
-    let chars: Vec<char> = (0x80u32..0x10000).filter_map(char::from_u32).collect();
+    let ranges = [
+        0x80..0x10000,
+        0x10400..0x10450,
+        0x1D400..0x1D500,
+        0x1E900..0x1E960,
+        0x1F300..0x1F700,
+        0x1FA70..0x1FB00,
+        0x20000..0x20020,
+        0x2EBE0..0x2EC10,
+        0x2EE50..0x2EE70,
+        0xE0000..0xE0080,
+    ];
+    let chars: Vec<char> = ranges
+        .into_iter()
+        .flatten()
+        .filter_map(char::from_u32)
+        .collect();
     chars
         .chunks(64)
         .map(|chunk| {
