@@ -158,6 +158,27 @@ fn random_floats(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
+/// `nrows` rows of `k` weights of `ty` as ggml bytes: random floats through smelt-quant's
+/// quantizer, or, for the formats it cannot produce (IQ4), random blocks with sane f16
+/// scales (the first two bytes of every block).
+fn random_weights(rng: &mut impl Rng, ty: GgmlType, nrows: usize, k: usize) -> Result<Vec<u8>> {
+    let ggml_row = k / ty.block_size() * ty.type_size();
+    let mut ggml = vec![0u8; nrows * ggml_row];
+    if smelt_quant::can_quantize(ty) {
+        let wf = random_floats(rng, nrows * k, 1.0);
+        for (src, dst) in wf.chunks_exact(k).zip(ggml.chunks_exact_mut(ggml_row)) {
+            smelt_quant::quantize_row(ty, src, dst)?;
+        }
+    } else {
+        rng.fill(&mut ggml[..]);
+        for block in ggml.chunks_exact_mut(ty.type_size()) {
+            let d = half::f16::from_f32(rng.gen_range(0.001..0.05));
+            block[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+        }
+    }
+    Ok(ggml)
+}
+
 /// `|y - ref| / |ref|` over the vector (L2), NaN when any output is not finite.
 fn rel_error(y: &[f32], r: &[f32]) -> f64 {
     if y.iter().any(|v| !v.is_finite()) {
@@ -227,12 +248,7 @@ fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
         let mut worst_bound = 0f64;
         let mut cases = 0;
         for &(nrows, k) in &shapes {
-            let wf = random_floats(rng, nrows * k, 1.0);
-            let ggml_row = k / ty.block_size() * ty.type_size();
-            let mut ggml = vec![0u8; nrows * ggml_row];
-            for (src, dst) in wf.chunks_exact(k).zip(ggml.chunks_exact_mut(ggml_row)) {
-                smelt_quant::quantize_row(ty, src, dst)?;
-            }
+            let ggml = random_weights(rng, ty, nrows, k)?;
             let packed = catalog::repack(ty, &ggml, nrows, k)?;
             let row_bytes = catalog::row_bytes(ty, k)?;
             let wd = gpu.stream.clone_htod(&packed)?;

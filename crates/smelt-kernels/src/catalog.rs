@@ -3,12 +3,14 @@
 
 use smelt_ptx::{Kernel, Module, PtxError, Target};
 
-use crate::formats::{self, GpuFormat, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use crate::formats::{
+    self, GpuFormat, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+};
 use crate::gemv::Config;
 use crate::{act, gemv, GgmlType, KernelError};
 
 /// Weight types with a GEMV here.
-pub const GEMV_TYPES: [GgmlType; 10] = [
+pub const GEMV_TYPES: [GgmlType; 12] = [
     GgmlType::Q4_K,
     GgmlType::Q2_K,
     GgmlType::Q3_K,
@@ -19,6 +21,8 @@ pub const GEMV_TYPES: [GgmlType; 10] = [
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 /// The name of the activation quantize kernel.
@@ -42,6 +46,14 @@ macro_rules! with_format {
             }
             GgmlType::Q3_K => {
                 type $F = Q3K;
+                $body
+            }
+            GgmlType::IQ4_NL => {
+                type $F = IQ4NL;
+                $body
+            }
+            GgmlType::IQ4_XS => {
+                type $F = IQ4XS;
                 $body
             }
             GgmlType::Q5_K => {
@@ -195,7 +207,7 @@ mod tests {
 
     #[test]
     fn unsupported_types_are_errors() {
-        assert!(gemv_name(GgmlType::IQ4_XS, 1).is_err());
+        assert!(gemv_name(GgmlType::Q8_K, 1).is_err());
         assert!(row_bytes(GgmlType::F32, 256).is_err());
     }
 }

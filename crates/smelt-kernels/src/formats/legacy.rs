@@ -40,9 +40,9 @@ pub struct Setup {
 
 /// Raw loads of a thread's two blocks.
 pub struct Loaded {
-    qs: [Reg<U32>; 8],
+    pub(crate) qs: [Reg<U32>; 8],
     qh: [Reg<U32>; 2],
-    d: Reg<U32>,
+    pub(crate) d: Reg<U32>,
     m: Reg<U32>,
 }
 

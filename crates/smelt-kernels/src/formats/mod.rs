@@ -12,6 +12,7 @@ use smelt_ptx::{Addr, Kernel, L2Prefetch, Load, Reg, F32, U32, U64};
 use crate::act::ActRegs;
 use crate::{GgmlType, KernelError};
 
+pub mod iq4;
 pub mod legacy;
 pub mod q2_k;
 pub mod q3_k;
@@ -20,6 +21,7 @@ pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
 
+pub use iq4::{IQ4NL, IQ4XS};
 pub use legacy::{Q4_0, Q4_1, Q5_0, Q5_1};
 pub use q2_k::Q2K;
 pub use q3_k::Q3K;
