@@ -136,7 +136,7 @@ impl Source {
     /// Compiles once, so a broken template is a load error and rendering costs no parsing.
     fn jinja(src: &str) -> Result<Source, TokenizerError> {
         let mut env = environment();
-        env.add_template_owned("chat", src.to_string())?;
+        env.add_template_owned("chat", without_generation_tags(src))?;
         Ok(Source::Jinja(src.to_string(), Arc::new(env)))
     }
 }
@@ -261,6 +261,31 @@ fn environment() -> Environment<'static> {
     env
 }
 
+/// Hugging Face's `{% generation %}` ... `{% endgeneration %}` extension tags (they mark
+/// assistant text for training masks and render nothing) become `{% if true %}` ...
+/// `{% endif %}`, which plain Jinja knows, keeping the tags' whitespace control.
+fn without_generation_tags(src: &str) -> String {
+    let mut out = String::with_capacity(src.len());
+    let mut rest = src;
+    while let Some(open) = rest.find("{%") {
+        let Some(len) = rest[open..].find("%}").map(|i| i + 2) else {
+            break;
+        };
+        let tag = &rest[open..open + len];
+        let inner = &tag[2..len - 2];
+        let word = inner.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        out.push_str(&rest[..open]);
+        match word {
+            "generation" => out.push_str(&tag.replacen("generation", "if true", 1)),
+            "endgeneration" => out.push_str(&tag.replacen("endgeneration", "endif", 1)),
+            _ => out.push_str(tag),
+        }
+        rest = &rest[open + len..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `tojson` as Hugging Face defines it for chat templates: Python's `json.dumps` with
 /// `ensure_ascii=False` (`", "` and `": "` separators, no HTML escaping), keys in insertion
 /// order, and an optional `indent`.
@@ -311,5 +336,20 @@ fn write_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: &
             out.push('}');
         }
         other => out.push_str(&other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_generation_tags;
+
+    #[test]
+    fn generation_tags_are_dropped() {
+        let src = "{% for m in messages %}{%- generation -%}{{ m.content }}{% endgeneration %}{% endfor %}";
+        assert_eq!(
+            without_generation_tags(src),
+            "{% for m in messages %}{%- if true -%}{{ m.content }}{% endif %}{% endfor %}"
+        );
+        assert_eq!(without_generation_tags("{{ x }} {% if"), "{{ x }} {% if");
     }
 }
