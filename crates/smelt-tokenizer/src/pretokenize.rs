@@ -274,6 +274,7 @@ fn split_regex(
     let to_char = |b: usize| pos[ini..=end].partition_point(|&p| p < base + b) + ini;
     let mut prev = ini;
     for m in re.find_iter(slice) {
+        // only a backtracking limit fails a match; the rest of the piece then stays whole
         let Ok(m) = m else { break };
         let (s, e) = (to_char(m.start()), to_char(m.end()));
         if s > prev {
@@ -507,6 +508,17 @@ mod tests {
     #[test]
     fn smollm_splits_digits() {
         assert_eq!(words("smollm", "a 1234"), ["a", "Ġ", "1", "2", "3", "4"]);
+    }
+
+    #[test]
+    fn long_runs_split_in_linear_time() {
+        let text = " ".repeat(100_000) + "x" + &"\n".repeat(50_000);
+        for pre in ["qwen2", "tekken", "default", "llama3", "gpt-2"] {
+            let t = std::time::Instant::now();
+            let w = words(pre, &text);
+            assert_eq!(w.concat().chars().count(), text.len(), "{pre}");
+            assert!(t.elapsed().as_secs_f64() < 2.0, "{pre}: {:?}", t.elapsed());
+        }
     }
 
     #[test]
