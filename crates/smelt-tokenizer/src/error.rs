@@ -7,6 +7,8 @@ pub enum TokenizerError {
     Missing(&'static str),
     #[error("GGUF metadata `{0}` is not {1}")]
     BadField(String, &'static str),
+    #[error("token {0:?} is in the vocabulary twice (ids {1} and {2})")]
+    DuplicateToken(String, u32, u32),
     #[error("unknown tokenizer model `{0}` (supported: llama, gpt2)")]
     UnknownModel(String),
     #[error("unknown pre-tokenizer `{0}` (tokenizer.ggml.pre)")]

@@ -239,7 +239,10 @@ impl Vocab {
             if t.is_empty() {
                 *t = format!("[EMPTY_{i}]");
             }
-            ids.insert(t.clone(), i as u32);
+            if let Some(first) = ids.insert(t.clone(), i as u32) {
+                // llama.cpp refuses such a vocabulary too (an assertion in 0.3.36)
+                return Err(TokenizerError::DuplicateToken(t.clone(), first, i as u32));
+            }
         }
 
         let special_id = |key: &str, default: Option<u32>| -> Option<u32> {
@@ -429,6 +432,10 @@ mod tests {
         ));
         m.insert("tokenizer.ggml.tokens", Value::U32(3));
         assert!(err(&m).contains("tokenizer.ggml.tokens"));
+        let m = spm(&["<unk>", "<s>", "a", "</s>", "a"]);
+        assert!(
+            matches!(Vocab::from_gguf(&m), Err(TokenizerError::DuplicateToken(t, 2, 4)) if t == "a")
+        );
     }
 
     #[test]
