@@ -77,8 +77,12 @@ pub trait Backend: Send + Sync {
     /// K and V storage of every layer, in blocks of token slots.
     type KvStore: Send;
 
-    /// Makes the named tensor usable as a weight.
+    /// Makes the named tensor usable as a weight (a matmul operand, norm or bias).
     fn load_weight(&self, gguf: &Arc<Gguf>, name: &str) -> Result<Self::Weight, EngineError>;
+    /// Makes the named tensor usable as an embedding table (rows looked up, not multiplied).
+    fn load_embedding(&self, gguf: &Arc<Gguf>, name: &str) -> Result<Self::Weight, EngineError> {
+        self.load_weight(gguf, name)
+    }
     /// `(rows, cols)` of a weight (a vector is one row).
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
 

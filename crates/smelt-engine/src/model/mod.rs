@@ -117,7 +117,17 @@ impl<B: Backend> Model<B> {
                 post_ffn_norm: req_if(gemma, n("post_ffw_norm"), (1, e))?,
             });
         }
-        let tok_embd = need("token_embd.weight", (info.n_vocab, e))?;
+        let tok_embd = b.load_embedding(gguf, "token_embd.weight")?;
+        if b.weight_shape(&tok_embd) != (info.n_vocab, e) {
+            return Err(EngineError::BadShape {
+                name: "token_embd.weight".into(),
+                got: {
+                    let (r, c) = b.weight_shape(&tok_embd);
+                    vec![c as u64, r as u64]
+                },
+                want: vec![e as u64, info.n_vocab as u64],
+            });
+        }
         // Tied embeddings: llama.cpp falls back to token_embd when output.weight is absent.
         let output = match opt("output.weight", (info.n_vocab, e))? {
             Some(w) => w,

@@ -20,18 +20,20 @@ const ROWS_PER_TASK: usize = 16;
 /// Tokens per pass over a chunk of rows, so the activations touched also stay in cache.
 const TOKENS_PER_TILE: usize = 64;
 
-/// `out[t * rows + r] = w[r] · x[t]` for a weight of `ty` with `rows` rows of `cols`.
+/// `out[t * rows + r] = w[r] · x[t]` for a weight of `ty` with `rows` rows of `cols`,
+/// stored `stride` weights apart (zero blocks past `cols`).
 pub fn matmul(
     ty: GgmlType,
     w: &[u8],
     rows: usize,
     cols: usize,
+    stride: usize,
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), EngineError> {
     macro_rules! go {
         ($B:ty) => {
-            matmul_typed::<$B>(w, rows, cols, x, out)
+            matmul_typed::<$B>(w, rows, cols, stride, x, out)
         };
     }
     match ty {
@@ -83,6 +85,7 @@ fn matmul_typed<B: Block>(
     w: &[u8],
     rows: usize,
     cols: usize,
+    stride: usize,
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), EngineError> {
@@ -90,8 +93,9 @@ fn matmul_typed<B: Block>(
     if n_tok == 0 || rows == 0 {
         return Ok(());
     }
-    let w_per_row = cols / B::WEIGHTS;
-    let a_per_row = cols / <B::Act as Block>::WEIGHTS;
+    let w_per_row = stride / B::WEIGHTS;
+    let a_per_row = stride / <B::Act as Block>::WEIGHTS;
+    let a_used = cols / <B::Act as Block>::WEIGHTS;
     // Loaded weights were checked for size and alignment; a failure here is a misaligned
     // buffer (e.g. from an unaligned in-memory file), which we copy once rather than reject.
     let owned;
@@ -105,7 +109,7 @@ fn matmul_typed<B: Block>(
     let mut act = vec![<B::Act as Zeroable>::zeroed(); n_tok * a_per_row];
     act.par_chunks_mut(a_per_row.max(1))
         .zip(x.par_chunks(cols))
-        .for_each(|(a, x)| quantize_act::<B::Act>(x, a));
+        .for_each(|(a, x)| quantize_act::<B::Act>(x, &mut a[..a_used]));
 
     if n_tok == 1 {
         out.par_chunks_mut(ROWS_PER_TASK)
@@ -180,10 +184,19 @@ mod tests {
                 .map(|_| rng.gen_range(-2.0..2.0))
                 .collect();
             let mut all = vec![0f32; n_tok * rows];
-            matmul(ty, &w, rows, cols, &x, &mut all).unwrap();
+            matmul(ty, &w, rows, cols, cols, &x, &mut all).unwrap();
             for t in 0..n_tok {
                 let mut one = vec![0f32; rows];
-                matmul(ty, &w, rows, cols, &x[t * cols..(t + 1) * cols], &mut one).unwrap();
+                matmul(
+                    ty,
+                    &w,
+                    rows,
+                    cols,
+                    cols,
+                    &x[t * cols..(t + 1) * cols],
+                    &mut one,
+                )
+                .unwrap();
                 assert_eq!(one, all[t * rows..(t + 1) * rows], "{ty} token {t}");
             }
             // And each output is the library's vec_dot of the quantized activations (Q8_K
@@ -197,6 +210,39 @@ mod tests {
             smelt_quant::quantize_row(act, &x[..cols], &mut xq).unwrap();
             let want = smelt_quant::vec_dot(ty, cols, &w[..rb], &xq).unwrap();
             assert_eq!(all[0], want, "{ty}");
+        }
+    }
+
+    /// Zero blocks padding rows to whole groups of eight change no result bit.
+    #[test]
+    fn padded_rows_give_identical_results() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let (rows, cols, n_tok) = (9, 640, 5);
+        for ty in [
+            GgmlType::Q5_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_1,
+        ] {
+            let stride = crate::backend::cpu::padded_cols(ty, cols);
+            assert_eq!(stride, 768);
+            let (rb, pb) = (ty.type_size() * cols / 32, ty.type_size() * stride / 32);
+            let mut w = vec![0u8; rows * rb];
+            let mut wp = vec![0u8; rows * pb];
+            for r in 0..rows {
+                let wf: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                smelt_quant::quantize_row(ty, &wf, &mut w[r * rb..(r + 1) * rb]).unwrap();
+                wp[r * pb..r * pb + rb].copy_from_slice(&w[r * rb..(r + 1) * rb]);
+            }
+            let x: Vec<f32> = (0..n_tok * cols)
+                .map(|_| rng.gen_range(-3.0..3.0))
+                .collect();
+            let (mut a, mut b) = (vec![0f32; n_tok * rows], vec![0f32; n_tok * rows]);
+            matmul(ty, &w, rows, cols, cols, &x, &mut a).unwrap();
+            matmul(ty, &wp, rows, cols, stride, &x, &mut b).unwrap();
+            assert_eq!(a, b, "{ty}");
         }
     }
 }

@@ -30,17 +30,55 @@ pub struct CpuTensor {
     pub cols: usize,
 }
 
-/// A weight: matrices stay in the mapped file; vectors (norms, biases) are converted to
-/// f32 once.
+/// A weight: matrices stay in the mapped file unless they need padding; vectors (norms,
+/// biases) are converted to f32 once.
 pub enum CpuWeight {
     Matrix {
-        gguf: Arc<Gguf>,
-        index: usize,
+        bytes: WeightBytes,
         ty: GgmlType,
         rows: usize,
         cols: usize,
+        /// Weights per stored row: `cols` rounded up so legacy formats have whole groups of
+        /// eight blocks (see [`padded_cols`]).
+        stride: usize,
     },
     Vector(Vec<f32>),
+}
+
+/// Where a matrix's bytes live.
+pub enum WeightBytes {
+    Mapped {
+        gguf: Arc<Gguf>,
+        index: usize,
+    },
+    /// A padded copy, in u64 words so every block type is aligned.
+    Owned {
+        words: Vec<u64>,
+        len: usize,
+    },
+}
+
+impl WeightBytes {
+    fn get(&self) -> &[u8] {
+        match self {
+            WeightBytes::Mapped { gguf, index } => gguf.tensor_data(&gguf.tensors()[*index]),
+            WeightBytes::Owned { words, len } => &bytemuck::cast_slice(words)[..*len],
+        }
+    }
+}
+
+/// Row length a matmul weight is stored with. smelt-quant's AVX2 dots for the legacy
+/// formats (and IQ4_NL) take eight blocks per step and finish a ragged tail block by
+/// block on a much slower path (40% of Gemma 3's prefill, whose rows are 20 blocks); zero
+/// blocks added to both operands contribute exactly +0 to the same partial sums, so
+/// padding to whole groups gives identical results at full speed.
+pub fn padded_cols(ty: GgmlType, cols: usize) -> usize {
+    use GgmlType::*;
+    let group = 8 * ty.block_size();
+    match ty {
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL => cols.div_ceil(group) * group,
+        _ => cols,
+    }
 }
 
 impl CpuWeight {
@@ -58,37 +96,11 @@ impl Backend for Cpu {
     type KvStore = CpuKv;
 
     fn load_weight(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CpuWeight, EngineError> {
-        let index = gguf
-            .tensors()
-            .iter()
-            .position(|t| t.name == name)
-            .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
-        let info = &gguf.tensors()[index];
-        let cols = info.row_len() as usize;
-        let rows = info.n_rows() as usize;
-        if info.shape.len() <= 1 {
-            let mut v = vec![0f32; cols];
-            smelt_quant::dequantize_row(info.ty, gguf.tensor_data(info), &mut v).map_err(|_| {
-                EngineError::UnsupportedType {
-                    name: name.into(),
-                    ty: info.ty,
-                }
-            })?;
-            return Ok(CpuWeight::Vector(v));
-        }
-        if !matmul::supported(info.ty) {
-            return Err(EngineError::UnsupportedType {
-                name: name.into(),
-                ty: info.ty,
-            });
-        }
-        Ok(CpuWeight::Matrix {
-            gguf: gguf.clone(),
-            index,
-            ty: info.ty,
-            rows,
-            cols,
-        })
+        load(gguf, name, true)
+    }
+
+    fn load_embedding(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CpuWeight, EngineError> {
+        load(gguf, name, false)
     }
 
     fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
@@ -117,11 +129,11 @@ impl Backend for Cpu {
         out: &mut CpuTensor,
     ) -> Result<(), EngineError> {
         let CpuWeight::Matrix {
-            gguf,
-            index,
+            bytes,
             ty,
             rows,
             cols,
+            stride,
         } = table
         else {
             return Err(EngineError::BadMetadata {
@@ -129,8 +141,9 @@ impl Backend for Cpu {
                 why: "not a matrix".into(),
             });
         };
-        let data = gguf.tensor_data(&gguf.tensors()[*index]);
-        let rb = ty.type_size() * cols / ty.block_size();
+        let data = bytes.get();
+        let rb = ty.type_size() * stride / ty.block_size();
+        let used = ty.type_size() * cols / ty.block_size();
         for (&t, o) in tokens.iter().zip(out.data.chunks_mut(*cols)) {
             if t as usize >= *rows {
                 return Err(EngineError::BadToken {
@@ -139,18 +152,18 @@ impl Backend for Cpu {
                 });
             }
             let t = t as usize;
-            smelt_quant::dequantize_row(*ty, &data[t * rb..(t + 1) * rb], o)?;
+            smelt_quant::dequantize_row(*ty, &data[t * rb..t * rb + used], o)?;
         }
         Ok(())
     }
 
     fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), EngineError> {
         let CpuWeight::Matrix {
-            gguf,
-            index,
+            bytes,
             ty,
             rows,
             cols,
+            stride,
         } = w
         else {
             return Err(EngineError::BadMetadata {
@@ -164,9 +177,10 @@ impl Backend for Cpu {
         out.data.resize(x.rows * rows, 0.0);
         matmul::matmul(
             *ty,
-            gguf.tensor_data(&gguf.tensors()[*index]),
+            bytes.get(),
             *rows,
             *cols,
+            *stride,
             &x.data,
             &mut out.data,
         )
@@ -315,6 +329,58 @@ impl Backend for Cpu {
         out.data.resize(out.rows * out.cols, 0.0);
         kv.attend(&q.data, layer, seqs, p, &mut out.data);
     }
+}
+
+fn load(gguf: &Arc<Gguf>, name: &str, pad: bool) -> Result<CpuWeight, EngineError> {
+    let index = gguf
+        .tensors()
+        .iter()
+        .position(|t| t.name == name)
+        .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
+    let info = &gguf.tensors()[index];
+    let cols = info.row_len() as usize;
+    let rows = info.n_rows() as usize;
+    let unsupported = || EngineError::UnsupportedType {
+        name: name.into(),
+        ty: info.ty,
+    };
+    if info.shape.len() <= 1 {
+        let mut v = vec![0f32; cols];
+        smelt_quant::dequantize_row(info.ty, gguf.tensor_data(info), &mut v)
+            .map_err(|_| unsupported())?;
+        return Ok(CpuWeight::Vector(v));
+    }
+    if !matmul::supported(info.ty) {
+        return Err(unsupported());
+    }
+    let ty = info.ty;
+    let stride = if pad { padded_cols(ty, cols) } else { cols };
+    let bytes = if stride == cols {
+        WeightBytes::Mapped {
+            gguf: gguf.clone(),
+            index,
+        }
+    } else {
+        let (rb, pb) = (
+            ty.type_size() * cols / ty.block_size(),
+            ty.type_size() * stride / ty.block_size(),
+        );
+        let len = rows * pb;
+        let mut words = vec![0u64; len.div_ceil(8)];
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+        let src = gguf.tensor_data(info);
+        for (d, s) in dst.chunks_mut(pb).zip(src.chunks(rb)) {
+            d[..rb].copy_from_slice(s);
+        }
+        WeightBytes::Owned { words, len }
+    };
+    Ok(CpuWeight::Matrix {
+        bytes,
+        ty,
+        rows,
+        cols,
+        stride,
+    })
 }
 
 /// Index of the first largest value.
