@@ -97,12 +97,10 @@ fn score_window(
     first: usize,
 ) -> Result<(f64, usize)> {
     for part in window[..first].chunks(PREFILL_CHUNK) {
-        // Logits::Last, not None: one unused row costs little, and the engine's matmul
-        // refuses a forward with no output rows at the moment (chunk_size 0).
         engine.forward(&[SeqInput {
             seq,
             tokens: part.to_vec(),
-            logits: Logits::Last,
+            logits: Logits::None,
         }])?;
     }
     let (mut nll, mut count) = (0.0f64, 0usize);
