@@ -169,6 +169,15 @@ impl ChatTemplate {
         Ok(ChatTemplate::with_source(Source::jinja(source)?, tok))
     }
 
+    /// A user's template choice (a `--chat-template` value): a built-in format's name
+    /// (`chatml`, `llama3`, `gemma`) or Jinja source.
+    pub fn from_spec(spec: &str, tok: &Tokenizer) -> Result<ChatTemplate, TokenizerError> {
+        match BuiltinTemplate::from_name(spec.trim()) {
+            Some(b) => Ok(ChatTemplate::builtin(b, tok)),
+            None => ChatTemplate::from_jinja(spec, tok),
+        }
+    }
+
     /// One of llama.cpp's built-in formats.
     pub fn builtin(which: BuiltinTemplate, tok: &Tokenizer) -> ChatTemplate {
         ChatTemplate::with_source(Source::Builtin(which), tok)

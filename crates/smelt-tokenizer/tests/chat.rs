@@ -160,3 +160,18 @@ fn raise_exception_is_an_error() {
     assert!(err.to_string().contains("must alternate"), "{err}");
     assert!(ChatTemplate::from_jinja("{% for %}", &tok).is_err());
 }
+
+#[test]
+fn a_spec_names_a_builtin_or_is_jinja() {
+    let (_g, tok) = load(SMOLLM);
+    let conv = &conversations()[0];
+    let named = ChatTemplate::from_spec("llama3", &tok).expect("builtin");
+    assert!(named.jinja_source().is_none());
+    assert!(named
+        .render(conv, true)
+        .expect("render")
+        .starts_with("<|start_header_id|>user"));
+    let jinja = ChatTemplate::from_spec("{% for m in messages %}[{{ m.role }}]{% endfor %}", &tok)
+        .expect("jinja");
+    assert_eq!(jinja.render(conv, false).expect("render"), "[user]");
+}
