@@ -254,7 +254,7 @@ fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
             let wd = gpu.stream.clone_htod(&packed)?;
             for cfg in catalog::configs()
                 .into_iter()
-                .filter(|c| c.ntok <= 3 || c == &Config::new(c.ntok))
+                .filter(|c| c.ntok <= 3 || c == &Config::new(c.ntok) || c.act_ahead < c.ntok)
             {
                 let ntok = cfg.ntok;
                 let x = random_floats(rng, k * ntok, 2.0);
@@ -415,7 +415,9 @@ fn speed(gpu: &Gpu, quick: bool) -> Result<(f64, Vec<Row>)> {
         for cfg in catalog::tuning_configs() {
             let pinned_one_row =
                 cfg.ntok == 1 && cfg.rows_per_warp == 1 && cfg.pin_loads && !cfg.no_l1;
-            if cfg != Config::new(cfg.ntok) && (tune || (legacy && pinned_one_row)) {
+            let streamed = cfg.act_ahead < cfg.ntok
+                && matches!(ty, GgmlType::Q4_K | GgmlType::Q8_0 | GgmlType::Q6_K);
+            if cfg != Config::new(cfg.ntok) && (tune || (legacy && pinned_one_row) || streamed) {
                 cases.push((ty, (14336, 4096), cfg));
                 cases.push((ty, (4096, 14336), cfg));
             }

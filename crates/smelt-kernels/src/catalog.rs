@@ -106,6 +106,17 @@ pub fn tuning_configs() -> Vec<Config> {
         rows_per_warp: 4,
         ..Config::new(1)
     }];
+    // Many tokens: activations streamed one token at a time (one token ahead), with two
+    // or four rows sharing them.
+    for ntok in [2, 4, 8] {
+        for rows_per_warp in [2, 4] {
+            v.push(Config {
+                rows_per_warp,
+                act_ahead: 1,
+                ..Config::new(ntok)
+            });
+        }
+    }
     for ntok in [1, 2, 4, 8] {
         for rows_per_warp in [1, 2] {
             for pin_loads in [false, true] {
@@ -120,6 +131,7 @@ pub fn tuning_configs() -> Vec<Config> {
                         rows_per_warp,
                         pin_loads,
                         no_l1,
+                        act_ahead: ntok,
                     });
                 }
             }

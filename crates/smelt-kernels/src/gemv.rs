@@ -32,6 +32,10 @@ pub struct Config {
     pub pin_loads: bool,
     /// Weight loads skip L1 (`.L1::no_allocate`), keeping it for the activations.
     pub no_l1: bool,
+    /// Tokens whose activations are loaded (and pinned) with the weights; the others are
+    /// loaded one at a time just before their dot products, which keeps fewer registers
+    /// live when there are many tokens.
+    pub act_ahead: usize,
 }
 
 impl Config {
@@ -44,6 +48,7 @@ impl Config {
             rows_per_warp: 2,
             pin_loads: true,
             no_l1: false,
+            act_ahead: ntok,
         }
     }
 
@@ -66,6 +71,9 @@ impl Config {
         if self.no_l1 {
             n.push_str("_nol1");
         }
+        if self.act_ahead != self.ntok {
+            n.push_str(&format!("_a{}", self.act_ahead));
+        }
         n
     }
 }
@@ -83,6 +91,10 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
     let ntok = cfg.ntok;
     if ntok == 0 || ntok > MAX_TOKENS {
         k.reject(format!("{ntok} tokens: the GEMV takes 1 to {MAX_TOKENS}"));
+        return;
+    }
+    if cfg.act_ahead == 0 || cfg.act_ahead > ntok {
+        k.reject(format!("{} tokens ahead of {ntok}", cfg.act_ahead));
         return;
     }
     if !(1..=4).contains(&cfg.rows_per_warp) {
@@ -137,15 +149,15 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
             x,
             k.mul_wide(k.reg::<U64>(), tile, act::TILE_BYTES as u32),
         );
-        let xs: Vec<_> = (0..ntok)
-            .map(|t| {
-                let at = if t == 0 {
-                    xtile
-                } else {
-                    k.add(xtile, xtile, token_stride)
-                };
-                act::load_tile(k, at, &slots)
-            })
+        let token_at = |t: usize| {
+            if t == 0 {
+                xtile
+            } else {
+                k.add(xtile, xtile, token_stride)
+            }
+        };
+        let xs: Vec<_> = (0..cfg.act_ahead)
+            .map(|t| act::load_tile(k, token_at(t), &slots))
             .collect();
         if cfg.pin_loads {
             let all = k.u32(0);
@@ -167,10 +179,18 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
             k.and(hit, hit, armed);
             k.bra_if(hit, sink);
         }
-        for (wl, acc_r) in weights.iter().zip(&accs) {
-            let decoded = F::decode(k, &setup, wl);
-            for (xa, acc) in xs.iter().zip(acc_r) {
-                F::dot(k, &setup, &decoded, xa, *acc);
+        let decoded: Vec<_> = weights.iter().map(|wl| F::decode(k, &setup, wl)).collect();
+        for t in 0..ntok {
+            let later;
+            let xa = match xs.get(t) {
+                Some(xa) => xa,
+                None => {
+                    later = act::load_tile(k, token_at(t), &slots);
+                    &later
+                }
+            };
+            for (dw, acc_r) in decoded.iter().zip(&accs) {
+                F::dot(k, &setup, dw, xa, acc_r[t]);
             }
         }
     });
