@@ -29,7 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let w = e.new_sequence();
     e.forward(&[SeqInput {
         seq: w,
-        tokens: prompt[..32].to_vec(),
+        tokens: prompt[..n_prompt.min(32)].to_vec(),
         logits: Logits::Last,
     }])?;
     e.free_sequence(w);
