@@ -112,15 +112,18 @@ fn matmul_typed<B: Block>(
         .for_each(|(a, x)| quantize_act::<B::Act>(x, &mut a[..a_used]));
 
     if n_tok == 1 {
-        out.par_chunks_mut(ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(c, o)| {
-                let r0 = c * ROWS_PER_TASK;
-                for (i, y) in o.iter_mut().enumerate() {
-                    let r = r0 + i;
-                    *y = B::vec_dot(&w[r * w_per_row..(r + 1) * w_per_row], &act);
-                }
-            });
+        // A few tasks per thread: enough to balance, few enough that rayon's per-task cost
+        // stays small next to a short row.
+        let per_task = rows
+            .div_ceil(4 * rayon::current_num_threads())
+            .max(ROWS_PER_TASK);
+        out.par_chunks_mut(per_task).enumerate().for_each(|(c, o)| {
+            let r0 = c * per_task;
+            for (i, y) in o.iter_mut().enumerate() {
+                let r = r0 + i;
+                *y = B::vec_dot(&w[r * w_per_row..(r + 1) * w_per_row], &act);
+            }
+        });
         return Ok(());
     }
 
