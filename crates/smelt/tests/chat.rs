@@ -16,6 +16,7 @@ fn chat(model: &str, input: &str) -> (String, String) {
             "12",
             "--threads",
             "2",
+            "--verbose",
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -54,9 +55,23 @@ fn answers(stdout: &str) -> Vec<String> {
 fn the_first_answer_is_what_run_chat_gives_and_the_conversation_goes_on() {
     let m = model(GEMMA);
     let m = m.to_str().expect("UTF-8 path");
-    let (stdout, _) = chat(m, "What is the capital of France?\nAnd of Italy?\n/exit\n");
+    let (stdout, stderr) = chat(m, "What is the capital of France?\nAnd of Italy?\n/exit\n");
     let a = answers(&stdout);
     assert_eq!(a.len(), 2, "two answers: {stdout:?}");
+    // The second turn extends the first: its prompt reuses the cached tokens.
+    let reused: Vec<usize> = stderr
+        .lines()
+        .filter_map(|l| {
+            let head = l.strip_suffix(" tokens reused from the cache]")?;
+            head.rsplit('[').next()?.parse().ok()
+        })
+        .collect();
+    assert_eq!(reused.len(), 2, "{stderr}");
+    assert_eq!(reused[0], 0);
+    assert!(
+        reused[1] > 0,
+        "the second turn reuses the first's tokens: {stderr}"
+    );
     let run = common::smelt_ok(&[
         "run",
         "--model",

@@ -118,7 +118,8 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         if !(ids.len() > session.cached.len() && ids.starts_with(&session.cached)) {
             session.reset(&mut m.engine);
         }
-        let new = ids[session.cached.len()..].to_vec();
+        let reused = session.cached.len();
+        let new = ids[reused..].to_vec();
         let mut write_err = None;
         let result = generate(
             &mut m.engine,
@@ -150,7 +151,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             }
         };
         if args.verbose {
-            eprintln!("{}", summary(&g));
+            eprintln!("{} [{reused} tokens reused from the cache]", summary(&g));
         }
         // The KV holds the prompt and every generated token but the last.
         session.cached = ids;
