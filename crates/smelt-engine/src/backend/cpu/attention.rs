@@ -99,29 +99,8 @@ impl CpuKv {
                 for (a, &b) in q16.iter_mut().zip(qrow) {
                     *a = f16_to_f32(f32_to_f16(b));
                 }
-                scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for k in kf[lo * hd..(hi + 1) * hd].chunks_exact(hd) {
-                    let dot = dot(q16, k) * p.scale;
-                    max = max.max(dot);
-                    scores.push(dot);
-                }
-                let mut sum = 0f64;
-                for x in scores.iter_mut() {
-                    *x = (*x - max).exp();
-                    sum += *x as f64;
-                }
-                let inv = (1.0 / sum) as f32;
-                o.fill(0.0);
-                for (&w, v) in scores
-                    .iter()
-                    .zip(vf[lo * hd..(hi + 1) * hd].chunks_exact(hd))
-                {
-                    let w = f16_to_f32(f32_to_f16(w * inv));
-                    for (a, &b) in o.iter_mut().zip(v) {
-                        *a += w * b;
-                    }
-                }
+                let (keys, values) = (&kf[lo * hd..(hi + 1) * hd], &vf[lo * hd..(hi + 1) * hd]);
+                one_head(q16, keys, values, p.scale, scores, o);
             },
         );
     }
@@ -162,7 +141,71 @@ impl CpuKv {
     }
 }
 
+/// Softmax-weighted sum of `values` for one query head over `keys` (rows of the head
+/// size), compiled for AVX2 where the CPU has it (the crate itself targets baseline x86-64).
+fn one_head(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scale: f32,
+    scores: &mut Vec<f32>,
+    o: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected at run time.
+        return unsafe { one_head_avx2(q, keys, values, scale, scores, o) };
+    }
+    one_head_generic(q, keys, values, scale, scores, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn one_head_avx2(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scale: f32,
+    scores: &mut Vec<f32>,
+    o: &mut [f32],
+) {
+    one_head_generic(q, keys, values, scale, scores, o)
+}
+
+#[inline(always)]
+fn one_head_generic(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scale: f32,
+    scores: &mut Vec<f32>,
+    o: &mut [f32],
+) {
+    let hd = q.len();
+    scores.clear();
+    let mut max = f32::NEG_INFINITY;
+    for k in keys.chunks_exact(hd) {
+        let dot = dot(q, k) * scale;
+        max = max.max(dot);
+        scores.push(dot);
+    }
+    let mut sum = 0f64;
+    for x in scores.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    o.fill(0.0);
+    for (&w, v) in scores.iter().zip(values.chunks_exact(hd)) {
+        let w = f16_to_f32(f32_to_f16(w * inv));
+        for (a, &b) in o.iter_mut().zip(v) {
+            *a += w * b;
+        }
+    }
+}
+
 /// `q·k` in f32 with eight partial sums (as a SIMD loop would; vectorizes).
+#[inline(always)]
 fn dot(q: &[f32], k: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let mut qc = q.chunks_exact(8);
