@@ -93,6 +93,10 @@ impl Sampler {
     /// The next token for `logits` (one per vocabulary entry), given the tokens so far
     /// (prompt and generated; only the last `penalty_last_n` matter).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        if self.params.is_greedy() && !self.params.has_penalties() {
+            // The common case needs no candidate list (262k entries for Gemma, every token).
+            return argmax_finite(logits);
+        }
         let p = self.params.clone();
         let mut cands = std::mem::take(&mut self.cands);
         cands.clear();
@@ -196,6 +200,20 @@ fn argmax(cands: &[Candidate]) -> u32 {
         }
     }
     best.id
+}
+
+/// [`argmax`] straight over logits, skipping NaN and -inf; token 0 when nothing is left.
+fn argmax_finite(logits: &[f32]) -> u32 {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() || l == f32::NEG_INFINITY {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| l > b) {
+            best = Some((i, l));
+        }
+    }
+    best.map_or(0, |(i, _)| i as u32)
 }
 
 /// Probabilities of the candidates (their logits are finite or +inf, never NaN).
