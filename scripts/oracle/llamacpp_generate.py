@@ -6,10 +6,12 @@ CASES.json is a list of {"text": str, "special": bool, "ids": [int], "n": int,
 are; "text" is the prompt smelt tokenized (raw, or chat-templated with "special" true), which
 llama.cpp tokenizes itself so the test can check both tokenizers agree.
 
-Prints one JSON line per case: {"tokenized": [...], "tokens": [...], "divergence": null or
-{"pos", "llama": id, "smelt": id, "gap": logit[llama] - logit[smelt]}} where the
-divergence (when "smelt" tokens were given) is measured on llama.cpp's own logits at the
-first position the two disagree, so a test can tell a floating-point tie from a real bug.
+Prints one JSON line per case: {"tokenized": [...], "tokens": [...], "flash_attn_tokens":
+[...], "divergence": null or {"pos", "llama": id, "smelt": id, "gap": logit[llama] -
+logit[smelt]}} where the divergence (when "smelt" tokens were given) is measured on
+llama.cpp's own logits at the first position the two disagree, and "flash_attn_tokens" is
+llama.cpp's greedy continuation with flash attention on: a test can tell a floating-point
+tie (llama.cpp flips too under that exact-in-real-arithmetic change) from a real bug.
 """
 import json
 import sys
@@ -30,6 +32,24 @@ def tokenize(llm, text, special):
     return ids
 
 
+def greedy(llm, ids, n):
+    """llama.cpp's greedy continuation of ids; with each step's logits."""
+    llm.reset()
+    llm.eval(list(ids))
+    out, steps = [], []
+    for _ in range(n):
+        # The last token's row (llama-cpp-python keeps no scores without logits_all).
+        ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+        tok = int(np.argmax(logits))  # the first maximum: llama.cpp's greedy sampler
+        out.append(tok)
+        steps.append(logits)
+        if is_eog(llm, tok):
+            break
+        llm.eval([tok])
+    return out, steps
+
+
 def main():
     model, cases_path = sys.argv[1], sys.argv[2]
     with open(cases_path) as f:
@@ -37,29 +57,27 @@ def main():
     longest = max(len(c["ids"]) + c["n"] for c in cases)
     n_ctx = max(256, 1 << (longest - 1).bit_length())
     # One thread: the ids do not depend on it, and ggml's spinning workers crawl when tests
-    # run side by side on a 2-core machine.
-    llm = Llama(model_path=model, n_ctx=n_ctx, n_batch=512, n_threads=1, logits_all=False,
-                seed=0, verbose=False)
+    # run side by side on a 2-core machine. The second context differs only in flash
+    # attention, which is exact in real arithmetic: where the two disagree, llama.cpp's own
+    # choice is decided by rounding (a floating-point tie).
+    def load(flash):
+        return Llama(model_path=model, n_ctx=n_ctx, n_batch=512, n_threads=1, logits_all=False,
+                     flash_attn=flash, seed=0, verbose=False)
+    llm, alt = load(False), load(True)
     for c in cases:
         tokenized = tokenize(llm, c["text"], c["special"])
-        llm.reset()
-        llm.eval(list(c["ids"]))
-        out, divergence = [], None
+        out, steps = greedy(llm, c["ids"], c["n"])
+        alt_out, _ = greedy(alt, c["ids"], c["n"])
+        divergence = None
         smelt = c.get("smelt")
-        for i in range(c["n"]):
-            # The last token's row (llama-cpp-python keeps no scores without logits_all).
-            ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-            logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
-            tok = int(np.argmax(logits))  # the first maximum: llama.cpp's greedy sampler
-            if smelt is not None and divergence is None and i < len(smelt) and smelt[i] != tok:
-                divergence = {"pos": i, "llama": tok, "smelt": int(smelt[i]),
-                              "gap": float(logits[tok] - logits[smelt[i]])}
-            out.append(tok)
-            if is_eog(llm, tok):
-                break
-            llm.eval([tok])
-        print(json.dumps({"tokenized": tokenized, "tokens": out, "divergence": divergence}),
-              flush=True)
+        if smelt is not None:
+            for i, (tok, logits) in enumerate(zip(out, steps)):
+                if i < len(smelt) and smelt[i] != tok:
+                    divergence = {"pos": i, "llama": tok, "smelt": int(smelt[i]),
+                                  "gap": float(logits[tok] - logits[smelt[i]])}
+                    break
+        print(json.dumps({"tokenized": tokenized, "tokens": out, "flash_attn_tokens": alt_out,
+                          "divergence": divergence}), flush=True)
 
 
 def is_eog(llm, tok):

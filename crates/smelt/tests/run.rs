@@ -29,7 +29,10 @@ const PROMPTS: &[&str] = &[
 
 /// A logit gap (in llama.cpp's own logits) this small between llama.cpp's pick and smelt's is
 /// a floating-point tie: the two implementations sum in different orders, so logits differ
-/// in the last bits, and a near-tie can flip.
+/// in the last bits, and a near-tie can flip. Larger gaps count as ties only when llama.cpp
+/// flips too, at or before that token, with flash attention on (the same math in another
+/// order): on these 135M/270M models a flipped Q8 rounding of an activation moves logits by
+/// ~0.1, and llama.cpp with and without flash attention disagree on most prompts.
 const TIE: f64 = 1e-3;
 
 /// smelt's results for every prompt, one JSON object each.
@@ -140,12 +143,22 @@ fn matches_llama_cpp(name: &str) {
             continue;
         }
         let gap = d["gap"].as_f64().unwrap_or(f64::INFINITY);
+        let pos = d["pos"].as_u64().unwrap_or(0) as usize;
+        // Where llama.cpp with flash attention (exact in real arithmetic) first disagrees
+        // with llama.cpp without it.
+        let flash = ids(&l["flash_attn_tokens"]);
+        let self_flip = flash.iter().zip(&l_toks).position(|(a, b)| a != b);
         let what = format!(
-            "{mode} {prompt:?}: first divergence at token {} (llama.cpp {} / smelt {}), llama.cpp \
-             logit gap {gap:.6}\n  smelt     {s_toks:?}\n  llama.cpp {l_toks:?}",
-            d["pos"], d["llama"], d["smelt"]
+            "{mode} {prompt:?}: first divergence at token {pos} (llama.cpp {} / smelt {}), \
+             llama.cpp logit gap {gap:.6}, llama.cpp itself flips at {}\n  smelt     {s_toks:?}\n  llama.cpp {l_toks:?}\n  llama.cpp+FA {flash:?}",
+            d["llama"],
+            d["smelt"],
+            self_flip.map_or("none".to_string(), |p| format!("token {p} with flash attention")),
         );
-        if gap.abs() <= TIE {
+        // A floating-point tie: llama.cpp's own top two are within rounding, or llama.cpp
+        // changes its own choice at or before this token when only the order of
+        // floating-point operations changes (flash attention on).
+        if gap.abs() <= TIE || self_flip.is_some_and(|p| p <= pos) {
             ties.push(what);
         } else {
             failures.push(what);
@@ -154,6 +167,14 @@ fn matches_llama_cpp(name: &str) {
     for t in &ties {
         eprintln!("floating-point tie (accepted): {t}");
     }
+    eprintln!(
+        "{name}: {} of {} generations equal to llama.cpp for {N_TOKENS} tokens, {} diverge at \
+         floating-point ties, {} otherwise",
+        results.len().saturating_sub(ties.len() + failures.len()),
+        results.len(),
+        ties.len(),
+        failures.len()
+    );
     assert!(
         failures.is_empty(),
         "{name}: {} of {} generations differ from llama.cpp:\n{}",
