@@ -6,50 +6,18 @@
 //! ptxas comes from `SMELT_PTXAS`, else from `scripts/ptxas.sh` (which installs it once).
 //! Neither working is a failure, never a skip.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::OnceLock;
 
 use smelt_kernels::catalog;
+use smelt_ptx::ptxas::Ptxas;
 use smelt_ptx::{Module, Target};
 
-fn ptxas() -> &'static Path {
-    static PTXAS: OnceLock<PathBuf> = OnceLock::new();
+fn ptxas() -> &'static Ptxas {
+    static PTXAS: OnceLock<Ptxas> = OnceLock::new();
     PTXAS.get_or_init(|| {
-        if let Some(p) = std::env::var_os("SMELT_PTXAS") {
-            let p = PathBuf::from(p);
-            assert!(
-                p.is_file(),
-                "SMELT_PTXAS={} is not a file; unset it or point it at ptxas",
-                p.display()
-            );
-            return p;
-        }
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ptxas.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run {}: {e}; set SMELT_PTXAS to a ptxas binary",
-                    script.display()
-                )
-            });
-        assert!(
-            out.status.success(),
-            "{} failed ({}); set SMELT_PTXAS to a ptxas binary or fix the install:\n{}",
-            script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
-        assert!(
-            path.is_file(),
-            "scripts/ptxas.sh printed `{}`, which is not a file",
-            path.display()
-        );
-        path
+        Ptxas::locate(&script).unwrap_or_else(|e| panic!("{e}"))
     })
 }
 
@@ -58,33 +26,7 @@ fn assemble(target: Target, name: &str, ptx: &str) -> Result<String, String> {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join("smelt-kernels")
         .join(target.to_string());
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let file = dir.join(format!("{name}.ptx"));
-    std::fs::write(&file, ptx).map_err(|e| format!("{}: {e}", file.display()))?;
-    let out = Command::new(ptxas())
-        .arg(format!("-arch={target}"))
-        .arg("--warning-as-error")
-        .arg("-v")
-        .arg(&file)
-        .arg("-o")
-        .arg(dir.join(format!("{name}.cubin")))
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", ptxas().display()))?;
-    let message = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lower = message.to_lowercase();
-    if out.status.success() && !lower.contains("warning") && !lower.contains("error") {
-        Ok(message)
-    } else {
-        Err(format!(
-            "ptxas {target} on {} ({}):\n{message}",
-            file.display(),
-            out.status
-        ))
-    }
+    ptxas().assemble(&dir, target, name, ptx)
 }
 
 #[test]

@@ -84,6 +84,7 @@ mod error;
 mod kernel;
 mod module;
 mod ops;
+pub mod ptxas;
 mod reg;
 pub mod types;
 

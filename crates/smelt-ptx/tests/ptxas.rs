@@ -5,112 +5,28 @@
 //! ptxas comes from `SMELT_PTXAS`, else from running `scripts/ptxas.sh` (which installs
 //! it once). Neither working is a failure, never a skip.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::OnceLock;
 
+use smelt_ptx::ptxas::Ptxas;
 use smelt_ptx::*;
 
 const TARGETS: [Target; 2] = [Target::Sm80, Target::Sm90];
 
-fn ptxas() -> &'static Path {
-    static PTXAS: OnceLock<PathBuf> = OnceLock::new();
+fn ptxas() -> &'static Ptxas {
+    static PTXAS: OnceLock<Ptxas> = OnceLock::new();
     PTXAS.get_or_init(|| {
-        if let Some(p) = std::env::var_os("SMELT_PTXAS") {
-            let p = PathBuf::from(p);
-            assert!(
-                p.is_file(),
-                "SMELT_PTXAS={} is not a file; unset it or point it at ptxas",
-                p.display()
-            );
-            return p;
-        }
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ptxas.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run {}: {e}; set SMELT_PTXAS to a ptxas binary",
-                    script.display()
-                )
-            });
-        assert!(
-            out.status.success(),
-            "{} failed ({}); set SMELT_PTXAS to a ptxas binary or fix the install:\n{}",
-            script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
-        assert!(
-            path.is_file(),
-            "scripts/ptxas.sh printed `{}`, which is not a file",
-            path.display()
-        );
-        path
+        Ptxas::locate(&script).unwrap_or_else(|e| panic!("{e}"))
     })
 }
 
-/// Where the generated PTX is kept, so a failure can be read after the run.
-fn out_dir(target: Target) -> PathBuf {
+/// Assembles one module, keeping its PTX under the target's tmp dir for reading a failure.
+fn assemble(target: Target, name: &str, ptx: &str) -> Result<(), String> {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join("smelt-ptx")
         .join(target.to_string());
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    dir
-}
-
-/// Writes `ptx` to `<dir>/<name>.ptx` and assembles it; `Err` holds ptxas's message with
-/// the PTX lines it points at.
-fn assemble(target: Target, name: &str, ptx: &str) -> Result<(), String> {
-    let dir = out_dir(target);
-    let file = dir.join(format!("{name}.ptx"));
-    std::fs::write(&file, ptx).map_err(|e| format!("{}: {e}", file.display()))?;
-    let out = Command::new(ptxas())
-        .arg(format!("-arch={target}"))
-        .arg("--warning-as-error")
-        .arg(&file)
-        .arg("-o")
-        .arg(dir.join(format!("{name}.cubin")))
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", ptxas().display()))?;
-    let message = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lower = message.to_lowercase();
-    if out.status.success() && !lower.contains("warning") && !lower.contains("error") {
-        return Ok(());
-    }
-    Err(format!(
-        "ptxas {target} on {} ({}):\n{message}{}",
-        file.display(),
-        out.status,
-        offending_lines(&message, ptx)
-    ))
-}
-
-/// The PTX lines a ptxas message names (`..., line 42; error : ...`), with a line of
-/// context either side.
-fn offending_lines(message: &str, ptx: &str) -> String {
-    let lines: Vec<&str> = ptx.lines().collect();
-    let mut out = String::new();
-    for part in message.split("line ").skip(1) {
-        let digits: String = part.chars().take_while(char::is_ascii_digit).collect();
-        let Ok(n) = digits.parse::<usize>() else {
-            continue;
-        };
-        out.push_str(&format!("  PTX around line {n}:\n"));
-        let first = n.saturating_sub(2);
-        for (i, line) in lines.iter().enumerate().skip(first).take(3) {
-            let mark = if i + 1 == n { ">>" } else { "  " };
-            out.push_str(&format!("  {mark} {:5} | {line}\n", i + 1));
-        }
-    }
-    out
+    ptxas().assemble(&dir, target, name, ptx).map(|_| ())
 }
 
 fn assemble_all(modules: impl Fn(Target) -> Vec<(String, Result<Module, PtxError>)>) {
