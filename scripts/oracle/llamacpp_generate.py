@@ -61,7 +61,7 @@ def main():
     # attention, which is exact in real arithmetic: where the two disagree, llama.cpp's own
     # choice is decided by rounding (a floating-point tie).
     def load(flash):
-        return Llama(model_path=model, n_ctx=n_ctx, n_batch=512, n_threads=1, logits_all=False,
+        return Llama(model_path=model, n_ctx=n_ctx, n_batch=512, n_threads=1, n_threads_batch=1, logits_all=False,
                      flash_attn=flash, seed=0, verbose=False)
     llm, alt = load(False), load(True)
     for c in cases:

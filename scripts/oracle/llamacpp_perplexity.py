@@ -17,7 +17,7 @@ from llama_cpp import Llama
 def main():
     model, text_path = sys.argv[1], sys.argv[2]
     n_ctx = int(sys.argv[3]) if len(sys.argv) > 3 else 512
-    llm = Llama(model_path=model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=2,
+    llm = Llama(model_path=model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=1, n_threads_batch=1,
                 logits_all=True, seed=0, verbose=False)
     add_bos = llm._model.add_bos_token() if hasattr(llm._model, "add_bos_token") else True
     with open(text_path, "rb") as f:

@@ -49,7 +49,7 @@ def last_logits(llm):
 def main():
     model, out_dir, n_gen = sys.argv[1], sys.argv[2], int(sys.argv[3])
     os.makedirs(out_dir, exist_ok=True)
-    llm = Llama(model_path=model, n_ctx=1024, n_batch=512, n_threads=2, verbose=False)
+    llm = Llama(model_path=model, n_ctx=1024, n_batch=512, n_threads=1, n_threads_batch=1, verbose=False)
     arch = llm.metadata.get("general.architecture", "")
     prompts = [(p, False) for p in RAW] + [(chat_text(arch, m), True) for m in CHAT]
     cases = []

@@ -21,7 +21,7 @@ def main():
     g.add_argument("--ids")
     a = ap.parse_args()
 
-    llm = Llama(model_path=a.model, n_ctx=256, n_threads=2, n_batch=64, logits_all=False,
+    llm = Llama(model_path=a.model, n_ctx=256, n_threads=1, n_threads_batch=1, n_batch=64, logits_all=False,
                 seed=0, verbose=False)
     if a.prompt is not None:
         prompt = llm.tokenize(a.prompt.encode(), add_bos=True, special=False)
