@@ -28,9 +28,14 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test"
-cargo test --workspace --release
+test_log=$(mktemp)
+trap 'rm -f "$test_log"' EXIT
+cargo test --workspace --release 2>&1 | tee "$test_log"
 
 if [ -x scripts/fuzz-smoke.sh ]; then
   step "fuzz smoke run"
   scripts/fuzz-smoke.sh
 fi
+
+# One closing line for the whole suite (cargo prints one per test binary).
+awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "summary: %d passed, %d failed, %d skipped\n", p, f, i }' "$test_log"
