@@ -167,6 +167,8 @@ pub type Entry = (String, Box<dyn Fn(&Kernel)>);
 /// Every kernel: its name and the function that emits it.
 pub fn all() -> Vec<Entry> {
     let mut v: Vec<Entry> = vec![(QUANTIZE.to_string(), Box::new(act::quantize_kernel))];
+    v.extend(crate::ops::catalog());
+    v.extend(crate::quantize::entries());
     let mut configs: Vec<Config> = (1..=gemv::MAX_TOKENS).map(Config::new).collect();
     configs.extend(
         tuning_configs()

@@ -20,6 +20,8 @@ pub mod act;
 pub mod catalog;
 pub mod formats;
 pub mod gemv;
+pub mod ops;
+pub mod quantize;
 
 pub use smelt_quant::GgmlType;
 

@@ -1,0 +1,532 @@
+//! Attention over the paged f16 KV cache, flash-decoding style: each sequence's keys are
+//! split over a fixed number of blocks (`n_splits`, a launch constant, so the grid never
+//! depends on a sequence's length), each block computes a partial softmax (max, sum,
+//! weighted values) per query head, and [`reduce_kernel`] combines the partials.
+//!
+//! Causal, with grouped-query heads (`n_head` a multiple of `n_head_kv`), an optional
+//! sliding window, several query tokens per sequence (prefill chunks: the causal mask
+//! holds inside the chunk) and sequences at different positions in one batch.
+//!
+//! Precision follows the CPU backend where it matters: the query is rounded to f16 (as
+//! ggml converts the f32 operand of its f16 K·Q), K and V are f16, everything else is
+//! f32; the softmax runs in base 2 (`ex2.approx`, relative error ~2^-22) with the scale
+//! folded in. The one difference from the CPU backend: it rounds the normalized
+//! probabilities to f16 before weighting V, which a split softmax cannot (it normalizes
+//! last); that is below 1e-3 relative.
+
+use smelt_ptx::{Cmp, Exact, FloatRound, Kernel, Load, Reg, Store, F16, F32, U32, U64};
+
+use super::kv::SeqDesc;
+use super::{bfly, dim, Launch, LOG2E};
+use crate::catalog::Entry;
+
+/// Head sizes with an attention kernel.
+pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Warps per block: each warp owns one (query token, query head) pair.
+pub const WARPS: u32 = 4;
+/// Keys loaded together per warp (memory-level parallelism of the inner loop).
+const KEYS: usize = 8;
+
+/// Name of the attention kernel for heads of `head_dim`.
+pub fn name(head_dim: usize) -> Option<String> {
+    HEAD_DIMS
+        .contains(&head_dim)
+        .then(|| format!("attention_hd{head_dim}"))
+}
+
+/// Name of [`reduce_kernel`].
+pub const REDUCE: &str = "attention_reduce";
+
+/// Every kernel of this module.
+pub fn catalog() -> Vec<Entry> {
+    let mut v: Vec<Entry> = HEAD_DIMS
+        .iter()
+        .filter_map(|&hd| {
+            name(hd).map(|n| -> Entry { (n, Box::new(move |k: &Kernel| kernel(k, hd))) })
+        })
+        .collect();
+    v.push((REDUCE.to_string(), Box::new(reduce_kernel)));
+    v
+}
+
+/// Blocks along z per sequence: enough warps for `max_tokens` tokens of `group` heads.
+pub fn q_tiles(max_tokens: usize, n_head: usize, n_head_kv: usize) -> usize {
+    let group = n_head / n_head_kv.max(1);
+    (max_tokens.max(1) * group.max(1)).div_ceil(WARPS as usize)
+}
+
+/// Launch of the attention kernel for `n_seqs` sequences of at most `max_tokens` query
+/// tokens each; pass `q_tiles(max_tokens, n_head, n_head_kv)` as the kernel's `q_tiles`.
+pub fn launch(
+    n_seqs: usize,
+    max_tokens: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    n_splits: usize,
+) -> Launch {
+    Launch::new(
+        (
+            dim(n_splits),
+            dim(n_head_kv),
+            dim(n_seqs * q_tiles(max_tokens, n_head, n_head_kv)),
+        ),
+        (32, WARPS, 1),
+    )
+}
+
+/// Launch of [`reduce_kernel`] for `rows` query rows.
+pub fn reduce_launch(rows: usize, n_head: usize, head_dim: usize) -> Launch {
+    Launch::new((dim(rows * n_head), 1, 1), (dim(head_dim), 1, 1))
+}
+
+/// Floats of the partial accumulators and of the partial (max, sum) pairs for `rows`
+/// query rows: `(acc, ml)`.
+pub fn partial_lens(
+    rows: usize,
+    n_head: usize,
+    n_splits: usize,
+    head_dim: usize,
+) -> (usize, usize) {
+    let n = rows * n_head * n_splits;
+    (n * head_dim, n * 2)
+}
+
+/// A split count that fills a GPU of `sms` multiprocessors about twice, for `n_seqs`
+/// sequences, at most 64.
+pub fn default_splits(n_seqs: usize, n_head_kv: usize, sms: usize) -> usize {
+    (2 * sms).div_ceil((n_seqs * n_head_kv).max(1)).clamp(1, 64)
+}
+
+/// Unpacks the two halves of a 32-bit word into f32 (low half first).
+fn halves(k: &Kernel, w: Reg<U32>) -> [Reg<F32>; 2] {
+    let (a, b) = (k.reg::<F16>(), k.reg::<F16>());
+    k.raw(format!("mov.b32 {{{a}, {b}}}, {w}"));
+    [a, b].map(|h| k.cvt(k.reg::<F32>(), h, Exact))
+}
+
+/// Loads `e` consecutive halves (`e` = 2, 4 or 8) as words.
+fn load_halves(k: &Kernel, addr: Reg<U64>, e: usize) -> Vec<Reg<U32>> {
+    let op = Load::GLOBAL_NC;
+    match e {
+        2 => vec![k.load::<U32>(op, addr)],
+        4 => {
+            let w = k.regs::<U32, 2>();
+            k.ld_v2(op, w, addr);
+            w.to_vec()
+        }
+        _ => {
+            let w = k.regs::<U32, 4>();
+            k.ld_v4(op, w, addr);
+            w.to_vec()
+        }
+    }
+}
+
+/// The attention kernel for heads of `head_dim` (64, 128 or 256) values.
+///
+/// Parameters: `q: *const f32 ([rows][n_head * head_dim]), k_cache: *const f16,
+/// v_cache: *const f16 (the layer's caches, see [`super::kv`]), seqs: *const SeqDesc,
+/// block_tables: *const u32, part_acc: *mut f32, part_ml: *mut f32 (see
+/// [`partial_lens`]), n_head: u32, n_head_kv: u32, block_size: u32, n_splits: u32,
+/// q_tiles: u32 ([`q_tiles`]), window: u32 (0: none; else keys at least `window`
+/// positions behind the query are masked), scale: f32`.
+///
+/// Launch: [`launch`]: grid x = split, y = KV head, z = sequence × query tile; blocks of
+/// [`WARPS`] warps. Each warp takes one (token, query head) pair of its sequence and KV
+/// head, and the blocks of the sequence's visible key range `[first, kv_len)` are divided
+/// evenly among the splits. Partial `(row, head, split)` is at index
+/// `(row * n_head + head) * n_splits + split`: `head_dim` floats of unnormalized output
+/// and the pair (max of the base-2 scores, sum of their powers); a split with no visible
+/// key writes (-inf, 0) and zeros.
+pub fn kernel(k: &Kernel, head_dim: usize) {
+    if !HEAD_DIMS.contains(&head_dim) {
+        k.reject(format!("no attention kernel for head_dim {head_dim}"));
+        return;
+    }
+    let e = head_dim / 32;
+    let q = k.param_ptr("q");
+    let kc = k.param_ptr("k_cache");
+    let vc = k.param_ptr("v_cache");
+    let seqs = k.param_ptr("seqs");
+    let tables = k.param_ptr("block_tables");
+    let part_acc = k.param_ptr("part_acc");
+    let part_ml = k.param_ptr("part_ml");
+    let n_head = k.param_u32("n_head");
+    let n_head_kv = k.param_u32("n_head_kv");
+    let bs = k.param_u32("block_size");
+    let n_splits = k.param_u32("n_splits");
+    let q_tiles = k.param_u32("q_tiles");
+    let window = k.param_u32("window");
+    let scale = k.param::<F32>("scale");
+
+    let lane = k.tid_x();
+    let warp = k.tid_y();
+    let split = k.ctaid_x();
+    let kvh = k.ctaid_y();
+    let z = k.special(smelt_ptx::Special::Ctaid(smelt_ptx::Dim::Z));
+    let seq = k.div_int(k.reg(), z, q_tiles);
+    let tile = k.rem(k.reg(), z, q_tiles);
+    let dw = k.regs::<U32, 4>();
+    k.ld_v4(Load::GLOBAL_NC, dw, k.elem_addr(seqs, seq, 16));
+    let [row0, n_tokens, start, bto] = dw;
+    let group = k.div_int(k.reg(), n_head, n_head_kv);
+    let item = k.mad(k.reg(), tile, WARPS, warp);
+    let t = k.div_int(k.reg(), item, group);
+    k.exit_if(k.ge(t, n_tokens));
+    let g = k.rem(k.reg(), item, group);
+    let head = k.mad(k.reg(), kvh, group, g);
+    let row = k.add(k.reg(), row0, t);
+    let pos_q = k.add(k.reg(), start, t);
+    let kv_len = k.add(k.reg(), start, n_tokens);
+
+    // first visible position of the sequence (any query) and of this query.
+    let behind = |k: &Kernel, p: Reg<U32>| -> Reg<U32> {
+        // window == 0 ? 0 : max(p + 1 - window, 0)
+        let p1 = k.add(k.reg(), p, 1u32);
+        let lo = k.sub(k.reg(), p1, window);
+        let under = k.cmp(Cmp::Le, p1, window);
+        k.selp(lo, 0u32, lo, under);
+        let none = k.eq(window, 0u32);
+        k.selp(lo, 0u32, lo, none);
+        lo
+    };
+    let first = behind(k, start);
+    let lo_q = behind(k, pos_q);
+    let b_first = k.div_int(k.reg(), first, bs);
+    let b_end = k.add(k.reg(), kv_len, bs);
+    k.sub(b_end, b_end, 1u32);
+    k.div_int(b_end, b_end, bs);
+    let nb = k.sub(k.reg(), b_end, b_first);
+    let cb = k.add(k.reg(), nb, n_splits);
+    k.sub(cb, cb, 1u32);
+    k.div_int(cb, cb, n_splits);
+    let sb = k.mad(k.reg(), split, cb, b_first);
+    let eb = k.add(k.reg(), sb, cb);
+    k.min(eb, eb, b_end);
+    // This query's blocks inside the split.
+    let qb_lo = k.div_int(k.reg(), lo_q, bs);
+    k.max(qb_lo, qb_lo, sb);
+    let qb_hi = k.div_int(k.reg(), pos_q, bs);
+    k.add(qb_hi, qb_hi, 1u32);
+    k.min(qb_hi, qb_hi, eb);
+
+    // The query slice of this lane, rounded to f16.
+    let qrow = k.mad(k.reg(), row, n_head, head);
+    let qoff = k.mad(
+        k.reg(),
+        qrow,
+        head_dim as u32,
+        k.mul(k.reg(), lane, e as u32),
+    );
+    let qa = k.elem_addr(q, qoff, 4);
+    let qf: Vec<Reg<F32>> = (0..e)
+        .map(|i| {
+            let v = k.load::<F32>(Load::GLOBAL_NC, qa.at(4 * i as i64));
+            let h = k.cvt(k.reg::<F16>(), v, FloatRound::Rn);
+            k.cvt(k.reg::<F32>(), h, Exact)
+        })
+        .collect();
+    let scale2 = k.mul(k.reg(), scale, LOG2E);
+    let m = k.f32(f32::NEG_INFINITY);
+    let l = k.f32(0.0);
+    let acc: Vec<Reg<F32>> = (0..e).map(|_| k.f32(0.0)).collect();
+    let kv_dim = k.mul(k.reg(), n_head_kv, head_dim as u32);
+    // Byte offset of this lane's slice inside a slot.
+    let lane_off = k.mad(
+        k.reg(),
+        kvh,
+        head_dim as u32,
+        k.mul(k.reg(), lane, e as u32),
+    );
+    let lane_off = k.mul_wide(k.reg::<U64>(), lane_off, 2u32);
+    let bs_m1 = k.sub(k.reg(), bs, 1u32);
+
+    k.stride_loop(qb_lo, qb_hi, 1u32, |k, bi| {
+        let ti = k.add(k.reg(), bto, bi);
+        let block = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(tables, ti, 4));
+        let slot0 = k.mul(k.reg(), block, bs);
+        let p0 = k.mul(k.reg(), bi, bs);
+        k.stride_loop(0u32, bs, KEYS as u32, |k, j0| {
+            let mut kw = Vec::with_capacity(KEYS);
+            let mut vw = Vec::with_capacity(KEYS);
+            let mut valid = Vec::with_capacity(KEYS);
+            for u in 0..KEYS {
+                let j = k.add(k.reg(), j0, u as u32);
+                let jc = k.min(k.reg(), j, bs_m1);
+                let pos = k.add(k.reg(), p0, j);
+                let ok = k.lt(j, bs);
+                let after = k.cmp(Cmp::Ge, pos, lo_q);
+                k.and(ok, ok, after);
+                let upto = k.cmp(Cmp::Le, pos, pos_q);
+                k.and(ok, ok, upto);
+                valid.push(ok);
+                let slot = k.add(k.reg(), slot0, jc);
+                let off = k.mul_wide(k.reg::<U64>(), slot, kv_dim);
+                k.shl(off, off, 1u32);
+                k.add(off, off, lane_off);
+                kw.push(load_halves(k, k.add(k.reg(), kc, off), e));
+                vw.push(load_halves(k, k.add(k.reg(), vc, off), e));
+            }
+            let mut s = Vec::with_capacity(KEYS);
+            for u in 0..KEYS {
+                let dot = k.f32(0.0);
+                for (wi, &w) in kw[u].iter().enumerate() {
+                    let [a, b] = halves(k, w);
+                    k.fma(dot, qf[2 * wi], a, dot);
+                    k.fma(dot, qf[2 * wi + 1], b, dot);
+                }
+                s.push(dot);
+            }
+            for offset in [16u32, 8, 4, 2, 1] {
+                for &dot in &s {
+                    let o = bfly(k, dot, offset);
+                    k.add(dot, dot, o);
+                }
+            }
+            let mx = k.copy(m);
+            for (u, &dot) in s.iter().enumerate() {
+                k.mul(dot, dot, scale2);
+                k.selp(dot, dot, f32::NEG_INFINITY, valid[u]);
+                k.max(mx, mx, dot);
+            }
+            // Nothing visible yet (all -inf): keep everything as it is.
+            let empty = k.cmp(Cmp::Eq, mx, f32::NEG_INFINITY);
+            let corr = k.sub(k.reg(), m, mx);
+            k.ex2_approx(corr, corr);
+            k.selp(corr, 1.0f32, corr, empty);
+            k.mul(l, l, corr);
+            for a in &acc {
+                k.mul(*a, *a, corr);
+            }
+            for (u, &dot) in s.iter().enumerate() {
+                let p = k.sub(k.reg(), dot, mx);
+                k.ex2_approx(p, p);
+                k.selp(p, p, 0.0f32, valid[u]);
+                k.add(l, l, p);
+                for (wi, &w) in vw[u].iter().enumerate() {
+                    let [a, b] = halves(k, w);
+                    k.fma(acc[2 * wi], p, a, acc[2 * wi]);
+                    k.fma(acc[2 * wi + 1], p, b, acc[2 * wi + 1]);
+                }
+            }
+            k.mov(m, mx);
+        });
+    });
+
+    let pidx = k.mad(k.reg(), qrow, n_splits, split);
+    let aoff = k.mad(
+        k.reg(),
+        pidx,
+        head_dim as u32,
+        k.mul(k.reg(), lane, e as u32),
+    );
+    let aa = k.elem_addr(part_acc, aoff, 4);
+    for (i, a) in acc.iter().enumerate() {
+        k.st(Store::GLOBAL, aa.at(4 * i as i64), *a);
+    }
+    let ma = k.elem_addr(part_ml, pidx, 8);
+    let lane0 = k.eq(lane, 0u32);
+    k.guarded(lane0, |k| k.st_v2(Store::GLOBAL, ma, [m, l]));
+}
+
+/// Combines the split partials into the attention output.
+///
+/// Parameters: `part_acc: *const f32, part_ml: *const f32, out: *mut f32 ([rows][n_head *
+/// head_dim]), n_splits: u32, head_dim: u32`. Launch: [`reduce_launch`]: one block per
+/// (row, head), one thread per value. Every row of the batch must belong to a sequence of
+/// the attention call (rows that do not read stale partials).
+pub fn reduce_kernel(k: &Kernel) {
+    let part_acc = k.param_ptr("part_acc");
+    let part_ml = k.param_ptr("part_ml");
+    let out = k.param_ptr("out");
+    let n_splits = k.param_u32("n_splits");
+    let head_dim = k.param_u32("head_dim");
+    let idx = k.ctaid_x();
+    let d = k.tid_x();
+    k.exit_if(k.ge(d, head_dim));
+    let first = k.mul(k.reg(), idx, n_splits);
+    let mx = k.f32(f32::NEG_INFINITY);
+    k.for_count(n_splits, |k, s| {
+        let i = k.add(k.reg(), first, s);
+        let ms = k.load::<F32>(Load::GLOBAL, k.elem_addr(part_ml, i, 8));
+        k.max(mx, mx, ms);
+    });
+    let l = k.f32(0.0);
+    let o = k.f32(0.0);
+    k.for_count(n_splits, |k, s| {
+        let i = k.add(k.reg(), first, s);
+        let ml = [k.reg::<F32>(), k.reg::<F32>()];
+        k.ld_v2(Load::GLOBAL, ml, k.elem_addr(part_ml, i, 8));
+        let w = k.sub(k.reg(), ml[0], mx);
+        k.ex2_approx(w, w);
+        let empty = k.cmp(Cmp::Eq, ml[0], f32::NEG_INFINITY);
+        k.selp(w, 0.0f32, w, empty);
+        k.fma(l, ml[1], w, l);
+        let ai = k.mad(k.reg(), i, head_dim, d);
+        let a = k.load::<F32>(Load::GLOBAL, k.elem_addr(part_acc, ai, 4));
+        k.fma(o, a, w, o);
+    });
+    k.div_rn(o, o, l);
+    let oi = k.mad(k.reg(), idx, head_dim, d);
+    k.st(Store::GLOBAL, k.elem_addr(out, oi, 4), o);
+}
+
+/// Shape of an attention call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads (`n_head` is a multiple).
+    pub n_head_kv: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// Slots per KV block.
+    pub block_size: usize,
+    /// 0: no window; else keys `window` or more positions behind the query are masked.
+    pub window: usize,
+    /// Multiplier of `q·k`.
+    pub scale: f32,
+}
+
+/// CPU twin of the attention + reduce pair: for every sequence's query rows, the softmax
+/// of `q16·k · scale` over the visible keys, weighting V, in f64 (the exact value the
+/// kernels approximate); `q` is rounded to f16 first, as the kernel does. Caches are f16
+/// bits (`u16`), layout as in [`super::kv`].
+pub fn attention_cpu(
+    q: &[f32],
+    k_cache: &[u16],
+    v_cache: &[u16],
+    seqs: &[SeqDesc],
+    block_tables: &[u32],
+    p: &AttnShape,
+    out: &mut [f32],
+) {
+    use smelt_quant::fp::{f16_to_f32, f32_to_f16};
+    let hd = p.head_dim;
+    let kv_dim = p.n_head_kv * hd;
+    let group = p.n_head / p.n_head_kv.max(1);
+    let h16 = |b: u16| f64::from(f16_to_f32(half::f16::from_bits(b)));
+    for s in seqs {
+        for t in 0..s.n_tokens as usize {
+            let row = s.row as usize + t;
+            let pos = s.start_pos as usize + t;
+            let lo = if p.window == 0 {
+                0
+            } else {
+                (pos + 1).saturating_sub(p.window)
+            };
+            for h in 0..p.n_head {
+                let kvh = h / group;
+                let qv: Vec<f64> = q[(row * p.n_head + h) * hd..][..hd]
+                    .iter()
+                    .map(|&x| f64::from(f16_to_f32(f32_to_f16(x))))
+                    .collect();
+                let slot = |j: usize| {
+                    let b = block_tables[s.block_table_offset as usize + j / p.block_size] as usize;
+                    b * p.block_size + j % p.block_size
+                };
+                let scores: Vec<f64> = (lo..=pos)
+                    .map(|j| {
+                        let kk = &k_cache[slot(j) * kv_dim + kvh * hd..][..hd];
+                        qv.iter().zip(kk).map(|(&a, &b)| a * h16(b)).sum::<f64>()
+                            * f64::from(p.scale)
+                    })
+                    .collect();
+                let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = scores.iter().map(|&x| (x - mx).exp()).collect();
+                let sum: f64 = w.iter().sum();
+                let o = &mut out[(row * p.n_head + h) * hd..][..hd];
+                for (d, o) in o.iter_mut().enumerate() {
+                    let v: f64 = (lo..=pos)
+                        .zip(&w)
+                        .map(|(j, &w)| w * h16(v_cache[slot(j) * kv_dim + kvh * hd + d]))
+                        .sum();
+                    *o = (v / sum) as f32;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smelt_ptx::{Module, Target};
+
+    #[test]
+    fn kernels_build_for_every_head_size() {
+        let mut m = Module::new(Target::Sm90);
+        for (name, build) in catalog() {
+            m.kernel(&name, |k| build(k)).unwrap();
+        }
+        let ptx = m.to_ptx();
+        for hd in HEAD_DIMS {
+            assert!(ptx.contains(&format!(".entry attention_hd{hd}(")));
+        }
+        assert!(ptx.contains("ex2.approx.f32"));
+        assert!(ptx.contains("ld.global.nc.v4.u32"));
+        assert!(ptx.contains("shfl.sync.bfly.b32"));
+        let mut m = Module::new(Target::Sm80);
+        assert!(m.kernel("bad", |k| kernel(k, 96)).is_err());
+    }
+
+    #[test]
+    fn launch_shapes() {
+        assert_eq!(q_tiles(1, 32, 8), 1);
+        assert_eq!(q_tiles(5, 32, 8), 5);
+        assert_eq!(launch(3, 1, 32, 8, 16).grid, (16, 8, 3));
+        assert_eq!(partial_lens(2, 4, 3, 64), (2 * 4 * 3 * 64, 2 * 4 * 3 * 2));
+        assert_eq!(default_splits(1, 8, 132), 33);
+    }
+
+    #[test]
+    fn twin_is_causal_and_windowed() {
+        // One KV head of size 64, two query heads, block size 4, a query per position.
+        let (hd, bs) = (64, 4);
+        let p = AttnShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: hd,
+            block_size: bs,
+            window: 0,
+            scale: 0.125,
+        };
+        let h = |x: f32| smelt_quant::fp::f32_to_f16(x).to_bits();
+        let n = 6;
+        let kc: Vec<u16> = (0..2 * bs * hd)
+            .map(|i| h(((i * 7) % 13) as f32 / 13.0 - 0.5))
+            .collect();
+        let vc: Vec<u16> = (0..2 * bs * hd).map(|i| h(((i * 5) % 11) as f32)).collect();
+        let q: Vec<f32> = (0..n * 2 * hd)
+            .map(|i| ((i * 3) % 17) as f32 / 17.0)
+            .collect();
+        let seqs = [SeqDesc {
+            row: 0,
+            n_tokens: n as u32,
+            start_pos: 0,
+            block_table_offset: 0,
+        }];
+        let tables = [1u32, 0];
+        let mut out = vec![0f32; n * 2 * hd];
+        attention_cpu(&q, &kc, &vc, &seqs, &tables, &p, &mut out);
+        // Position 0 sees only itself: its output is V of position 0 (block 1, slot 0).
+        for d in 0..hd {
+            let v0 = smelt_quant::fp::f16_to_f32(half::f16::from_bits(vc[bs * hd + d]));
+            assert!((out[d] - v0).abs() < 1e-5);
+        }
+        // A window of one: every query sees only itself.
+        let mut w1 = vec![0f32; out.len()];
+        attention_cpu(
+            &q,
+            &kc,
+            &vc,
+            &seqs,
+            &tables,
+            &AttnShape { window: 1, ..p },
+            &mut w1,
+        );
+        let pos5 = hd + 1; // position 5, value 1: block 0 (table[1]), slot 1
+        let v5 = smelt_quant::fp::f16_to_f32(half::f16::from_bits(vc[pos5]));
+        assert!((w1[(5 * 2) * hd + 1] - v5).abs() < 1e-5);
+    }
+}

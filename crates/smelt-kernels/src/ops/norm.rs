@@ -1,0 +1,177 @@
+//! RMS norm over chunks of the weight's length (a whole row, or each head for Q/K norms),
+//! times the weight; and the fused residual add + RMS norm of a layer's boundary.
+
+use smelt_ptx::{Kernel, Load, Store, F32};
+
+use super::{block_sum, dim, reduce_scratch, Launch};
+use crate::catalog::Entry;
+
+/// Name of [`rms_norm_kernel`].
+pub const RMS_NORM: &str = "rms_norm";
+/// Name of [`add_rms_norm_kernel`].
+pub const ADD_RMS_NORM: &str = "add_rms_norm";
+
+/// Both kernels of this module.
+pub fn catalog() -> Vec<Entry> {
+    vec![
+        (RMS_NORM.to_string(), Box::new(rms_norm_kernel)),
+        (ADD_RMS_NORM.to_string(), Box::new(add_rms_norm_kernel)),
+    ]
+}
+
+/// Threads per block for chunks of `n` values: about eight values per thread, a whole
+/// number of warps, at most 1024.
+pub fn threads(n: usize) -> u32 {
+    (n.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32
+}
+
+/// Launch of either kernel over `n_chunks` chunks of `n` values (`rows * cols / n`).
+pub fn launch(n_chunks: usize, n: usize) -> Launch {
+    Launch::new((dim(n_chunks), 1, 1), (threads(n), 1, 1))
+}
+
+/// `out = x / sqrt(mean(x²) + eps) * w` for each chunk of `n = len(w)` consecutive values.
+///
+/// Parameters: `x: *const f32, w: *const f32, out: *mut f32, n: u32, eps: f32`.
+/// One block per chunk ([`launch`]); `out` may be `x` (in place).
+///
+/// The sum of squares is an f32 block reduction in a fixed order; the scale is
+/// `1 / sqrt_rn(mean + eps)` with an IEEE division, as the CPU backend computes it.
+pub fn rms_norm_kernel(k: &Kernel) {
+    let x = k.param_ptr("x");
+    let w = k.param_ptr("w");
+    let out = k.param_ptr("out");
+    let n = k.param_u32("n");
+    let eps = k.param::<F32>("eps");
+    norm_body(k, x, None, w, out, n, eps);
+}
+
+/// `x += y; out = rms_norm(x) * w` in one pass over `x` and `y`: the residual stream is
+/// updated in place and its norm written to `out` (which must not alias `x` or `y`).
+///
+/// Parameters: `x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, n: u32,
+/// eps: f32`. Launch as [`rms_norm_kernel`].
+pub fn add_rms_norm_kernel(k: &Kernel) {
+    let x = k.param_ptr("x");
+    let y = k.param_ptr("y");
+    let w = k.param_ptr("w");
+    let out = k.param_ptr("out");
+    let n = k.param_u32("n");
+    let eps = k.param::<F32>("eps");
+    norm_body(k, x, Some(y), w, out, n, eps);
+}
+
+fn norm_body(
+    k: &Kernel,
+    x: smelt_ptx::Reg<smelt_ptx::U64>,
+    y: Option<smelt_ptx::Reg<smelt_ptx::U64>>,
+    w: smelt_ptx::Reg<smelt_ptx::U64>,
+    out: smelt_ptx::Reg<smelt_ptx::U64>,
+    n: smelt_ptx::Reg<smelt_ptx::U32>,
+    eps: smelt_ptx::Reg<F32>,
+) {
+    let scratch = reduce_scratch(k, "norm_red");
+    let chunk = k.ctaid_x();
+    let base = k.mul_wide(k.reg(), chunk, n);
+    k.shl(base, base, 2u32);
+    let xs = k.add(k.reg(), x, base);
+    let os = k.add(k.reg(), out, base);
+    let tid = k.tid_x();
+    let step = k.ntid_x();
+    let sum = k.f32(0.0);
+    match y {
+        None => k.stride_loop(tid, n, step, |k, i| {
+            let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(xs, i, 4));
+            k.fma(sum, v, v, sum);
+        }),
+        Some(y) => {
+            let ys = k.add(k.reg(), y, base);
+            k.stride_loop(tid, n, step, |k, i| {
+                let a = k.elem_addr(xs, i, 4);
+                let v = k.load::<F32>(Load::GLOBAL, a);
+                let b = k.load::<F32>(Load::GLOBAL, k.elem_addr(ys, i, 4));
+                k.add(v, v, b);
+                k.st(Store::GLOBAL, a, v);
+                k.fma(sum, v, v, sum);
+            })
+        }
+    }
+    let total = block_sum(k, sum, &scratch);
+    let nf = k.cvt(k.reg::<F32>(), n, smelt_ptx::FloatRound::Rn);
+    let mean = k.div_rn(k.reg(), total, nf);
+    k.add(mean, mean, eps);
+    let root = k.sqrt_rn(k.reg(), mean);
+    let scale = k.div_rn(k.reg(), 1.0f32, root);
+    // Each thread reads back only the values it wrote itself: no barrier needed.
+    k.stride_loop(tid, n, step, |k, i| {
+        let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(xs, i, 4));
+        let g = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(w, i, 4));
+        k.mul(v, v, scale);
+        k.mul(v, v, g);
+        k.st(Store::GLOBAL, k.elem_addr(os, i, 4), v);
+    });
+}
+
+/// CPU twin of [`rms_norm_kernel`] (the CPU backend's `rms_norm`: f64 sum of the f32
+/// squares, `(x * scale) * w`).
+pub fn rms_norm_cpu(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len().max(1);
+    for (y, x) in out.chunks_mut(n).zip(x.chunks(n)) {
+        let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+        let mean = (sum / n as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
+            *y = (x * scale) * w;
+        }
+    }
+}
+
+/// CPU twin of [`add_rms_norm_kernel`]: `x += y`, then [`rms_norm_cpu`] of `x`.
+pub fn add_rms_norm_cpu(x: &mut [f32], y: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+    rms_norm_cpu(x, w, eps, out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smelt_ptx::{Module, Target};
+
+    #[test]
+    fn kernels_reduce_with_barriers_and_take_an_ieee_scale() {
+        let mut m = Module::new(Target::Sm80);
+        for (name, build) in catalog() {
+            m.kernel(&name, |k| build(k)).unwrap();
+        }
+        let ptx = m.to_ptx();
+        assert!(ptx.contains("bar.sync 0"));
+        assert!(ptx.contains("sqrt.rn.f32"));
+        assert!(ptx.contains("div.rn.f32"));
+        assert!(ptx.contains("shfl.sync.bfly.b32"));
+        assert!(ptx.contains(".param .f32 eps"));
+    }
+
+    #[test]
+    fn threads_cover_chunks_in_whole_warps() {
+        assert_eq!(threads(64), 32);
+        assert_eq!(threads(4096), 512);
+        assert_eq!(threads(1 << 20), 1024);
+        assert_eq!(launch(7, 128).grid, (7, 1, 1));
+    }
+
+    #[test]
+    fn twins_normalize_per_chunk() {
+        let x = [3.0f32, 4.0, 1.0, 1.0];
+        let w = [1.0f32, 2.0];
+        let mut out = [0f32; 4];
+        rms_norm_cpu(&x, &w, 0.0, &mut out);
+        let s = 1.0 / 12.5f32.sqrt();
+        assert_eq!(out, [3.0 * s, 4.0 * s * 2.0, 1.0, 2.0]);
+        let mut x2 = [1.0f32, 2.0, 0.0, 0.0];
+        add_rms_norm_cpu(&mut x2, &[2.0, 2.0, 1.0, 1.0], &w, 0.0, &mut out);
+        assert_eq!(x2, x);
+        assert_eq!(out, [3.0 * s, 4.0 * s * 2.0, 1.0, 2.0]);
+    }
+}

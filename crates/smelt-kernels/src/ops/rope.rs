@@ -1,0 +1,209 @@
+//! Rotary position embedding, in place, positions read from device memory.
+//!
+//! The angle of pair `i` at position `p` is computed exactly as the CPU backend (and
+//! ggml's CPU rope cache) computes it: `t = p as f32`, multiplied `i` times by
+//! `theta_scale = freq_base^(-2 / n_rot)` in f32, divided by `freq_factors[i]` when
+//! given, times `freq_scale`. The angle is then reduced modulo 2π in f64 and its sine and
+//! cosine taken with the hardware approximations (absolute error below 1e-6 on [-π, π]),
+//! which stay accurate at any position, unlike `sin.approx` of the raw angle.
+
+use smelt_ptx::{FloatRound, IntRound, Kernel, Load, Store, F32, F64, U32, U64};
+
+use super::{dim, Launch};
+use crate::catalog::Entry;
+
+/// How rope pairs the dimensions of a head (the engine's `RopeStyle`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)` (ggml's mode 0: Llama).
+    Normal,
+    /// Halves `(i, i + n_rot/2)` (ggml's NeoX mode: Qwen, Gemma).
+    Neox,
+}
+
+/// The kernel's name for `style`.
+pub fn name(style: RopeStyle) -> &'static str {
+    match style {
+        RopeStyle::Normal => "rope_normal",
+        RopeStyle::Neox => "rope_neox",
+    }
+}
+
+/// Both kernels.
+pub fn catalog() -> Vec<Entry> {
+    [RopeStyle::Normal, RopeStyle::Neox]
+        .into_iter()
+        .map(|s| -> Entry {
+            (
+                name(s).to_string(),
+                Box::new(move |k: &Kernel| kernel(k, s)),
+            )
+        })
+        .collect()
+}
+
+/// `freq_base^(-2 / n_rot)` as the CPU backend computes it (f32 `powf`): the host passes
+/// this as the kernel's `theta_scale`.
+pub fn theta_scale(freq_base: f32, n_rot: usize) -> f32 {
+    freq_base.powf(-2.0 / n_rot as f32)
+}
+
+/// Launch over `rows` rows of `cols / head_dim` heads: one block per (row, head), one
+/// thread per rotated pair.
+pub fn launch(rows: usize, cols: usize, head_dim: usize, n_rot: usize) -> Launch {
+    let heads = cols / head_dim.max(1);
+    let pairs = (n_rot.min(head_dim) / 2).max(1);
+    Launch::new(
+        (dim(rows), dim(heads), 1),
+        ((pairs.div_ceil(32) * 32) as u32, 1, 1),
+    )
+}
+
+/// Rotates every head of every row of `x` by the row's position.
+///
+/// Parameters: `x: *mut f32, pos: *const u32 (one per row), freq_factors: *const f32
+/// (n_rot / 2 values, or 0 for none), cols: u32, head_dim: u32, n_rot: u32 (even, at most
+/// head_dim), theta_scale: f32 ([`theta_scale`]), freq_scale: f32`. Launch: [`launch`].
+pub fn kernel(k: &Kernel, style: RopeStyle) {
+    let x = k.param_ptr("x");
+    let pos = k.param_ptr("pos");
+    let ff_raw = k.param::<U64>("freq_factors");
+    let cols = k.param_u32("cols");
+    let head_dim = k.param_u32("head_dim");
+    let n_rot = k.param_u32("n_rot");
+    let theta_scale = k.param::<F32>("theta_scale");
+    let freq_scale = k.param::<F32>("freq_scale");
+    let half = k.shr(k.reg(), n_rot, 1u32);
+    let i = k.tid_x();
+    k.exit_if(k.ge(i, half));
+    let row = k.ctaid_x();
+    let head = k.ctaid_y();
+    let p = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(pos, row, 4));
+    let t = k.cvt(k.reg::<F32>(), p, FloatRound::Rn);
+    k.for_count(i, |k, _| {
+        k.mul(t, t, theta_scale);
+    });
+    let has_ff = k.cmp(smelt_ptx::Cmp::Ne, ff_raw, 0u64);
+    k.if_(has_ff, |k| {
+        let ff = k.reg::<U64>();
+        k.raw(format!("cvta.to.global.u64 {ff}, {ff_raw}"));
+        let f = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(ff, i, 4));
+        k.div_rn(t, t, f);
+    });
+    let theta = k.mul(k.reg(), t, freq_scale);
+    let (sin, cos) = sincos(k, theta);
+
+    let first = k.mad(k.reg(), row, cols, 0u32);
+    k.mad(first, head, head_dim, first);
+    let (a, b) = match style {
+        RopeStyle::Normal => {
+            let a = k.mad(k.reg(), i, 2u32, first);
+            (a, k.add(k.reg(), a, 1u32))
+        }
+        RopeStyle::Neox => {
+            let a = k.add(k.reg(), first, i);
+            (a, k.add(k.reg(), a, half))
+        }
+    };
+    let (pa, pb) = (k.elem_addr(x, a, 4), k.elem_addr(x, b, 4));
+    let x0 = k.load::<F32>(Load::GLOBAL, pa);
+    let x1 = k.load::<F32>(Load::GLOBAL, pb);
+    let (t0, t1) = (k.mul(k.reg(), x0, cos), k.mul(k.reg(), x1, sin));
+    let y0 = k.sub(k.reg(), t0, t1);
+    let (t2, t3) = (k.mul(k.reg(), x0, sin), k.mul(k.reg(), x1, cos));
+    let y1 = k.add(k.reg(), t2, t3);
+    k.st(Store::GLOBAL, pa, y0);
+    k.st(Store::GLOBAL, pb, y1);
+}
+
+/// `(sin θ, cos θ)` of an f32 angle of any size: reduced to [-π, π] in f64, then the
+/// hardware approximations.
+pub(crate) fn sincos(
+    k: &Kernel,
+    theta: smelt_ptx::Reg<F32>,
+) -> (smelt_ptx::Reg<F32>, smelt_ptx::Reg<F32>) {
+    let td = k.cvt(k.reg::<F64>(), theta, smelt_ptx::Exact);
+    let turns = k.mul(k.reg(), td, 1.0 / std::f64::consts::TAU);
+    let n = k.cvt(k.reg::<F64>(), turns, IntRound::Rni);
+    let r = k.fma(k.reg(), n, -std::f64::consts::TAU, td);
+    let rf = k.cvt(k.reg::<F32>(), r, FloatRound::Rn);
+    let (s, c) = (k.reg::<F32>(), k.reg::<F32>());
+    k.raw(format!("sin.approx.f32 {s}, {rf}"));
+    k.raw(format!("cos.approx.f32 {c}, {rf}"));
+    (s, c)
+}
+
+/// CPU twin of the rope kernels (the CPU backend's `rope`, one row per position).
+#[allow(clippy::too_many_arguments)]
+pub fn rope_cpu(
+    x: &mut [f32],
+    positions: &[u32],
+    cols: usize,
+    head_dim: usize,
+    n_rot: usize,
+    style: RopeStyle,
+    freq_base: f32,
+    freq_scale: f32,
+    freq_factors: Option<&[f32]>,
+) {
+    let n_rot = n_rot.min(head_dim);
+    let ts = theta_scale(freq_base, n_rot);
+    let mut cs = vec![(0f32, 0f32); n_rot / 2];
+    for (row, &pos) in x.chunks_mut(cols).zip(positions) {
+        let mut theta_base = pos as f32;
+        for (i, c) in cs.iter_mut().enumerate() {
+            let extrap = match freq_factors {
+                Some(ff) => theta_base / ff.get(i).copied().unwrap_or(1.0),
+                None => theta_base,
+            };
+            let theta = freq_scale * extrap;
+            *c = (theta.cos(), theta.sin());
+            theta_base *= ts;
+        }
+        for head in row.chunks_mut(head_dim) {
+            for (i, &(cos, sin)) in cs.iter().enumerate() {
+                let (a, b) = match style {
+                    RopeStyle::Normal => (2 * i, 2 * i + 1),
+                    RopeStyle::Neox => (i, i + n_rot / 2),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smelt_ptx::{Module, Target};
+
+    #[test]
+    fn kernels_reduce_the_angle_in_f64_and_read_positions_from_memory() {
+        let mut m = Module::new(Target::Sm90);
+        for (name, build) in catalog() {
+            m.kernel(&name, |k| build(k)).unwrap();
+        }
+        let ptx = m.to_ptx();
+        assert!(ptx.contains("cvt.rni.f64.f64"));
+        assert!(ptx.contains("sin.approx.f32"));
+        assert!(ptx.contains(".param .u64 pos"));
+        assert!(!ptx.contains(".param .u32 pos"));
+    }
+
+    #[test]
+    fn twin_rotates_pairs() {
+        let mut x = vec![1.0, 0.0, 0.0, 1.0];
+        rope_cpu(&mut x, &[1], 4, 4, 4, RopeStyle::Normal, 10000.0, 1.0, None);
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
+        let mut y = vec![1.0, 0.0, 0.0, 0.0];
+        rope_cpu(&mut y, &[1], 4, 4, 4, RopeStyle::Neox, 10000.0, 1.0, None);
+        assert!((y[0] - 1f32.cos()).abs() < 1e-6 && (y[2] - 1f32.sin()).abs() < 1e-6);
+        let mut z = vec![1.0, 0.0, 7.0, 9.0];
+        rope_cpu(&mut z, &[0], 4, 4, 2, RopeStyle::Neox, 10000.0, 1.0, None);
+        assert_eq!(z, vec![1.0, 0.0, 7.0, 9.0]);
+        assert_eq!(launch(3, 4096, 128, 128).grid, (3, 32, 1));
+        assert_eq!(launch(3, 4096, 128, 128).block, (64, 1, 1));
+    }
+}
