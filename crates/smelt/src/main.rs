@@ -33,7 +33,7 @@ enum Command {
     Chat(chat::ChatArgs),
     /// Score a text file with llama.cpp's perplexity method.
     Perplexity(perplexity::PerplexityArgs),
-    /// Serve a model over an OpenAI-compatible API (not yet: prints a notice, exits 0).
+    /// Serve models over an OpenAI-compatible API (continuous batching, SSE, metrics).
     Serve(serve::ServeArgs),
 }
 

@@ -1,0 +1,159 @@
+//! `GET /openapi.json`: a hand-written OpenAPI 3.1 description of every endpoint. Hand-written
+//! because the request bodies are OpenAI's, whose shapes (string-or-list fields) a derive
+//! would describe worse than a page of JSON; a test checks every route is in it.
+
+pub(crate) const SPEC: &str = r##"{
+  "openapi": "3.1.0",
+  "info": {
+    "title": "smelt",
+    "version": "0.1.0",
+    "description": "OpenAI-compatible inference server for GGUF models. When the server has an API key, /v1/* and /admin/* need `Authorization: Bearer <key>`. Errors are {\"error\": {\"message\", \"type\", \"param\", \"code\"}}."
+  },
+  "components": {
+    "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+    "schemas": {
+      "Error": {
+        "type": "object",
+        "properties": {"error": {"type": "object", "properties": {
+          "message": {"type": "string"}, "type": {"type": "string"},
+          "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}
+      },
+      "Stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+      "Sampling": {
+        "type": "object",
+        "properties": {
+          "model": {"type": "string", "description": "a served model id; the first model when absent"},
+          "max_tokens": {"type": "integer", "minimum": 1},
+          "max_completion_tokens": {"type": "integer", "minimum": 1},
+          "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 1, "description": "0: greedy"},
+          "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1},
+          "top_k": {"type": "integer", "minimum": 0, "default": 0},
+          "min_p": {"type": "number", "minimum": 0, "maximum": 1, "default": 0},
+          "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2, "default": 0},
+          "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2, "default": 0},
+          "repetition_penalty": {"type": "number", "default": 1},
+          "seed": {"type": "integer"},
+          "stop": {"$ref": "#/components/schemas/Stop"},
+          "stream": {"type": "boolean", "default": false},
+          "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+          "n": {"type": "integer", "enum": [1]}
+        }
+      },
+      "Usage": {"type": "object", "properties": {
+        "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}},
+      "ChatRequest": {
+        "allOf": [{"$ref": "#/components/schemas/Sampling"}, {
+          "type": "object", "required": ["messages"],
+          "properties": {
+            "messages": {"type": "array", "items": {"type": "object", "required": ["role"], "properties": {
+              "role": {"enum": ["system", "developer", "user", "assistant"]},
+              "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object",
+                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}}}},
+            "logprobs": {"type": "boolean"},
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20}
+          }}]
+      },
+      "CompletionRequest": {
+        "allOf": [{"$ref": "#/components/schemas/Sampling"}, {
+          "type": "object", "required": ["prompt"],
+          "properties": {
+            "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 1},
+              {"type": "array", "items": {"type": "integer"}}, {"type": "array", "maxItems": 1, "items": {"type": "array", "items": {"type": "integer"}}}]},
+            "logprobs": {"type": "integer", "minimum": 0, "maximum": 20}
+          }}]
+      },
+      "ChatCompletion": {"type": "object", "properties": {
+        "id": {"type": "string"}, "object": {"const": "chat.completion"}, "created": {"type": "integer"}, "model": {"type": "string"},
+        "choices": {"type": "array", "items": {"type": "object", "properties": {
+          "index": {"type": "integer"},
+          "message": {"type": "object", "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}}},
+          "logprobs": {"type": ["object", "null"]},
+          "finish_reason": {"enum": ["stop", "length"]}}}},
+        "usage": {"$ref": "#/components/schemas/Usage"}}},
+      "Completion": {"type": "object", "properties": {
+        "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"}, "model": {"type": "string"},
+        "choices": {"type": "array", "items": {"type": "object", "properties": {
+          "index": {"type": "integer"}, "text": {"type": "string"}, "logprobs": {"type": ["object", "null"]},
+          "finish_reason": {"enum": ["stop", "length"]}}}},
+        "usage": {"$ref": "#/components/schemas/Usage"}}},
+      "ModelList": {"type": "object", "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {
+        "type": "object", "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"}, "owned_by": {"type": "string"}}}}}}
+    },
+    "responses": {
+      "BadRequest": {"description": "bad JSON, bad types, out-of-range values, prompt longer than the context", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+      "Unauthorized": {"description": "missing or wrong API key", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+      "NotFound": {"description": "unknown model", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+      "TooMany": {"description": "the model's queue is full; see Retry-After", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+      "Unavailable": {"description": "shutting down, or the request cannot fit in the KV cache", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    }
+  },
+  "paths": {
+    "/v1/chat/completions": {"post": {
+      "summary": "Chat completion (JSON, or server-sent events with stream: true ending in `data: [DONE]`)",
+      "security": [{"bearer": []}],
+      "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatRequest"}}}},
+      "responses": {
+        "200": {"description": "the completion", "content": {
+          "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
+          "text/event-stream": {"schema": {"type": "string"}}}},
+        "400": {"$ref": "#/components/responses/BadRequest"}, "401": {"$ref": "#/components/responses/Unauthorized"},
+        "404": {"$ref": "#/components/responses/NotFound"}, "429": {"$ref": "#/components/responses/TooMany"},
+        "503": {"$ref": "#/components/responses/Unavailable"}}}},
+    "/v1/completions": {"post": {
+      "summary": "Text completion (JSON, or server-sent events with stream: true)",
+      "security": [{"bearer": []}],
+      "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CompletionRequest"}}}},
+      "responses": {
+        "200": {"description": "the completion", "content": {
+          "application/json": {"schema": {"$ref": "#/components/schemas/Completion"}},
+          "text/event-stream": {"schema": {"type": "string"}}}},
+        "400": {"$ref": "#/components/responses/BadRequest"}, "401": {"$ref": "#/components/responses/Unauthorized"},
+        "404": {"$ref": "#/components/responses/NotFound"}, "429": {"$ref": "#/components/responses/TooMany"},
+        "503": {"$ref": "#/components/responses/Unavailable"}}}},
+    "/v1/models": {"get": {"summary": "The served models", "security": [{"bearer": []}],
+      "responses": {"200": {"description": "list", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ModelList"}}}},
+        "401": {"$ref": "#/components/responses/Unauthorized"}}}},
+    "/v1/models/{id}": {"get": {"summary": "One served model", "security": [{"bearer": []}],
+      "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
+      "responses": {"200": {"description": "the model"}, "404": {"$ref": "#/components/responses/NotFound"}}}},
+    "/health": {"get": {"summary": "Liveness: 200 with the model ids, 503 while shutting down",
+      "responses": {"200": {"description": "serving"}, "503": {"description": "shutting down"}}}},
+    "/metrics": {"get": {"summary": "Prometheus text: requests by status, prompt/generated tokens, time to first token and inter-token latency histograms, queue depth, running sequences, KV blocks used/free",
+      "responses": {"200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+    "/openapi.json": {"get": {"summary": "This description", "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+    "/admin/models": {
+      "get": {"summary": "Loaded models with their paths, context and load", "security": [{"bearer": []}],
+        "responses": {"200": {"description": "list"}, "401": {"$ref": "#/components/responses/Unauthorized"}}},
+      "post": {"summary": "Load {\"model\": path-or-alias, \"id\"?: string} or unload {\"action\": \"unload\", \"id\": string}",
+        "security": [{"bearer": []}],
+        "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "properties": {
+          "action": {"enum": ["load", "unload"]}, "model": {"type": "string"}, "id": {"type": "string"}}}}}},
+        "responses": {"200": {"description": "{\"loaded\": model} or {\"unloaded\": id}"},
+          "400": {"$ref": "#/components/responses/BadRequest"}, "401": {"$ref": "#/components/responses/Unauthorized"},
+          "404": {"$ref": "#/components/responses/NotFound"}}}},
+    "/": {"get": {"summary": "The chat page (embedded static files: /, /app.js, /style.css)",
+      "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}}}}
+  }
+}"##;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn spec_is_json_and_names_every_route() {
+        let v: serde_json::Value = serde_json::from_str(super::SPEC).expect("valid JSON");
+        let paths = v["paths"].as_object().expect("paths");
+        for p in [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/models",
+            "/v1/models/{id}",
+            "/health",
+            "/metrics",
+            "/openapi.json",
+            "/admin/models",
+            "/",
+        ] {
+            assert!(paths.contains_key(p), "{p} missing");
+        }
+    }
+}

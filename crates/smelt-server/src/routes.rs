@@ -1,0 +1,714 @@
+//! HTTP routes: the OpenAI endpoints, health, metrics, the API description, admin and the
+//! chat page. Handlers parse and check a request, tokenize it, queue it on the model's
+//! scheduler and relay its events, as one JSON body or as server-sent events.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::Stream;
+use serde_json::{json, Value};
+use smelt_engine::generate::FinishReason;
+use smelt_tokenizer::{ChatMessage, Tokenizer};
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::models::{self, ModelEntry};
+use crate::openai::{self, ChatRequest, CompletionRequest, GenParams, PromptInput};
+use crate::scheduler::{Event, Job, SubmitError, TokenLogprob};
+use crate::{assets, openapi, AppState};
+
+type St = State<Arc<AppState>>;
+
+pub(crate) fn router(state: Arc<AppState>) -> Router {
+    let protected = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{id}", get(get_model))
+        .route("/admin/models", get(admin_list).post(admin_post))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+    Router::new()
+        .merge(protected)
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_json))
+        .merge(assets::routes())
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), count))
+        .with_state(state)
+}
+
+/// Counts every response by status for `/metrics`.
+async fn count(State(st): St, req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    st.stats.count_response(resp.status().as_u16());
+    resp
+}
+
+/// `Authorization: Bearer <key>` when the server has a key.
+async fn auth(State(st): St, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.config.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without stopping at the first difference, so timing does not leak the key.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(format!(
+        "no route for {} {} (GET /openapi.json lists the endpoints)",
+        req.method(),
+        req.uri().path()
+    ))
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let mut e = ApiError::bad_request(format!(
+        "method {} is not allowed on {}",
+        req.method(),
+        req.uri().path()
+    ));
+    e.status = StatusCode::METHOD_NOT_ALLOWED;
+    e.into_response()
+}
+
+async fn health(State(st): St) -> Response {
+    let ids: Vec<String> = st.models.list().iter().map(|m| m.id.clone()).collect();
+    if st.shutting_down.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting_down", "models": ids})),
+        )
+            .into_response();
+    }
+    Json(json!({"status": "ok", "models": ids})).into_response()
+}
+
+async fn metrics(State(st): St) -> Response {
+    let models: Vec<_> = st
+        .models
+        .list()
+        .iter()
+        .map(|m| (m.id.clone(), Arc::clone(&m.scheduler.stats)))
+        .collect();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        st.stats.render(&models),
+    )
+        .into_response()
+}
+
+async fn openapi_json() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], openapi::SPEC).into_response()
+}
+
+fn model_json(m: &ModelEntry) -> Value {
+    json!({"id": m.id, "object": "model", "created": m.created, "owned_by": "smelt"})
+}
+
+async fn list_models(State(st): St) -> Json<Value> {
+    let data: Vec<Value> = st.models.list().iter().map(|m| model_json(m)).collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn get_model(State(st): St, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let m = st
+        .models
+        .get(Some(&id))
+        .ok_or_else(|| ApiError::model_not_found(&id))?;
+    Ok(Json(model_json(&m)))
+}
+
+async fn admin_list(State(st): St) -> Json<Value> {
+    let data: Vec<Value> = st.models.list().iter().map(|m| admin_json(m)).collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+fn admin_json(m: &ModelEntry) -> Value {
+    let s = &m.scheduler.stats;
+    json!({
+        "id": m.id,
+        "object": "model",
+        "created": m.created,
+        "reference": m.reference,
+        "path": m.path.display().to_string(),
+        "architecture": m.arch,
+        "context": m.ctx,
+        "chat_template": m.template.is_ok(),
+        "kv_blocks_total": m.total_blocks,
+        "kv_blocks_free": s.kv_blocks_free.load(Ordering::Relaxed),
+        "running": s.running.load(Ordering::Relaxed),
+        "queue_depth": s.queue_depth.load(Ordering::Relaxed),
+    })
+}
+
+/// `{"model": path-or-alias, "id"?: ...}` loads; `{"action": "unload", "id": ...}` (or just
+/// `{"id": ...}`) unloads.
+async fn admin_post(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let v: Value = openai::parse(&body)?;
+    let field = |k: &str| -> Result<Option<String>, ApiError> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(ApiError::invalid_param(k, format!("{k} must be a string"))),
+        }
+    };
+    let (action, model, id) = (field("action")?, field("model")?, field("id")?);
+    let action = match (action.as_deref(), &model) {
+        (Some(a), _) => a.to_string(),
+        (None, Some(_)) => "load".into(),
+        (None, None) => "unload".into(),
+    };
+    match action.as_str() {
+        "load" => {
+            let model = model.ok_or_else(|| {
+                ApiError::invalid_param("model", "load needs `model`: a GGUF path or an alias")
+            })?;
+            let m = load_model(&st, &model, id).await?;
+            Ok(Json(json!({"loaded": admin_json(&m)})))
+        }
+        "unload" => {
+            let id = id.ok_or_else(|| ApiError::invalid_param("id", "unload needs `id`"))?;
+            st.models
+                .remove(&id)
+                .ok_or_else(|| ApiError::model_not_found(&id))?;
+            tracing::info!(model = %id, "unloaded");
+            Ok(Json(json!({"unloaded": id})))
+        }
+        other => Err(ApiError::invalid_param(
+            "action",
+            format!("unknown action {other:?} (load or unload)"),
+        )),
+    }
+}
+
+/// Loads a model on its own scheduler thread and starts serving it.
+pub(crate) async fn load_model(
+    st: &Arc<AppState>,
+    reference: &str,
+    id: Option<String>,
+) -> Result<Arc<ModelEntry>, ApiError> {
+    let id = id.unwrap_or_else(|| models::model_id(reference));
+    if st.models.get(Some(&id)).is_some() {
+        return Err(ApiError {
+            code: Some("model_exists"),
+            ..ApiError::invalid_param("id", format!("a model with id `{id}` is already loaded"))
+        });
+    }
+    let (loader, r, ctx, cfg) = (
+        Arc::clone(&st.loader),
+        reference.to_string(),
+        st.config.ctx,
+        st.config.scheduler,
+    );
+    let id2 = id.clone();
+    let t0 = Instant::now();
+    let entry = tokio::task::spawn_blocking(move || models::load(&loader, &r, id2, ctx, cfg))
+        .await
+        .map_err(|e| ApiError::internal(format!("the loading task failed: {e}")))?
+        .map_err(|e| ApiError::invalid_param("model", e))?;
+    let e = st.models.insert(entry).map_err(ApiError::bad_request)?;
+    tracing::info!(
+        model = %e.id,
+        path = %e.path.display(),
+        seconds = t0.elapsed().as_secs_f64(),
+        "loaded"
+    );
+    Ok(e)
+}
+
+fn model_for(st: &AppState, id: Option<&str>) -> Result<Arc<ModelEntry>, ApiError> {
+    if st.shutting_down.load(Ordering::SeqCst) {
+        return Err(ApiError::unavailable("the server is shutting down"));
+    }
+    st.models.get(id).ok_or_else(|| match id {
+        Some(id) => ApiError::model_not_found(id),
+        None => ApiError::unavailable("no model is loaded"),
+    })
+}
+
+/// llama.cpp's tokenization of a prompt, as `smelt run` does it: BOS as the GGUF says; a
+/// chat prompt has its special tokens parsed and keeps one BOS when the template already
+/// wrote its text.
+fn tokenize(tok: &Tokenizer, text: &str, chat: bool) -> Vec<u32> {
+    let mut ids = tok.encode(text, true, chat);
+    if chat {
+        if let Some(bos) = tok.bos() {
+            if ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+                ids.remove(0);
+            }
+        }
+    }
+    ids
+}
+
+async fn chat(State(st): St, body: Bytes) -> Response {
+    chat_inner(st, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let req: ChatRequest = openai::parse(&body)?;
+    let p = req.common.params()?;
+    let logprobs = match (req.logprobs, req.top_logprobs) {
+        (_, Some(n)) if !(0..=20).contains(&n) => {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                "top_logprobs must be between 0 and 20",
+            ))
+        }
+        (Some(true), n) => Some(n.unwrap_or(0) as usize),
+        _ => None,
+    };
+    let model = model_for(&st, p.model.as_deref())?;
+    let template = model.template.as_ref().map_err(|e| {
+        ApiError::bad_request(format!(
+            "model `{}` cannot do chat completions ({e}): use /v1/completions",
+            model.id
+        ))
+    })?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages must not be empty",
+        ));
+    }
+    let mut msgs = Vec::with_capacity(req.messages.len());
+    for (i, m) in req.messages.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            other => {
+                return Err(ApiError::invalid_param(
+                    &format!("messages[{i}].role"),
+                    format!("role {other:?} is not supported (system, user, assistant)"),
+                ))
+            }
+        };
+        msgs.push(ChatMessage::new(role, m.text(i)?));
+    }
+    let text = template
+        .render(&msgs, true)
+        .map_err(|e| ApiError::bad_request(format!("the chat template failed: {e}")))?;
+    let ids = tokenize(&model.tokenizer, &text, true);
+    run(&model, ids, p, logprobs, Kind::Chat, arrived).await
+}
+
+async fn completions(State(st): St, body: Bytes) -> Response {
+    completions_inner(st, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let req: CompletionRequest = openai::parse(&body)?;
+    let p = req.common.params()?;
+    let logprobs = match req.logprobs {
+        Some(n) if !(0..=20).contains(&n) => {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                "logprobs must be between 0 and 20",
+            ))
+        }
+        Some(n) => Some(n as usize),
+        None => None,
+    };
+    let prompt = req.prompt.single()?;
+    let model = model_for(&st, p.model.as_deref())?;
+    let ids = match prompt {
+        PromptInput::Text(t) => tokenize(&model.tokenizer, &t, false),
+        PromptInput::Ids(ids) => {
+            let n = model.tokenizer.n_vocab();
+            if let Some(bad) = ids.iter().find(|&&t| t as usize >= n) {
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    format!("token id {bad} is out of range (vocabulary of {n})"),
+                ));
+            }
+            ids
+        }
+    };
+    run(&model, ids, p, logprobs, Kind::Completion, arrived).await
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// What a response needs besides the events.
+#[derive(Clone)]
+struct Reply {
+    id: String,
+    created: u64,
+    model: String,
+    kind: Kind,
+    logprobs: bool,
+    include_usage: bool,
+}
+
+fn next_id(kind: Kind) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl",
+        Kind::Completion => "cmpl",
+    };
+    format!("{prefix}-{t:x}{n:06x}")
+}
+
+/// Checks the prompt against the context, queues it, and answers.
+async fn run(
+    model: &ModelEntry,
+    prompt: Vec<u32>,
+    p: GenParams,
+    logprobs: Option<usize>,
+    kind: Kind,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            "the prompt tokenizes to nothing",
+        ));
+    }
+    if prompt.len() > model.ctx {
+        return Err(ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::invalid_param(
+                if kind == Kind::Chat {
+                    "messages"
+                } else {
+                    "prompt"
+                },
+                format!(
+                    "the prompt has {} tokens, more than the context of {} tokens",
+                    prompt.len(),
+                    model.ctx
+                ),
+            )
+        });
+    }
+    // The last sampled token is never fed back, so a full context still yields one token.
+    let room = model.ctx + 1 - prompt.len();
+    let max_tokens = p.max_tokens.unwrap_or(room).min(room);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let job = Job {
+        prompt,
+        max_tokens,
+        sampling: p.sampling,
+        stop: p.stop,
+        logprobs,
+        events: tx,
+        arrived,
+    };
+    model.scheduler.submit(job).map_err(|e| match e {
+        SubmitError::QueueFull => ApiError::queue_full(&model.id),
+        SubmitError::Stopped => ApiError::unavailable(format!("model `{}` is unloading", model.id)),
+    })?;
+    let reply = Reply {
+        id: next_id(kind),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        model: model.id.clone(),
+        kind,
+        logprobs: logprobs.is_some(),
+        include_usage: p.include_usage,
+    };
+    if p.stream {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CACHE_CONTROL, "no-cache".parse().expect("static"));
+        Ok((
+            headers,
+            Sse::new(stream(rx, reply)).keep_alive(KeepAlive::default()),
+        )
+            .into_response())
+    } else {
+        collect(rx, reply).await
+    }
+}
+
+fn finish_str(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Eog => "stop",
+    }
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+fn token_str(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Chat's `logprobs.content[]` entry.
+fn chat_logprob(lp: &TokenLogprob) -> Value {
+    json!({
+        "token": token_str(&lp.bytes),
+        "logprob": lp.logprob,
+        "bytes": lp.bytes,
+        "top_logprobs": lp.top.iter().map(|(b, l)| json!({
+            "token": token_str(b),
+            "logprob": l,
+            "bytes": b,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The legacy completions `logprobs` object for some tokens; `offset` is the text length
+/// before the first of them.
+fn completion_logprobs(lps: &[(TokenLogprob, usize)]) -> Value {
+    json!({
+        "tokens": lps.iter().map(|(l, _)| token_str(&l.bytes)).collect::<Vec<_>>(),
+        "token_logprobs": lps.iter().map(|(l, _)| l.logprob).collect::<Vec<_>>(),
+        "top_logprobs": lps.iter().map(|(l, _)| {
+            let mut m = serde_json::Map::new();
+            for (b, p) in &l.top {
+                m.insert(token_str(b), json!(p));
+            }
+            Value::Object(m)
+        }).collect::<Vec<_>>(),
+        "text_offset": lps.iter().map(|(_, o)| o).collect::<Vec<_>>(),
+    })
+}
+
+/// Waits for the whole generation and answers one JSON body. If the client goes away, this
+/// future is dropped with the receiver, and the scheduler drops the sequence at its next step.
+async fn collect(mut rx: mpsc::UnboundedReceiver<Event>, r: Reply) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut lps: Vec<(TokenLogprob, usize)> = Vec::new();
+    let (finish, prompt_tokens, completion_tokens) = loop {
+        match rx.recv().await {
+            Some(Event::Token {
+                text: t, logprob, ..
+            }) => {
+                if let Some(l) = logprob {
+                    lps.push((l, text.len()));
+                }
+                text.push_str(&t);
+            }
+            Some(Event::Done {
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+            }) => break (finish_reason, prompt_tokens, completion_tokens),
+            Some(Event::Error(e)) => return Err(e),
+            None => return Err(ApiError::internal("the scheduler dropped the request")),
+        }
+    };
+    let logprobs = if !r.logprobs {
+        Value::Null
+    } else if r.kind == Kind::Chat {
+        json!({"content": lps.iter().map(|(l, _)| chat_logprob(l)).collect::<Vec<_>>()})
+    } else {
+        completion_logprobs(&lps)
+    };
+    let body = match r.kind {
+        Kind::Chat => json!({
+            "id": r.id,
+            "object": "chat.completion",
+            "created": r.created,
+            "model": r.model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": finish_str(finish),
+            }],
+            "usage": usage(prompt_tokens, completion_tokens),
+        }),
+        Kind::Completion => json!({
+            "id": r.id,
+            "object": "text_completion",
+            "created": r.created,
+            "model": r.model,
+            "choices": [{
+                "index": 0,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish_str(finish),
+            }],
+            "usage": usage(prompt_tokens, completion_tokens),
+        }),
+    };
+    Ok(Json(body).into_response())
+}
+
+/// A streaming response's state between events.
+struct StreamState {
+    rx: mpsc::UnboundedReceiver<Event>,
+    r: Reply,
+    pending: std::collections::VecDeque<SseEvent>,
+    started: bool,
+    done: bool,
+    /// Text length so far (completions' text_offset).
+    offset: usize,
+}
+
+impl StreamState {
+    fn chunk(&self, choice: Value, usage: Option<Value>) -> SseEvent {
+        let object = match self.r.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        };
+        let mut v = json!({
+            "id": self.r.id,
+            "object": object,
+            "created": self.r.created,
+            "model": self.r.model,
+            "choices": if choice.is_null() { json!([]) } else { json!([choice]) },
+        });
+        if self.r.include_usage {
+            v["usage"] = usage.unwrap_or(Value::Null);
+        }
+        SseEvent::default().data(v.to_string())
+    }
+
+    fn token(&mut self, text: String, logprob: Option<TokenLogprob>) {
+        if text.is_empty() && logprob.is_none() {
+            return;
+        }
+        let choice = match self.r.kind {
+            Kind::Chat => json!({
+                "index": 0,
+                "delta": {"content": text},
+                "logprobs": logprob.as_ref().map(|l| json!({"content": [chat_logprob(l)]})),
+                "finish_reason": null,
+            }),
+            Kind::Completion => json!({
+                "index": 0,
+                "text": text,
+                "logprobs": logprob.map(|l| completion_logprobs(&[(l, self.offset)])),
+                "finish_reason": null,
+            }),
+        };
+        self.offset += text.len();
+        let c = self.chunk(choice, None);
+        self.pending.push_back(c);
+    }
+
+    fn done(&mut self, finish: FinishReason, prompt: usize, completion: usize) {
+        let choice = match self.r.kind {
+            Kind::Chat => json!({
+                "index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_str(finish),
+            }),
+            Kind::Completion => json!({
+                "index": 0, "text": "", "logprobs": null, "finish_reason": finish_str(finish),
+            }),
+        };
+        let c = self.chunk(choice, None);
+        self.pending.push_back(c);
+        if self.r.include_usage {
+            let c = self.chunk(Value::Null, Some(usage(prompt, completion)));
+            self.pending.push_back(c);
+        }
+        self.end();
+    }
+
+    fn end(&mut self) {
+        self.pending.push_back(SseEvent::default().data("[DONE]"));
+        self.done = true;
+    }
+}
+
+/// Server-sent events: OpenAI's chunks, then `data: [DONE]`. Dropping the stream (the client
+/// went away) drops the receiver, which the scheduler notices at its next step.
+fn stream(
+    rx: mpsc::UnboundedReceiver<Event>,
+    r: Reply,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    let state = StreamState {
+        rx,
+        r,
+        pending: Default::default(),
+        started: false,
+        done: false,
+        offset: 0,
+    };
+    futures_util::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(ev) = s.pending.pop_front() {
+                return Some((Ok(ev), s));
+            }
+            if s.done {
+                return None;
+            }
+            if !s.started && s.r.kind == Kind::Chat {
+                s.started = true;
+                let c = s.chunk(
+                    json!({
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": null,
+                        "finish_reason": null,
+                    }),
+                    None,
+                );
+                s.pending.push_back(c);
+                continue;
+            }
+            match s.rx.recv().await {
+                Some(Event::Token { text, logprob, .. }) => s.token(text, logprob),
+                Some(Event::Done {
+                    finish_reason,
+                    prompt_tokens,
+                    completion_tokens,
+                }) => s.done(finish_reason, prompt_tokens, completion_tokens),
+                Some(Event::Error(e)) => {
+                    s.pending
+                        .push_back(SseEvent::default().data(e.body().to_string()));
+                    s.end();
+                }
+                None => {
+                    let e = ApiError::internal("the scheduler dropped the request");
+                    s.pending
+                        .push_back(SseEvent::default().data(e.body().to_string()));
+                    s.end();
+                }
+            }
+        }
+    })
+}

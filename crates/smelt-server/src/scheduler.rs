@@ -1,0 +1,650 @@
+//! Continuous batching: one OS thread per model owns its [`Engine`] and runs steps.
+//!
+//! Every step gathers, into ONE `Engine::forward` call, the next token of every running
+//! sequence plus prefill chunks of sequences still reading their prompt, within a token
+//! budget per step so one long prompt cannot stall everyone else's decoding. Requests join
+//! at every step, and leave the moment they finish or their client goes away (the response
+//! channel is closed): their KV blocks are freed at once. When the KV cache is full, the
+//! newest sequence is preempted back to the queue (its tokens are recomputed later); one
+//! that cannot fit even alone gets a 503.
+//!
+//! Compute never runs on the async runtime: HTTP handlers talk to this thread over
+//! channels. A sequence is processed exactly as [`smelt_engine::generate::generate`]
+//! processes it (same sampler calls on the same logits, same text and stop handling), and the
+//! engine computes each batch row independently of its neighbours, so greedy output equals
+//! `smelt run`'s token for token whatever else is running.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc};
+use std::time::Instant;
+
+use smelt_engine::generate::{FinishReason, TextStream};
+use smelt_engine::sampler::{Sampler, SamplingParams};
+use smelt_engine::{Engine, EngineError, Logits, SeqId, SeqInput};
+use smelt_tokenizer::Tokenizer;
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::metrics::ModelStats;
+
+/// How a model's scheduler sizes its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most sequences in the running batch.
+    pub max_batch: usize,
+    /// Most requests waiting for a place in the batch; more get 429.
+    pub max_queue: usize,
+    /// Tokens per step (decode tokens first, the rest for prefill chunks).
+    pub step_tokens: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_batch: 32,
+            max_queue: 64,
+            step_tokens: 256,
+        }
+    }
+}
+
+/// One request for the scheduler.
+#[derive(Debug)]
+pub struct Job {
+    pub prompt: Vec<u32>,
+    /// Already limited to what fits in the context.
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// `Some(n)`: report each token's log-probability and the `n` most likely alternatives.
+    pub logprobs: Option<usize>,
+    pub events: mpsc::UnboundedSender<Event>,
+    /// When the request arrived (time to first token counts from here).
+    pub arrived: Instant,
+}
+
+/// A token's log-probability under the model (before penalties and temperature).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// The most likely tokens at this position, best first: (bytes, logprob).
+    pub top: Vec<(Vec<u8>, f32)>,
+}
+
+/// What the scheduler tells a request's handler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// One generated token and the text it lets through (may be empty: held back while it
+    /// could be the start of a stop string or of a multi-byte character).
+    Token {
+        id: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// The last event of a request that ended normally.
+    Done {
+        finish_reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    /// The last event of a request that failed.
+    Error(ApiError),
+}
+
+/// Why a job was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the queue is full")]
+    QueueFull,
+    #[error("the model's scheduler has stopped")]
+    Stopped,
+}
+
+enum Command {
+    Submit(Box<Job>),
+    /// End every request now with a 503 (the shutdown grace period ran out).
+    CancelAll,
+}
+
+/// The handlers' side of a model's scheduler. Cloneable; the thread ends once every handle
+/// is dropped and its last request has finished.
+#[derive(Clone)]
+pub struct SchedulerHandle {
+    tx: std_mpsc::Sender<Command>,
+    /// Requests submitted and not yet admitted into the batch.
+    queued: Arc<AtomicUsize>,
+    max_queue: usize,
+    pub stats: Arc<ModelStats>,
+}
+
+impl SchedulerHandle {
+    /// Queues a job, or refuses it at once when `max_queue` requests already wait.
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        let before = self.queued.fetch_add(1, Ordering::SeqCst);
+        if before >= self.max_queue {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::QueueFull);
+        }
+        self.stats
+            .queue_depth
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.tx.send(Command::Submit(Box::new(job))).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            SubmitError::Stopped
+        })
+    }
+
+    /// Ends every queued and running request with a 503.
+    pub fn cancel_all(&self) {
+        let _ = self.tx.send(Command::CancelAll);
+    }
+}
+
+/// What the loading thread hands back about a model it loaded; `extra` is whatever else
+/// the load function built next to the engine (a chat template, the file's path).
+pub struct Started<X> {
+    pub extra: X,
+    pub handle: SchedulerHandle,
+    pub engine_info: smelt_engine::ModelInfo,
+    pub total_blocks: usize,
+    pub tokenizer: Arc<Tokenizer>,
+    pub join: std::thread::JoinHandle<()>,
+}
+
+/// Starts a model's scheduler thread. `load` runs on that thread (so the engine never has to
+/// cross threads) and returns the engine and its tokenizer; its error is returned here.
+pub fn spawn<F, X>(name: String, load: F, cfg: SchedulerConfig) -> Result<Started<X>, String>
+where
+    F: FnOnce() -> Result<(Engine, Arc<Tokenizer>, X), String> + Send + 'static,
+    X: Send + 'static,
+{
+    let (tx, rx) = std_mpsc::channel();
+    let stats = Arc::new(ModelStats::default());
+    let queued = Arc::new(AtomicUsize::new(0));
+    let (ready_tx, ready_rx) = std_mpsc::sync_channel(1);
+    let thread_stats = Arc::clone(&stats);
+    let thread_queued = Arc::clone(&queued);
+    let join = std::thread::Builder::new()
+        .name(format!("sched-{name}"))
+        .spawn(move || {
+            let (engine, tok, extra) = match load() {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok((
+                engine.info().clone(),
+                engine.total_blocks(),
+                Arc::clone(&tok),
+                extra,
+            )));
+            let mut s = Scheduler {
+                engine,
+                tok,
+                cfg,
+                stats: thread_stats,
+                queued: thread_queued,
+                waiting: VecDeque::new(),
+                running: Vec::new(),
+                next_order: 0,
+            };
+            s.run(rx);
+        })
+        .map_err(|e| format!("cannot start the scheduler thread: {e}"))?;
+    let (engine_info, total_blocks, tokenizer, extra) = ready_rx
+        .recv()
+        .map_err(|_| "the model's loading thread died".to_string())??;
+    stats
+        .kv_blocks_free
+        .store(total_blocks as u64, std::sync::atomic::Ordering::Relaxed);
+    Ok(Started {
+        extra,
+        handle: SchedulerHandle {
+            tx,
+            queued,
+            max_queue: cfg.max_queue,
+            stats,
+        },
+        engine_info,
+        total_blocks,
+        tokenizer,
+        join,
+    })
+}
+
+/// A request inside the scheduler, queued or running.
+struct Active {
+    job: Job,
+    seq: Option<SeqId>,
+    /// Prompt then generated tokens; the last generated one is not in the KV cache yet.
+    context: Vec<u32>,
+    /// How many of `context` are in the KV cache.
+    fed: usize,
+    generated: usize,
+    sampler: Sampler,
+    text: TextStream,
+    /// Still counted in the handle's `queued` (never admitted yet).
+    counted_in_queue: bool,
+    /// Admission order; the newest running sequence is the one preempted.
+    order: u64,
+    last_token_at: Option<Instant>,
+}
+
+impl Active {
+    fn new(job: Job) -> Active {
+        Active {
+            context: job.prompt.clone(),
+            fed: 0,
+            generated: 0,
+            sampler: Sampler::new(job.sampling.clone()),
+            text: TextStream::new(&job.stop),
+            seq: None,
+            counted_in_queue: true,
+            order: 0,
+            last_token_at: None,
+            job,
+        }
+    }
+
+    fn remaining(&self) -> usize {
+        self.context.len() - self.fed
+    }
+}
+
+struct Scheduler {
+    engine: Engine,
+    tok: Arc<Tokenizer>,
+    cfg: SchedulerConfig,
+    stats: Arc<ModelStats>,
+    queued: Arc<AtomicUsize>,
+    waiting: VecDeque<Active>,
+    running: Vec<Active>,
+    next_order: u64,
+}
+
+impl Scheduler {
+    fn run(&mut self, rx: std_mpsc::Receiver<Command>) {
+        let mut open = true;
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                if !open {
+                    break;
+                }
+                match rx.recv() {
+                    Ok(cmd) => self.command(cmd),
+                    Err(_) => break,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(cmd) => self.command(cmd),
+                    Err(std_mpsc::TryRecvError::Empty) => break,
+                    Err(std_mpsc::TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            self.drop_cancelled();
+            self.admit();
+            self.step();
+            self.publish();
+        }
+        tracing::debug!("scheduler stops: no handle left and no work");
+    }
+
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit(job) => {
+                self.stats
+                    .prompt_tokens
+                    .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+                self.waiting.push_back(Active::new(*job));
+            }
+            Command::CancelAll => {
+                let err = ApiError::unavailable("the server is shutting down");
+                for a in std::mem::take(&mut self.running) {
+                    self.finish_err(a, err.clone());
+                }
+                for a in std::mem::take(&mut self.waiting) {
+                    self.finish_err(a, err.clone());
+                }
+            }
+        }
+    }
+
+    /// Requests whose client went away leave now, queued or running.
+    fn drop_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].job.events.is_closed() {
+                let a = self.running.swap_remove(i);
+                self.release(a);
+            } else {
+                i += 1;
+            }
+        }
+        // swap_remove shuffles; the order field keeps admission order where it matters.
+        self.running.sort_by_key(|a| a.order);
+        let waiting = std::mem::take(&mut self.waiting);
+        for a in waiting {
+            if a.job.events.is_closed() {
+                self.release(a);
+            } else {
+                self.waiting.push_back(a);
+            }
+        }
+    }
+
+    /// Moves queued requests into the batch while there is room.
+    fn admit(&mut self) {
+        while self.running.len() < self.cfg.max_batch.max(1) {
+            let Some(mut a) = self.waiting.pop_front() else {
+                break;
+            };
+            if a.counted_in_queue {
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                a.counted_in_queue = false;
+            }
+            a.seq = Some(self.engine.new_sequence());
+            a.order = self.next_order;
+            self.next_order += 1;
+            self.running.push(a);
+        }
+    }
+
+    /// One batched forward over the running sequences, and what follows from its logits.
+    fn step(&mut self) {
+        if self.running.is_empty() {
+            return;
+        }
+        loop {
+            let (inputs, owners) = self.plan();
+            if inputs.is_empty() {
+                return;
+            }
+            let engine = &mut self.engine;
+            let result = catch_unwind(AssertUnwindSafe(|| engine.forward(&inputs)));
+            match result {
+                Ok(Ok(out)) => {
+                    self.stats.steps.fetch_add(1, Ordering::Relaxed);
+                    self.consume(&inputs, &owners, out);
+                    return;
+                }
+                Ok(Err(EngineError::OutOfKvBlocks { need, free })) => {
+                    if self.running.len() > 1 {
+                        self.preempt_newest();
+                        continue;
+                    }
+                    let a = self.running.remove(0);
+                    self.finish_err(
+                        a,
+                        ApiError::unavailable(format!(
+                            "the request needs more KV cache than the server has \
+                             ({need} blocks needed, {free} free): shorten it or raise --kv-tokens"
+                        )),
+                    );
+                    return;
+                }
+                Ok(Err(e)) => {
+                    tracing::error!("forward step failed: {e}");
+                    self.fail_batch(&owners, &format!("the engine failed: {e}"));
+                    return;
+                }
+                Err(panic) => {
+                    let why = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    tracing::error!("forward step panicked: {why}");
+                    self.fail_batch(&owners, &format!("the engine panicked: {why}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// This step's inputs: one token for every decoding sequence, then prefill chunks in
+    /// admission order within the step's token budget. `owners[i]` is the running index of
+    /// `inputs[i]`.
+    fn plan(&self) -> (Vec<SeqInput>, Vec<usize>) {
+        let mut inputs = Vec::new();
+        let mut owners = Vec::new();
+        let mut decodes = 0;
+        for (i, a) in self.running.iter().enumerate() {
+            let Some(seq) = a.seq else { continue };
+            if a.generated > 0 && a.remaining() == 1 {
+                inputs.push(SeqInput {
+                    seq,
+                    tokens: vec![a.context[a.fed]],
+                    logits: Logits::Last,
+                });
+                owners.push(i);
+                decodes += 1;
+            }
+        }
+        // At least a little prefill each step, so new requests start even under full decode.
+        let mut budget = self.cfg.step_tokens.saturating_sub(decodes).max(16);
+        for (i, a) in self.running.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            let Some(seq) = a.seq else { continue };
+            if a.generated > 0 && a.remaining() == 1 {
+                continue;
+            }
+            let n = a.remaining().min(budget);
+            let last = a.fed + n == a.context.len();
+            inputs.push(SeqInput {
+                seq,
+                tokens: a.context[a.fed..a.fed + n].to_vec(),
+                logits: if last { Logits::Last } else { Logits::None },
+            });
+            owners.push(i);
+            budget -= n;
+        }
+        (inputs, owners)
+    }
+
+    fn consume(&mut self, inputs: &[SeqInput], owners: &[usize], out: Vec<Vec<Vec<f32>>>) {
+        let mut done = Vec::new();
+        for ((inp, &i), mut rows) in inputs.iter().zip(owners).zip(out) {
+            let a = &mut self.running[i];
+            a.fed += inp.tokens.len();
+            let Some(logits) = rows.pop() else {
+                continue;
+            };
+            if let Some(end) = self.next_token(i, &logits) {
+                done.push((i, end));
+            }
+        }
+        // Highest index first so the earlier indices stay valid.
+        done.sort_by(|a, b| b.0.cmp(&a.0));
+        for (i, end) in done {
+            let a = self.running.remove(i);
+            match end {
+                End::Finished(reason) => {
+                    let _ = a.job.events.send(Event::Done {
+                        finish_reason: reason,
+                        prompt_tokens: a.job.prompt.len(),
+                        completion_tokens: a.generated,
+                    });
+                    self.release(a);
+                }
+                End::Gone => self.release(a),
+            }
+        }
+    }
+
+    /// Samples the next token of running sequence `i` exactly as `generate` does, sends it,
+    /// and says whether the sequence ended.
+    fn next_token(&mut self, i: usize, logits: &[f32]) -> Option<End> {
+        let tok = Arc::clone(&self.tok);
+        let stats = Arc::clone(&self.stats);
+        let a = &mut self.running[i];
+        let next = a.sampler.sample(logits, &a.context);
+        let now = Instant::now();
+        match a.last_token_at {
+            None => stats
+                .ttft
+                .observe(now.duration_since(a.job.arrived).as_secs_f64()),
+            Some(t) => stats.itl.observe(now.duration_since(t).as_secs_f64()),
+        }
+        a.last_token_at = Some(now);
+        a.generated += 1;
+        a.context.push(next);
+        stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        let logprob = a
+            .job
+            .logprobs
+            .map(|top| token_logprob(logits, next, top, &tok));
+        let (text, end) = if tok.is_eog(next) {
+            (a.text.finish(), Some(FinishReason::Eog))
+        } else {
+            let (mut delta, stopped) = a.text.push(&tok.token_bytes(next));
+            if stopped {
+                (delta, Some(FinishReason::Stop))
+            } else if a.generated >= a.job.max_tokens {
+                delta.push_str(&a.text.finish());
+                (delta, Some(FinishReason::Length))
+            } else {
+                (delta, None)
+            }
+        };
+        let sent = a.job.events.send(Event::Token {
+            id: next,
+            text,
+            logprob,
+        });
+        match (sent, end) {
+            (Err(_), _) => Some(End::Gone),
+            (Ok(()), Some(r)) => Some(End::Finished(r)),
+            (Ok(()), None) => None,
+        }
+    }
+
+    /// Sends the newest running sequence back to the front of the queue; its KV blocks are
+    /// freed and its tokens will be recomputed when it is admitted again.
+    fn preempt_newest(&mut self) {
+        let Some(idx) = self
+            .running
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, a)| a.order)
+            .map(|(i, _)| i)
+        else {
+            return;
+        };
+        let mut a = self.running.remove(idx);
+        if let Some(seq) = a.seq.take() {
+            self.engine.free_sequence(seq);
+        }
+        a.fed = 0;
+        self.stats.preemptions.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            tokens = a.context.len(),
+            "KV cache full: a sequence goes back to the queue"
+        );
+        self.waiting.push_front(a);
+    }
+
+    fn fail_batch(&mut self, owners: &[usize], message: &str) {
+        let mut idx: Vec<usize> = owners.to_vec();
+        idx.sort_unstable_by(|a, b| b.cmp(a));
+        idx.dedup();
+        for i in idx {
+            let a = self.running.remove(i);
+            self.finish_err(a, ApiError::internal(message));
+        }
+    }
+
+    fn finish_err(&mut self, a: Active, err: ApiError) {
+        let _ = a.job.events.send(Event::Error(err));
+        self.release(a);
+    }
+
+    /// Frees what a request holds: its KV blocks, its place in the queue count.
+    fn release(&mut self, mut a: Active) {
+        if let Some(seq) = a.seq.take() {
+            self.engine.free_sequence(seq);
+        }
+        if a.counted_in_queue {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Gauges for `/metrics`.
+    fn publish(&self) {
+        let s = &self.stats;
+        s.running
+            .store(self.running.len() as u64, Ordering::Relaxed);
+        let preempted = self.waiting.iter().filter(|a| !a.counted_in_queue).count();
+        s.queue_depth.store(
+            (self.queued.load(Ordering::SeqCst) + preempted) as u64,
+            Ordering::Relaxed,
+        );
+        let free = self.engine.free_blocks();
+        s.kv_blocks_free.store(free as u64, Ordering::Relaxed);
+        s.kv_blocks_used.store(
+            self.engine.total_blocks().saturating_sub(free) as u64,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+enum End {
+    Finished(FinishReason),
+    /// The client went away while we sent.
+    Gone,
+}
+
+/// The chosen token's log-probability under softmax(logits) and the `top` most likely
+/// tokens. Non-finite logits count as impossible.
+fn token_logprob(logits: &[f32], chosen: u32, top: usize, tok: &Tokenizer) -> TokenLogprob {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|l| l.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .filter(|l| l.is_finite())
+        .map(|&l| f64::from(l - max).exp())
+        .sum();
+    let lse = f64::from(max) + sum.ln();
+    let lp = |id: u32| -> f32 {
+        match logits.get(id as usize) {
+            Some(&l) if l.is_finite() => (f64::from(l) - lse) as f32,
+            _ => f32::NEG_INFINITY,
+        }
+    };
+    let mut best: Vec<u32> = Vec::new();
+    if top > 0 {
+        let mut ids: Vec<u32> = (0..logits.len() as u32)
+            .filter(|&i| logits[i as usize].is_finite())
+            .collect();
+        let k = top.min(ids.len());
+        if k > 0 && k < ids.len() {
+            ids.select_nth_unstable_by(k - 1, |&a, &b| {
+                logits[b as usize].total_cmp(&logits[a as usize])
+            });
+            ids.truncate(k);
+        }
+        ids.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        best = ids;
+    }
+    TokenLogprob {
+        bytes: tok.token_bytes(chosen),
+        logprob: lp(chosen),
+        top: best
+            .into_iter()
+            .map(|id| (tok.token_bytes(id), lp(id)))
+            .collect(),
+    }
+}

@@ -1,0 +1,1 @@
+// Placeholder: the chat page replaces this file.
