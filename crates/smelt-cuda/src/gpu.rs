@@ -23,6 +23,7 @@ pub struct Gpu {
     name: String,
     ordinal: usize,
     cc: (i32, i32),
+    sm_count: usize,
     target: Target,
     load_time: Duration,
 }
@@ -70,6 +71,9 @@ impl Gpu {
             ))?;
             let runtime = ctx.load_module(Ptx::from_src(util::module(target)?.to_ptx()))?;
             let load_time = t.elapsed();
+            let sm_count = ctx.attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )?;
             Ok(Arc::new(Gpu {
                 name: ctx.name()?,
                 stream: ctx.new_stream()?,
@@ -79,6 +83,7 @@ impl Gpu {
                 functions: Mutex::new(HashMap::new()),
                 ordinal,
                 cc,
+                sm_count: usize::try_from(sm_count).unwrap_or(1).max(1),
                 target,
                 load_time,
             }))
@@ -97,6 +102,11 @@ impl Gpu {
     /// Compute capability `(major, minor)`.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.cc
+    }
+
+    /// Streaming multiprocessors (grids sized to fill the device use it).
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
     }
 
     /// The PTX target the module was generated for.

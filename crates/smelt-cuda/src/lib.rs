@@ -7,10 +7,12 @@
 //!
 //! - [`gpu`]: [`Gpu::open`], kernel lookup, upload/download.
 //! - [`graph`]: stream capture into a replayable [`Graph`].
+//! - [`gemv_bench`]: GEMV bandwidth at real shapes (GPU checks, `smelt bench --kernels`).
 //! - [`timing`]: CUDA-event timings of launches and graph replays and the device-copy
 //!   bandwidth they are compared with (GPU checks and `smelt bench --kernels`).
 
 pub mod error;
+pub mod gemv_bench;
 pub mod gpu;
 pub mod graph;
 pub mod timing;

@@ -18,6 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         threads: Some(threads),
         kv_tokens: n_prompt + n_gen + 16,
         block_size: 16,
+        ..EngineOptions::default()
     };
     let mut e = Engine::load(model.as_ref(), &opts)?;
     let n_vocab = e.info().n_vocab as u64;

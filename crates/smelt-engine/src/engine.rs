@@ -8,7 +8,9 @@ use std::sync::Arc;
 use smelt_gguf::Gguf;
 
 use crate::backend::cpu::{Cpu, CpuKv};
+use crate::backend::cuda::CudaEngine;
 use crate::backend::{AttnSeq, Backend};
+use crate::device::Device;
 use crate::kv_cache::{BlockTable, SeqId};
 use crate::model::{Model, ModelInfo};
 use crate::EngineError;
@@ -22,6 +24,8 @@ pub struct EngineOptions {
     pub kv_tokens: usize,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// Where to compute (resolve `auto` with [`Device::select`] first).
+    pub device: Device,
 }
 
 impl Default for EngineOptions {
@@ -30,6 +34,7 @@ impl Default for EngineOptions {
             threads: None,
             kv_tokens: 4096,
             block_size: 16,
+            device: Device::Cpu,
         }
     }
 }
@@ -56,11 +61,20 @@ pub struct SeqInput {
 /// A loaded model ready to run.
 pub struct Engine {
     gguf: Arc<Gguf>,
-    backend: Cpu,
-    model: Model<Cpu>,
-    kv: CpuKv,
+    inner: Inner,
     table: BlockTable,
-    pool: rayon::ThreadPool,
+    device: Device,
+}
+
+/// The model on its backend.
+enum Inner {
+    Cpu {
+        backend: Cpu,
+        model: Box<Model<Cpu>>,
+        kv: CpuKv,
+        pool: rayon::ThreadPool,
+    },
+    Cuda(Box<CudaEngine>),
 }
 
 impl Engine {
@@ -75,6 +89,16 @@ impl Engine {
                 "kv_tokens and block_size must be positive".into(),
             ));
         }
+        let n_blocks = opts.kv_tokens.div_ceil(opts.block_size);
+        if let Device::Cuda(ordinal) = opts.device {
+            let cuda = CudaEngine::load(&gguf, ordinal, n_blocks, opts.block_size)?;
+            return Ok(Engine {
+                gguf,
+                inner: Inner::Cuda(Box::new(cuda)),
+                table: BlockTable::new(n_blocks, opts.block_size),
+                device: opts.device,
+            });
+        }
         let mut pool = rayon::ThreadPoolBuilder::new();
         if let Some(t) = opts.threads {
             pool = pool.num_threads(t.max(1));
@@ -84,7 +108,6 @@ impl Engine {
             .map_err(|e| EngineError::BadOptions(format!("thread pool: {e}")))?;
         let backend = Cpu;
         let model = Model::load(&backend, &gguf)?;
-        let n_blocks = opts.kv_tokens.div_ceil(opts.block_size);
         let i = &model.info;
         let kv = backend.kv_alloc(
             i.n_layer,
@@ -94,16 +117,35 @@ impl Engine {
         );
         Ok(Engine {
             gguf,
-            backend,
-            model,
-            kv,
+            inner: Inner::Cpu {
+                backend,
+                model: Box::new(model),
+                kv,
+                pool,
+            },
             table: BlockTable::new(n_blocks, opts.block_size),
-            pool,
+            device: Device::Cpu,
         })
     }
 
     pub fn info(&self) -> &ModelInfo {
-        &self.model.info
+        match &self.inner {
+            Inner::Cpu { model, .. } => &model.info,
+            Inner::Cuda(c) => &c.model().info,
+        }
+    }
+
+    /// The device this engine computes on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The device in words ("cpu", "cuda:0 (NVIDIA H200)").
+    pub fn device_name(&self) -> String {
+        match &self.inner {
+            Inner::Cpu { .. } => "cpu".into(),
+            Inner::Cuda(c) => format!("{} ({})", self.device, c.backend().gpu().name()),
+        }
     }
 
     pub fn gguf(&self) -> &Gguf {
@@ -138,7 +180,7 @@ impl Engine {
     /// order, the logits rows asked for, each `n_vocab` long. A refused batch (unknown
     /// sequence, bad token, KV cache full) leaves every sequence as it was.
     pub fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
-        let n_vocab = self.model.info.n_vocab;
+        let n_vocab = self.info().n_vocab;
         let mut seen = HashSet::new();
         for inp in batch {
             if !self.table.contains(inp.seq) {
@@ -181,14 +223,24 @@ impl Engine {
         if tokens.is_empty() {
             return Ok(batch.iter().map(|_| Vec::new()).collect());
         }
-        let (model, backend, kv) = (&self.model, &self.backend, &mut self.kv);
-        let logits = self
-            .pool
-            .install(|| model.forward(backend, kv, &tokens, &positions, &seqs, &out_rows))?;
-        let flat = if out_rows.is_empty() {
-            Vec::new()
-        } else {
-            backend.to_host(&logits)
+        let flat = match &mut self.inner {
+            Inner::Cpu {
+                backend,
+                model,
+                kv,
+                pool,
+            } => {
+                let backend = &*backend;
+                let logits = pool.install(|| {
+                    model.forward(backend, kv, &tokens, &positions, &seqs, &out_rows)
+                })?;
+                if out_rows.is_empty() {
+                    Vec::new()
+                } else {
+                    backend.to_host(&logits)
+                }
+            }
+            Inner::Cuda(c) => c.forward(&tokens, &positions, &seqs, &out_rows)?,
         };
         let mut rows = flat.chunks(n_vocab.max(1)).map(<[f32]>::to_vec);
         Ok(batch

@@ -38,4 +38,6 @@ pub enum EngineError {
     BadOptions(String),
     #[error("quantization: {0}")]
     Quant(#[from] smelt_quant::QuantError),
+    #[error(transparent)]
+    Cuda(#[from] smelt_cuda::CudaError),
 }

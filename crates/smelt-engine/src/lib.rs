@@ -12,6 +12,7 @@
 //! ```
 
 pub mod backend;
+mod device;
 mod engine;
 mod error;
 pub mod generate;
@@ -20,6 +21,7 @@ pub mod model;
 pub mod sampler;
 
 pub use backend::cpu::argmax;
+pub use device::{Device, Selected};
 pub use engine::{Engine, EngineOptions, Logits, SeqInput};
 pub use error::EngineError;
 pub use kv_cache::SeqId;

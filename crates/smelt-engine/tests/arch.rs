@@ -113,6 +113,7 @@ fn opts() -> EngineOptions {
         threads: Some(2),
         kv_tokens: 128,
         block_size: 4,
+        ..EngineOptions::default()
     }
 }
 

@@ -10,6 +10,7 @@ fn engine(kv_tokens: usize) -> Engine {
         threads: Some(2),
         kv_tokens,
         block_size: 16,
+        ..EngineOptions::default()
     };
     Engine::load(&common::model(common::SMOLLM2), &opts).unwrap()
 }

@@ -101,6 +101,7 @@ fn check_model(file: &str) {
         threads: Some(2),
         kv_tokens: 4096,
         block_size: 16,
+        ..EngineOptions::default()
     };
     let mut engine = Engine::load(&path, &opts).unwrap();
     let (mut worst, mut full_equal, mut forced_equal) = (0f32, 0, 0);

@@ -8,7 +8,7 @@ mod progress;
 mod shapes;
 
 use clap::{Parser, Subcommand};
-use commands::{chat, inspect, perplexity, quantize, run, serve, synth};
+use commands::{bench, chat, inspect, perplexity, quantize, run, serve, synth};
 use std::process::ExitCode;
 
 /// smelt: a Rust LLM inference server for GGUF models.
@@ -33,6 +33,8 @@ enum Command {
     Chat(chat::ChatArgs),
     /// Score a text file with llama.cpp's perplexity method.
     Perplexity(perplexity::PerplexityArgs),
+    /// Prompt and decode tokens/s of a model (or GEMV bandwidth with --kernels).
+    Bench(bench::BenchArgs),
     /// Serve models over an OpenAI-compatible API (continuous batching, SSE, metrics).
     Serve(serve::ServeArgs),
 }
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
         Command::Quantize(a) => quantize::run(a),
         Command::Synth(a) => synth::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::Run(a) => run::run(a),
         Command::Chat(a) => chat::run(a),
         Command::Perplexity(a) => perplexity::run(a),

@@ -7,6 +7,7 @@
 //! row as consecutive heads.
 
 pub mod cpu;
+pub mod cuda;
 
 use smelt_gguf::Gguf;
 use std::sync::Arc;

@@ -28,6 +28,7 @@ pub struct ChatArgs {
     pub max_tokens: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// auto (the GPU when one is usable, and says so), cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     #[arg(long)]

@@ -2,7 +2,7 @@
 //! loading shared by the commands that run a model (`run`, `chat`, `perplexity`).
 
 use anyhow::{bail, Context, Result};
-use smelt_engine::{Engine, EngineOptions};
+use smelt_engine::{Device, Engine, EngineOptions};
 use smelt_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -90,15 +90,17 @@ fn repo_root() -> Option<PathBuf> {
     root.join("Cargo.toml").is_file().then_some(root)
 }
 
-/// `--device`: the CPU for now; `auto` means the CPU until the GPU backend exists.
-pub fn check_device(device: &str) -> Result<()> {
-    match device {
-        "cpu" | "auto" => Ok(()),
-        "cuda" => {
-            bail!("--device cuda: the CUDA backend lands with the GPU issue; use --device cpu")
-        }
-        other => bail!("unknown --device {other:?} (cpu, auto or cuda)"),
+/// `--device`: `auto`, `cpu`, `cuda` or `cuda:N`. `auto` says on stderr what it picked; an
+/// explicit GPU that is not there is an error naming what is missing.
+pub fn check_device(device: &str) -> Result<Device> {
+    let sel = Device::select(device).map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+    if let Some(note) = &sel.note {
+        eprintln!("{note}");
     }
+    sel.device
+        .check()
+        .with_context(|| format!("--device {device}"))?;
+    Ok(sel.device)
 }
 
 /// A model loaded for running: the engine and its tokenizer.
@@ -111,7 +113,7 @@ pub struct Loaded {
 /// Resolves `model`, loads its weights with room for `kv_tokens` tokens of KV cache, and
 /// builds its tokenizer.
 pub fn load(model: &str, device: &str, threads: Option<usize>, kv_tokens: usize) -> Result<Loaded> {
-    check_device(device)?;
+    let device = check_device(device)?;
     if threads == Some(0) {
         bail!("--threads must be at least 1");
     }
@@ -119,6 +121,7 @@ pub fn load(model: &str, device: &str, threads: Option<usize>, kv_tokens: usize)
     let opts = EngineOptions {
         threads,
         kv_tokens,
+        device,
         ..EngineOptions::default()
     };
     let engine =
@@ -145,10 +148,20 @@ mod tests {
 
     #[test]
     fn devices() {
-        assert!(check_device("cpu").is_ok());
-        assert!(check_device("auto").is_ok());
-        let e = check_device("cuda").unwrap_err().to_string();
-        assert!(e.contains("GPU issue"), "{e}");
-        assert!(check_device("tpu").is_err());
+        assert_eq!(check_device("cpu").unwrap(), Device::Cpu);
+        // auto: the GPU when this machine has one, else the CPU; never an error.
+        let auto = check_device("auto").unwrap();
+        assert_eq!(
+            auto == Device::Cuda(0),
+            smelt_engine::Device::auto().device == Device::Cuda(0)
+        );
+        let e = format!("{:#}", check_device("tpu").unwrap_err());
+        assert!(e.contains("expected auto, cpu, cuda or cuda:N"), "{e}");
+        // A GPU ordinal no machine has: a clear error, not a panic.
+        let e = format!("{:#}", check_device("cuda:4096").unwrap_err());
+        assert!(
+            e.contains("--device cuda:4096") && e.contains("CUDA"),
+            "{e}"
+        );
     }
 }

@@ -29,6 +29,7 @@ pub struct PerplexityArgs {
     /// Tokens per window; the text needs at least two windows.
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
+    /// auto (the GPU when one is usable, and says so), cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     #[arg(long)]

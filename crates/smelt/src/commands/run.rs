@@ -87,7 +87,7 @@ pub struct RunArgs {
     /// A system message for --chat.
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
-    /// cpu (auto means cpu until the GPU backend lands).
+    /// auto (the GPU when one is usable, and says so), cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     #[arg(long)]

@@ -1,0 +1,678 @@
+//! The CUDA backend: weights uploaded once (quantized matrices repacked to the GEMV's row
+//! layout, vectors as f32, the embedding table in ggml's layout), activations as f32 rows
+//! in a per-step scratch arena, the KV cache as f16 blocks, every op a kernel of
+//! `smelt-kernels` launched on the device's one stream.
+//!
+//! The [`Backend`] trait's ops cannot fail except `matmul` and `embed`; a driver error in
+//! any other op is kept (the first one) and returned by [`Cuda::take_error`], which the
+//! engine checks after every step, and later ops launch nothing until then. CUDA errors
+//! are sticky anyway: after one, the results of the step are garbage either way.
+//!
+//! Per-step inputs (token ids, positions, sequence descriptors, block tables) are read by
+//! the kernels from the step buffer ([`step`]), never passed as scalars, so a decode step
+//! can be captured once and replayed ([`runner`]).
+
+mod arena;
+mod ops;
+pub mod runner;
+pub mod step;
+pub mod weights;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use smelt_cuda::cudarc::driver::result as cu;
+use smelt_cuda::cudarc::driver::{CudaSlice, PinnedHostSlice};
+use smelt_cuda::{CudaError, Gpu};
+use smelt_gguf::{GgmlType, Gguf};
+use smelt_kernels::{act, catalog, gemv, TILE};
+
+use self::arena::Arena;
+use self::step::StepLayout;
+use self::weights::{Role, WeightPlan};
+use super::{AttnParams, AttnSeq, Backend, Glu, RopeParams};
+use crate::EngineError;
+
+pub use runner::CudaEngine;
+
+/// An activation matrix in device memory: `rows x cols` f32, row-major, at `ptr` (scratch
+/// of the current step, or owned by the caller when made with [`Cuda::alloc_owned`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaTensor {
+    pub ptr: u64,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// A weight on the device.
+pub enum CudaWeight {
+    /// A matmul operand in the GEMV's row layout.
+    Matrix {
+        buf: CudaSlice<u8>,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        row_bytes: usize,
+    },
+    /// An embedding table in ggml's layout.
+    Embedding {
+        buf: CudaSlice<u8>,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+    },
+    /// f32 values.
+    Vector { buf: CudaSlice<f32>, len: usize },
+}
+
+impl CudaWeight {
+    fn ptr(&self, gpu: &Gpu) -> u64 {
+        match self {
+            CudaWeight::Matrix { buf, .. } | CudaWeight::Embedding { buf, .. } => gpu.ptr(buf),
+            CudaWeight::Vector { buf, .. } => gpu.ptr(buf),
+        }
+    }
+}
+
+/// The KV cache: per layer, K and V as f16 `[n_blocks][block_size][kv_dim]`.
+pub struct CudaKv {
+    pub k: Vec<CudaSlice<u16>>,
+    pub v: Vec<CudaSlice<u16>>,
+    pub n_blocks: usize,
+    pub block_size: usize,
+    pub kv_dim: usize,
+}
+
+/// The step buffer: pinned host words the engine fills, their device copy the kernels read.
+struct StepBuf {
+    layout: StepLayout,
+    /// Owner of the memory `host_ptr` points into.
+    _host: PinnedHostSlice<u32>,
+    host_ptr: *mut u32,
+    /// Owner of the memory `dev_ptr` points into.
+    _dev: CudaSlice<u32>,
+    dev_ptr: u64,
+    n_tokens: usize,
+    n_seqs: usize,
+    max_tokens: usize,
+    generation: u64,
+}
+
+// SAFETY: `host_ptr` points into `host`, which lives as long as this struct; access goes
+// through the backend's mutex.
+unsafe impl Send for StepBuf {}
+
+/// The CUDA backend of one device.
+pub struct Cuda {
+    gpu: Arc<Gpu>,
+    scratch: Mutex<Arena<CudaSlice<u8>>>,
+    step: Mutex<Option<StepBuf>>,
+    error: Mutex<Option<CudaError>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Cuda {
+    /// Opens CUDA device `ordinal` (a missing driver or device is an error, never a panic).
+    pub fn open(ordinal: usize) -> Result<Cuda, EngineError> {
+        let gpu = Gpu::open(ordinal)?;
+        Ok(Cuda {
+            gpu,
+            scratch: Mutex::new(Arena::default()),
+            step: Mutex::new(None),
+            error: Mutex::new(None),
+        })
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// The first error an op hit since the last call, if any.
+    pub fn take_error(&self) -> Result<(), EngineError> {
+        match lock(&self.error).take() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    fn failed(&self) -> bool {
+        lock(&self.error).is_some()
+    }
+
+    /// Runs an op's launches unless an earlier op failed; keeps its error.
+    fn run(&self, f: impl FnOnce() -> Result<(), CudaError>) {
+        if self.failed() {
+            return;
+        }
+        if let Err(e) = f() {
+            let mut err = lock(&self.error);
+            if err.is_none() {
+                *err = Some(e);
+            }
+        }
+    }
+
+    fn new_chunk(gpu: &Gpu) -> impl FnMut(usize) -> Result<(CudaSlice<u8>, u64), CudaError> + '_ {
+        move |bytes| {
+            let buf = gpu.zeros::<u8>(bytes)?;
+            let p = gpu.ptr(&buf);
+            Ok((buf, p))
+        }
+    }
+
+    /// Scratch bytes for this step (zero-size requests get a valid address too).
+    fn scratch(&self, bytes: usize) -> Result<u64, CudaError> {
+        let mut chunk = Self::new_chunk(&self.gpu);
+        let mut arena = lock(&self.scratch);
+        arena.alloc(bytes, &mut chunk)
+    }
+
+    /// Starts a step: writes its inputs into the pinned step buffer (growing it when they do
+    /// not fit) and resets the scratch arena. Enqueues nothing: [`Cuda::upload_step`] does.
+    pub fn begin_step(
+        &self,
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+    ) -> Result<(), EngineError> {
+        let blocks: usize = seqs.iter().map(|s| s.blocks.len()).sum();
+        let mut step = lock(&self.step);
+        let fits = step
+            .as_ref()
+            .is_some_and(|s| s.layout.fits(tokens.len(), seqs.len(), blocks));
+        if !fits {
+            let generation = step.as_ref().map_or(0, |s| s.generation + 1);
+            // Keep what we had room for, so alternating shapes do not reallocate.
+            let (t, s, b) = step.as_ref().map_or((0, 0, 0), |s| {
+                (s.layout.cap_tokens, s.layout.cap_seqs, s.layout.cap_blocks)
+            });
+            let layout =
+                StepLayout::with_room(tokens.len().max(t), seqs.len().max(s), blocks.max(b));
+            self.gpu.synchronize()?;
+            // SAFETY: pinned host memory for plain words; zeroed below before use.
+            let mut host = unsafe { self.gpu.context().alloc_pinned::<u32>(layout.words()) }
+                .map_err(CudaError::from)?;
+            let host_ptr = host.as_mut_ptr().map_err(CudaError::from)?;
+            // SAFETY: `host_ptr` is `layout.words()` words of pinned memory.
+            unsafe { std::ptr::write_bytes(host_ptr, 0, layout.words()) };
+            let dev = self.gpu.zeros::<u32>(layout.words())?;
+            let dev_ptr = self.gpu.ptr(&dev);
+            *step = Some(StepBuf {
+                layout,
+                _host: host,
+                host_ptr,
+                _dev: dev,
+                dev_ptr,
+                n_tokens: 0,
+                n_seqs: 0,
+                max_tokens: 0,
+                generation,
+            });
+        }
+        let Some(s) = step.as_mut() else {
+            return Err(EngineError::BadOptions("no step buffer".into()));
+        };
+        // SAFETY: `host_ptr` is `layout.words()` words of pinned memory; the previous step
+        // finished (the engine downloads its logits) before this one writes.
+        let words = unsafe { std::slice::from_raw_parts_mut(s.host_ptr, s.layout.words()) };
+        s.layout.fill(words, tokens, positions, seqs)?;
+        s.n_tokens = tokens.len();
+        s.n_seqs = seqs.len();
+        s.max_tokens = seqs.iter().map(|q| q.n_tokens).max().unwrap_or(0);
+        drop(step);
+        let mut chunk = Self::new_chunk(&self.gpu);
+        lock(&self.scratch).reset(0, &mut chunk)?;
+        Ok(())
+    }
+
+    /// Enqueues the copy of the step buffer to the device (captured into a decode graph,
+    /// it re-reads the host words at every replay).
+    pub fn upload_step(&self) -> Result<(), EngineError> {
+        let step = lock(&self.step);
+        let Some(s) = step.as_ref() else {
+            return Err(EngineError::BadOptions(
+                "upload_step before begin_step".into(),
+            ));
+        };
+        // SAFETY: pinned source of `words()` words, device destination of the same size.
+        let words = unsafe { std::slice::from_raw_parts(s.host_ptr, s.layout.words()) };
+        unsafe { cu::memcpy_htod_async(s.dev_ptr, words, self.gpu.stream().cu_stream()) }
+            .map_err(CudaError::from)?;
+        Ok(())
+    }
+
+    /// Changes whenever a buffer whose address a graph holds moves.
+    pub fn generation(&self) -> u64 {
+        let a = lock(&self.scratch).generation();
+        let s = lock(&self.step).as_ref().map_or(0, |s| s.generation);
+        a.wrapping_mul(1 << 32).wrapping_add(s)
+    }
+
+    /// Device addresses of the step's sections: (tokens, positions, descriptors, block tables).
+    fn step_ptrs(&self) -> Result<StepPtrs, CudaError> {
+        let step = lock(&self.step);
+        let s = step
+            .as_ref()
+            .ok_or_else(|| CudaError::Init("an op ran before the step buffer existed".into()))?;
+        let at = |w: usize| s.dev_ptr + 4 * w as u64;
+        Ok(StepPtrs {
+            tokens: at(s.layout.tokens()),
+            positions: at(s.layout.positions()),
+            descs: at(s.layout.descs()),
+            block_tables: at(s.layout.block_tables()),
+            n_tokens: s.n_tokens,
+            n_seqs: s.n_seqs,
+            max_tokens: s.max_tokens,
+        })
+    }
+
+    /// Copies a tensor to the host (waits for the stream).
+    pub fn download(&self, x: &CudaTensor) -> Result<Vec<f32>, CudaError> {
+        let mut v = vec![0f32; x.rows * x.cols];
+        if v.is_empty() {
+            return Ok(v);
+        }
+        // SAFETY: `x` is `rows * cols` floats of device memory alive until the next step.
+        unsafe { cu::memcpy_dtoh_async(&mut v, x.ptr, self.gpu.stream().cu_stream()) }?;
+        self.gpu.synchronize()?;
+        Ok(v)
+    }
+
+    fn load(&self, gguf: &Arc<Gguf>, name: &str, role: Role) -> Result<CudaWeight, EngineError> {
+        let info = gguf
+            .tensor(name)
+            .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
+        let (rows, cols) = (info.n_rows() as usize, info.row_len() as usize);
+        let data = gguf.tensor_data(info);
+        let w = match weights::plan(name, info.ty, info.shape.len(), rows, cols, role)? {
+            WeightPlan::Vector => {
+                let mut v = vec![0f32; rows * cols];
+                for (src, dst) in data
+                    .chunks(cols / info.ty.block_size() * info.ty.type_size())
+                    .zip(v.chunks_mut(cols))
+                {
+                    smelt_quant::dequantize_row(info.ty, src, dst).map_err(|_| {
+                        EngineError::UnsupportedType {
+                            name: name.into(),
+                            ty: info.ty,
+                        }
+                    })?;
+                }
+                CudaWeight::Vector {
+                    buf: self.gpu.upload(&v)?,
+                    len: v.len(),
+                }
+            }
+            WeightPlan::Gemv { .. } => {
+                let packed = catalog::repack(info.ty, data, rows, cols).map_err(|e| {
+                    EngineError::BadMetadata {
+                        key: name.into(),
+                        why: format!("repacking for the GPU: {e}"),
+                    }
+                })?;
+                let row_bytes = catalog::row_bytes(info.ty, cols).map_err(CudaError::from)?;
+                CudaWeight::Matrix {
+                    buf: self.gpu.upload(&packed)?,
+                    ty: info.ty,
+                    rows,
+                    cols,
+                    row_bytes,
+                }
+            }
+            WeightPlan::Embedding { .. } => CudaWeight::Embedding {
+                buf: self.gpu.upload(data)?,
+                ty: info.ty,
+                rows,
+                cols,
+            },
+        };
+        Ok(w)
+    }
+
+    /// `out = W x`: activations quantized to q8_1 tiles, then the GEMV over at most
+    /// [`gemv::MAX_TOKENS`] tokens per launch.
+    fn matmul_inner(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        out: &CudaTensor,
+    ) -> Result<(), CudaError> {
+        let CudaWeight::Matrix {
+            buf,
+            ty,
+            rows,
+            cols,
+            row_bytes,
+        } = w
+        else {
+            return Err(CudaError::Init(
+                "matmul of a weight that is not a matrix".into(),
+            ));
+        };
+        if x.cols != *cols || out.cols != *rows || out.rows != x.rows {
+            return Err(CudaError::BadLength {
+                what: "matmul shapes",
+                got: x.cols,
+                want: *cols,
+            });
+        }
+        let n = x.rows;
+        if n == 0 {
+            return Ok(());
+        }
+        let act_row = act::row_bytes(*cols)?;
+        let q = self.scratch(act_row * n)?;
+        let ntiles = cols.div_ceil(TILE) as u32;
+        self.quantize_q8_1(x.ptr, q, *cols, n)?;
+        let wp = self.gpu.ptr(buf);
+        let stream = self.gpu.stream();
+        let (nrows, rb, never) = (*rows as u32, *row_bytes as u32, 0u32);
+        let mut t0 = 0;
+        while t0 < n {
+            let t = (n - t0).min(gemv::MAX_TOKENS);
+            let cfg = gemv::Config::new(t);
+            let f = self.gpu.function(&catalog::gemv_config_name(*ty, cfg)?)?;
+            let xq = q + (t0 * act_row) as u64;
+            let y = out.ptr + (t0 * rows * 4) as u64;
+            let lc = smelt_cuda::LaunchConfig {
+                grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
+                block_dim: (32, gemv::WARPS_PER_CTA, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut l = stream.launch_builder(&f);
+            use smelt_cuda::PushKernelArg;
+            l.arg(&wp)
+                .arg(&xq)
+                .arg(&y)
+                .arg(&nrows)
+                .arg(&ntiles)
+                .arg(&rb)
+                .arg(&never);
+            // SAFETY: parameters in the order `gemv::kernel` documents; `w` holds `rows`
+            // rows of `row_bytes`, `xq` `t` rows of q8_1 tiles, `y` `t x rows` floats.
+            unsafe { l.launch(lc) }?;
+            t0 += t;
+        }
+        Ok(())
+    }
+
+    /// `q = quantize_q8_1(x)` for `n` rows of `k` floats.
+    fn quantize_q8_1(&self, x: u64, q: u64, k: usize, n: usize) -> Result<(), CudaError> {
+        use smelt_cuda::PushKernelArg;
+        let f = self.gpu.function(catalog::QUANTIZE)?;
+        let (len, ntiles) = (k as u32, k.div_ceil(TILE) as u32);
+        let lc = smelt_cuda::LaunchConfig {
+            grid_dim: (ntiles.div_ceil(act::QUANTIZE_WARPS), n as u32, 1),
+            block_dim: (32, act::QUANTIZE_WARPS, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.gpu.stream().launch_builder(&f);
+        l.arg(&x).arg(&q).arg(&len).arg(&ntiles);
+        // SAFETY: parameters as `act::quantize_kernel` documents; `q` holds n rows of tiles.
+        unsafe { l.launch(lc) }?;
+        Ok(())
+    }
+
+    fn copy_rows(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges are device scratch of at least `bytes`.
+        unsafe { cu::memcpy_dtod_async(dst, src, bytes, self.gpu.stream().cu_stream()) }?;
+        Ok(())
+    }
+}
+
+/// Device addresses of the current step's inputs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StepPtrs {
+    pub tokens: u64,
+    pub positions: u64,
+    pub descs: u64,
+    pub block_tables: u64,
+    pub n_tokens: usize,
+    pub n_seqs: usize,
+    /// Most new tokens of one sequence in this step (launch shapes of kv_append and
+    /// attention; 1 for a decode step).
+    pub max_tokens: usize,
+}
+
+impl Backend for Cuda {
+    type Tensor = CudaTensor;
+    type Weight = CudaWeight;
+    type KvStore = CudaKv;
+
+    fn load_weight(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CudaWeight, EngineError> {
+        self.load(gguf, name, Role::Matmul)
+    }
+
+    fn load_embedding(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CudaWeight, EngineError> {
+        self.load(gguf, name, Role::Embedding)
+    }
+
+    fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {
+        match w {
+            CudaWeight::Matrix { rows, cols, .. } | CudaWeight::Embedding { rows, cols, .. } => {
+                (*rows, *cols)
+            }
+            CudaWeight::Vector { len, .. } => (1, *len),
+        }
+    }
+
+    fn alloc(&self, rows: usize, cols: usize) -> CudaTensor {
+        let mut ptr = 0;
+        self.run(|| {
+            ptr = self.scratch(rows * cols * 4)?;
+            Ok(())
+        });
+        CudaTensor { ptr, rows, cols }
+    }
+
+    fn shape(&self, x: &CudaTensor) -> (usize, usize) {
+        (x.rows, x.cols)
+    }
+
+    fn embed(
+        &self,
+        table: &CudaWeight,
+        tokens: &[u32],
+        out: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        let CudaWeight::Embedding { rows, .. } = table else {
+            return Err(EngineError::BadMetadata {
+                key: "token_embd.weight".into(),
+                why: "not loaded as an embedding table".into(),
+            });
+        };
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= *rows) {
+            return Err(EngineError::BadToken {
+                token,
+                n_vocab: *rows,
+            });
+        }
+        self.run(|| {
+            let s = self.step_ptrs()?;
+            if s.n_tokens != tokens.len() || out.rows != tokens.len() {
+                return Err(CudaError::BadLength {
+                    what: "embed tokens (not the step's)",
+                    got: tokens.len(),
+                    want: s.n_tokens,
+                });
+            }
+            self.op_embed(table, s.tokens, out)
+        });
+        self.take_error()
+    }
+
+    fn matmul(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        self.run(|| self.matmul_inner(w, x, out));
+        self.take_error()
+    }
+
+    fn add_bias(&self, x: &mut CudaTensor, bias: &CudaWeight) {
+        self.run(|| self.op_add_bias(x, bias));
+    }
+
+    fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) {
+        out.rows = x.rows;
+        out.cols = x.cols;
+        self.run(|| self.op_rms_norm(x, w, eps, out));
+    }
+
+    fn scale(&self, x: &mut CudaTensor, s: f32) {
+        self.run(|| self.op_scale(x, s));
+    }
+
+    fn add(&self, x: &mut CudaTensor, y: &CudaTensor) {
+        self.run(|| self.op_add(x, y));
+    }
+
+    fn glu(&self, gate: &mut CudaTensor, up: &CudaTensor, act: Glu) {
+        self.run(|| self.op_glu(gate, up, act));
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaTensor,
+        positions: &[u32],
+        head_dim: usize,
+        p: &RopeParams,
+        freq_factors: Option<&CudaWeight>,
+    ) {
+        self.run(|| {
+            let s = self.step_ptrs()?;
+            if s.n_tokens != positions.len() || x.rows != positions.len() {
+                return Err(CudaError::BadLength {
+                    what: "rope positions (not the step's)",
+                    got: positions.len(),
+                    want: s.n_tokens,
+                });
+            }
+            self.op_rope(x, s.positions, head_dim, p, freq_factors)
+        });
+    }
+
+    fn gather_rows(&self, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
+        let mut out = self.alloc(rows.len(), x.cols);
+        out.rows = rows.len();
+        self.run(|| {
+            let row_bytes = x.cols * 4;
+            // One copy per run of consecutive rows (one in all for a decode batch).
+            let mut i = 0;
+            while i < rows.len() {
+                let mut j = i + 1;
+                while j < rows.len() && rows[j] == rows[j - 1] + 1 {
+                    j += 1;
+                }
+                if rows[j - 1] >= x.rows {
+                    return Err(CudaError::BadLength {
+                        what: "gathered row",
+                        got: rows[j - 1],
+                        want: x.rows,
+                    });
+                }
+                self.copy_rows(
+                    out.ptr + (i * row_bytes) as u64,
+                    x.ptr + (rows[i] * row_bytes) as u64,
+                    (j - i) * row_bytes,
+                )?;
+                i = j;
+            }
+            Ok(())
+        });
+        out
+    }
+
+    fn to_host(&self, x: &CudaTensor) -> Vec<f32> {
+        let mut v = Vec::new();
+        self.run(|| {
+            v = self.download(x)?;
+            Ok(())
+        });
+        v
+    }
+
+    fn argmax_rows(&self, x: &CudaTensor) -> Vec<u32> {
+        self.to_host(x)
+            .chunks(x.cols.max(1))
+            .map(crate::backend::cpu::argmax)
+            .collect()
+    }
+
+    fn kv_alloc(
+        &self,
+        n_layer: usize,
+        n_blocks: usize,
+        block_size: usize,
+        kv_dim: usize,
+    ) -> CudaKv {
+        let mut kv = CudaKv {
+            k: Vec::new(),
+            v: Vec::new(),
+            n_blocks,
+            block_size,
+            kv_dim,
+        };
+        self.run(|| {
+            let n = n_blocks * block_size * kv_dim;
+            for _ in 0..n_layer {
+                kv.k.push(self.gpu.zeros::<u16>(n)?);
+                kv.v.push(self.gpu.zeros::<u16>(n)?);
+            }
+            Ok(())
+        });
+        kv
+    }
+
+    fn kv_write(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        seqs: &[AttnSeq<'_>],
+    ) {
+        self.run(|| {
+            let s = self.step_ptrs()?;
+            if s.n_seqs != seqs.len() {
+                return Err(CudaError::BadLength {
+                    what: "kv_write sequences (not the step's)",
+                    got: seqs.len(),
+                    want: s.n_seqs,
+                });
+            }
+            self.op_kv_write(kv, layer, k, v, &s)
+        });
+    }
+
+    fn attention(
+        &self,
+        q: &CudaTensor,
+        kv: &CudaKv,
+        layer: usize,
+        seqs: &[AttnSeq<'_>],
+        p: &AttnParams,
+        out: &mut CudaTensor,
+    ) {
+        out.rows = q.rows;
+        out.cols = p.n_head * p.head_dim;
+        self.run(|| {
+            let s = self.step_ptrs()?;
+            if s.n_seqs != seqs.len() {
+                return Err(CudaError::BadLength {
+                    what: "attention sequences (not the step's)",
+                    got: seqs.len(),
+                    want: s.n_seqs,
+                });
+            }
+            self.op_attention(q, kv, layer, &s, p, out)
+        });
+    }
+}

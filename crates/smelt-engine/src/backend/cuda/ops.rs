@@ -1,0 +1,344 @@
+//! Glue from the backend's ops to the kernels of `smelt_kernels::ops`: shapes checked,
+//! parameters in the order each kernel documents, launch dimensions from the kernel's own
+//! helper.
+
+use smelt_cuda::{CudaError, LaunchConfig, PushKernelArg};
+use smelt_kernels::ops::{self, Launch};
+
+use super::{Cuda, CudaKv, CudaTensor, CudaWeight, StepPtrs};
+use crate::backend::{AttnParams, Glu, RopeParams, RopeStyle};
+
+/// One kernel parameter.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Arg {
+    /// A device address.
+    P(u64),
+    U(u32),
+    F(f32),
+}
+
+fn u32_of(n: usize, what: &'static str) -> Result<u32, CudaError> {
+    u32::try_from(n).map_err(|_| CudaError::BadLength {
+        what,
+        got: n,
+        want: u32::MAX as usize,
+    })
+}
+
+impl Cuda {
+    /// Launches kernel `name` with `args` (in the kernel's documented order).
+    pub(crate) fn launch(&self, name: &str, l: Launch, args: &[Arg]) -> Result<(), CudaError> {
+        let f = self.gpu.function(name)?;
+        let stream = self.gpu.stream();
+        let mut b = stream.launch_builder(&f);
+        for a in args {
+            match a {
+                Arg::P(p) => b.arg(p),
+                Arg::U(u) => b.arg(u),
+                Arg::F(x) => b.arg(x),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: l.grid,
+            block_dim: l.block,
+            shared_mem_bytes: l.shared_bytes,
+        };
+        // SAFETY: every caller passes the parameters its kernel documents, with buffers of
+        // the sizes the shapes imply (checked by the callers).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    fn vector(&self, w: &CudaWeight, what: &'static str) -> Result<(u64, usize), CudaError> {
+        match w {
+            CudaWeight::Vector { len, .. } => Ok((w.ptr(&self.gpu), *len)),
+            _ => Err(CudaError::Init(format!("{what}: expected a vector weight"))),
+        }
+    }
+
+    pub(crate) fn op_rms_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+        out: &CudaTensor,
+    ) -> Result<(), CudaError> {
+        let (wp, n) = self.vector(w, "rms_norm")?;
+        let total = x.rows * x.cols;
+        if n == 0 || !total.is_multiple_of(n) {
+            return Err(CudaError::BadLength {
+                what: "rms_norm row (not a multiple of the weight)",
+                got: x.cols,
+                want: n,
+            });
+        }
+        self.launch(
+            ops::norm::RMS_NORM,
+            ops::norm::launch(total / n, n),
+            &[
+                Arg::P(x.ptr),
+                Arg::P(wp),
+                Arg::P(out.ptr),
+                Arg::U(n as u32),
+                Arg::F(eps),
+            ],
+        )
+    }
+
+    pub(crate) fn op_add_bias(&self, x: &CudaTensor, bias: &CudaWeight) -> Result<(), CudaError> {
+        let (bp, n) = self.vector(bias, "add_bias")?;
+        if n != x.cols {
+            return Err(CudaError::BadLength {
+                what: "bias",
+                got: n,
+                want: x.cols,
+            });
+        }
+        self.launch(
+            ops::elementwise::ADD_BIAS,
+            ops::elementwise::launch_bias(x.rows, x.cols),
+            &[Arg::P(x.ptr), Arg::P(bp), Arg::U(u32_of(x.cols, "cols")?)],
+        )
+    }
+
+    pub(crate) fn op_scale(&self, x: &CudaTensor, s: f32) -> Result<(), CudaError> {
+        let n = x.rows * x.cols;
+        self.launch(
+            ops::elementwise::SCALE,
+            ops::elementwise::launch(n),
+            &[Arg::P(x.ptr), Arg::U(u32_of(n, "scale length")?), Arg::F(s)],
+        )
+    }
+
+    pub(crate) fn op_add(&self, x: &CudaTensor, y: &CudaTensor) -> Result<(), CudaError> {
+        let n = x.rows * x.cols;
+        if y.rows * y.cols != n {
+            return Err(CudaError::BadLength {
+                what: "add operands",
+                got: y.rows * y.cols,
+                want: n,
+            });
+        }
+        self.launch(
+            ops::elementwise::ADD,
+            ops::elementwise::launch(n),
+            &[
+                Arg::P(x.ptr),
+                Arg::P(y.ptr),
+                Arg::U(u32_of(n, "add length")?),
+            ],
+        )
+    }
+
+    pub(crate) fn op_glu(
+        &self,
+        gate: &CudaTensor,
+        up: &CudaTensor,
+        act: Glu,
+    ) -> Result<(), CudaError> {
+        let n = gate.rows * gate.cols;
+        if up.rows * up.cols != n {
+            return Err(CudaError::BadLength {
+                what: "glu operands",
+                got: up.rows * up.cols,
+                want: n,
+            });
+        }
+        let act = match act {
+            Glu::Silu => ops::elementwise::Glu::Silu,
+            Glu::Gelu => ops::elementwise::Glu::Gelu,
+        };
+        self.launch(
+            ops::elementwise::glu_name(act),
+            ops::elementwise::launch(n),
+            &[
+                Arg::P(gate.ptr),
+                Arg::P(up.ptr),
+                Arg::U(u32_of(n, "glu length")?),
+            ],
+        )
+    }
+
+    pub(crate) fn op_rope(
+        &self,
+        x: &CudaTensor,
+        positions: u64,
+        head_dim: usize,
+        p: &RopeParams,
+        freq_factors: Option<&CudaWeight>,
+    ) -> Result<(), CudaError> {
+        let n_rot = p.n_rot.min(head_dim);
+        if head_dim == 0 || !x.cols.is_multiple_of(head_dim) || !n_rot.is_multiple_of(2) {
+            return Err(CudaError::BadLength {
+                what: "rope head_dim / n_rot",
+                got: x.cols,
+                want: head_dim,
+            });
+        }
+        let ff = match freq_factors {
+            Some(w) => self.vector(w, "rope freq_factors")?.0,
+            None => 0,
+        };
+        let style = match p.style {
+            RopeStyle::Normal => ops::rope::RopeStyle::Normal,
+            RopeStyle::Neox => ops::rope::RopeStyle::Neox,
+        };
+        self.launch(
+            ops::rope::name(style),
+            ops::rope::launch(x.rows, x.cols, head_dim, n_rot),
+            &[
+                Arg::P(x.ptr),
+                Arg::P(positions),
+                Arg::P(ff),
+                Arg::U(x.cols as u32),
+                Arg::U(head_dim as u32),
+                Arg::U(n_rot as u32),
+                Arg::F(ops::rope::theta_scale(p.freq_base, n_rot)),
+                Arg::F(p.freq_scale),
+            ],
+        )
+    }
+
+    pub(crate) fn op_embed(
+        &self,
+        table: &CudaWeight,
+        tokens: u64,
+        out: &CudaTensor,
+    ) -> Result<(), CudaError> {
+        let CudaWeight::Embedding { ty, rows, cols, .. } = table else {
+            return Err(CudaError::Init("embed: not an embedding table".into()));
+        };
+        if out.cols != *cols {
+            return Err(CudaError::BadLength {
+                what: "embedding row",
+                got: out.cols,
+                want: *cols,
+            });
+        }
+        let row_bytes = ops::embed::row_bytes(*ty, *cols)?;
+        self.launch(
+            &ops::embed::embed_name(*ty)?,
+            ops::embed::launch(out.rows, *cols),
+            &[
+                Arg::P(table.ptr(&self.gpu)),
+                Arg::P(tokens),
+                Arg::P(out.ptr),
+                Arg::U(u32_of(*cols, "embedding cols")?),
+                Arg::U(u32_of(row_bytes, "embedding row bytes")?),
+                Arg::U(u32_of(*rows, "vocabulary")?),
+            ],
+        )
+    }
+
+    pub(crate) fn op_kv_write(
+        &self,
+        kv: &CudaKv,
+        layer: usize,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        s: &StepPtrs,
+    ) -> Result<(), CudaError> {
+        let (Some(kc), Some(vc)) = (kv.k.get(layer), kv.v.get(layer)) else {
+            return Err(CudaError::Init(format!(
+                "kv_write: no layer {layer} in the cache"
+            )));
+        };
+        if k.cols != kv.kv_dim || v.cols != kv.kv_dim || k.rows != v.rows {
+            return Err(CudaError::BadLength {
+                what: "kv_write row",
+                got: k.cols,
+                want: kv.kv_dim,
+            });
+        }
+        self.launch(
+            ops::kv::KV_APPEND,
+            ops::kv::launch(s.n_seqs, s.max_tokens, kv.kv_dim),
+            &[
+                Arg::P(k.ptr),
+                Arg::P(v.ptr),
+                Arg::P(self.gpu.ptr(kc)),
+                Arg::P(self.gpu.ptr(vc)),
+                Arg::P(s.descs),
+                Arg::P(s.block_tables),
+                Arg::U(kv.kv_dim as u32),
+                Arg::U(kv.block_size as u32),
+            ],
+        )
+    }
+
+    pub(crate) fn op_attention(
+        &self,
+        q: &CudaTensor,
+        kv: &CudaKv,
+        layer: usize,
+        s: &StepPtrs,
+        p: &AttnParams,
+        out: &CudaTensor,
+    ) -> Result<(), CudaError> {
+        let (Some(kc), Some(vc)) = (kv.k.get(layer), kv.v.get(layer)) else {
+            return Err(CudaError::Init(format!(
+                "attention: no layer {layer} in the cache"
+            )));
+        };
+        let name = ops::attention::name(p.head_dim).ok_or_else(|| {
+            CudaError::NoKernel(format!(
+                "attention for head_dim {} (kernels exist for {:?})",
+                p.head_dim,
+                ops::attention::HEAD_DIMS
+            ))
+        })?;
+        if p.n_head_kv == 0
+            || !p.n_head.is_multiple_of(p.n_head_kv)
+            || q.cols != p.n_head * p.head_dim
+            || kv.kv_dim != p.n_head_kv * p.head_dim
+        {
+            return Err(CudaError::BadLength {
+                what: "attention heads",
+                got: q.cols,
+                want: p.n_head * p.head_dim,
+            });
+        }
+        let splits = self.splits(s.n_seqs, p.n_head_kv);
+        let (acc_len, ml_len) = ops::attention::partial_lens(q.rows, p.n_head, splits, p.head_dim);
+        let acc = self.scratch(acc_len * 4)?;
+        let ml = self.scratch(ml_len * 4)?;
+        let q_tiles = ops::attention::q_tiles(s.max_tokens, p.n_head, p.n_head_kv);
+        self.launch(
+            &name,
+            ops::attention::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv, splits),
+            &[
+                Arg::P(q.ptr),
+                Arg::P(self.gpu.ptr(kc)),
+                Arg::P(self.gpu.ptr(vc)),
+                Arg::P(s.descs),
+                Arg::P(s.block_tables),
+                Arg::P(acc),
+                Arg::P(ml),
+                Arg::U(p.n_head as u32),
+                Arg::U(p.n_head_kv as u32),
+                Arg::U(kv.block_size as u32),
+                Arg::U(splits as u32),
+                Arg::U(u32_of(q_tiles, "attention q tiles")?),
+                Arg::U(u32_of(p.window.unwrap_or(0), "attention window")?),
+                Arg::F(p.scale),
+            ],
+        )?;
+        self.launch(
+            ops::attention::REDUCE,
+            ops::attention::reduce_launch(q.rows, p.n_head, p.head_dim),
+            &[
+                Arg::P(acc),
+                Arg::P(ml),
+                Arg::P(out.ptr),
+                Arg::U(splits as u32),
+                Arg::U(p.head_dim as u32),
+            ],
+        )
+    }
+
+    /// Key splits per (sequence, KV head): enough blocks to fill the GPU about twice,
+    /// independent of sequence length (a graph captured at one length replays at any).
+    fn splits(&self, n_seqs: usize, n_head_kv: usize) -> usize {
+        ops::attention::default_splits(n_seqs, n_head_kv, self.gpu.sm_count())
+    }
+}

@@ -1,0 +1,168 @@
+//! A model on a GPU: the [`Cuda`] backend, the model's weights on it, its KV cache, and
+//! the decode-step graphs.
+//!
+//! A step runs in one of three ways ([`Plan`]): eagerly (op by op), under stream capture
+//! (the first time a decode shape repeats: the graph is kept), or as a replay of the graph
+//! captured for its shape, after the host has rewritten the pinned step buffer. A replay
+//! costs one graph launch instead of hundreds of kernel launches.
+
+use std::sync::Arc;
+
+use smelt_cuda::{CudaError, Graph};
+use smelt_gguf::Gguf;
+
+use super::step::{GraphCache, GraphKey, Plan};
+use super::{Cuda, CudaKv, CudaTensor};
+use crate::backend::{AttnSeq, Backend};
+use crate::model::Model;
+use crate::EngineError;
+
+/// Graphs kept at once (one per decode batch size in use).
+const MAX_GRAPHS: usize = 32;
+
+struct Captured {
+    graph: Graph,
+    logits: CudaTensor,
+}
+
+/// A model loaded on a GPU.
+pub struct CudaEngine {
+    backend: Cuda,
+    model: Model<Cuda>,
+    kv: CudaKv,
+    graphs: GraphCache<Captured>,
+    use_graphs: bool,
+    replays: u64,
+}
+
+impl CudaEngine {
+    /// Uploads the model in `gguf` to CUDA device `ordinal` with a KV cache of `n_blocks`
+    /// blocks of `block_size` tokens.
+    pub fn load(
+        gguf: &Arc<Gguf>,
+        ordinal: usize,
+        n_blocks: usize,
+        block_size: usize,
+    ) -> Result<CudaEngine, EngineError> {
+        let backend = Cuda::open(ordinal)?;
+        let model = Model::load(&backend, gguf)?;
+        let i = &model.info;
+        let kv = backend.kv_alloc(i.n_layer, n_blocks, block_size, i.n_head_kv * i.head_dim);
+        backend.take_error()?;
+        backend.gpu().synchronize()?;
+        Ok(CudaEngine {
+            backend,
+            model,
+            kv,
+            graphs: GraphCache::new(MAX_GRAPHS),
+            // SMELT_CUDA_GRAPHS=0 runs every step eagerly (to compare, or to debug).
+            use_graphs: std::env::var("SMELT_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            replays: 0,
+        })
+    }
+
+    pub fn model(&self) -> &Model<Cuda> {
+        &self.model
+    }
+
+    pub fn backend(&self) -> &Cuda {
+        &self.backend
+    }
+
+    /// Decode steps served by a graph replay so far.
+    pub fn replays(&self) -> u64 {
+        self.replays
+    }
+
+    fn eager(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+    ) -> Result<CudaTensor, EngineError> {
+        self.backend.upload_step()?;
+        self.model.forward(
+            &self.backend,
+            &mut self.kv,
+            tokens,
+            positions,
+            seqs,
+            out_rows,
+        )
+    }
+
+    /// One step: `tokens` of all sequences (concatenated in `seqs` order) at `positions`;
+    /// returns the logits of `out_rows`, flat.
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+    ) -> Result<Vec<f32>, EngineError> {
+        let key = if self.use_graphs {
+            GraphKey::decode(seqs, out_rows)
+        } else {
+            None
+        };
+        self.backend.begin_step(tokens, positions, seqs)?;
+        let plan = self.graphs.plan(key.as_ref(), self.backend.generation());
+        let logits = match (plan, key) {
+            (Plan::Replay, Some(key)) => {
+                let Some(c) = self.graphs.get(&key) else {
+                    return Err(EngineError::BadOptions("graph vanished".into()));
+                };
+                c.graph.launch()?;
+                self.replays += 1;
+                c.logits
+            }
+            (Plan::Capture, Some(key)) => {
+                let (backend, model, kv) = (&self.backend, &self.model, &mut self.kv);
+                let mut logits = None;
+                let mut model_err = None;
+                let captured = backend.gpu().capture(|| {
+                    let r = backend.upload_step().and_then(|()| {
+                        model.forward(backend, kv, tokens, positions, seqs, out_rows)
+                    });
+                    match r {
+                        Ok(l) => logits = Some(l),
+                        Err(e) => model_err = Some(e),
+                    }
+                    // An op's kept error fails the capture too.
+                    backend
+                        .take_error()
+                        .map_err(|e| CudaError::Init(format!("during capture: {e}")))
+                });
+                if let Some(e) = model_err {
+                    return Err(e);
+                }
+                match (captured, logits) {
+                    (Ok(graph), Some(logits)) => {
+                        graph.launch()?;
+                        self.graphs.insert(key, Captured { graph, logits });
+                        logits
+                    }
+                    (r, _) => {
+                        // Nothing ran during the capture: run the step for real, and stop
+                        // capturing (a driver that refuses once will refuse again).
+                        let why = r.err().map_or("no logits".to_string(), |e| e.to_string());
+                        eprintln!(
+                            "smelt: CUDA graph capture failed ({why}); running steps eagerly"
+                        );
+                        self.use_graphs = false;
+                        self.graphs.give_up(&key);
+                        self.eager(tokens, positions, seqs, out_rows)?
+                    }
+                }
+            }
+            _ => self.eager(tokens, positions, seqs, out_rows)?,
+        };
+        self.backend.take_error()?;
+        if out_rows.is_empty() {
+            self.backend.gpu().synchronize()?;
+            return Ok(Vec::new());
+        }
+        Ok(self.backend.download(&logits)?)
+    }
+}
