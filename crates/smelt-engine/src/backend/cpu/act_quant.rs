@@ -16,7 +16,7 @@ pub fn quantize_act<A: Block + Quantize>(x: &[f32], dst: &mut [A]) {
             if let Ok(d) = bytemuck::try_cast_slice_mut::<A, BlockQ8_0>(dst) {
                 for (b, x) in d.iter_mut().zip(x.chunks_exact(32)) {
                     let (d, _) = q8_block(x, &mut b.qs);
-                    b.d = d;
+                    b.d = f32_to_f16(d);
                 }
                 return;
             }
@@ -25,8 +25,8 @@ pub fn quantize_act<A: Block + Quantize>(x: &[f32], dst: &mut [A]) {
             if let Ok(d) = bytemuck::try_cast_slice_mut::<A, BlockQ8_1>(dst) {
                 for (b, x) in d.iter_mut().zip(x.chunks_exact(32)) {
                     let (d, sum) = q8_block(x, &mut b.qs);
-                    b.d = d;
-                    b.s = f32_to_f16(f32::from(d) * sum as f32);
+                    b.d = f32_to_f16(d);
+                    b.s = f32_to_f16(d * sum as f32);
                 }
                 return;
             }
@@ -36,9 +36,9 @@ pub fn quantize_act<A: Block + Quantize>(x: &[f32], dst: &mut [A]) {
     A::quantize_row(x, dst);
 }
 
-/// One 32-value block: returns the f16 scale and the sum of the quants. Note that the sum
-/// is scaled by the f32 `d` in ggml, not the rounded f16 one.
-fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f16, i32) {
+/// One 32-value block: returns the f32 scale (stored rounded to f16) and the sum of the
+/// quants. Q8_1's `s` is the sum times the f32 `d` in ggml, not the rounded f16 one.
+fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
@@ -48,7 +48,7 @@ fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f16, i32) {
         *q = r as i8;
         sum += r;
     }
-    (f32_to_f16(d), sum)
+    (d, sum)
 }
 
 /// Rounds half to even like `_mm256_round_ps(_MM_ROUND_NEAREST)`; `f32::round_ties_even`
@@ -77,6 +77,7 @@ mod tests {
         assert_eq!(b[0].d, f32_to_f16(amax / 127.0));
         let sum: i32 = b[0].qs.iter().map(|&q| q as i32).sum();
         assert_eq!(b[0].s, f32_to_f16(amax / 127.0 * sum as f32));
+
         assert!(b[0].qs.iter().any(|&q| q == 127 || q == -127));
         for x in [0.5f32, 1.5, 2.5, -0.5, -1.5, 126.5, -127.0, 3.49, -3.51] {
             assert_eq!(round_ties_even(x), x.round_ties_even(), "{x}");

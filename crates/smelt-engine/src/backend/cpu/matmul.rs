@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use smelt_quant::{fp, iq4, kquants, legacy, Block, GgmlType};
 
 use super::act_quant::quantize_act;
+use super::ggml_dot::GgmlDot;
 
 use crate::EngineError;
 
@@ -81,7 +82,7 @@ pub fn supported(ty: GgmlType) -> bool {
     )
 }
 
-fn matmul_typed<B: Block>(
+fn matmul_typed<B: GgmlDot>(
     w: &[u8],
     rows: usize,
     cols: usize,
@@ -121,7 +122,7 @@ fn matmul_typed<B: Block>(
             let r0 = c * per_task;
             for (i, y) in o.iter_mut().enumerate() {
                 let r = r0 + i;
-                *y = B::vec_dot(&w[r * w_per_row..(r + 1) * w_per_row], &act);
+                *y = B::ggml_dot(&w[r * w_per_row..(r + 1) * w_per_row], &act);
             }
         });
         return Ok(());
@@ -142,7 +143,8 @@ fn matmul_typed<B: Block>(
                     let r = r0 + i;
                     let wr = &w[r * w_per_row..(r + 1) * w_per_row];
                     for t in t0..t1 {
-                        o[i * n_tok + t] = B::vec_dot(wr, &act[t * a_per_row..(t + 1) * a_per_row]);
+                        o[i * n_tok + t] =
+                            B::ggml_dot(wr, &act[t * a_per_row..(t + 1) * a_per_row]);
                     }
                 }
             }
@@ -222,13 +224,7 @@ mod tests {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         let (rows, cols, n_tok) = (9, 640, 5);
-        for ty in [
-            GgmlType::Q5_0,
-            GgmlType::Q4_1,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q5_1,
-        ] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_1, GgmlType::IQ4_NL] {
             let stride = crate::backend::cpu::padded_cols(ty, cols);
             assert_eq!(stride, 768);
             let (rb, pb) = (ty.type_size() * cols / 32, ty.type_size() * stride / 32);

@@ -3,8 +3,9 @@
 //! the work is spread over rayon's current thread pool (the engine installs one with the
 //! requested number of threads).
 
-mod act_quant;
+pub mod act_quant;
 mod attention;
+pub mod ggml_dot;
 pub mod matmul;
 
 use std::sync::{Arc, OnceLock};
@@ -67,16 +68,16 @@ impl WeightBytes {
     }
 }
 
-/// Row length a matmul weight is stored with. smelt-quant's AVX2 dots for the legacy
+/// Row length a matmul weight is stored with. smelt-quant's AVX2 dots for some legacy
 /// formats (and IQ4_NL) take eight blocks per step and finish a ragged tail block by
-/// block on a much slower path (40% of Gemma 3's prefill, whose rows are 20 blocks); zero
-/// blocks added to both operands contribute exactly +0 to the same partial sums, so
-/// padding to whole groups gives identical results at full speed.
+/// block on a much slower path; zero blocks added to both operands contribute exactly +0
+/// to the same partial sums, so padding to whole groups gives identical results at full
+/// speed. The formats with a ggml-order dot ([`ggml_dot`]) go block by block and need none.
 pub fn padded_cols(ty: GgmlType, cols: usize) -> usize {
     use GgmlType::*;
     let group = 8 * ty.block_size();
     match ty {
-        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL => cols.div_ceil(group) * group,
+        Q4_0 | Q5_1 | IQ4_NL => cols.div_ceil(group) * group,
         _ => cols,
     }
 }

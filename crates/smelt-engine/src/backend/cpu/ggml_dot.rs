@@ -1,0 +1,380 @@
+//! Block dot products in exactly the order ggml's x86 CPU backend computes them
+//! (`ggml-cpu/arch/x86/quants.c`, AVX2 + FMA build), so a matmul gives llama.cpp's bits.
+//!
+//! ggml's AVX2 `vec_dot`s walk the blocks one at a time with one `__m256` accumulator:
+//! lane `l` of a block's integer dot is the exact sum of its weights `4l..4l+3` times the
+//! activations (`maddubs` + `madd`), converted to f32 and fused-multiply-added with the
+//! block's combined scale into accumulator lane `l`; at the end `hsum_float_8` adds the
+//! lanes as `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`. Formats with a minimum (Q4_1) add a
+//! scalar running sum of `m * s` after that. The portable path computes the same lanes in
+//! scalars with `f32::mul_add`, so `SMELT_NO_SIMD=1` gives the same bits.
+//!
+//! smelt-quant's own `vec_dot`s keep another (equally valid) order that the GPU kernels'
+//! CPU twins rely on, so these live here, next to the matmul that needs ggml's order.
+
+use smelt_quant::fp::{self, f16_to_f32};
+use smelt_quant::iq4::{BlockIQ4NL, BlockIQ4XS};
+use smelt_quant::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use smelt_quant::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
+use smelt_quant::Block;
+
+/// A weight block with a dot product against its activation block in ggml's order.
+pub trait GgmlDot: Block {
+    fn ggml_dot(x: &[Self], y: &[Self::Act]) -> f32;
+}
+
+/// Formats whose ggml order is not reproduced yet: smelt-quant's own dot.
+macro_rules! own_order {
+    ($($B:ty),*) => {$(
+        impl GgmlDot for $B {
+            #[inline]
+            fn ggml_dot(x: &[Self], y: &[Self::Act]) -> f32 {
+                <$B as Block>::vec_dot(x, y)
+            }
+        }
+    )*};
+}
+own_order!(
+    fp::F32,
+    fp::F16,
+    fp::BF16,
+    BlockQ4_0,
+    BlockQ5_1,
+    BlockQ2K,
+    BlockQ3K,
+    BlockQ4K,
+    BlockQ5K,
+    BlockIQ4NL,
+    BlockIQ4XS
+);
+
+/// `hsum_float_8`: the one order ggml adds its eight accumulator lanes in.
+#[inline(always)]
+pub fn hsum8(a: &[f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+/// Whether the AVX2 + FMA paths may run (`SMELT_NO_SIMD` turns them off).
+#[inline(always)]
+fn simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        smelt_quant::simd::has_avx2()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Eight lanes of four consecutive products each, as `maddubs` + `madd` group them.
+#[inline(always)]
+fn lanes4(q: &[i32; 32], y: &[i8; 32]) -> [i32; 8] {
+    std::array::from_fn(|l| (0..4).map(|k| q[4 * l + k] * y[4 * l + k] as i32).sum())
+}
+
+#[inline(always)]
+fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: [i32; 8]) {
+    for (a, s) in acc.iter_mut().zip(lanes) {
+        *a = d.mul_add(s as f32, *a);
+    }
+}
+
+impl GgmlDot for BlockQ4_1 {
+    fn ggml_dot(x: &[Self], y: &[BlockQ8_1]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: AVX2 and FMA were detected at run time.
+            return unsafe { x86::q4_1(x, y) };
+        }
+        portable::q4_1(x, y)
+    }
+}
+
+impl GgmlDot for BlockQ5_0 {
+    fn ggml_dot(x: &[Self], y: &[BlockQ8_0]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: AVX2 and FMA were detected at run time.
+            return unsafe { x86::q5_0(x, y) };
+        }
+        portable::q5_0(x, y)
+    }
+}
+
+impl GgmlDot for BlockQ8_0 {
+    fn ggml_dot(x: &[Self], y: &[BlockQ8_0]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: AVX2 and FMA were detected at run time.
+            return unsafe { x86::q8_0(x, y) };
+        }
+        portable::q8_0(x, y)
+    }
+}
+
+impl GgmlDot for BlockQ8_1 {
+    fn ggml_dot(x: &[Self], y: &[BlockQ8_1]) -> f32 {
+        <Self as Block>::vec_dot(x, y)
+    }
+}
+
+impl GgmlDot for BlockQ6K {
+    fn ggml_dot(x: &[Self], y: &[BlockQ8K]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: AVX2 and FMA were detected at run time.
+            return unsafe { x86::q6_k(x, y) };
+        }
+        portable::q6_k(x, y)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The AVX2 + FMA kernels, instruction for instruction ggml's.
+    use super::*;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(super) unsafe fn hsum_float_8(x: __m256) -> f32 {
+        let mut res = _mm256_extractf128_ps(x, 1);
+        res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+        res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+        res = _mm_add_ss(res, _mm_movehdup_ps(res));
+        _mm_cvtss_f32(res)
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn bytes_from_nibbles_32(qs: &[u8; 16]) -> __m256i {
+        let tmp = _mm_loadu_si128(qs.as_ptr().cast());
+        let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+        _mm256_and_si256(_mm256_set1_epi8(0xF), bytes)
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn bytes_from_bits_32(qh: [u8; 4]) -> __m256i {
+        let shuf = _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        );
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(i32::from_le_bytes(qh)), shuf);
+        let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+        _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn mul_sum_us8_pairs_float(ax: __m256i, sy: __m256i) -> __m256 {
+        let dot = _mm256_maddubs_epi16(ax, sy);
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot))
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
+        let ax = _mm256_sign_epi8(x, x);
+        let sy = _mm256_sign_epi8(y, x);
+        mul_sum_us8_pairs_float(ax, sy)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn q4_1(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let mut summs = 0f32;
+        for (a, b) in x.iter().zip(y) {
+            let d0 = f16_to_f32(a.d);
+            let d1 = f16_to_f32(b.d);
+            summs = f16_to_f32(a.m).mul_add(f16_to_f32(b.s), summs);
+            let d0d1 = _mm256_set1_ps(d0 * d1);
+            let qx = bytes_from_nibbles_32(&a.qs);
+            let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
+            let xy = mul_sum_us8_pairs_float(qx, qy);
+            acc = _mm256_fmadd_ps(d0d1, xy, acc);
+        }
+        hsum_float_8(acc) + summs
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn q5_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        for (a, b) in x.iter().zip(y) {
+            let d = _mm256_set1_ps(f16_to_f32(a.d) * f16_to_f32(b.d));
+            let mut qx = bytes_from_nibbles_32(&a.qs);
+            let bxhi =
+                _mm256_andnot_si256(bytes_from_bits_32(a.qh), _mm256_set1_epi8(0xF0u8 as i8));
+            qx = _mm256_or_si256(qx, bxhi);
+            let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
+            let q = mul_sum_i8_pairs_float(qx, qy);
+            acc = _mm256_fmadd_ps(d, q, acc);
+        }
+        hsum_float_8(acc)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        for (a, b) in x.iter().zip(y) {
+            let d = _mm256_set1_ps(f16_to_f32(a.d) * f16_to_f32(b.d));
+            let qx = _mm256_loadu_si256(a.qs.as_ptr().cast());
+            let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
+            let q = mul_sum_i8_pairs_float(qx, qy);
+            acc = _mm256_fmadd_ps(d, q, acc);
+        }
+        hsum_float_8(acc)
+    }
+
+    #[rustfmt::skip]
+    static SCALE_SHUFFLE: [u8; 128] = [
+         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+         4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5,
+         6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7,
+         8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9,
+        10,10,10,10,10,10,10,10, 11,11,11,11,11,11,11,11,
+        12,12,12,12,12,12,12,12, 13,13,13,13,13,13,13,13,
+        14,14,14,14,14,14,14,14, 15,15,15,15,15,15,15,15,
+    ];
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn scale_shuffle(i: usize) -> __m128i {
+        _mm_loadu_si128(SCALE_SHUFFLE.as_ptr().add(16 * i).cast())
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn q6_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+        let m3 = _mm256_set1_epi8(3);
+        let m15 = _mm256_set1_epi8(15);
+        let mut acc = _mm256_setzero_ps();
+        for (a, b) in x.iter().zip(y) {
+            let d = b.d * f16_to_f32(a.d);
+            let mut q4 = a.ql.as_ptr();
+            let mut qh = a.qh.as_ptr();
+            let mut q8 = b.qs.as_ptr();
+            let q8sums = _mm256_loadu_si256(b.bsums.as_ptr().cast());
+            let scales = _mm_loadu_si128(a.scales.as_ptr().cast());
+            let scales_16 = _mm256_cvtepi8_epi16(scales);
+            let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5);
+            let mut sumi = _mm256_setzero_si256();
+            let mut is = 0;
+            for _ in 0..2 {
+                let q4bits1 = _mm256_loadu_si256(q4.cast());
+                q4 = q4.add(32);
+                let q4bits2 = _mm256_loadu_si256(q4.cast());
+                q4 = q4.add(32);
+                let q4bits_h = _mm256_loadu_si256(qh.cast());
+                qh = qh.add(32);
+                let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
+                let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
+                let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+                let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
+                let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+                let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+                let q4_2 =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
+                let q4_3 =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
+                let q8_0 = _mm256_loadu_si256(q8.cast());
+                let q8_1 = _mm256_loadu_si256(q8.add(32).cast());
+                let q8_2 = _mm256_loadu_si256(q8.add(64).cast());
+                let q8_3 = _mm256_loadu_si256(q8.add(96).cast());
+                q8 = q8.add(128);
+                let mut p16_0 = _mm256_maddubs_epi16(q4_0, q8_0);
+                let mut p16_1 = _mm256_maddubs_epi16(q4_1, q8_1);
+                let mut p16_2 = _mm256_maddubs_epi16(q4_2, q8_2);
+                let mut p16_3 = _mm256_maddubs_epi16(q4_3, q8_3);
+                let scale_0 = _mm_shuffle_epi8(scales, scale_shuffle(is));
+                let scale_1 = _mm_shuffle_epi8(scales, scale_shuffle(is + 1));
+                let scale_2 = _mm_shuffle_epi8(scales, scale_shuffle(is + 2));
+                let scale_3 = _mm_shuffle_epi8(scales, scale_shuffle(is + 3));
+                is += 4;
+                p16_0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_0), p16_0);
+                p16_1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_1), p16_1);
+                p16_2 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_2), p16_2);
+                p16_3 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_3), p16_3);
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_2, p16_3));
+            }
+            sumi = _mm256_sub_epi32(sumi, q8sclsub);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum_float_8(acc)
+    }
+}
+
+/// The same lanes in scalars (`SMELT_NO_SIMD`, CPUs without AVX2 + FMA).
+pub mod portable {
+    use super::*;
+
+    pub fn q4_1(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
+        let mut acc = [0f32; 8];
+        let mut summs = 0f32;
+        for (a, b) in x.iter().zip(y) {
+            let d = f16_to_f32(a.d) * f16_to_f32(b.d);
+            summs = f16_to_f32(a.m).mul_add(f16_to_f32(b.s), summs);
+            let q: [i32; 32] = std::array::from_fn(|j| {
+                let byte = a.qs[j % 16];
+                (if j < 16 { byte & 15 } else { byte >> 4 }) as i32
+            });
+            fma_lanes(&mut acc, d, lanes4(&q, &b.qs));
+        }
+        hsum8(&acc) + summs
+    }
+
+    pub fn q5_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+        let mut acc = [0f32; 8];
+        for (a, b) in x.iter().zip(y) {
+            let d = f16_to_f32(a.d) * f16_to_f32(b.d);
+            let qh = u32::from_le_bytes(a.qh);
+            let q: [i32; 32] = std::array::from_fn(|j| {
+                let byte = a.qs[j % 16];
+                let nib = (if j < 16 { byte & 15 } else { byte >> 4 }) as i32;
+                nib + 16 * ((qh >> j) & 1) as i32 - 16
+            });
+            fma_lanes(&mut acc, d, lanes4(&q, &b.qs));
+        }
+        hsum8(&acc)
+    }
+
+    pub fn q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+        let mut acc = [0f32; 8];
+        for (a, b) in x.iter().zip(y) {
+            let d = f16_to_f32(a.d) * f16_to_f32(b.d);
+            let q: [i32; 32] = std::array::from_fn(|j| a.qs[j] as i32);
+            fma_lanes(&mut acc, d, lanes4(&q, &b.qs));
+        }
+        hsum8(&acc)
+    }
+
+    pub fn q6_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+        let mut acc = [0f32; 8];
+        for (a, b) in x.iter().zip(y) {
+            let d = b.d * f16_to_f32(a.d);
+            let sc = |i: usize| a.scales[i] as i32;
+            let mut lanes: [i32; 8] = std::array::from_fn(|l| {
+                -32 * (b.bsums[2 * l] as i32 * sc(2 * l)
+                    + b.bsums[2 * l + 1] as i32 * sc(2 * l + 1))
+            });
+            for j in 0..2 {
+                let (ql, qh) = (&a.ql[64 * j..], &a.qh[32 * j..]);
+                for k in 0..4 {
+                    for bi in 0..32 {
+                        let lo = ql[bi + 32 * (k & 1)];
+                        let lo = if k < 2 { lo & 15 } else { lo >> 4 } as i32;
+                        let hi = ((qh[bi] >> (2 * k)) & 3) as i32;
+                        let e = 128 * j + 32 * k + bi;
+                        lanes[bi / 4] += sc(e / 16) * (lo | (hi << 4)) * b.qs[e] as i32;
+                    }
+                }
+            }
+            fma_lanes(&mut acc, d, lanes);
+        }
+        hsum8(&acc)
+    }
+}
