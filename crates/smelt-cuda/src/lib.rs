@@ -15,6 +15,7 @@ pub mod error;
 pub mod gemv_bench;
 pub mod gpu;
 pub mod graph;
+pub mod quantize;
 pub mod timing;
 mod util;
 

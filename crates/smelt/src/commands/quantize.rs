@@ -39,6 +39,11 @@ pub struct QuantizeArgs {
     /// whatever the count.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Where to quantize: `cpu`, or `cuda`/`cuda:N` (`auto` takes a GPU when there is one).
+    /// On a GPU, F32/F16/BF16 tensors go through smelt's quantize kernels, byte-identical
+    /// to the CPU; other conversions stay on the CPU.
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    pub device: String,
 }
 
 pub fn run(args: &QuantizeArgs) -> Result<()> {
@@ -88,13 +93,22 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     let mut w = GgufWriter::create(partial.path(), &md, specs)
         .with_context(|| format!("cannot create {}", partial.path().display()))?;
 
+    let gpu = open_gpu(&args.device)?;
+    let mut on_gpu = gpu.as_deref().map(smelt_cuda::quantize::Quantizer::new);
     let bar = progress::bytes_bar(out_bytes, "quantize");
     for (info, p) in g.tensors().iter().zip(&planned) {
         bar.set_message(info.name.clone());
         let src = g.tensor_data(info);
-        let data = match p.action {
-            Action::Copy => std::borrow::Cow::Borrowed(src),
-            Action::Convert => std::borrow::Cow::Owned(
+        let data = match (p.action, on_gpu.as_mut()) {
+            (Action::Copy, _) => std::borrow::Cow::Borrowed(src),
+            (Action::Convert, Some(q)) if smelt_cuda::quantize::supports(info.ty, p.ty) => {
+                std::borrow::Cow::Owned(
+                    convert_gpu(q, info.ty, src, &info.shape, p.ty).with_context(|| {
+                        format!("tensor {} ({} -> {}) on the GPU", info.name, info.ty, p.ty)
+                    })?,
+                )
+            }
+            (Action::Convert, _) => std::borrow::Cow::Owned(
                 convert(info.ty, src, &info.shape, p.ty, &|b| bar.inc(b))
                     .with_context(|| format!("tensor {} ({} -> {})", info.name, info.ty, p.ty))?,
             ),
@@ -106,7 +120,9 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
                 args.output.display()
             )
         })?;
-        if p.action == Action::Copy {
+        if p.action == Action::Copy
+            || (on_gpu.is_some() && smelt_cuda::quantize::supports(info.ty, p.ty))
+        {
             bar.inc(data.len() as u64);
         }
     }
@@ -249,6 +265,43 @@ pub fn convert(
         out.extend_from_slice(&q);
     }
     Ok(out)
+}
+
+/// The GPU `--device` names, or `None` for the CPU.
+fn open_gpu(spec: &str) -> Result<Option<std::sync::Arc<smelt_cuda::Gpu>>> {
+    let selected = smelt_engine::Device::select(spec)?;
+    if let Some(note) = selected.note {
+        eprintln!("{note}");
+    }
+    match selected.device {
+        smelt_engine::Device::Cpu => Ok(None),
+        smelt_engine::Device::Cuda(n) => {
+            let gpu = smelt_cuda::Gpu::open(n)
+                .with_context(|| format!("cannot open CUDA device {n} for --device {spec}"))?;
+            eprintln!("quantizing on {} (cuda:{n})", gpu.name());
+            Ok(Some(gpu))
+        }
+    }
+}
+
+/// One F32/F16/BF16 tensor quantized on the GPU (whole tensor per launch).
+fn convert_gpu(
+    q: &mut smelt_cuda::quantize::Quantizer<'_>,
+    src_ty: GgmlType,
+    src: &[u8],
+    shape: &[u64],
+    dst: GgmlType,
+) -> Result<Vec<u8>> {
+    let input = smelt_kernels::quantize::Input::from_ggml(src_ty)
+        .with_context(|| format!("{src_ty} is not a GPU quantize input"))?;
+    let n: u64 = shape.iter().product();
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let row = usize::try_from(shape.first().copied().unwrap_or(1))
+        .context("row too long for this machine")?;
+    let rows = usize::try_from(n).context("tensor too large for this machine")? / row;
+    Ok(q.quantize(dst, input, src, rows, row)?)
 }
 
 fn row_bytes(ty: GgmlType, row: usize) -> Result<usize> {
