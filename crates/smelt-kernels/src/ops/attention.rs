@@ -268,9 +268,9 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
                 vw.push(load_halves(k, k.add(k.reg(), vc, off), e));
             }
             let mut s = Vec::with_capacity(KEYS);
-            for u in 0..KEYS {
+            for words in &kw {
                 let dot = k.f32(0.0);
-                for (wi, &w) in kw[u].iter().enumerate() {
+                for (wi, &w) in words.iter().enumerate() {
                     let [a, b] = halves(k, w);
                     k.fma(dot, qf[2 * wi], a, dot);
                     k.fma(dot, qf[2 * wi + 1], b, dot);

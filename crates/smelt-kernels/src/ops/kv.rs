@@ -108,6 +108,7 @@ pub fn kv_append_kernel(k: &Kernel) {
 
 /// CPU twin of [`kv_append_kernel`] on f16 bit caches (`u16`), the CPU backend's
 /// `CpuKv::write`.
+#[allow(clippy::too_many_arguments)]
 pub fn kv_append_cpu(
     k: &[f32],
     v: &[f32],

@@ -1,0 +1,1023 @@
+//! The GPU check of the op kernels (`smelt_kernels::ops`), run on the GPU machine through
+//! `bench/gpu/ops.sh`:
+//!
+//! 1. parity: every kernel against its CPU twin on fresh random inputs, outputs poisoned
+//!    first (NaN / 0xFFFF), ragged shapes (rows and columns that are not multiples of the
+//!    block sizes, sequences crossing KV block boundaries, several sequences at different
+//!    positions, sliding windows, prefill chunks), printing the worst absolute and
+//!    relative error per kernel against its tolerance, PASS or FAIL;
+//! 2. speed: the attention kernel (+ reduce) at Llama-3-8B decode shape (32 heads, 8 KV
+//!    heads, head_dim 128) at contexts 512 and 4096, in GB/s of KV bytes read, rotating
+//!    over enough KV copies that L2 cannot serve them; and the other ops at 8B shapes.
+//!
+//! Exit status 1 when any parity check fails. No CUDA toolkit: PTX from `smelt-ptx`,
+//! loaded by the driver through cudarc.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use half::f16;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use smelt_kernels::ops::{self, attention, elementwise, embed, kv, norm, rope, sample, Launch};
+use smelt_kernels::GgmlType;
+use smelt_ptx::{Module, Target};
+
+struct Gpu {
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    sms: usize,
+}
+
+fn cfg(l: Launch) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: l.grid,
+        block_dim: l.block,
+        shared_mem_bytes: l.shared_bytes,
+    }
+}
+
+impl Gpu {
+    fn new() -> Result<Self> {
+        let ctx = CudaContext::new(0).context("no CUDA device")?;
+        unsafe { ctx.disable_event_tracking() };
+        let (major, _) = ctx.compute_capability()?;
+        let target = if major >= 9 {
+            Target::Sm90
+        } else {
+            Target::Sm80
+        };
+        let mut m = Module::new(target);
+        for (name, build) in ops::catalog() {
+            m.kernel(&name, |k| build(k))?;
+        }
+        let t = std::time::Instant::now();
+        let module = ctx.load_module(Ptx::from_src(m.to_ptx()))?;
+        let sms = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .unwrap_or(132) as usize;
+        println!(
+            "{}: {} op kernels for {target}, {} KiB of PTX, loaded in {:.0} ms, {sms} SMs",
+            ctx.name().unwrap_or_default(),
+            ops::catalog().len(),
+            m.to_ptx().len() / 1024,
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(Self {
+            stream: ctx.new_stream()?,
+            module,
+            sms,
+        })
+    }
+
+    fn f(&self, name: &str) -> Result<CudaFunction> {
+        self.module
+            .load_function(name)
+            .with_context(|| format!("kernel {name}"))
+    }
+}
+
+/// Launches `$name` with `$launch` dimensions and the given arguments, in order.
+macro_rules! launch {
+    ($gpu:expr, $name:expr, $launch:expr, [$($arg:expr),* $(,)?]) => {{
+        let f = $gpu.f($name)?;
+        let mut l = $gpu.stream.launch_builder(&f);
+        $( l.arg($arg); )*
+        unsafe { l.launch(cfg($launch)) }?;
+    }};
+}
+
+/// Worst errors of one kernel over its cases, against `|g - r| <= atol + rtol * |r|`;
+/// NaN must match NaN, anything else not finite fails.
+#[derive(Default)]
+struct Check {
+    cases: usize,
+    max_abs: f64,
+    max_rel: f64,
+    fails: usize,
+    first_bad: Option<String>,
+}
+
+impl Check {
+    fn add(&mut self, case: &str, got: &[f32], want: &[f32], atol: f64, rtol: f64) {
+        self.cases += 1;
+        let mut bad = got.len() != want.len();
+        for (i, (&g, &r)) in got.iter().zip(want).enumerate() {
+            let (g64, r64) = (f64::from(g), f64::from(r));
+            let ok = if r.is_nan() {
+                g.is_nan()
+            } else if !g.is_finite() {
+                false
+            } else {
+                let d = (g64 - r64).abs();
+                self.max_abs = self.max_abs.max(d);
+                self.max_rel = self.max_rel.max(d / r64.abs().max(1e-30));
+                d <= atol + rtol * r64.abs()
+            };
+            if !ok && !bad {
+                bad = true;
+                self.first_bad
+                    .get_or_insert(format!("{case}: [{i}] gpu {g} cpu {r}"));
+            }
+        }
+        if bad {
+            self.fails += 1;
+        }
+    }
+
+    fn bits(&mut self, case: &str, got: &[u16], want: &[u16]) {
+        self.cases += 1;
+        if let Some(i) = (0..want.len()).find(|&i| got.get(i) != Some(&want[i])) {
+            self.fails += 1;
+            self.first_bad.get_or_insert(format!(
+                "{case}: [{i}] gpu {:#06x} cpu {:#06x}",
+                got.get(i).copied().unwrap_or(0),
+                want[i]
+            ));
+        }
+    }
+}
+
+struct Report {
+    rows: Vec<(String, Check, String)>,
+}
+
+impl Report {
+    fn push(&mut self, name: &str, c: Check, tol: &str) {
+        println!(
+            "{:26} {:3} cases  max abs {:9.2e}  max rel {:9.2e}  tol {:22} {}",
+            name,
+            c.cases,
+            c.max_abs,
+            c.max_rel,
+            tol,
+            if c.fails == 0 { "PASS" } else { "FAIL" }
+        );
+        if let Some(b) = &c.first_bad {
+            println!("    first failure: {b}");
+        }
+        self.rows.push((name.to_string(), c, tol.to_string()));
+    }
+
+    fn failures(&self) -> usize {
+        self.rows.iter().filter(|r| r.1.fails > 0).count()
+    }
+}
+
+fn floats(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.gen_range(-1.0f32..1.0) * scale)
+        .collect()
+}
+
+fn nan(n: usize) -> Vec<f32> {
+    vec![f32::NAN; n]
+}
+
+fn check_norms(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
+    let (mut plain, mut fused, mut resid) = (Check::default(), Check::default(), Check::default());
+    // (rows, cols, chunk): whole rows and per-head chunks, ragged sizes.
+    for (rows, cols, n) in [
+        (1, 4096, 4096),
+        (5, 576, 576),
+        (3, 2304, 2304),
+        (7, 1000, 1000),
+        (4, 4096, 128),
+        (9, 576, 64),
+        (2, 8192, 8192),
+        (1, 33, 33),
+    ] {
+        let x = floats(rng, rows * cols, 3.0);
+        let w = floats(rng, n, 1.5);
+        let eps = 1e-6;
+        let mut want = vec![0f32; rows * cols];
+        norm::rms_norm_cpu(&x, &w, eps, &mut want);
+        let (xd, wd) = (gpu.stream.clone_htod(&x)?, gpu.stream.clone_htod(&w)?);
+        let mut od = gpu.stream.clone_htod(&nan(rows * cols))?;
+        let n32 = n as u32;
+        launch!(
+            gpu,
+            norm::RMS_NORM,
+            norm::launch(rows * cols / n, n),
+            [&xd, &wd, &mut od, &n32, &eps]
+        );
+        let case = format!("{rows}x{cols}/{n}");
+        plain.add(&case, &gpu.stream.clone_dtoh(&od)?, &want, 1e-6, 2e-6);
+
+        let y = floats(rng, rows * cols, 1.0);
+        let mut xw = x.clone();
+        norm::add_rms_norm_cpu(&mut xw, &y, &w, eps, &mut want);
+        let mut xd = gpu.stream.clone_htod(&x)?;
+        let yd = gpu.stream.clone_htod(&y)?;
+        let mut od = gpu.stream.clone_htod(&nan(rows * cols))?;
+        launch!(
+            gpu,
+            norm::ADD_RMS_NORM,
+            norm::launch(rows * cols / n, n),
+            [&mut xd, &yd, &wd, &mut od, &n32, &eps]
+        );
+        fused.add(&case, &gpu.stream.clone_dtoh(&od)?, &want, 1e-6, 2e-6);
+        resid.add(&case, &gpu.stream.clone_dtoh(&xd)?, &xw, 0.0, 0.0);
+    }
+    rep.push("rms_norm", plain, "1e-6 + 2e-6|r|");
+    rep.push("add_rms_norm (out)", fused, "1e-6 + 2e-6|r|");
+    rep.push("add_rms_norm (x += y)", resid, "exact");
+    Ok(())
+}
+
+fn check_rope(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
+    for style in [rope::RopeStyle::Normal, rope::RopeStyle::Neox] {
+        let mut c = Check::default();
+        // (rows, heads, head_dim, n_rot, freq factors, base, scale)
+        for (rows, heads, hd, n_rot, ff, base, fscale) in [
+            (1, 32, 128, 128, false, 500000.0f32, 1.0f32),
+            (7, 8, 128, 128, true, 500000.0, 1.0),
+            (5, 9, 64, 64, false, 10000.0, 1.0),
+            (3, 4, 256, 256, false, 1000000.0, 0.125),
+            (4, 2, 128, 64, false, 10000.0, 1.0),
+            (2, 3, 80, 32, true, 10000.0, 0.5),
+        ] {
+            let cols = heads * hd;
+            let x = floats(rng, rows * cols, 2.0);
+            let mut pos: Vec<u32> = (0..rows).map(|_| rng.gen_range(0..8192)).collect();
+            pos[0] = 131_000; // a long context: the angle reduction must hold there
+            let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + (i % 7) as f32).collect();
+            let mut want = x.clone();
+            rope::rope_cpu(
+                &mut want,
+                &pos,
+                cols,
+                hd,
+                n_rot,
+                style,
+                base,
+                fscale,
+                ff.then_some(&factors[..]),
+            );
+            let mut xd = gpu.stream.clone_htod(&x)?;
+            let pd = gpu.stream.clone_htod(&pos)?;
+            let fd = gpu.stream.clone_htod(&factors)?;
+            let fptr: u64 = if ff {
+                let (p, _g) = cudarc::driver::DevicePtr::device_ptr(&fd, &gpu.stream);
+                p
+            } else {
+                0
+            };
+            let (c32, hd32, nr32) = (cols as u32, hd as u32, n_rot as u32);
+            let ts = rope::theta_scale(base, n_rot);
+            launch!(
+                gpu,
+                rope::name(style),
+                rope::launch(rows, cols, hd, n_rot),
+                [&mut xd, &pd, &fptr, &c32, &hd32, &nr32, &ts, &fscale]
+            );
+            c.add(
+                &format!("{rows}x{heads}x{hd} rot {n_rot} ff {ff}"),
+                &gpu.stream.clone_dtoh(&xd)?,
+                &want,
+                1e-5,
+                1e-5,
+            );
+        }
+        rep.push(rope::name(style), c, "1e-5 + 1e-5|r|");
+    }
+    Ok(())
+}
+
+fn check_elementwise(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
+    for act in [elementwise::Glu::Silu, elementwise::Glu::Gelu] {
+        let mut c = Check::default();
+        for n in [1usize, 255, 14336, 3 * 6912 + 5, 1 << 20] {
+            let mut g = floats(rng, n, 12.0);
+            let u = floats(rng, n, 2.0);
+            let (mut gd, ud) = (gpu.stream.clone_htod(&g)?, gpu.stream.clone_htod(&u)?);
+            let n32 = n as u32;
+            launch!(
+                gpu,
+                elementwise::glu_name(act),
+                elementwise::launch(n),
+                [&mut gd, &ud, &n32]
+            );
+            elementwise::glu_cpu(&mut g, &u, act);
+            let (atol, rtol) = match act {
+                elementwise::Glu::Silu => (1e-6, 2e-6),
+                elementwise::Glu::Gelu => (1e-6, 2e-3),
+            };
+            c.add(
+                &format!("n={n}"),
+                &gpu.stream.clone_dtoh(&gd)?,
+                &g,
+                atol,
+                rtol,
+            );
+        }
+        let tol = match act {
+            elementwise::Glu::Silu => "1e-6 + 2e-6|r|",
+            elementwise::Glu::Gelu => "1e-6 + 2e-3|r| (f16 ulp)",
+        };
+        rep.push(elementwise::glu_name(act), c, tol);
+    }
+    let (mut ca, mut cs, mut cb) = (Check::default(), Check::default(), Check::default());
+    for (rows, cols) in [(1usize, 4096usize), (7, 896), (3, 1000), (513, 37)] {
+        let n = rows * cols;
+        let n32 = n as u32;
+        let mut x = floats(rng, n, 5.0);
+        let y = floats(rng, n, 5.0);
+        let mut xd = gpu.stream.clone_htod(&x)?;
+        let yd = gpu.stream.clone_htod(&y)?;
+        launch!(
+            gpu,
+            elementwise::ADD,
+            elementwise::launch(n),
+            [&mut xd, &yd, &n32]
+        );
+        elementwise::add_cpu(&mut x, &y);
+        ca.add(
+            &format!("{rows}x{cols}"),
+            &gpu.stream.clone_dtoh(&xd)?,
+            &x,
+            0.0,
+            0.0,
+        );
+        let s = rng.gen_range(0.1f32..3.0);
+        launch!(
+            gpu,
+            elementwise::SCALE,
+            elementwise::launch(n),
+            [&mut xd, &n32, &s]
+        );
+        elementwise::scale_cpu(&mut x, s);
+        cs.add(
+            &format!("{rows}x{cols}"),
+            &gpu.stream.clone_dtoh(&xd)?,
+            &x,
+            0.0,
+            0.0,
+        );
+        let b = floats(rng, cols, 1.0);
+        let bd = gpu.stream.clone_htod(&b)?;
+        let c32 = cols as u32;
+        launch!(
+            gpu,
+            elementwise::ADD_BIAS,
+            elementwise::launch_bias(rows, cols),
+            [&mut xd, &bd, &c32]
+        );
+        elementwise::add_bias_cpu(&mut x, &b);
+        cb.add(
+            &format!("{rows}x{cols}"),
+            &gpu.stream.clone_dtoh(&xd)?,
+            &x,
+            0.0,
+            0.0,
+        );
+    }
+    rep.push(elementwise::ADD, ca, "exact");
+    rep.push(elementwise::SCALE, cs, "exact");
+    rep.push(elementwise::ADD_BIAS, cb, "exact");
+    Ok(())
+}
+
+/// `rows` rows of `cols` values of `ty` in ggml bytes, from random floats.
+fn table(rng: &mut impl Rng, ty: GgmlType, rows: usize, cols: usize) -> Result<Vec<u8>> {
+    let x = floats(rng, rows * cols, 2.0);
+    Ok(match ty {
+        GgmlType::F32 => bytemuck::cast_slice(&x).to_vec(),
+        GgmlType::F16 => x
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => x
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        _ => {
+            let rb = embed::row_bytes(ty, cols)?;
+            let mut out = vec![0u8; rows * rb];
+            for (src, dst) in x.chunks(cols).zip(out.chunks_mut(rb)) {
+                smelt_quant::quantize_row(ty, src, dst)?;
+            }
+            out
+        }
+    })
+}
+
+fn check_embed(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
+    for ty in embed::TYPES {
+        let mut c = Check::default();
+        let cols_options: &[usize] = if ty.block_size() == 256 {
+            &[256, 768, 2304]
+        } else if ty.block_size() == 32 {
+            &[32, 96, 4128]
+        } else {
+            &[7, 576, 1000]
+        };
+        for (&cols, rows) in cols_options.iter().zip([129usize, 7, 33]) {
+            let t = table(rng, ty, rows, cols)?;
+            let rb = embed::row_bytes(ty, cols)?;
+            let td = gpu.stream.clone_htod(&t)?;
+            // Embedding: ids in range, repeated, and one past the table (NaN row).
+            let mut ids: Vec<u32> = (0..11).map(|_| rng.gen_range(0..rows as u32)).collect();
+            ids[3] = rows as u32;
+            let want = embed::embed_cpu(ty, &t, rows, cols, &ids)?;
+            let idd = gpu.stream.clone_htod(&ids)?;
+            let mut od = gpu.stream.clone_htod(&nan(ids.len() * cols))?;
+            let (c32, rb32, nv32) = (cols as u32, rb as u32, rows as u32);
+            launch!(
+                gpu,
+                &embed::embed_name(ty)?,
+                embed::launch(ids.len(), cols),
+                [&td, &idd, &mut od, &c32, &rb32, &nv32]
+            );
+            c.add(
+                &format!("embed {rows}x{cols}"),
+                &gpu.stream.clone_dtoh(&od)?,
+                &want,
+                0.0,
+                0.0,
+            );
+            // Dequantize the whole table, to f32 and to f16.
+            let want = embed::dequantize_cpu(ty, &t, rows, cols)?;
+            let mut od = gpu.stream.clone_htod(&nan(rows * cols))?;
+            launch!(
+                gpu,
+                &embed::dequantize_name(ty, embed::OutType::F32)?,
+                embed::launch(rows, cols),
+                [&td, &mut od, &c32, &rb32]
+            );
+            c.add(
+                &format!("dequantize f32 {rows}x{cols}"),
+                &gpu.stream.clone_dtoh(&od)?,
+                &want,
+                0.0,
+                0.0,
+            );
+            let want16 = embed::dequantize_f16_cpu(ty, &t, rows, cols)?;
+            let mut hd = gpu.stream.clone_htod(&vec![0xFFFFu16; rows * cols])?;
+            launch!(
+                gpu,
+                &embed::dequantize_name(ty, embed::OutType::F16)?,
+                embed::launch(rows, cols),
+                [&td, &mut hd, &c32, &rb32]
+            );
+            c.bits(
+                &format!("dequantize f16 {rows}x{cols}"),
+                &gpu.stream.clone_dtoh(&hd)?,
+                &want16,
+            );
+        }
+        rep.push(
+            &format!("embed+dequantize {}", ty.name()),
+            c,
+            "exact (bits)",
+        );
+    }
+    Ok(())
+}
+
+/// A paged KV layout for a batch: descriptors, block tables (shuffled block ids), and
+/// the number of blocks.
+struct Paged {
+    seqs: Vec<kv::SeqDesc>,
+    tables: Vec<u32>,
+    n_blocks: usize,
+    rows: usize,
+    max_tokens: usize,
+}
+
+fn paged(rng: &mut impl Rng, shape: &[(usize, usize)], bs: usize) -> Paged {
+    let mut seqs = Vec::new();
+    let mut need = Vec::new();
+    let mut row = 0;
+    for &(start, n) in shape {
+        need.push((start + n).div_ceil(bs));
+        seqs.push(kv::SeqDesc {
+            row: row as u32,
+            n_tokens: n as u32,
+            start_pos: start as u32,
+            block_table_offset: 0,
+        });
+        row += n;
+    }
+    let n_blocks: usize = need.iter().sum::<usize>() + 3;
+    let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
+    ids.shuffle(rng);
+    let mut tables = vec![0u32; 2]; // some padding before the first table
+    let mut next = 0;
+    for (s, &nb) in seqs.iter_mut().zip(&need) {
+        s.block_table_offset = tables.len() as u32;
+        tables.extend_from_slice(&ids[next..next + nb]);
+        next += nb;
+    }
+    let max_tokens = shape.iter().map(|s| s.1).max().unwrap_or(1);
+    Paged {
+        seqs,
+        tables,
+        n_blocks,
+        rows: row,
+        max_tokens,
+    }
+}
+
+fn f16_bits(rng: &mut impl Rng, n: usize) -> Vec<u16> {
+    (0..n)
+        .map(|_| f16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits())
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_attention(
+    gpu: &Gpu,
+    p: &Paged,
+    shape: &attention::AttnShape,
+    n_splits: usize,
+    qd: &cudarc::driver::CudaSlice<f32>,
+    kcd: &cudarc::driver::CudaSlice<u16>,
+    vcd: &cudarc::driver::CudaSlice<u16>,
+    sd: &cudarc::driver::CudaSlice<u32>,
+    td: &cudarc::driver::CudaSlice<u32>,
+    acc: &mut cudarc::driver::CudaSlice<f32>,
+    ml: &mut cudarc::driver::CudaSlice<f32>,
+    out: &mut cudarc::driver::CudaSlice<f32>,
+    what: Which,
+) -> Result<()> {
+    let name = attention::name(shape.head_dim).context("head_dim")?;
+    let qt = attention::q_tiles(p.max_tokens, shape.n_head, shape.n_head_kv) as u32;
+    let (nh, nkv, bs, ns, win, hd) = (
+        shape.n_head as u32,
+        shape.n_head_kv as u32,
+        shape.block_size as u32,
+        n_splits as u32,
+        shape.window as u32,
+        shape.head_dim as u32,
+    );
+    if what != Which::Reduce {
+        launch!(
+            gpu,
+            &name,
+            attention::launch(
+                p.seqs.len(),
+                p.max_tokens,
+                shape.n_head,
+                shape.n_head_kv,
+                n_splits
+            ),
+            [
+                qd,
+                kcd,
+                vcd,
+                sd,
+                td,
+                &mut *acc,
+                &mut *ml,
+                &nh,
+                &nkv,
+                &bs,
+                &ns,
+                &qt,
+                &win,
+                &shape.scale
+            ]
+        );
+    }
+    if what != Which::Main {
+        launch!(
+            gpu,
+            attention::REDUCE,
+            attention::reduce_launch(p.rows, shape.n_head, shape.head_dim),
+            [&*acc, &*ml, &mut *out, &ns, &hd]
+        );
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Which {
+    Both,
+    Main,
+    Reduce,
+}
+
+/// (seqs as (start_pos, new tokens), n_head, n_head_kv, head_dim, block size, window, splits)
+type AttnCase = (
+    Vec<(usize, usize)>,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+);
+
+fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
+    let (mut ckv, mut catt) = (Check::default(), Check::default());
+    // (seqs as (start_pos, new tokens), n_head, n_head_kv, head_dim, block size, window, splits)
+    let cases: Vec<AttnCase> = vec![
+        (vec![(0, 1), (37, 1), (300, 1)], 8, 2, 128, 16, 0, 4),
+        (vec![(0, 20), (45, 7)], 9, 3, 64, 16, 0, 3),
+        (vec![(100, 5), (10, 3)], 4, 1, 256, 32, 50, 8),
+        (vec![(5, 1), (61, 9), (0, 13)], 6, 6, 128, 12, 0, 5),
+        (vec![(700, 1)], 8, 4, 64, 16, 129, 7),
+        (vec![(4095, 1)], 32, 8, 128, 16, 0, 32),
+        (vec![(0, 64)], 4, 2, 128, 16, 0, 1),
+        (
+            vec![(33, 4), (2, 2), (17, 1), (250, 3)],
+            16,
+            4,
+            256,
+            8,
+            20,
+            64,
+        ),
+    ];
+    for (shape, n_head, n_head_kv, hd, bs, window, n_splits) in cases {
+        let p = paged(rng, &shape, bs);
+        let kv_dim = n_head_kv * hd;
+        let cache_len = p.n_blocks * bs * kv_dim;
+        let mut kc = f16_bits(rng, cache_len);
+        let mut vc = f16_bits(rng, cache_len);
+        let knew = floats(rng, p.rows * kv_dim, 1.0);
+        let vnew = floats(rng, p.rows * kv_dim, 1.0);
+        let mut kcd = gpu.stream.clone_htod(&kc)?;
+        let mut vcd = gpu.stream.clone_htod(&vc)?;
+        let words: Vec<u32> = p.seqs.iter().flat_map(|s| s.words()).collect();
+        let sd = gpu.stream.clone_htod(&words)?;
+        let td = gpu.stream.clone_htod(&p.tables)?;
+        let (knd, vnd) = (gpu.stream.clone_htod(&knew)?, gpu.stream.clone_htod(&vnew)?);
+        let (kd32, bs32) = (kv_dim as u32, bs as u32);
+        launch!(
+            gpu,
+            kv::KV_APPEND,
+            kv::launch(p.seqs.len(), p.max_tokens, kv_dim),
+            [&knd, &vnd, &mut kcd, &mut vcd, &sd, &td, &kd32, &bs32]
+        );
+        kv::kv_append_cpu(
+            &knew, &vnew, &mut kc, &mut vc, &p.seqs, &p.tables, kv_dim, bs,
+        );
+        let case = format!("seqs {shape:?} heads {n_head}/{n_head_kv} hd {hd} bs {bs} window {window} splits {n_splits}");
+        ckv.bits(&format!("K {case}"), &gpu.stream.clone_dtoh(&kcd)?, &kc);
+        ckv.bits(&format!("V {case}"), &gpu.stream.clone_dtoh(&vcd)?, &vc);
+
+        let q = floats(rng, p.rows * n_head * hd, 1.0);
+        let qd = gpu.stream.clone_htod(&q)?;
+        let s = attention::AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            block_size: bs,
+            window,
+            scale: 1.0 / (hd as f32).sqrt() * 2.0,
+        };
+        let (al, mll) = attention::partial_lens(p.rows, n_head, n_splits, hd);
+        let mut acc = gpu.stream.clone_htod(&nan(al))?;
+        let mut ml = gpu.stream.clone_htod(&nan(mll))?;
+        let mut out = gpu.stream.clone_htod(&nan(p.rows * n_head * hd))?;
+        run_attention(
+            gpu,
+            &p,
+            &s,
+            n_splits,
+            &qd,
+            &kcd,
+            &vcd,
+            &sd,
+            &td,
+            &mut acc,
+            &mut ml,
+            &mut out,
+            Which::Both,
+        )?;
+        let mut want = vec![0f32; p.rows * n_head * hd];
+        attention::attention_cpu(&q, &kc, &vc, &p.seqs, &p.tables, &s, &mut want);
+        catt.add(&case, &gpu.stream.clone_dtoh(&out)?, &want, 2e-5, 1e-4);
+    }
+    rep.push(kv::KV_APPEND, ckv, "exact (bits)");
+    rep.push("attention + reduce", catt, "2e-5 + 1e-4|r|");
+    Ok(())
+}
+
+fn check_rows(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
+    let (mut cs, mut ca) = (Check::default(), Check::default());
+    for (rows, cols) in [
+        (1usize, 128256usize),
+        (3, 49152),
+        (5, 1000),
+        (2, 262144),
+        (4, 7),
+    ] {
+        let mut x = floats(rng, rows * cols, 8.0);
+        // Ties (first index wins), NaN and -inf that argmax must pass over.
+        x[cols / 2] = 100.0;
+        x[cols / 2 + 1.min(cols - cols / 2 - 1)] = 100.0;
+        x[0] = f32::NAN;
+        if rows > 1 {
+            x[cols..2 * cols].iter_mut().for_each(|v| *v = f32::NAN);
+            x[cols + cols - 1] = f32::NEG_INFINITY;
+        }
+        let xd = gpu.stream.clone_htod(&x)?;
+        let c32 = cols as u32;
+        let mut od = gpu.stream.clone_htod(&vec![u32::MAX; rows])?;
+        launch!(
+            gpu,
+            sample::ARGMAX,
+            sample::launch(rows),
+            [&xd, &mut od, &c32]
+        );
+        let got: Vec<f32> = gpu
+            .stream
+            .clone_dtoh(&od)?
+            .iter()
+            .map(|&i| i as f32)
+            .collect();
+        let want: Vec<f32> = sample::argmax_cpu(&x, cols)
+            .iter()
+            .map(|&i| i as f32)
+            .collect();
+        ca.add(&format!("{rows}x{cols}"), &got, &want, 0.0, 0.0);
+
+        let y = floats(rng, rows * cols, 8.0);
+        let yd = gpu.stream.clone_htod(&y)?;
+        let mut sd = gpu.stream.clone_htod(&nan(rows * cols))?;
+        launch!(
+            gpu,
+            sample::SOFTMAX,
+            sample::launch(rows),
+            [&yd, &mut sd, &c32]
+        );
+        let mut want = vec![0f32; rows * cols];
+        sample::softmax_cpu(&y, cols, &mut want);
+        cs.add(
+            &format!("{rows}x{cols}"),
+            &gpu.stream.clone_dtoh(&sd)?,
+            &want,
+            1e-9,
+            1e-5,
+        );
+    }
+    rep.push(sample::ARGMAX, ca, "exact");
+    rep.push(sample::SOFTMAX, cs, "1e-9 + 1e-5|r|");
+    Ok(())
+}
+
+fn time_ms(
+    gpu: &Gpu,
+    reps: usize,
+    launches: usize,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    for i in 0..5 {
+        launch(i)?;
+    }
+    gpu.stream.synchronize()?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = gpu
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        for i in 0..launches {
+            launch(i)?;
+        }
+        let end = gpu
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        times.push(f64::from(start.elapsed_ms(&end)?) / launches as f64);
+    }
+    gpu.stream.synchronize()?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[reps / 2])
+}
+
+fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
+    println!("\n== speed: attention at Llama-3-8B decode shape (32 heads, 8 KV heads, head_dim 128, block 16) ==");
+    let mut table = vec![
+        "| op | shape | splits | attention us | reduce us | total us | KV GB/s (attention) | KV GB/s (total) |".to_string(),
+        "|---|---|---|---|---|---|---|---|".to_string(),
+    ];
+    let (n_head, n_head_kv, hd, bs) = (32usize, 8usize, 128usize, 16usize);
+    for (n_seqs, ctx) in [
+        (1usize, 512usize),
+        (1, 4096),
+        (16, 512),
+        (16, 4096),
+        (64, 1024),
+    ] {
+        let shape: Vec<(usize, usize)> = (0..n_seqs).map(|_| (ctx - 1, 1)).collect();
+        let p = paged(rng, &shape, bs);
+        let kv_dim = n_head_kv * hd;
+        let cache_len = p.n_blocks * bs * kv_dim;
+        let kv_bytes = n_seqs * ctx * kv_dim * 2 * 2;
+        // Enough copies of the layer's cache that L2 (50-60 MB) cannot hold them.
+        let copies = (400_000_000usize.div_ceil(2 * cache_len * 2)).clamp(2, 32);
+        let kcs: Vec<_> = (0..copies)
+            .map(|_| gpu.stream.clone_htod(&f16_bits(rng, cache_len)))
+            .collect::<Result<_, _>>()?;
+        let vcs: Vec<_> = (0..copies)
+            .map(|_| gpu.stream.clone_htod(&f16_bits(rng, cache_len)))
+            .collect::<Result<_, _>>()?;
+        let words: Vec<u32> = p.seqs.iter().flat_map(|s| s.words()).collect();
+        let sd = gpu.stream.clone_htod(&words)?;
+        let td = gpu.stream.clone_htod(&p.tables)?;
+        let qd = gpu
+            .stream
+            .clone_htod(&floats(rng, p.rows * n_head * hd, 1.0))?;
+        let s = attention::AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            block_size: bs,
+            window: 0,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        for n_splits in [
+            attention::default_splits(n_seqs, n_head_kv, gpu.sms),
+            16,
+            64,
+        ] {
+            let (al, mll) = attention::partial_lens(p.rows, n_head, n_splits, hd);
+            let mut acc = gpu.stream.alloc_zeros::<f32>(al)?;
+            let mut ml = gpu.stream.alloc_zeros::<f32>(mll)?;
+            let mut out = gpu.stream.alloc_zeros::<f32>(p.rows * n_head * hd)?;
+            let mut t = [0f64; 3];
+            for (slot, which) in [Which::Main, Which::Reduce, Which::Both]
+                .into_iter()
+                .enumerate()
+            {
+                t[slot] = time_ms(gpu, 7, 100, |i| {
+                    run_attention(
+                        gpu,
+                        &p,
+                        &s,
+                        n_splits,
+                        &qd,
+                        &kcs[i % copies],
+                        &vcs[i % copies],
+                        &sd,
+                        &td,
+                        &mut acc,
+                        &mut ml,
+                        &mut out,
+                        which,
+                    )
+                })? * 1e3;
+            }
+            let gbs = |us: f64| kv_bytes as f64 / (us * 1e-6) / 1e9;
+            let line = format!(
+                "| attention_hd128 | {n_seqs} seq x ctx {ctx} | {n_splits} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} |",
+                t[0], t[1], t[2], gbs(t[0]), gbs(t[2])
+            );
+            println!("{line}");
+            table.push(line);
+        }
+    }
+
+    println!("\n== speed: other ops at 8B shapes (stream launches, median of 7 x 200) ==");
+    table.push(String::new());
+    table.push("| op | shape | us | GB/s |".to_string());
+    table.push("|---|---|---|---|".to_string());
+    let mut other = |name: &str, shape: &str, bytes: usize, us: f64| {
+        let line = format!(
+            "| {name} | {shape} | {us:.2} | {:.0} |",
+            bytes as f64 / (us * 1e-6) / 1e9
+        );
+        println!("{line}");
+        table.push(line);
+    };
+    for rows in [1usize, 64] {
+        let n = 4096;
+        let xd = gpu.stream.clone_htod(&floats(rng, rows * n, 1.0))?;
+        let wd = gpu.stream.clone_htod(&floats(rng, n, 1.0))?;
+        let mut yd = gpu.stream.clone_htod(&floats(rng, rows * n, 1.0))?;
+        let mut od = gpu.stream.alloc_zeros::<f32>(rows * n)?;
+        let (n32, eps) = (n as u32, 1e-5f32);
+        let us = time_ms(gpu, 7, 200, |_| {
+            launch!(
+                gpu,
+                norm::RMS_NORM,
+                norm::launch(rows, n),
+                [&xd, &wd, &mut od, &n32, &eps]
+            );
+            Ok(())
+        })? * 1e3;
+        other(norm::RMS_NORM, &format!("{rows}x4096"), rows * n * 8, us);
+        let us = time_ms(gpu, 7, 200, |_| {
+            launch!(
+                gpu,
+                norm::ADD_RMS_NORM,
+                norm::launch(rows, n),
+                [&mut yd, &xd, &wd, &mut od, &n32, &eps]
+            );
+            Ok(())
+        })? * 1e3;
+        other(
+            norm::ADD_RMS_NORM,
+            &format!("{rows}x4096"),
+            rows * n * 16,
+            us,
+        );
+        let cols = 4096;
+        let mut qd = gpu.stream.clone_htod(&floats(rng, rows * cols, 1.0))?;
+        let pd = gpu
+            .stream
+            .clone_htod(&(0..rows as u32).map(|i| 1000 + i).collect::<Vec<_>>())?;
+        let (c32, hd32, nr32, ts, fs, null) = (
+            cols as u32,
+            128u32,
+            128u32,
+            rope::theta_scale(500000.0, 128),
+            1.0f32,
+            0u64,
+        );
+        let us = time_ms(gpu, 7, 200, |_| {
+            launch!(
+                gpu,
+                rope::name(rope::RopeStyle::Normal),
+                rope::launch(rows, cols, 128, 128),
+                [&mut qd, &pd, &null, &c32, &hd32, &nr32, &ts, &fs]
+            );
+            Ok(())
+        })? * 1e3;
+        other(
+            "rope_normal",
+            &format!("{rows}x32x128"),
+            rows * cols * 8,
+            us,
+        );
+        let n = rows * 14336;
+        let mut gd = gpu.stream.clone_htod(&floats(rng, n, 1.0))?;
+        let ud = gpu.stream.clone_htod(&floats(rng, n, 1.0))?;
+        let n32 = n as u32;
+        let us = time_ms(gpu, 7, 200, |_| {
+            launch!(
+                gpu,
+                elementwise::glu_name(elementwise::Glu::Silu),
+                elementwise::launch(n),
+                [&mut gd, &ud, &n32]
+            );
+            Ok(())
+        })? * 1e3;
+        other("glu_silu", &format!("{rows}x14336"), n * 12, us);
+        let vocab = 128256;
+        let ld = gpu.stream.clone_htod(&floats(rng, rows * vocab, 5.0))?;
+        let mut ad = gpu.stream.alloc_zeros::<u32>(rows)?;
+        let v32 = vocab as u32;
+        let us = time_ms(gpu, 7, 200, |_| {
+            launch!(
+                gpu,
+                sample::ARGMAX,
+                sample::launch(rows),
+                [&ld, &mut ad, &v32]
+            );
+            Ok(())
+        })? * 1e3;
+        other(
+            sample::ARGMAX,
+            &format!("{rows}x{vocab}"),
+            rows * vocab * 4,
+            us,
+        );
+    }
+    Ok(table)
+}
+
+fn main() -> Result<()> {
+    let gpu = Gpu::new()?;
+    let seed: u64 = rand::random();
+    println!("seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut rep = Report { rows: Vec::new() };
+    println!("\n== parity (fresh random inputs, poisoned outputs) ==");
+    check_norms(&gpu, &mut rng, &mut rep)?;
+    check_rope(&gpu, &mut rng, &mut rep)?;
+    check_elementwise(&gpu, &mut rng, &mut rep)?;
+    check_embed(&gpu, &mut rng, &mut rep)?;
+    check_kv_attention(&gpu, &mut rng, &mut rep)?;
+    check_rows(&gpu, &mut rng, &mut rep)?;
+    let table = speed(&gpu, &mut rng)?;
+    println!("\n== summary ==");
+    println!("| kernel | cases | max abs err | max rel err | tolerance | result |");
+    println!("|---|---|---|---|---|---|");
+    for (name, c, tol) in &rep.rows {
+        println!(
+            "| {name} | {} | {:.2e} | {:.2e} | {tol} | {} |",
+            c.cases,
+            c.max_abs,
+            c.max_rel,
+            if c.fails == 0 { "PASS" } else { "FAIL" }
+        );
+    }
+    println!();
+    for l in &table {
+        println!("{l}");
+    }
+    let failures = rep.failures();
+    println!("\nparity failures: {failures}");
+    if failures > 0 {
+        bail!("{failures} kernels failed parity");
+    }
+    Ok(())
+}
