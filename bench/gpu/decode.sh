@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Whole-model decode on the GPU machine, in one device call: CUDA-vs-CPU parity on both
+# real models, GEMV bandwidth, and decode speed on Llama-3-8B-shape Q4_K (optionally
+# against llama.cpp built in the same call).
+#
+# Here (builds; no CUDA toolkit needed):
+#   bench/gpu/decode.sh build     # smelt + cuda_parity stripped into .gpu-cuda/, and the two
+#                                 # real models cut to fit the call's 64 MiB (first layers and
+#                                 # first 8192 embedding rows, bytes as in the files)
+#   ../shared/peer/prepare.sh .peer   # once, only for the peer run
+# There (through the device tool, carry [".gpu-cuda"] or [".gpu-cuda", ".peer"]):
+#   bash bench/gpu/decode.sh run [--peer]
+#
+# Logs under $OUT (or bench/out): decode.log; table last.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+case "${1:-run}" in
+  build)
+    cargo build --release -p smelt --bin smelt
+    cargo build --release -p smelt-engine --example cuda_parity
+    mkdir -p .gpu-cuda
+    strip -o .gpu-cuda/smelt target/release/smelt
+    strip -o .gpu-cuda/cuda_parity target/release/examples/cuda_parity
+    P=target/release/examples/cuda_parity
+    # SmolLM2: 4 of 30 layers. Gemma 3: 6 of 18 (layer 5 is a global-attention layer),
+    # sliding window 24 so the 40-token prompt crosses it.
+    $P shrink .models/SmolLM2-135M-Instruct.Q4_1.gguf .gpu-cuda/smollm2-4l.gguf --layers 4 --vocab 8192
+    $P shrink .models/gemma-3-270m-q4_k_m.gguf .gpu-cuda/gemma3-6l.gguf --layers 6 --vocab 8192 --window 24
+    du -sh .gpu-cuda
+    ;;
+  run)
+    shift || true
+    peer=0
+    [ "${1:-}" = "--peer" ] && peer=1
+    out=${OUT:-bench/out}
+    mkdir -p "$out"
+    log="$out/decode.log"
+    B=.gpu-cuda
+    [ -x $B/smelt ] || { echo "decode.sh: $B/smelt missing: run 'bench/gpu/decode.sh build' and carry $B" >&2; exit 1; }
+    { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader || true; } | tee "$log"
+    status=0
+    echo "== parity: CUDA vs CPU, whole model" | tee -a "$log"
+    $B/cuda_parity check $B/smollm2-4l.gguf $B/gemma3-6l.gguf 2>&1 | tee -a "$log" || status=1
+    echo "== GEMV bandwidth at Llama-3-8B shapes" | tee -a "$log"
+    $B/smelt bench --kernels --device cuda 2>&1 | tee -a "$log" || status=1
+    m=/tmp/llama3-8b-q4_k.gguf
+    if [ $peer = 1 ]; then
+      echo "== llama.cpp (built here) on its own random llama3-8b Q4_K" | tee -a "$log"
+      bash .peer/gpu-llamacpp.sh .peer llama3-8b Q4_K 2>&1 | tee -a "$log" || status=1
+      m=/tmp/peer-llama3-8b-Q4_K.gguf
+    else
+      echo "== smelt synth llama3-8b q4_k" | tee -a "$log"
+      t0=$SECONDS
+      $B/smelt synth --shape llama3-8b --quant q4_k -o $m 2>&1 | tail -3 | tee -a "$log"
+      echo "synth took $((SECONDS - t0)) s" | tee -a "$log"
+    fi
+    echo "== smelt bench on $m" | tee -a "$log"
+    $B/smelt bench --model $m --device cuda --prompt 512 --gen 128 --reps 3 --json 2>&1 | tee -a "$log" "$out/bench.json" || status=1
+    echo "== same, CUDA graphs off (every decode step launched op by op)" | tee -a "$log"
+    SMELT_CUDA_GRAPHS=0 $B/smelt bench --model $m --device cuda --prompt 512 --gen 64 --reps 1 --json 2>&1 | tee -a "$log" || status=1
+    echo "== summary" | tee -a "$log"
+    grep -E "^(prompt|greedy|3 seq|parity|device copy)|RESULT|decode_tok_s|\| q4_K|\| q6_K|\| q8_0" "$log" | tee -a "$out/summary.txt" || true
+    exit $status
+    ;;
+  *)
+    echo "usage: bench/gpu/decode.sh {build|run [--peer]}" >&2
+    exit 2
+    ;;
+esac
