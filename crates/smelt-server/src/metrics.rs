@@ -108,6 +108,9 @@ impl Default for ModelStats {
     }
 }
 
+/// A metric family read from a model's stats: name, help text, accessor.
+type Family<T> = (&'static str, &'static str, fn(&ModelStats) -> &T);
+
 /// Server-wide numbers.
 #[derive(Debug, Default)]
 pub struct ServerStats {
@@ -138,7 +141,7 @@ impl ServerStats {
         for (status, n) in &requests {
             let _ = writeln!(out, "smelt_requests_total{{status=\"{status}\"}} {n}");
         }
-        let counters: [(&str, &str, fn(&ModelStats) -> &AtomicU64); 4] = [
+        let counters: [Family<AtomicU64>; 4] = [
             (
                 "smelt_prompt_tokens_total",
                 "Prompt tokens prefilled.",
@@ -156,7 +159,7 @@ impl ServerStats {
                 &s.steps
             }),
         ];
-        let gauges: [(&str, &str, fn(&ModelStats) -> &AtomicU64); 4] = [
+        let gauges: [Family<AtomicU64>; 4] = [
             (
                 "smelt_queue_depth",
                 "Requests waiting for a place in the batch.",
@@ -183,7 +186,7 @@ impl ServerStats {
                 }
             }
         }
-        let hists: [(&str, &str, fn(&ModelStats) -> &Histogram); 2] = [
+        let hists: [Family<Histogram>; 2] = [
             (
                 "smelt_time_to_first_token_seconds",
                 "From a request's arrival to its first generated token.",

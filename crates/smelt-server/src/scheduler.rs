@@ -465,7 +465,7 @@ impl Scheduler {
             }
         }
         // Highest index first so the earlier indices stay valid.
-        done.sort_by(|a, b| b.0.cmp(&a.0));
+        done.sort_by_key(|d| std::cmp::Reverse(d.0));
         for (i, end) in done {
             let a = self.running.remove(i);
             match end {
