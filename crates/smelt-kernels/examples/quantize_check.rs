@@ -525,7 +525,7 @@ fn speed(gpu: &Gpu) -> Result<()> {
     let largest = tensors.iter().map(|t| t.1 * t.2).max().unwrap_or(0);
     let mut src = gpu.stream.alloc_zeros::<u8>(largest * 2)?;
     let f = gpu.function(GgmlType::Q6_K, Input::Bf16)?;
-    let p = quantize::plan(GgmlType::Q6_K, largest, 1 << 8)?;
+    let p = quantize::plan(GgmlType::Q6_K, largest / 256, 256)?;
     let mut dst = gpu.stream.alloc_zeros::<u8>(p.out_bytes)?;
     let max_rows = tensors.iter().map(|t| t.1).max().unwrap_or(1);
     let mut flags = gpu.stream.alloc_zeros::<u32>(max_rows)?;
