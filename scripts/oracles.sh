@@ -16,6 +16,10 @@ fi
 if ! "$py" -c 'import numpy, gguf' 2>/dev/null; then
   "$py" -m pip install -q --disable-pip-version-check numpy 'gguf==0.19.0' >&2
 fi
+# Hugging Face folders for smelt-load's tests (scripts/oracle/hf_folder.py writes them).
+if ! "$py" -c 'import safetensors, tokenizers' 2>/dev/null; then
+  "$py" -m pip install -q --disable-pip-version-check 'safetensors==0.8.0' 'tokenizers==0.23.3' >&2
+fi
 if ! "$py" -c 'import llama_cpp' 2>/dev/null; then
   echo "oracles: building llama-cpp-python 0.3.36 (15-20 minutes on 2 cores, once per machine)" >&2
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \

@@ -1,0 +1,341 @@
+//! In-situ quantization: a model's tensors, one at a time, into an in-memory GGUF whose
+//! weights are in the types a plan picked. Peak memory is the result plus one tensor's
+//! working set, however large the model.
+//!
+//! The quantizer is a trait so the GPU one (smelt-cuda's kernels, byte-identical to the CPU)
+//! plugs in without touching the plumbing; [`CpuQuantizer`] is smelt-quant on all cores.
+
+use std::borrow::Cow;
+use std::cell::Cell;
+use std::io::Write;
+use std::rc::Rc;
+
+use indicatif::ProgressBar;
+use rayon::prelude::*;
+use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
+use smelt_quant::QuantError;
+
+use crate::LoadError;
+
+/// One tensor of the model being assembled: its GGUF name and shape (ggml order: row
+/// length first) and the type its source bytes are in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceTensor {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub ty: GgmlType,
+}
+
+/// Where tensor bytes come from. Data is asked for one tensor at a time, in order, so a
+/// source can read (or permute) a tensor only when it is needed.
+pub trait TensorSource {
+    fn tensors(&self) -> &[SourceTensor];
+    /// The bytes of tensor `i`, in `tensors()[i].ty`.
+    fn data(&self, i: usize) -> Result<Cow<'_, [u8]>, LoadError>;
+}
+
+/// A GGUF file's own tensors as a source (ISQ of a GGUF).
+pub struct GgufSource<'a> {
+    gguf: &'a Gguf,
+    tensors: Vec<SourceTensor>,
+}
+
+impl<'a> GgufSource<'a> {
+    pub fn new(gguf: &'a Gguf) -> Self {
+        let tensors = gguf
+            .tensors()
+            .iter()
+            .map(|t| SourceTensor {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+                ty: t.ty,
+            })
+            .collect();
+        Self { gguf, tensors }
+    }
+}
+
+impl TensorSource for GgufSource<'_> {
+    fn tensors(&self) -> &[SourceTensor] {
+        &self.tensors
+    }
+
+    fn data(&self, i: usize) -> Result<Cow<'_, [u8]>, LoadError> {
+        let info = &self.gguf.tensors()[i];
+        Ok(Cow::Borrowed(self.gguf.tensor_data(info)))
+    }
+}
+
+/// Turns one tensor's bytes into another GGML type. Implementations must give the same
+/// bytes as [`smelt_quant::quantize_tensor`] on the tensor's values as f32 (ggml's bytes).
+pub trait TensorQuantizer: Send + Sync {
+    /// For messages: "cpu", "cuda:0" ...
+    fn name(&self) -> &str;
+    /// `src` holds `shape`'s elements in `src_ty` (rows of `shape[0]`); returns them in
+    /// `dst`. `progress` gets output bytes as they are done.
+    fn quantize(
+        &self,
+        src_ty: GgmlType,
+        src: &[u8],
+        shape: &[u64],
+        dst: GgmlType,
+        progress: &dyn Fn(u64),
+    ) -> Result<Vec<u8>, QuantError>;
+}
+
+/// smelt-quant on the CPU, all cores of rayon's current pool.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuQuantizer;
+
+/// f32 staged per slice of rows: bounds the working memory to the output tensor plus this,
+/// however large the tensor (a 152k-token embedding is 3 GiB as f32).
+const SLICE_F32_BYTES: usize = 64 << 20;
+
+impl TensorQuantizer for CpuQuantizer {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn quantize(
+        &self,
+        src_ty: GgmlType,
+        src: &[u8],
+        shape: &[u64],
+        dst: GgmlType,
+        progress: &dyn Fn(u64),
+    ) -> Result<Vec<u8>, QuantError> {
+        let n: u64 = shape.iter().product();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let row = shape.first().copied().unwrap_or(1) as usize;
+        let rows = n as usize / row;
+        let bad = || QuantError::BadShape {
+            len: src.len(),
+            n_per_row: row,
+        };
+        let src_row = src_ty.row_bytes(row as u64).ok_or_else(bad)? as usize;
+        let dst_row = dst.row_bytes(row as u64).ok_or_else(bad)? as usize;
+        if src_row * rows != src.len() {
+            return Err(bad());
+        }
+        let rows_per_slice = (SLICE_F32_BYTES / (row * 4)).max(1);
+        let mut out = Vec::with_capacity(dst_row * rows);
+        let mut f32s = vec![0f32; rows_per_slice.min(rows) * row];
+        for slice in src.chunks(src_row * rows_per_slice) {
+            let vals = &mut f32s[..slice.len() / src_row * row];
+            vals.par_chunks_mut(row)
+                .zip(slice.par_chunks(src_row))
+                .try_for_each(|(d, s)| smelt_quant::dequantize_row(src_ty, s, d))?;
+            let q = smelt_quant::quantize_tensor(dst, vals, row, None)?;
+            progress(q.len() as u64);
+            out.extend_from_slice(&q);
+        }
+        Ok(out)
+    }
+}
+
+/// What ISQ does to each tensor: its output type, and the `general.file_type` to record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IsqPlan {
+    pub types: Vec<GgmlType>,
+    pub file_type: u32,
+}
+
+/// Picks the output type of every tensor (llama.cpp's rules live with the CLI's quantize
+/// plan, which both `smelt quantize` and `--isq` use, so their outputs are the same bytes).
+pub trait Planner {
+    fn plan(&self, metadata: &Metadata, tensors: &[SourceTensor]) -> Result<IsqPlan, String>;
+}
+
+/// The metadata `smelt quantize` writes for a plan: the input's, with the file type and
+/// quantization version llama.cpp writes and without split keys (the output is one file).
+pub fn planned_metadata(input: &Metadata, plan: &IsqPlan) -> Metadata {
+    let mut md = input.clone();
+    for key in ["split.no", "split.count", "split.tensors.count"] {
+        md.remove(key);
+    }
+    md.insert("general.quantization_version", Value::U32(2));
+    md.insert("general.file_type", Value::U32(plan.file_type));
+    md
+}
+
+/// Counts what a writer would write (the header's size, before allocating the output).
+struct Counter(Rc<Cell<u64>>);
+
+impl Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.set(self.0.get() + buf.len() as u64);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes `metadata` and every tensor of `source` (in the types `types` names, or as they
+/// are when `types` is `None`) into one GGUF in memory, allocated once at its final size.
+pub fn assemble(
+    metadata: &Metadata,
+    source: &dyn TensorSource,
+    types: Option<&[GgmlType]>,
+    quantizer: &dyn TensorQuantizer,
+    bar: &ProgressBar,
+) -> Result<Vec<u8>, LoadError> {
+    let tensors = source.tensors();
+    let specs: Vec<TensorSpec> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| TensorSpec {
+            name: t.name.clone(),
+            ty: types.and_then(|ts| ts.get(i).copied()).unwrap_or(t.ty),
+            shape: t.shape.clone(),
+        })
+        .collect();
+    for (t, s) in tensors.iter().zip(&specs) {
+        if t.ty != s.ty && !smelt_quant::can_dequantize(t.ty) {
+            return Err(LoadError::Plan {
+                why: format!(
+                    "tensor {} is {}, which smelt cannot read as numbers",
+                    t.name, t.ty
+                ),
+            });
+        }
+        if t.ty != s.ty && !smelt_quant::can_quantize(s.ty) {
+            return Err(LoadError::Plan {
+                why: format!(
+                    "tensor {} would need {}, which smelt cannot write",
+                    t.name, s.ty
+                ),
+            });
+        }
+    }
+    let count = Rc::new(Cell::new(0u64));
+    drop(GgufWriter::new(
+        Counter(count.clone()),
+        metadata,
+        specs.clone(),
+    )?);
+    let align = match metadata.get("general.alignment") {
+        Some(Value::U32(a)) => u64::from(*a),
+        _ => 32,
+    };
+    let data: u64 = specs
+        .iter()
+        .map(|s| s.n_bytes().next_multiple_of(align))
+        .sum();
+    let total = count.get() + data;
+    bar.set_length(data);
+    let mut out = Vec::with_capacity(usize::try_from(total).map_err(|_| LoadError::Plan {
+        why: format!("{total} bytes do not fit this machine's memory"),
+    })?);
+    let mut w = GgufWriter::new(&mut out, metadata, specs.clone())?;
+    for (i, (t, s)) in tensors.iter().zip(&specs).enumerate() {
+        bar.set_message(t.name.clone());
+        let src = source.data(i)?;
+        if t.ty == s.ty {
+            w.write_tensor(&t.name, &src)?;
+            bar.inc(src.len() as u64);
+        } else {
+            let q = quantizer
+                .quantize(t.ty, &src, &t.shape, s.ty, &|b| bar.inc(b))
+                .map_err(|source| LoadError::Quantize {
+                    name: t.name.clone(),
+                    from: t.ty,
+                    to: s.ty,
+                    source,
+                })?;
+            drop(src);
+            w.write_tensor(&t.name, &q)?;
+        }
+    }
+    w.finish()?;
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Mem(Vec<SourceTensor>, Vec<Vec<u8>>);
+    impl TensorSource for Mem {
+        fn tensors(&self) -> &[SourceTensor] {
+            &self.0
+        }
+        fn data(&self, i: usize) -> Result<Cow<'_, [u8]>, LoadError> {
+            Ok(Cow::Borrowed(&self.1[i]))
+        }
+    }
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn assembles_in_one_allocation_and_quantizes_like_smelt_quant() {
+        let w: Vec<f32> = (0..64 * 3)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let norm = vec![1.0f32; 64];
+        let src = Mem(
+            vec![
+                SourceTensor {
+                    name: "w".into(),
+                    shape: vec![64, 3],
+                    ty: GgmlType::F32,
+                },
+                SourceTensor {
+                    name: "n".into(),
+                    shape: vec![64],
+                    ty: GgmlType::F32,
+                },
+            ],
+            vec![f32_bytes(&w), f32_bytes(&norm)],
+        );
+        let md = Metadata::new();
+        let types = [GgmlType::Q8_0, GgmlType::F32];
+        let bytes = assemble(
+            &md,
+            &src,
+            Some(&types),
+            &CpuQuantizer,
+            &ProgressBar::hidden(),
+        )
+        .expect("assembles");
+        assert_eq!(
+            bytes.len(),
+            bytes.capacity(),
+            "allocated once at its final size"
+        );
+        let g = Gguf::from_bytes(bytes).expect("parses");
+        let t = g.tensor("w").expect("w");
+        assert_eq!(t.ty, GgmlType::Q8_0);
+        let want = smelt_quant::quantize_tensor(GgmlType::Q8_0, &w, 64, Some(1)).expect("q");
+        assert_eq!(g.tensor_data(t), &want[..]);
+        let n = g.tensor("n").expect("n");
+        assert_eq!(g.tensor_data(n), &f32_bytes(&norm)[..]);
+    }
+
+    #[test]
+    fn a_non_finite_weight_names_the_tensor() {
+        let src = Mem(
+            vec![SourceTensor {
+                name: "blk.0.w".into(),
+                shape: vec![32, 1],
+                ty: GgmlType::F32,
+            }],
+            vec![f32_bytes(&[f32::NAN; 32])],
+        );
+        let e = assemble(
+            &Metadata::new(),
+            &src,
+            Some(&[GgmlType::Q4_0]),
+            &CpuQuantizer,
+            &ProgressBar::hidden(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("blk.0.w") && e.contains("q4_0"), "{e}");
+    }
+}

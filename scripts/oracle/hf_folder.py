@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Writes a Hugging Face model folder FROM a Llama-architecture GGUF, for smelt-load's tests.
+
+The folder is what a user downloads from a hub: bf16 safetensors (single or sharded with
+model.safetensors.index.json), config.json, tokenizer.json built with the `tokenizers`
+package from the GGUF's vocabulary and merges, tokenizer_config.json with the chat template,
+and generation_config.json. Weights are the GGUF's dequantized (gguf-py) values rounded to
+bf16 (round to nearest even), with Q/K rows un-permuted to the rotate-half layout HF stores
+(the inverse of convert_hf_to_gguf.py's LlamaModel.permute).
+
+usage: hf_folder.py GGUF OUT_DIR [--shards N]
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+from gguf import GGUFReader, GGMLQuantizationType
+from gguf.quants import dequantize
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+
+def field(reader, key):
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    return f.contents()
+
+
+def to_bf16(x):
+    """f32 -> bf16 bits, round to nearest even (finite inputs)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return r.astype(np.uint16)
+
+
+def unpermute(w, n_head):
+    """GGUF's interleaved rope rows -> HF's rotate-half rows (inverse of convert's permute)."""
+    rows = w.shape[0]
+    hd = rows // n_head
+    return (w.reshape(n_head, hd // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(w.shape))
+
+
+HF_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def hf_name(name):
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if name == "output_norm.weight":
+        return "model.norm.weight"
+    if name == "output.weight":
+        return "lm_head.weight"
+    _, bid, part, suffix = name.split(".")
+    return f"model.layers.{bid}.{HF_NAMES[part]}.{suffix}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("gguf")
+    ap.add_argument("out")
+    ap.add_argument("--shards", type=int, default=1)
+    args = ap.parse_args()
+
+    r = GGUFReader(args.gguf)
+    arch = field(r, "general.architecture")
+    if arch != "llama":
+        sys.exit(f"{args.gguf}: architecture {arch!r}; this script writes Llama folders")
+    k = lambda s: field(r, f"llama.{s}")
+    n_head = int(k("attention.head_count"))
+    n_head_kv = int(k("attention.head_count_kv") or n_head)
+
+    tensors = {}
+    names = set()
+    for t in r.tensors:
+        names.add(t.name)
+        vals = dequantize(t.data, t.tensor_type).astype(np.float32)
+        vals = vals.reshape([int(d) for d in reversed(list(t.shape))])
+        if t.name.endswith("attn_q.weight"):
+            vals = unpermute(vals, n_head)
+        elif t.name.endswith("attn_k.weight"):
+            vals = unpermute(vals, n_head_kv)
+        tensors[hf_name(t.name)] = to_bf16(vals)
+
+    tmp = args.out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+
+    ordered = sorted(tensors)
+    groups = [ordered[i::args.shards] for i in range(args.shards)]
+    files = []
+    for i, group in enumerate(groups):
+        fname = ("model.safetensors" if args.shards == 1
+                 else f"model-{i + 1:05d}-of-{args.shards:05d}.safetensors")
+        path = os.path.join(tmp, fname)
+        save_bf16({n: tensors[n] for n in group}, path)
+        files.append((fname, group))
+        # The safetensors package must read what was written (bf16 bits as uint16 via numpy
+        # is not offered, so check the header and sizes through its loader on a copy).
+        check_readable(path)
+    if args.shards > 1:
+        weight_map = {n: f for f, group in files for n in group}
+        total = sum(v.nbytes for v in tensors.values())
+        with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+    tokens = field(r, "tokenizer.ggml.tokens")
+    types = field(r, "tokenizer.ggml.token_type")
+    merges = field(r, "tokenizer.ggml.merges")
+    bos = field(r, "tokenizer.ggml.bos_token_id")
+    eos = field(r, "tokenizer.ggml.eos_token_id")
+    unk = field(r, "tokenizer.ggml.unknown_token_id")
+    pad = field(r, "tokenizer.ggml.padding_token_id")
+    pre = field(r, "tokenizer.ggml.pre")
+    if pre != "smollm":
+        sys.exit(f"pre-tokenizer {pre!r}: this script builds SmolLM's (digits, then byte level)")
+
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": int(k("embedding_length")),
+        "intermediate_size": int(k("feed_forward_length")),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_head_kv,
+        "num_hidden_layers": int(k("block_count")),
+        "max_position_embeddings": int(k("context_length")),
+        "rms_norm_eps": float(k("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(k("rope.freq_base")),
+        "vocab_size": len(tokens),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": int(bos),
+        "eos_token_id": int(eos),
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+    }
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": int(bos), "eos_token_id": int(eos)}, f, indent=2)
+
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ")) for m in merges]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    specials = [AddedToken(t, special=True, normalized=False)
+                for t, ty in zip(tokens, types) if int(ty) == 3]
+    tok.add_special_tokens(specials)
+    tok.save(os.path.join(tmp, "tokenizer.json"))
+    tc = {
+        "add_prefix_space": bool(field(r, "tokenizer.ggml.add_space_prefix")),
+        "bos_token": tokens[bos],
+        "eos_token": tokens[eos],
+        "unk_token": tokens[unk],
+        "pad_token": tokens[pad],
+        "model_max_length": int(k("context_length")),
+        "tokenizer_class": "GPT2Tokenizer",
+        "chat_template": field(r, "tokenizer.chat_template"),
+    }
+    with open(os.path.join(tmp, "tokenizer_config.json"), "w") as f:
+        json.dump(tc, f, indent=2)
+
+    shutil.rmtree(args.out, ignore_errors=True)
+    os.rename(tmp, args.out)
+    print(args.out)
+
+
+def check_readable(path):
+    from safetensors import safe_open
+    with safe_open(path, framework="numpy") as f:
+        for name in f.keys():
+            sl = f.get_slice(name)
+            assert sl.get_dtype() == "BF16", (name, sl.get_dtype())
+
+
+def save_bf16(tensors, path):
+    """A safetensors file of bf16 tensors (uint16 bits): numpy has no bf16 dtype, so the
+    header is written here, in the format's layout (u64 length, JSON padded with spaces to 8
+    bytes, data in header order)."""
+    header = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, v in tensors.items():
+        header[name] = {"dtype": "BF16", "shape": list(v.shape),
+                        "data_offsets": [offset, offset + v.nbytes]}
+        offset += v.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for v in tensors.values():
+            f.write(np.ascontiguousarray(v).tobytes())
+
+
+if __name__ == "__main__":
+    main()
