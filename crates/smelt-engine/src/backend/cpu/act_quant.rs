@@ -4,7 +4,6 @@
 //! matmul inputs identical to llama.cpp's; Q8_K (and the float types) use the reference
 //! code on x86, which `smelt-quant` already reproduces.
 
-use half::f16;
 use smelt_quant::fp::f32_to_f16;
 use smelt_quant::legacy::{BlockQ8_0, BlockQ8_1};
 use smelt_quant::{Block, GgmlType, Quantize};
@@ -63,6 +62,7 @@ fn round_ties_even(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
 
     #[test]
     fn q8_1_sum_uses_unrounded_scale() {

@@ -7,6 +7,7 @@ use half::f16;
 use rayon::prelude::*;
 use smelt_quant::fp::{f16_to_f32, f32_to_f16};
 
+use super::ggml_math;
 use crate::backend::{AttnParams, AttnSeq};
 
 /// K and V of every layer: `[layer][slot * kv_dim + d]`, a slot being
@@ -65,11 +66,10 @@ impl CpuKv {
     ) {
         let hd = p.head_dim;
         let group = p.n_head / p.n_head_kv.max(1);
-        // Each sequence's keys and values, widened to f32 once per layer and laid out
-        // `[kv_head][position][d]`: every key is read by every query of the batch (and by
-        // `group` heads), so converting it once is far cheaper than at each use.
-        let widened: Vec<(Vec<f32>, Vec<f32>, usize)> =
-            seqs.par_iter().map(|s| self.widen(layer, s, p)).collect();
+        // Each sequence's keys (`[kv_head][position][d]`) and values (transposed,
+        // `[kv_head][d][position]`, as llama.cpp's V cache), widened to f32 once per layer:
+        // every key is read by every query of the batch (and by `group` heads).
+        let widened: Vec<Widened> = seqs.par_iter().map(|s| self.widen(layer, s, p)).collect();
         // Which sequence each batch row belongs to.
         let mut owner = Vec::new();
         for (si, s) in seqs.iter().enumerate() {
@@ -83,141 +83,130 @@ impl CpuKv {
             |(q16, scores), (i, o)| {
                 let (row, h) = (i / p.n_head, i % p.n_head);
                 let Some(&si) = owner.get(row) else { return };
-                let (Some(s), Some((kf, vf, first))) = (seqs.get(si), widened.get(si)) else {
+                let (Some(s), Some(w)) = (seqs.get(si), widened.get(si)) else {
                     return;
                 };
                 let pos = s.start_pos + row - s.row;
-                let n_pos = s.start_pos + s.n_tokens - first;
                 let lo = match p.window {
-                    Some(w) => (pos + 1).saturating_sub(w),
+                    Some(win) => (pos + 1).saturating_sub(win),
                     None => 0,
-                } - first;
-                let hi = pos - first;
+                };
                 let kvh = h / group;
-                let (kf, vf) = (&kf[kvh * n_pos * hd..], &vf[kvh * n_pos * hd..]);
                 let qrow = &q[(row * p.n_head + h) * hd..][..hd];
                 for (a, &b) in q16.iter_mut().zip(qrow) {
                     *a = f16_to_f32(f32_to_f16(b));
                 }
-                let (keys, values) = (&kf[lo * hd..(hi + 1) * hd], &vf[lo * hd..(hi + 1) * hd]);
-                one_head(q16, keys, values, p.scale, scores, o);
+                // llama.cpp multiplies a batch of two or more tokens through tinyBLAS and
+                // a single token through ggml's vec_dot: two summation orders.
+                let batched = s.n_tokens >= 2;
+                ggml_math::with_fma(|| one_head(q16, w, kvh, lo, pos, p.scale, batched, scores, o));
             },
         );
     }
 
     /// The f32 keys and values a sequence's queries can see in this call, from the first
-    /// position any of them attends to; returns them with that first position.
-    fn widen(&self, layer: usize, s: &AttnSeq<'_>, p: &AttnParams) -> (Vec<f32>, Vec<f32>, usize) {
+    /// position any of them attends to rounded down to a multiple of 64 (ggml's summation
+    /// lanes are fixed by the position, and the rounding keeps them aligned).
+    fn widen(&self, layer: usize, s: &AttnSeq<'_>, p: &AttnParams) -> Widened {
         let hd = p.head_dim;
         let end = s.start_pos + s.n_tokens;
         let first = match p.window {
             Some(w) => (s.start_pos + 1).saturating_sub(w),
             None => 0,
         };
-        let n_pos = end - first;
-        let mut kf = vec![0f32; p.n_head_kv * n_pos * hd];
-        let mut vf = vec![0f32; p.n_head_kv * n_pos * hd];
-        for (j, pos) in (first..end).enumerate() {
+        let base = first - first % 64;
+        let n_pos = (end - base).div_ceil(64) * 64;
+        let mut k = vec![0f32; p.n_head_kv * n_pos * hd];
+        let mut vt = vec![0f32; p.n_head_kv * hd * n_pos];
+        for (j, pos) in (first..end)
+            .enumerate()
+            .map(|(j, pos)| (j + first - base, pos))
+        {
             let slot = self.slot(s.blocks, pos);
             let src_k = &self.k[layer][slot * self.kv_dim..][..self.kv_dim];
             let src_v = &self.v[layer][slot * self.kv_dim..][..self.kv_dim];
             for h in 0..p.n_head_kv {
                 let dst = (h * n_pos + j) * hd;
-                for (d, &x) in kf[dst..dst + hd]
+                for (d, &x) in k[dst..dst + hd]
                     .iter_mut()
                     .zip(&src_k[h * hd..(h + 1) * hd])
                 {
                     *d = f16_to_f32(x);
                 }
-                for (d, &x) in vf[dst..dst + hd]
-                    .iter_mut()
-                    .zip(&src_v[h * hd..(h + 1) * hd])
-                {
-                    *d = f16_to_f32(x);
+                for (d, &x) in src_v[h * hd..(h + 1) * hd].iter().enumerate() {
+                    vt[(h * hd + d) * n_pos + j] = f16_to_f32(x);
                 }
             }
         }
-        (kf, vf, first)
+        Widened { k, vt, base, n_pos }
     }
 }
 
-/// Softmax-weighted sum of `values` for one query head over `keys` (rows of the head
-/// size), compiled for AVX2 where the CPU has it (the crate itself targets baseline x86-64).
+/// One sequence's keys and transposed values in f32 for one layer.
+struct Widened {
+    /// `[kv_head][position - base][d]`.
+    k: Vec<f32>,
+    /// `[kv_head][d][position - base]`, zero past the last position.
+    vt: Vec<f32>,
+    /// First position held (a multiple of 64).
+    base: usize,
+    /// Positions held (a multiple of 64).
+    n_pos: usize,
+}
+
+/// Softmax-weighted sum of the values for one query head over positions `lo..=pos`, as
+/// llama.cpp's non-flash attention computes it: `q·k` with the query rounded to f16 (in
+/// ggml's vec_dot or tinyBLAS order), scaled, ggml's softmax (its polynomial exp over
+/// position-aligned chunks of 16, summed in f64), probabilities rounded to f16, and each
+/// output dimension a dot of them with that dimension's values over the positions.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn one_head(
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    w: &Widened,
+    kvh: usize,
+    lo: usize,
+    pos: usize,
     scale: f32,
-    scores: &mut Vec<f32>,
-    o: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected at run time.
-        return unsafe { one_head_avx2(q, keys, values, scale, scores, o) };
-    }
-    one_head_generic(q, keys, values, scale, scores, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn one_head_avx2(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    scale: f32,
-    scores: &mut Vec<f32>,
-    o: &mut [f32],
-) {
-    one_head_generic(q, keys, values, scale, scores, o)
-}
-
-#[inline(always)]
-fn one_head_generic(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    scale: f32,
+    batched: bool,
     scores: &mut Vec<f32>,
     o: &mut [f32],
 ) {
     let hd = q.len();
+    let dot = |a: &[f32], b: &[f32]| {
+        if batched && a.len() % 16 == 0 {
+            ggml_math::dot_gemm(a, b)
+        } else {
+            ggml_math::dot_vec(a, b)
+        }
+    };
+    // Scores over whole chunks of 64 positions from `base`, -inf where masked.
+    let (first, last) = (lo - w.base, pos - w.base);
+    let len = (last + 1).div_ceil(64) * 64;
     scores.clear();
+    scores.resize(len, f32::NEG_INFINITY);
+    let keys = &w.k[kvh * w.n_pos * hd..];
     let mut max = f32::NEG_INFINITY;
-    for k in keys.chunks_exact(hd) {
-        let dot = dot(q, k) * scale;
-        max = max.max(dot);
-        scores.push(dot);
+    for (j, sc) in scores.iter_mut().enumerate().take(last + 1).skip(first) {
+        let d = dot(q, &keys[j * hd..(j + 1) * hd]) * scale;
+        max = max.max(d);
+        *sc = d;
     }
     let mut sum = 0f64;
-    for x in scores.iter_mut() {
-        *x = (*x - max).exp();
-        sum += *x as f64;
+    for chunk in scores.chunks_exact_mut(16) {
+        let mut e = [0f32; 16];
+        for (x, e) in chunk.iter_mut().zip(&mut e) {
+            *x = ggml_math::expf(*x - max);
+            *e = *x;
+        }
+        sum += ggml_math::reduce16(&e) as f64;
     }
     let inv = (1.0 / sum) as f32;
-    o.fill(0.0);
-    for (&w, v) in scores.iter().zip(values.chunks_exact(hd)) {
-        let w = f16_to_f32(f32_to_f16(w * inv));
-        for (a, &b) in o.iter_mut().zip(v) {
-            *a += w * b;
-        }
+    for x in scores.iter_mut() {
+        *x = f16_to_f32(f32_to_f16(*x * inv));
     }
-}
-
-/// `q·k` in f32 with eight partial sums (as a SIMD loop would; vectorizes).
-#[inline(always)]
-fn dot(q: &[f32], k: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut qc = q.chunks_exact(8);
-    let mut kc = k.chunks_exact(8);
-    for (a, b) in (&mut qc).zip(&mut kc) {
-        for l in 0..8 {
-            acc[l] += a[l] * b[l];
-        }
+    let vt = &w.vt[kvh * hd * w.n_pos..];
+    for (d, y) in o.iter_mut().enumerate() {
+        *y = dot(scores, &vt[d * w.n_pos..][..len]);
     }
-    let mut s = 0f32;
-    for (a, b) in qc.remainder().iter().zip(kc.remainder()) {
-        s += a * b;
-    }
-    acc.iter().sum::<f32>() + s
 }

@@ -6,6 +6,7 @@
 pub mod act_quant;
 mod attention;
 pub mod ggml_dot;
+pub mod ggml_math;
 pub mod matmul;
 
 use std::sync::{Arc, OnceLock};
@@ -224,16 +225,31 @@ impl Backend for Cpu {
     }
 
     fn glu(&self, gate: &mut CpuTensor, up: &CpuTensor, act: Glu) {
-        let f: fn(f32) -> f32 = match act {
-            Glu::Silu => |x| x / (1.0 + (-x).exp()),
-            Glu::Gelu => gelu,
-        };
+        let cols = gate.cols.max(1);
+        // Rows in tasks of about 4096 values; ggml's SiLU takes each row's whole chunks of
+        // 16 through its vector exp and the rest through libm's.
+        let rows_per_task = 4096usize.div_ceil(cols);
         gate.data
-            .par_chunks_mut(4096)
-            .zip(up.data.par_chunks(4096))
+            .par_chunks_mut(rows_per_task * cols)
+            .zip(up.data.par_chunks(rows_per_task * cols))
             .for_each(|(g, u)| {
-                for (g, &u) in g.iter_mut().zip(u) {
-                    *g = f(*g) * u;
+                for (g, u) in g.chunks_mut(cols).zip(u.chunks(cols)) {
+                    match act {
+                        Glu::Silu => ggml_math::with_fma(|| {
+                            let whole = cols - cols % 16;
+                            for (g, &u) in g[..whole].iter_mut().zip(&u[..whole]) {
+                                *g = ggml_math::silu(*g) * u;
+                            }
+                            for (g, &u) in g[whole..].iter_mut().zip(&u[whole..]) {
+                                *g = *g / (1.0 + (-*g).exp()) * u;
+                            }
+                        }),
+                        Glu::Gelu => {
+                            for (g, &u) in g.iter_mut().zip(u) {
+                                *g = gelu_times(*g, u);
+                            }
+                        }
+                    }
                 }
             });
     }
@@ -266,17 +282,21 @@ impl Backend for Cpu {
                         *c = (theta.cos(), theta.sin());
                         theta_base *= theta_scale;
                     }
-                    for head in row.chunks_mut(head_dim) {
-                        for (i, &(cos, sin)) in cs.iter().enumerate() {
-                            let (a, b) = match p.style {
-                                RopeStyle::Normal => (2 * i, 2 * i + 1),
-                                RopeStyle::Neox => (i, i + n_rot / 2),
-                            };
-                            let (x0, x1) = (head[a], head[b]);
-                            head[a] = x0 * cos - x1 * sin;
-                            head[b] = x0 * sin + x1 * cos;
+                    // ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`, as GCC contracts
+                    // them (-ffp-contract=fast): the first product fused, the second rounded.
+                    ggml_math::with_fma(|| {
+                        for head in row.chunks_mut(head_dim) {
+                            for (i, &(cos, sin)) in cs.iter().enumerate() {
+                                let (a, b) = match p.style {
+                                    RopeStyle::Normal => (2 * i, 2 * i + 1),
+                                    RopeStyle::Neox => (i, i + n_rot / 2),
+                                };
+                                let (x0, x1) = (head[a], head[b]);
+                                head[a] = x0.mul_add(cos, -(x1 * sin));
+                                head[b] = x0.mul_add(sin, x1 * cos);
+                            }
                         }
-                    }
+                    });
                 },
             );
     }
@@ -395,8 +415,20 @@ pub fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
-/// GELU with the tanh approximation, looked up by the input rounded to f16 as ggml's CPU
-/// backend does (`GGML_GELU_FP16`), so activations match llama.cpp's bit for bit.
+/// `gelu(x) * u` as ggml's `ggml_vec_geglu_f32` computes it (`GGML_GELU_FP16`): GELU with
+/// the tanh approximation looked up by the input rounded to f16, so activations match
+/// llama.cpp's bit for bit; `x * u` itself past 10, 0 below -10.
+fn gelu_times(x: f32, u: f32) -> f32 {
+    if x <= -10.0 {
+        return 0.0;
+    }
+    if x >= 10.0 {
+        return x * u;
+    }
+    gelu(x) * u
+}
+
+/// GELU with the tanh approximation, looked up by the input rounded to f16 (ggml's table).
 fn gelu(x: f32) -> f32 {
     static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
     if x <= -10.0 {
