@@ -760,7 +760,86 @@ fn check_rows(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
         );
     }
     rep.push(sample::ARGMAX, ca, "exact");
+    check_sample(gpu, rng, rep)?;
     rep.push(sample::SOFTMAX, cs, "1e-9 + 1e-5|r|");
+    Ok(())
+}
+
+fn check_sample(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
+    let mut c = Check::default();
+    let mut near = 0;
+    for (rows, cols) in [
+        (8usize, 128256usize),
+        (6, 49152),
+        (16, 1000),
+        (3, 262144),
+        (4, 7),
+        (5, 300),
+    ] {
+        let mut x = floats(rng, rows * cols, 6.0);
+        for r in 0..rows {
+            let row = &mut x[r * cols..(r + 1) * cols];
+            match r % 4 {
+                // Ties at the top and inside the candidates.
+                0 => {
+                    row[cols / 3] = 40.0;
+                    row[cols / 2] = 40.0;
+                    row[cols - 1] = 40.0;
+                }
+                // A masked vocabulary: mostly -inf, a few numbers, some NaN.
+                1 => {
+                    row.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+                    for j in 0..cols.min(20) {
+                        row[(j * 7919) % cols] = j as f32 * 0.25;
+                    }
+                    row[0] = f32::NAN;
+                }
+                // Many equal values at the threshold: the lowest indices win.
+                2 => row.iter_mut().step_by(3).for_each(|v| *v = 9.0),
+                _ => {}
+            }
+        }
+        let params: Vec<sample::SampleParams> = (0..rows)
+            .map(|r| sample::SampleParams {
+                top_k: [1, 5, 40, 64, 0, 100, 2][r % 7],
+                top_p: [1.0, 0.9, 0.5, 0.95][r % 4],
+                temperature: [0.7, 1.0, 1.5, 0.3][(r / 2) % 4],
+                uniform: rng.gen_range(0.0..1.0),
+            })
+            .collect();
+        let words: Vec<u32> = params.iter().flat_map(|p| p.words()).collect();
+        let (xd, pd) = (gpu.stream.clone_htod(&x)?, gpu.stream.clone_htod(&words)?);
+        let c32 = cols as u32;
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let mut od = gpu.stream.clone_htod(&vec![u32::MAX; rows])?;
+            launch!(
+                gpu,
+                sample::SAMPLE,
+                sample::launch(rows),
+                [&xd, &mut od, &pd, &c32]
+            );
+            runs.push(gpu.stream.clone_dtoh(&od)?);
+        }
+        let got: Vec<f32> = runs[0].iter().map(|&t| t as f32).collect();
+        let mut want = Vec::new();
+        for (r, p) in params.iter().enumerate() {
+            let (t, margin) = sample::sample_cpu(&x[r * cols..(r + 1) * cols], p);
+            // A draw within rounding of a boundary may go either way in f32.
+            if runs[0][r] != t && margin < 1e-5 {
+                near += 1;
+                want.push(got[r]);
+            } else {
+                want.push(t as f32);
+            }
+        }
+        c.add(&format!("{rows}x{cols}"), &got, &want, 0.0, 0.0);
+        // Reproducible: the same inputs draw the same tokens.
+        let again: Vec<f32> = runs[1].iter().map(|&t| t as f32).collect();
+        c.add(&format!("{rows}x{cols} again"), &again, &got, 0.0, 0.0);
+    }
+    println!("sample_rows: {near} draws within 1e-5 of a boundary accepted either way");
+    rep.push(sample::SAMPLE, c, "same token (reproducible)");
     Ok(())
 }
 
@@ -978,6 +1057,49 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
             sample::ARGMAX,
             &format!("{rows}x{vocab}"),
             rows * vocab * 4,
+            us,
+        );
+        let words: Vec<u32> = (0..rows)
+            .flat_map(|r| {
+                sample::SampleParams {
+                    top_k: 40,
+                    top_p: 0.95,
+                    temperature: 0.8,
+                    uniform: (r as f32 * 0.37).fract(),
+                }
+                .words()
+            })
+            .collect();
+        let pd = gpu.stream.clone_htod(&words)?;
+        let us = time_ms(gpu, 7, 200, |_| {
+            launch!(
+                gpu,
+                sample::SAMPLE,
+                sample::launch(rows),
+                [&ld, &mut ad, &pd, &v32]
+            );
+            Ok(())
+        })? * 1e3;
+        other(
+            "sample_rows (k 40, p 0.95)",
+            &format!("{rows}x{vocab}"),
+            rows * vocab * 4,
+            us,
+        );
+        let mut sd = gpu.stream.alloc_zeros::<f32>(rows * vocab)?;
+        let us = time_ms(gpu, 7, 200, |_| {
+            launch!(
+                gpu,
+                sample::SOFTMAX,
+                sample::launch(rows),
+                [&ld, &mut sd, &v32]
+            );
+            Ok(())
+        })? * 1e3;
+        other(
+            sample::SOFTMAX,
+            &format!("{rows}x{vocab}"),
+            rows * vocab * 8,
             us,
         );
     }
