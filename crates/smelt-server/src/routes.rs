@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use smelt_engine::generate::FinishReason;
 use smelt_tokenizer::{ChatMessage, Tokenizer};
 use tokio::sync::mpsc;
+use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::error::ApiError;
 use crate::models::{self, ModelEntry};
@@ -45,8 +46,21 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .merge(assets::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Inside the counter, so a caught panic is counted as the 500 it becomes.
+        .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count))
         .with_state(state)
+}
+
+/// A handler that panics answers 500 in the error shape instead of dropping the connection.
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let why = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    tracing::error!("a handler panicked: {why}");
+    ApiError::internal(format!("internal error: {why}")).into_response()
 }
 
 /// Counts every response by status for `/metrics`.

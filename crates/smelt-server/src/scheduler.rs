@@ -381,7 +381,26 @@ impl Scheduler {
                         self.preempt_newest();
                         continue;
                     }
-                    let a = self.running.remove(0);
+                    let mut a = self.running.remove(0);
+                    if a.generated > 0 {
+                        // It grew past the whole cache while generating alone: what it has
+                        // is a complete answer cut by length, as a full context would cut it.
+                        let rest = a.text.finish();
+                        if !rest.is_empty() {
+                            let _ = a.job.events.send(Event::Token {
+                                id: a.context.last().copied().unwrap_or(0),
+                                text: rest,
+                                logprob: None,
+                            });
+                        }
+                        let _ = a.job.events.send(Event::Done {
+                            finish_reason: FinishReason::Length,
+                            prompt_tokens: a.job.prompt.len(),
+                            completion_tokens: a.generated,
+                        });
+                        self.release(a);
+                        return;
+                    }
                     self.finish_err(
                         a,
                         ApiError::unavailable(format!(

@@ -216,6 +216,16 @@ async fn a_full_kv_cache_preempts_and_recomputes_and_an_impossible_request_gets_
         v["error"]["message"].as_str().unwrap().contains("KV cache"),
         "{v}"
     );
+    // Fits at first, then outgrows the whole cache while generating alone: cut by length
+    // when the 96 cached tokens plus the last sampled one are reached.
+    let v = s
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": "Count: 1, 2, 3,", "max_tokens": 500, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(v["usage"]["total_tokens"], 97, "{v}");
     s.wait_metric("smelt_kv_blocks_used", 0.0, Duration::from_secs(5))
         .await;
     s.shutdown().await;
