@@ -118,6 +118,22 @@ async fn greedy_chat_and_completion_equal_smelt_run_with_usage() {
     assert_eq!(v["usage"]["prompt_tokens"], ids.len());
     assert_eq!(v["usage"]["completion_tokens"], want_ids.len());
 
+    // A prompt longer than one step's token budget is prefilled in chunks (256 tokens here,
+    // 512 in `smelt run`) and still gives the same tokens.
+    let long = "The history of the city is long and full of surprises. ".repeat(40);
+    let ids = r.raw_ids(&long);
+    assert!(ids.len() > 300, "{} tokens", ids.len());
+    let (want_ids, want_text, _) = r.greedy(&ids, 8);
+    let v = s
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": long, "max_tokens": 8, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(v["choices"][0]["text"], want_text.as_str());
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len());
+    assert_eq!(v["usage"]["completion_tokens"], want_ids.len());
+
     // max_completion_tokens wins over max_tokens; the array form of content is read.
     let v = s
         .ok(
