@@ -248,6 +248,15 @@ fn adversarial(rng: &mut impl Rng, big: f32) -> Case {
             .map(|i| if i % 256 == 200 { -big } else { normal(rng) })
             .collect(),
     );
+    // Squares and sums that overflow f32 (x^2 = inf, inf - inf = NaN inside the searches).
+    let huge = if big > 1e5 { 1e19 } else { 1e4 };
+    rows.push((0..cols).map(|_| huge * normal(rng)).collect());
+    let top = if big > 1e5 { 3.0e38 } else { 6.0e4 };
+    rows.push(
+        (0..cols)
+            .map(|i| if i % 64 == 9 { top } else { normal(rng) })
+            .collect(),
+    );
     rows.push((0..cols).map(|_| 1e-30 * normal(rng)).collect());
     rows.push((0..cols).map(|_| 1e-38 * normal(rng)).collect());
     rows.push((0..cols).map(|_| 3e-41 * normal(rng)).collect());

@@ -410,12 +410,17 @@ pub(crate) fn prologue(k: &Kernel, input: Input, s: Shape) -> Thread {
 }
 
 /// ggml's `nearest_int`: `fval + 1.5 * 2^23`, then the low 22 mantissa bits, rebiased.
-/// Same garbage as the CPU for out-of-range inputs.
+/// Same garbage as the CPU for out-of-range inputs, NaN included: every NaN an x86 CPU
+/// makes here is its "default NaN" (mantissa 0x400000, so `nearest_int` gives 0), while
+/// the GPU's canonical NaN has every mantissa bit set; NaN is therefore mapped to 0
+/// explicitly. (Blocks whose squares overflow, such as a 1e30 weight, reach this.)
 pub(crate) fn nearest_int(k: &Kernel, v: Reg<F32>) -> Reg<S32> {
     let t = k.add(k.reg(), v, 12_582_912.0f32);
     let bits = k.bitcast::<U32, F32>(t);
     let m = k.and(k.reg(), bits, 0x007F_FFFFu32);
-    k.sub(k.reg(), m.cast::<S32>(), 0x0040_0000i32)
+    let r = k.sub(k.reg(), m.cast::<S32>(), 0x0040_0000i32);
+    let number = k.cmp(Cmp::Eq, t, t);
+    k.selp(r, r, 0i32, number)
 }
 
 /// `v.clamp(lo, hi)` on integers.
