@@ -27,6 +27,8 @@ pub struct Common {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub n: Option<i64>,
+    /// Keep generating past end-of-generation tokens (benchmarks; vLLM's name).
+    pub ignore_eos: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -139,6 +141,7 @@ pub struct GenParams {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    pub ignore_eos: bool,
 }
 
 fn range(param: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
@@ -237,6 +240,7 @@ impl Common {
                 .as_ref()
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
         })
     }
 }

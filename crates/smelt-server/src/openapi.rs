@@ -36,7 +36,8 @@ pub(crate) const SPEC: &str = r##"{
           "stop": {"$ref": "#/components/schemas/Stop"},
           "stream": {"type": "boolean", "default": false},
           "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-          "n": {"type": "integer", "enum": [1]}
+          "n": {"type": "integer", "enum": [1]},
+          "ignore_eos": {"type": "boolean", "default": false, "description": "generate exactly max_tokens (benchmarks)"}
         }
       },
       "Usage": {"type": "object", "properties": {

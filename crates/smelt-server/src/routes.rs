@@ -448,6 +448,7 @@ async fn run(
         sampling: p.sampling,
         stop: p.stop,
         logprobs,
+        ignore_eog: p.ignore_eos,
         events: tx,
         arrived,
     };

@@ -60,6 +60,8 @@ pub struct Job {
     pub stop: Vec<String>,
     /// `Some(n)`: report each token's log-probability and the `n` most likely alternatives.
     pub logprobs: Option<usize>,
+    /// Keep going past end-of-generation tokens (benchmarks that need exactly max_tokens).
+    pub ignore_eog: bool,
     pub events: mpsc::UnboundedSender<Event>,
     /// When the request arrived (time to first token counts from here).
     pub arrived: Instant,
@@ -523,7 +525,7 @@ impl Scheduler {
             .job
             .logprobs
             .map(|top| token_logprob(logits, next, top, &tok));
-        let (text, end) = if tok.is_eog(next) {
+        let (text, end) = if !a.job.ignore_eog && tok.is_eog(next) {
             (a.text.finish(), Some(FinishReason::Eog))
         } else {
             let (mut delta, stopped) = a.text.push(&tok.token_bytes(next));

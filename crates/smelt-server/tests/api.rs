@@ -251,6 +251,18 @@ async fn stop_strings_seeds_and_logprobs() {
         assert!((top[0]["logprob"].as_f64().unwrap() - lp).abs() < 1e-6);
         assert!(top[1]["logprob"].as_f64().unwrap() <= lp);
     }
+    // An end-of-generation token ends the answer with "stop", unless ignore_eos.
+    let short = json!({"messages": [{"role": "user", "content": "Say hello."}],
+                       "max_tokens": 40, "temperature": 0});
+    let v = s.ok("/v1/chat/completions", &short).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() < 40);
+    let mut long = short.clone();
+    long["ignore_eos"] = json!(true);
+    let v = s.ok("/v1/chat/completions", &long).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 40);
+
     // Completions logprobs (the legacy shape).
     let v = s
         .ok(
