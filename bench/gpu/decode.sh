@@ -56,6 +56,20 @@ case "${1:-run}" in
     fi
     echo "== smelt bench on $m" | tee -a "$log"
     $B/smelt bench --model $m --device cuda --prompt 512 --gen 128 --reps 3 --json 2>&1 | tee -a "$log" "$out/bench.json" || status=1
+    if [ "${SMELT_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+      echo "== ncu: GPU time per kernel over ~2 decode steps (graphs off, prompt 16)" | tee -a "$log"
+      SMELT_CUDA_GRAPHS=0 timeout 240 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
+        --launch-skip 4200 --launch-count 1300 \
+        $B/smelt bench --model $m --device cuda --prompt 16 --gen 40 --reps 1 > "$out/ncu.csv" 2>/dev/null || true
+      python3 bench/gpu/ncu_summary.py "$out/ncu.csv" 2>&1 | tee -a "$log" || true
+    fi
+    if [ "${SMELT_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+      echo "== ncu: GPU time per kernel over ~2 decode steps (graphs off, prompt 16)" | tee -a "$log"
+      SMELT_CUDA_GRAPHS=0 timeout 240 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
+        --launch-skip 4200 --launch-count 1300 \
+        $B/smelt bench --model $m --device cuda --prompt 16 --gen 40 --reps 1 > "$out/ncu.csv" 2>/dev/null || true
+      python3 bench/gpu/ncu_summary.py "$out/ncu.csv" 2>&1 | tee -a "$log" || true
+    fi
     echo "== same, CUDA graphs off (every decode step launched op by op)" | tee -a "$log"
     SMELT_CUDA_GRAPHS=0 $B/smelt bench --model $m --device cuda --prompt 512 --gen 64 --reps 1 --json 2>&1 | tee -a "$log" || status=1
     echo "== summary" | tee -a "$log"

@@ -15,7 +15,9 @@
 //!
 //! The decode steps after the second go through captured CUDA graphs. Exit status 1 when a
 //! model fails: logits further apart than 2% of their range, or a greedy token differs
-//! where the CPU's top-2 gap is wider than 0.05 (closer is a float tie).
+//! where the CPU's top-2 gap is wider than twice that row's largest difference (closer is
+//! a float tie: activations are requantized to 8 bits before every matmul, so a rounding
+//! flip anywhere moves logits by about that much).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -117,7 +119,11 @@ struct Cmp {
     tie_flips: usize,
 }
 
-const TIE: f32 = 0.05;
+/// A top-1 disagreement is a float tie when the CPU's two best logits are closer than twice
+/// the largest |cuda - cpu| of that row (each of the two may move by that much), or 0.05.
+fn tie_margin(row_diff: f32) -> f32 {
+    (2.0 * row_diff).max(0.05)
+}
 
 fn top2_gap(x: &[f32]) -> f32 {
     let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
@@ -134,19 +140,21 @@ fn top2_gap(x: &[f32]) -> f32 {
 
 impl Cmp {
     fn add(&mut self, gpu: &[f32], cpu: &[f32]) {
+        let mut row_diff = 0f32;
         for (g, c) in gpu.iter().zip(cpu) {
             let d = if g.is_finite() {
                 (g - c).abs()
             } else {
                 f32::INFINITY
             };
-            self.max_diff = self.max_diff.max(d);
+            row_diff = row_diff.max(d);
             self.max_ref = self.max_ref.max(c.abs());
         }
+        self.max_diff = self.max_diff.max(row_diff);
         self.rows += 1;
         if argmax(gpu) == argmax(cpu) {
             self.top1_same += 1;
-        } else if top2_gap(cpu) > TIE {
+        } else if top2_gap(cpu) > tie_margin(row_diff) {
             self.real_flips += 1;
         } else {
             self.tie_flips += 1;

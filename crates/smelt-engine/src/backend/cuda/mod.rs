@@ -35,19 +35,23 @@ use crate::EngineError;
 pub use runner::CudaEngine;
 
 /// An activation matrix in device memory: `rows x cols` f32, row-major, at `ptr` (scratch
-/// of the current step, or owned by the caller when made with [`Cuda::alloc_owned`]).
+/// of the current step). `cap` is how many floats the buffer holds: an op whose output
+/// outgrows it (the trait lets outputs change shape, as a `Vec` would) gets a new buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CudaTensor {
     pub ptr: u64,
     pub rows: usize,
     pub cols: usize,
+    pub cap: usize,
 }
 
-/// A weight on the device.
+/// A weight on the device, at `ptr` in the backend's weight memory (which lives as long as
+/// the backend). Weights loaded one after the other are adjacent there, so a layer's Q, K
+/// and V (and gate and up) can be multiplied by one GEMV launch over all their rows.
 pub enum CudaWeight {
     /// A matmul operand in the GEMV's row layout.
     Matrix {
-        buf: CudaSlice<u8>,
+        ptr: u64,
         ty: GgmlType,
         rows: usize,
         cols: usize,
@@ -55,23 +59,41 @@ pub enum CudaWeight {
     },
     /// An embedding table in ggml's layout.
     Embedding {
-        buf: CudaSlice<u8>,
+        ptr: u64,
         ty: GgmlType,
         rows: usize,
         cols: usize,
     },
     /// f32 values.
-    Vector { buf: CudaSlice<f32>, len: usize },
+    Vector { ptr: u64, len: usize },
 }
 
 impl CudaWeight {
-    fn ptr(&self, gpu: &Gpu) -> u64 {
+    fn ptr(&self, _gpu: &Gpu) -> u64 {
         match self {
-            CudaWeight::Matrix { buf, .. } | CudaWeight::Embedding { buf, .. } => gpu.ptr(buf),
-            CudaWeight::Vector { buf, .. } => gpu.ptr(buf),
+            CudaWeight::Matrix { ptr, .. }
+            | CudaWeight::Embedding { ptr, .. }
+            | CudaWeight::Vector { ptr, .. } => *ptr,
         }
     }
 }
+
+/// A single-token GEMV not launched yet: the next matmul of the same activations, whose
+/// weights and output follow these in memory, joins it (one launch, more rows in flight).
+#[derive(Clone, Copy, Debug)]
+struct PendingGemv {
+    w: u64,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+    x: CudaTensor,
+    q: u64,
+    out: u64,
+}
+
+/// Weight chunks of this many bytes (a larger tensor gets a chunk of its own).
+const WEIGHT_CHUNK: usize = 256 << 20;
 
 /// The KV cache: per layer, K and V as f16 `[n_blocks][block_size][kv_dim]`.
 pub struct CudaKv {
@@ -107,6 +129,15 @@ pub struct Cuda {
     scratch: Mutex<Arena<CudaSlice<u8>>>,
     step: Mutex<Option<StepBuf>>,
     error: Mutex<Option<CudaError>>,
+    /// The last matmul input and its q8_1 tiles: Q, K and V (and gate and up) multiply the
+    /// same activations, which are quantized once. Any other op forgets it.
+    quantized: Mutex<Option<(CudaTensor, u64)>>,
+    /// `x += y` not launched yet: when the next op is the norm of `x` (the residual stream
+    /// then the next block's norm), both run as one fused kernel.
+    pending_add: Mutex<Option<(CudaTensor, CudaTensor)>>,
+    pending_gemv: Mutex<Option<PendingGemv>>,
+    /// Weight memory: chunks bump-allocated in load order; (chunks, next free, end).
+    weights: Mutex<(Vec<CudaSlice<u8>>, u64, u64)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -122,6 +153,10 @@ impl Cuda {
             scratch: Mutex::new(Arena::default()),
             step: Mutex::new(None),
             error: Mutex::new(None),
+            quantized: Mutex::new(None),
+            pending_add: Mutex::new(None),
+            pending_gemv: Mutex::new(None),
+            weights: Mutex::new((Vec::new(), 0, 0)),
         })
     }
 
@@ -141,8 +176,17 @@ impl Cuda {
         lock(&self.error).is_some()
     }
 
-    /// Runs an op's launches unless an earlier op failed; keeps its error.
+    /// Runs an op's launches unless an earlier op failed; keeps its error. The deferred add
+    /// is launched first and the quantized-input cache forgotten (the op may write anything).
     fn run(&self, f: impl FnOnce() -> Result<(), CudaError>) {
+        self.run_raw(|| {
+            self.flush()?;
+            *lock(&self.quantized) = None;
+            f()
+        })
+    }
+
+    fn run_raw(&self, f: impl FnOnce() -> Result<(), CudaError>) {
         if self.failed() {
             return;
         }
@@ -160,6 +204,65 @@ impl Cuda {
             let p = gpu.ptr(&buf);
             Ok((buf, p))
         }
+    }
+
+    /// Copies `bytes` into weight memory (adjacent to the previous weight when it fits the
+    /// current chunk) and returns its address.
+    fn upload_weight(&self, bytes: &[u8]) -> Result<u64, CudaError> {
+        let len = bytes.len().max(1).div_ceil(arena::ALIGN) * arena::ALIGN;
+        let mut w = lock(&self.weights);
+        if w.1 + len as u64 > w.2 {
+            let size = len.max(WEIGHT_CHUNK);
+            // SAFETY: fully written below (and the tail of a chunk is never read).
+            let buf = unsafe { self.gpu.stream().alloc::<u8>(size) }?;
+            let base = self.gpu.ptr(&buf);
+            w.0.push(buf);
+            w.1 = base;
+            w.2 = base + size as u64;
+        }
+        let p = w.1;
+        w.1 += len as u64;
+        drop(w);
+        self.gpu.synchronize()?;
+        if !bytes.is_empty() {
+            // SAFETY: `p` has room for `bytes`; a synchronous copy from host memory.
+            unsafe { cu::memcpy_htod_sync(p, bytes) }?;
+        }
+        Ok(p)
+    }
+
+    /// Launches whatever is deferred (a GEMV or an add; at most one is at a time).
+    pub fn flush(&self) -> Result<(), CudaError> {
+        self.flush_gemv()?;
+        self.flush_add()
+    }
+
+    fn flush_gemv(&self) -> Result<(), CudaError> {
+        let pending = lock(&self.pending_gemv).take();
+        match pending {
+            Some(p) => self.launch_gemv(p.w, p.ty, p.rows, p.cols, p.row_bytes, p.q, p.out, 1),
+            None => Ok(()),
+        }
+    }
+
+    /// Launches the deferred add, if any.
+    fn flush_add(&self) -> Result<(), CudaError> {
+        let pending = lock(&self.pending_add).take();
+        match pending {
+            Some((x, y)) => self.op_add(&x, &y),
+            None => Ok(()),
+        }
+    }
+
+    /// Gives `t` room for `rows x cols` (a new scratch buffer when it has less) and that shape.
+    fn ensure(&self, t: &mut CudaTensor, rows: usize, cols: usize) -> Result<(), CudaError> {
+        if rows * cols > t.cap {
+            t.ptr = self.scratch(rows * cols * 4)?;
+            t.cap = rows * cols;
+        }
+        t.rows = rows;
+        t.cols = cols;
+        Ok(())
     }
 
     /// Scratch bytes for this step (zero-size requests get a valid address too).
@@ -222,6 +325,10 @@ impl Cuda {
         s.n_seqs = seqs.len();
         s.max_tokens = seqs.iter().map(|q| q.n_tokens).max().unwrap_or(0);
         drop(step);
+        // Nothing of the last step's scratch is read again: forget what pointed into it.
+        *lock(&self.quantized) = None;
+        *lock(&self.pending_add) = None;
+        *lock(&self.pending_gemv) = None;
         let mut chunk = Self::new_chunk(&self.gpu);
         lock(&self.scratch).reset(0, &mut chunk)?;
         Ok(())
@@ -301,7 +408,7 @@ impl Cuda {
                     })?;
                 }
                 CudaWeight::Vector {
-                    buf: self.gpu.upload(&v)?,
+                    ptr: self.upload_weight(bytemuck::cast_slice(&v))?,
                     len: v.len(),
                 }
             }
@@ -314,7 +421,7 @@ impl Cuda {
                 })?;
                 let row_bytes = catalog::row_bytes(info.ty, cols).map_err(CudaError::from)?;
                 CudaWeight::Matrix {
-                    buf: self.gpu.upload(&packed)?,
+                    ptr: self.upload_weight(&packed)?,
                     ty: info.ty,
                     rows,
                     cols,
@@ -322,7 +429,7 @@ impl Cuda {
                 }
             }
             WeightPlan::Embedding { .. } => CudaWeight::Embedding {
-                buf: self.gpu.upload(data)?,
+                ptr: self.upload_weight(data)?,
                 ty: info.ty,
                 rows,
                 cols,
@@ -337,64 +444,131 @@ impl Cuda {
         &self,
         w: &CudaWeight,
         x: &CudaTensor,
-        out: &CudaTensor,
+        out: &mut CudaTensor,
     ) -> Result<(), CudaError> {
         let CudaWeight::Matrix {
-            buf,
+            ptr: wp,
             ty,
             rows,
             cols,
             row_bytes,
-        } = w
+        } = *w
         else {
             return Err(CudaError::Init(
                 "matmul of a weight that is not a matrix".into(),
             ));
         };
-        if x.cols != *cols || out.cols != *rows || out.rows != x.rows {
+        if x.cols != cols {
             return Err(CudaError::BadLength {
-                what: "matmul shapes",
+                what: "matmul input row",
                 got: x.cols,
-                want: *cols,
+                want: cols,
             });
         }
         let n = x.rows;
+        self.ensure(out, n, rows)?;
         if n == 0 {
             return Ok(());
         }
-        let act_row = act::row_bytes(*cols)?;
-        let q = self.scratch(act_row * n)?;
-        let ntiles = cols.div_ceil(TILE) as u32;
-        self.quantize_q8_1(x.ptr, q, *cols, n)?;
-        let wp = self.gpu.ptr(buf);
-        let stream = self.gpu.stream();
-        let (nrows, rb, never) = (*rows as u32, *row_bytes as u32, 0u32);
+        // One token: join the deferred GEMV when this one continues it in memory.
+        let joined = {
+            let mut pending = lock(&self.pending_gemv);
+            match pending.as_mut() {
+                Some(p)
+                    if n == 1
+                        && p.x == *x
+                        && p.ty == ty
+                        && p.cols == cols
+                        && p.row_bytes == row_bytes
+                        && p.w + (p.rows * p.row_bytes) as u64 == wp
+                        && p.out + (p.rows * 4) as u64 == out.ptr =>
+                {
+                    p.rows += rows;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if joined {
+            return Ok(());
+        }
+        self.flush_gemv()?;
+        let act_row = act::row_bytes(cols)?;
+        let cached = *lock(&self.quantized);
+        let q = match cached {
+            Some((t, q)) if t.ptr == x.ptr && t.rows == x.rows && t.cols == x.cols => q,
+            _ => {
+                let q = self.scratch(act_row * n)?;
+                self.quantize_q8_1(x.ptr, q, cols, n)?;
+                q
+            }
+        };
+        // The output is written below: it must not be the cached input.
+        let overlaps =
+            out.ptr < x.ptr + (x.cap * 4) as u64 && x.ptr < out.ptr + (out.cap * 4) as u64;
+        *lock(&self.quantized) = if overlaps { None } else { Some((*x, q)) };
+        if n == 1 && !overlaps {
+            *lock(&self.pending_gemv) = Some(PendingGemv {
+                w: wp,
+                ty,
+                rows,
+                cols,
+                row_bytes,
+                x: *x,
+                q,
+                out: out.ptr,
+            });
+            return Ok(());
+        }
         let mut t0 = 0;
         while t0 < n {
             let t = (n - t0).min(gemv::MAX_TOKENS);
-            let cfg = gemv::Config::new(t);
-            let f = self.gpu.function(&catalog::gemv_config_name(*ty, cfg)?)?;
             let xq = q + (t0 * act_row) as u64;
             let y = out.ptr + (t0 * rows * 4) as u64;
-            let lc = smelt_cuda::LaunchConfig {
-                grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
-                block_dim: (32, gemv::WARPS_PER_CTA, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut l = stream.launch_builder(&f);
-            use smelt_cuda::PushKernelArg;
-            l.arg(&wp)
-                .arg(&xq)
-                .arg(&y)
-                .arg(&nrows)
-                .arg(&ntiles)
-                .arg(&rb)
-                .arg(&never);
-            // SAFETY: parameters in the order `gemv::kernel` documents; `w` holds `rows`
-            // rows of `row_bytes`, `xq` `t` rows of q8_1 tiles, `y` `t x rows` floats.
-            unsafe { l.launch(lc) }?;
+            self.launch_gemv(wp, ty, rows, cols, row_bytes, xq, y, t)?;
             t0 += t;
         }
+        Ok(())
+    }
+
+    /// `y[t][r] = W[r] . xq[t]` for `t < ntok` (at most [`gemv::MAX_TOKENS`]).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_gemv(
+        &self,
+        w: u64,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        row_bytes: usize,
+        xq: u64,
+        y: u64,
+        ntok: usize,
+    ) -> Result<(), CudaError> {
+        use smelt_cuda::PushKernelArg;
+        let cfg = gemv::Config::new(ntok);
+        let f = self.gpu.function(&catalog::gemv_config_name(ty, cfg)?)?;
+        let (nrows, ntiles, rb, never) = (
+            rows as u32,
+            cols.div_ceil(TILE) as u32,
+            row_bytes as u32,
+            0u32,
+        );
+        let lc = smelt_cuda::LaunchConfig {
+            grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
+            block_dim: (32, gemv::WARPS_PER_CTA, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.gpu.stream().launch_builder(&f);
+        l.arg(&w)
+            .arg(&xq)
+            .arg(&y)
+            .arg(&nrows)
+            .arg(&ntiles)
+            .arg(&rb)
+            .arg(&never);
+        // SAFETY: parameters in the order `gemv::kernel` documents; `w` holds `rows` rows of
+        // `row_bytes`, `xq` `ntok` rows of q8_1 tiles, `y` `ntok x rows` floats.
+        unsafe { l.launch(lc) }?;
         Ok(())
     }
 
@@ -463,11 +637,17 @@ impl Backend for Cuda {
 
     fn alloc(&self, rows: usize, cols: usize) -> CudaTensor {
         let mut ptr = 0;
-        self.run(|| {
+        // Touches no memory: neither launches the deferred add nor forgets the cache.
+        self.run_raw(|| {
             ptr = self.scratch(rows * cols * 4)?;
             Ok(())
         });
-        CudaTensor { ptr, rows, cols }
+        CudaTensor {
+            ptr,
+            rows,
+            cols,
+            cap: rows * cols,
+        }
     }
 
     fn shape(&self, x: &CudaTensor) -> (usize, usize) {
@@ -512,7 +692,10 @@ impl Backend for Cuda {
         x: &CudaTensor,
         out: &mut CudaTensor,
     ) -> Result<(), EngineError> {
-        self.run(|| self.matmul_inner(w, x, out));
+        self.run_raw(|| {
+            self.flush_add()?;
+            self.matmul_inner(w, x, out)
+        });
         self.take_error()
     }
 
@@ -521,9 +704,24 @@ impl Backend for Cuda {
     }
 
     fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) {
-        out.rows = x.rows;
-        out.cols = x.cols;
-        self.run(|| self.op_rms_norm(x, w, eps, out));
+        self.run_raw(|| {
+            self.flush_gemv()?;
+            *lock(&self.quantized) = None;
+            self.ensure(out, x.rows, x.cols)?;
+            let pending = lock(&self.pending_add).take();
+            match pending {
+                // The residual add just before this norm of the same rows: one pass.
+                Some((px, y)) if px.ptr == x.ptr && self.can_fuse_add_norm(x, &y, w, out) => {
+                    self.op_add_rms_norm(x, &y, w, eps, out)
+                }
+                other => {
+                    if let Some((px, y)) = other {
+                        self.op_add(&px, &y)?;
+                    }
+                    self.op_rms_norm(x, w, eps, out)
+                }
+            }
+        });
     }
 
     fn scale(&self, x: &mut CudaTensor, s: f32) {
@@ -531,7 +729,11 @@ impl Backend for Cuda {
     }
 
     fn add(&self, x: &mut CudaTensor, y: &CudaTensor) {
-        self.run(|| self.op_add(x, y));
+        // Deferred: launched by the next op, fused into it when that is `x`'s norm.
+        self.run(|| {
+            *lock(&self.pending_add) = Some((*x, *y));
+            Ok(())
+        });
     }
 
     fn glu(&self, gate: &mut CudaTensor, up: &CudaTensor, act: Glu) {
@@ -560,8 +762,7 @@ impl Backend for Cuda {
     }
 
     fn gather_rows(&self, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
-        let mut out = self.alloc(rows.len(), x.cols);
-        out.rows = rows.len();
+        let out = self.alloc(rows.len(), x.cols);
         self.run(|| {
             let row_bytes = x.cols * 4;
             // One copy per run of consecutive rows (one in all for a decode batch).
@@ -661,9 +862,8 @@ impl Backend for Cuda {
         p: &AttnParams,
         out: &mut CudaTensor,
     ) {
-        out.rows = q.rows;
-        out.cols = p.n_head * p.head_dim;
         self.run(|| {
+            self.ensure(out, q.rows, p.n_head * p.head_dim)?;
             let s = self.step_ptrs()?;
             if s.n_seqs != seqs.len() {
                 return Err(CudaError::BadLength {

@@ -85,6 +85,48 @@ impl Cuda {
         )
     }
 
+    /// Whether `x += y; out = norm(x) * w` can run fused: a whole-row norm, same shapes, and
+    /// `out` apart from both inputs.
+    pub(crate) fn can_fuse_add_norm(
+        &self,
+        x: &CudaTensor,
+        y: &CudaTensor,
+        w: &CudaWeight,
+        out: &CudaTensor,
+    ) -> bool {
+        let apart = |a: &CudaTensor, b: &CudaTensor| {
+            a.ptr + (a.cap * 4) as u64 <= b.ptr || b.ptr + (b.cap * 4) as u64 <= a.ptr
+        };
+        matches!(w, CudaWeight::Vector { len, .. } if *len == x.cols)
+            && y.rows == x.rows
+            && y.cols == x.cols
+            && apart(out, x)
+            && apart(out, y)
+    }
+
+    pub(crate) fn op_add_rms_norm(
+        &self,
+        x: &CudaTensor,
+        y: &CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+        out: &CudaTensor,
+    ) -> Result<(), CudaError> {
+        let (wp, n) = self.vector(w, "add_rms_norm")?;
+        self.launch(
+            ops::norm::ADD_RMS_NORM,
+            ops::norm::launch(x.rows, n),
+            &[
+                Arg::P(x.ptr),
+                Arg::P(y.ptr),
+                Arg::P(wp),
+                Arg::P(out.ptr),
+                Arg::U(n as u32),
+                Arg::F(eps),
+            ],
+        )
+    }
+
     pub(crate) fn op_add_bias(&self, x: &CudaTensor, bias: &CudaWeight) -> Result<(), CudaError> {
         let (bp, n) = self.vector(bias, "add_bias")?;
         if n != x.cols {

@@ -82,14 +82,17 @@ impl CudaEngine {
         out_rows: &[usize],
     ) -> Result<CudaTensor, EngineError> {
         self.backend.upload_step()?;
-        self.model.forward(
+        let logits = self.model.forward(
             &self.backend,
             &mut self.kv,
             tokens,
             positions,
             seqs,
             out_rows,
-        )
+        )?;
+        // The last matmul (the logits) may still be deferred.
+        self.backend.flush()?;
+        Ok(logits)
     }
 
     /// One step: `tokens` of all sequences (concatenated in `seqs` order) at `positions`;
@@ -123,7 +126,9 @@ impl CudaEngine {
                 let mut model_err = None;
                 let captured = backend.gpu().capture(|| {
                     let r = backend.upload_step().and_then(|()| {
-                        model.forward(backend, kv, tokens, positions, seqs, out_rows)
+                        let l = model.forward(backend, kv, tokens, positions, seqs, out_rows)?;
+                        backend.flush()?;
+                        Ok(l)
                     });
                     match r {
                         Ok(l) => logits = Some(l),
