@@ -312,15 +312,29 @@ fn isq_q8_0_bytes_are_smelt_quants_and_generation_stays_close() {
         let (_, ga) = greedy(&mut a, ids, 16);
         let (_, gb) = greedy(&mut b, ids, 16);
         let same = ga.iter().zip(&gb).take_while(|(x, y)| x == y).count();
-        eprintln!("{p:?}: {same}/16 greedy tokens equal before the first difference");
-        assert!(
-            same >= 4,
-            "{p:?}: q8_0 ISQ diverges at token {same}: {ga:?} vs {gb:?}"
-        );
         equal += same;
         total += 16;
+        if same == 16 {
+            eprintln!("{p:?}: 16/16 greedy tokens equal");
+            continue;
+        }
+        // At the first difference, how sure was the original? Its own Q4_1 rounding moves
+        // logits by up to ~1.5 (see the bf16 test), so a smaller gap is a near-tie.
+        let mut prefix = ids.clone();
+        prefix.extend_from_slice(&ga[..same]);
+        let (logits, _) = greedy(&mut a, &prefix, 1);
+        let gap = logits[ga[same] as usize] - logits[gb[same] as usize];
+        eprintln!(
+            "{p:?}: {same}/16 greedy tokens equal; at the first difference the original \
+             preferred its token by {gap:.3} logits"
+        );
+        assert!(
+            gap < 1.0,
+            "{p:?}: q8_0 ISQ diverges at token {same} where the original was sure ({gap}): \
+             {ga:?} vs {gb:?}"
+        );
     }
-    eprintln!("ISQ q8_0 vs original Q4_1: {equal}/{total} leading greedy tokens equal");
+    eprintln!("ISQ q8_0 (of the bf16 folder) vs original Q4_1: {equal}/{total} leading greedy tokens equal");
 }
 
 #[test]

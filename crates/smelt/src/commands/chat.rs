@@ -17,9 +17,13 @@ use super::run::{summary, tokenize_prompt, SamplingArgs};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
-    /// A GGUF path or an alias (smollm2-135m, gemma3-270m).
+    /// A GGUF path, a Hugging Face model folder, or an alias (smollm2-135m, gemma3-270m).
     #[arg(long)]
     pub model: String,
+    /// Quantize the weights as they load (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k ... q6_k, or a
+    /// llama.cpp preset such as q4_k_m), with `smelt quantize`'s per-tensor rules.
+    #[arg(long, value_name = "TYPE")]
+    pub isq: Option<String>,
     /// A system message that opens the conversation.
     #[arg(long)]
     pub system: Option<String>,
@@ -62,7 +66,13 @@ impl Session {
 }
 
 pub fn run(args: &ChatArgs) -> Result<()> {
-    let mut m = model_ref::load(&args.model, &args.device, args.threads, args.ctx)?;
+    let mut m = model_ref::load_isq(
+        &args.model,
+        &args.device,
+        args.threads,
+        args.ctx,
+        args.isq.as_deref(),
+    )?;
     let template = ChatTemplate::from_gguf(m.engine.gguf().metadata(), &m.tokenizer)
         .context("the model's chat template")?;
     let params = GenerateParams {

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod chat;
 pub mod inspect;
+pub mod isq;
 pub mod model_ref;
 pub mod perplexity;
 pub mod quantize;

@@ -13,12 +13,13 @@ const ALIASES: &[(&str, &str)] = &[
     ("gemma3-270m", "gemma-3-270m-q4_k_m.gguf"),
 ];
 
-/// The GGUF file `model` names: an existing path as it is; an alias found in `$SMELT_MODELS`
-/// or the repository's `.models/`; else fetched by the repository's script when there is
-/// one. Anything else is an error that says how to get the file.
+/// The GGUF file (or Hugging Face model folder) `model` names: an existing path as it is;
+/// an alias found in `$SMELT_MODELS` or the repository's `.models/`; else fetched by the
+/// repository's script when there is one. Anything else is an error that says how to get
+/// the file.
 pub fn resolve(model: &str) -> Result<PathBuf> {
     let as_path = Path::new(model);
-    if as_path.is_file() {
+    if as_path.is_file() || as_path.is_dir() {
         return Ok(as_path.to_path_buf());
     }
     let Some(&(alias, file)) = ALIASES.iter().find(|(a, _)| *a == model) else {
@@ -113,6 +114,18 @@ pub struct Loaded {
 /// Resolves `model`, loads its weights with room for `kv_tokens` tokens of KV cache, and
 /// builds its tokenizer.
 pub fn load(model: &str, device: &str, threads: Option<usize>, kv_tokens: usize) -> Result<Loaded> {
+    load_isq(model, device, threads, kv_tokens, None)
+}
+
+/// [`load`], with the weights quantized to `isq` (`--isq TYPE`) as they load; `model` may
+/// also be a Hugging Face folder (converted in memory as convert_hf_to_gguf.py would).
+pub fn load_isq(
+    model: &str,
+    device: &str,
+    threads: Option<usize>,
+    kv_tokens: usize,
+    isq: Option<&str>,
+) -> Result<Loaded> {
     let device = check_device(device)?;
     if threads == Some(0) {
         bail!("--threads must be at least 1");
@@ -124,8 +137,9 @@ pub fn load(model: &str, device: &str, threads: Option<usize>, kv_tokens: usize)
         device,
         ..EngineOptions::default()
     };
-    let engine =
-        Engine::load(&path, &opts).with_context(|| format!("cannot load {}", path.display()))?;
+    let gguf = super::isq::open(&path, isq)?;
+    let engine = Engine::from_gguf(std::sync::Arc::new(gguf), &opts)
+        .with_context(|| format!("cannot load {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(engine.gguf().metadata())
         .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
     Ok(Loaded {

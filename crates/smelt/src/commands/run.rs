@@ -57,9 +57,13 @@ impl SamplingArgs {
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// A GGUF path or an alias (smollm2-135m, gemma3-270m).
+    /// A GGUF path, a Hugging Face model folder, or an alias (smollm2-135m, gemma3-270m).
     #[arg(long)]
     pub model: String,
+    /// Quantize the weights as they load (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k ... q6_k, or a
+    /// llama.cpp preset such as q4_k_m), with `smelt quantize`'s per-tensor rules.
+    #[arg(long, value_name = "TYPE")]
+    pub isq: Option<String>,
     /// The prompt text.
     #[arg(
         long,
@@ -105,7 +109,13 @@ pub struct RunArgs {
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
-    let mut m = model_ref::load(&args.model, &args.device, args.threads, args.ctx)?;
+    let mut m = model_ref::load_isq(
+        &args.model,
+        &args.device,
+        args.threads,
+        args.ctx,
+        args.isq.as_deref(),
+    )?;
     let template = if args.chat {
         Some(
             ChatTemplate::from_gguf(m.engine.gguf().metadata(), &m.tokenizer)

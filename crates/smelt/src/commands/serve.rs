@@ -53,6 +53,10 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 10.0)]
     pub grace: f64,
+    /// Quantize every model's weights as it loads (q8_0, q4_k, q4_k_m ...), with `smelt
+    /// quantize`'s per-tensor rules. A model may also be a Hugging Face folder.
+    #[arg(long, value_name = "TYPE")]
+    pub isq: Option<String>,
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
@@ -84,7 +88,12 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     } else {
         args.model.clone()
     };
-    let loader = loader(args.device.clone(), args.threads, kv_tokens);
+    let loader = loader(
+        args.device.clone(),
+        args.threads,
+        kv_tokens,
+        args.isq.clone(),
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -112,9 +121,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
 }
 
 /// Models load through `model_ref`, so aliases resolve (and fetch) as in `smelt run`.
-fn loader(device: String, threads: Option<usize>, kv_tokens: usize) -> Loader {
+fn loader(device: String, threads: Option<usize>, kv_tokens: usize, isq: Option<String>) -> Loader {
     Arc::new(move |reference: &str| {
-        let m = model_ref::load(reference, &device, threads, kv_tokens)
+        let m = model_ref::load_isq(reference, &device, threads, kv_tokens, isq.as_deref())
             .map_err(|e| format!("{e:#}"))?;
         Ok(LoadedModel {
             path: m.path,
