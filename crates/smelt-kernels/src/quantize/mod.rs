@@ -573,6 +573,39 @@ mod tests {
         );
     }
 
+    /// Every quantize kernel assembles for sm_80 and sm_90 without register spills (a
+    /// spilled search runs from local memory, several times slower). ptxas as CI finds it
+    /// (`SMELT_PTXAS`, else `scripts/ptxas.sh`); not finding it fails the test.
+    #[test]
+    fn kernels_assemble_without_spills() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let ptxas = smelt_ptx::ptxas::Ptxas::locate(&root.join("../../scripts/ptxas.sh"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let dir = std::env::temp_dir().join(format!("smelt-isq-ptxas-{}", std::process::id()));
+        let mut failures = Vec::new();
+        for target in [Target::Sm80, Target::Sm90] {
+            let mut m = Module::new(target);
+            for (name, build) in entries() {
+                m.kernel(&name, |k| build(k))
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+            match ptxas.assemble(&dir, target, "isq", &m.to_ptx()) {
+                Ok(report) => {
+                    let kernels = report.matches("Compiling entry function").count();
+                    let clean = report.matches(" 0 bytes spill stores").count();
+                    if kernels != entries().len() || clean != kernels {
+                        failures.push(format!(
+                            "{target}: {clean} of {kernels} spill-free:\n{report}"
+                        ));
+                    }
+                }
+                Err(e) => failures.push(e),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
     #[test]
     fn names_say_type_and_input() {
         assert_eq!(
