@@ -63,10 +63,23 @@ fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
     ApiError::internal(format!("internal error: {why}")).into_response()
 }
 
-/// Counts every response by status for `/metrics`.
+/// Counts every response by status for `/metrics`, and logs it at debug level.
 async fn count(State(st): St, req: Request, next: Next) -> Response {
+    let (method, path, t0) = (
+        req.method().clone(),
+        req.uri().path().to_string(),
+        Instant::now(),
+    );
     let resp = next.run(req).await;
     st.stats.count_response(resp.status().as_u16());
+    // For a stream this is the time to its headers; the scheduler logs the whole request.
+    tracing::debug!(
+        %method,
+        path,
+        status = resp.status().as_u16(),
+        ms = t0.elapsed().as_secs_f64() * 1e3,
+        "http"
+    );
     resp
 }
 

@@ -169,6 +169,7 @@ where
     let (ready_tx, ready_rx) = std_mpsc::sync_channel(1);
     let thread_stats = Arc::clone(&stats);
     let thread_queued = Arc::clone(&queued);
+    let thread_name = name.clone();
     let join = std::thread::Builder::new()
         .name(format!("sched-{name}"))
         .spawn(move || {
@@ -186,6 +187,7 @@ where
                 extra,
             )));
             let mut s = Scheduler {
+                name: thread_name,
                 engine,
                 tok,
                 cfg,
@@ -259,6 +261,8 @@ impl Active {
 }
 
 struct Scheduler {
+    /// The model id, for logs.
+    name: String,
     engine: Engine,
     tok: Arc<Tokenizer>,
     cfg: SchedulerConfig,
@@ -326,6 +330,11 @@ impl Scheduler {
         while i < self.running.len() {
             if self.running[i].job.events.is_closed() {
                 let a = self.running.swap_remove(i);
+                tracing::info!(
+                    model = %self.name,
+                    completion_tokens = a.generated,
+                    "client went away: sequence dropped"
+                );
                 self.release(a);
             } else {
                 i += 1;
@@ -491,6 +500,14 @@ impl Scheduler {
             let a = self.running.remove(i);
             match end {
                 End::Finished(reason) => {
+                    tracing::info!(
+                        model = %self.name,
+                        prompt_tokens = a.job.prompt.len(),
+                        completion_tokens = a.generated,
+                        finish = reason.as_str(),
+                        seconds = a.job.arrived.elapsed().as_secs_f64(),
+                        "request done"
+                    );
                     let _ = a.job.events.send(Event::Done {
                         finish_reason: reason,
                         prompt_tokens: a.job.prompt.len(),
