@@ -38,15 +38,38 @@ pub fn gguf_loader(opts: EngineOptions) -> Loader {
 }
 
 /// The id a model reference is served under: a file's stem (`SmolLM2-135M-Instruct.Q4_1`),
-/// or the reference itself for an alias (`smollm2-135m`).
+/// a folder's name (a Hugging Face checkout), or the reference itself for an alias
+/// (`smollm2-135m`).
 pub fn model_id(reference: &str) -> String {
     let p = Path::new(reference);
-    if p.is_file() {
-        if let Some(stem) = p.file_stem() {
-            return stem.to_string_lossy().into_owned();
-        }
+    let name = if p.is_file() {
+        p.file_stem()
+    } else if p.is_dir() {
+        p.file_name()
+    } else {
+        None
+    };
+    name.map(|n| n.to_string_lossy().into_owned())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| reference.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::model_id;
+
+    #[test]
+    fn ids_are_stems_folder_names_or_aliases() {
+        let dir = std::env::temp_dir().join(format!("smelt-id-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("My-Model")).unwrap();
+        std::fs::write(dir.join("tiny.Q4_0.gguf"), b"").unwrap();
+        let f = dir.join("tiny.Q4_0.gguf");
+        assert_eq!(model_id(f.to_str().unwrap()), "tiny.Q4_0");
+        let d = dir.join("My-Model");
+        assert_eq!(model_id(d.to_str().unwrap()), "My-Model");
+        assert_eq!(model_id("smollm2-135m"), "smollm2-135m");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
-    reference.to_string()
 }
 
 /// One served model.
