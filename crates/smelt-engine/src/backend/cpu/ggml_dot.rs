@@ -20,7 +20,14 @@ use smelt_quant::Block;
 
 /// A weight block with a dot product against its activation block in ggml's order.
 pub trait GgmlDot: Block {
+    /// The dot ggml computes for a single token (or a token outside a group of four).
     fn ggml_dot(x: &[Self], y: &[Self::Act]) -> f32;
+    /// The dot ggml computes for a token in a group of four of a batch of four or more
+    /// (differs only for formats llama.cpp repacks: Q4_K on x86).
+    #[inline]
+    fn ggml_dot_gemm(x: &[Self], y: &[Self::Act]) -> f32 {
+        Self::ggml_dot(x, y)
+    }
 }
 
 /// Formats whose ggml order is not reproduced yet: smelt-quant's own dot.
@@ -42,11 +49,79 @@ own_order!(
     BlockQ5_1,
     BlockQ2K,
     BlockQ3K,
-    BlockQ4K,
     BlockQ5K,
     BlockIQ4NL,
     BlockIQ4XS
 );
+
+/// Q4_K weights are repacked by llama.cpp on x86 (`CPU_REPACK`, `block_q4_Kx8`) and
+/// multiplied by `ggml_gemv_q4_K_8x8_q8_K` (one token) or `ggml_gemm_q4_K_8x8_q8_K` (groups
+/// of four tokens); [`GgmlDot::ggml_dot`] is the gemv order, [`q4_k_gemm`] the gemm one.
+impl GgmlDot for BlockQ4K {
+    fn ggml_dot(x: &[Self], y: &[BlockQ8K]) -> f32 {
+        q4_k_repacked::<false>(x, y)
+    }
+    fn ggml_dot_gemm(x: &[Self], y: &[BlockQ8K]) -> f32 {
+        q4_k_gemm(x, y)
+    }
+}
+
+/// One weight row of `ggml_gemm_q4_K_8x8_q8_K` (AVX-512 build): like the gemv but the
+/// float accumulation happens per pair of sub-blocks (64 weights), not per super-block.
+pub fn q4_k_gemm(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+    q4_k_repacked::<true>(x, y)
+}
+
+/// ggml's 6-bit scale and min of sub-block `j` (`get_scale_min_k4`).
+#[inline(always)]
+fn scale_min_k4(j: usize, q: &[u8; 12]) -> (i32, i32) {
+    if j < 4 {
+        ((q[j] & 63) as i32, (q[j + 4] & 63) as i32)
+    } else {
+        (
+            ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4)) as i32,
+            ((q[j + 4] >> 4) | ((q[j] >> 6) << 4)) as i32,
+        )
+    }
+}
+
+/// The repacked Q4_K kernels per weight row: exact integer sums of `scale * q4 * q8` and
+/// of `min * bsum` over a super-block (`PER_PAIR == false`, gemv) or over each pair of
+/// sub-blocks (`PER_PAIR`, gemm), each fused-multiply-added with `d * y.d` and
+/// `dmin * y.d` into two accumulators, subtracted at the end.
+#[inline(always)]
+fn q4_k_repacked<const PER_PAIR: bool>(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for (a, b) in x.iter().zip(y) {
+        let d = f16_to_f32(a.d) * b.d;
+        let dmin = f16_to_f32(a.dmin) * b.d;
+        let (mut isum, mut imin) = (0i32, 0i32);
+        for p in 0..4 {
+            let qs = &a.qs[32 * p..32 * p + 32];
+            let q8 = &b.qs[64 * p..64 * p + 64];
+            let (mut lo, mut hi) = (0i32, 0i32);
+            for i in 0..32 {
+                lo += (qs[i] & 15) as i32 * q8[i] as i32;
+                hi += (qs[i] >> 4) as i32 * q8[32 + i] as i32;
+            }
+            let (s0, m0) = scale_min_k4(2 * p, &a.scales);
+            let (s1, m1) = scale_min_k4(2 * p + 1, &a.scales);
+            let bs = |j: usize| b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32;
+            isum += s0 * lo + s1 * hi;
+            imin += m0 * bs(2 * p) + m1 * bs(2 * p + 1);
+            if PER_PAIR {
+                acc = (isum as f32).mul_add(d, acc);
+                acc_min = (imin as f32).mul_add(dmin, acc_min);
+                (isum, imin) = (0, 0);
+            }
+        }
+        if !PER_PAIR {
+            acc = (isum as f32).mul_add(d, acc);
+            acc_min = (imin as f32).mul_add(dmin, acc_min);
+        }
+    }
+    acc - acc_min
+}
 
 /// `hsum_float_8`: the one order ggml adds its eight accumulator lanes in.
 #[inline(always)]
