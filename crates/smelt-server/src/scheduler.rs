@@ -196,6 +196,7 @@ where
                 waiting: VecDeque::new(),
                 running: Vec::new(),
                 next_order: 0,
+                kv_full: false,
             };
             s.run(rx);
         })
@@ -271,6 +272,9 @@ struct Scheduler {
     waiting: VecDeque<Active>,
     running: Vec<Active>,
     next_order: u64,
+    /// The KV cache ran out since a sequence last freed blocks: admitting more now would
+    /// only be preempted again, so the queue waits until something finishes.
+    kv_full: bool,
 }
 
 impl Scheduler {
@@ -354,6 +358,9 @@ impl Scheduler {
 
     /// Moves queued requests into the batch while there is room.
     fn admit(&mut self) {
+        if self.kv_full && !self.running.is_empty() {
+            return;
+        }
         while self.running.len() < self.cfg.max_batch.max(1) {
             let Some(mut a) = self.waiting.pop_front() else {
                 break;
@@ -584,6 +591,7 @@ impl Scheduler {
             self.engine.free_sequence(seq);
         }
         a.fed = 0;
+        self.kv_full = true;
         self.stats.preemptions.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
             tokens = a.context.len(),
@@ -611,6 +619,7 @@ impl Scheduler {
     fn release(&mut self, mut a: Active) {
         if let Some(seq) = a.seq.take() {
             self.engine.free_sequence(seq);
+            self.kv_full = false;
         }
         if a.counted_in_queue {
             self.queued.fetch_sub(1, Ordering::SeqCst);
