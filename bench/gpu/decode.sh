@@ -8,8 +8,11 @@
 #                                 # real models cut to fit the call's 64 MiB (first layers and
 #                                 # first 8192 embedding rows, bytes as in the files)
 #   ../shared/peer/prepare.sh .peer   # once, only for the peer run
-# There (through the device tool, carry [".gpu-cuda"] or [".gpu-cuda", ".peer"]):
+# There (through the device tool, carry [".gpu-cuda"], or [".gpu-cuda/smelt", ".peer"] for
+# the peer: its sources leave no room for the parity models):
 #   bash bench/gpu/decode.sh run [--peer]
+# Environment: PARITY_MODELS (files to check), SKIP_KERNELS=1, SMELT_NCU=1 (per-kernel
+# GPU time of two decode steps through Nsight Compute).
 #
 # Logs under $OUT (or bench/out): decode.log; table last.
 set -euo pipefail
@@ -39,10 +42,19 @@ case "${1:-run}" in
     [ -x $B/smelt ] || { echo "decode.sh: $B/smelt missing: run 'bench/gpu/decode.sh build' and carry $B" >&2; exit 1; }
     { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader || true; } | tee "$log"
     status=0
-    echo "== parity: CUDA vs CPU, whole model" | tee -a "$log"
-    $B/cuda_parity check $B/smollm2-4l.gguf $B/gemma3-6l.gguf 2>&1 | tee -a "$log" || status=1
-    echo "== GEMV bandwidth at Llama-3-8B shapes" | tee -a "$log"
-    $B/smelt bench --kernels --device cuda 2>&1 | tee -a "$log" || status=1
+    # The peer's sources fill most of a call's 64 MiB: a --peer call carries only
+    # .gpu-cuda/smelt and skips the parity models when they are not there.
+    models=${PARITY_MODELS:-$B/smollm2-4l.gguf $B/gemma3-6l.gguf}
+    if [ -x $B/cuda_parity ] && ls $models >/dev/null 2>&1; then
+      echo "== parity: CUDA vs CPU, whole model" | tee -a "$log"
+      $B/cuda_parity check $models 2>&1 | tee -a "$log" || status=1
+    else
+      echo "== parity: skipped (no $models here)" | tee -a "$log"
+    fi
+    if [ "${SKIP_KERNELS:-0}" != 1 ]; then
+      echo "== GEMV bandwidth at Llama-3-8B shapes" | tee -a "$log"
+      $B/smelt bench --kernels --device cuda 2>&1 | tee -a "$log" || status=1
+    fi
     m=/tmp/llama3-8b-q4_k.gguf
     if [ $peer = 1 ]; then
       echo "== llama.cpp (built here) on its own random llama3-8b Q4_K" | tee -a "$log"

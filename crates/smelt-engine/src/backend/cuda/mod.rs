@@ -92,6 +92,27 @@ struct PendingGemv {
     out: u64,
 }
 
+/// A single-row rope not launched yet: the next rope of the row that follows it in memory
+/// with the same parameters (K after Q) joins it.
+#[derive(Clone, Copy, Debug)]
+struct PendingRope {
+    x: CudaTensor,
+    positions: u64,
+    head_dim: usize,
+    p: RopeParams,
+    freq_factors: u64,
+}
+
+/// Pinned host memory logits are copied through (a pageable copy is several times slower).
+struct Staging {
+    _buf: PinnedHostSlice<f32>,
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: `ptr` points into `_buf`, owned alongside; used under the backend's mutex.
+unsafe impl Send for Staging {}
+
 /// Weight chunks of this many bytes (a larger tensor gets a chunk of its own).
 const WEIGHT_CHUNK: usize = 256 << 20;
 
@@ -136,6 +157,8 @@ pub struct Cuda {
     /// then the next block's norm), both run as one fused kernel.
     pending_add: Mutex<Option<(CudaTensor, CudaTensor)>>,
     pending_gemv: Mutex<Option<PendingGemv>>,
+    pending_rope: Mutex<Option<PendingRope>>,
+    staging: Mutex<Option<Staging>>,
     /// Weight memory: chunks bump-allocated in load order; (chunks, next free, end).
     weights: Mutex<(Vec<CudaSlice<u8>>, u64, u64)>,
 }
@@ -156,6 +179,8 @@ impl Cuda {
             quantized: Mutex::new(None),
             pending_add: Mutex::new(None),
             pending_gemv: Mutex::new(None),
+            pending_rope: Mutex::new(None),
+            staging: Mutex::new(None),
             weights: Mutex::new((Vec::new(), 0, 0)),
         })
     }
@@ -231,10 +256,19 @@ impl Cuda {
         Ok(p)
     }
 
-    /// Launches whatever is deferred (a GEMV or an add; at most one is at a time).
+    /// Launches whatever is deferred (a GEMV, an add or a rope; at most one is at a time).
     pub fn flush(&self) -> Result<(), CudaError> {
         self.flush_gemv()?;
+        self.flush_rope()?;
         self.flush_add()
+    }
+
+    fn flush_rope(&self) -> Result<(), CudaError> {
+        let pending = lock(&self.pending_rope).take();
+        match pending {
+            Some(r) => self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors),
+            None => Ok(()),
+        }
     }
 
     fn flush_gemv(&self) -> Result<(), CudaError> {
@@ -329,6 +363,7 @@ impl Cuda {
         *lock(&self.quantized) = None;
         *lock(&self.pending_add) = None;
         *lock(&self.pending_gemv) = None;
+        *lock(&self.pending_rope) = None;
         let mut chunk = Self::new_chunk(&self.gpu);
         lock(&self.scratch).reset(0, &mut chunk)?;
         Ok(())
@@ -377,14 +412,31 @@ impl Cuda {
 
     /// Copies a tensor to the host (waits for the stream).
     pub fn download(&self, x: &CudaTensor) -> Result<Vec<f32>, CudaError> {
-        let mut v = vec![0f32; x.rows * x.cols];
-        if v.is_empty() {
-            return Ok(v);
+        let n = x.rows * x.cols;
+        if n == 0 {
+            return Ok(Vec::new());
         }
-        // SAFETY: `x` is `rows * cols` floats of device memory alive until the next step.
-        unsafe { cu::memcpy_dtoh_async(&mut v, x.ptr, self.gpu.stream().cu_stream()) }?;
+        let mut st = lock(&self.staging);
+        if st.as_ref().is_none_or(|s| s.len < n) {
+            self.gpu.synchronize()?;
+            // SAFETY: pinned host floats, written by the copy below before they are read.
+            let mut buf = unsafe { self.gpu.context().alloc_pinned::<f32>(n) }?;
+            let ptr = buf.as_mut_ptr()?;
+            *st = Some(Staging {
+                _buf: buf,
+                ptr,
+                len: n,
+            });
+        }
+        let Some(s) = st.as_ref() else {
+            return Err(CudaError::Init("no staging buffer".into()));
+        };
+        // SAFETY: `s.ptr` holds at least `n` floats of pinned memory, and `x` is `n` floats
+        // of device memory alive until the next step.
+        let host = unsafe { std::slice::from_raw_parts_mut(s.ptr, n) };
+        unsafe { cu::memcpy_dtoh_async(host, x.ptr, self.gpu.stream().cu_stream()) }?;
         self.gpu.synchronize()?;
-        Ok(v)
+        Ok(host.to_vec())
     }
 
     fn load(&self, gguf: &Arc<Gguf>, name: &str, role: Role) -> Result<CudaWeight, EngineError> {
@@ -693,6 +745,7 @@ impl Backend for Cuda {
         out: &mut CudaTensor,
     ) -> Result<(), EngineError> {
         self.run_raw(|| {
+            self.flush_rope()?;
             self.flush_add()?;
             self.matmul_inner(w, x, out)
         });
@@ -706,6 +759,7 @@ impl Backend for Cuda {
     fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) {
         self.run_raw(|| {
             self.flush_gemv()?;
+            self.flush_rope()?;
             *lock(&self.quantized) = None;
             self.ensure(out, x.rows, x.cols)?;
             let pending = lock(&self.pending_add).take();
@@ -748,7 +802,10 @@ impl Backend for Cuda {
         p: &RopeParams,
         freq_factors: Option<&CudaWeight>,
     ) {
-        self.run(|| {
+        self.run_raw(|| {
+            self.flush_gemv()?;
+            self.flush_add()?;
+            *lock(&self.quantized) = None;
             let s = self.step_ptrs()?;
             if s.n_tokens != positions.len() || x.rows != positions.len() {
                 return Err(CudaError::BadLength {
@@ -757,7 +814,44 @@ impl Backend for Cuda {
                     want: s.n_tokens,
                 });
             }
-            self.op_rope(x, s.positions, head_dim, p, freq_factors)
+            let ff = match freq_factors {
+                Some(w) => w.ptr(&self.gpu),
+                None => 0,
+            };
+            // One row (a decode step): Q and K, adjacent in memory, rotate in one launch.
+            let mut pending = lock(&self.pending_rope);
+            if let Some(r) = pending.as_mut() {
+                if x.rows == 1
+                    && r.x.rows == 1
+                    && r.head_dim == head_dim
+                    && r.p == *p
+                    && r.freq_factors == ff
+                    && r.positions == s.positions
+                    && r.x.ptr + (r.x.cols * 4) as u64 == x.ptr
+                {
+                    r.x.cols += x.cols;
+                    r.x.cap = r.x.cols;
+                    return Ok(());
+                }
+            }
+            let prev = pending.take();
+            if x.rows == 1 {
+                *pending = Some(PendingRope {
+                    x: *x,
+                    positions: s.positions,
+                    head_dim,
+                    p: *p,
+                    freq_factors: ff,
+                });
+            }
+            drop(pending);
+            if let Some(r) = prev {
+                self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors)?;
+            }
+            if x.rows != 1 {
+                self.op_rope(x, s.positions, head_dim, p, ff)?;
+            }
+            Ok(())
         });
     }
 

@@ -25,6 +25,15 @@ fn u32_of(n: usize, what: &'static str) -> Result<u32, CudaError> {
     })
 }
 
+/// Launch of the norm kernels (one block per chunk, any whole number of warps: the kernels
+/// stride by the block size): about four values per thread, up to 1024 threads. The
+/// kernels' own helper gives eight per thread; each thread's loads are serial, so at
+/// decode (one row, one block) fewer per thread halve the time.
+fn norm_launch(n_chunks: usize, n: usize) -> Launch {
+    let threads = (n.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+    Launch::new((n_chunks.max(1) as u32, 1, 1), (threads, 1, 1))
+}
+
 impl Cuda {
     /// Launches kernel `name` with `args` (in the kernel's documented order).
     pub(crate) fn launch(&self, name: &str, l: Launch, args: &[Arg]) -> Result<(), CudaError> {
@@ -74,7 +83,7 @@ impl Cuda {
         }
         self.launch(
             ops::norm::RMS_NORM,
-            ops::norm::launch(total / n, n),
+            norm_launch(total / n, n),
             &[
                 Arg::P(x.ptr),
                 Arg::P(wp),
@@ -115,7 +124,7 @@ impl Cuda {
         let (wp, n) = self.vector(w, "add_rms_norm")?;
         self.launch(
             ops::norm::ADD_RMS_NORM,
-            ops::norm::launch(x.rows, n),
+            norm_launch(x.rows, n),
             &[
                 Arg::P(x.ptr),
                 Arg::P(y.ptr),
@@ -207,7 +216,7 @@ impl Cuda {
         positions: u64,
         head_dim: usize,
         p: &RopeParams,
-        freq_factors: Option<&CudaWeight>,
+        freq_factors: u64,
     ) -> Result<(), CudaError> {
         let n_rot = p.n_rot.min(head_dim);
         if head_dim == 0 || !x.cols.is_multiple_of(head_dim) || !n_rot.is_multiple_of(2) {
@@ -217,10 +226,7 @@ impl Cuda {
                 want: head_dim,
             });
         }
-        let ff = match freq_factors {
-            Some(w) => self.vector(w, "rope freq_factors")?.0,
-            None => 0,
-        };
+        let ff = freq_factors;
         let style = match p.style {
             RopeStyle::Normal => ops::rope::RopeStyle::Normal,
             RopeStyle::Neox => ops::rope::RopeStyle::Neox,
@@ -378,9 +384,15 @@ impl Cuda {
         )
     }
 
-    /// Key splits per (sequence, KV head): enough blocks to fill the GPU about twice,
-    /// independent of sequence length (a graph captured at one length replays at any).
+    /// Key splits per (sequence, KV head): about one block per multiprocessor, independent
+    /// of sequence length (a graph captured at one length replays at any). Fewer splits
+    /// than the kernels' default (twice the SMs): at decode lengths each split's partial
+    /// output costs as much to write and combine as its keys cost to read (H100, 2026-11-22:
+    /// the combine step took more time than the attention itself at 64 splits).
     fn splits(&self, n_seqs: usize, n_head_kv: usize) -> usize {
-        ops::attention::default_splits(n_seqs, n_head_kv, self.gpu.sm_count())
+        self.gpu
+            .sm_count()
+            .div_ceil((n_seqs * n_head_kv).max(1))
+            .clamp(4, 64)
     }
 }
