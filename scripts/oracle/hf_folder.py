@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes a Hugging Face model folder FROM a Llama-architecture GGUF, for smelt-load's tests.
+"""Writes a Hugging Face model folder FROM a GGUF (llama, qwen2 or qwen3 architecture; bf16/f16/
+f32 or quantized weights), for smelt-load's tests.
 
 The folder is what a user downloads from a hub: bf16 safetensors (single or sharded with
 model.safetensors.index.json), config.json, tokenizer.json built with the `tokenizers`
@@ -8,7 +9,7 @@ and generation_config.json. Weights are the GGUF's dequantized (gguf-py) values 
 bf16 (round to nearest even), with Q/K rows un-permuted to the rotate-half layout HF stores
 (the inverse of convert_hf_to_gguf.py's LlamaModel.permute).
 
-usage: hf_folder.py GGUF OUT_DIR [--shards N]
+usage: hf_folder.py GGUF OUT_DIR [--shards N] [--hf-arch MistralForCausalLM] [--f32-vectors]
 """
 import argparse
 import json
@@ -55,6 +56,14 @@ HF_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+
+HF_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
 }
 
 
@@ -74,27 +83,39 @@ def main():
     ap.add_argument("gguf")
     ap.add_argument("out")
     ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--hf-arch", help="config.json architecture (default: from the GGUF's)")
+    ap.add_argument("--f32-vectors", action="store_true",
+                    help="store 1-D tensors (norms, biases) as F32, not bf16 (mixed dtypes)")
     args = ap.parse_args()
 
     r = GGUFReader(args.gguf)
     arch = field(r, "general.architecture")
-    if arch != "llama":
-        sys.exit(f"{args.gguf}: architecture {arch!r}; this script writes Llama folders")
-    k = lambda s: field(r, f"llama.{s}")
+    if arch not in HF_ARCH:
+        sys.exit(f"{args.gguf}: architecture {arch!r}; this script writes {sorted(HF_ARCH)}")
+    k = lambda s: field(r, f"{arch}.{s}")
     n_head = int(k("attention.head_count"))
     n_head_kv = int(k("attention.head_count_kv") or n_head)
 
     tensors = {}
     names = set()
+    rope_freqs = None
     for t in r.tensors:
         names.add(t.name)
         vals = dequantize(t.data, t.tensor_type).astype(np.float32)
         vals = vals.reshape([int(d) for d in reversed(list(t.shape))])
-        if t.name.endswith("attn_q.weight"):
+        if t.name == "rope_freqs.weight":
+            # Llama 3 rope scaling: HF keeps it in config.json, convert recomputes it.
+            rope_freqs = vals
+            continue
+        # Only Llama-style rope is stored rotate-half in HF and interleaved in GGUF.
+        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
             vals = unpermute(vals, n_head)
-        elif t.name.endswith("attn_k.weight"):
+        elif arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
             vals = unpermute(vals, n_head_kv)
-        tensors[hf_name(t.name)] = to_bf16(vals)
+        if args.f32_vectors and vals.ndim == 1:
+            tensors[hf_name(t.name)] = vals
+        else:
+            tensors[hf_name(t.name)] = to_bf16(vals)
 
     tmp = args.out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -130,8 +151,8 @@ def main():
         sys.exit(f"pre-tokenizer {pre!r}: this script builds SmolLM's (digits, then byte level)")
 
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [args.hf_arch or HF_ARCH[arch]],
+        "model_type": arch,
         "hidden_size": int(k("embedding_length")),
         "intermediate_size": int(k("feed_forward_length")),
         "num_attention_heads": n_head,
@@ -147,6 +168,17 @@ def main():
         "hidden_act": "silu",
         "torch_dtype": "bfloat16",
     }
+    if k("attention.key_length") is not None:
+        config["head_dim"] = int(k("attention.key_length"))
+    if rope_freqs is not None:
+        config["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": float(rope_freqs.max()),
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings":
+                int(k("rope.scaling.original_context_length") or 8192),
+        }
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     with open(os.path.join(tmp, "generation_config.json"), "w") as f:
@@ -174,6 +206,10 @@ def main():
         "tokenizer_class": "GPT2Tokenizer",
         "chat_template": field(r, "tokenizer.chat_template"),
     }
+    for typ in ("bos", "eos"):
+        flag = field(r, f"tokenizer.ggml.add_{typ}_token")
+        if flag is not None:
+            tc[f"add_{typ}_token"] = bool(flag)
     with open(os.path.join(tmp, "tokenizer_config.json"), "w") as f:
         json.dump(tc, f, indent=2)
 
@@ -187,17 +223,18 @@ def check_readable(path):
     with safe_open(path, framework="numpy") as f:
         for name in f.keys():
             sl = f.get_slice(name)
-            assert sl.get_dtype() == "BF16", (name, sl.get_dtype())
+            assert sl.get_dtype() in ("BF16", "F32"), (name, sl.get_dtype())
 
 
 def save_bf16(tensors, path):
-    """A safetensors file of bf16 tensors (uint16 bits): numpy has no bf16 dtype, so the
-    header is written here, in the format's layout (u64 length, JSON padded with spaces to 8
-    bytes, data in header order)."""
+    """A safetensors file of bf16 tensors (uint16 bits) and f32 ones: numpy has no bf16
+    dtype, so the header is written here, in the format's layout (u64 length, JSON padded
+    with spaces to 8 bytes, data in header order)."""
     header = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, v in tensors.items():
-        header[name] = {"dtype": "BF16", "shape": list(v.shape),
+        dtype = {np.dtype(np.uint16): "BF16", np.dtype(np.float32): "F32"}[v.dtype]
+        header[name] = {"dtype": dtype, "shape": list(v.shape),
                         "data_offsets": [offset, offset + v.nbytes]}
         offset += v.nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
