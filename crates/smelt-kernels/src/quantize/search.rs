@@ -61,9 +61,13 @@ pub(crate) fn make_qx_quants(k: &Kernel, nmax: i32, x: &[Reg<F32>]) -> (Reg<F32>
     let q = k.div_rn(k.reg(), sumlx, suml2);
     let scale = k.selp(k.reg(), 0.0f32, q, zero);
     let best = k.mul(k.reg(), scale, sumlx);
-    for is in (-9..=9).filter(|&is| is != 0) {
-        // `-(nmax + 0.1f*is)` is the same f32 arithmetic here as on the GPU.
-        let num = -(nmaxf + 0.1f32 * is as f32);
+    // is = -9 ..= 9 without 0, as a runtime loop (unrolled, the 18 candidates made the
+    // kernel 185 KB of PTX, slow to JIT): `-(nmax + 0.1f * is)` in the same f32 steps.
+    k.for_count(19u32, |k, it| {
+        let is = k.sub(k.reg(), it.cast::<S32>(), 9i32);
+        let t = k.mul(k.reg(), to_f32(k, is), 0.1f32);
+        let num = k.add(k.reg(), t, nmaxf);
+        k.neg(num, num);
         let iscale = k.div_rn(k.reg(), num, max);
         let ls: Vec<Reg<S32>> = x.iter().map(|&v| level(iscale, v)).collect();
         let (sumlx, suml2) = sums(&ls);
@@ -72,6 +76,8 @@ pub(crate) fn make_qx_quants(k: &Kernel, nmax: i32, x: &[Reg<F32>]) -> (Reg<F32>
         let rhs = k.mul(k.reg(), best, suml2);
         let better = k.cmp(Cmp::Gt, lhs, rhs);
         let take = k.and(k.reg::<Pred>(), pos, better);
+        let candidate = k.cmp(Cmp::Ne, is, 0i32);
+        k.and(take, take, candidate);
         for i in 0..n {
             let l = k.add(k.reg(), ls[i], nmax);
             k.selp(out[i], l, out[i], take);
@@ -80,7 +86,7 @@ pub(crate) fn make_qx_quants(k: &Kernel, nmax: i32, x: &[Reg<F32>]) -> (Reg<F32>
         k.selp(scale, s, scale, take);
         let b = k.mul(k.reg(), scale, sumlx);
         k.selp(best, b, best, take);
-    }
+    });
     let tiny = k.cmp(Cmp::Lt, amax, GROUP_MAX_EPS);
     for &o in &out {
         k.selp(o, 0i32, o, tiny);
@@ -113,7 +119,7 @@ pub(crate) fn make_q3_quants(k: &Kernel, nmax: i32, x: &[Reg<F32>]) -> (Reg<F32>
         })
         .collect();
     let done = k.label();
-    for _ in 0..5 {
+    k.for_count(5u32, |k, _| {
         let changed = k.reg::<Pred>();
         k.setp(Cmp::Ne, changed, k.u32(0), 0u32); // false
         for i in 0..n {
@@ -151,7 +157,7 @@ pub(crate) fn make_q3_quants(k: &Kernel, nmax: i32, x: &[Reg<F32>]) -> (Reg<F32>
         // A round that changes nothing leaves the state as it was, so every later round
         // would change nothing too: ggml's `break`.
         k.bra_if(!changed, done);
-    }
+    });
     k.place(done);
     let out: Vec<Reg<S32>> = l.iter().map(|&v| k.add(k.reg(), v, nmax)).collect();
     let pos = k.cmp(Cmp::Gt, suml2, 0.0f32);
