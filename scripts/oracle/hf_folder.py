@@ -10,6 +10,9 @@ bf16 (round to nearest even), with Q/K rows un-permuted to the rotate-half layou
 (the inverse of convert_hf_to_gguf.py's LlamaModel.permute).
 
 usage: hf_folder.py GGUF OUT_DIR [--shards N] [--hf-arch MistralForCausalLM] [--f32-vectors]
+       hf_folder.py special-vocab DIR   (prints gguf-py's SpecialVocab of DIR as JSON: the
+                                         merges, special ids, add flags and chat template
+                                         convert_hf_to_gguf.py writes)
 """
 import argparse
 import json
@@ -246,5 +249,19 @@ def save_bf16(tensors, path):
             f.write(np.ascontiguousarray(v).tobytes())
 
 
+def special_vocab(path):
+    import gguf
+    sv = gguf.SpecialVocab(path, load_merges=True)
+    print(json.dumps({
+        "merges": sv.merges,
+        "special_token_ids": sv.special_token_ids,
+        "add_special_token": sv.add_special_token,
+        "chat_template": sv.chat_template,
+    }))
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "special-vocab":
+        special_vocab(sys.argv[2])
+    else:
+        main()

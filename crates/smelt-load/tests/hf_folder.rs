@@ -490,3 +490,115 @@ fn isq_of_a_gguf_keeps_metadata_and_quantizes_weights() {
     );
     let _ = Cow::Borrowed(&[0u8][..]);
 }
+
+/// gguf-py's `SpecialVocab` (what convert_hf_to_gguf.py writes for merges, special token
+/// ids, add-BOS/EOS flags and the chat template) on a folder, as JSON.
+fn special_vocab(dir: &Path) -> serde_json::Value {
+    let out = Command::new(python())
+        .arg(root().join("scripts/oracle/hf_folder.py"))
+        .arg("special-vocab")
+        .arg(dir)
+        .output()
+        .expect("runs hf_folder.py special-vocab");
+    assert!(
+        out.status.success(),
+        "special-vocab failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// The tokenizer keys a folder converts to equal gguf-py's `SpecialVocab` on the same folder,
+/// for the post-processor and tokenizer_config variants HF folders come in.
+#[test]
+fn special_tokens_and_flags_equal_gguf_py_special_vocab() {
+    let src = folder(1);
+    type Edit = fn(&Path);
+    let variants: [(&str, Edit); 4] = [
+        ("as written", |_| {}),
+        ("TemplateProcessing adds BOS, config adds EOS", |d| {
+            edit_json(&d.join("tokenizer.json"), |v| {
+                v["post_processor"] = serde_json::json!({
+                    "type": "TemplateProcessing",
+                    "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                               {"Sequence": {"id": "A", "type_id": 0}}],
+                    "pair": [], "special_tokens": {}
+                });
+            });
+            edit_json(&d.join("tokenizer_config.json"), |v| {
+                v["add_eos_token"] = serde_json::json!(true);
+                v.as_object_mut().map(|o| o.remove("add_bos_token"));
+            });
+        }),
+        ("ByteLevel post-processor, no pad token", |d| {
+            edit_json(&d.join("tokenizer.json"), |v| {
+                v["post_processor"] = serde_json::json!({"type": "ByteLevel",
+                    "add_prefix_space": false, "trim_offsets": false, "use_regex": true});
+            });
+            edit_json(&d.join("tokenizer_config.json"), |v| {
+                let o = v.as_object_mut().expect("object");
+                o.remove("pad_token");
+                o.remove("add_bos_token");
+                o.remove("add_eos_token");
+            });
+        }),
+        ("ids from config.json only", |d| {
+            edit_json(&d.join("tokenizer_config.json"), |v| {
+                let o = v.as_object_mut().expect("object");
+                for k in ["bos_token", "eos_token", "unk_token", "pad_token"] {
+                    o.remove(k);
+                }
+            });
+        }),
+    ];
+    for (what, edit) in variants {
+        let d = scratch(&src);
+        edit(d.path());
+        let sv = special_vocab(d.path());
+        let g = smelt_load::open(d.path(), None, &CpuQuantizer)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let m = g.metadata();
+        let merges = m
+            .get_array("tokenizer.ggml.merges")
+            .and_then(|a| a.as_strings())
+            .expect("merges");
+        let want: Vec<String> = serde_json::from_value(sv["merges"].clone()).expect("merges");
+        assert!(merges == &want[..], "{what}: merges differ");
+        let key = |typ: &str| match typ {
+            "unk" => "unknown".to_string(),
+            "sep" => "seperator".to_string(),
+            "pad" => "padding".to_string(),
+            t => t.to_string(),
+        };
+        let ids = sv["special_token_ids"].as_object().expect("ids");
+        for typ in ["bos", "eos", "unk", "sep", "pad", "cls", "mask"] {
+            let got = m.get_u64(&format!("tokenizer.ggml.{}_token_id", key(typ)));
+            assert_eq!(
+                got,
+                ids.get(typ).and_then(|v| v.as_u64()),
+                "{what}: {typ} id"
+            );
+        }
+        let add = sv["add_special_token"].as_object().expect("flags");
+        for typ in ["bos", "eos", "sep"] {
+            let mut want = add.get(typ).and_then(|v| v.as_bool());
+            if what.starts_with("ByteLevel") && typ != "sep" {
+                // The gguf-py that convert_hf_to_gguf.py of llama.cpp 0c1e570 (llama-cpp-python
+                // 0.3.36) loads sets add_bos/add_eos to false for a ByteLevel post-processor;
+                // PyPI's gguf 0.19.0 predates that rule.
+                want = want.or(Some(false));
+            }
+            if typ == "bos" {
+                // convert's Llama rule for 49152-token vocabularies, applied after SpecialVocab.
+                want = Some(false);
+            }
+            let got = m.get_bool(&format!("tokenizer.ggml.add_{typ}_token"));
+            assert_eq!(got, want, "{what}: add_{typ}_token");
+        }
+        assert_eq!(
+            m.get_str("tokenizer.chat_template"),
+            sv["chat_template"].as_str(),
+            "{what}: chat template"
+        );
+    }
+}
