@@ -1,9 +1,9 @@
 //! ggml's per-group scale searches (`make_qx_quants`, `make_q3_quants`,
 //! `make_qkx2_quants`) as PTX, one group per thread, each a line-by-line transcription
 //! of smelt-quant's `kquants/reference.rs` (the scalar specification its lane code is
-//! tested against). Branches of the C become predicated selects; loops over candidate
-//! scales whose trip count is fixed unroll (`make_qx_quants`) or run as a runtime loop
-//! (`make_qkx2_quants`, to keep 32-weight groups compact).
+//! tested against). Branches of the C become predicated selects; the loops over candidate
+//! scales and refinement rounds are runtime loops (unrolled they made 185 KB kernels that
+//! were slower to JIT and to run), the loops over a group's weights unroll into registers.
 
 use smelt_ptx::{Cmp, Kernel, Pred, Reg, F32, S32};
 
