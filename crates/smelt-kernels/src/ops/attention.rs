@@ -24,8 +24,18 @@ use crate::catalog::Entry;
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Warps per block: each warp owns one (query token, query head) pair.
 pub const WARPS: u32 = 4;
-/// Keys loaded together per warp (memory-level parallelism of the inner loop).
-const KEYS: usize = 8;
+/// Keys loaded together per warp (memory-level parallelism of the inner loop): 16 where
+/// the registers allow, 8 for 256-value heads.
+fn keys_per_step(head_dim: usize) -> usize {
+    if head_dim > 128 {
+        8
+    } else {
+        16
+    }
+}
+
+/// Most splits [`reduce_kernel`] combines.
+pub const MAX_SPLITS: usize = 256;
 
 /// Name of the attention kernel for heads of `head_dim`.
 pub fn name(head_dim: usize) -> Option<String> {
@@ -76,7 +86,10 @@ pub fn launch(
 
 /// Launch of [`reduce_kernel`] for `rows` query rows.
 pub fn reduce_launch(rows: usize, n_head: usize, head_dim: usize) -> Launch {
-    Launch::new((dim(rows * n_head), 1, 1), (dim(head_dim), 1, 1))
+    Launch::new(
+        (dim(rows * n_head), 1, 1),
+        ((head_dim.div_ceil(32) * 32).clamp(32, 1024) as u32, 1, 1),
+    )
 }
 
 /// Floats of the partial accumulators and of the partial (max, sum) pairs for `rows`
@@ -91,10 +104,23 @@ pub fn partial_lens(
     (n * head_dim, n * 2)
 }
 
-/// A split count that fills a GPU of `sms` multiprocessors about twice, for `n_seqs`
-/// sequences, at most 64.
+/// A split count for `n_seqs` sequences when their context is not known: about four
+/// blocks per multiprocessor (`sms`), at most 64. Measured on an H100 at Llama-3-8B
+/// decode shape (`bench/RESULTS.md`): fewer blocks leave the GPU latency bound (one
+/// sequence at 4096 keys: 46 us with 16 splits, 24 us with 64), more add partials to
+/// combine (64 sequences: 220 us with 1-8 splits, 300 us with 64).
 pub fn default_splits(n_seqs: usize, n_head_kv: usize, sms: usize) -> usize {
-    (2 * sms).div_ceil((n_seqs * n_head_kv).max(1)).clamp(1, 64)
+    (4 * sms).div_ceil((n_seqs * n_head_kv).max(1)).clamp(1, 64)
+}
+
+/// [`default_splits`], but no more splits than blocks of 16 keys in `max_ctx` (short
+/// contexts: one sequence at 512 keys took 11 us with 32 splits, 14 us with 64). The grid
+/// still does not depend on any sequence's length: a graph captured with this count
+/// replays correctly at any length, only less well tuned.
+pub fn splits_for_context(n_seqs: usize, n_head_kv: usize, sms: usize, max_ctx: usize) -> usize {
+    default_splits(n_seqs, n_head_kv, sms)
+        .min(max_ctx.div_ceil(16))
+        .max(1)
 }
 
 /// Unpacks the two halves of a 32-bit word into f32 (low half first).
@@ -143,7 +169,12 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
         k.reject(format!("no attention kernel for head_dim {head_dim}"));
         return;
     }
+    // One block per SM is all ptxas needs to plan for: with the thread cap alone it aimed
+    // at more and spilled (hd128 on sm_80).
+    k.max_threads(32, WARPS, 1);
+    k.min_blocks_per_sm(1);
     let e = head_dim / 32;
+    let keys = keys_per_step(head_dim);
     let q = k.param_ptr("q");
     let kc = k.param_ptr("k_cache");
     let vc = k.param_ptr("v_cache");
@@ -239,35 +270,39 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
         k.mul(k.reg(), lane, e as u32),
     );
     let lane_off = k.mul_wide(k.reg::<U64>(), lane_off, 2u32);
-    let bs_m1 = k.sub(k.reg(), bs, 1u32);
+    let stride = k.shl(k.reg(), kv_dim, 1u32); // bytes from one slot to the next
 
     k.stride_loop(qb_lo, qb_hi, 1u32, |k, bi| {
         let ti = k.add(k.reg(), bto, bi);
         let block = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(tables, ti, 4));
         let slot0 = k.mul(k.reg(), block, bs);
         let p0 = k.mul(k.reg(), bi, bs);
-        k.stride_loop(0u32, bs, KEYS as u32, |k, j0| {
-            let mut kw = Vec::with_capacity(KEYS);
-            let mut vw = Vec::with_capacity(KEYS);
-            let mut valid = Vec::with_capacity(KEYS);
-            for u in 0..KEYS {
+        // The keys of this block the query sees: slots [jlo, jhi), never empty here.
+        let jlo = k.sub(k.reg(), lo_q, p0);
+        let before = k.lt(lo_q, p0);
+        k.selp(jlo, 0u32, jlo, before);
+        let jhi = k.sub(k.reg(), pos_q, p0);
+        k.add(jhi, jhi, 1u32);
+        k.min(jhi, jhi, bs);
+        let jlast = k.sub(k.reg(), jhi, 1u32);
+        let base = k.mul_wide(k.reg::<U64>(), slot0, stride);
+        k.add(base, base, lane_off);
+        let kbase = k.add(k.reg(), kc, base);
+        let vbase = k.add(k.reg(), vc, base);
+        k.stride_loop(jlo, jhi, keys as u32, |k, j0| {
+            let mut kw = Vec::with_capacity(keys);
+            let mut vw = Vec::with_capacity(keys);
+            let mut valid = Vec::with_capacity(keys);
+            for u in 0..keys {
+                // Keys past the range load the last visible one and count for nothing.
                 let j = k.add(k.reg(), j0, u as u32);
-                let jc = k.min(k.reg(), j, bs_m1);
-                let pos = k.add(k.reg(), p0, j);
-                let ok = k.lt(j, bs);
-                let after = k.cmp(Cmp::Ge, pos, lo_q);
-                k.and(ok, ok, after);
-                let upto = k.cmp(Cmp::Le, pos, pos_q);
-                k.and(ok, ok, upto);
-                valid.push(ok);
-                let slot = k.add(k.reg(), slot0, jc);
-                let off = k.mul_wide(k.reg::<U64>(), slot, kv_dim);
-                k.shl(off, off, 1u32);
-                k.add(off, off, lane_off);
-                kw.push(load_halves(k, k.add(k.reg(), kc, off), e));
-                vw.push(load_halves(k, k.add(k.reg(), vc, off), e));
+                valid.push(k.lt(j, jhi));
+                let jc = k.min(k.reg(), j, jlast);
+                let off = k.mul_wide(k.reg::<U64>(), jc, stride);
+                kw.push(load_halves(k, k.add(k.reg(), kbase, off), e));
+                vw.push(load_halves(k, k.add(k.reg(), vbase, off), e));
             }
-            let mut s = Vec::with_capacity(KEYS);
+            let mut s = Vec::with_capacity(keys);
             for words in &kw {
                 let dot = k.f32(0.0);
                 for (wi, &w) in words.iter().enumerate() {
@@ -332,43 +367,77 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
 /// Combines the split partials into the attention output.
 ///
 /// Parameters: `part_acc: *const f32, part_ml: *const f32, out: *mut f32 ([rows][n_head *
-/// head_dim]), n_splits: u32, head_dim: u32`. Launch: [`reduce_launch`]: one block per
-/// (row, head), one thread per value. Every row of the batch must belong to a sequence of
-/// the attention call (rows that do not read stale partials).
+/// head_dim]), n_splits: u32 (at most [`MAX_SPLITS`]), head_dim: u32`. Launch:
+/// [`reduce_launch`]: one block per (row, head), one thread per value. Every row of the
+/// batch must belong to a sequence of the attention call (rows that do not read stale
+/// partials).
+///
+/// The split weights `2^(m_s - max m)` and the normalizer are computed once per block
+/// (threads over splits, block reductions), then each thread sums its value over the
+/// splits with four loads in flight.
 pub fn reduce_kernel(k: &Kernel) {
+    k.max_threads(1024, 1, 1);
     let part_acc = k.param_ptr("part_acc");
     let part_ml = k.param_ptr("part_ml");
     let out = k.param_ptr("out");
     let n_splits = k.param_u32("n_splits");
     let head_dim = k.param_u32("head_dim");
+    let wsh = k.shared::<F32>("reduce_w", MAX_SPLITS as u32, 16);
+    let red = super::reduce_scratch(k, "reduce_red");
+    let wb = k.shared_base(&wsh);
     let idx = k.ctaid_x();
     let d = k.tid_x();
-    k.exit_if(k.ge(d, head_dim));
     let first = k.mul(k.reg(), idx, n_splits);
-    let mx = k.f32(f32::NEG_INFINITY);
-    k.for_count(n_splits, |k, s| {
+    let ns = k.min(k.reg(), n_splits, MAX_SPLITS as u32);
+    let mloc = k.f32(f32::NEG_INFINITY);
+    k.stride_loop(d, ns, k.ntid_x(), |k, s| {
         let i = k.add(k.reg(), first, s);
         let ms = k.load::<F32>(Load::GLOBAL, k.elem_addr(part_ml, i, 8));
-        k.max(mx, mx, ms);
+        k.st(Store::SHARED, k.mad(k.reg(), s, 4u32, wb), ms);
+        k.max(mloc, mloc, ms);
     });
-    let l = k.f32(0.0);
-    let o = k.f32(0.0);
-    k.for_count(n_splits, |k, s| {
+    let mx = super::block_max(k, mloc, &red);
+    let lsum = k.f32(0.0);
+    k.stride_loop(d, ns, k.ntid_x(), |k, s| {
         let i = k.add(k.reg(), first, s);
-        let ml = [k.reg::<F32>(), k.reg::<F32>()];
-        k.ld_v2(Load::GLOBAL, ml, k.elem_addr(part_ml, i, 8));
-        let w = k.sub(k.reg(), ml[0], mx);
+        let ls = k.load::<F32>(Load::GLOBAL, k.elem_addr(part_ml, i, 8).at(4));
+        let wa = k.mad(k.reg(), s, 4u32, wb);
+        let ms = k.load::<F32>(Load::SHARED, wa);
+        let w = k.sub(k.reg(), ms, mx);
         k.ex2_approx(w, w);
-        let empty = k.cmp(Cmp::Eq, ml[0], f32::NEG_INFINITY);
+        let empty = k.cmp(Cmp::Eq, ms, f32::NEG_INFINITY);
         k.selp(w, 0.0f32, w, empty);
-        k.fma(l, ml[1], w, l);
-        let ai = k.mad(k.reg(), i, head_dim, d);
-        let a = k.load::<F32>(Load::GLOBAL, k.elem_addr(part_acc, ai, 4));
-        k.fma(o, a, w, o);
+        k.st(Store::SHARED, wa, w);
+        k.fma(lsum, ls, w, lsum);
     });
-    k.div_rn(o, o, l);
-    let oi = k.mad(k.reg(), idx, head_dim, d);
-    k.st(Store::GLOBAL, k.elem_addr(out, oi, 4), o);
+    // The block sum's barriers also publish the weights.
+    let l = super::block_sum(k, lsum, &red);
+    let live = k.lt(d, head_dim);
+    k.if_(live, |k| {
+        let o = k.f32(0.0);
+        k.stride_loop(0u32, ns, 4u32, |k, s0| {
+            let mut terms = Vec::new();
+            for u in 0..4u32 {
+                let s = k.add(k.reg(), s0, u);
+                let ok = k.lt(s, ns);
+                let a = k.f32(0.0);
+                let w = k.f32(0.0);
+                k.guarded(ok, |k| {
+                    let i = k.add(k.reg(), first, s);
+                    let ai = k.mad(k.reg(), i, head_dim, d);
+                    k.ld(Load::GLOBAL, a, k.elem_addr(part_acc, ai, 4));
+                    k.ld(Load::SHARED, w, k.mad(k.reg(), s, 4u32, wb));
+                });
+                terms.push((a, w));
+            }
+            for (a, w) in terms {
+                k.fma(o, a, w, o);
+            }
+        });
+        k.div_rn(o, o, l);
+        let oi = k.mad(k.reg(), idx, head_dim, d);
+        k.st(Store::GLOBAL, k.elem_addr(out, oi, 4), o);
+    });
 }
 
 /// Shape of an attention call.
@@ -476,7 +545,10 @@ mod tests {
         assert_eq!(q_tiles(5, 32, 8), 5);
         assert_eq!(launch(3, 1, 32, 8, 16).grid, (16, 8, 3));
         assert_eq!(partial_lens(2, 4, 3, 64), (2 * 4 * 3 * 64, 2 * 4 * 3 * 2));
-        assert_eq!(default_splits(1, 8, 132), 33);
+        assert_eq!(default_splits(1, 8, 132), 64);
+        assert_eq!(default_splits(64, 8, 132), 2);
+        assert_eq!(splits_for_context(1, 8, 132, 512), 32);
+        assert_eq!(splits_for_context(1, 8, 132, 0), 1);
     }
 
     #[test]

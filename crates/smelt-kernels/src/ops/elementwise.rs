@@ -79,6 +79,7 @@ fn grid_stride(k: &Kernel, n: Reg<U32>, body: impl FnOnce(&Kernel, Reg<U32>)) {
 /// formula of `x` rounded to f16, its result rounded to f16 (`0.5·x·(1 + tanh u)` is
 /// computed as `x / (1 + e^(-2u))`, the same function).
 pub fn glu_kernel(k: &Kernel, act: Glu) {
+    k.max_threads(THREADS, 1, 1);
     let gate = k.param_ptr("gate");
     let up = k.param_ptr("up");
     let n = k.param_u32("n");
@@ -130,6 +131,7 @@ fn gelu(k: &Kernel, x: Reg<F32>) -> Reg<F32> {
 ///
 /// Parameters: `x: *mut f32, y: *const f32, n: u32`. Launch: [`launch`].
 pub fn add_kernel(k: &Kernel) {
+    k.max_threads(THREADS, 1, 1);
     let x = k.param_ptr("x");
     let y = k.param_ptr("y");
     let n = k.param_u32("n");
@@ -146,6 +148,7 @@ pub fn add_kernel(k: &Kernel) {
 ///
 /// Parameters: `x: *mut f32, n: u32, s: f32`. Launch: [`launch`].
 pub fn scale_kernel(k: &Kernel) {
+    k.max_threads(THREADS, 1, 1);
     let x = k.param_ptr("x");
     let n = k.param_u32("n");
     let s = k.param::<F32>("s");
@@ -162,6 +165,7 @@ pub fn scale_kernel(k: &Kernel) {
 /// Parameters: `x: *mut f32, bias: *const f32, cols: u32`. Launch: [`launch_bias`]
 /// (grid y = rows).
 pub fn add_bias_kernel(k: &Kernel) {
+    k.max_threads(THREADS, 1, 1);
     let x = k.param_ptr("x");
     let bias = k.param_ptr("bias");
     let cols = k.param_u32("cols");

@@ -124,6 +124,7 @@ pub fn row_bytes(ty: GgmlType, cols: usize) -> Result<usize, KernelError> {
 ///
 /// Launch: [`launch`] (grid x = rows, grid y = column blocks of [`THREADS`]).
 fn kernel(k: &Kernel, ty: GgmlType, mode: Mode) {
+    k.max_threads(THREADS, 1, 1);
     let src = k.param_ptr(if matches!(mode, Mode::Embed) {
         "table"
     } else {

@@ -68,6 +68,7 @@ pub fn launch(n_seqs: usize, max_tokens: usize, kv_dim: usize) -> Launch {
 /// seqs: *const SeqDesc, block_tables: *const u32, kv_dim: u32, block_size: u32`.
 /// Launch: [`launch`] (grid x = column blocks, y = sequences, z strides over tokens).
 pub fn kv_append_kernel(k: &Kernel) {
+    k.max_threads(THREADS, 1, 1);
     let kin = k.param_ptr("k");
     let vin = k.param_ptr("v");
     let kc = k.param_ptr("k_cache");

@@ -43,6 +43,7 @@ pub fn rms_norm_kernel(k: &Kernel) {
     let out = k.param_ptr("out");
     let n = k.param_u32("n");
     let eps = k.param::<F32>("eps");
+    k.max_threads(1024, 1, 1);
     norm_body(k, x, None, w, out, n, eps);
 }
 
@@ -58,6 +59,7 @@ pub fn add_rms_norm_kernel(k: &Kernel) {
     let out = k.param_ptr("out");
     let n = k.param_u32("n");
     let eps = k.param::<F32>("eps");
+    k.max_threads(1024, 1, 1);
     norm_body(k, x, Some(y), w, out, n, eps);
 }
 

@@ -65,6 +65,7 @@ pub fn launch(rows: usize, cols: usize, head_dim: usize, n_rot: usize) -> Launch
 /// (n_rot / 2 values, or 0 for none), cols: u32, head_dim: u32, n_rot: u32 (even, at most
 /// head_dim), theta_scale: f32 ([`theta_scale`]), freq_scale: f32`. Launch: [`launch`].
 pub fn kernel(k: &Kernel, style: RopeStyle) {
+    k.max_threads(1024, 1, 1);
     let x = k.param_ptr("x");
     let pos = k.param_ptr("pos");
     let ff_raw = k.param::<U64>("freq_factors");

@@ -28,38 +28,75 @@ pub fn catalog() -> Vec<Entry> {
 /// block, so it gets the most threads a block can have.
 pub const ROW_THREADS: u32 = 1024;
 
+/// Threads per block of [`sample_kernel`]: half of [`ROW_THREADS`], so its many live
+/// values fit in registers (128 a thread) instead of spilling.
+pub const SAMPLE_THREADS: u32 = 512;
+
 /// Loads each thread keeps in flight while it walks a row.
 const UNROLL: u32 = 4;
 
-/// Launch of the per-row kernels: one block of [`ROW_THREADS`] per row.
+/// Launch of softmax and argmax: one block of [`ROW_THREADS`] per row.
 pub fn launch(rows: usize) -> Launch {
     Launch::new((dim(rows), 1, 1), (ROW_THREADS, 1, 1))
 }
 
+/// Launch of [`sample_kernel`]: one block of [`SAMPLE_THREADS`] per row.
+pub fn sample_launch(rows: usize) -> Launch {
+    Launch::new((dim(rows), 1, 1), (SAMPLE_THREADS, 1, 1))
+}
+
 /// Walks this thread's values of the row at `xs` (`cols` floats) in increasing index
-/// order, [`UNROLL`] loads issued before any is used; `body(k, index, value, valid)` runs
-/// for each slot (`valid` false past the row's end, where the value is NaN).
+/// order, [`UNROLL`] loads issued before any is used (16-byte loads when `cols` is a
+/// multiple of 4, which keeps four times as many bytes in flight: one block reading a
+/// whole row is latency bound); `body(k, index, value, valid)` runs for each slot
+/// (`valid` false past the row's end, where the value is NaN).
 fn scan_row(
     k: &Kernel,
+    threads: u32,
     xs: Reg<smelt_ptx::U64>,
     cols: Reg<U32>,
     mut body: impl FnMut(&Kernel, Reg<U32>, Reg<F32>, Reg<smelt_ptx::Pred>),
 ) {
     let tid = k.tid_x();
-    k.stride_loop(tid, cols, ROW_THREADS * UNROLL, |k, i| {
-        let mut slots = Vec::new();
-        for u in 0..UNROLL {
-            let idx = k.add(k.reg(), i, u * ROW_THREADS);
-            let ok = k.lt(idx, cols);
-            let v = k.f32(f32::NAN);
-            k.guarded(ok, |k| {
-                k.ld(Load::GLOBAL_NC, v, k.elem_addr(xs, idx, 4));
-            });
-            slots.push((idx, v, ok));
-        }
-        for (idx, v, ok) in slots {
-            body(k, idx, v, ok);
-        }
+    let low = k.and(k.reg(), cols, 3u32);
+    let vec4 = k.eq(low, 0u32);
+    k.if_(vec4, |k| {
+        let n4 = k.shr(k.reg(), cols, 2u32);
+        k.stride_loop(tid, n4, threads * UNROLL, |k, i| {
+            let mut slots = Vec::new();
+            for u in 0..UNROLL {
+                let j = k.add(k.reg(), i, u * threads);
+                let ok = k.lt(j, n4);
+                let v: [Reg<F32>; 4] = std::array::from_fn(|_| k.f32(f32::NAN));
+                k.guarded(ok, |k| {
+                    k.ld_v4(Load::GLOBAL_NC, v, k.elem_addr(xs, j, 16));
+                });
+                slots.push((j, v, ok));
+            }
+            for (j, v, ok) in slots {
+                for (e, &x) in v.iter().enumerate() {
+                    let idx = k.mad(k.reg(), j, 4u32, e as u32);
+                    body(k, idx, x, ok);
+                }
+            }
+        });
+    });
+    k.if_(!vec4, |k| {
+        k.stride_loop(tid, cols, threads * UNROLL, |k, i| {
+            let mut slots = Vec::new();
+            for u in 0..UNROLL {
+                let idx = k.add(k.reg(), i, u * threads);
+                let ok = k.lt(idx, cols);
+                let v = k.f32(f32::NAN);
+                k.guarded(ok, |k| {
+                    k.ld(Load::GLOBAL_NC, v, k.elem_addr(xs, idx, 4));
+                });
+                slots.push((idx, v, ok));
+            }
+            for (idx, v, ok) in slots {
+                body(k, idx, v, ok);
+            }
+        });
     });
 }
 
@@ -69,6 +106,7 @@ fn scan_row(
 /// be `x`. `exp` is `ex2.approx` of the max-shifted value times log2(e); the sum is an f32
 /// block reduction and the output is `e * (1 / sum)`.
 pub fn softmax_kernel(k: &Kernel) {
+    k.max_threads(ROW_THREADS, 1, 1);
     let x = k.param_ptr("x");
     let out = k.param_ptr("out");
     let cols = k.param_u32("cols");
@@ -79,14 +117,14 @@ pub fn softmax_kernel(k: &Kernel) {
     let os = k.add(k.reg(), out, base);
     let mx = k.f32(f32::NEG_INFINITY);
     // max.f32 ignores the NaN of slots past the row.
-    scan_row(k, xs, cols, |k, _, v, _| {
+    scan_row(k, ROW_THREADS, xs, cols, |k, _, v, _| {
         k.max(mx, mx, v);
     });
     let mx = block_max(k, mx, &scratch);
     let shift = k.mul(k.reg(), mx, LOG2E);
     let sum = k.f32(0.0);
     let nshift = k.neg(k.reg(), shift);
-    scan_row(k, xs, cols, |k, _, v, ok| {
+    scan_row(k, ROW_THREADS, xs, cols, |k, _, v, ok| {
         let e = k.fma(k.reg(), v, LOG2E, nshift);
         k.ex2_approx(e, e);
         k.guarded(ok, |k| {
@@ -95,7 +133,7 @@ pub fn softmax_kernel(k: &Kernel) {
     });
     let total = block_sum(k, sum, &scratch);
     let inv = k.div_rn(k.reg(), 1.0f32, total);
-    scan_row(k, xs, cols, |k, i, v, ok| {
+    scan_row(k, ROW_THREADS, xs, cols, |k, i, v, ok| {
         let e = k.fma(k.reg(), v, LOG2E, nshift);
         k.ex2_approx(e, e);
         k.mul(e, e, inv);
@@ -109,6 +147,7 @@ pub fn softmax_kernel(k: &Kernel) {
 /// Parameters: `x: *const f32, out: *mut u32 (one per row), cols: u32`. Launch:
 /// [`launch`].
 pub fn argmax_kernel(k: &Kernel) {
+    k.max_threads(ROW_THREADS, 1, 1);
     let x = k.param_ptr("x");
     let out = k.param_ptr("out");
     let cols = k.param_u32("cols");
@@ -122,7 +161,7 @@ pub fn argmax_kernel(k: &Kernel) {
     let bv = k.f32(f32::NEG_INFINITY);
     let bi = k.u32(u32::MAX);
     // Slots past the row are NaN, which is never taken.
-    scan_row(k, xs, cols, |k, i, v, _| {
+    scan_row(k, ROW_THREADS, xs, cols, |k, i, v, _| {
         // Take v when it is larger, or when nothing is held yet and v is a number
         // (-inf included). Indices rise along a thread's loop: ties keep the first.
         let gt = k.cmp(Cmp::Gt, v, bv);
@@ -230,7 +269,7 @@ fn order_key(k: &Kernel, v: Reg<F32>) -> Reg<U32> {
 /// `top_k` → `temperature` → `top_p` sampling of each row, from the row's uniform number.
 ///
 /// Parameters: `logits: *const f32, out: *mut u32 (one token per row), params: *const
-/// SampleParams (one per row), cols: u32`. Launch: [`launch`].
+/// SampleParams (one per row), cols: u32`. Launch: [`sample_launch`].
 ///
 /// Exactly: the candidates are the `k = min(top_k, 64, non-NaN count)` largest values by
 /// (value descending, index ascending; +0 above -0), found by a radix select over the
@@ -240,6 +279,10 @@ fn order_key(k: &Kernel, v: Reg<F32>) -> Reg<U32> {
 /// the first of the nucleus whose cumulative sum exceeds `uniform · Σ nucleus` (the last
 /// one if rounding leaves none). A row of only NaN gives 0.
 pub fn sample_kernel(k: &Kernel) {
+    // The cap makes ptxas keep to 128 registers a thread; without it, it took more than a
+    // block of 1024 threads can have, which failed at launch (LAUNCH_OUT_OF_RESOURCES on
+    // an H100), hence also the smaller block.
+    k.max_threads(SAMPLE_THREADS, 1, 1);
     let logits = k.param_ptr("logits");
     let out = k.param_ptr("out");
     let params = k.param_ptr("params");
@@ -285,7 +328,7 @@ pub fn sample_kernel(k: &Kernel) {
     clear_hist(k);
     k.bar_sync();
     let count = k.f32(0.0);
-    scan_row(k, xs, cols, |k, _, v, ok| {
+    scan_row(k, SAMPLE_THREADS, xs, cols, |k, _, v, ok| {
         let key = order_key(k, v);
         let num = k.cmp(Cmp::Ne, key, 0u32);
         k.and(num, num, ok);
@@ -401,7 +444,7 @@ pub fn sample_kernel(k: &Kernel) {
         k.bar_sync();
         let prefix = k.load::<U32>(Load::SHARED, sc_at(0));
         let mask = !((1u32 << (shift + 8)) - 1);
-        scan_row(k, xs, cols, |k, _, v, ok| {
+        scan_row(k, SAMPLE_THREADS, xs, cols, |k, _, v, ok| {
             let key = order_key(k, v);
             let hi = k.and(k.reg(), key, mask);
             let m = k.cmp(Cmp::Eq, hi, prefix);
@@ -434,7 +477,7 @@ pub fn sample_kernel(k: &Kernel) {
             let prefix = k.load::<U32>(Load::SHARED, sc_at(4));
             let first = shift == 16;
             let mask = !((1u32 << (shift + 8)) - 1);
-            scan_row(k, xs, cols, |k, i, v, ok| {
+            scan_row(k, SAMPLE_THREADS, xs, cols, |k, i, v, ok| {
                 let key = order_key(k, v);
                 let m = k.cmp(Cmp::Eq, key, thr);
                 k.and(m, m, ok);
@@ -462,7 +505,7 @@ pub fn sample_kernel(k: &Kernel) {
     // Gather the k candidates (unordered), then rank them.
     let ckb = k.shared_base(&ckey);
     let cib = k.shared_base(&cidx);
-    scan_row(k, xs, cols, |k, i, v, ok| {
+    scan_row(k, SAMPLE_THREADS, xs, cols, |k, i, v, ok| {
         let key = order_key(k, v);
         let above = k.cmp(Cmp::Gt, key, thr);
         let at = k.cmp(Cmp::Eq, key, thr);
