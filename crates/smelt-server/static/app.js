@@ -1,1 +1,229 @@
-// Placeholder: the chat page replaces this file.
+// The chat page: plain JS over the server's own OpenAI API, so the page exercises exactly
+// what any client sees. No framework and no build step: the server embeds this file as is.
+"use strict";
+
+const KEY_STORAGE = "smelt.apiKey";
+
+const el = (id) => document.getElementById(id);
+const modelSelect = el("model");
+const keyInput = el("api-key");
+const conversationList = el("conversation");
+const promptBox = el("prompt");
+const sendButton = el("send");
+const stopButton = el("stop");
+const statusLine = el("status");
+const errorBox = el("error");
+
+/** The conversation as OpenAI messages; only finished turns are kept. */
+let messages = [];
+/** Aborting this stops the running request; the server frees the sequence when it sees the
+ * connection close. */
+let controller = null;
+/** Bumped by "New chat", so a request still ending does not write into the new conversation. */
+let conversationId = 0;
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  const key = keyInput.value.trim();
+  if (key) h["Authorization"] = "Bearer " + key;
+  return h;
+}
+
+function showError(text) {
+  errorBox.textContent = text;
+  errorBox.hidden = false;
+}
+
+function clearError() {
+  errorBox.textContent = "";
+  errorBox.hidden = true;
+}
+
+/** Turns a non-2xx response into one readable line, from OpenAI's error shape when it has one. */
+async function errorText(response) {
+  let detail = response.statusText;
+  try {
+    const body = await response.json();
+    if (body && body.error && body.error.message) detail = body.error.message;
+  } catch (_) {
+    // Not JSON: keep the status text.
+  }
+  return `HTTP ${response.status}: ${detail}`;
+}
+
+function addTurn(role, text) {
+  const item = document.createElement("li");
+  item.className = "turn " + role;
+  const who = document.createElement("div");
+  who.className = "role";
+  who.textContent = role;
+  const body = document.createElement("div");
+  body.className = "content";
+  body.textContent = text;
+  item.append(who, body);
+  conversationList.append(item);
+  item.scrollIntoView({ block: "end" });
+  return body;
+}
+
+async function loadModels() {
+  clearError();
+  try {
+    const response = await fetch("/v1/models", { headers: headers() });
+    if (!response.ok) throw new Error(await errorText(response));
+    const list = await response.json();
+    const previous = modelSelect.value;
+    modelSelect.replaceChildren();
+    for (const model of list.data || []) {
+      const option = document.createElement("option");
+      option.value = model.id;
+      option.textContent = model.id;
+      modelSelect.append(option);
+    }
+    if (previous && [...modelSelect.options].some((o) => o.value === previous)) {
+      modelSelect.value = previous;
+    }
+    if (modelSelect.options.length === 0) showError("The server serves no model.");
+  } catch (err) {
+    showError("Could not list models: " + err.message);
+  }
+}
+
+function setBusy(busy) {
+  sendButton.disabled = busy;
+  stopButton.disabled = !busy;
+  promptBox.disabled = busy;
+}
+
+/**
+ * Reads an SSE body and calls `onEvent` with each `data:` payload. Events are separated by a
+ * blank line; a chunk from the network may end anywhere, so the unfinished tail is kept.
+ */
+async function readEvents(body, onEvent) {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    buffer = buffer.replace(/\r\n/g, "\n");
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = event
+        .split("\n")
+        .filter((line) => line.startsWith("data:"))
+        .map((line) => line.slice(5).replace(/^ /, ""))
+        .join("\n");
+      if (data && onEvent(data) === false) return;
+    }
+  }
+}
+
+async function send(text) {
+  const model = modelSelect.value;
+  if (!model) {
+    showError("Pick a model first.");
+    return;
+  }
+  clearError();
+  const request = [...messages, { role: "user", content: text }];
+  addTurn("user", text);
+  const output = addTurn("assistant", "");
+  output.classList.add("streaming");
+  setBusy(true);
+  statusLine.textContent = "generating…";
+  controller = new AbortController();
+  const conversation = conversationId;
+  let reply = "";
+  let finish = null;
+  let usage = null;
+  try {
+    const response = await fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: headers(),
+      body: JSON.stringify({
+        model,
+        messages: request,
+        stream: true,
+        stream_options: { include_usage: true },
+      }),
+      signal: controller.signal,
+    });
+    if (!response.ok) throw new Error(await errorText(response));
+    await readEvents(response.body, (data) => {
+      if (data === "[DONE]") return false;
+      const chunk = JSON.parse(data);
+      if (chunk.error) throw new Error(chunk.error.message || "stream error");
+      if (chunk.usage) usage = chunk.usage;
+      for (const choice of chunk.choices || []) {
+        if (choice.delta && choice.delta.content) {
+          reply += choice.delta.content;
+          output.textContent = reply;
+          output.scrollIntoView({ block: "end" });
+        }
+        if (choice.finish_reason) finish = choice.finish_reason;
+      }
+      return true;
+    });
+    if (conversation === conversationId) messages = [...request, { role: "assistant", content: reply }];
+    const tokens = usage ? `, ${usage.completion_tokens} tokens` : "";
+    statusLine.textContent = `done (${finish || "end"}${tokens})`;
+  } catch (err) {
+    if (err.name === "AbortError") {
+      // Keep what arrived: the user may continue from a stopped answer.
+      if (conversation === conversationId) messages = [...request, { role: "assistant", content: reply }];
+      statusLine.textContent = "stopped";
+      output.classList.add("stopped");
+    } else {
+      output.closest("li").remove();
+      showError(err.message);
+      statusLine.textContent = "";
+    }
+  } finally {
+    output.classList.remove("streaming");
+    controller = null;
+    setBusy(false);
+    promptBox.focus();
+  }
+}
+
+el("composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = promptBox.value.trim();
+  if (!text || controller) return;
+  promptBox.value = "";
+  send(text);
+});
+
+promptBox.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    el("composer").requestSubmit();
+  }
+});
+
+stopButton.addEventListener("click", () => {
+  if (controller) controller.abort();
+});
+
+el("clear").addEventListener("click", () => {
+  if (controller) controller.abort();
+  conversationId += 1;
+  messages = [];
+  conversationList.replaceChildren();
+  statusLine.textContent = "";
+  clearError();
+});
+
+keyInput.value = localStorage.getItem(KEY_STORAGE) || "";
+keyInput.addEventListener("change", () => {
+  const key = keyInput.value.trim();
+  if (key) localStorage.setItem(KEY_STORAGE, key);
+  else localStorage.removeItem(KEY_STORAGE);
+  loadModels();
+});
+
+loadModels();

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# End-to-end tests of `smelt serve` from the outside, as any client sees it: the official
+# `openai` Python package (tests/server/*.py, pytest) and the chat page in headless Chromium
+# (tests/server/browser, playwright-core). Installs what it needs through each project's own
+# client, once and cached: a venv with pinned openai + pytest, Debian's chromium (apt-get, as
+# root, only when missing) and playwright-core (npm ci from the committed lock file).
+# Builds smelt (or reuses the build), fetches the SmolLM2 test model, starts one server on a
+# free port, runs both suites, stops the server and exits non-zero on any failure. It ends with
+# a cargo-style `test result:` line so scripts/test.sh counts these tests in its summary.
+# Usage: scripts/server-tests.sh [extra pytest arguments, e.g. -k stream]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+OPENAI_VERSION=1.109.1
+PYTEST_VERSION=8.4.2
+venv=${SMELT_SERVER_VENV:-$HOME/.cache/smelt/venv-server-openai$OPENAI_VERSION-pytest$PYTEST_VERSION}
+chromium=${SMELT_CHROMIUM:-/usr/bin/chromium}
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+die() { printf 'server-tests: %s\n' "$*" >&2; exit 1; }
+
+step "python venv with openai $OPENAI_VERSION and pytest $PYTEST_VERSION ($venv)"
+if ! "$venv/bin/python" -c "import openai, pytest, sys; sys.exit(not (openai.__version__ == '$OPENAI_VERSION' and pytest.__version__ == '$PYTEST_VERSION'))" 2>/dev/null; then
+  python3 -m venv "$venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    "openai==$OPENAI_VERSION" "pytest==$PYTEST_VERSION" || die "pip install of openai/pytest failed"
+fi
+
+step "chromium ($chromium)"
+if [ ! -x "$chromium" ]; then
+  [ "$(id -u)" = 0 ] || die "$chromium is missing and installing it needs root: apt-get install chromium"
+  command -v apt-get >/dev/null || die "$chromium is missing and there is no apt-get to install it"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  [ -x "$chromium" ] || die "apt-get install chromium did not give $chromium"
+fi
+
+step "playwright-core (npm ci in tests/server/browser)"
+command -v node >/dev/null || die "node is missing (Debian: apt-get install nodejs npm)"
+command -v npm >/dev/null || die "npm is missing (Debian: apt-get install npm)"
+browser_dir=tests/server/browser
+if [ ! -f "$browser_dir/node_modules/playwright-core/package.json" ] ||
+  [ "$browser_dir/package-lock.json" -nt "$browser_dir/node_modules/.package-lock.json" ]; then
+  (cd "$browser_dir" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci failed"
+fi
+
+step "cargo build --release -p smelt"
+cargo build --release -p smelt
+smelt_bin=$root/target/release/smelt
+[ -x "$smelt_bin" ] || die "$smelt_bin was not built"
+
+step "test model"
+model=$(scripts/fetch-models.sh smollm2-135m | tail -n1)
+[ -s "$model" ] || die "scripts/fetch-models.sh gave no model file ($model)"
+
+free_port() { "$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+work=$(mktemp -d)
+server_pid=
+cleanup() {
+  if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+port=$(free_port)
+step "smelt serve on port $port"
+"$smelt_bin" serve --model "$model" --port "$port" >"$work/server.log" 2>&1 &
+server_pid=$!
+base=http://127.0.0.1:$port
+for _ in $(seq 1 240); do
+  if ! kill -0 "$server_pid" 2>/dev/null; then
+    cat "$work/server.log" >&2
+    die "smelt serve exited before /health answered"
+  fi
+  if "$venv/bin/python" -c "import urllib.request,sys; urllib.request.urlopen('$base/health', timeout=2)" 2>/dev/null; then
+    break
+  fi
+  sleep 0.5
+done
+"$venv/bin/python" -c "import urllib.request; urllib.request.urlopen('$base/health', timeout=2)" ||
+  { cat "$work/server.log" >&2; die "smelt serve did not answer /health within 120 s"; }
+
+export SMELT_BASE_URL=$base SMELT_BIN=$smelt_bin SMELT_MODEL_PATH=$model
+mkdir -p bench/out
+
+step "pytest tests/server (openai $OPENAI_VERSION)"
+py_rc=0
+"$venv/bin/python" -m pytest tests/server -q -p no:cacheprovider --junitxml="$work/junit.xml" "$@" || py_rc=$?
+
+step "browser test (chromium, playwright-core)"
+br_rc=0
+SMELT_CHROMIUM=$chromium node "$browser_dir/chat-page.mjs" || br_rc=$?
+
+if [ "$py_rc" != 0 ] || [ "$br_rc" != 0 ]; then
+  echo "--- last lines of the server log ---" >&2
+  tail -n 40 "$work/server.log" >&2
+fi
+
+# Counts in cargo's words, for scripts/test.sh's closing summary line.
+"$venv/bin/python" - "$work/junit.xml" "$br_rc" <<'EOF'
+import sys
+import xml.etree.ElementTree as ET
+
+passed = failed = skipped = 0
+try:
+    for suite in ET.parse(sys.argv[1]).getroot().iter("testsuite"):
+        total = int(suite.get("tests", 0))
+        f = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+        s = int(suite.get("skipped", 0))
+        passed += total - f - s
+        failed += f
+        skipped += s
+except (OSError, ET.ParseError):
+    failed += 1  # pytest wrote no report: count the run itself as a failure
+if sys.argv[2] == "0":
+    passed += 1
+else:
+    failed += 1
+state = "ok" if failed == 0 and skipped == 0 else "FAILED"
+print(f"test result: {state}. {passed} passed; {failed} failed; {skipped} ignored; 0 measured; 0 filtered out (server e2e)")
+EOF
+
+[ "$py_rc" = 0 ] || die "pytest failed (exit $py_rc)"
+[ "$br_rc" = 0 ] || die "browser test failed (exit $br_rc)"
+echo "server-tests: all passed" >&2
