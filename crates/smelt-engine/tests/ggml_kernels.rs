@@ -34,6 +34,28 @@ fn check(ty: GgmlType, cols: usize, rows: usize, n_tok: usize, seed: u64) {
 /// `repack`: ggml's answer comes from a mul_mat graph with the weight in the CPU_REPACK
 /// buffer (all `n_tok` tokens at once, as a prefill), not from `vec_dot` per token.
 fn check_mode(ty: GgmlType, cols: usize, rows: usize, n_tok: usize, seed: u64, repack: bool) {
+    check_graph(
+        ty,
+        cols,
+        rows,
+        n_tok,
+        seed,
+        if repack { Some("repack") } else { None },
+    )
+}
+
+/// `graph`: ggml's answer comes from a real mul_mat graph over all `n_tok` tokens at once
+/// (a prefill), with the weight in plain memory (`"plain"`) or the CPU_REPACK buffer
+/// (`"repack"`), instead of `vec_dot` per token.
+fn check_graph(
+    ty: GgmlType,
+    cols: usize,
+    rows: usize,
+    n_tok: usize,
+    seed: u64,
+    graph: Option<&str>,
+) {
+    let repack = graph.is_some();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let rb = ty.type_size() * cols / ty.block_size();
     let mut w = vec![0u8; rows * rb];
@@ -63,8 +85,8 @@ fn check_mode(ty: GgmlType, cols: usize, rows: usize, n_tok: usize, seed: u64, r
         rows_s.as_str(),
         dir.path().to_str().unwrap(),
     ];
-    if repack {
-        args.push("repack");
+    if let Some(g) = graph {
+        args.push(g);
     }
     common::run_oracle("ggml_dot.py", &args);
     let want: Vec<f32> = std::fs::read(dir.path().join("out.bin"))
@@ -146,4 +168,14 @@ fn q4_k_matches_ggml_repacked_gemm_and_gemv() {
     check_mode(GgmlType::Q4_K, 1024, 32, 7, 7, true);
     check_mode(GgmlType::Q4_K, 2048, 16, 1, 8, true);
     check_mode(GgmlType::Q4_K, 256, 8, 4, 9, true);
+}
+
+/// A prefill through ggml's own mul_mat (tinyBLAS takes Q8_0/Q5_0 batches; K-quants go
+/// through vec_dot row by row).
+#[test]
+fn batches_match_ggml_mul_mat() {
+    check_graph(GgmlType::Q6_K, 2048, 16, 14, 10, Some("plain"));
+    check_graph(GgmlType::Q5_0, 640, 16, 14, 11, Some("plain"));
+    check_graph(GgmlType::Q8_0, 640, 16, 9, 12, Some("plain"));
+    check_graph(GgmlType::Q4_1, 576, 16, 9, 13, Some("plain"));
 }

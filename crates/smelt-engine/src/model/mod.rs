@@ -178,6 +178,7 @@ impl<B: Backend> Model<B> {
         } else {
             Glu::Silu
         };
+        let mut gathered = false;
         for (il, l) in self.layers.iter().enumerate() {
             b.rms_norm(&x, &l.attn_norm, i.rms_eps, &mut s.h);
             b.matmul(&l.wq, &s.h, &mut s.q)?;
@@ -234,6 +235,17 @@ impl<B: Backend> Model<B> {
             };
             b.attention(&s.q, kv, il, seqs, &p, &mut s.att);
             b.matmul(&l.wo, &s.att, &mut s.o)?;
+            // As llama.cpp (ggml_get_rows on inp_out_ids), the last layer keeps only the rows
+            // whose logits are wanted after its attention: the FFN multiplies fewer rows, and
+            // its batch-size-dependent kernels see the batch llama.cpp's see.
+            if il + 1 == self.layers.len() && !out_rows.iter().copied().eq(0..n) {
+                if out_rows.is_empty() {
+                    return Ok(b.alloc(0, i.n_vocab));
+                }
+                s.o = b.gather_rows(&s.o, out_rows);
+                x = b.gather_rows(&x, out_rows);
+                gathered = true;
+            }
             if let Some(w) = &l.post_attn_norm {
                 b.rms_norm(&s.o, w, i.rms_eps, &mut s.tmp);
                 std::mem::swap(&mut s.o, &mut s.tmp);
@@ -254,7 +266,11 @@ impl<B: Backend> Model<B> {
         if out_rows.is_empty() {
             return Ok(b.alloc(0, i.n_vocab));
         }
-        let last = b.gather_rows(&x, out_rows);
+        let last = if gathered {
+            x
+        } else {
+            b.gather_rows(&x, out_rows)
+        };
         let mut normed = b.alloc(out_rows.len(), i.n_embd);
         b.rms_norm(&last, &self.output_norm, i.rms_eps, &mut normed);
         let mut logits = b.alloc(out_rows.len(), i.n_vocab);

@@ -49,8 +49,8 @@ def libs():
 
 def main():
     ty, n, rows, d = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    if len(sys.argv) > 5 and sys.argv[5] == "repack":
-        mul_mat_graph(ty, n, rows, d, True)
+    if len(sys.argv) > 5:
+        mul_mat_graph(ty, n, rows, d, sys.argv[5] == "repack")
         return
     base, cpu = libs()
     tr = cpu.ggml_get_type_traits_cpu(ty).contents
@@ -111,7 +111,7 @@ def mul_mat_graph(ty, n, rows, d, repack):
     w = np.fromfile(os.path.join(d, "w.bin"), dtype=np.uint8)
     x = np.fromfile(os.path.join(d, "x.bin"), dtype=np.float32)
     t = x.size // n
-    wctx = base.ggml_init(P(1 << 20, None, True))
+    wctx = base.ggml_init(P(w.size + (1 << 20), None, repack))
     wt = base.ggml_new_tensor_2d(wctx, ty, n, rows)
     if repack:
         buft = cpu._Z35ggml_backend_cpu_repack_buffer_typev()
@@ -120,7 +120,7 @@ def mul_mat_graph(ty, n, rows, d, repack):
         assert base.ggml_backend_tensor_alloc(buf, wt, base.ggml_backend_buffer_get_base(buf)) == 0
         base.ggml_backend_tensor_set(wt, w.ctypes.data, 0, w.size)
     else:
-        raise SystemExit("only the repacked mode goes through a graph")
+        ctypes.memmove(base.ggml_get_data(wt), w.ctypes.data, w.size)
     ctx = base.ggml_init(P(256 << 20, None, False))
     xt = base.ggml_new_tensor_2d(ctx, 0, n, t)
     ctypes.memmove(base.ggml_get_data(xt), x.ctypes.data, x.nbytes)

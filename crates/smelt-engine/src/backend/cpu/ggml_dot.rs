@@ -22,10 +22,12 @@ use smelt_quant::Block;
 pub trait GgmlDot: Block {
     /// The dot ggml computes for a single token (or a token outside a group of four).
     fn ggml_dot(x: &[Self], y: &[Self::Act]) -> f32;
-    /// The dot ggml computes for a token in a group of four of a batch of four or more
-    /// (differs only for formats llama.cpp repacks: Q4_K on x86).
+    /// The dot ggml computes for token `t` of a matmul over `n_tok` tokens: llama.cpp
+    /// routes some formats through other kernels in a batch (repacked Q4_K: gemm for the
+    /// groups of four; Q6_K from eight tokens on: the tiled K-quant matmul).
     #[inline]
-    fn ggml_dot_gemm(x: &[Self], y: &[Self::Act]) -> f32 {
+    fn ggml_dot_in_batch(x: &[Self], y: &[Self::Act], t: usize, n_tok: usize) -> f32 {
+        let _ = (t, n_tok);
         Self::ggml_dot(x, y)
     }
 }
@@ -61,8 +63,12 @@ impl GgmlDot for BlockQ4K {
     fn ggml_dot(x: &[Self], y: &[BlockQ8K]) -> f32 {
         q4_k_repacked::<false>(x, y)
     }
-    fn ggml_dot_gemm(x: &[Self], y: &[BlockQ8K]) -> f32 {
-        q4_k_gemm(x, y)
+    fn ggml_dot_in_batch(x: &[Self], y: &[BlockQ8K], t: usize, n_tok: usize) -> f32 {
+        if t < n_tok - n_tok % 4 {
+            q4_k_gemm(x, y)
+        } else {
+            q4_k_repacked::<false>(x, y)
+        }
     }
 }
 
@@ -194,7 +200,48 @@ impl GgmlDot for BlockQ8_1 {
     }
 }
 
+/// Batches of eight or more tokens take ggml's tiled K-quant matmul (`ggml-cpu/tiled`,
+/// AVX2 kernel): per super-block the exact integer dot, times the weight's `d`, then
+/// fused-multiply-added with the activation's `d` into one accumulator.
+pub fn q6_k_tiled(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        let mut isum = 0i32;
+        for j in 0..2 {
+            let (ql, qh, q8) = (&a.ql[64 * j..], &a.qh[32 * j..], &b.qs[128 * j..]);
+            for k in 0..4 {
+                let mut s = 0i32;
+                let mut s2 = 0i32;
+                for i in 0..32 {
+                    let lo = ql[i + 32 * (k & 1)];
+                    let lo = if k < 2 { lo & 15 } else { lo >> 4 } as i32;
+                    let hi = ((qh[i] >> (2 * k)) & 3) as i32;
+                    let v = ((lo | (hi << 4)) - 32) * q8[32 * k + i] as i32;
+                    if i < 16 {
+                        s += v;
+                    } else {
+                        s2 += v;
+                    }
+                }
+                let sb = 8 * j + 2 * k;
+                isum += a.scales[sb] as i32 * s + a.scales[sb + 1] as i32 * s2;
+            }
+        }
+        let res = f16_to_f32(a.d) * isum as f32;
+        acc = res.mul_add(b.d, acc);
+    }
+    acc
+}
+
 impl GgmlDot for BlockQ6K {
+    fn ggml_dot_in_batch(x: &[Self], y: &[BlockQ8K], _t: usize, n_tok: usize) -> f32 {
+        if n_tok >= 8 {
+            q6_k_tiled(x, y)
+        } else {
+            Self::ggml_dot(x, y)
+        }
+    }
+
     fn ggml_dot(x: &[Self], y: &[BlockQ8K]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if simd() {

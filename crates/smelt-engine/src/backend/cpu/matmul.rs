@@ -128,9 +128,6 @@ fn matmul_typed<B: GgmlDot>(
         return Ok(());
     }
 
-    // ggml's repacked kernels take the tokens in groups of four (gemm) and the rest one by
-    // one (gemv), with different float orders.
-    let n_gemm = n_tok - n_tok % 4;
     // Row-major per weight row first ([rows, n_tok]) so each task owns a contiguous slice,
     // then transposed into token rows.
     let mut by_row = vec![0f32; rows * n_tok];
@@ -147,11 +144,7 @@ fn matmul_typed<B: GgmlDot>(
                     let wr = &w[r * w_per_row..(r + 1) * w_per_row];
                     for t in t0..t1 {
                         let a = &act[t * a_per_row..(t + 1) * a_per_row];
-                        o[i * n_tok + t] = if t < n_gemm {
-                            B::ggml_dot_gemm(wr, a)
-                        } else {
-                            B::ggml_dot(wr, a)
-                        };
+                        o[i * n_tok + t] = B::ggml_dot_in_batch(wr, a, t, n_tok);
                     }
                 }
             }
