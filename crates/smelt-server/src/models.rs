@@ -149,15 +149,15 @@ pub fn load(
             let m = loader(&r)?;
             let template = ChatTemplate::from_gguf(m.engine.gguf().metadata(), &m.tokenizer)
                 .map_err(|e| format!("the model's chat template: {e}"));
-            Ok((m.engine, Arc::new(m.tokenizer), (m.path, template)))
+            let info = m.engine.info().clone();
+            Ok((m.engine, Arc::new(m.tokenizer), (m.path, template, info)))
         },
         cfg,
     )?;
-    let (path, template) = started.extra;
+    let (path, template, info) = started.extra;
     if let Err(e) = &template {
         tracing::warn!(model = %id, "no chat completions: {e}");
     }
-    let info = &started.engine_info;
     // The context is what the user asked for, within what the model was trained on.
     let ctx = if info.n_ctx_train > 0 {
         ctx.min(info.n_ctx_train)

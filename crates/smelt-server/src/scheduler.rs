@@ -20,14 +20,45 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Instant;
 
-use smelt_engine::generate::{FinishReason, TextStream};
+use smelt_engine::generate::{FinishReason, TextStream, TokenText};
 use smelt_engine::sampler::{Sampler, SamplingParams};
 use smelt_engine::{Engine, EngineError, Logits, SeqId, SeqInput};
-use smelt_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::metrics::ModelStats;
+
+/// What the scheduler needs from an engine: [`Engine`] is the real one; the unit tests drive
+/// the scheduler with a scripted fake (panics, errors, a tiny KV cache).
+pub trait StepEngine {
+    fn new_sequence(&mut self) -> SeqId;
+    fn free_sequence(&mut self, seq: SeqId);
+    fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError>;
+    fn free_blocks(&self) -> usize;
+    fn total_blocks(&self) -> usize;
+}
+
+impl StepEngine for Engine {
+    fn new_sequence(&mut self) -> SeqId {
+        Engine::new_sequence(self)
+    }
+
+    fn free_sequence(&mut self, seq: SeqId) {
+        Engine::free_sequence(self, seq)
+    }
+
+    fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        Engine::forward(self, batch)
+    }
+
+    fn free_blocks(&self) -> usize {
+        Engine::free_blocks(self)
+    }
+
+    fn total_blocks(&self) -> usize {
+        Engine::total_blocks(self)
+    }
+}
 
 /// How a model's scheduler sizes its work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,20 +178,25 @@ impl SchedulerHandle {
 
 /// What the loading thread hands back about a model it loaded; `extra` is whatever else
 /// the load function built next to the engine (a chat template, the file's path).
-pub struct Started<X> {
+pub struct Started<T, X> {
     pub extra: X,
     pub handle: SchedulerHandle,
-    pub engine_info: smelt_engine::ModelInfo,
     pub total_blocks: usize,
-    pub tokenizer: Arc<Tokenizer>,
+    pub tokenizer: Arc<T>,
     pub join: std::thread::JoinHandle<()>,
 }
 
 /// Starts a model's scheduler thread. `load` runs on that thread (so the engine never has to
 /// cross threads) and returns the engine and its tokenizer; its error is returned here.
-pub fn spawn<F, X>(name: String, load: F, cfg: SchedulerConfig) -> Result<Started<X>, String>
+pub fn spawn<E, T, F, X>(
+    name: String,
+    load: F,
+    cfg: SchedulerConfig,
+) -> Result<Started<T, X>, String>
 where
-    F: FnOnce() -> Result<(Engine, Arc<Tokenizer>, X), String> + Send + 'static,
+    E: StepEngine + 'static,
+    T: TokenText + Send + Sync + 'static,
+    F: FnOnce() -> Result<(E, Arc<T>, X), String> + Send + 'static,
     X: Send + 'static,
 {
     let (tx, rx) = std_mpsc::channel();
@@ -180,12 +216,7 @@ where
                     return;
                 }
             };
-            let _ = ready_tx.send(Ok((
-                engine.info().clone(),
-                engine.total_blocks(),
-                Arc::clone(&tok),
-                extra,
-            )));
+            let _ = ready_tx.send(Ok((engine.total_blocks(), Arc::clone(&tok), extra)));
             let mut s = Scheduler {
                 name: thread_name,
                 engine,
@@ -201,7 +232,7 @@ where
             s.run(rx);
         })
         .map_err(|e| format!("cannot start the scheduler thread: {e}"))?;
-    let (engine_info, total_blocks, tokenizer, extra) = ready_rx
+    let (total_blocks, tokenizer, extra) = ready_rx
         .recv()
         .map_err(|_| "the model's loading thread died".to_string())??;
     stats
@@ -215,7 +246,6 @@ where
             max_queue: cfg.max_queue,
             stats,
         },
-        engine_info,
         total_blocks,
         tokenizer,
         join,
@@ -261,11 +291,11 @@ impl Active {
     }
 }
 
-struct Scheduler {
+struct Scheduler<E, T> {
     /// The model id, for logs.
     name: String,
-    engine: Engine,
-    tok: Arc<Tokenizer>,
+    engine: E,
+    tok: Arc<T>,
     cfg: SchedulerConfig,
     stats: Arc<ModelStats>,
     queued: Arc<AtomicUsize>,
@@ -277,7 +307,7 @@ struct Scheduler {
     kv_full: bool,
 }
 
-impl Scheduler {
+impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
     fn run(&mut self, rx: std_mpsc::Receiver<Command>) {
         let mut open = true;
         loop {
@@ -387,7 +417,7 @@ impl Scheduler {
                 return;
             }
             let engine = &mut self.engine;
-            let result = catch_unwind(AssertUnwindSafe(|| engine.forward(&inputs)));
+            let result = catch_unwind(AssertUnwindSafe(|| StepEngine::forward(engine, &inputs)));
             match result {
                 Ok(Ok(out)) => {
                     self.stats.steps.fetch_add(1, Ordering::Relaxed);
@@ -466,8 +496,12 @@ impl Scheduler {
                 decodes += 1;
             }
         }
-        // At least a little prefill each step, so new requests start even under full decode.
-        let mut budget = self.cfg.step_tokens.saturating_sub(decodes).max(16);
+        // At least a little prefill each step (up to 16 tokens past the budget when decodes
+        // alone fill it), so new requests start even under a full decode load.
+        let mut budget = match self.cfg.step_tokens.checked_sub(decodes) {
+            Some(left) if left > 0 => left,
+            _ => self.cfg.step_tokens.clamp(1, 16),
+        };
         for (i, a) in self.running.iter().enumerate() {
             if budget == 0 {
                 break;
@@ -531,6 +565,7 @@ impl Scheduler {
     /// and says whether the sequence ended.
     fn next_token(&mut self, i: usize, logits: &[f32]) -> Option<End> {
         let tok = Arc::clone(&self.tok);
+        let tok = &*tok;
         let stats = Arc::clone(&self.stats);
         let a = &mut self.running[i];
         let next = a.sampler.sample(logits, &a.context);
@@ -548,7 +583,7 @@ impl Scheduler {
         let logprob = a
             .job
             .logprobs
-            .map(|top| token_logprob(logits, next, top, &tok));
+            .map(|top| token_logprob(logits, next, top, tok));
         let (text, end) = if !a.job.ignore_eog && tok.is_eog(next) {
             (a.text.finish(), Some(FinishReason::Eog))
         } else {
@@ -653,7 +688,7 @@ enum End {
 
 /// The chosen token's log-probability under softmax(logits) and the `top` most likely
 /// tokens. Non-finite logits count as impossible.
-fn token_logprob(logits: &[f32], chosen: u32, top: usize, tok: &Tokenizer) -> TokenLogprob {
+fn token_logprob(logits: &[f32], chosen: u32, top: usize, tok: &impl TokenText) -> TokenLogprob {
     let max = logits
         .iter()
         .copied()
@@ -695,3 +730,6 @@ fn token_logprob(logits: &[f32], chosen: u32, top: usize, tok: &Tokenizer) -> To
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests;

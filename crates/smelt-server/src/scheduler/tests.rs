@@ -1,0 +1,514 @@
+//! The scheduler driven by a scripted engine: exact token streams, chunking within the step
+//! budget, batch limits, preemption when the KV cache is full, 503 for what can never fit,
+//! panics and engine errors answered with 500 while the scheduler keeps serving, cancelled
+//! requests freed, and the queue bound.
+
+use std::collections::HashMap;
+use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use smelt_engine::generate::{FinishReason, TokenText};
+use smelt_engine::sampler::SamplingParams;
+use smelt_engine::{EngineError, Logits, SeqId, SeqInput};
+use tokio::sync::mpsc;
+
+use super::{spawn, Event, Job, SchedulerConfig, SchedulerHandle, StepEngine, SubmitError};
+
+const VOCAB: usize = 16;
+/// The fake's end-of-generation token.
+const EOG: u32 = 15;
+/// Tokens the fake refuses (never generated: they are outside its counting): one panics,
+/// the other is an engine error.
+const PANIC_TOKEN: u32 = 200;
+const ERROR_TOKEN: u32 = 201;
+
+/// Every forward's (sequence, tokens) pairs, in order.
+type StepLog = Arc<Mutex<Vec<Vec<(SeqId, usize)>>>>;
+
+/// A model whose next token is always the last one plus one, with a real block-counting
+/// KV cache, a log of every batch, and an optional gate each forward waits on.
+struct Fake {
+    block_size: usize,
+    n_blocks: usize,
+    seqs: HashMap<SeqId, usize>,
+    next_id: u64,
+    last_token: HashMap<SeqId, u32>,
+    log: StepLog,
+    gate: Option<(std_mpsc::Sender<()>, std_mpsc::Receiver<()>)>,
+}
+
+impl Fake {
+    fn used(&self) -> usize {
+        self.seqs
+            .values()
+            .map(|&l| l.div_ceil(self.block_size))
+            .sum()
+    }
+}
+
+impl StepEngine for Fake {
+    fn new_sequence(&mut self) -> SeqId {
+        self.next_id += 1;
+        let id = SeqId(self.next_id);
+        self.seqs.insert(id, 0);
+        id
+    }
+
+    fn free_sequence(&mut self, seq: SeqId) {
+        self.seqs.remove(&seq);
+        self.last_token.remove(&seq);
+    }
+
+    fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        if let Some((entered, go)) = &self.gate {
+            let _ = entered.send(());
+            let _ = go.recv();
+        }
+        let mut need = 0;
+        for inp in batch {
+            if inp.tokens.contains(&PANIC_TOKEN) {
+                panic!("scripted panic");
+            }
+            if inp.tokens.contains(&ERROR_TOKEN) {
+                return Err(EngineError::BadOptions("scripted error".into()));
+            }
+            let len = *self.seqs.get(&inp.seq).expect("a live sequence");
+            need +=
+                (len + inp.tokens.len()).div_ceil(self.block_size) - len.div_ceil(self.block_size);
+        }
+        let free = self.n_blocks - self.used();
+        if need > free {
+            return Err(EngineError::OutOfKvBlocks { need, free });
+        }
+        self.log
+            .lock()
+            .unwrap()
+            .push(batch.iter().map(|i| (i.seq, i.tokens.len())).collect());
+        Ok(batch
+            .iter()
+            .map(|inp| {
+                *self.seqs.get_mut(&inp.seq).unwrap() += inp.tokens.len();
+                let last = *inp.tokens.last().unwrap();
+                self.last_token.insert(inp.seq, last);
+                match inp.logits {
+                    Logits::None => Vec::new(),
+                    _ => {
+                        let mut row = vec![0.0; VOCAB];
+                        row[(last as usize + 1) % VOCAB] = 1.0;
+                        vec![row]
+                    }
+                }
+            })
+            .collect())
+    }
+
+    fn free_blocks(&self) -> usize {
+        self.n_blocks - self.used()
+    }
+
+    fn total_blocks(&self) -> usize {
+        self.n_blocks
+    }
+}
+
+struct FakeText;
+
+impl TokenText for FakeText {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        format!("<{id}>").into_bytes()
+    }
+
+    fn is_eog(&self, id: u32) -> bool {
+        id == EOG
+    }
+}
+
+struct Harness {
+    handle: SchedulerHandle,
+    log: StepLog,
+    /// With a gate: a message each time a forward starts; send on `go` to let it run.
+    entered: Option<std_mpsc::Receiver<()>>,
+    go: Option<std_mpsc::Sender<()>>,
+}
+
+fn start(cfg: SchedulerConfig, n_blocks: usize, gated: bool) -> Harness {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (gate, entered, go) = if gated {
+        let (etx, erx) = std_mpsc::channel();
+        let (gtx, grx) = std_mpsc::channel();
+        (Some((etx, grx)), Some(erx), Some(gtx))
+    } else {
+        (None, None, None)
+    };
+    let fake = Fake {
+        block_size: 4,
+        n_blocks,
+        seqs: HashMap::new(),
+        next_id: 0,
+        last_token: HashMap::new(),
+        log: Arc::clone(&log),
+        gate,
+    };
+    let started = spawn(
+        "fake".into(),
+        move || Ok((fake, Arc::new(FakeText), ())),
+        cfg,
+    )
+    .expect("the scheduler starts");
+    Harness {
+        handle: started.handle,
+        log,
+        entered,
+        go,
+    }
+}
+
+fn job(prompt: &[u32], max_tokens: usize) -> (Job, mpsc::UnboundedReceiver<Event>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (
+        Job {
+            prompt: prompt.to_vec(),
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            logprobs: None,
+            ignore_eog: false,
+            events: tx,
+            arrived: Instant::now(),
+        },
+        rx,
+    )
+}
+
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Done {
+        ids: Vec<u32>,
+        text: String,
+        finish: FinishReason,
+        completion_tokens: usize,
+    },
+    Error(u16, String),
+}
+
+/// Every event of a job until its end (blocking; the scheduler runs on its own thread).
+fn outcome(mut rx: mpsc::UnboundedReceiver<Event>) -> Outcome {
+    let (mut ids, mut text) = (Vec::new(), String::new());
+    loop {
+        match rx.blocking_recv().expect("the job ends with Done or Error") {
+            Event::Token { id, text: t, .. } => {
+                ids.push(id);
+                text.push_str(&t);
+            }
+            Event::Done {
+                finish_reason,
+                completion_tokens,
+                ..
+            } => {
+                return Outcome::Done {
+                    ids,
+                    text,
+                    finish: finish_reason,
+                    completion_tokens,
+                }
+            }
+            Event::Error(e) => return Outcome::Error(e.status.as_u16(), e.message),
+        }
+    }
+}
+
+fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn gauge(h: &SchedulerHandle, f: impl Fn(&crate::metrics::ModelStats) -> u64) -> u64 {
+    f(&h.stats)
+}
+
+#[test]
+fn tokens_text_and_finish_reasons() {
+    let h = start(SchedulerConfig::default(), 64, false);
+    let (j, rx) = job(&[1, 2], 3);
+    h.handle.submit(j).unwrap();
+    assert_eq!(
+        outcome(rx),
+        Outcome::Done {
+            ids: vec![3, 4, 5],
+            text: "<3><4><5>".into(),
+            finish: FinishReason::Length,
+            completion_tokens: 3,
+        }
+    );
+    // Counting up from 9 reaches the end-of-generation token 15.
+    let (j, rx) = job(&[9], 100);
+    h.handle.submit(j).unwrap();
+    let Outcome::Done {
+        ids,
+        finish,
+        completion_tokens,
+        ..
+    } = outcome(rx)
+    else {
+        panic!("not done")
+    };
+    assert_eq!(ids, vec![10, 11, 12, 13, 14, 15]);
+    assert_eq!(finish, FinishReason::Eog);
+    assert_eq!(completion_tokens, 6, "the end-of-generation token counts");
+    // Stop strings cut the text before them.
+    let (mut j, rx) = job(&[1], 10);
+    j.stop = vec!["<4>".into()];
+    h.handle.submit(j).unwrap();
+    let Outcome::Done { text, finish, .. } = outcome(rx) else {
+        panic!("not done")
+    };
+    assert_eq!((text.as_str(), finish), ("<2><3>", FinishReason::Stop));
+}
+
+#[test]
+fn prompts_are_chunked_within_the_step_budget_while_others_decode() {
+    let cfg = SchedulerConfig {
+        step_tokens: 5,
+        ..SchedulerConfig::default()
+    };
+    let h = start(cfg, 64, false);
+    let (a, rxa) = job(&[1], 8);
+    h.handle.submit(a).unwrap();
+    let (b, rxb) = job(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], 2);
+    h.handle.submit(b).unwrap();
+    let (oa, ob) = (outcome(rxa), outcome(rxb));
+    assert!(
+        matches!(
+            oa,
+            Outcome::Done {
+                completion_tokens: 8,
+                ..
+            }
+        ),
+        "{oa:?}"
+    );
+    assert!(
+        matches!(&ob, Outcome::Done { ids, .. } if ids == &[12, 13]),
+        "{ob:?}"
+    );
+    let log = h.log.lock().unwrap();
+    for step in log.iter() {
+        let tokens: usize = step.iter().map(|(_, n)| n).sum();
+        assert!(tokens <= 5, "a step of {tokens} tokens: {step:?}");
+    }
+    // B's 11 prompt tokens went through in several chunks, then its one fed-back token.
+    let b_seq = log.iter().flatten().map(|(s, _)| *s).max().unwrap();
+    let b: Vec<usize> = log
+        .iter()
+        .flatten()
+        .filter(|(s, _)| *s == b_seq)
+        .map(|(_, n)| *n)
+        .collect();
+    assert!(b.len() >= 4, "{b:?}");
+    assert_eq!(b.iter().sum::<usize>(), 12, "{b:?}");
+}
+
+#[test]
+fn the_batch_never_exceeds_max_batch_and_everyone_finishes() {
+    let cfg = SchedulerConfig {
+        max_batch: 3,
+        ..SchedulerConfig::default()
+    };
+    let h = start(cfg, 256, false);
+    let rxs: Vec<_> = (0..8)
+        .map(|i| {
+            let (j, rx) = job(&[i % 8], 4);
+            h.handle.submit(j).unwrap();
+            rx
+        })
+        .collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let want: Vec<u32> = (1..=4).map(|k| (i as u32 % 8 + k) % VOCAB as u32).collect();
+        match outcome(rx) {
+            Outcome::Done { ids, .. } => assert_eq!(ids, want, "job {i}"),
+            other => panic!("job {i}: {other:?}"),
+        }
+    }
+    let max = h.log.lock().unwrap().iter().map(Vec::len).max().unwrap();
+    assert!(max <= 3, "a batch of {max}");
+    assert!(max >= 2, "never batched");
+}
+
+#[test]
+fn a_full_cache_preempts_the_newest_and_it_recomputes() {
+    // 4 blocks of 4 tokens; each job needs 4 + 6 - 1 = 9 tokens (3 blocks) at its end.
+    let mut h = start(SchedulerConfig::default(), 4, true);
+    let (a, rxa) = job(&[1, 1, 1, 1], 6);
+    let (b, rxb) = job(&[2, 2, 2, 2], 6);
+    // B arrives while A's first step runs, so the two overlap.
+    h.handle.submit(a).unwrap();
+    let entered = h.entered.take().unwrap();
+    let go = h.go.take().unwrap();
+    entered.recv().unwrap();
+    h.handle.submit(b).unwrap();
+    go.send(()).unwrap();
+    std::thread::spawn(move || {
+        while entered.recv().is_ok() {
+            if go.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    let want = |s: u32| Outcome::Done {
+        ids: (1..=6).map(|k| s + k).collect(),
+        text: (1..=6).map(|k| format!("<{}>", s + k)).collect(),
+        finish: FinishReason::Length,
+        completion_tokens: 6,
+    };
+    assert_eq!(outcome(rxa), want(1));
+    assert_eq!(outcome(rxb), want(2));
+    assert!(
+        gauge(&h.handle, |s| s
+            .preemptions
+            .load(std::sync::atomic::Ordering::Relaxed))
+            >= 1
+    );
+    // A prompt bigger than the whole cache can never run.
+    let (c, rxc) = job(&[3; 17], 2);
+    h.handle.submit(c).unwrap();
+    match outcome(rxc) {
+        Outcome::Error(503, m) => assert!(m.contains("KV cache"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // One that fits but outgrows the cache alone is cut by length.
+    let (mut d, rxd) = job(&[0], 100);
+    d.ignore_eog = true;
+    h.handle.submit(d).unwrap();
+    match outcome(rxd) {
+        Outcome::Done {
+            finish,
+            completion_tokens,
+            ..
+        } => {
+            assert_eq!(finish, FinishReason::Length);
+            assert_eq!(
+                completion_tokens, 16,
+                "16 cached tokens: the prompt and 15 fed back"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    wait_for("blocks freed", || {
+        gauge(&h.handle, |s| {
+            s.kv_blocks_used.load(std::sync::atomic::Ordering::Relaxed)
+        }) == 0
+    });
+}
+
+#[test]
+fn panics_and_engine_errors_become_500_and_the_scheduler_goes_on() {
+    let h = start(SchedulerConfig::default(), 64, false);
+    let (j, rx) = job(&[PANIC_TOKEN], 3);
+    h.handle.submit(j).unwrap();
+    match outcome(rx) {
+        Outcome::Error(500, m) => assert!(m.contains("scripted panic"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let (j, rx) = job(&[ERROR_TOKEN], 3);
+    h.handle.submit(j).unwrap();
+    match outcome(rx) {
+        Outcome::Error(500, m) => assert!(m.contains("scripted error"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // A panic takes down only its batch: a job in the same step fails with it, and the
+    // scheduler serves the next ones.
+    let (j, rx) = job(&[1], 2);
+    h.handle.submit(j).unwrap();
+    assert!(matches!(outcome(rx), Outcome::Done { .. }));
+    wait_for("blocks freed", || {
+        gauge(&h.handle, |s| {
+            s.kv_blocks_used.load(std::sync::atomic::Ordering::Relaxed)
+        }) == 0
+    });
+}
+
+#[test]
+fn a_dropped_receiver_frees_the_sequence_and_a_full_queue_refuses() {
+    let cfg = SchedulerConfig {
+        max_batch: 1,
+        max_queue: 1,
+        ..SchedulerConfig::default()
+    };
+    let mut h = start(cfg, 64, true);
+    let entered = h.entered.take().unwrap();
+    let go = h.go.take().unwrap();
+    // A runs (its forward waits at the gate); B waits in the queue; C is refused.
+    let (a, rxa) = job(&[1], 1000);
+    h.handle.submit(a).unwrap();
+    entered.recv().unwrap();
+    let (b, rxb) = job(&[2], 2);
+    h.handle.submit(b).unwrap();
+    let (c, _rxc) = job(&[3], 2);
+    assert_eq!(h.handle.submit(c).unwrap_err(), SubmitError::QueueFull);
+    // A's client goes away: at the next step its sequence is dropped and B runs.
+    drop(rxa);
+    go.send(()).unwrap();
+    std::thread::spawn(move || {
+        while entered.recv().is_ok() {
+            if go.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    assert!(matches!(outcome(rxb), Outcome::Done { .. }));
+    wait_for("all sequences gone", || {
+        gauge(&h.handle, |s| {
+            s.running.load(std::sync::atomic::Ordering::Relaxed)
+        }) == 0
+            && gauge(&h.handle, |s| {
+                s.kv_blocks_used.load(std::sync::atomic::Ordering::Relaxed)
+            }) == 0
+    });
+    let a_steps = h
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .flatten()
+        .filter(|(s, _)| *s == SeqId(1))
+        .count();
+    assert!(a_steps <= 2, "A ran {a_steps} steps after its client left");
+    // With room again, a new job is taken.
+    let (d, rxd) = job(&[4], 1);
+    h.handle.submit(d).unwrap();
+    assert!(matches!(outcome(rxd), Outcome::Done { .. }));
+}
+
+#[test]
+fn cancel_all_ends_queued_and_running_jobs_with_503() {
+    let cfg = SchedulerConfig {
+        max_batch: 1,
+        ..SchedulerConfig::default()
+    };
+    let mut h = start(cfg, 64, true);
+    let entered = h.entered.take().unwrap();
+    let go = h.go.take().unwrap();
+    let (a, rxa) = job(&[1], 1000);
+    h.handle.submit(a).unwrap();
+    entered.recv().unwrap();
+    let (b, rxb) = job(&[2], 1000);
+    h.handle.submit(b).unwrap();
+    h.handle.cancel_all();
+    go.send(()).unwrap();
+    std::thread::spawn(move || {
+        while entered.recv().is_ok() {
+            if go.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    for rx in [rxa, rxb] {
+        match outcome(rx) {
+            Outcome::Error(503, m) => assert!(m.contains("shutting down"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
