@@ -82,6 +82,8 @@ case "${1:-run}" in
         $B/smelt bench --model $m --device cuda --prompt 16 --gen 40 --reps 1 > "$out/ncu.csv" 2>/dev/null || true
       python3 bench/gpu/ncu_summary.py "$out/ncu.csv" 2>&1 | tee -a "$log" || true
     fi
+    echo "== same, norms not fused with the q8_1 quantization (SMELT_CUDA_FUSED=0)" | tee -a "$log"
+    SMELT_CUDA_FUSED=0 $B/smelt bench --model $m --device cuda --prompt 512 --gen 128 --reps 3 --json 2>&1 | tee -a "$log" || status=1
     echo "== same, CUDA graphs off (every decode step launched op by op)" | tee -a "$log"
     SMELT_CUDA_GRAPHS=0 $B/smelt bench --model $m --device cuda --prompt 512 --gen 64 --reps 1 --json 2>&1 | tee -a "$log" || status=1
     echo "== summary" | tee -a "$log"

@@ -168,6 +168,7 @@ pub type Entry = (String, Box<dyn Fn(&Kernel)>);
 pub fn all() -> Vec<Entry> {
     let mut v: Vec<Entry> = vec![(QUANTIZE.to_string(), Box::new(act::quantize_kernel))];
     v.extend(crate::ops::catalog());
+    v.extend(crate::fused::catalog());
     v.extend(crate::quantize::entries());
     let mut configs: Vec<Config> = (1..=gemv::MAX_TOKENS).map(Config::new).collect();
     configs.extend(

@@ -19,6 +19,7 @@
 pub mod act;
 pub mod catalog;
 pub mod formats;
+pub mod fused;
 pub mod gemv;
 pub mod ops;
 pub mod quantize;

@@ -159,6 +159,9 @@ pub struct Cuda {
     pending_gemv: Mutex<Option<PendingGemv>>,
     pending_rope: Mutex<Option<PendingRope>>,
     staging: Mutex<Option<Staging>>,
+    /// Whole-row norms write the q8_1 tiles of their output too (`SMELT_CUDA_FUSED=0`
+    /// turns it off, to measure it).
+    fuse_quantize: bool,
     /// Weight memory: chunks bump-allocated in load order; (chunks, next free, end).
     weights: Mutex<(Vec<CudaSlice<u8>>, u64, u64)>,
 }
@@ -181,6 +184,7 @@ impl Cuda {
             pending_gemv: Mutex::new(None),
             pending_rope: Mutex::new(None),
             staging: Mutex::new(None),
+            fuse_quantize: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0"),
             weights: Mutex::new((Vec::new(), 0, 0)),
         })
     }
@@ -763,6 +767,22 @@ impl Backend for Cuda {
             *lock(&self.quantized) = None;
             self.ensure(out, x.rows, x.cols)?;
             let pending = lock(&self.pending_add).take();
+            let fusable = pending
+                .as_ref()
+                .filter(|(px, y)| px.ptr == x.ptr && self.can_fuse_add_norm(x, y, w, out))
+                .map(|&(_, y)| y);
+            // A whole-row norm feeds matmuls: write its q8_1 tiles in the same kernel.
+            if self.fuse_quantize && self.can_norm_quantize(x, w, out) {
+                if pending.is_some() && fusable.is_none() {
+                    if let Some((px, y)) = pending {
+                        self.op_add(&px, &y)?;
+                    }
+                }
+                let q = self.scratch(act::row_bytes(x.cols)? * x.rows)?;
+                self.op_norm_q8(x, fusable.as_ref(), w, eps, out, q)?;
+                *lock(&self.quantized) = Some((*out, q));
+                return Ok(());
+            }
             match pending {
                 // The residual add just before this norm of the same rows: one pass.
                 Some((px, y)) if px.ptr == x.ptr && self.can_fuse_add_norm(x, &y, w, out) => {

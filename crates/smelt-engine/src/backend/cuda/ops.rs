@@ -113,6 +113,66 @@ impl Cuda {
             && apart(out, y)
     }
 
+    /// Whether `rms_norm(x) -> out` can also write q8_1 tiles: a whole-row norm of rows
+    /// of whole 32-value blocks, `out` apart from `x`.
+    pub(crate) fn can_norm_quantize(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        out: &CudaTensor,
+    ) -> bool {
+        let apart =
+            out.ptr + (out.cap * 4) as u64 <= x.ptr || x.ptr + (x.cap * 4) as u64 <= out.ptr;
+        matches!(w, CudaWeight::Vector { len, .. } if *len == x.cols)
+            && x.cols.is_multiple_of(32)
+            && x.rows > 0
+            && apart
+    }
+
+    /// `[x += y;] out = rms_norm(x) * w; q = quantize_q8_1(out)` in one kernel.
+    pub(crate) fn op_norm_q8(
+        &self,
+        x: &CudaTensor,
+        y: Option<&CudaTensor>,
+        w: &CudaWeight,
+        eps: f32,
+        out: &CudaTensor,
+        q: u64,
+    ) -> Result<(), CudaError> {
+        let (wp, n) = self.vector(w, "rms_norm_q8_1")?;
+        let ntiles = n.div_ceil(smelt_kernels::TILE) as u32;
+        let l = smelt_kernels::fused::launch(x.rows, n);
+        match y {
+            Some(y) => self.launch(
+                smelt_kernels::fused::ADD_RMS_NORM_Q8,
+                l,
+                &[
+                    Arg::P(x.ptr),
+                    Arg::P(y.ptr),
+                    Arg::P(wp),
+                    Arg::P(out.ptr),
+                    Arg::P(q),
+                    Arg::U(n as u32),
+                    Arg::U(ntiles),
+                    Arg::F(eps),
+                ],
+            ),
+            None => self.launch(
+                smelt_kernels::fused::RMS_NORM_Q8,
+                l,
+                &[
+                    Arg::P(x.ptr),
+                    Arg::P(wp),
+                    Arg::P(out.ptr),
+                    Arg::P(q),
+                    Arg::U(n as u32),
+                    Arg::U(ntiles),
+                    Arg::F(eps),
+                ],
+            ),
+        }
+    }
+
     pub(crate) fn op_add_rms_norm(
         &self,
         x: &CudaTensor,

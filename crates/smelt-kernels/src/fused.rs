@@ -1,0 +1,269 @@
+//! Kernels that fuse steps a decode step would otherwise launch one after another: the
+//! RMS norm of the residual stream (after the residual add) and the q8_1 quantization of
+//! its output for the GEMVs that follow. At decode a row is one block, so each separate
+//! launch costs a few microseconds of latency for a few kilobytes of work.
+//!
+//! The f32 results are computed exactly as [`crate::ops::norm`] computes them (same loop,
+//! same block reduction, same operations: identical floats for the same block size) and
+//! the q8_1 tiles exactly as [`crate::act::quantize_kernel`] writes them, so the twin is
+//! the two kernels' twins one after the other.
+
+use smelt_ptx::{
+    Cmp, FloatRound, IntRound, Kernel, Load, Narrow, Reg, Shfl, Store, F16, F32, FULL_WARP, S32,
+    U32, U64,
+};
+
+use crate::act::{self, D_OFFSET, SUM_OFFSET, TILE_BYTES};
+use crate::catalog::Entry;
+use crate::ops::{block_sum, reduce_scratch, Launch};
+use crate::{KernelError, TILE};
+
+/// Name of the kernel without the residual add.
+pub const RMS_NORM_Q8: &str = "rms_norm_q8_1";
+/// Name of the kernel with the residual add.
+pub const ADD_RMS_NORM_Q8: &str = "add_rms_norm_q8_1";
+
+/// Both kernels.
+pub fn catalog() -> Vec<Entry> {
+    vec![
+        (
+            RMS_NORM_Q8.to_string(),
+            Box::new(|k: &Kernel| kernel(k, false)),
+        ),
+        (
+            ADD_RMS_NORM_Q8.to_string(),
+            Box::new(|k: &Kernel| kernel(k, true)),
+        ),
+    ]
+}
+
+/// Launch over `rows` rows of `n` values: one block per row, about four values per thread
+/// (up to 1024 threads). The block size changes the float order of the norm's sum: the
+/// unfused norm must be launched with the same one to give the same floats.
+pub fn launch(rows: usize, n: usize) -> Launch {
+    let threads = (n.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+    Launch::new((rows.max(1) as u32, 1, 1), (threads, 1, 1))
+}
+
+/// Bytes of one row's q8_1 tiles.
+pub fn q_row_bytes(n: usize) -> Result<usize, KernelError> {
+    act::row_bytes(n)
+}
+
+/// `[x += y;] out = x / sqrt(mean(x²) + eps) * w; q = quantize_q8_1(out)` per row.
+///
+/// Parameters: `x: *mut f32, y: *const f32 (add variant only), w: *const f32, out: *mut f32,
+/// q: *mut u8 (ntiles tiles of q8_1 per row), n: u32 (a multiple of 32), ntiles: u32
+/// (ceil(n / 256)), eps: f32`. Launch: [`launch`]. `out` must not alias `x` or `y`.
+pub fn kernel(k: &Kernel, add: bool) {
+    let x = k.param_ptr("x");
+    let y = add.then(|| k.param_ptr("y"));
+    let w = k.param_ptr("w");
+    let out = k.param_ptr("out");
+    let q = k.param_ptr("q");
+    let n = k.param_u32("n");
+    let ntiles = k.param_u32("ntiles");
+    let eps = k.param::<F32>("eps");
+
+    // Phase 1, as `ops::norm`: [x += y], sum of squares, block reduction, scale.
+    let scratch = reduce_scratch(k, "fnorm_red");
+    let row = k.ctaid_x();
+    let base = k.mul_wide(k.reg(), row, n);
+    k.shl(base, base, 2u32);
+    let xs = k.add(k.reg(), x, base);
+    let os = k.add(k.reg(), out, base);
+    let tid = k.tid_x();
+    let step = k.ntid_x();
+    let sum = k.f32(0.0);
+    match y {
+        None => k.stride_loop(tid, n, step, |k, i| {
+            let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(xs, i, 4));
+            k.fma(sum, v, v, sum);
+        }),
+        Some(y) => {
+            let ys = k.add(k.reg(), y, base);
+            k.stride_loop(tid, n, step, |k, i| {
+                let a = k.elem_addr(xs, i, 4);
+                let v = k.load::<F32>(Load::GLOBAL, a);
+                let b = k.load::<F32>(Load::GLOBAL, k.elem_addr(ys, i, 4));
+                k.add(v, v, b);
+                k.st(Store::GLOBAL, a, v);
+                k.fma(sum, v, v, sum);
+            })
+        }
+    }
+    // The reduction's barriers also make every thread's `x` writes visible to the block.
+    let total = block_sum(k, sum, &scratch);
+    let nf = k.cvt(k.reg::<F32>(), n, FloatRound::Rn);
+    let mean = k.div_rn(k.reg(), total, nf);
+    k.add(mean, mean, eps);
+    let root = k.sqrt_rn(k.reg(), mean);
+    let scale = k.div_rn(k.reg(), 1.0f32, root);
+
+    // Phase 2, as `act::quantize_kernel`: one warp per 256-value tile, eight per lane.
+    let lane = k.and(k.reg(), tid, 31u32);
+    let warp = k.shr(k.reg(), tid, 5u32);
+    let nwarps = k.shr(k.reg(), step, 5u32);
+    let qrow = k.mul_wide(k.reg::<U64>(), row, ntiles);
+    k.mul(qrow, qrow, TILE_BYTES as u64);
+    let qs = k.add(k.reg(), q, qrow);
+    k.stride_loop(warp, ntiles, nwarps, |k, tile| {
+        let dst = k.elem_addr(qs, tile, TILE_BYTES as u32);
+        let col = k.shl(k.reg(), lane, 3u32);
+        k.mad(col, tile, TILE as u32, col);
+        let inside = k.lt(col, n);
+        let src = k.elem_addr(xs, col, 4);
+        let wsrc = k.elem_addr(w, col, 4);
+        let osrc = k.elem_addr(os, col, 4);
+        let v: [Reg<F32>; 8] = std::array::from_fn(|_| k.f32(0.0));
+        let g: [Reg<F32>; 8] = std::array::from_fn(|_| k.f32(0.0));
+        k.guarded(inside, |k| {
+            // `x` was written by other threads of this block: a coherent load, not `.nc`.
+            k.ld_v4(Load::GLOBAL, [v[0], v[1], v[2], v[3]], src);
+            k.ld_v4(Load::GLOBAL, [v[4], v[5], v[6], v[7]], src.at(16));
+            k.ld_v4(Load::GLOBAL_NC, [g[0], g[1], g[2], g[3]], wsrc);
+            k.ld_v4(Load::GLOBAL_NC, [g[4], g[5], g[6], g[7]], wsrc.at(16));
+        });
+        for i in 0..8 {
+            k.mul(v[i], v[i], scale);
+            k.mul(v[i], v[i], g[i]);
+        }
+        k.guarded(inside, |k| {
+            k.st_v4(Store::GLOBAL, osrc, [v[0], v[1], v[2], v[3]]);
+            k.st_v4(Store::GLOBAL, osrc.at(16), [v[4], v[5], v[6], v[7]]);
+        });
+        quantize_lane(k, &v, lane, dst);
+    });
+}
+
+/// Quantizes a lane's eight values (lanes 4b..4b+3 hold block b of the tile) into the tile
+/// at `dst`, as `act::quantize_kernel` does.
+fn quantize_lane(k: &Kernel, v: &[Reg<F32>; 8], lane: Reg<U32>, dst: Reg<U64>) {
+    let amax = k.abs(k.reg(), v[0]);
+    for &x in &v[1..] {
+        let a = k.abs(k.reg(), x);
+        k.max(amax, amax, a);
+    }
+    for offset in [1u32, 2] {
+        let other = k.shfl_sync(Shfl::Bfly, k.reg(), amax, offset, FULL_WARP);
+        k.max(amax, amax, other);
+    }
+    let d = k.div_rn(k.reg(), amax, 127.0f32);
+    let id = k.div_rn(k.reg(), 1.0f32, d);
+    let zero = k.cmp(Cmp::Eq, d, 0.0f32);
+    k.selp(id, 0.0f32, id, zero);
+    let quants: [Reg<S32>; 8] = std::array::from_fn(|i| round_away(k, k.mul(k.reg(), v[i], id)));
+    let sum = k.add(k.reg(), quants[0], quants[1]);
+    for &qv in &quants[2..] {
+        k.add(sum, sum, qv);
+    }
+    for offset in [1u32, 2] {
+        let other = k.shfl_sync(Shfl::Bfly, k.reg(), sum, offset, FULL_WARP);
+        k.add(sum, sum, other);
+    }
+    let words: [Reg<U32>; 2] = std::array::from_fn(|w| {
+        let q4 = &quants[4 * w..4 * w + 4];
+        let lo = k.prmt(
+            k.reg::<U32>(),
+            q4[0].cast::<U32>(),
+            q4[1].cast::<U32>(),
+            0x0040u32,
+        );
+        let hi = k.prmt(
+            k.reg::<U32>(),
+            q4[2].cast::<U32>(),
+            q4[3].cast::<U32>(),
+            0x0040u32,
+        );
+        k.prmt(k.reg::<U32>(), lo, hi, 0x5410u32)
+    });
+    let qdst = k.add(k.reg(), dst, k.mul_wide(k.reg::<U64>(), lane, 8u32));
+    k.st_v2(Store::GLOBAL, qdst, words);
+    let slot = k.shr(k.reg(), lane, 2u32);
+    let first = k.cmp(Cmp::Eq, k.and(k.reg(), lane, 3u32), 0u32);
+    let hdst = k.add(k.reg(), dst, k.mul_wide(k.reg::<U64>(), slot, 2u32));
+    let dh = k.cvt(k.reg::<F16>(), d, FloatRound::Rn);
+    k.guarded(first, |k| {
+        k.st(Store::GLOBAL, hdst.at(D_OFFSET as i64), dh);
+        k.st_narrow(Store::GLOBAL, Narrow::U16, hdst.at(SUM_OFFSET as i64), sum);
+    });
+}
+
+/// `roundf(v)` as an integer (as `act`'s: truncate, then step away from zero when the
+/// exact remainder is at least one half).
+fn round_away(k: &Kernel, v: Reg<F32>) -> Reg<S32> {
+    let t = k.cvt(k.reg::<F32>(), v, IntRound::Rzi);
+    let frac = k.sub(k.reg(), v, t);
+    let up = k.cmp(Cmp::Ge, frac, 0.5f32);
+    let down = k.cmp(Cmp::Le, frac, -0.5f32);
+    let q = k.cvt(k.reg::<S32>(), t, IntRound::Rzi);
+    let stepped = k.add(k.reg(), q, 1i32);
+    k.selp(q, stepped, q, up);
+    let lowered = k.sub(k.reg(), q, 1i32);
+    k.selp(q, lowered, q, down);
+    q
+}
+
+/// CPU twin: the norm twins of [`crate::ops::norm`] then [`act::quantize_cpu`]. Returns
+/// `(out, q)` for rows of `w.len()` values; `x` is updated in place when `y` is given.
+pub fn cpu(
+    x: &mut [f32],
+    y: Option<&[f32]>,
+    w: &[f32],
+    eps: f32,
+) -> Result<(Vec<f32>, Vec<u8>), KernelError> {
+    let mut out = vec![0f32; x.len()];
+    match y {
+        Some(y) => crate::ops::norm::add_rms_norm_cpu(x, y, w, eps, &mut out),
+        None => crate::ops::norm::rms_norm_cpu(x, w, eps, &mut out),
+    }
+    let q = act::quantize_cpu(&out, w.len())?;
+    Ok((out, q))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smelt_ptx::{Module, Target};
+
+    #[test]
+    fn both_kernels_build_with_a_barrier_and_the_quantize_stores() {
+        for target in [Target::Sm80, Target::Sm90] {
+            let mut m = Module::new(target);
+            for (name, build) in catalog() {
+                m.kernel(&name, |k| build(k)).unwrap();
+            }
+            let ptx = m.to_ptx();
+            for name in [RMS_NORM_Q8, ADD_RMS_NORM_Q8] {
+                assert!(ptx.contains(&format!(".entry {name}(")), "{name}");
+            }
+            assert!(ptx.contains("bar.sync"));
+            assert!(ptx.contains("st.global.v2"));
+            assert!(ptx.contains("st.global.v4"));
+            assert!(ptx.contains("div.rn.f32"));
+        }
+    }
+
+    #[test]
+    fn the_twin_is_norm_then_quantize() {
+        let n = 640;
+        let mut x: Vec<f32> = (0..2 * n)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let y: Vec<f32> = (0..2 * n)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) / 3.0)
+            .collect();
+        let w: Vec<f32> = (0..n).map(|i| 0.5 + (i % 7) as f32 / 10.0).collect();
+        let x0 = x.clone();
+        let (out, q) = cpu(&mut x, Some(&y), &w, 1e-6).unwrap();
+        let summed: Vec<f32> = x0.iter().zip(&y).map(|(a, b)| a + b).collect();
+        assert_eq!(x, summed);
+        let mut want = vec![0f32; 2 * n];
+        crate::ops::norm::rms_norm_cpu(&summed, &w, 1e-6, &mut want);
+        assert_eq!(out, want);
+        assert_eq!(q, act::quantize_cpu(&want, n).unwrap());
+        assert_eq!(q.len(), 2 * q_row_bytes(n).unwrap());
+        assert_eq!(launch(1, 4096).block.0, 1024);
+        assert_eq!(launch(3, 64).grid.0, 3);
+    }
+}
