@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -197,8 +198,8 @@ fn admin_json(m: &ModelEntry) -> Value {
 
 /// `{"model": path-or-alias, "id"?: ...}` loads; `{"action": "unload", "id": ...}` (or just
 /// `{"id": ...}`) unloads.
-async fn admin_post(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
-    let v: Value = openai::parse(&body)?;
+async fn admin_post(State(st): St, body: Body) -> Result<Json<Value>, ApiError> {
+    let v: Value = openai::parse(&body.map_err(body_error)?)?;
     let field = |k: &str| -> Result<Option<String>, ApiError> {
         match v.get(k) {
             None | Some(Value::Null) => Ok(None),
@@ -295,10 +296,22 @@ fn tokenize(tok: &Tokenizer, text: &str, chat: bool) -> Vec<u32> {
     ids
 }
 
-async fn chat(State(st): St, body: Bytes) -> Response {
-    chat_inner(st, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+/// A request body, or why it could not be read (too big, cut off).
+type Body = Result<Bytes, BytesRejection>;
+
+/// An unreadable body in the error shape, with the status axum chose (413 when too big).
+fn body_error(r: BytesRejection) -> ApiError {
+    let mut e = ApiError::bad_request(format!("cannot read the request body: {}", r.body_text()));
+    e.status = r.status();
+    e
+}
+
+async fn chat(State(st): St, body: Body) -> Response {
+    match body {
+        Ok(body) => chat_inner(st, body).await,
+        Err(r) => Err(body_error(r)),
+    }
+    .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
@@ -350,10 +363,12 @@ async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError
     run(&model, ids, p, logprobs, Kind::Chat, arrived).await
 }
 
-async fn completions(State(st): St, body: Bytes) -> Response {
-    completions_inner(st, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+async fn completions(State(st): St, body: Body) -> Response {
+    match body {
+        Ok(body) => completions_inner(st, body).await,
+        Err(r) => Err(body_error(r)),
+    }
+    .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn completions_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {

@@ -414,6 +414,15 @@ async fn every_client_error_has_its_status_and_shape() {
         .as_str()
         .unwrap()
         .contains("not valid JSON"));
+    // A body over the 2 MiB limit: 413, still in the error shape.
+    let r = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "x".repeat(3 << 20), "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(r.status(), 413);
+    assert_error_shape(&r.json().await.unwrap());
     // Unknown route and unknown model by path.
     for path in ["/v2/nothing", "/v1/models/nope"] {
         let r = s.get(path).await;
