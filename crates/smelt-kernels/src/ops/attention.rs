@@ -44,6 +44,9 @@ pub fn name(head_dim: usize) -> Option<String> {
         .then(|| format!("attention_hd{head_dim}"))
 }
 
+/// Largest block of [`reduce_kernel`]: one thread per value of the largest head.
+pub const REDUCE_THREADS: u32 = 256;
+
 /// Name of [`reduce_kernel`].
 pub const REDUCE: &str = "attention_reduce";
 
@@ -88,7 +91,11 @@ pub fn launch(
 pub fn reduce_launch(rows: usize, n_head: usize, head_dim: usize) -> Launch {
     Launch::new(
         (dim(rows * n_head), 1, 1),
-        ((head_dim.div_ceil(32) * 32).clamp(32, 1024) as u32, 1, 1),
+        (
+            (head_dim.div_ceil(32) * 32).clamp(32, REDUCE_THREADS as usize) as u32,
+            1,
+            1,
+        ),
     )
 }
 
@@ -374,9 +381,11 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
 ///
 /// The split weights `2^(m_s - max m)` and the normalizer are computed once per block
 /// (threads over splits, block reductions), then each thread sums its value over the
-/// splits with four loads in flight.
+/// splits with sixteen loads in flight.
 pub fn reduce_kernel(k: &Kernel) {
-    k.max_threads(1024, 1, 1);
+    // Heads have at most 256 values (HEAD_DIMS), and the cap leaves room for the
+    // sixteen loads in flight.
+    k.max_threads(REDUCE_THREADS, 1, 1);
     let part_acc = k.param_ptr("part_acc");
     let part_ml = k.param_ptr("part_ml");
     let out = k.param_ptr("out");
@@ -415,9 +424,10 @@ pub fn reduce_kernel(k: &Kernel) {
     let live = k.lt(d, head_dim);
     k.if_(live, |k| {
         let o = k.f32(0.0);
-        k.stride_loop(0u32, ns, 4u32, |k, s0| {
+        // Sixteen splits' loads in flight: a decode step's few splits take one round.
+        k.stride_loop(0u32, ns, 16u32, |k, s0| {
             let mut terms = Vec::new();
-            for u in 0..4u32 {
+            for u in 0..16u32 {
                 let s = k.add(k.reg(), s0, u);
                 let ok = k.lt(s, ns);
                 let a = k.f32(0.0);

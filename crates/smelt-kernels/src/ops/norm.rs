@@ -1,7 +1,7 @@
 //! RMS norm over chunks of the weight's length (a whole row, or each head for Q/K norms),
 //! times the weight; and the fused residual add + RMS norm of a layer's boundary.
 
-use smelt_ptx::{Kernel, Load, Store, F32};
+use smelt_ptx::{Kernel, Load, Pred, Reg, Store, F32, U32};
 
 use super::{block_sum, dim, reduce_scratch, Launch};
 use crate::catalog::Entry;
@@ -19,10 +19,13 @@ pub fn catalog() -> Vec<Entry> {
     ]
 }
 
-/// Threads per block for chunks of `n` values: about eight values per thread, a whole
-/// number of warps, at most 1024.
+/// Values a thread loads before it uses any.
+const UNROLL: u32 = 4;
+
+/// Threads per block for chunks of `n` values: [`UNROLL`] values per thread (one round
+/// of loads) up to 4096 values, a whole number of warps, at most 1024.
 pub fn threads(n: usize) -> u32 {
-    (n.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32
+    (n.div_ceil(UNROLL as usize).div_ceil(32) * 32).clamp(32, 1024) as u32
 }
 
 /// Launch of either kernel over `n_chunks` chunks of `n` values (`rows * cols / n`).
@@ -80,24 +83,43 @@ fn norm_body(
     let os = k.add(k.reg(), out, base);
     let tid = k.tid_x();
     let step = k.ntid_x();
-    let sum = k.f32(0.0);
-    match y {
-        None => k.stride_loop(tid, n, step, |k, i| {
-            let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(xs, i, 4));
-            k.fma(sum, v, v, sum);
-        }),
-        Some(y) => {
-            let ys = k.add(k.reg(), y, base);
-            k.stride_loop(tid, n, step, |k, i| {
-                let a = k.elem_addr(xs, i, 4);
-                let v = k.load::<F32>(Load::GLOBAL, a);
-                let b = k.load::<F32>(Load::GLOBAL, k.elem_addr(ys, i, 4));
-                k.add(v, v, b);
-                k.st(Store::GLOBAL, a, v);
-                k.fma(sum, v, v, sum);
+    // Every load of a trip is issued before any is used: a row is read by one block, so
+    // the time is load latency times the number of dependent rounds.
+    let wide = k.shl(k.reg(), step, UNROLL.trailing_zeros());
+    let slots = |k: &Kernel, i: Reg<U32>| -> Vec<(Reg<U32>, Reg<Pred>)> {
+        (0..UNROLL)
+            .map(|u| {
+                let idx = k.mad(k.reg(), step, u, i);
+                (idx, k.lt(idx, n))
             })
+            .collect()
+    };
+    let sum = k.f32(0.0);
+    let ys = y.map(|y| k.add(k.reg(), y, base));
+    k.stride_loop(tid, n, wide, |k, i| {
+        let sl = slots(k, i);
+        let vals: Vec<(Reg<F32>, Reg<F32>)> = sl
+            .iter()
+            .map(|&(idx, ok)| {
+                let (v, b) = (k.f32(0.0), k.f32(0.0));
+                k.guarded(ok, |k| {
+                    k.ld(Load::GLOBAL, v, k.elem_addr(xs, idx, 4));
+                    if let Some(ys) = ys {
+                        k.ld(Load::GLOBAL, b, k.elem_addr(ys, idx, 4));
+                    }
+                });
+                (v, b)
+            })
+            .collect();
+        for (&(idx, ok), &(v, b)) in sl.iter().zip(&vals) {
+            if ys.is_some() {
+                k.add(v, v, b);
+                k.guarded(ok, |k| k.st(Store::GLOBAL, k.elem_addr(xs, idx, 4), v));
+            }
+            // Slots past the chunk hold 0 and add nothing.
+            k.fma(sum, v, v, sum);
         }
-    }
+    });
     let total = block_sum(k, sum, &scratch);
     let nf = k.cvt(k.reg::<F32>(), n, smelt_ptx::FloatRound::Rn);
     let mean = k.div_rn(k.reg(), total, nf);
@@ -105,12 +127,24 @@ fn norm_body(
     let root = k.sqrt_rn(k.reg(), mean);
     let scale = k.div_rn(k.reg(), 1.0f32, root);
     // Each thread reads back only the values it wrote itself: no barrier needed.
-    k.stride_loop(tid, n, step, |k, i| {
-        let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(xs, i, 4));
-        let g = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(w, i, 4));
-        k.mul(v, v, scale);
-        k.mul(v, v, g);
-        k.st(Store::GLOBAL, k.elem_addr(os, i, 4), v);
+    k.stride_loop(tid, n, wide, |k, i| {
+        let sl = slots(k, i);
+        let vals: Vec<(Reg<F32>, Reg<F32>)> = sl
+            .iter()
+            .map(|&(idx, ok)| {
+                let (v, g) = (k.f32(0.0), k.f32(0.0));
+                k.guarded(ok, |k| {
+                    k.ld(Load::GLOBAL, v, k.elem_addr(xs, idx, 4));
+                    k.ld(Load::GLOBAL_NC, g, k.elem_addr(w, idx, 4));
+                });
+                (v, g)
+            })
+            .collect();
+        for (&(idx, ok), &(v, g)) in sl.iter().zip(&vals) {
+            k.mul(v, v, scale);
+            k.mul(v, v, g);
+            k.guarded(ok, |k| k.st(Store::GLOBAL, k.elem_addr(os, idx, 4), v));
+        }
     });
 }
 
@@ -158,7 +192,8 @@ mod tests {
     #[test]
     fn threads_cover_chunks_in_whole_warps() {
         assert_eq!(threads(64), 32);
-        assert_eq!(threads(4096), 512);
+        assert_eq!(threads(4096), 1024);
+        assert_eq!(threads(576), 160);
         assert_eq!(threads(1 << 20), 1024);
         assert_eq!(launch(7, 128).grid, (7, 1, 1));
     }
