@@ -144,7 +144,7 @@ impl ServerStats {
         let counters: [Family<AtomicU64>; 4] = [
             (
                 "smelt_prompt_tokens_total",
-                "Prompt tokens prefilled.",
+                "Prompt tokens of accepted requests.",
                 |s| &s.prompt_tokens,
             ),
             ("smelt_generated_tokens_total", "Tokens generated.", |s| {
