@@ -150,7 +150,8 @@ def main():
     unk = field(r, "tokenizer.ggml.unknown_token_id")
     pad = field(r, "tokenizer.ggml.padding_token_id")
     pre = field(r, "tokenizer.ggml.pre")
-    if pre != "smollm":
+    spm = field(r, "tokenizer.ggml.model") == "llama"
+    if not spm and pre != "smollm":
         sys.exit(f"pre-tokenizer {pre!r}: this script builds SmolLM's (digits, then byte level)")
 
     config = {
@@ -187,18 +188,26 @@ def main():
     with open(os.path.join(tmp, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": int(bos), "eos_token_id": int(eos)}, f, indent=2)
 
-    vocab = {t: i for i, t in enumerate(tokens)}
-    pairs = [tuple(m.split(" ")) for m in merges]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    specials = [AddedToken(t, special=True, normalized=False)
-                for t, ty in zip(tokens, types) if int(ty) == 3]
-    tok.add_special_tokens(specials)
-    tok.save(os.path.join(tmp, "tokenizer.json"))
+    if spm:
+        # A SentencePiece vocabulary: tokenizer.model with the GGUF's pieces, scores and
+        # types; its added tokens (control and user-defined) listed in tokenizer_config.json
+        # as HF lists them.
+        scores = field(r, "tokenizer.ggml.scores")
+        with open(os.path.join(tmp, "tokenizer.model"), "wb") as f:
+            f.write(spm_model_proto(tokens, scores, types))
+    else:
+        vocab = {t: i for i, t in enumerate(tokens)}
+        pairs = [tuple(m.split(" ")) for m in merges]
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+        tok.decoder = decoders.ByteLevel()
+        specials = [AddedToken(t, special=True, normalized=False)
+                    for t, ty in zip(tokens, types) if int(ty) == 3]
+        tok.add_special_tokens(specials)
+        tok.save(os.path.join(tmp, "tokenizer.json"))
     tc = {
         "add_prefix_space": bool(field(r, "tokenizer.ggml.add_space_prefix")),
         "bos_token": tokens[bos],
@@ -209,6 +218,12 @@ def main():
         "tokenizer_class": "GPT2Tokenizer",
         "chat_template": field(r, "tokenizer.chat_template"),
     }
+    if spm:
+        tc["tokenizer_class"] = "LlamaTokenizer"
+        tc["added_tokens_decoder"] = {
+            str(i): {"content": t, "special": int(ty) == 3, "normalized": False}
+            for i, (t, ty) in enumerate(zip(tokens, types)) if int(ty) in (3, 4)
+        }
     for typ in ("bos", "eos"):
         flag = field(r, f"tokenizer.ggml.add_{typ}_token")
         if flag is not None:
@@ -219,6 +234,28 @@ def main():
     shutil.rmtree(args.out, ignore_errors=True)
     os.rename(tmp, args.out)
     print(args.out)
+
+
+def spm_model_proto(tokens, scores, types):
+    """A SentencePiece ModelProto holding only its pieces (field 1: piece=1 string,
+    score=2 float, type=3 enum), in protobuf's wire format."""
+    import struct
+
+    def varint(v):
+        out = bytearray()
+        while v >= 0x80:
+            out.append((v & 0x7F) | 0x80)
+            v >>= 7
+        out.append(v)
+        return bytes(out)
+
+    out = bytearray()
+    for t, sc, ty in zip(tokens, scores, types):
+        text = t.encode("utf-8")
+        piece = (b"\x0a" + varint(len(text)) + text + b"\x15" + struct.pack("<f", float(sc))
+                 + b"\x18" + varint(int(ty)))
+        out += b"\x0a" + varint(len(piece)) + piece
+    return bytes(out)
 
 
 def check_readable(path):

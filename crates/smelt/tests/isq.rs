@@ -224,3 +224,141 @@ fn every_supported_architecture_round_trips_through_a_folder() {
         }
     }
 }
+
+/// A SentencePiece folder (tokenizer.model + tokenizer_config.json, as Mistral and Llama 2
+/// ship): the vocabulary converts as convert's `_set_vocab_sentencepiece` makes it (pieces,
+/// scores, types; added tokens from `added_tokens_decoder`), special ids and flags as gguf-py's
+/// SpecialVocab reads them, and text tokenizes as with the GGUF the folder came from.
+#[test]
+fn a_sentencepiece_folder_converts_like_convert() {
+    use smelt_gguf::Gguf;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gguf = dir.path().join("mistral-gemma-vocab.gguf");
+    let folder = dir.path().join("mistral-spm");
+    smelt_ok(&[
+        "synth",
+        "--shape",
+        "mistral-tiny",
+        "--quant",
+        "bf16",
+        "--tokenizer-from",
+        model(common::GEMMA).to_str().expect("UTF-8 path"),
+        "-o",
+        gguf.to_str().expect("UTF-8 path"),
+    ]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/oracle/hf_folder.py");
+    let st = Command::new(common::python())
+        .arg(&script)
+        .arg(&gguf)
+        .arg(&folder)
+        .args(["--hf-arch", "MistralForCausalLM", "--f32-vectors"])
+        .status()
+        .expect("runs hf_folder.py");
+    assert!(st.success(), "hf_folder.py failed");
+    assert!(folder.join("tokenizer.model").is_file());
+    assert!(!folder.join("tokenizer.json").exists());
+
+    let want = Gguf::open(&gguf).expect("synth output");
+    let got = smelt_load::open(&folder, None, &smelt_load::CpuQuantizer).expect("converts");
+    let (wm, gm) = (want.metadata(), got.metadata());
+    assert_eq!(gm.get_str("tokenizer.ggml.model"), Some("llama"));
+    assert_eq!(gm.get_str("tokenizer.ggml.pre"), Some("default"));
+    let strings = |m: &smelt_gguf::Metadata, k: &str| -> Vec<String> {
+        m.get_array(k)
+            .and_then(|a| a.as_strings())
+            .expect("strings")
+            .to_vec()
+    };
+    let arr = |m: &smelt_gguf::Metadata, k: &str| -> Vec<f64> {
+        match m.get_array(k) {
+            Some(smelt_gguf::Array::F32(v)) => v.iter().map(|&x| f64::from(x)).collect(),
+            Some(smelt_gguf::Array::I32(v)) => v.iter().map(|&x| f64::from(x)).collect(),
+            other => panic!("{k}: {other:?}"),
+        }
+    };
+    let (wt, gt) = (
+        strings(wm, "tokenizer.ggml.tokens"),
+        strings(gm, "tokenizer.ggml.tokens"),
+    );
+    let (ws, gs) = (
+        arr(wm, "tokenizer.ggml.scores"),
+        arr(gm, "tokenizer.ggml.scores"),
+    );
+    let (wty, gty) = (
+        arr(wm, "tokenizer.ggml.token_type"),
+        arr(gm, "tokenizer.ggml.token_type"),
+    );
+    assert_eq!(wt.len(), gt.len());
+    let mut promoted = 0;
+    for i in 0..wt.len() {
+        assert_eq!(gs[i], ws[i], "score of {i} {:?}", wt[i]);
+        // convert: an added token that is not special but looks special (<...|>, <unusedN>,
+        // <pad>, <mask> ...) becomes CONTROL; other user-defined tokens get ▁ as a space.
+        let t = &wt[i];
+        let looks = t.starts_with("<unused") && t.ends_with('>')
+            || t.starts_with("<|") && t.ends_with("|>")
+            || ["<pad>", "<mask>", "<2mass>", "[@BOS@]"].contains(&t.as_str());
+        if wty[i] == 4.0 && looks {
+            assert_eq!((gty[i], &gt[i]), (3.0, t), "token {i}");
+            promoted += 1;
+        } else if wty[i] == 4.0 {
+            assert_eq!(
+                (gty[i], &gt[i]),
+                (4.0, &t.replace('\u{2581}', " ")),
+                "token {i}"
+            );
+        } else {
+            assert_eq!((gty[i], &gt[i]), (wty[i], t), "token {i}");
+        }
+    }
+    eprintln!("{promoted} user-defined tokens that look special became control tokens");
+
+    // Special ids and flags: gguf-py's SpecialVocab on the folder.
+    let out = Command::new(common::python())
+        .arg(&script)
+        .arg("special-vocab")
+        .arg(&folder)
+        .output()
+        .expect("runs special-vocab");
+    assert!(out.status.success());
+    let sv: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    for (typ, key) in [
+        ("bos", "bos"),
+        ("eos", "eos"),
+        ("unk", "unknown"),
+        ("pad", "padding"),
+    ] {
+        assert_eq!(
+            gm.get_u64(&format!("tokenizer.ggml.{key}_token_id")),
+            sv["special_token_ids"][typ].as_u64(),
+            "{typ} id"
+        );
+    }
+    for typ in ["bos", "eos"] {
+        assert_eq!(
+            gm.get_bool(&format!("tokenizer.ggml.add_{typ}_token")),
+            sv["add_special_token"][typ].as_bool(),
+            "add_{typ}_token"
+        );
+    }
+    assert_eq!(
+        gm.get_bool("tokenizer.ggml.add_space_prefix"),
+        wm.get_bool("tokenizer.ggml.add_space_prefix")
+    );
+
+    let a = smelt_tokenizer::Tokenizer::from_gguf(wm).expect("tokenizer of the GGUF");
+    let b = smelt_tokenizer::Tokenizer::from_gguf(gm).expect("tokenizer of the folder");
+    for text in [
+        "Hello world",
+        "  two leading spaces, digits 12345 and tabs\t\there",
+        "émojis 🦙 and 中文",
+        "",
+    ] {
+        assert_eq!(
+            a.encode(text, true, false),
+            b.encode(text, true, false),
+            "{text:?}"
+        );
+    }
+}

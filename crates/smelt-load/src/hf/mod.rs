@@ -5,6 +5,7 @@
 //! tensors and norms become F32, as convert makes them.
 
 pub mod config;
+mod spm;
 pub mod vocab;
 
 use std::borrow::Cow;

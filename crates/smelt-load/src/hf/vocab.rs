@@ -46,16 +46,66 @@ pub struct VocabInput<'a> {
     pub config: &'a Map<String, Json>,
 }
 
-/// Writes the tokenizer keys into `md`.
+/// Writes the tokenizer keys into `md`: from `tokenizer.model` (SentencePiece) when the
+/// folder has one, as convert tries it first; else from `tokenizer.json` (byte-level BPE).
 pub fn convert(input: &VocabInput<'_>, md: &mut Metadata) -> Result<(), LoadError> {
     let tok_path = input.dir.join("tokenizer.json");
-    let Some(tok) = read_json(&tok_path)? else {
-        return Err(LoadError::Missing {
-            path: tok_path,
-            what: "tokenizer.json (a byte-level BPE tokenizer)",
-        });
-    };
+    let tok = read_json(&tok_path)?;
     let tc = read_json(&input.dir.join("tokenizer_config.json"))?;
+    let spm_path = input.dir.join("tokenizer.model");
+    let is_spm = spm_path.is_file();
+    if is_spm {
+        let n_vocab = super::spm::convert(&spm_path, input, tc.as_ref(), md)?;
+        let added: Vec<&Map<String, Json>> = added_tokens(tok.as_ref());
+        special_vocab(tok.as_ref(), tc.as_ref(), &added, input, n_vocab, md)?;
+    } else {
+        let Some(tok) = tok else {
+            return Err(LoadError::Missing {
+                path: tok_path,
+                what: "tokenizer.json (byte-level BPE) or tokenizer.model (SentencePiece)",
+            });
+        };
+        convert_bpe(input, md, &tok, tc.as_ref())?;
+    }
+    if input.arch == "llama" {
+        if let Some(b) = tc
+            .as_ref()
+            .and_then(|c| c.get("add_prefix_space"))
+            .and_then(|b| b.as_bool())
+        {
+            md.insert("tokenizer.ggml.add_space_prefix", Value::Bool(b));
+        }
+        // convert: "granite small models" (every 49152-token Llama vocabulary) add no BOS.
+        let n_vocab = md
+            .get_array("tokenizer.ggml.tokens")
+            .map(|a| a.len())
+            .unwrap_or(0);
+        if n_vocab == 49152 {
+            md.insert("tokenizer.ggml.add_bos_token", Value::Bool(false));
+        }
+    }
+    if !is_spm {
+        let pre = detect_pre(md)?;
+        md.insert("tokenizer.ggml.pre", Value::String(pre));
+    }
+    Ok(())
+}
+
+/// The `added_tokens` entries of tokenizer.json (none without the file).
+fn added_tokens(tok: Option<&Map<String, Json>>) -> Vec<&Map<String, Json>> {
+    tok.and_then(|t| t.get("added_tokens"))
+        .and_then(|a| a.as_array())
+        .map(|a| a.iter().filter_map(|t| t.as_object()).collect())
+        .unwrap_or_default()
+}
+
+/// convert's `_set_vocab_gpt2` for a tokenizer.json.
+fn convert_bpe(
+    input: &VocabInput<'_>,
+    md: &mut Metadata,
+    tok: &Map<String, Json>,
+    tc: Option<&Map<String, Json>>,
+) -> Result<(), LoadError> {
     let model = tok
         .get("model")
         .and_then(|m| m.as_object())
@@ -67,11 +117,12 @@ pub fn convert(input: &VocabInput<'_>, md: &mut Metadata) -> Result<(), LoadErro
         )));
     }
     if model.get("byte_fallback").and_then(|b| b.as_bool()) == Some(true)
-        || !mentions_byte_level(&tok)
+        || !mentions_byte_level(tok)
     {
         return Err(err(
-            "tokenizer.json is a SentencePiece-style BPE (byte fallback, no ByteLevel step); \
-             only GPT-2 style byte-level BPE is supported from a folder so far",
+            "tokenizer.json is a SentencePiece-style BPE (byte fallback, no ByteLevel step) and \
+             the folder has no tokenizer.model: convert would need transformers' slow path \
+             here, which smelt does not implement",
         ));
     }
 
@@ -88,11 +139,7 @@ pub fn convert(input: &VocabInput<'_>, md: &mut Metadata) -> Result<(), LoadErro
         by_id.insert(id, text.clone());
     }
     let mut added: HashMap<u64, bool> = HashMap::new();
-    let added_tokens: Vec<&Map<String, Json>> = tok
-        .get("added_tokens")
-        .and_then(|a| a.as_array())
-        .map(|a| a.iter().filter_map(|t| t.as_object()).collect())
-        .unwrap_or_default();
+    let added_tokens = added_tokens(Some(tok));
     for t in &added_tokens {
         let (Some(id), Some(content)) = (
             t.get("id").and_then(|i| i.as_u64()),
@@ -143,23 +190,7 @@ pub fn convert(input: &VocabInput<'_>, md: &mut Metadata) -> Result<(), LoadErro
     md.insert("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
     md.insert("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
     md.insert("tokenizer.ggml.merges", Value::Array(Array::String(merges)));
-    special_vocab(&tok, tc.as_ref(), &added_tokens, input, n_vocab, md)?;
-    if input.arch == "llama" {
-        if let Some(b) = tc
-            .as_ref()
-            .and_then(|c| c.get("add_prefix_space"))
-            .and_then(|b| b.as_bool())
-        {
-            md.insert("tokenizer.ggml.add_space_prefix", Value::Bool(b));
-        }
-        // convert: "granite small models" (every 49152-token Llama vocabulary) add no BOS.
-        if n_vocab == 49152 {
-            md.insert("tokenizer.ggml.add_bos_token", Value::Bool(false));
-        }
-    }
-    let pre = detect_pre(md)?;
-    md.insert("tokenizer.ggml.pre", Value::String(pre));
-    Ok(())
+    special_vocab(Some(tok), tc, &added_tokens, input, n_vocab, md)
 }
 
 fn mentions_byte_level(tok: &Map<String, Json>) -> bool {
@@ -171,7 +202,7 @@ fn mentions_byte_level(tok: &Map<String, Json>) -> bool {
 }
 
 /// convert's `does_token_look_special`.
-fn looks_special(t: &str) -> bool {
+pub(crate) fn looks_special(t: &str) -> bool {
     matches!(t, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
         || (t.starts_with("<|") && t.ends_with("|>"))
         || (t.starts_with("<\u{ff5c}") && t.ends_with("\u{ff5c}>"))
@@ -205,7 +236,7 @@ fn merges(model: &Map<String, Json>) -> Result<Vec<String>, LoadError> {
 /// tokenizer_config.json (looked up among the added tokens), then config.json; add-BOS/EOS
 /// from the post-processor, then tokenizer_config.json; the chat template.
 fn special_vocab(
-    tok: &Map<String, Json>,
+    tok: Option<&Map<String, Json>>,
     tc: Option<&Map<String, Json>>,
     added_tokens: &[&Map<String, Json>],
     input: &VocabInput<'_>,
@@ -223,7 +254,10 @@ fn special_vocab(
     let special_bos = content(tcv("bos_token"));
     let special_eos = content(tcv("eos_token"));
     let mut add: BTreeMap<&str, bool> = BTreeMap::new();
-    if let Some(pp) = tok.get("post_processor").and_then(|p| p.as_object()) {
+    if let Some(pp) = tok
+        .and_then(|t| t.get("post_processor"))
+        .and_then(|p| p.as_object())
+    {
         let procs: Vec<&Map<String, Json>> = match pp.get("processors").and_then(|p| p.as_array()) {
             Some(list) => list.iter().filter_map(|p| p.as_object()).collect(),
             None => vec![pp],
