@@ -149,15 +149,23 @@ pub struct SchedulerHandle {
     tx: std_mpsc::Sender<Command>,
     /// Requests submitted and not yet admitted into the batch.
     queued: Arc<AtomicUsize>,
+    /// Sequences in the running batch, as the scheduler last saw them.
+    running: Arc<AtomicUsize>,
     max_queue: usize,
+    max_batch: usize,
     pub stats: Arc<ModelStats>,
 }
 
 impl SchedulerHandle {
-    /// Queues a job, or refuses it at once when `max_queue` requests already wait.
+    /// Queues a job, or refuses it at once when `max_queue` requests already wait for a
+    /// place in the batch. A request that will find a free place in the batch at the next
+    /// step does not count as waiting, even if the scheduler has not picked it up yet.
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        let free_places = self
+            .max_batch
+            .saturating_sub(self.running.load(Ordering::SeqCst));
         let before = self.queued.fetch_add(1, Ordering::SeqCst);
-        if before >= self.max_queue {
+        if before >= self.max_queue + free_places {
             self.queued.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::QueueFull);
         }
@@ -202,6 +210,8 @@ where
     let (tx, rx) = std_mpsc::channel();
     let stats = Arc::new(ModelStats::default());
     let queued = Arc::new(AtomicUsize::new(0));
+    let running = Arc::new(AtomicUsize::new(0));
+    let thread_running = Arc::clone(&running);
     let (ready_tx, ready_rx) = std_mpsc::sync_channel(1);
     let thread_stats = Arc::clone(&stats);
     let thread_queued = Arc::clone(&queued);
@@ -224,6 +234,7 @@ where
                 cfg,
                 stats: thread_stats,
                 queued: thread_queued,
+                running_now: thread_running,
                 waiting: VecDeque::new(),
                 running: Vec::new(),
                 next_order: 0,
@@ -243,7 +254,9 @@ where
         handle: SchedulerHandle {
             tx,
             queued,
+            running,
             max_queue: cfg.max_queue,
+            max_batch: cfg.max_batch.max(1),
             stats,
         },
         total_blocks,
@@ -299,6 +312,8 @@ struct Scheduler<E, T> {
     cfg: SchedulerConfig,
     stats: Arc<ModelStats>,
     queued: Arc<AtomicUsize>,
+    /// `running.len()` for the handles' admission check.
+    running_now: Arc<AtomicUsize>,
     waiting: VecDeque<Active>,
     running: Vec<Active>,
     next_order: u64,
@@ -404,6 +419,7 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             self.next_order += 1;
             self.running.push(a);
         }
+        self.running_now.store(self.running.len(), Ordering::SeqCst);
     }
 
     /// One batched forward over the running sequences, and what follows from its logits.
@@ -663,6 +679,7 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
 
     /// Gauges for `/metrics`.
     fn publish(&self) {
+        self.running_now.store(self.running.len(), Ordering::SeqCst);
         let s = &self.stats;
         s.running
             .store(self.running.len() as u64, Ordering::Relaxed);

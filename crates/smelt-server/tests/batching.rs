@@ -166,7 +166,7 @@ async fn a_full_queue_answers_429_and_nothing_fails() {
             other => panic!("unexpected status {other}: {v}"),
         }
     }
-    assert!(ok >= 1, "{ok} answered");
+    assert!(ok >= 2, "{ok} answered: one running and one waiting fit");
     assert!(busy >= 1, "no 429 among {} requests", answers.len());
     let metrics = s.get("/metrics").await.text().await.unwrap();
     assert!(metrics.contains("smelt_requests_total{status=\"429\"}"));

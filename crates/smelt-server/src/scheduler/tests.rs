@@ -512,3 +512,36 @@ fn cancel_all_ends_queued_and_running_jobs_with_503() {
         }
     }
 }
+
+#[test]
+fn free_places_in_the_batch_do_not_count_as_queue() {
+    let cfg = SchedulerConfig {
+        max_batch: 2,
+        max_queue: 1,
+        ..SchedulerConfig::default()
+    };
+    let mut h = start(cfg, 64, true);
+    let entered = h.entered.take().unwrap();
+    let go = h.go.take().unwrap();
+    let (a, rxa) = job(&[1], 3);
+    h.handle.submit(a).unwrap();
+    entered.recv().unwrap();
+    // A runs; B takes the free place at the next step; C waits; D finds the queue full.
+    let (b, rxb) = job(&[2], 3);
+    let (c, rxc) = job(&[3], 3);
+    let (d, _rxd) = job(&[4], 3);
+    h.handle.submit(b).unwrap();
+    h.handle.submit(c).unwrap();
+    assert_eq!(h.handle.submit(d).unwrap_err(), SubmitError::QueueFull);
+    go.send(()).unwrap();
+    std::thread::spawn(move || {
+        while entered.recv().is_ok() {
+            if go.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    for rx in [rxa, rxb, rxc] {
+        assert!(matches!(outcome(rx), Outcome::Done { .. }));
+    }
+}
