@@ -40,13 +40,25 @@ def to_bf16(x):
     return r.astype(np.uint16)
 
 
-def unpermute(w, n_head):
-    """GGUF's interleaved rope rows -> HF's rotate-half rows (inverse of convert's permute)."""
-    rows = w.shape[0]
-    hd = rows // n_head
-    return (w.reshape(n_head, hd // 2, 2, *w.shape[1:])
+def permute(w, n_head):
+    """convert_hf_to_gguf.py's LlamaModel.permute (HF rotate-half rows -> GGUF interleaved)."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
             .swapaxes(1, 2)
             .reshape(w.shape))
+
+
+def unpermute(w, n_head):
+    """GGUF's interleaved rope rows -> HF's rotate-half rows; checked to be the inverse of
+    convert's permute on every tensor it touches."""
+    rows = w.shape[0]
+    hd = rows // n_head
+    out = (w.reshape(n_head, hd // 2, 2, *w.shape[1:])
+           .swapaxes(1, 2)
+           .reshape(w.shape))
+    assert np.array_equal(permute(out, n_head), w)
+    if hd > 2:
+        assert not np.array_equal(out, w) or np.all(w == w.flat[0])
+    return out
 
 
 HF_NAMES = {

@@ -182,9 +182,4 @@ impl Checkpoint {
         let s = &self.shards[t.shard];
         &s.map[s.data_start + t.start..s.data_start + t.end]
     }
-
-    /// The shard file a tensor is in (for messages).
-    pub fn file_of(&self, t: &StTensor) -> &Path {
-        &self.shards[t.shard].path
-    }
 }

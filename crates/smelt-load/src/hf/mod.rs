@@ -48,11 +48,6 @@ pub struct HfModel {
     pub source: HfSource,
 }
 
-/// True when `dir` looks like a Hugging Face model folder.
-pub fn is_hf_folder(dir: &Path) -> bool {
-    dir.is_dir() && dir.join("config.json").is_file()
-}
-
 pub fn open(dir: &Path) -> Result<HfModel, LoadError> {
     let cfg_path = dir.join("config.json");
     if !cfg_path.is_file() {
@@ -401,12 +396,6 @@ fn plan_tensors(cfg: &Config, ckpt: &Checkpoint) -> Result<Planned, LoadError> {
         _ => 0,
     };
     Ok((tensors, recipes, file_type))
-}
-
-impl HfSource {
-    pub fn checkpoint(&self) -> &Checkpoint {
-        &self.ckpt
-    }
 }
 
 impl TensorSource for HfSource {
