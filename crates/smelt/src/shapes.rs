@@ -24,6 +24,63 @@ pub struct ModelShape {
     pub qkv_bias: bool,
     /// RMS norms on each head's q and k (Qwen3).
     pub qk_norm: bool,
+    /// Llama 3.1-style rope scaling, written as the `rope_freqs.weight` tensor.
+    pub rope_llama3: Option<Llama3Rope>,
+    /// Standard deviation of the random matrices and biases. Real shapes use 0.02 (sane
+    /// activations for speed runs); the tiny test shapes use more, so that logits are
+    /// peaked and greedy parity tests compare architectures rather than rounding.
+    pub weight_std: f32,
+    /// Norm weights are 1 plus N(0, norm_std): 0 for real shapes; the tiny ones jitter them
+    /// so a norm weight applied to the wrong tensor shows in the output.
+    pub norm_std: f32,
+}
+
+/// Llama 3.1's `rope_scaling` (`rope_type: llama3`): long wavelengths are divided by
+/// `factor`, short ones kept, the band between interpolated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama3Rope {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_context: f32,
+}
+
+impl Llama3Rope {
+    /// Llama 3.1 8B/70B/405B and 3.2's values.
+    pub const LLAMA_3_1: Llama3Rope = Llama3Rope {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_context: 8192.0,
+    };
+
+    /// One factor per rotated pair, as llama.cpp's converter computes `rope_freqs.weight`
+    /// (`LlamaModel.generate_extra_tensors`): llama.cpp divides each pair's angle by it.
+    pub fn factors(&self, freq_base: f32, n_rot: u64) -> Vec<f32> {
+        let base = f64::from(freq_base);
+        let (factor, low, high, ctx) = (
+            f64::from(self.factor),
+            f64::from(self.low_freq_factor),
+            f64::from(self.high_freq_factor),
+            f64::from(self.original_context),
+        );
+        let (low_wavelen, high_wavelen) = (ctx / low, ctx / high);
+        (0..n_rot / 2)
+            .map(|i| {
+                let freq = 1.0 / base.powf((2 * i) as f64 / n_rot as f64);
+                let wavelen = 2.0 * std::f64::consts::PI / freq;
+                let f = if wavelen < high_wavelen {
+                    1.0
+                } else if wavelen > low_wavelen {
+                    factor
+                } else {
+                    let smooth = (ctx / wavelen - low) / (high - low);
+                    1.0 / ((1.0 - smooth) / factor + smooth)
+                };
+                f as f32
+            })
+            .collect()
+    }
 }
 
 const fn llama(
@@ -50,12 +107,32 @@ const fn llama(
         tied_embeddings: false,
         qkv_bias: false,
         qk_norm: false,
+        rope_llama3: None,
+        weight_std: 0.02,
+        norm_std: 0.0,
     }
 }
 
-pub const SHAPES: [ModelShape; 6] = [
-    llama("llama3-8b", 32, 4096, 14336, 32, 8),
+/// Test shapes: two layers, 256 wide, each with its architecture's distinguishing parts,
+/// weights large enough that greedy decoding is decided by wide logit margins.
+const fn tiny(name: &'static str, n_head: u64, n_head_kv: u64) -> ModelShape {
     ModelShape {
+        weight_std: 0.08,
+        norm_std: 0.2,
+        n_ctx_train: 4096,
+        ..llama(name, 2, 256, 512, n_head, n_head_kv)
+    }
+}
+
+pub const SHAPES: [ModelShape; 10] = [
+    // Llama 3.0: no rope scaling (3.1 added it).
+    llama("llama3-8b", 32, 4096, 14336, 32, 8),
+    // Llama 3.2 1B: rope scaling factor 32.
+    ModelShape {
+        rope_llama3: Some(Llama3Rope {
+            factor: 32.0,
+            ..Llama3Rope::LLAMA_3_1
+        }),
         n_ctx_train: 131072,
         tied_embeddings: true,
         ..llama("llama3-1b", 16, 2048, 8192, 32, 8)
@@ -92,6 +169,38 @@ pub const SHAPES: [ModelShape; 6] = [
         rope_freq_base: 10000.0,
         ..llama("llama2-7b", 32, 4096, 11008, 32, 32)
     },
+    // Llama 3.1 rope scaling with an original context of 64 rather than 8192, so that the
+    // scaled and interpolated pairs turn by visible angles within a short test prompt.
+    ModelShape {
+        rope_llama3: Some(Llama3Rope {
+            original_context: 64.0,
+            ..Llama3Rope::LLAMA_3_1
+        }),
+        ..tiny("llama3-tiny", 8, 2)
+    },
+    // Mistral 7B v0.1/v0.3 are GGUF `llama` models: grouped-query attention (4 query heads
+    // per KV head) and rope base 1e6. llama.cpp applies no sliding window to them.
+    ModelShape {
+        rope_freq_base: 1_000_000.0,
+        ..tiny("mistral-tiny", 8, 2)
+    },
+    ModelShape {
+        arch: "qwen2",
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        tied_embeddings: true,
+        qkv_bias: true,
+        ..tiny("qwen2-tiny", 4, 2)
+    },
+    // Heads of 128 under a 256-wide embedding: queries 512 wide, as Qwen3 decouples them.
+    ModelShape {
+        arch: "qwen3",
+        head_dim: 128,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        ..tiny("qwen3-tiny", 4, 2)
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static ModelShape> {
@@ -109,10 +218,12 @@ impl ModelShape {
         let (e, f, v) = (self.n_embd, self.n_ff, self.n_vocab);
         let q = self.n_head * self.head_dim;
         let kv = self.n_head_kv * self.head_dim;
-        let mut out = vec![
-            ("token_embd.weight".to_string(), vec![e, v]),
-            ("output_norm.weight".to_string(), vec![e]),
-        ];
+        let mut out = Vec::new();
+        if self.rope_llama3.is_some() {
+            out.push(("rope_freqs.weight".to_string(), vec![self.head_dim / 2]));
+        }
+        out.push(("token_embd.weight".to_string(), vec![e, v]));
+        out.push(("output_norm.weight".to_string(), vec![e]));
         if !self.tied_embeddings {
             out.push(("output.weight".to_string(), vec![e, v]));
         }
@@ -196,5 +307,42 @@ mod tests {
             .map(|(_, d)| d.clone());
         assert_eq!(q, Some(vec![5120, 8192]));
         assert!(t.iter().any(|(n, _)| n == "blk.63.attn_k_norm.weight"));
+    }
+
+    #[test]
+    fn llama3_rope_factors_follow_the_converter() {
+        // Llama 3.1 8B (base 500000, 128-wide heads): the first 29 pairs keep their angle,
+        // pairs 35 on are divided by 8, and the band between is interpolated.
+        let f = Llama3Rope::LLAMA_3_1.factors(500000.0, 128);
+        assert_eq!(f.len(), 64);
+        assert!(f[..29].iter().all(|&x| x == 1.0), "{f:?}");
+        assert!(f[35..].iter().all(|&x| x == 8.0), "{f:?}");
+        assert!(f.windows(2).all(|w| w[0] <= w[1]), "{f:?}");
+        assert!(f.iter().any(|&x| x > 1.0 && x < 8.0), "{f:?}");
+        // The tiny test shape scales pairs a short prompt already turns.
+        let t = find("llama3-tiny").expect("shape exists");
+        let r = t.rope_llama3.expect("rope scaling");
+        let f = r.factors(t.rope_freq_base, t.head_dim);
+        assert_eq!(f.len(), 16);
+        assert_eq!(&f[..2], &[1.0, 1.0]);
+        assert!(f[2] > 1.0 && f[2] < 8.0, "{f:?}");
+        assert!(f[3..].iter().all(|&x| x == 8.0), "{f:?}");
+    }
+
+    #[test]
+    fn tiny_shapes_keep_their_architecture_parts() {
+        let has = |shape: &str, tensor: &str| {
+            find(shape)
+                .expect("shape exists")
+                .tensors()
+                .iter()
+                .any(|(n, _)| n == tensor)
+        };
+        assert!(has("llama3-tiny", "rope_freqs.weight"));
+        assert!(has("qwen2-tiny", "blk.1.attn_v.bias"));
+        assert!(has("qwen3-tiny", "blk.1.attn_k_norm.weight"));
+        assert!(!has("mistral-tiny", "rope_freqs.weight"));
+        let m = find("mistral-tiny").expect("shape exists");
+        assert_eq!(m.n_head / m.n_head_kv, 4, "grouped-query attention");
     }
 }

@@ -4,6 +4,10 @@
 //! formats get random quant bytes under fixed small scales chosen to give weights of
 //! standard deviation about 0.02 centred on zero, and float formats get N(0, 0.02). Tensors
 //! are generated in parallel and written one at a time.
+//!
+//! The tiny test shapes (and `--weight-std`) ask for larger weights, so that a two-layer
+//! random model has peaked logits and greedy decoding is not decided by rounding: those
+//! weights are normals quantized as `smelt quantize` would, in every format.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -24,7 +28,8 @@ use crate::{output, progress};
 
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Model shape: llama3-8b, llama3-1b, qwen3-32b, qwen2.5-0.5b, mistral-7b, llama2-7b.
+    /// Model shape: llama3-8b, llama3-1b, qwen3-32b, qwen2.5-0.5b, mistral-7b, llama2-7b,
+    /// or a two-layer test shape: llama3-tiny, mistral-tiny, qwen2-tiny, qwen3-tiny.
     #[arg(long)]
     pub shape: String,
     /// Weight type, as `smelt quantize --type` takes it: a format (q4_k, q8_0, f16... with
@@ -46,6 +51,10 @@ pub struct SynthArgs {
     /// Random seed; the same seed gives the same file whatever the thread count.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Standard deviation of the random matrices (default: the shape's, 0.02 for real
+    /// shapes). Biases get half the spread of the projection they are added to.
+    #[arg(long, value_name = "STD")]
+    pub weight_std: Option<f32>,
     /// Worker threads (default: all cores); the file is the same whatever the count.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
@@ -68,6 +77,12 @@ pub fn run(args: &SynthArgs) -> Result<()> {
             bail!("--layers must be at least 1");
         }
         shape.n_layer = n;
+    }
+    if let Some(std) = args.weight_std {
+        if !(std.is_finite() && std > 0.0) {
+            bail!("--weight-std must be a positive number, not {std}");
+        }
+        shape.weight_std = std;
     }
     let target = Target::parse(&args.quant, false).map_err(anyhow::Error::msg)?;
 
@@ -119,10 +134,11 @@ pub fn run(args: &SynthArgs) -> Result<()> {
     let partial = output::Partial::new(&args.output);
     let mut w = GgufWriter::create(partial.path(), &md, specs)
         .with_context(|| format!("cannot create {}", partial.path().display()))?;
+    let values = Values::of(&shape);
     let bar = progress::bytes_bar(total, "synth");
     for (i, (t, p)) in tensors.iter().zip(&planned).enumerate() {
         bar.set_message(t.name.clone());
-        let data = generate(&t.name, &t.shape, p.ty, args.seed, i as u64)
+        let data = generate(&t.name, &t.shape, p.ty, &values, args.seed, i as u64)
             .with_context(|| format!("tensor {} ({})", t.name, p.ty))?;
         w.write_tensor(&t.name, &data).with_context(|| {
             format!(
@@ -221,6 +237,14 @@ fn metadata(s: &ModelShape, target: Target, tokenizer: Option<Vec<(String, Value
         Value::F32(s.rms_eps),
     );
     md.insert(format!("{a}.vocab_size"), u32v(s.n_vocab));
+    if let Some(r) = &s.rope_llama3 {
+        // What llama.cpp's converter records next to rope_freqs.weight (informational:
+        // llama.cpp scales by the tensor alone).
+        md.insert(
+            format!("{a}.rope.scaling.original_context_length"),
+            Value::U32(r.original_context as u32),
+        );
+    }
     match tokenizer {
         Some(keys) => {
             for (k, v) in keys {
@@ -237,9 +261,42 @@ fn metadata(s: &ModelShape, target: Target, tokenizer: Option<Vec<(String, Value
 const CHUNK_WEIGHTS: usize = 1 << 16;
 const STD: f32 = 0.02;
 
+/// What values a model's tensors get.
+#[derive(Clone, Debug, PartialEq)]
+struct Values {
+    /// Standard deviation of matrices.
+    weight_std: f32,
+    /// Standard deviation of biases: half that of `x @ W` for unit-RMS `x`.
+    bias_std: f32,
+    /// Norm weights are 1 + N(0, norm_std).
+    norm_std: f32,
+    /// `rope_freqs.weight`, when the shape has Llama 3 rope scaling.
+    rope_freqs: Option<Vec<f32>>,
+}
+
+impl Values {
+    fn of(s: &ModelShape) -> Self {
+        Values {
+            weight_std: s.weight_std,
+            bias_std: 0.5 * s.weight_std * (s.n_embd as f32).sqrt(),
+            norm_std: s.norm_std,
+            rope_freqs: s
+                .rope_llama3
+                .map(|r| r.factors(s.rope_freq_base, s.head_dim)),
+        }
+    }
+}
+
 /// One tensor's bytes. Each chunk has its own RNG seeded from (seed, tensor, chunk), so the
 /// output does not depend on how rayon schedules the chunks.
-fn generate(name: &str, shape: &[u64], ty: GgmlType, seed: u64, index: u64) -> Result<Vec<u8>> {
+fn generate(
+    name: &str,
+    shape: &[u64],
+    ty: GgmlType,
+    values: &Values,
+    seed: u64,
+    index: u64,
+) -> Result<Vec<u8>> {
     let n = usize::try_from(shape.iter().product::<u64>())
         .context("tensor too large for this machine")?;
     let rng_for = |chunk: usize| {
@@ -248,10 +305,36 @@ fn generate(name: &str, shape: &[u64], ty: GgmlType, seed: u64, index: u64) -> R
             ^ (chunk as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
         StdRng::seed_from_u64(s)
     };
-    if plan::n_dims(shape) < 2 && name.contains("norm") {
-        return float_bytes(ty, &vec![1.0; n]);
+    if name == "rope_freqs.weight" {
+        return match &values.rope_freqs {
+            Some(f) if f.len() == n => float_bytes(ty, f),
+            _ => bail!("no rope factors for {n} rotated pairs"),
+        };
     }
-    if let Some(patch) = random_block(ty) {
+    if plan::n_dims(shape) < 2 && name.contains("norm") {
+        if values.norm_std == 0.0 {
+            return float_bytes(ty, &vec![1.0; n]);
+        }
+        let v = normals(n, values.norm_std, rng_for)?;
+        return float_bytes(ty, &v.iter().map(|x| 1.0 + x).collect::<Vec<_>>());
+    }
+    if plan::n_dims(shape) < 2 && name.ends_with(".bias") {
+        return float_bytes(ty, &normals(n, values.bias_std, rng_for)?);
+    }
+    let std = values.weight_std;
+    let random = random_block(ty).filter(|_| std == STD);
+    if ty.is_quantized() && random.is_none() {
+        // Normals, quantized row by row as `smelt quantize` would.
+        let row = usize::try_from(shape.first().copied().unwrap_or(1))
+            .context("row too long for this machine")?;
+        return Ok(smelt_quant::quantize_tensor(
+            ty,
+            &normals(n, std, rng_for)?,
+            row.max(1),
+            None,
+        )?);
+    }
+    if let Some(patch) = random {
         let (bs, ts) = (ty.block_size(), ty.type_size());
         if n % bs != 0 {
             bail!("{n} weights are not a whole number of {ty} blocks");
@@ -266,19 +349,12 @@ fn generate(name: &str, shape: &[u64], ty: GgmlType, seed: u64, index: u64) -> R
             });
         return Ok(out);
     }
-    let normal = Normal::new(0.0f32, STD).context("normal distribution")?;
-    let encode: Option<fn(f32, &mut [u8])> = match ty {
-        GgmlType::F32 => Some(|v, b| b.copy_from_slice(&v.to_le_bytes())),
-        GgmlType::F16 => Some(|v, b| b.copy_from_slice(&f16::from_f32(v).to_le_bytes())),
-        GgmlType::BF16 => Some(|v, b| b.copy_from_slice(&bf16::from_f32(v).to_le_bytes())),
-        _ => None,
-    };
-    let Some(encode) = encode else {
-        // A block format without a random-bytes recipe: quantize normals.
-        let mut vals = vec![0f32; n];
-        let mut rng = rng_for(0);
-        vals.iter_mut().for_each(|v| *v = normal.sample(&mut rng));
-        return float_bytes(ty, &vals);
+    let normal = Normal::new(0.0f32, std).context("normal distribution")?;
+    let encode: fn(f32, &mut [u8]) = match ty {
+        GgmlType::F32 => |v, b| b.copy_from_slice(&v.to_le_bytes()),
+        GgmlType::F16 => |v, b| b.copy_from_slice(&f16::from_f32(v).to_le_bytes()),
+        GgmlType::BF16 => |v, b| b.copy_from_slice(&bf16::from_f32(v).to_le_bytes()),
+        _ => bail!("no way to write {ty} weights"),
     };
     // Normals straight into the output bytes: no f32 copy of a vocabulary-sized tensor.
     let size = ty.type_size();
@@ -290,6 +366,19 @@ fn generate(name: &str, shape: &[u64], ty: GgmlType, seed: u64, index: u64) -> R
             chunk
                 .chunks_exact_mut(size)
                 .for_each(|b| encode(normal.sample(&mut rng), b));
+        });
+    Ok(out)
+}
+
+/// `n` draws from N(0, std), generated in chunks with their own RNGs (see [`generate`]).
+fn normals(n: usize, std: f32, rng_for: impl Fn(usize) -> StdRng + Sync) -> Result<Vec<f32>> {
+    let normal = Normal::new(0.0f32, std).context("normal distribution")?;
+    let mut out = vec![0f32; n];
+    out.par_chunks_mut(CHUNK_WEIGHTS)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mut rng = rng_for(c);
+            chunk.iter_mut().for_each(|v| *v = normal.sample(&mut rng));
         });
     Ok(out)
 }
@@ -373,6 +462,15 @@ fn random_block(ty: GgmlType) -> Option<fn(&mut [u8])> {
 mod tests {
     use super::*;
 
+    fn real() -> Values {
+        Values {
+            weight_std: STD,
+            bias_std: 0.3,
+            norm_std: 0.0,
+            rope_freqs: None,
+        }
+    }
+
     #[test]
     fn random_blocks_decode_to_small_centred_weights() {
         for ty in [
@@ -387,7 +485,7 @@ mod tests {
             GgmlType::Q5_K,
             GgmlType::Q6_K,
         ] {
-            let bytes = generate("w", &[256, 64], ty, 1, 2).expect("generate");
+            let bytes = generate("w", &[256, 64], ty, &real(), 1, 2).expect("generate");
             let mut vals = vec![0f32; 256];
             let row = bytes.len() / 64;
             let mut sum = 0.0f64;
@@ -411,10 +509,10 @@ mod tests {
 
     #[test]
     fn same_seed_same_bytes() {
-        let a = generate("w", &[64, 1000], GgmlType::F16, 7, 3).expect("generate");
-        let b = generate("w", &[64, 1000], GgmlType::F16, 7, 3).expect("generate");
+        let a = generate("w", &[64, 1000], GgmlType::F16, &real(), 7, 3).expect("generate");
+        let b = generate("w", &[64, 1000], GgmlType::F16, &real(), 7, 3).expect("generate");
         assert_eq!(a, b);
-        let c = generate("w", &[64, 1000], GgmlType::F16, 8, 3).expect("generate");
+        let c = generate("w", &[64, 1000], GgmlType::F16, &real(), 8, 3).expect("generate");
         assert_ne!(a, c);
     }
 }

@@ -1,0 +1,238 @@
+//! Architectures with no real model here (Llama 3 with rope scaling, Mistral, Qwen2, Qwen3):
+//! a two-layer random-weight model of each, written by `smelt synth` with SmolLM2's
+//! tokenizer, generates the same greedy tokens in smelt and in llama.cpp.
+//!
+//! The tiny shapes' weights are large enough that logits are peaked (llama.cpp's median
+//! top-1 margin is checked), so the comparison is decided by the architecture (rope
+//! factors, QKV bias, Q/K norms, grouped-query attention) rather than by rounding.
+
+mod common;
+use common::*;
+
+use serde_json::Value;
+use std::path::Path;
+
+/// Tokens compared per prompt (the issue asks for at least 32).
+const N: usize = 40;
+
+const PROMPTS: &[&str] = &[
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:",
+    "Once upon a time, in a land far away, there lived",
+    "1, 2, 3, 5, 8, 13,",
+];
+
+/// Float weights, the 8-bit format and a K-quant mixture (Q4_K, Q6_K, Q8_0... per tensor).
+const TYPES: &[&str] = &["f32", "q8_0", "q4_k_m"];
+
+/// llama.cpp's greedy tokens for every prompt, with each step's top-1 margin.
+struct Reference {
+    prompt: Vec<u64>,
+    tokens: Vec<u64>,
+    margins: Vec<f64>,
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .expect("an array of token ids")
+        .iter()
+        .map(|t| t.as_u64().expect("token id"))
+        .collect()
+}
+
+fn llama_cpp(model: &Path, prompts_json: &Path) -> Vec<Reference> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/synth_ref.py");
+    let out = std::process::Command::new(python())
+        .arg(script)
+        .arg(model)
+        .arg(N.to_string())
+        .arg(prompts_json)
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "llama.cpp could not run {}:\n{stdout}\n{}",
+        model.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).expect("synth_ref.py prints JSON lines");
+            Reference {
+                prompt: ids(&v["prompt"]),
+                tokens: ids(&v["tokens"]),
+                margins: v["margins"]
+                    .as_array()
+                    .expect("margins")
+                    .iter()
+                    .map(|m| m.as_f64().expect("margin"))
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// smelt's (prompt ids, generated ids) for every prompt, from one process.
+fn smelt_greedy(model: &Path, prompts_jsonl: &Path) -> Vec<(Vec<u64>, Vec<u64>)> {
+    let out = smelt_ok(&[
+        "run",
+        "--model",
+        model.to_str().expect("UTF-8 path"),
+        "--prompts-file",
+        prompts_jsonl.to_str().expect("UTF-8 path"),
+        "--max-tokens",
+        &N.to_string(),
+        "--ignore-eog",
+    ]);
+    out.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).expect("smelt run prints JSON lines");
+            (ids(&v["prompt_tokens"]), ids(&v["tokens"]))
+        })
+        .collect()
+}
+
+/// Synthesizes `shape` in every type of [`TYPES`], checks the file carries `must_have`
+/// (the tensors and keys that make the architecture what it is), and requires smelt's
+/// greedy tokens to equal llama.cpp's on every prompt.
+fn same_tokens_as_llama_cpp(shape: &str, arch: &str, must_have: &[&str], keys: &[(&str, u64)]) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompts_json = dir.path().join("prompts.json");
+    let prompts_jsonl = dir.path().join("prompts.jsonl");
+    std::fs::write(&prompts_json, serde_json::to_string(PROMPTS).expect("JSON"))
+        .expect("write prompts");
+    let lines: String = PROMPTS
+        .iter()
+        .map(|p| serde_json::to_string(p).expect("JSON") + "\n")
+        .collect();
+    std::fs::write(&prompts_jsonl, lines).expect("write prompts");
+    let tokenizer = model(SMOLLM);
+
+    let mut failures = Vec::new();
+    for ty in TYPES {
+        let file = dir.path().join(format!("{shape}-{ty}.gguf"));
+        smelt_ok(&[
+            "synth",
+            "--shape",
+            shape,
+            "--quant",
+            ty,
+            "--tokenizer-from",
+            tokenizer.to_str().expect("UTF-8 path"),
+            "-o",
+            file.to_str().expect("UTF-8 path"),
+        ]);
+        let j = inspect_json(&file);
+        assert_eq!(j["metadata"]["general.architecture"], arch, "{shape}");
+        let tensors = tensor_types(&j);
+        for t in must_have {
+            assert!(tensors.contains_key(*t), "{shape} {ty} lacks {t}");
+        }
+        for (k, v) in keys {
+            assert_eq!(j["metadata"][format!("{arch}.{k}")], *v, "{shape} {k}");
+        }
+
+        let reference = llama_cpp(&file, &prompts_json);
+        let ours = smelt_greedy(&file, &prompts_jsonl);
+        assert_eq!(
+            reference.len(),
+            PROMPTS.len(),
+            "llama.cpp answered every prompt"
+        );
+        assert_eq!(ours.len(), PROMPTS.len(), "smelt answered every prompt");
+        let mut margins: Vec<f64> = reference
+            .iter()
+            .flat_map(|r| r.margins.iter().copied())
+            .collect();
+        margins.sort_by(f64::total_cmp);
+        let median = margins[margins.len() / 2];
+        eprintln!(
+            "{shape} {ty}: llama.cpp top-1 margin min {:.4}, median {median:.3}",
+            margins[0]
+        );
+        // Flat logits would make this a test of rounding, not of the architecture.
+        assert!(
+            median > 0.05,
+            "{shape} {ty}: logits too flat (median margin {median}): the synth weights lost their scale"
+        );
+        for ((text, r), (prompt, tokens)) in PROMPTS.iter().zip(&reference).zip(&ours) {
+            assert_eq!(&r.prompt, prompt, "{shape} {ty}: prompt ids of {text:?}");
+            assert_eq!(r.tokens.len(), N);
+            let same = r
+                .tokens
+                .iter()
+                .zip(tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
+            if same < N {
+                failures.push(format!(
+                    "{shape} {ty} {text:?}: first {same}/{N} tokens agree; then llama.cpp {} \
+                     (its top-1 margin {:.4}), smelt {:?}",
+                    r.tokens[same],
+                    r.margins[same],
+                    tokens.get(same)
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "greedy tokens differ from llama.cpp:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// Llama 3.1 rope scaling (`rope_freqs.weight`, some pairs divided by 8 or interpolated),
+/// grouped-query attention with 8 query heads over 2 KV heads.
+#[test]
+fn llama3_rope_scaling_equals_llama_cpp() {
+    same_tokens_as_llama_cpp(
+        "llama3-tiny",
+        "llama",
+        &["rope_freqs.weight", "output.weight"],
+        &[("attention.head_count", 8), ("attention.head_count_kv", 2)],
+    );
+}
+
+/// Mistral: a `llama` GGUF with 4 query heads per KV head and rope base 1e6.
+#[test]
+fn mistral_equals_llama_cpp() {
+    same_tokens_as_llama_cpp(
+        "mistral-tiny",
+        "llama",
+        &["output.weight"],
+        &[("attention.head_count", 8), ("attention.head_count_kv", 2)],
+    );
+}
+
+/// Qwen2: biases on Q, K and V, NeoX rope, tied embeddings.
+#[test]
+fn qwen2_qkv_bias_equals_llama_cpp() {
+    same_tokens_as_llama_cpp(
+        "qwen2-tiny",
+        "qwen2",
+        &[
+            "blk.0.attn_q.bias",
+            "blk.1.attn_k.bias",
+            "blk.1.attn_v.bias",
+        ],
+        &[("attention.head_count", 4), ("attention.head_count_kv", 2)],
+    );
+}
+
+/// Qwen3: RMS norms on each Q and K head, heads of 128 under a 256-wide embedding.
+#[test]
+fn qwen3_qk_norm_equals_llama_cpp() {
+    same_tokens_as_llama_cpp(
+        "qwen3-tiny",
+        "qwen3",
+        &["blk.0.attn_q_norm.weight", "blk.1.attn_k_norm.weight"],
+        &[
+            ("attention.key_length", 128),
+            ("attention.head_count_kv", 2),
+        ],
+    );
+}
