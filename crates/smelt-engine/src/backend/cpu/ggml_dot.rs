@@ -500,3 +500,53 @@ pub mod portable {
         hsum8(&acc)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::act_quant::quantize_act;
+    use bytemuck::Zeroable;
+    use rand::{Rng, SeedableRng};
+    use smelt_quant::Quantize;
+
+    fn blocks<B: Block + Quantize>(rng: &mut impl Rng, n: usize) -> (Vec<B>, Vec<B::Act>) {
+        let w: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let x: Vec<f32> = (0..n).map(|_| rng.gen_range(-5.0f32..5.0)).collect();
+        let mut wb = vec![B::zeroed(); n / B::WEIGHTS];
+        B::quantize_row(&w, &mut wb);
+        let mut xb = vec![<B::Act as Zeroable>::zeroed(); n / <B::Act as Block>::WEIGHTS];
+        quantize_act::<B::Act>(&x, &mut xb);
+        (wb, xb)
+    }
+
+    /// The scalar twins give the AVX2 kernels' bits (what `SMELT_NO_SIMD=1` relies on).
+    #[test]
+    fn portable_equals_simd() {
+        if !simd() {
+            eprintln!("no AVX2 + FMA here: only the portable path exists");
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for _ in 0..20 {
+            let (w, x) = blocks::<BlockQ4_1>(&mut rng, 1024);
+            assert_eq!(
+                portable::q4_1(&w, &x).to_bits(),
+                BlockQ4_1::ggml_dot(&w, &x).to_bits()
+            );
+            let (w, x) = blocks::<BlockQ5_0>(&mut rng, 1024);
+            assert_eq!(
+                portable::q5_0(&w, &x).to_bits(),
+                BlockQ5_0::ggml_dot(&w, &x).to_bits()
+            );
+            let (w, x) = blocks::<BlockQ8_0>(&mut rng, 1024);
+            assert_eq!(
+                portable::q8_0(&w, &x).to_bits(),
+                BlockQ8_0::ggml_dot(&w, &x).to_bits()
+            );
+            let (w, x) = blocks::<BlockQ6K>(&mut rng, 1024);
+            assert_eq!(
+                portable::q6_k(&w, &x).to_bits(),
+                BlockQ6K::ggml_dot(&w, &x).to_bits()
+            );
+        }
+    }
+}
