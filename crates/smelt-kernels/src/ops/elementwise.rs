@@ -108,10 +108,9 @@ fn gelu(k: &Kernel, x: Reg<F32>) -> Reg<F32> {
     const COEF_A: f32 = 0.044715;
     let h = k.cvt(k.reg::<F16>(), x, FloatRound::Rn);
     let xh = k.cvt(k.reg::<F32>(), h, smelt_ptx::Exact);
-    // u = c·x·(1 + a·x·x), in the CPU's order of operations.
+    // u = (c·x)·fma(a·x, x, 1), the CPU backend's order (ggml's as GCC contracts it).
     let t = k.mul(k.reg(), xh, COEF_A);
-    k.mul(t, t, xh);
-    k.add(t, t, 1.0f32);
+    k.fma(t, t, xh, 1.0f32);
     let u = k.mul(k.reg(), xh, SQRT_2_OVER_PI);
     k.mul(u, u, t);
     let e = k.mul(k.reg(), u, -2.0 * LOG2E);
@@ -205,7 +204,8 @@ pub fn gelu_cpu(x: f32) -> f32 {
         return x;
     }
     let x = f16_to_f32(f32_to_f16(x));
-    let g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+    let inner = (SQRT_2_OVER_PI * x) * (COEF_A * x).mul_add(x, 1.0);
+    let g = 0.5 * x * (1.0 + inner.tanh());
     f16_to_f32(f32_to_f16(g))
 }
 
@@ -241,7 +241,8 @@ mod tests {
         assert!(ptx.contains("ex2.approx.f32"));
         assert!(ptx.contains("cvt.rn.f16.f32"));
         assert!(ptx.contains("add.rn.f32"));
-        assert!(!ptx.contains("fma.rn.f32"));
+        // The one fused op is GELU's `fma(a·x, x, 1)`, as in the CPU backend.
+        assert_eq!(ptx.matches("fma.rn.f32").count(), 1);
     }
 
     #[test]

@@ -109,10 +109,13 @@ pub fn kernel(k: &Kernel, style: RopeStyle) {
     let (pa, pb) = (k.elem_addr(x, a, 4), k.elem_addr(x, b, 4));
     let x0 = k.load::<F32>(Load::GLOBAL, pa);
     let x1 = k.load::<F32>(Load::GLOBAL, pb);
-    let (t0, t1) = (k.mul(k.reg(), x0, cos), k.mul(k.reg(), x1, sin));
-    let y0 = k.sub(k.reg(), t0, t1);
-    let (t2, t3) = (k.mul(k.reg(), x0, sin), k.mul(k.reg(), x1, cos));
-    let y1 = k.add(k.reg(), t2, t3);
+    // `x0·cos - x1·sin` and `x0·sin + x1·cos` with the first product fused, as the CPU
+    // backend (and ggml built by GCC, which contracts them) computes them.
+    let t1 = k.mul(k.reg(), x1, sin);
+    k.neg(t1, t1);
+    let y0 = k.fma(k.reg(), x0, cos, t1);
+    let t3 = k.mul(k.reg(), x1, cos);
+    let y1 = k.fma(k.reg(), x0, sin, t3);
     k.st(Store::GLOBAL, pa, y0);
     k.st(Store::GLOBAL, pb, y1);
 }
@@ -134,7 +137,8 @@ pub(crate) fn sincos(
     (s, c)
 }
 
-/// CPU twin of the rope kernels (the CPU backend's `rope`, one row per position).
+/// CPU twin of the rope kernels (the CPU backend's `rope`, one row per position; the
+/// rotation's first products fused as there).
 #[allow(clippy::too_many_arguments)]
 pub fn rope_cpu(
     x: &mut [f32],
@@ -168,8 +172,8 @@ pub fn rope_cpu(
                     RopeStyle::Neox => (i, i + n_rot / 2),
                 };
                 let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos - x1 * sin;
-                head[b] = x0 * sin + x1 * cos;
+                head[a] = x0.mul_add(cos, -(x1 * sin));
+                head[b] = x0.mul_add(sin, x1 * cos);
             }
         }
     }
