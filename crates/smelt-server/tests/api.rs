@@ -7,6 +7,12 @@ use common::{chunks, sse, start, start_default, Reference, MODEL_ID};
 use serde_json::{json, Value};
 use smelt_server::ServerConfig;
 
+/// Adds an answer's usage to (prompt, completion) totals.
+fn tally(sums: &mut (u64, u64), v: &Value) {
+    sums.0 += v["usage"]["prompt_tokens"].as_u64().unwrap();
+    sums.1 += v["usage"]["completion_tokens"].as_u64().unwrap();
+}
+
 fn assert_error_shape(v: &Value) {
     let e = &v["error"];
     assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
@@ -74,6 +80,7 @@ async fn plain_endpoints_answer() {
 async fn greedy_chat_and_completion_equal_smelt_run_with_usage() {
     let s = start_default().await;
     let mut r = Reference::new();
+    let mut sums = (0, 0);
 
     let q = "What is the capital of France?";
     let ids = r.chat_ids(q);
@@ -85,6 +92,7 @@ async fn greedy_chat_and_completion_equal_smelt_run_with_usage() {
                     "max_tokens": 16, "temperature": 0, "logprobs": true}),
         )
         .await;
+    tally(&mut sums, &v);
     assert_eq!(v["object"], "chat.completion");
     let c = &v["choices"][0];
     assert_eq!(c["message"]["role"], "assistant");
@@ -112,6 +120,7 @@ async fn greedy_chat_and_completion_equal_smelt_run_with_usage() {
             &json!({"model": MODEL_ID, "prompt": p, "max_tokens": 12, "temperature": 0}),
         )
         .await;
+    tally(&mut sums, &v);
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["choices"][0]["text"], want_text.as_str());
     assert_eq!(v["choices"][0]["finish_reason"], want_finish);
@@ -130,6 +139,7 @@ async fn greedy_chat_and_completion_equal_smelt_run_with_usage() {
             &json!({"prompt": long, "max_tokens": 8, "temperature": 0}),
         )
         .await;
+    tally(&mut sums, &v);
     assert_eq!(v["choices"][0]["text"], want_text.as_str());
     assert_eq!(v["usage"]["prompt_tokens"], ids.len());
     assert_eq!(v["usage"]["completion_tokens"], want_ids.len());
@@ -142,8 +152,18 @@ async fn greedy_chat_and_completion_equal_smelt_run_with_usage() {
                     "max_tokens": 50, "max_completion_tokens": 3, "temperature": 0}),
         )
         .await;
+    tally(&mut sums, &v);
     assert_eq!(v["usage"]["completion_tokens"], 3);
     assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // The token counters add up to the answers' usage, and every answer timed its first token.
+    assert_eq!(s.metric("smelt_prompt_tokens_total").await, sums.0 as f64);
+    assert_eq!(
+        s.metric("smelt_generated_tokens_total").await,
+        sums.1 as f64
+    );
+    let text = s.get("/metrics").await.text().await.unwrap();
+    let ttft = format!("smelt_time_to_first_token_seconds_count{{model=\"{MODEL_ID}\"}} 4");
+    assert!(text.contains(&ttft), "{text}");
     s.shutdown().await;
 }
 
