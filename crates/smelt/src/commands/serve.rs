@@ -22,8 +22,10 @@ pub struct ServeArgs {
     /// Each is served under its file stem (or its alias). Default: smollm2-135m.
     #[arg(long, short = 'm', value_name = "MODEL")]
     pub model: Vec<String>,
+    /// Address to listen on (0.0.0.0 for every interface).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
+    /// Port to listen on (0: any free one; the address is printed).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
     /// cpu (auto: the best available device).
