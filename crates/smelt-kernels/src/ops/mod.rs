@@ -17,6 +17,12 @@
 //! depends on a sequence's length.
 //!
 //! Activations are f32, row-major `[rows][cols]`, one row per token.
+//!
+//! Every kernel declares the largest block its launch helper asks for (`.maxntid`), so
+//! ptxas budgets registers for it; `tests/ops_resources.rs` checks that each fits that
+//! block without spills, `tests/twins_vs_engine.rs` ties the twins to the engine's CPU
+//! backend, and `bench/gpu/ops.sh` checks the kernels against the twins on a GPU (results
+//! in `bench/RESULTS.md`).
 
 pub mod attention;
 pub mod elementwise;

@@ -22,7 +22,7 @@ pub fn catalog() -> Vec<Entry> {
 /// Values a thread loads before it uses any.
 const UNROLL: u32 = 4;
 
-/// Threads per block for chunks of `n` values: [`UNROLL`] values per thread (one round
+/// Threads per block for chunks of `n` values: four values per thread (one round
 /// of loads) up to 4096 values, a whole number of warps, at most 1024.
 pub fn threads(n: usize) -> u32 {
     (n.div_ceil(UNROLL as usize).div_ceil(32) * 32).clamp(32, 1024) as u32
