@@ -10,7 +10,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -497,7 +497,7 @@ async fn run(
     };
     if p.stream {
         let mut headers = HeaderMap::new();
-        headers.insert(header::CACHE_CONTROL, "no-cache".parse().expect("static"));
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         Ok((
             headers,
             Sse::new(stream(rx, reply)).keep_alive(KeepAlive::default()),
