@@ -29,6 +29,12 @@ pub use error::CudaError;
 pub use gpu::Gpu;
 pub use graph::Graph;
 
+/// The runtime's own kernels (benchmark input fill) as one module for `target`: what
+/// [`Gpu::open`] loads beside the kernel catalog, exposed so CI can assemble it.
+pub fn runtime_module(target: smelt_ptx::Target) -> Result<smelt_ptx::Module, smelt_ptx::PtxError> {
+    util::module(target)
+}
+
 /// Whether the driver library loads and reports at least one device. Never panics: a
 /// missing or broken driver is simply `false`.
 pub fn available() -> bool {

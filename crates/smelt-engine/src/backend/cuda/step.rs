@@ -170,6 +170,10 @@ impl<G> GraphCache<G> {
         } else if self.seen.contains(key) {
             Plan::Capture
         } else {
+            // Shapes seen once are only a hint: forget them all rather than grow forever.
+            if self.seen.len() >= 4 * self.max {
+                self.seen.clear();
+            }
             self.seen.insert(key.clone());
             Plan::Eager
         }
