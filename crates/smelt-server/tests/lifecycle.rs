@@ -156,3 +156,29 @@ async fn requests_still_running_after_the_grace_period_are_ended() {
         t0.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_models_with_one_id_are_refused_at_start() {
+    let model = model_path().display().to_string();
+    let loader = smelt_server::gguf_loader(common::engine_options(256));
+    let config = ServerConfig {
+        addr: "127.0.0.1:0".into(),
+        ..ServerConfig::default()
+    };
+    let err = match smelt_server::Server::bind(config, loader, &[model.clone(), model]).await {
+        Ok(_) => panic!("the same id twice was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("already loaded"), "{err}");
+    // A file that is not there is named in the error.
+    let loader = smelt_server::gguf_loader(common::engine_options(256));
+    let config = ServerConfig {
+        addr: "127.0.0.1:0".into(),
+        ..ServerConfig::default()
+    };
+    let err = match smelt_server::Server::bind(config, loader, &["/no/such.gguf".into()]).await {
+        Ok(_) => panic!("a missing file loaded"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("/no/such.gguf"), "{err}");
+}
