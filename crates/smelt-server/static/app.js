@@ -7,6 +7,7 @@ const KEY_STORAGE = "smelt.apiKey";
 const el = (id) => document.getElementById(id);
 const modelSelect = el("model");
 const keyInput = el("api-key");
+const maxTokensInput = el("max-tokens");
 const conversationList = el("conversation");
 const promptBox = el("prompt");
 const sendButton = el("send");
@@ -149,6 +150,8 @@ async function send(text) {
         messages: request,
         stream: true,
         stream_options: { include_usage: true },
+        // Empty: the server's default (up to the context length).
+        ...(maxTokensInput.value ? { max_tokens: Number(maxTokensInput.value) } : {}),
       }),
       signal: controller.signal,
     });
