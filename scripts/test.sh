@@ -32,6 +32,9 @@ test_log=$(mktemp)
 trap 'rm -f "$test_log"' EXIT
 cargo test --workspace --release 2>&1 | tee "$test_log"
 
+step "server end-to-end tests (openai client, chat page in headless chromium)"
+scripts/server-tests.sh 2>&1 | tee -a "$test_log"
+
 if [ -x scripts/fuzz-smoke.sh ]; then
   step "fuzz smoke run"
   scripts/fuzz-smoke.sh
