@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod models;
 pub mod openai;
 mod openapi;
+mod reply;
 mod routes;
 pub mod scheduler;
 

@@ -317,14 +317,28 @@ fn the_batch_never_exceeds_max_batch_and_everyone_finishes() {
         max_batch: 3,
         ..SchedulerConfig::default()
     };
-    let h = start(cfg, 256, false);
+    let mut h = start(cfg, 256, true);
+    let entered = h.entered.take().unwrap();
+    let go = h.go.take().unwrap();
+    // The first job's first step waits at the gate until all eight are queued.
     let rxs: Vec<_> = (0..8)
         .map(|i| {
             let (j, rx) = job(&[i % 8], 4);
             h.handle.submit(j).unwrap();
+            if i == 0 {
+                entered.recv().unwrap();
+            }
             rx
         })
         .collect();
+    go.send(()).unwrap();
+    std::thread::spawn(move || {
+        while entered.recv().is_ok() {
+            if go.send(()).is_err() {
+                break;
+            }
+        }
+    });
     for (i, rx) in rxs.into_iter().enumerate() {
         let want: Vec<u32> = (1..=4).map(|k| (i as u32 % 8 + k) % VOCAB as u32).collect();
         match outcome(rx) {
