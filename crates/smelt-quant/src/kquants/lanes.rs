@@ -133,14 +133,32 @@ pub(crate) fn make_qkx2_quants<const N: usize, const L: usize, const MAD: bool>(
     (scale, neg_min)
 }
 
-/// Lane-wise `make_qx_quants` with `rmse_type == 1` and no importance weights, on
-/// 16-element groups. Writes levels `l + nmax` and returns the scales.
-#[inline(always)]
-pub(crate) fn make_qx_quants<const L: usize>(
+/// The outcome of [`make_qx_scales`]: each group's scale and the candidate `iscale` that
+/// won it, from which the group's levels follow. Q6_K overwrites the levels of every group
+/// whose rounded scale is non-zero, so carrying the winner (and computing levels only
+/// where they survive) replaces writing all 256 levels for each accepted candidate.
+pub(crate) struct QxScales<const L: usize> {
+    pub scale: [f32; L],
+    iscale: [f32; L],
+    zero: [bool; L],
     nmax: i32,
-    x: &[[f32; L]; 16],
-    out: &mut [[i8; L]; 16],
-) -> [f32; L] {
+}
+
+impl<const L: usize> QxScales<L> {
+    /// The level (`l + nmax`) `make_qx_quants` writes for value `v` of group `k`.
+    #[inline(always)]
+    pub fn level(&self, k: usize, v: f32) -> i8 {
+        if self.zero[k] {
+            return 0;
+        }
+        (nearest_int(self.iscale[k] * v).clamp(-self.nmax, self.nmax - 1) + self.nmax) as i8
+    }
+}
+
+/// Lane-wise `make_qx_quants` with `rmse_type == 1` and no importance weights, on
+/// 16-element groups: per group the scale and the winning candidate (see [`QxScales`]).
+#[inline(always)]
+pub(crate) fn make_qx_scales<const L: usize>(nmax: i32, x: &[[f32; L]; 16]) -> QxScales<L> {
     let nmaxf = nmax as f32;
     let level = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
     let mut max = [0.0f32; L];
@@ -163,14 +181,14 @@ pub(crate) fn make_qx_quants<const L: usize>(
             wx[i][k] = w[i][k] * x[i][k];
         }
     }
+    // Candidate 0 is -nmax / max, then -(nmax + 0.1 * is) / max for is in -9..=9, is != 0;
+    // a later candidate wins when its fit is strictly better.
+    let mut won: [f32; L] = std::array::from_fn(|k| -nmaxf / max[k]);
     let mut sumlx = [0.0f32; L];
     let mut suml2 = [0.0f32; L];
-    let iscale: [f32; L] = std::array::from_fn(|k| -nmaxf / max[k]);
     for i in 0..16 {
         for k in 0..L {
-            let l = level(iscale[k], x[i][k]);
-            out[i][k] = (l + nmax) as i8;
-            let lf = l as f32;
+            let lf = level(won[k], x[i][k]) as f32;
             sumlx[k] += wx[i][k] * lf;
             suml2[k] += w[i][k] * lf * lf;
         }
@@ -185,45 +203,36 @@ pub(crate) fn make_qx_quants<const L: usize>(
         };
         best[k] = scale[k] * sumlx[k];
     }
-    let mut ls = [[0i8; L]; 16];
     for is in (-9..=9).filter(|&is| is != 0) {
         let iscale: [f32; L] = std::array::from_fn(|k| -(nmaxf + 0.1f32 * is as f32) / max[k]);
         let mut sumlx = [0.0f32; L];
         let mut suml2 = [0.0f32; L];
         for i in 0..16 {
             for k in 0..L {
-                let l = level(iscale[k], x[i][k]);
-                ls[i][k] = (l + nmax) as i8;
-                let lf = l as f32;
+                let lf = level(iscale[k], x[i][k]) as f32;
                 sumlx[k] += wx[i][k] * lf;
                 suml2[k] += w[i][k] * lf * lf;
             }
         }
-        let take: [bool; L] =
-            std::array::from_fn(|k| suml2[k] > 0.0 && sumlx[k] * sumlx[k] > best[k] * suml2[k]);
-        if take.iter().any(|&t| t) {
-            for i in 0..16 {
-                for k in 0..L {
-                    out[i][k] = if take[k] { ls[i][k] } else { out[i][k] };
-                }
-            }
-            for k in 0..L {
-                if take[k] {
-                    scale[k] = sumlx[k] / suml2[k];
-                    best[k] = scale[k] * sumlx[k];
-                }
+        for k in 0..L {
+            if suml2[k] > 0.0 && sumlx[k] * sumlx[k] > best[k] * suml2[k] {
+                won[k] = iscale[k];
+                scale[k] = sumlx[k] / suml2[k];
+                best[k] = scale[k] * sumlx[k];
             }
         }
     }
     for k in 0..L {
         if zero[k] {
             scale[k] = 0.0;
-            for row in out.iter_mut() {
-                row[k] = 0;
-            }
         }
     }
-    scale
+    QxScales {
+        scale,
+        iscale: won,
+        zero,
+        nmax,
+    }
 }
 
 /// Lane-wise `make_q3_quants` with `do_rmse`, on 16-element groups. Writes levels
@@ -441,21 +450,22 @@ mod tests {
         for _ in 0..200 {
             let groups: [[f32; 16]; 16] = std::array::from_fn(|_| group(&mut rng));
             let x = lanes_of(&groups);
-            let (mut qx, mut q3) = ([[0i8; 16]; 16], [[0i8; 16]; 16]);
-            let sx = super::make_qx_quants::<16>(32, &x, &mut qx);
+            let mut q3 = [[0i8; 16]; 16];
+            let sx = super::make_qx_scales::<16>(32, &x);
             let s3 = super::make_q3_quants::<16>(4, &x, &mut q3);
             for k in 0..16 {
                 let (mut wx, mut w3) = ([0i8; 16], [0i8; 16]);
                 assert_eq!(
-                    sx[k].to_bits(),
+                    sx.scale[k].to_bits(),
                     reference::make_qx_quants(32, &groups[k], &mut wx).to_bits()
                 );
                 assert_eq!(
                     s3[k].to_bits(),
                     reference::make_q3_quants(4, &groups[k], &mut w3).to_bits()
                 );
+                // The winner's levels are the scalar search's levels.
                 assert!(
-                    (0..16).all(|i| qx[i][k] == wx[i] && q3[i][k] == w3[i]),
+                    (0..16).all(|i| sx.level(k, x[i][k]) == wx[i] && q3[i][k] == w3[i]),
                     "{:?}",
                     groups[k]
                 );

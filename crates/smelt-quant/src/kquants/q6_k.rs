@@ -1,9 +1,7 @@
 //! Q6_K: 6.5625 bits per weight. Sixteen 16-weight groups, each `d * sc * (q - 32)`
 //! with 6-bit `q` (low nibbles in `ql`, top two bits in `qh`) and signed 8-bit `sc`.
 
-use super::common::{
-    f16_to_f32, fold, from_lanes, group_sums, nearest_int, to_lanes, GROUP_MAX_EPS, QK_K,
-};
+use super::common::{f16_to_f32, fold, group_sums, nearest_int, to_lanes, GROUP_MAX_EPS, QK_K};
 use super::{lanes, BlockQ8K};
 use half::f16;
 
@@ -26,14 +24,16 @@ pub struct BlockQ6K {
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 
 impl BlockQ6K {
-    /// ggml's `quantize_row_q6_K_ref` for one super-block.
+    /// ggml's `quantize_row_q6_K_ref` for one super-block. ggml keeps the levels of each
+    /// group's scale search but overwrites them wherever the rounded group scale is
+    /// non-zero, so the search here keeps only its winning candidate and the levels are
+    /// derived from it for the (rare) groups whose scale rounds to zero.
     #[inline(always)]
     pub fn quantize(x: &[f32; QK_K]) -> Self {
         let xt: [[f32; 16]; 16] = to_lanes(x);
-        let mut lt = [[0i8; 16]; 16];
-        let scales = lanes::make_qx_quants::<16>(32, &xt, &mut lt);
+        let found = lanes::make_qx_scales::<16>(32, &xt);
+        let scales = found.scale;
         let mut l = [0i8; QK_K];
-        from_lanes(&lt, &mut l);
         let mut max_scale = 0.0f32;
         let mut max_abs_scale = 0.0f32;
         for &scale in &scales {
@@ -54,6 +54,9 @@ impl BlockQ6K {
         for j in 0..16 {
             let d = f16_to_f32(y.d) * y.scales[j] as f32;
             if d == 0.0 {
+                for i in 16 * j..16 * j + 16 {
+                    l[i] = found.level(j, x[i]);
+                }
                 continue;
             }
             for i in 16 * j..16 * j + 16 {
