@@ -177,6 +177,16 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         });
     }
     check_finite(src, src.len())?;
+    quantize_checked_row(ty, src, dst)
+}
+
+/// [`quantize_row`] for a row whose length, buffer and finiteness the caller has already
+/// checked ([`quantize_tensor`] scans each task's rows once, not once more per row).
+pub(crate) fn quantize_checked_row(
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
     with_quantize!(ty, B => {
         match bytemuck::try_cast_slice_mut::<u8, B>(dst) {
             Ok(out) => <B as Quantize>::quantize_row(src, out),

@@ -3,7 +3,7 @@
 //! Rows are independent in every GGML format, so splitting them across threads cannot
 //! change a byte: the output is identical whatever the thread count.
 
-use crate::{check_finite, quantize_row, GgmlType, QuantError};
+use crate::{check_finite, quantize_checked_row, GgmlType, QuantError};
 use rayon::prelude::*;
 
 /// Rows handed to a thread at a time: big enough to amortise scheduling, small enough to
@@ -45,11 +45,12 @@ pub fn quantize_tensor(
             .zip(src.par_chunks(n_per_row * ROWS_PER_TASK))
             .enumerate()
             .try_for_each(|(task, (dst, src))| {
-                // Each task checks its own rows, so the NaN/Inf scan runs on all cores too.
+                // Each task checks its own rows, so the NaN/Inf scan runs on all cores too,
+                // and only once: the rows then go straight to the quantizer.
                 check_finite(src, n_per_row).map_err(|e| offset_row(e, task * ROWS_PER_TASK))?;
                 dst.chunks_mut(row_bytes)
                     .zip(src.chunks(n_per_row))
-                    .try_for_each(|(d, s)| quantize_row(ty, s, d))
+                    .try_for_each(|(d, s)| quantize_checked_row(ty, s, d))
             })
     };
     match threads {
