@@ -60,10 +60,7 @@ impl Block for BlockQ8_0 {
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
         vectorized(|| {
             for (b, out) in src.iter().zip(blocks32_mut(dst)) {
-                let d = f16_to_f32(b.d);
-                for (o, &q) in out.iter_mut().zip(&b.qs) {
-                    *o = q as f32 * d;
-                }
+                dequantize_q8(b.d, &b.qs, out);
             }
         })
     }
@@ -83,14 +80,31 @@ impl Quantize for BlockQ8_0 {
     fn quantize_row(src: &[f32], dst: &mut [Self]) {
         vectorized(|| {
             for (b, x) in dst.iter_mut().zip(blocks32(src)) {
-                let d = abs_max(x) / 127.0;
-                let id = inverse(d);
-                b.d = f32_to_f16(d);
-                for (q, &v) in b.qs.iter_mut().zip(x) {
-                    *q = round_away(v * id) as i8;
-                }
+                b.d = f32_to_f16(quantize_q8(x, &mut b.qs));
             }
         })
+    }
+}
+
+/// The 8-bit step Q8_0 and Q8_1 share (`quantize_row_q8_{0,1}_ref`): scale `amax / 127`,
+/// quants `roundf(x / d)`. Returns the f32 scale, which Q8_1's sum is computed from
+/// before either is rounded to f16.
+#[inline(always)]
+pub(super) fn quantize_q8(x: &[f32; 32], qs: &mut [i8; 32]) -> f32 {
+    let d = abs_max(x) / 127.0;
+    let id = inverse(d);
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = round_away(v * id) as i8;
+    }
+    d
+}
+
+/// `w = d * q`, the dequantization Q8_0 and Q8_1 share (Q8_1's sum plays no part).
+#[inline(always)]
+pub(super) fn dequantize_q8(d: f16, qs: &[i8; 32], out: &mut [f32; 32]) {
+    let d = f16_to_f32(d);
+    for (o, &q) in out.iter_mut().zip(qs) {
+        *o = q as f32 * d;
     }
 }
 

@@ -2,7 +2,8 @@
 //! lets their minimum be applied once per block instead of once per weight).
 
 use super::dot::{self, dot_blocks, dot_i8};
-use super::scan::{abs_max, blocks32, blocks32_mut, inverse, round_away, vectorized};
+use super::q8_0::{dequantize_q8, quantize_q8};
+use super::scan::{blocks32, blocks32_mut, vectorized};
 use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::{Block, GgmlType, Quantize};
 use half::f16;
@@ -62,10 +63,7 @@ impl Block for BlockQ8_1 {
     fn dequantize_row(src: &[Self], dst: &mut [f32]) {
         vectorized(|| {
             for (b, out) in src.iter().zip(blocks32_mut(dst)) {
-                let d = f16_to_f32(b.d);
-                for (o, &q) in out.iter_mut().zip(&b.qs) {
-                    *o = q as f32 * d;
-                }
+                dequantize_q8(b.d, &b.qs, out);
             }
         })
     }
@@ -85,12 +83,8 @@ impl Quantize for BlockQ8_1 {
     fn quantize_row(src: &[f32], dst: &mut [Self]) {
         vectorized(|| {
             for (b, x) in dst.iter_mut().zip(blocks32(src)) {
-                let d = abs_max(x) / 127.0;
-                let id = inverse(d);
+                let d = quantize_q8(x, &mut b.qs);
                 b.d = f32_to_f16(d);
-                for (q, &v) in b.qs.iter_mut().zip(x) {
-                    *q = round_away(v * id) as i8;
-                }
                 // ggml sums the stored bytes (what a block of tiny values wraps to included).
                 let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
                 b.s = f32_to_f16(sum as f32 * d);
