@@ -40,11 +40,15 @@ pub enum GgmlType {
     TQ1_0 = 34,
     TQ2_0 = 35,
     MXFP4 = 39,
+    /// NVIDIA's FP4: 64 E2M1 values with four FP8 (UE4M3) scales, one per 16.
+    NVFP4 = 40,
+    /// 1-bit weights, 128 per block under one f16 scale.
+    Q1_0 = 41,
 }
 
 impl GgmlType {
     /// Every type this reader knows, in id order.
-    pub const ALL: [GgmlType; 32] = [
+    pub const ALL: [GgmlType; 34] = [
         Self::F32,
         Self::F16,
         Self::Q4_0,
@@ -77,6 +81,8 @@ impl GgmlType {
         Self::TQ1_0,
         Self::TQ2_0,
         Self::MXFP4,
+        Self::NVFP4,
+        Self::Q1_0,
     ];
 
     /// The type with ggml id `id`, or `None` for ids ggml never had or removed.
@@ -159,6 +165,8 @@ impl GgmlType {
             Self::TQ1_0 => "tq1_0",
             Self::TQ2_0 => "tq2_0",
             Self::MXFP4 => "mxfp4",
+            Self::NVFP4 => "nvfp4",
+            Self::Q1_0 => "q1_0",
         }
     }
 
@@ -205,6 +213,10 @@ impl GgmlType {
             Self::TQ1_0 => (256, 54),
             Self::TQ2_0 => (256, 66),
             Self::MXFP4 => (32, 17),
+            // gguf-py 0.19's GGML_QUANT_SIZES: 32 bytes of nibbles + 4 scale bytes.
+            Self::NVFP4 => (64, 36),
+            // 16 bytes of sign bits + an f16 scale.
+            Self::Q1_0 => (128, 18),
         }
     }
 }
@@ -225,9 +237,21 @@ mod tests {
             assert_eq!(GgmlType::from_id(t.id()), Some(t));
             assert_eq!(GgmlType::from_name(t.name()), Some(t));
         }
-        for gap in [4, 5, 31, 32, 33, 36, 37, 38, 40, u32::MAX] {
+        for gap in [4, 5, 31, 32, 33, 36, 37, 38, 42, u32::MAX] {
             assert_eq!(GgmlType::from_id(gap), None);
         }
+    }
+
+    #[test]
+    fn newest_types_have_gguf_py_geometry() {
+        // gguf-py 0.19: NVFP4 (64, 4 + 32), Q1_0 (128, 2 + 16).
+        assert_eq!(GgmlType::from_id(40), Some(GgmlType::NVFP4));
+        assert_eq!(GgmlType::from_id(41), Some(GgmlType::Q1_0));
+        assert_eq!(GgmlType::NVFP4.row_bytes(4096), Some(64 * 36));
+        assert_eq!(GgmlType::Q1_0.row_bytes(4096), Some(32 * 18));
+        assert_eq!(GgmlType::Q1_0.row_bytes(64), None);
+        assert!(GgmlType::NVFP4.is_quantized() && GgmlType::Q1_0.is_quantized());
+        assert_eq!(GgmlType::from_name("NVFP4"), Some(GgmlType::NVFP4));
     }
 
     #[test]

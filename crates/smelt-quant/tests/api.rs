@@ -77,6 +77,8 @@ fn unsupported_types_are_errors() {
         GgmlType::IQ4_XS,
         GgmlType::IQ2_XXS,
         GgmlType::I8,
+        GgmlType::NVFP4,
+        GgmlType::Q1_0,
     ] {
         let row = 256 / ty.block_size() * ty.type_size();
         assert!(
@@ -96,7 +98,13 @@ fn unsupported_types_are_errors() {
             ty.name()
         );
     }
-    for ty in [GgmlType::IQ2_XXS, GgmlType::TQ1_0, GgmlType::MXFP4] {
+    for ty in [
+        GgmlType::IQ2_XXS,
+        GgmlType::TQ1_0,
+        GgmlType::MXFP4,
+        GgmlType::NVFP4,
+        GgmlType::Q1_0,
+    ] {
         let row = 256 / ty.block_size() * ty.type_size();
         assert!(
             matches!(
