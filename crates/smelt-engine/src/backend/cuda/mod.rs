@@ -11,6 +11,14 @@
 //! Per-step inputs (token ids, positions, sequence descriptors, block tables) are read by
 //! the kernels from the step buffer ([`step`]), never passed as scalars, so a decode step
 //! can be captured once and replayed ([`runner`]).
+//!
+//! A few ops are deferred to the next call so that neighbours can run as one launch (at
+//! decode a row is one block, and launch latency, not bandwidth, is the cost of the small
+//! ops): a single-token GEMV whose weights and output continue the previous one in memory
+//! joins it (Q|K|V, gate|up: weights are bump-allocated in load order), Q's rope takes K's
+//! row along, the residual add runs inside the next norm, and a whole-row norm writes the
+//! q8_1 tiles its GEMVs read (the matmul finds them in a one-entry cache). Every other op
+//! launches what is deferred first, so the order of effects is the model's.
 
 mod arena;
 mod ops;
@@ -69,7 +77,7 @@ pub enum CudaWeight {
 }
 
 impl CudaWeight {
-    fn ptr(&self, _gpu: &Gpu) -> u64 {
+    fn ptr(&self) -> u64 {
         match self {
             CudaWeight::Matrix { ptr, .. }
             | CudaWeight::Embedding { ptr, .. }
@@ -835,7 +843,7 @@ impl Backend for Cuda {
                 });
             }
             let ff = match freq_factors {
-                Some(w) => w.ptr(&self.gpu),
+                Some(w) => w.ptr(),
                 None => 0,
             };
             // One row (a decode step): Q and K, adjacent in memory, rotate in one launch.

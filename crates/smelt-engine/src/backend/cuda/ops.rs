@@ -60,7 +60,7 @@ impl Cuda {
 
     fn vector(&self, w: &CudaWeight, what: &'static str) -> Result<(u64, usize), CudaError> {
         match w {
-            CudaWeight::Vector { len, .. } => Ok((w.ptr(&self.gpu), *len)),
+            CudaWeight::Vector { len, .. } => Ok((w.ptr(), *len)),
             _ => Err(CudaError::Init(format!("{what}: expected a vector weight"))),
         }
     }
@@ -328,7 +328,7 @@ impl Cuda {
             &ops::embed::embed_name(*ty)?,
             ops::embed::launch(out.rows, *cols),
             &[
-                Arg::P(table.ptr(&self.gpu)),
+                Arg::P(table.ptr()),
                 Arg::P(tokens),
                 Arg::P(out.ptr),
                 Arg::U(u32_of(*cols, "embedding cols")?),
