@@ -443,6 +443,10 @@ async fn every_client_error_has_its_status_and_shape() {
         .await;
     assert_eq!(r.status(), 413);
     assert_error_shape(&r.json().await.unwrap());
+    // A known route with the wrong method.
+    let r = s.get("/v1/chat/completions").await;
+    assert_eq!(r.status(), 405);
+    assert_error_shape(&r.json().await.unwrap());
     // Unknown route and unknown model by path.
     for path in ["/v2/nothing", "/v1/models/nope"] {
         let r = s.get(path).await;
