@@ -99,7 +99,12 @@ impl CpuKv {
                 // llama.cpp multiplies a batch of two or more tokens through tinyBLAS and
                 // a single token through ggml's vec_dot: two summation orders.
                 let batched = s.n_tokens >= 2;
-                ggml_math::with_fma(|| one_head(q16, w, kvh, lo, pos, p.scale, batched, scores, o));
+                if ggml_math::fma_ok() {
+                    // SAFETY: AVX2 and FMA were detected at run time.
+                    unsafe { one_head_fma(q16, w, kvh, lo, pos, p.scale, batched, scores, o) }
+                } else {
+                    one_head(q16, w, kvh, lo, pos, p.scale, batched, scores, o)
+                }
             },
         );
     }
@@ -154,6 +159,40 @@ struct Widened {
     n_pos: usize,
 }
 
+/// [`one_head`] compiled for AVX2 + FMA (`mul_add` one instruction, lanes vectorized).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn one_head_fma(
+    q: &[f32],
+    w: &Widened,
+    kvh: usize,
+    lo: usize,
+    pos: usize,
+    scale: f32,
+    batched: bool,
+    scores: &mut Vec<f32>,
+    o: &mut [f32],
+) {
+    one_head(q, w, kvh, lo, pos, scale, batched, scores, o)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn one_head_fma(
+    q: &[f32],
+    w: &Widened,
+    kvh: usize,
+    lo: usize,
+    pos: usize,
+    scale: f32,
+    batched: bool,
+    scores: &mut Vec<f32>,
+    o: &mut [f32],
+) {
+    one_head(q, w, kvh, lo, pos, scale, batched, scores, o)
+}
+
 /// Softmax-weighted sum of the values for one query head over positions `lo..=pos`, as
 /// llama.cpp's non-flash attention computes it: `q·k` with the query rounded to f16 (in
 /// ggml's vec_dot or tinyBLAS order), scaled, ggml's softmax (its polynomial exp over
@@ -173,11 +212,20 @@ fn one_head(
     o: &mut [f32],
 ) {
     let hd = q.len();
+    let gemm = batched && hd % 16 == 0;
     let dot = |a: &[f32], b: &[f32]| {
-        if batched && a.len() % 16 == 0 {
+        if gemm {
             ggml_math::dot_gemm(a, b)
         } else {
             ggml_math::dot_vec(a, b)
+        }
+    };
+    // Four rows against one: four independent chains, each row in the same order as `dot`.
+    let dot4 = |a: [&[f32]; 4], b: &[f32]| {
+        if gemm {
+            ggml_math::dot_gemm4(a, b)
+        } else {
+            ggml_math::dot_vec4(a, b)
         }
     };
     // Scores over whole chunks of 64 positions from `base`, -inf where masked.
@@ -187,10 +235,21 @@ fn one_head(
     scores.resize(len, f32::NEG_INFINITY);
     let keys = &w.k[kvh * w.n_pos * hd..];
     let mut max = f32::NEG_INFINITY;
-    for (j, sc) in scores.iter_mut().enumerate().take(last + 1).skip(first) {
-        let d = dot(q, &keys[j * hd..(j + 1) * hd]) * scale;
+    let key = |j: usize| &keys[j * hd..(j + 1) * hd];
+    let mut j = first;
+    while j + 4 <= last + 1 {
+        let d = dot4(std::array::from_fn(|k| key(j + k)), q);
+        for (k, d) in d.into_iter().enumerate() {
+            let d = d * scale;
+            max = max.max(d);
+            scores[j + k] = d;
+        }
+        j += 4;
+    }
+    for j in j..=last {
+        let d = dot(key(j), q) * scale;
         max = max.max(d);
-        *sc = d;
+        scores[j] = d;
     }
     let mut sum = 0f64;
     for chunk in scores.chunks_exact_mut(16) {
@@ -206,7 +265,12 @@ fn one_head(
         *x = f16_to_f32(f32_to_f16(*x * inv));
     }
     let vt = &w.vt[kvh * hd * w.n_pos..];
-    for (d, y) in o.iter_mut().enumerate() {
-        *y = dot(scores, &vt[d * w.n_pos..][..len]);
+    let vrow = |d: usize| &vt[d * w.n_pos..][..len];
+    let done = hd - hd % 4;
+    for (c, y) in o[..done].chunks_exact_mut(4).enumerate() {
+        y.copy_from_slice(&dot4(std::array::from_fn(|k| vrow(4 * c + k)), scores));
+    }
+    for (d, y) in o.iter_mut().enumerate().skip(done) {
+        *y = dot(vrow(d), scores);
     }
 }

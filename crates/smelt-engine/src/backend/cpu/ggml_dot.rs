@@ -30,6 +30,17 @@ pub trait GgmlDot: Block {
         let _ = (t, n_tok);
         Self::ggml_dot(x, y)
     }
+
+    /// Whether [`GgmlDot::ggml_dot_in_batch`] is [`GgmlDot::ggml_dot`] for every token.
+    const BATCH_IS_SINGLE: bool = true;
+
+    /// [`GgmlDot::ggml_dot`] of four weight rows with one activation row, each in ggml's
+    /// order; the four dependency chains interleave, which a single dot (one accumulator,
+    /// one fused multiply-add per block) cannot.
+    #[inline]
+    fn ggml_dot4(x: [&[Self]; 4], y: &[Self::Act]) -> [f32; 4] {
+        x.map(|x| Self::ggml_dot(x, y))
+    }
 }
 
 /// Formats whose ggml order is not reproduced yet: smelt-quant's own dot.
@@ -60,9 +71,13 @@ own_order!(
 /// multiplied by `ggml_gemv_q4_K_8x8_q8_K` (one token) or `ggml_gemm_q4_K_8x8_q8_K` (groups
 /// of four tokens); [`GgmlDot::ggml_dot`] is the gemv order, [`q4_k_gemm`] the gemm one.
 impl GgmlDot for BlockQ4K {
+    const BATCH_IS_SINGLE: bool = false;
+
+    #[inline(always)]
     fn ggml_dot(x: &[Self], y: &[BlockQ8K]) -> f32 {
         q4_k_repacked::<false>(x, y)
     }
+    #[inline(always)]
     fn ggml_dot_in_batch(x: &[Self], y: &[BlockQ8K], t: usize, n_tok: usize) -> f32 {
         if t < n_tok - n_tok % 4 {
             q4_k_gemm(x, y)
@@ -74,6 +89,7 @@ impl GgmlDot for BlockQ4K {
 
 /// One weight row of `ggml_gemm_q4_K_8x8_q8_K` (AVX-512 build): like the gemv but the
 /// float accumulation happens per pair of sub-blocks (64 weights), not per super-block.
+#[inline(always)]
 pub fn q4_k_gemm(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
     q4_k_repacked::<true>(x, y)
 }
@@ -140,7 +156,9 @@ pub fn hsum8(a: &[f32; 8]) -> f32 {
 fn simd() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         smelt_quant::simd::has_avx2()
+            && *F16C.get_or_init(|| std::arch::is_x86_feature_detected!("f16c"))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -162,6 +180,15 @@ fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: [i32; 8]) {
 }
 
 impl GgmlDot for BlockQ4_1 {
+    fn ggml_dot4(x: [&[Self]; 4], y: &[BlockQ8_1]) -> [f32; 4] {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
+            return unsafe { x86::q4_1_x4(x, y) };
+        }
+        x.map(|x| portable::q4_1(x, y))
+    }
+
     fn ggml_dot(x: &[Self], y: &[BlockQ8_1]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if simd() {
@@ -173,6 +200,15 @@ impl GgmlDot for BlockQ4_1 {
 }
 
 impl GgmlDot for BlockQ5_0 {
+    fn ggml_dot4(x: [&[Self]; 4], y: &[BlockQ8_0]) -> [f32; 4] {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
+            return unsafe { x86::q5_0_x4(x, y) };
+        }
+        x.map(|x| portable::q5_0(x, y))
+    }
+
     fn ggml_dot(x: &[Self], y: &[BlockQ8_0]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if simd() {
@@ -184,6 +220,15 @@ impl GgmlDot for BlockQ5_0 {
 }
 
 impl GgmlDot for BlockQ8_0 {
+    fn ggml_dot4(x: [&[Self]; 4], y: &[BlockQ8_0]) -> [f32; 4] {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
+            return unsafe { x86::q8_0_x4(x, y) };
+        }
+        x.map(|x| portable::q8_0(x, y))
+    }
+
     fn ggml_dot(x: &[Self], y: &[BlockQ8_0]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if simd() {
@@ -203,6 +248,7 @@ impl GgmlDot for BlockQ8_1 {
 /// Batches of eight or more tokens take ggml's tiled K-quant matmul (`ggml-cpu/tiled`,
 /// AVX2 kernel): per super-block the exact integer dot, times the weight's `d`, then
 /// fused-multiply-added with the activation's `d` into one accumulator.
+#[inline(always)]
 pub fn q6_k_tiled(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
     let mut acc = 0f32;
     for (a, b) in x.iter().zip(y) {
@@ -234,6 +280,9 @@ pub fn q6_k_tiled(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
 }
 
 impl GgmlDot for BlockQ6K {
+    const BATCH_IS_SINGLE: bool = false;
+
+    #[inline(always)]
     fn ggml_dot_in_batch(x: &[Self], y: &[BlockQ8K], _t: usize, n_tok: usize) -> f32 {
         if n_tok >= 8 {
             q6_k_tiled(x, y)
@@ -349,6 +398,71 @@ mod x86 {
             acc = _mm256_fmadd_ps(d, q, acc);
         }
         hsum_float_8(acc)
+    }
+
+    /// One f16 widened with F16C (exact, like the software conversion).
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    unsafe fn h2f(h: half::f16) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
+    }
+
+    /// Four rows at once: each row's operations are exactly [`q4_1`]'s.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q4_1_x4(x: [&[BlockQ4_1]; 4], y: &[BlockQ8_1]) -> [f32; 4] {
+        let n = x.iter().map(|r| r.len()).min().unwrap_or(0).min(y.len());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut summs = [0f32; 4];
+        for (i, b) in y[..n].iter().enumerate() {
+            let d1 = h2f(b.d);
+            let s1 = h2f(b.s);
+            let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
+            for r in 0..4 {
+                let a = x[r].get_unchecked(i);
+                summs[r] = h2f(a.m).mul_add(s1, summs[r]);
+                let xy = mul_sum_us8_pairs_float(bytes_from_nibbles_32(&a.qs), qy);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a.d) * d1), xy, acc[r]);
+            }
+        }
+        std::array::from_fn(|r| hsum_float_8(acc[r]) + summs[r])
+    }
+
+    /// Four rows at once: each row's operations are exactly [`q5_0`]'s.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q5_0_x4(x: [&[BlockQ5_0]; 4], y: &[BlockQ8_0]) -> [f32; 4] {
+        let n = x.iter().map(|r| r.len()).min().unwrap_or(0).min(y.len());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (i, b) in y[..n].iter().enumerate() {
+            let d1 = h2f(b.d);
+            let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
+            for r in 0..4 {
+                let a = x[r].get_unchecked(i);
+                let bxhi =
+                    _mm256_andnot_si256(bytes_from_bits_32(a.qh), _mm256_set1_epi8(0xF0u8 as i8));
+                let qx = _mm256_or_si256(bytes_from_nibbles_32(&a.qs), bxhi);
+                let q = mul_sum_i8_pairs_float(qx, qy);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a.d) * d1), q, acc[r]);
+            }
+        }
+        acc.map(|a| hsum_float_8(a))
+    }
+
+    /// Four rows at once: each row's operations are exactly [`q8_0`]'s.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0_x4(x: [&[BlockQ8_0]; 4], y: &[BlockQ8_0]) -> [f32; 4] {
+        let n = x.iter().map(|r| r.len()).min().unwrap_or(0).min(y.len());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (i, b) in y[..n].iter().enumerate() {
+            let d1 = h2f(b.d);
+            let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
+            for r in 0..4 {
+                let a = x[r].get_unchecked(i);
+                let qx = _mm256_loadu_si256(a.qs.as_ptr().cast());
+                let q = mul_sum_i8_pairs_float(qx, qy);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a.d) * d1), q, acc[r]);
+            }
+        }
+        acc.map(|a| hsum_float_8(a))
     }
 
     #[rustfmt::skip]

@@ -105,12 +105,74 @@ pub fn dot_gemm(a: &[f32], b: &[f32]) -> f32 {
     reduce16(&acc)
 }
 
-/// Runs `f` compiled for AVX2 + FMA when the CPU has them (so `mul_add` is one instruction
-/// and the lane loops vectorize), else as is; both give the same bits.
+/// [`dot_vec`] of four rows `a` with one row `b` (four independent chains, interleaved).
 #[inline(always)]
-pub fn with_fma<R>(f: impl FnOnce() -> R) -> R {
+pub fn dot_vec4(a: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
+    let n = a.iter().map(|a| a.len()).min().unwrap_or(0).min(b.len());
+    let np = n - n % 64;
+    let mut acc = [[[0f32; 16]; 4]; 4];
+    for c in (0..np).step_by(64) {
+        let cb = &b[c..c + 64];
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let ca = &a[r][c..c + 64];
+            for (j, s) in acc.iter_mut().enumerate() {
+                for l in 0..16 {
+                    s[l] = ca[16 * j + l].mul_add(cb[16 * j + l], s[l]);
+                }
+            }
+        }
+    }
+    std::array::from_fn(|r| {
+        let acc = &acc[r];
+        let s02: [f32; 16] = std::array::from_fn(|l| acc[0][l] + acc[2][l]);
+        let s13: [f32; 16] = std::array::from_fn(|l| acc[1][l] + acc[3][l]);
+        let s: [f32; 16] = std::array::from_fn(|l| s02[l] + s13[l]);
+        let mut sum = reduce16(&s) as f64;
+        for i in np..n {
+            sum += (a[r][i] * b[i]) as f64;
+        }
+        sum as f32
+    })
+}
+
+/// [`dot_gemm`] of four rows `a` with one row `b` (four independent chains, interleaved).
+#[inline(always)]
+pub fn dot_gemm4(a: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
+    let n = a.iter().map(|a| a.len()).min().unwrap_or(0).min(b.len());
+    let mut acc = [[0f32; 16]; 4];
+    for c in (0..n - n % 16).step_by(16) {
+        let cb = &b[c..c + 16];
+        for (r, s) in acc.iter_mut().enumerate() {
+            let ca = &a[r][c..c + 16];
+            for l in 0..16 {
+                s[l] = ca[l].mul_add(cb[l], s[l]);
+            }
+        }
+    }
+    acc.map(|s| reduce16(&s))
+}
+
+/// Whether the AVX2 + FMA variants may run (`SMELT_NO_SIMD` turns them off): callers keep
+/// a `#[target_feature(enable = "avx2,fma")]` twin of each hot function that calls the
+/// `#[inline(always)]` generic code, so `mul_add` is one instruction and the lane loops
+/// vectorize; without them `mul_add` is libm's `fmaf`, slower but the same bits.
+#[inline(always)]
+pub fn fma_ok() -> bool {
     #[cfg(target_arch = "x86_64")]
-    if smelt_quant::simd::has_avx2() {
+    {
+        smelt_quant::simd::has_avx2()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Test helper: `f` inside a function compiled for AVX2 + FMA when present.
+#[cfg(test)]
+fn with_fma<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if fma_ok() {
         #[target_feature(enable = "avx2,fma")]
         unsafe fn fast<R>(f: impl FnOnce() -> R) -> R {
             f()
@@ -151,6 +213,23 @@ mod tests {
             .sum();
         assert!((dot_gemm(&a[..192], &b[..192]) as f64 - exact192).abs() < 1e-4);
         assert_eq!(with_fma(|| dot_vec(&a, &b)), dot_vec(&a, &b));
+        let rows: Vec<Vec<f32>> = (0..4)
+            .map(|r| {
+                (0..200)
+                    .map(|i| ((i * (r + 2)) as f32 * 0.13).sin())
+                    .collect()
+            })
+            .collect();
+        let four: [&[f32]; 4] = std::array::from_fn(|r| &rows[r][..]);
+        let v4 = with_fma(|| dot_vec4(four, &b));
+        let g4 = with_fma(|| dot_gemm4(four.map(|r| &r[..192]), &b[..192]));
+        for r in 0..4 {
+            assert_eq!(v4[r].to_bits(), dot_vec(&rows[r], &b).to_bits());
+            assert_eq!(
+                g4[r].to_bits(),
+                dot_gemm(&rows[r][..192], &b[..192]).to_bits()
+            );
+        }
         assert_eq!(with_fma(|| expf(-3.3)), expf(-3.3));
     }
 }

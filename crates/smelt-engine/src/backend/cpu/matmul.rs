@@ -12,6 +12,7 @@ use smelt_quant::{fp, iq4, kquants, legacy, Block, GgmlType};
 
 use super::act_quant::quantize_act;
 use super::ggml_dot::GgmlDot;
+use super::ggml_math;
 
 use crate::EngineError;
 
@@ -120,9 +121,11 @@ fn matmul_typed<B: GgmlDot>(
             .max(ROWS_PER_TASK);
         out.par_chunks_mut(per_task).enumerate().for_each(|(c, o)| {
             let r0 = c * per_task;
-            for (i, y) in o.iter_mut().enumerate() {
-                let r = r0 + i;
-                *y = B::ggml_dot(&w[r * w_per_row..(r + 1) * w_per_row], &act);
+            if ggml_math::fma_ok() {
+                // SAFETY: AVX2 and FMA were detected at run time.
+                unsafe { decode_rows_fma(o, r0, w, w_per_row, &act) }
+            } else {
+                decode_rows(o, r0, w, w_per_row, &act)
             }
         });
         return Ok(());
@@ -131,22 +134,23 @@ fn matmul_typed<B: GgmlDot>(
     // Row-major per weight row first ([rows, n_tok]) so each task owns a contiguous slice,
     // then transposed into token rows.
     let mut by_row = vec![0f32; rows * n_tok];
+    let job = BatchJob {
+        w,
+        w_per_row,
+        act: &act,
+        a_per_row,
+        n_tok,
+    };
     by_row
         .par_chunks_mut(ROWS_PER_TASK * n_tok)
         .enumerate()
         .for_each(|(c, o)| {
             let r0 = c * ROWS_PER_TASK;
-            let nr = o.len() / n_tok;
-            for t0 in (0..n_tok).step_by(TOKENS_PER_TILE) {
-                let t1 = (t0 + TOKENS_PER_TILE).min(n_tok);
-                for i in 0..nr {
-                    let r = r0 + i;
-                    let wr = &w[r * w_per_row..(r + 1) * w_per_row];
-                    for t in t0..t1 {
-                        let a = &act[t * a_per_row..(t + 1) * a_per_row];
-                        o[i * n_tok + t] = B::ggml_dot_in_batch(wr, a, t, n_tok);
-                    }
-                }
+            if ggml_math::fma_ok() {
+                // SAFETY: AVX2 and FMA were detected at run time.
+                unsafe { batch_rows_fma(&job, o, r0) }
+            } else {
+                batch_rows(&job, o, r0)
             }
         });
     out.par_chunks_mut(rows).enumerate().for_each(|(t, o)| {
@@ -155,6 +159,90 @@ fn matmul_typed<B: GgmlDot>(
         }
     });
     Ok(())
+}
+
+/// One task of the decode path: rows `r0..` into `o`, four at a time (four independent
+/// accumulation chains, each in ggml's order).
+#[inline(always)]
+fn decode_rows<B: GgmlDot>(o: &mut [f32], r0: usize, w: &[B], w_per_row: usize, act: &[B::Act]) {
+    let row = |r: usize| &w[r * w_per_row..(r + 1) * w_per_row];
+    let done = o.len() - o.len() % 4;
+    for (q, y) in o[..done].chunks_exact_mut(4).enumerate() {
+        let r = r0 + 4 * q;
+        y.copy_from_slice(&B::ggml_dot4(std::array::from_fn(|k| row(r + k)), act));
+    }
+    for (i, y) in o.iter_mut().enumerate().skip(done) {
+        *y = B::ggml_dot(row(r0 + i), act);
+    }
+}
+
+/// [`decode_rows`] compiled for AVX2 + FMA, so kernels written as plain Rust (K-quants)
+/// vectorize and `mul_add` is one instruction; the bits are the same either way.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn decode_rows_fma<B: GgmlDot>(
+    o: &mut [f32],
+    r0: usize,
+    w: &[B],
+    w_per_row: usize,
+    act: &[B::Act],
+) {
+    decode_rows(o, r0, w, w_per_row, act)
+}
+
+/// The operands of the batched path.
+struct BatchJob<'a, B: GgmlDot> {
+    w: &'a [B],
+    w_per_row: usize,
+    act: &'a [B::Act],
+    a_per_row: usize,
+    n_tok: usize,
+}
+
+/// One task of the batched path: weight rows `r0..` against every token, into `o`
+/// (`[row][token]`), in tiles of tokens that stay in cache.
+#[inline(always)]
+fn batch_rows<B: GgmlDot>(job: &BatchJob<'_, B>, o: &mut [f32], r0: usize) {
+    let BatchJob {
+        w,
+        w_per_row,
+        act,
+        a_per_row,
+        n_tok,
+    } = *job;
+    let nr = o.len() / n_tok;
+    for t0 in (0..n_tok).step_by(TOKENS_PER_TILE) {
+        let t1 = (t0 + TOKENS_PER_TILE).min(n_tok);
+        let mut i = 0;
+        // Four rows per pass where the batch kernel is the single-token one: four
+        // independent accumulation chains, each in ggml's order.
+        while B::BATCH_IS_SINGLE && i + 4 <= nr {
+            let wr: [&[B]; 4] = std::array::from_fn(|k| {
+                let r = r0 + i + k;
+                &w[r * w_per_row..(r + 1) * w_per_row]
+            });
+            for t in t0..t1 {
+                let a = &act[t * a_per_row..(t + 1) * a_per_row];
+                for (k, v) in B::ggml_dot4(wr, a).into_iter().enumerate() {
+                    o[(i + k) * n_tok + t] = v;
+                }
+            }
+            i += 4;
+        }
+        for i in i..nr {
+            let r = r0 + i;
+            let wr = &w[r * w_per_row..(r + 1) * w_per_row];
+            for t in t0..t1 {
+                let a = &act[t * a_per_row..(t + 1) * a_per_row];
+                o[i * n_tok + t] = B::ggml_dot_in_batch(wr, a, t, n_tok);
+            }
+        }
+    }
+}
+
+/// [`batch_rows`] compiled for AVX2 + FMA.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn batch_rows_fma<B: GgmlDot>(job: &BatchJob<'_, B>, o: &mut [f32], r0: usize) {
+    batch_rows(job, o, r0)
 }
 
 #[cfg(test)]

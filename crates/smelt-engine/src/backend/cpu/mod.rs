@@ -235,15 +235,14 @@ impl Backend for Cpu {
             .for_each(|(g, u)| {
                 for (g, u) in g.chunks_mut(cols).zip(u.chunks(cols)) {
                     match act {
-                        Glu::Silu => ggml_math::with_fma(|| {
-                            let whole = cols - cols % 16;
-                            for (g, &u) in g[..whole].iter_mut().zip(&u[..whole]) {
-                                *g = ggml_math::silu(*g) * u;
+                        Glu::Silu => {
+                            if ggml_math::fma_ok() {
+                                // SAFETY: AVX2 and FMA were detected at run time.
+                                unsafe { silu_row_fma(g, u) }
+                            } else {
+                                silu_row(g, u)
                             }
-                            for (g, &u) in g[whole..].iter_mut().zip(&u[whole..]) {
-                                *g = *g / (1.0 + (-*g).exp()) * u;
-                            }
-                        }),
+                        }
                         Glu::Gelu => {
                             for (g, &u) in g.iter_mut().zip(u) {
                                 *g = gelu_times(*g, u);
@@ -284,19 +283,12 @@ impl Backend for Cpu {
                     }
                     // ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`, as GCC contracts
                     // them (-ffp-contract=fast): the first product fused, the second rounded.
-                    ggml_math::with_fma(|| {
-                        for head in row.chunks_mut(head_dim) {
-                            for (i, &(cos, sin)) in cs.iter().enumerate() {
-                                let (a, b) = match p.style {
-                                    RopeStyle::Normal => (2 * i, 2 * i + 1),
-                                    RopeStyle::Neox => (i, i + n_rot / 2),
-                                };
-                                let (x0, x1) = (head[a], head[b]);
-                                head[a] = x0.mul_add(cos, -(x1 * sin));
-                                head[b] = x0.mul_add(sin, x1 * cos);
-                            }
-                        }
-                    });
+                    if ggml_math::fma_ok() {
+                        // SAFETY: AVX2 and FMA were detected at run time.
+                        unsafe { rotate_heads_fma(row, head_dim, cs, p.style, n_rot) }
+                    } else {
+                        rotate_heads(row, head_dim, cs, p.style, n_rot)
+                    }
                 },
             );
     }
@@ -402,6 +394,58 @@ fn load(gguf: &Arc<Gguf>, name: &str, pad: bool) -> Result<CpuWeight, EngineErro
         cols,
         stride,
     })
+}
+
+/// `gate = silu(gate) * up` over one row as ggml's `ggml_vec_swiglu_f32` (AVX-512 build):
+/// whole chunks of 16 through its vector exp, the rest through libm's.
+#[inline(always)]
+fn silu_row(g: &mut [f32], u: &[f32]) {
+    let whole = g.len() - g.len() % 16;
+    for (g, &u) in g[..whole].iter_mut().zip(&u[..whole]) {
+        *g = ggml_math::silu(*g) * u;
+    }
+    for (g, &u) in g[whole..].iter_mut().zip(&u[whole..]) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn silu_row_fma(g: &mut [f32], u: &[f32]) {
+    silu_row(g, u)
+}
+
+/// Rotates each head of one row: ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`, as GCC
+/// contracts them (-ffp-contract=fast): the first product fused, the second rounded.
+#[inline(always)]
+fn rotate_heads(
+    row: &mut [f32],
+    head_dim: usize,
+    cs: &[(f32, f32)],
+    style: RopeStyle,
+    n_rot: usize,
+) {
+    for head in row.chunks_mut(head_dim) {
+        for (i, &(cos, sin)) in cs.iter().enumerate() {
+            let (a, b) = match style {
+                RopeStyle::Normal => (2 * i, 2 * i + 1),
+                RopeStyle::Neox => (i, i + n_rot / 2),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0.mul_add(cos, -(x1 * sin));
+            head[b] = x0.mul_add(sin, x1 * cos);
+        }
+    }
+}
+
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn rotate_heads_fma(
+    row: &mut [f32],
+    head_dim: usize,
+    cs: &[(f32, f32)],
+    style: RopeStyle,
+    n_rot: usize,
+) {
+    rotate_heads(row, head_dim, cs, style, n_rot)
 }
 
 /// Index of the first largest value.
