@@ -515,4 +515,57 @@ mod tests {
         let c = generate("w", &[64, 1000], GgmlType::F16, &real(), 8, 3).expect("generate");
         assert_ne!(a, c);
     }
+
+    fn stats(ty: GgmlType, bytes: &[u8], n: usize) -> (f64, f64) {
+        let mut vals = vec![0f32; n];
+        smelt_quant::dequantize_row(ty, bytes, &mut vals).expect("dequantize");
+        let mean = vals.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
+        let var = vals
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / n as f64;
+        (mean, var.sqrt())
+    }
+
+    #[test]
+    fn tiny_shapes_get_their_scales_in_every_format() {
+        let shape = shapes::find("llama3-tiny").expect("shape exists");
+        let v = Values::of(shape);
+        assert_eq!(v.weight_std, 0.08);
+        for ty in [
+            GgmlType::F32,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
+            let bytes = generate("blk.0.attn_q.weight", &[256, 64], ty, &v, 3, 4).expect("gen");
+            let (mean, std) = stats(ty, &bytes, 256 * 64);
+            assert!(mean.abs() < 0.01, "{ty}: mean {mean}");
+            assert!((0.07..0.09).contains(&std), "{ty}: std {std}");
+        }
+        // Biases: half the spread of a projection of a unit-RMS input (0.08 * 16 / 2).
+        let bias = generate("blk.0.attn_q.bias", &[4096], GgmlType::F32, &v, 3, 5).expect("gen");
+        let (_, std) = stats(GgmlType::F32, &bias, 4096);
+        assert!((0.58..0.70).contains(&std), "bias std {std}");
+        // Norms jitter around 1.
+        let norm =
+            generate("blk.0.attn_norm.weight", &[4096], GgmlType::F32, &v, 3, 6).expect("gen");
+        let (mean, std) = stats(GgmlType::F32, &norm, 4096);
+        assert!(
+            (mean - 1.0).abs() < 0.02 && (0.17..0.23).contains(&std),
+            "{mean} {std}"
+        );
+        // rope_freqs.weight carries the Llama 3 factors exactly.
+        let f = generate("rope_freqs.weight", &[16], GgmlType::F32, &v, 3, 0).expect("gen");
+        let want: Vec<u8> = v
+            .rope_freqs
+            .as_ref()
+            .expect("factors")
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        assert_eq!(f, want);
+        assert!(generate("rope_freqs.weight", &[8], GgmlType::F32, &v, 3, 0).is_err());
+    }
 }
