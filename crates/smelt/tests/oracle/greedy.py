@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 from llama_cpp import Llama
+import llama_cpp
 
 
 def main():
@@ -34,9 +35,16 @@ def main():
         out.append(int(tok))
         if len(out) >= a.n:
             break
-    last = np.asarray(llm._scores[-1], dtype=np.float32)  # logits of the last step
+    # The logits that chose the last token, read from the context itself: with
+    # logits_all=False llama-cpp-python leaves `_scores` as zeros, so a check on it could
+    # never fail.
+    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+    last = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).astype(np.float32)
     if not np.all(np.isfinite(last)):
         print(json.dumps({"error": "non-finite logits", "tokens": out}))
+        return 1
+    if out and int(np.argmax(last)) != out[-1]:
+        print(json.dumps({"error": "last logits do not pick the last greedy token", "tokens": out}))
         return 1
     text = ""
     if a.prompt is not None:
