@@ -87,6 +87,15 @@ def free_port() -> int:
 @contextlib.contextmanager
 def extra_server(smelt_bin: str, model_path: str, *args: str) -> Iterator[str]:
     """A second `smelt serve` with its own flags (--api-key, --max-queue ...); yields its URL."""
+    with extra_server_process(smelt_bin, model_path, *args) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def extra_server_process(
+    smelt_bin: str, model_path: str, *args: str
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Like extra_server, and yields the process too (for signal tests)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
@@ -109,7 +118,7 @@ def extra_server(smelt_bin: str, model_path: str, *args: str) -> Iterator[str]:
                 if time.monotonic() > deadline:
                     pytest.fail(f"smelt serve {' '.join(args)} did not answer /health in 120 s")
                 time.sleep(0.3)
-            yield url
+            yield url, proc
         finally:
             proc.terminate()
             try:
