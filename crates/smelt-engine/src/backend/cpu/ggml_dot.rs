@@ -41,6 +41,13 @@ pub trait GgmlDot: Block {
     fn ggml_dot4(x: [&[Self]; 4], y: &[Self::Act]) -> [f32; 4] {
         x.map(|x| Self::ggml_dot(x, y))
     }
+
+    /// [`GgmlDot::ggml_dot4`] against two activation rows (a batch): each weight block is
+    /// unpacked once for both; every output keeps ggml's order.
+    #[inline]
+    fn ggml_dot4x2(x: [&[Self]; 4], y0: &[Self::Act], y1: &[Self::Act]) -> [[f32; 4]; 2] {
+        [Self::ggml_dot4(x, y0), Self::ggml_dot4(x, y1)]
+    }
 }
 
 /// Formats whose ggml order is not reproduced yet: smelt-quant's own dot.
@@ -180,6 +187,18 @@ fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: [i32; 8]) {
 }
 
 impl GgmlDot for BlockQ4_1 {
+    fn ggml_dot4x2(x: [&[Self]; 4], y0: &[BlockQ8_1], y1: &[BlockQ8_1]) -> [[f32; 4]; 2] {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
+            return unsafe { x86::q4_1_x4x2(x, y0, y1) };
+        }
+        [
+            x.map(|x| portable::q4_1(x, y0)),
+            x.map(|x| portable::q4_1(x, y1)),
+        ]
+    }
+
     fn ggml_dot4(x: [&[Self]; 4], y: &[BlockQ8_1]) -> [f32; 4] {
         #[cfg(target_arch = "x86_64")]
         if simd() {
@@ -200,6 +219,18 @@ impl GgmlDot for BlockQ4_1 {
 }
 
 impl GgmlDot for BlockQ5_0 {
+    fn ggml_dot4x2(x: [&[Self]; 4], y0: &[BlockQ8_0], y1: &[BlockQ8_0]) -> [[f32; 4]; 2] {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
+            return unsafe { x86::q5_0_x4x2(x, y0, y1) };
+        }
+        [
+            x.map(|x| portable::q5_0(x, y0)),
+            x.map(|x| portable::q5_0(x, y1)),
+        ]
+    }
+
     fn ggml_dot4(x: [&[Self]; 4], y: &[BlockQ8_0]) -> [f32; 4] {
         #[cfg(target_arch = "x86_64")]
         if simd() {
@@ -220,6 +251,18 @@ impl GgmlDot for BlockQ5_0 {
 }
 
 impl GgmlDot for BlockQ8_0 {
+    fn ggml_dot4x2(x: [&[Self]; 4], y0: &[BlockQ8_0], y1: &[BlockQ8_0]) -> [[f32; 4]; 2] {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
+            return unsafe { x86::q8_0_x4x2(x, y0, y1) };
+        }
+        [
+            x.map(|x| portable::q8_0(x, y0)),
+            x.map(|x| portable::q8_0(x, y1)),
+        ]
+    }
+
     fn ggml_dot4(x: [&[Self]; 4], y: &[BlockQ8_0]) -> [f32; 4] {
         #[cfg(target_arch = "x86_64")]
         if simd() {
@@ -407,6 +450,15 @@ mod x86 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
     }
 
+    /// Four f16 values widened at once (exact).
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    unsafe fn f16x4(h: [half::f16; 4]) -> __m128 {
+        let bits = h.map(|h| h.to_bits() as u64);
+        let packed = bits[0] | bits[1] << 16 | bits[2] << 32 | bits[3] << 48;
+        _mm_cvtph_ps(_mm_cvtsi64_si128(packed as i64))
+    }
+
     /// Four rows at once: each row's operations are exactly [`q4_1`]'s.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn q4_1_x4(x: [&[BlockQ4_1]; 4], y: &[BlockQ8_1]) -> [f32; 4] {
@@ -417,11 +469,16 @@ mod x86 {
             let d1 = h2f(b.d);
             let s1 = h2f(b.s);
             let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
+            let a: [&BlockQ4_1; 4] = std::array::from_fn(|r| x[r].get_unchecked(i));
+            // The four rows' d and m widened together (exact), then `d * d1` per row:
+            // the same IEEE products as one at a time.
+            let dd = _mm_mul_ps(f16x4(a.map(|a| a.d)), _mm_set1_ps(d1));
+            let m: [f32; 4] = std::mem::transmute(f16x4(a.map(|a| a.m)));
+            let dd: [f32; 4] = std::mem::transmute(dd);
             for r in 0..4 {
-                let a = x[r].get_unchecked(i);
-                summs[r] = h2f(a.m).mul_add(s1, summs[r]);
-                let xy = mul_sum_us8_pairs_float(bytes_from_nibbles_32(&a.qs), qy);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a.d) * d1), xy, acc[r]);
+                summs[r] = m[r].mul_add(s1, summs[r]);
+                let xy = mul_sum_us8_pairs_float(bytes_from_nibbles_32(&a[r].qs), qy);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dd[r]), xy, acc[r]);
             }
         }
         std::array::from_fn(|r| hsum_float_8(acc[r]) + summs[r])
@@ -435,13 +492,17 @@ mod x86 {
         for (i, b) in y[..n].iter().enumerate() {
             let d1 = h2f(b.d);
             let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
+            let a: [&BlockQ5_0; 4] = std::array::from_fn(|r| x[r].get_unchecked(i));
+            let dd: [f32; 4] =
+                std::mem::transmute(_mm_mul_ps(f16x4(a.map(|a| a.d)), _mm_set1_ps(d1)));
             for r in 0..4 {
-                let a = x[r].get_unchecked(i);
-                let bxhi =
-                    _mm256_andnot_si256(bytes_from_bits_32(a.qh), _mm256_set1_epi8(0xF0u8 as i8));
-                let qx = _mm256_or_si256(bytes_from_nibbles_32(&a.qs), bxhi);
+                let bxhi = _mm256_andnot_si256(
+                    bytes_from_bits_32(a[r].qh),
+                    _mm256_set1_epi8(0xF0u8 as i8),
+                );
+                let qx = _mm256_or_si256(bytes_from_nibbles_32(&a[r].qs), bxhi);
                 let q = mul_sum_i8_pairs_float(qx, qy);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a.d) * d1), q, acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dd[r]), q, acc[r]);
             }
         }
         acc.map(|a| hsum_float_8(a))
@@ -455,14 +516,148 @@ mod x86 {
         for (i, b) in y[..n].iter().enumerate() {
             let d1 = h2f(b.d);
             let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
+            let a: [&BlockQ8_0; 4] = std::array::from_fn(|r| x[r].get_unchecked(i));
+            let dd: [f32; 4] =
+                std::mem::transmute(_mm_mul_ps(f16x4(a.map(|a| a.d)), _mm_set1_ps(d1)));
             for r in 0..4 {
-                let a = x[r].get_unchecked(i);
-                let qx = _mm256_loadu_si256(a.qs.as_ptr().cast());
+                let qx = _mm256_loadu_si256(a[r].qs.as_ptr().cast());
                 let q = mul_sum_i8_pairs_float(qx, qy);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a.d) * d1), q, acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dd[r]), q, acc[r]);
             }
         }
         acc.map(|a| hsum_float_8(a))
+    }
+
+    /// The weight bytes of a block as ggml's kernels feed them to `maddubs`-style products,
+    /// for the 4x2 kernels below.
+    trait Unpack {
+        unsafe fn qx(&self) -> __m256i;
+    }
+    impl Unpack for BlockQ4_1 {
+        #[inline(always)]
+        unsafe fn qx(&self) -> __m256i {
+            bytes_from_nibbles_32(&self.qs)
+        }
+    }
+    impl Unpack for BlockQ5_0 {
+        #[inline(always)]
+        unsafe fn qx(&self) -> __m256i {
+            let bxhi =
+                _mm256_andnot_si256(bytes_from_bits_32(self.qh), _mm256_set1_epi8(0xF0u8 as i8));
+            _mm256_or_si256(bytes_from_nibbles_32(&self.qs), bxhi)
+        }
+    }
+    impl Unpack for BlockQ8_0 {
+        #[inline(always)]
+        unsafe fn qx(&self) -> __m256i {
+            _mm256_loadu_si256(self.qs.as_ptr().cast())
+        }
+    }
+
+    /// Four rows times two activation rows: per output exactly [`q4_1`]'s operations.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q4_1_x4x2(
+        x: [&[BlockQ4_1]; 4],
+        y0: &[BlockQ8_1],
+        y1: &[BlockQ8_1],
+    ) -> [[f32; 4]; 2] {
+        let n = x
+            .iter()
+            .map(|r| r.len())
+            .min()
+            .unwrap_or(0)
+            .min(y0.len())
+            .min(y1.len());
+        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+        let mut summs = [[0f32; 4]; 2];
+        for i in 0..n {
+            let (b0, b1) = (y0.get_unchecked(i), y1.get_unchecked(i));
+            let (d0, d1) = (h2f(b0.d), h2f(b1.d));
+            let (s0, s1) = (h2f(b0.s), h2f(b1.s));
+            let qy0 = _mm256_loadu_si256(b0.qs.as_ptr().cast());
+            let qy1 = _mm256_loadu_si256(b1.qs.as_ptr().cast());
+            for r in 0..4 {
+                let a = x[r].get_unchecked(i);
+                let (da, ma) = (h2f(a.d), h2f(a.m));
+                summs[0][r] = ma.mul_add(s0, summs[0][r]);
+                summs[1][r] = ma.mul_add(s1, summs[1][r]);
+                let qx = a.qx();
+                let xy0 = mul_sum_us8_pairs_float(qx, qy0);
+                let xy1 = mul_sum_us8_pairs_float(qx, qy1);
+                acc[0][r] = _mm256_fmadd_ps(_mm256_set1_ps(da * d0), xy0, acc[0][r]);
+                acc[1][r] = _mm256_fmadd_ps(_mm256_set1_ps(da * d1), xy1, acc[1][r]);
+            }
+        }
+        std::array::from_fn(|t| std::array::from_fn(|r| hsum_float_8(acc[t][r]) + summs[t][r]))
+    }
+
+    /// Four rows times two activation rows for the signed formats (Q5_0, Q8_0): per output
+    /// exactly [`q5_0`]'s / [`q8_0`]'s operations.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn signed_x4x2<X: Unpack + HasD>(
+        x: [&[X]; 4],
+        y0: &[BlockQ8_0],
+        y1: &[BlockQ8_0],
+    ) -> [[f32; 4]; 2] {
+        let n = x
+            .iter()
+            .map(|r| r.len())
+            .min()
+            .unwrap_or(0)
+            .min(y0.len())
+            .min(y1.len());
+        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+        for i in 0..n {
+            let (b0, b1) = (y0.get_unchecked(i), y1.get_unchecked(i));
+            let (d0, d1) = (h2f(b0.d), h2f(b1.d));
+            let qy0 = _mm256_loadu_si256(b0.qs.as_ptr().cast());
+            let qy1 = _mm256_loadu_si256(b1.qs.as_ptr().cast());
+            for r in 0..4 {
+                let a = x[r].get_unchecked(i);
+                let da = h2f(a.d());
+                let qx = a.qx();
+                let ax = _mm256_sign_epi8(qx, qx);
+                let p0 = mul_sum_us8_pairs_float(ax, _mm256_sign_epi8(qy0, qx));
+                let p1 = mul_sum_us8_pairs_float(ax, _mm256_sign_epi8(qy1, qx));
+                acc[0][r] = _mm256_fmadd_ps(_mm256_set1_ps(da * d0), p0, acc[0][r]);
+                acc[1][r] = _mm256_fmadd_ps(_mm256_set1_ps(da * d1), p1, acc[1][r]);
+            }
+        }
+        std::array::from_fn(|t| std::array::from_fn(|r| hsum_float_8(acc[t][r])))
+    }
+
+    trait HasD {
+        fn d(&self) -> half::f16;
+    }
+    impl HasD for BlockQ5_0 {
+        #[inline(always)]
+        fn d(&self) -> half::f16 {
+            self.d
+        }
+    }
+    impl HasD for BlockQ8_0 {
+        #[inline(always)]
+        fn d(&self) -> half::f16 {
+            self.d
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q5_0_x4x2(
+        x: [&[BlockQ5_0]; 4],
+        y0: &[BlockQ8_0],
+        y1: &[BlockQ8_0],
+    ) -> [[f32; 4]; 2] {
+        signed_x4x2(x, y0, y1)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0_x4x2(
+        x: [&[BlockQ8_0]; 4],
+        y0: &[BlockQ8_0],
+        y1: &[BlockQ8_0],
+    ) -> [[f32; 4]; 2] {
+        signed_x4x2(x, y0, y1)
     }
 
     #[rustfmt::skip]

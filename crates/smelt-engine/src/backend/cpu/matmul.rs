@@ -220,9 +220,19 @@ fn batch_rows<B: GgmlDot>(job: &BatchJob<'_, B>, o: &mut [f32], r0: usize) {
                 let r = r0 + i + k;
                 &w[r * w_per_row..(r + 1) * w_per_row]
             });
-            for t in t0..t1 {
-                let a = &act[t * a_per_row..(t + 1) * a_per_row];
-                for (k, v) in B::ggml_dot4(wr, a).into_iter().enumerate() {
+            let tok = |t: usize| &act[t * a_per_row..(t + 1) * a_per_row];
+            let mut t = t0;
+            while t + 2 <= t1 {
+                let v = B::ggml_dot4x2(wr, tok(t), tok(t + 1));
+                for (dt, v) in v.into_iter().enumerate() {
+                    for (k, v) in v.into_iter().enumerate() {
+                        o[(i + k) * n_tok + t + dt] = v;
+                    }
+                }
+                t += 2;
+            }
+            for t in t..t1 {
+                for (k, v) in B::ggml_dot4(wr, tok(t)).into_iter().enumerate() {
                     o[(i + k) * n_tok + t] = v;
                 }
             }
