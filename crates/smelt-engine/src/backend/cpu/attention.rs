@@ -79,8 +79,8 @@ impl CpuKv {
             owner[s.row..s.row + s.n_tokens].fill(si);
         }
         out.par_chunks_mut(hd).enumerate().for_each_init(
-            || (vec![0f32; hd], Vec::<f32>::new()),
-            |(q16, scores), (i, o)| {
+            || (vec![0f32; hd], Vec::<f32>::new(), Vec::<f32>::new()),
+            |(q16, scores, acc), (i, o)| {
                 let (row, h) = (i / p.n_head, i % p.n_head);
                 let Some(&si) = owner.get(row) else { return };
                 let (Some(s), Some(w)) = (seqs.get(si), widened.get(si)) else {
@@ -101,9 +101,9 @@ impl CpuKv {
                 let batched = s.n_tokens >= 2;
                 if ggml_math::fma_ok() {
                     // SAFETY: AVX2 and FMA were detected at run time.
-                    unsafe { one_head_fma(q16, w, kvh, lo, pos, p.scale, batched, scores, o) }
+                    unsafe { one_head_fma(q16, w, kvh, lo, pos, p.scale, batched, scores, acc, o) }
                 } else {
-                    one_head(q16, w, kvh, lo, pos, p.scale, batched, scores, o)
+                    one_head(q16, w, kvh, lo, pos, p.scale, batched, scores, acc, o)
                 }
             },
         );
@@ -122,7 +122,7 @@ impl CpuKv {
         let base = first - first % 64;
         let n_pos = (end - base).div_ceil(64) * 64;
         let mut k = vec![0f32; p.n_head_kv * n_pos * hd];
-        let mut vt = vec![0f32; p.n_head_kv * hd * n_pos];
+        let mut v = vec![0f32; p.n_head_kv * n_pos * hd];
         for (j, pos) in (first..end)
             .enumerate()
             .map(|(j, pos)| (j + first - base, pos))
@@ -138,21 +138,24 @@ impl CpuKv {
                 {
                     *d = f16_to_f32(x);
                 }
-                for (d, &x) in src_v[h * hd..(h + 1) * hd].iter().enumerate() {
-                    vt[(h * hd + d) * n_pos + j] = f16_to_f32(x);
+                for (d, &x) in v[dst..dst + hd]
+                    .iter_mut()
+                    .zip(&src_v[h * hd..(h + 1) * hd])
+                {
+                    *d = f16_to_f32(x);
                 }
             }
         }
-        Widened { k, vt, base, n_pos }
+        Widened { k, v, base, n_pos }
     }
 }
 
-/// One sequence's keys and transposed values in f32 for one layer.
+/// One sequence's keys and values in f32 for one layer.
 struct Widened {
     /// `[kv_head][position - base][d]`.
     k: Vec<f32>,
-    /// `[kv_head][d][position - base]`, zero past the last position.
-    vt: Vec<f32>,
+    /// `[kv_head][position - base][d]`, zero past the last position.
+    v: Vec<f32>,
     /// First position held (a multiple of 64).
     base: usize,
     /// Positions held (a multiple of 64).
@@ -172,9 +175,10 @@ unsafe fn one_head_fma(
     scale: f32,
     batched: bool,
     scores: &mut Vec<f32>,
+    acc: &mut Vec<f32>,
     o: &mut [f32],
 ) {
-    one_head(q, w, kvh, lo, pos, scale, batched, scores, o)
+    one_head(q, w, kvh, lo, pos, scale, batched, scores, acc, o)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -188,9 +192,10 @@ unsafe fn one_head_fma(
     scale: f32,
     batched: bool,
     scores: &mut Vec<f32>,
+    acc: &mut Vec<f32>,
     o: &mut [f32],
 ) {
-    one_head(q, w, kvh, lo, pos, scale, batched, scores, o)
+    one_head(q, w, kvh, lo, pos, scale, batched, scores, acc, o)
 }
 
 /// Softmax-weighted sum of the values for one query head over positions `lo..=pos`, as
@@ -209,6 +214,7 @@ fn one_head(
     scale: f32,
     batched: bool,
     scores: &mut Vec<f32>,
+    acc: &mut Vec<f32>,
     o: &mut [f32],
 ) {
     let hd = q.len();
@@ -264,13 +270,33 @@ fn one_head(
     for x in scores.iter_mut() {
         *x = f16_to_f32(f32_to_f16(*x * inv));
     }
-    let vt = &w.vt[kvh * hd * w.n_pos..];
-    let vrow = |d: usize| &vt[d * w.n_pos..][..len];
-    let done = hd - hd % 4;
-    for (c, y) in o[..done].chunks_exact_mut(4).enumerate() {
-        y.copy_from_slice(&dot4(std::array::from_fn(|k| vrow(4 * c + k)), scores));
+    // Each output dimension is a dot of the probabilities with that dimension's values
+    // over the positions (ggml's V is transposed), in the same lanes as `dot`: position
+    // `p` goes to lane `p % 16` of accumulator `(p / 16) % 4` (vec_dot_f16) or of the one
+    // accumulator (tinyBLAS, whose k = n_kv is always a multiple of 16). Walking positions
+    // with every dimension's lanes side by side vectorizes over the dimensions; positions
+    // with probability 0 add exactly +0 and are skipped.
+    let n_acc = if batched { 1 } else { 4 };
+    acc.clear();
+    acc.resize(n_acc * 16 * hd, 0.0);
+    let vals = &w.v[kvh * w.n_pos * hd..];
+    for (p, &prob) in scores[..len].iter().enumerate() {
+        if prob == 0.0 {
+            continue;
+        }
+        let lane = if batched { p % 16 } else { p % 64 };
+        let a = &mut acc[lane * hd..(lane + 1) * hd];
+        for (a, &v) in a.iter_mut().zip(&vals[p * hd..(p + 1) * hd]) {
+            *a = prob.mul_add(v, *a);
+        }
     }
-    for (d, y) in o.iter_mut().enumerate().skip(done) {
-        *y = dot(vrow(d), scores);
+    for (d, y) in o.iter_mut().enumerate() {
+        let at = |j: usize, l: usize| acc[(16 * j + l) * hd + d];
+        let s: [f32; 16] = if batched {
+            std::array::from_fn(|l| at(0, l))
+        } else {
+            std::array::from_fn(|l| (at(0, l) + at(2, l)) + (at(1, l) + at(3, l)))
+        };
+        *y = ggml_math::reduce16(&s);
     }
 }
