@@ -218,7 +218,7 @@ fn one_head(
     o: &mut [f32],
 ) {
     let hd = q.len();
-    let gemm = batched && hd % 16 == 0;
+    let gemm = batched && hd.is_multiple_of(16);
     let dot = |a: &[f32], b: &[f32]| {
         if gemm {
             ggml_math::dot_gemm(a, b)
@@ -252,10 +252,10 @@ fn one_head(
         }
         j += 4;
     }
-    for j in j..=last {
+    for (j, sc) in scores.iter_mut().enumerate().take(last + 1).skip(j) {
         let d = dot(key(j), q) * scale;
         max = max.max(d);
-        scores[j] = d;
+        *sc = d;
     }
     let mut sum = 0f64;
     for chunk in scores.chunks_exact_mut(16) {
