@@ -11,8 +11,9 @@
 # There (through the device tool, carry [".gpu-cuda"], or [".gpu-cuda/smelt", ".peer"] for
 # the peer: its sources leave no room for the parity models):
 #   bash bench/gpu/decode.sh run [--peer]
-# Environment: PARITY_MODELS (files to check), SKIP_KERNELS=1, SMELT_NCU=1 (per-kernel
-# GPU time of two decode steps through Nsight Compute).
+# Environment: GPU_DIR (the carry folder, default .gpu-cuda), PARITY_MODELS (files to check),
+# SKIP_KERNELS=1, SMELT_NCU=1 (per-kernel GPU time of two decode steps through Nsight
+# Compute). The run always ends with SMELT_CUDA_PROFILE's per-kernel table (no Nsight needed).
 #
 # Logs under $OUT (or bench/out): decode.log; table last.
 set -euo pipefail
@@ -21,15 +22,16 @@ case "${1:-run}" in
   build)
     cargo build --release -p smelt --bin smelt
     cargo build --release -p smelt-engine --example cuda_parity
-    mkdir -p .gpu-cuda
-    strip -o .gpu-cuda/smelt target/release/smelt
-    strip -o .gpu-cuda/cuda_parity target/release/examples/cuda_parity
+    B=${GPU_DIR:-.gpu-cuda}
+    mkdir -p $B
+    strip -o $B/smelt target/release/smelt
+    strip -o $B/cuda_parity target/release/examples/cuda_parity
     P=target/release/examples/cuda_parity
     # SmolLM2: 4 of 30 layers. Gemma 3: 6 of 18 (layer 5 is a global-attention layer),
     # sliding window 24 so the 40-token prompt crosses it.
-    $P shrink .models/SmolLM2-135M-Instruct.Q4_1.gguf .gpu-cuda/smollm2-4l.gguf --layers 4 --vocab 8192
-    $P shrink .models/gemma-3-270m-q4_k_m.gguf .gpu-cuda/gemma3-6l.gguf --layers 6 --vocab 8192 --window 24
-    du -sh .gpu-cuda
+    $P shrink .models/SmolLM2-135M-Instruct.Q4_1.gguf $B/smollm2-4l.gguf --layers 4 --vocab 8192
+    $P shrink .models/gemma-3-270m-q4_k_m.gguf $B/gemma3-6l.gguf --layers 6 --vocab 8192 --window 24
+    du -sh $B
     ;;
   run)
     shift || true
@@ -38,7 +40,7 @@ case "${1:-run}" in
     out=${OUT:-bench/out}
     mkdir -p "$out"
     log="$out/decode.log"
-    B=.gpu-cuda
+    B=${GPU_DIR:-.gpu-cuda}
     [ -x $B/smelt ] || { echo "decode.sh: $B/smelt missing: run 'bench/gpu/decode.sh build' and carry $B" >&2; exit 1; }
     { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader || true; } | tee "$log"
     status=0
@@ -75,13 +77,9 @@ case "${1:-run}" in
         $B/smelt bench --model $m --device cuda --prompt 16 --gen 40 --reps 1 > "$out/ncu.csv" 2>/dev/null || true
       python3 bench/gpu/ncu_summary.py "$out/ncu.csv" 2>&1 | tee -a "$log" || true
     fi
-    if [ "${SMELT_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
-      echo "== ncu: GPU time per kernel over ~2 decode steps (graphs off, prompt 16)" | tee -a "$log"
-      SMELT_CUDA_GRAPHS=0 timeout 240 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
-        --launch-skip 4200 --launch-count 1300 \
-        $B/smelt bench --model $m --device cuda --prompt 16 --gen 40 --reps 1 > "$out/ncu.csv" 2>/dev/null || true
-      python3 bench/gpu/ncu_summary.py "$out/ncu.csv" 2>&1 | tee -a "$log" || true
-    fi
+    echo "== GPU time per kernel of eager decode steps (SMELT_CUDA_PROFILE=1, no Nsight)" | tee -a "$log"
+    SMELT_CUDA_PROFILE=1 $B/smelt bench --model $m --device cuda --prompt 512 --gen 16 --reps 1 2>&1 \
+      | grep -E "^(PROFILE|\|)" | tee -a "$log" || status=1
     echo "== same, norms not fused with the q8_1 quantization (SMELT_CUDA_FUSED=0)" | tee -a "$log"
     SMELT_CUDA_FUSED=0 $B/smelt bench --model $m --device cuda --prompt 512 --gen 128 --reps 3 --json 2>&1 | tee -a "$log" || status=1
     echo "== same, CUDA graphs off (every decode step launched op by op)" | tee -a "$log"

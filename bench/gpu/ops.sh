@@ -3,6 +3,7 @@
 #
 # Here (builds; no CUDA toolkit needed):
 #   bench/gpu/ops.sh build     # cargo build the check, strip it into .gpu-ops/
+# GPU_DIR names another carry folder than .gpu-ops (both steps).
 # There (through the device tool, carry [".gpu-ops"]):
 #   bash bench/gpu/ops.sh run  # parity vs the CPU twins, then timings, tables last
 #
@@ -15,21 +16,23 @@ cd "$(dirname "$0")/../.."
 case "${1:-run}" in
   build)
     cargo build --release --example ops_check -p smelt-kernels
-    mkdir -p .gpu-ops
-    strip -o .gpu-ops/ops_check target/release/examples/ops_check
-    ls -l .gpu-ops/ops_check
+    D=${GPU_DIR:-.gpu-ops}
+    mkdir -p $D
+    strip -o $D/ops_check target/release/examples/ops_check
+    ls -l $D/ops_check
     ;;
   run)
     out=${OUT:-bench/out}
     mkdir -p "$out"
-    if [ ! -x .gpu-ops/ops_check ]; then
-      echo "ops.sh: .gpu-ops/ops_check is missing: run 'bench/gpu/ops.sh build' first and carry .gpu-ops" >&2
+    D=${GPU_DIR:-.gpu-ops}
+    if [ ! -x $D/ops_check ]; then
+      echo "ops.sh: $D/ops_check is missing: run 'bench/gpu/ops.sh build' first and carry .gpu-ops" >&2
       exit 1
     fi
     { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader || true; } | tee "$out/ops.log"
     shift || true
     set -o pipefail
-    .gpu-ops/ops_check "$@" 2>&1 | tee -a "$out/ops.log"
+    $D/ops_check "$@" 2>&1 | tee -a "$out/ops.log"
     ;;
   *)
     echo "usage: bench/gpu/ops.sh {build|run}" >&2

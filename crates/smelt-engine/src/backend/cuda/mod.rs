@@ -22,6 +22,7 @@
 
 mod arena;
 mod ops;
+mod profile;
 pub mod runner;
 pub mod step;
 pub mod weights;
@@ -172,6 +173,19 @@ pub struct Cuda {
     fuse_quantize: bool,
     /// Weight memory: chunks bump-allocated in load order; (chunks, next free, end).
     weights: Mutex<(Vec<CudaSlice<u8>>, u64, u64)>,
+    /// GPU time per kernel of eager decode steps (`SMELT_CUDA_PROFILE=1`).
+    profile: Option<Mutex<profile::Profile>>,
+}
+
+impl Drop for Cuda {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let p = lock(p);
+            if p.steps() > 0 {
+                eprint!("{}", p.table());
+            }
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -194,7 +208,38 @@ impl Cuda {
             staging: Mutex::new(None),
             fuse_quantize: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0"),
             weights: Mutex::new((Vec::new(), 0, 0)),
+            profile: (std::env::var("SMELT_CUDA_PROFILE").is_ok_and(|v| v == "1"))
+                .then(|| Mutex::new(profile::Profile::default())),
         })
+    }
+
+    /// Whether kernels are being timed one by one (graphs are then off).
+    pub fn profiling(&self) -> bool {
+        self.profile.is_some()
+    }
+
+    /// Starts timing a step's kernels (when profiling).
+    pub(crate) fn profile_begin(&self) -> Result<(), CudaError> {
+        match &self.profile {
+            Some(p) => lock(p).begin(&self.gpu),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks the end of kernel `name`, just launched (when profiling).
+    pub(crate) fn profile_mark(&self, name: &str) -> Result<(), CudaError> {
+        match &self.profile {
+            Some(p) => lock(p).mark(&self.gpu, name),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the timed step and adds it up (when profiling).
+    pub(crate) fn profile_end(&self) -> Result<(), CudaError> {
+        match &self.profile {
+            Some(p) => lock(p).end(&self.gpu),
+            None => Ok(()),
+        }
     }
 
     pub fn gpu(&self) -> &Arc<Gpu> {
@@ -610,7 +655,8 @@ impl Cuda {
     ) -> Result<(), CudaError> {
         use smelt_cuda::PushKernelArg;
         let cfg = gemv::Config::new(ntok);
-        let f = self.gpu.function(&catalog::gemv_config_name(ty, cfg)?)?;
+        let name = catalog::gemv_config_name(ty, cfg)?;
+        let f = self.gpu.function(&name)?;
         let (nrows, ntiles, rb, never) = (
             rows as u32,
             cols.div_ceil(TILE) as u32,
@@ -633,7 +679,7 @@ impl Cuda {
         // SAFETY: parameters in the order `gemv::kernel` documents; `w` holds `rows` rows of
         // `row_bytes`, `xq` `ntok` rows of q8_1 tiles, `y` `ntok x rows` floats.
         unsafe { l.launch(lc) }?;
-        Ok(())
+        self.profile_mark(&name)
     }
 
     /// `q = quantize_q8_1(x)` for `n` rows of `k` floats.
@@ -650,7 +696,7 @@ impl Cuda {
         l.arg(&x).arg(&q).arg(&len).arg(&ntiles);
         // SAFETY: parameters as `act::quantize_kernel` documents; `q` holds n rows of tiles.
         unsafe { l.launch(lc) }?;
-        Ok(())
+        self.profile_mark(catalog::QUANTIZE)
     }
 
     fn copy_rows(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
@@ -659,7 +705,7 @@ impl Cuda {
         }
         // SAFETY: both ranges are device scratch of at least `bytes`.
         unsafe { cu::memcpy_dtod_async(dst, src, bytes, self.gpu.stream().cu_stream()) }?;
-        Ok(())
+        self.profile_mark("copy_rows")
     }
 }
 
@@ -819,7 +865,17 @@ impl Backend for Cuda {
     }
 
     fn glu(&self, gate: &mut CudaTensor, up: &CudaTensor, act: Glu) {
-        self.run(|| self.op_glu(gate, up, act));
+        self.run(|| {
+            // The GLU's output feeds the down projection: write its q8_1 tiles in the same
+            // kernel (one launch per layer less at decode).
+            if self.fuse_quantize && self.can_glu_quantize(gate, up) {
+                let q = self.scratch(act::row_bytes(gate.cols)? * gate.rows)?;
+                self.op_glu_q8(gate, up, act, q)?;
+                *lock(&self.quantized) = Some((*gate, q));
+                return Ok(());
+            }
+            self.op_glu(gate, up, act)
+        });
     }
 
     fn rope(

@@ -55,7 +55,7 @@ impl Cuda {
         // SAFETY: every caller passes the parameters its kernel documents, with buffers of
         // the sizes the shapes imply (checked by the callers).
         unsafe { b.launch(cfg) }?;
-        Ok(())
+        self.profile_mark(name)
     }
 
     fn vector(&self, w: &CudaWeight, what: &'static str) -> Result<(u64, usize), CudaError> {
@@ -266,6 +266,44 @@ impl Cuda {
                 Arg::P(gate.ptr),
                 Arg::P(up.ptr),
                 Arg::U(u32_of(n, "glu length")?),
+            ],
+        )
+    }
+
+    /// Whether [`Self::op_glu_q8`] can run: same shapes, whole 32-value blocks, 16-byte
+    /// aligned rows (the kernel loads and stores eight floats per lane in two vectors).
+    pub(crate) fn can_glu_quantize(&self, gate: &CudaTensor, up: &CudaTensor) -> bool {
+        gate.rows > 0
+            && gate.rows == up.rows
+            && gate.cols == up.cols
+            && gate.cols.is_multiple_of(32)
+            && gate.ptr.is_multiple_of(16)
+            && up.ptr.is_multiple_of(16)
+    }
+
+    /// `gate = act(gate) * up; q = quantize_q8_1(gate)` in one kernel (the down
+    /// projection's input and its tiles).
+    pub(crate) fn op_glu_q8(
+        &self,
+        gate: &CudaTensor,
+        up: &CudaTensor,
+        act: Glu,
+        q: u64,
+    ) -> Result<(), CudaError> {
+        let act = match act {
+            Glu::Silu => ops::elementwise::Glu::Silu,
+            Glu::Gelu => ops::elementwise::Glu::Gelu,
+        };
+        let k = gate.cols;
+        self.launch(
+            smelt_kernels::fused::glu_q8_name(act),
+            smelt_kernels::fused::glu_q8_launch(gate.rows, k),
+            &[
+                Arg::P(gate.ptr),
+                Arg::P(up.ptr),
+                Arg::P(q),
+                Arg::U(u32_of(k, "glu length")?),
+                Arg::U(u32_of(k.div_ceil(smelt_kernels::TILE), "glu tiles")?),
             ],
         )
     }

@@ -50,13 +50,16 @@ impl CudaEngine {
         let kv = backend.kv_alloc(i.n_layer, n_blocks, block_size, i.n_head_kv * i.head_dim);
         backend.take_error()?;
         backend.gpu().synchronize()?;
+        let use_graphs =
+            std::env::var("SMELT_CUDA_GRAPHS").map_or(true, |v| v != "0") && !backend.profiling();
         Ok(CudaEngine {
             backend,
             model,
             kv,
             graphs: GraphCache::new(MAX_GRAPHS),
-            // SMELT_CUDA_GRAPHS=0 runs every step eagerly (to compare, or to debug).
-            use_graphs: std::env::var("SMELT_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            // SMELT_CUDA_GRAPHS=0 runs every step eagerly (to compare, or to debug);
+            // profiling times eager steps.
+            use_graphs,
             replays: 0,
         })
     }
@@ -82,6 +85,11 @@ impl CudaEngine {
         out_rows: &[usize],
     ) -> Result<CudaTensor, EngineError> {
         self.backend.upload_step()?;
+        // Only decode steps (one token per sequence) are timed.
+        let timed = self.backend.profiling() && tokens.len() == seqs.len();
+        if timed {
+            self.backend.profile_begin()?;
+        }
         let logits = self.model.forward(
             &self.backend,
             &mut self.kv,
@@ -92,6 +100,9 @@ impl CudaEngine {
         )?;
         // The last matmul (the logits) may still be deferred.
         self.backend.flush()?;
+        if timed {
+            self.backend.profile_end()?;
+        }
         Ok(logits)
     }
 
