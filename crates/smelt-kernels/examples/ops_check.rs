@@ -56,7 +56,10 @@ impl Gpu {
             Target::Sm80
         };
         let mut m = Module::new(target);
-        for (name, build) in ops::catalog() {
+        for (name, build) in ops::catalog()
+            .into_iter()
+            .chain(smelt_kernels::fused::catalog())
+        {
             m.kernel(&name, |k| build(k))?;
         }
         let t = std::time::Instant::now();
@@ -292,6 +295,54 @@ fn check_rope(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
     Ok(())
 }
 
+/// The fused GLU + q8_1 kernels: the f32 output against the GLU twin (as `glu_*`), the
+/// tiles byte for byte against the q8_1 twin of the GPU's own f32 output.
+fn check_glu_q8(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
+    use smelt_kernels::{act, fused};
+    for a in [elementwise::Glu::Silu, elementwise::Glu::Gelu] {
+        let (mut cf, mut cq) = (Check::default(), Check::default());
+        for (rows, k) in [(1usize, 14336usize), (3, 2048), (2, 288), (5, 32)] {
+            let mut g = floats(rng, rows * k, 12.0);
+            let u = floats(rng, rows * k, 2.0);
+            let (mut gd, ud) = (gpu.stream.clone_htod(&g)?, gpu.stream.clone_htod(&u)?);
+            let ntiles = k.div_ceil(smelt_kernels::TILE) as u32;
+            let mut qd = gpu
+                .stream
+                .clone_htod(&vec![0xA5u8; rows * act::row_bytes(k)?])?;
+            let k32 = k as u32;
+            launch!(
+                gpu,
+                fused::glu_q8_name(a),
+                fused::glu_q8_launch(rows, k),
+                [&mut gd, &ud, &mut qd, &k32, &ntiles]
+            );
+            let got = gpu.stream.clone_dtoh(&gd)?;
+            elementwise::glu_cpu(&mut g, &u, a);
+            let rtol = match a {
+                elementwise::Glu::Silu => 2e-6,
+                elementwise::Glu::Gelu => 2e-3,
+            };
+            let case = format!("{rows}x{k}");
+            cf.add(&case, &got, &g, 1e-6, rtol);
+            let want_q: Vec<f32> = act::quantize_cpu(&got, k)?
+                .iter()
+                .map(|&b| f32::from(b))
+                .collect();
+            let got_q: Vec<f32> = gpu
+                .stream
+                .clone_dtoh(&qd)?
+                .iter()
+                .map(|&b| f32::from(b))
+                .collect();
+            cq.add(&case, &got_q, &want_q, 0.0, 0.0);
+        }
+        let name = fused::glu_q8_name(a);
+        rep.push(&format!("{name} (f32)"), cf, "as glu");
+        rep.push(&format!("{name} (q8_1 tiles)"), cq, "exact bytes");
+    }
+    Ok(())
+}
+
 fn check_elementwise(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
     for act in [elementwise::Glu::Silu, elementwise::Glu::Gelu] {
         let mut c = Check::default();
@@ -325,6 +376,7 @@ fn check_elementwise(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<
         };
         rep.push(elementwise::glu_name(act), c, tol);
     }
+    check_glu_q8(gpu, rng, rep)?;
     let (mut ca, mut cs, mut cb) = (Check::default(), Check::default(), Check::default());
     for (rows, cols) in [(1usize, 4096usize), (7, 896), (3, 1000), (513, 37)] {
         let n = rows * cols;

@@ -1,6 +1,7 @@
 //! Kernels that fuse steps a decode step would otherwise launch one after another: the
 //! RMS norm of the residual stream (after the residual add) and the q8_1 quantization of
-//! its output for the GEMVs that follow. At decode a row is one block, so each separate
+//! its output for the GEMVs that follow; the gated activation (SwiGLU, GeGLU) and the q8_1
+//! quantization of its output for the down projection. At decode a row is one block, so each separate
 //! launch costs a few microseconds of latency for a few kilobytes of work.
 //!
 //! The f32 results are computed exactly as [`crate::ops::norm`] computes them (same loop,
@@ -15,6 +16,7 @@ use smelt_ptx::{
 
 use crate::act::{self, D_OFFSET, SUM_OFFSET, TILE_BYTES};
 use crate::catalog::Entry;
+use crate::ops::elementwise::{gelu, silu, Glu};
 use crate::ops::{block_sum, reduce_scratch, Launch};
 use crate::{KernelError, TILE};
 
@@ -23,9 +25,17 @@ pub const RMS_NORM_Q8: &str = "rms_norm_q8_1";
 /// Name of the kernel with the residual add.
 pub const ADD_RMS_NORM_Q8: &str = "add_rms_norm_q8_1";
 
-/// Both kernels.
+/// Name of the gated activation + q8_1 kernel for `act`.
+pub fn glu_q8_name(act: Glu) -> &'static str {
+    match act {
+        Glu::Silu => "glu_silu_q8_1",
+        Glu::Gelu => "glu_gelu_q8_1",
+    }
+}
+
+/// Every kernel of this module.
 pub fn catalog() -> Vec<Entry> {
-    vec![
+    let mut v: Vec<Entry> = vec![
         (
             RMS_NORM_Q8.to_string(),
             Box::new(|k: &Kernel| kernel(k, false)),
@@ -34,7 +44,14 @@ pub fn catalog() -> Vec<Entry> {
             ADD_RMS_NORM_Q8.to_string(),
             Box::new(|k: &Kernel| kernel(k, true)),
         ),
-    ]
+    ];
+    for a in [Glu::Silu, Glu::Gelu] {
+        v.push((
+            glu_q8_name(a).to_string(),
+            Box::new(move |k: &Kernel| glu_q8_kernel(k, a)),
+        ));
+    }
+    v
 }
 
 /// Launch over `rows` rows of `n` values: one block per row, about four values per thread
@@ -134,6 +151,79 @@ pub fn kernel(k: &Kernel, add: bool) {
         });
         quantize_lane(k, &v, lane, dst);
     });
+}
+
+/// Launch of [`glu_q8_kernel`] over `rows` rows of `n` values: as `act::quantize_kernel`,
+/// one warp per 256-value tile.
+pub fn glu_q8_launch(rows: usize, n: usize) -> Launch {
+    let ntiles = n.div_ceil(TILE) as u32;
+    Launch::new(
+        (
+            ntiles.div_ceil(act::QUANTIZE_WARPS).max(1),
+            rows.max(1) as u32,
+            1,
+        ),
+        (32, act::QUANTIZE_WARPS, 1),
+    )
+}
+
+/// `gate = act(gate) * up; q = quantize_q8_1(gate)` per row: the GLU kernel of
+/// [`crate::ops::elementwise`] (same float operations, so the same floats) and
+/// `act::quantize_kernel`'s tiles, in one launch instead of two.
+///
+/// Parameters: `gate: *mut f32, up: *const f32, q: *mut u8 (ntiles tiles per row), k: u32
+/// (row length, a multiple of 32), ntiles: u32 (ceil(k / 256))`. Rows are `k` apart in
+/// `gate` and `up`. Launch: [`glu_q8_launch`].
+pub fn glu_q8_kernel(k: &Kernel, act: Glu) {
+    let gate = k.param_ptr("gate");
+    let up = k.param_ptr("up");
+    let q = k.param_ptr("q");
+    let len = k.param_u32("k");
+    let ntiles = k.param_u32("ntiles");
+    let lane = k.tid_x();
+    let tile = k.mad(k.reg(), k.ctaid_x(), act::QUANTIZE_WARPS, k.tid_y());
+    k.exit_if(k.ge(tile, ntiles));
+    let tok = k.ctaid_y();
+    let index = k.mad(k.reg(), tok, ntiles, tile);
+    let dst = k.elem_addr(q, index, TILE_BYTES as u32);
+    // This lane's eight values: all inside the row or all past it (k is a multiple of 32).
+    let col = k.shl(k.reg(), lane, 3u32);
+    k.mad(col, tile, TILE as u32, col);
+    let inside = k.lt(col, len);
+    let first = k.mad(k.reg(), tok, len, col);
+    let ga = k.elem_addr(gate, first, 4);
+    let ua = k.elem_addr(up, first, 4);
+    let v: [Reg<F32>; 8] = std::array::from_fn(|_| k.f32(0.0));
+    let u: [Reg<F32>; 8] = std::array::from_fn(|_| k.f32(0.0));
+    k.guarded(inside, |k| {
+        k.ld_v4(Load::GLOBAL, [v[0], v[1], v[2], v[3]], ga);
+        k.ld_v4(Load::GLOBAL, [v[4], v[5], v[6], v[7]], ga.at(16));
+        k.ld_v4(Load::GLOBAL_NC, [u[0], u[1], u[2], u[3]], ua);
+        k.ld_v4(Load::GLOBAL_NC, [u[4], u[5], u[6], u[7]], ua.at(16));
+    });
+    for i in 0..8 {
+        let y = match act {
+            Glu::Silu => silu(k, v[i]),
+            Glu::Gelu => gelu(k, v[i]),
+        };
+        k.mul(v[i], y, u[i]);
+    }
+    k.guarded(inside, |k| {
+        k.st_v4(Store::GLOBAL, ga, [v[0], v[1], v[2], v[3]]);
+        k.st_v4(Store::GLOBAL, ga.at(16), [v[4], v[5], v[6], v[7]]);
+    });
+    quantize_lane(k, &v, lane, dst);
+}
+
+/// CPU twin of [`glu_q8_kernel`]: the GLU twin then [`act::quantize_cpu`] (rows of `k`).
+pub fn glu_q8_cpu(
+    gate: &mut [f32],
+    up: &[f32],
+    act: Glu,
+    k: usize,
+) -> Result<Vec<u8>, KernelError> {
+    crate::ops::elementwise::glu_cpu(gate, up, act);
+    act::quantize_cpu(gate, k)
 }
 
 /// Quantizes a lane's eight values (lanes 4b..4b+3 hold block b of the tile) into the tile
@@ -242,6 +332,40 @@ mod tests {
             assert!(ptx.contains("st.global.v4"));
             assert!(ptx.contains("div.rn.f32"));
         }
+    }
+
+    #[test]
+    fn the_glu_kernels_build_and_their_twin_is_glu_then_quantize() {
+        let mut m = Module::new(Target::Sm90);
+        for a in [Glu::Silu, Glu::Gelu] {
+            m.kernel(glu_q8_name(a), |k| glu_q8_kernel(k, a)).unwrap();
+        }
+        let ptx = m.to_ptx();
+        for a in [Glu::Silu, Glu::Gelu] {
+            assert!(ptx.contains(&format!(".entry {}(", glu_q8_name(a))));
+        }
+        assert!(ptx.contains("ex2.approx"));
+        assert!(ptx.contains("st.global.v4"));
+        let n = 320;
+        for a in [Glu::Silu, Glu::Gelu] {
+            let g0: Vec<f32> = (0..2 * n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 9.0)
+                .collect();
+            let up: Vec<f32> = (0..2 * n)
+                .map(|i| ((i * 13 % 29) as f32 - 14.0) / 5.0)
+                .collect();
+            let mut g = g0.clone();
+            let q = glu_q8_cpu(&mut g, &up, a, n).unwrap();
+            let mut want = g0.clone();
+            crate::ops::elementwise::glu_cpu(&mut want, &up, a);
+            assert_eq!(g, want);
+            assert_ne!(g, g0);
+            assert_eq!(q, act::quantize_cpu(&want, n).unwrap());
+            assert_eq!(q.len(), 2 * q_row_bytes(n).unwrap());
+        }
+        let l = glu_q8_launch(3, 14336);
+        assert_eq!((l.grid.0, l.grid.1), (14, 3));
+        assert_eq!(glu_q8_launch(1, 320).grid.0, 1);
     }
 
     #[test]

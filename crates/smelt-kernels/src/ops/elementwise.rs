@@ -96,14 +96,14 @@ pub fn glu_kernel(k: &Kernel, act: Glu) {
     });
 }
 
-fn silu(k: &Kernel, x: Reg<F32>) -> Reg<F32> {
+pub(crate) fn silu(k: &Kernel, x: Reg<F32>) -> Reg<F32> {
     let e = k.mul(k.reg(), x, -LOG2E);
     k.ex2_approx(e, e);
     k.add(e, e, 1.0f32);
     k.div_rn(k.reg(), x, e)
 }
 
-fn gelu(k: &Kernel, x: Reg<F32>) -> Reg<F32> {
+pub(crate) fn gelu(k: &Kernel, x: Reg<F32>) -> Reg<F32> {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const COEF_A: f32 = 0.044715;
     let h = k.cvt(k.reg::<F16>(), x, FloatRound::Rn);
