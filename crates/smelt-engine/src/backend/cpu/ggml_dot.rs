@@ -397,14 +397,14 @@ mod x86 {
         mul_sum_us8_pairs_float(ax, sy)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn q4_1(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let mut summs = 0f32;
         for (a, b) in x.iter().zip(y) {
-            let d0 = f16_to_f32(a.d);
-            let d1 = f16_to_f32(b.d);
-            summs = f16_to_f32(a.m).mul_add(f16_to_f32(b.s), summs);
+            let d0 = h2f(a.d);
+            let d1 = h2f(b.d);
+            summs = h2f(a.m).mul_add(h2f(b.s), summs);
             let d0d1 = _mm256_set1_ps(d0 * d1);
             let qx = bytes_from_nibbles_32(&a.qs);
             let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
@@ -414,11 +414,11 @@ mod x86 {
         hsum_float_8(acc) + summs
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn q5_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for (a, b) in x.iter().zip(y) {
-            let d = _mm256_set1_ps(f16_to_f32(a.d) * f16_to_f32(b.d));
+            let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
             let mut qx = bytes_from_nibbles_32(&a.qs);
             let bxhi =
                 _mm256_andnot_si256(bytes_from_bits_32(a.qh), _mm256_set1_epi8(0xF0u8 as i8));
@@ -430,11 +430,11 @@ mod x86 {
         hsum_float_8(acc)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for (a, b) in x.iter().zip(y) {
-            let d = _mm256_set1_ps(f16_to_f32(a.d) * f16_to_f32(b.d));
+            let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
             let qx = _mm256_loadu_si256(a.qs.as_ptr().cast());
             let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
             let q = mul_sum_i8_pairs_float(qx, qy);
@@ -678,13 +678,13 @@ mod x86 {
         _mm_loadu_si128(SCALE_SHUFFLE.as_ptr().add(16 * i).cast())
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn q6_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
         let m3 = _mm256_set1_epi8(3);
         let m15 = _mm256_set1_epi8(15);
         let mut acc = _mm256_setzero_ps();
         for (a, b) in x.iter().zip(y) {
-            let d = b.d * f16_to_f32(a.d);
+            let d = b.d * h2f(a.d);
             let mut q4 = a.ql.as_ptr();
             let mut qh = a.qh.as_ptr();
             let mut q8 = b.qs.as_ptr();
