@@ -96,6 +96,19 @@ fn a_hugging_face_folder_runs_with_and_without_isq() {
     // Same prompt ids as the GGUF it was written from.
     let orig = run_json(model(SMOLLM).to_str().expect("UTF-8 path"), &[]);
     assert_eq!(bf16["prompt_tokens"], orig["prompt_tokens"]);
+
+    // `smelt quantize` and `smelt inspect` take the folder too: the quantized file generates
+    // what --isq generates.
+    let q8_file = dir.path().join("q8.gguf");
+    let q8_file = q8_file.to_str().expect("UTF-8 path");
+    smelt_ok(&["quantize", f, q8_file, "--type", "q8_0"]);
+    assert_eq!(run_json(q8_file, &[])["tokens"], q8["tokens"]);
+    let info: Value = serde_json::from_str(&smelt_ok(&["inspect", "--json", f])).expect("JSON");
+    assert_eq!(
+        info["metadata"]["general.architecture"], "llama",
+        "{}",
+        info["metadata"]
+    );
 }
 
 /// Every architecture a folder can hold, from `smelt synth`'s two-layer shapes in bf16: the

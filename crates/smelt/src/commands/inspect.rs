@@ -26,7 +26,7 @@ macro_rules! line {
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// The GGUF file to read.
+    /// The GGUF file to read (or a Hugging Face model folder, shown as the GGUF it converts to).
     pub file: PathBuf,
     /// Print one JSON object (version, alignment, metadata, tensors, totals) instead of tables.
     /// Long arrays become {"type", "len", "first"}.
@@ -35,8 +35,13 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: &InspectArgs) -> Result<()> {
-    let g = Gguf::open(&args.file)
-        .with_context(|| format!("cannot read {} as a GGUF file", args.file.display()))?;
+    // A Hugging Face folder shows as the GGUF it converts to (smelt-load).
+    let g = if args.file.is_dir() {
+        super::isq::open(&args.file, None)?
+    } else {
+        Gguf::open(&args.file)
+            .with_context(|| format!("cannot read {} as a GGUF file", args.file.display()))?
+    };
     let totals = Totals::of(g.tensors());
     let text = if args.json {
         let mut s = serde_json::to_string_pretty(&to_json(&g, &totals))?;

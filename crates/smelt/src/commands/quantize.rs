@@ -17,7 +17,8 @@ use crate::{output, progress};
 
 #[derive(Args, Debug)]
 pub struct QuantizeArgs {
-    /// Input GGUF (tensors in F32, F16 or BF16; quantized tensors are dequantized first).
+    /// Input GGUF (tensors in F32, F16 or BF16; quantized tensors are dequantized first), or
+    /// a Hugging Face model folder (converted as llama.cpp's convert_hf_to_gguf.py would).
     pub input: PathBuf,
     /// Output GGUF to write (overwritten if it exists).
     pub output: PathBuf,
@@ -55,8 +56,13 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     if same_file {
         bail!("the output must be a different file from the input (it is read while writing)");
     }
-    let g = Gguf::open(&args.input)
-        .with_context(|| format!("cannot read {} as a GGUF file", args.input.display()))?;
+    // A Hugging Face folder is converted in memory first (smelt-load), then quantized as usual.
+    let g = if args.input.is_dir() {
+        super::isq::open(&args.input, None)?
+    } else {
+        Gguf::open(&args.input)
+            .with_context(|| format!("cannot read {} as a GGUF file", args.input.display()))?
+    };
 
     let tensors: Vec<TensorIn> = g
         .tensors()
@@ -131,7 +137,7 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     partial.commit()?;
     bar.finish_and_clear();
 
-    let before = std::fs::metadata(&args.input).map(|m| m.len()).unwrap_or(0);
+    let before = g.file_size();
     let after = std::fs::metadata(&args.output)
         .map(|m| m.len())
         .unwrap_or(0);
