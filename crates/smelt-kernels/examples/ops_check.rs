@@ -343,6 +343,71 @@ fn check_glu_q8(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
     Ok(())
 }
 
+/// The attention combine with the q8_1 tiles of its output: on the same random partials,
+/// the f32 output equal to `attention_reduce`'s, the tiles byte for byte the q8_1 twin's.
+fn check_reduce_q8(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
+    use smelt_kernels::act;
+    let (mut cf, mut cq) = (Check::default(), Check::default());
+    for (rows, n_head, head_dim, splits) in [
+        (1usize, 32usize, 128usize, 17usize),
+        (3, 4, 256, 5),
+        (2, 8, 64, 1),
+    ] {
+        let n = rows * n_head * splits;
+        let acc = floats(rng, n * head_dim, 3.0);
+        let ml: Vec<f32> = (0..n)
+            .flat_map(|_| [rng.gen_range(-4.0f32..4.0), rng.gen_range(0.5f32..8.0)])
+            .collect();
+        let (accd, mld) = (gpu.stream.clone_htod(&acc)?, gpu.stream.clone_htod(&ml)?);
+        let cols = n_head * head_dim;
+        let mut plain = gpu.stream.clone_htod(&vec![f32::NAN; rows * cols])?;
+        let mut fused = gpu.stream.clone_htod(&vec![f32::NAN; rows * cols])?;
+        let mut qd = gpu
+            .stream
+            .clone_htod(&vec![0xA5u8; rows * act::row_bytes(cols)?])?;
+        let (ns, hd) = (splits as u32, head_dim as u32);
+        let l = attention::reduce_launch(rows, n_head, head_dim);
+        launch!(
+            gpu,
+            attention::REDUCE,
+            l,
+            [&accd, &mld, &mut plain, &ns, &hd]
+        );
+        launch!(
+            gpu,
+            attention::REDUCE_Q8,
+            l,
+            [&accd, &mld, &mut fused, &mut qd, &ns, &hd]
+        );
+        let want = gpu.stream.clone_dtoh(&plain)?;
+        let got = gpu.stream.clone_dtoh(&fused)?;
+        let case = format!("{rows}x{n_head}x{head_dim}, {splits} splits");
+        cf.add(&case, &got, &want, 0.0, 0.0);
+        let want_q: Vec<f32> = act::quantize_cpu(&want, cols)?
+            .iter()
+            .map(|&b| f32::from(b))
+            .collect();
+        let got_q: Vec<f32> = gpu
+            .stream
+            .clone_dtoh(&qd)?
+            .iter()
+            .map(|&b| f32::from(b))
+            .collect();
+        cq.add(&case, &got_q, &want_q, 0.0, 0.0);
+    }
+    rep.push(
+        &format!("{} (f32)", attention::REDUCE_Q8),
+        cf,
+        "= attention_reduce",
+    );
+    rep.push(
+        &format!("{} (q8_1 tiles)", attention::REDUCE_Q8),
+        cq,
+        "exact bytes",
+    );
+    Ok(())
+}
+
 fn check_elementwise(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
     for act in [elementwise::Glu::Silu, elementwise::Glu::Gelu] {
         let mut c = Check::default();
@@ -377,6 +442,7 @@ fn check_elementwise(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<
         rep.push(elementwise::glu_name(act), c, tol);
     }
     check_glu_q8(gpu, rng, rep)?;
+    check_reduce_q8(gpu, rng, rep)?;
     let (mut ca, mut cs, mut cb) = (Check::default(), Check::default(), Check::default());
     for (rows, cols) in [(1usize, 4096usize), (7, 896), (3, 1000), (513, 37)] {
         let n = rows * cols;

@@ -279,6 +279,46 @@ fn quantize_lane(k: &Kernel, v: &[Reg<F32>; 8], lane: Reg<U32>, dst: Reg<U64>) {
     });
 }
 
+/// Quantizes one 32-value q8_1 block held one value per lane of a full warp (all 32 lanes
+/// present), as `act::quantize_kernel` quantizes it: `f` is the value's index in rows of
+/// whole tiles (row length a multiple of 256), so its tile is `f / 256` of `q`.
+pub(crate) fn quantize_warp_block(
+    k: &Kernel,
+    v: Reg<F32>,
+    lane: Reg<U32>,
+    f: Reg<U32>,
+    q: Reg<U64>,
+) {
+    let amax = k.abs(k.reg(), v);
+    for offset in [1u32, 2, 4, 8, 16] {
+        let other = k.shfl_sync(Shfl::Bfly, k.reg(), amax, offset, FULL_WARP);
+        k.max(amax, amax, other);
+    }
+    let d = k.div_rn(k.reg(), amax, 127.0f32);
+    let id = k.div_rn(k.reg(), 1.0f32, d);
+    let zero = k.cmp(Cmp::Eq, d, 0.0f32);
+    k.selp(id, 0.0f32, id, zero);
+    let qv = round_away(k, k.mul(k.reg(), v, id));
+    let sum = k.add(k.reg(), qv, 0i32);
+    for offset in [1u32, 2, 4, 8, 16] {
+        let other = k.shfl_sync(Shfl::Bfly, k.reg(), sum, offset, FULL_WARP);
+        k.add(sum, sum, other);
+    }
+    let tile = k.shr(k.reg(), f, 8u32);
+    let tdst = k.elem_addr(q, tile, TILE_BYTES as u32);
+    let inb = k.and(k.reg(), f, 255u32);
+    let bdst = k.add(k.reg(), tdst, k.cvt(k.reg::<U64>(), inb, smelt_ptx::Exact));
+    k.st_narrow(Store::GLOBAL, Narrow::U8, bdst, qv);
+    let slot = k.shr(k.reg(), inb, 5u32);
+    let hdst = k.add(k.reg(), tdst, k.mul_wide(k.reg::<U64>(), slot, 2u32));
+    let dh = k.cvt(k.reg::<F16>(), d, FloatRound::Rn);
+    let first = k.cmp(Cmp::Eq, lane, 0u32);
+    k.guarded(first, |k| {
+        k.st(Store::GLOBAL, hdst.at(D_OFFSET as i64), dh);
+        k.st_narrow(Store::GLOBAL, Narrow::U16, hdst.at(SUM_OFFSET as i64), sum);
+    });
+}
+
 /// `roundf(v)` as an integer (as `act`'s: truncate, then step away from zero when the
 /// exact remainder is at least one half).
 fn round_away(k: &Kernel, v: Reg<F32>) -> Reg<S32> {

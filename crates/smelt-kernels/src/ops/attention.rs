@@ -49,6 +49,16 @@ pub const REDUCE_THREADS: u32 = 256;
 
 /// Name of [`reduce_kernel`].
 pub const REDUCE: &str = "attention_reduce";
+/// Name of [`reduce_q8_kernel`].
+pub const REDUCE_Q8: &str = "attention_reduce_q8_1";
+
+/// Whether [`reduce_q8_kernel`] takes rows of `n_head` heads of `head_dim`: whole warps
+/// per head (one q8_1 block per warp), one thread per value, whole tiles per row.
+pub fn reduce_q8_fits(n_head: usize, head_dim: usize) -> bool {
+    head_dim % 32 == 0
+        && head_dim <= REDUCE_THREADS as usize
+        && (n_head * head_dim) % crate::TILE == 0
+}
 
 /// Every kernel of this module.
 pub fn catalog() -> Vec<Entry> {
@@ -59,6 +69,7 @@ pub fn catalog() -> Vec<Entry> {
         })
         .collect();
     v.push((REDUCE.to_string(), Box::new(reduce_kernel)));
+    v.push((REDUCE_Q8.to_string(), Box::new(reduce_q8_kernel)));
     v
 }
 
@@ -383,12 +394,28 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
 /// (threads over splits, block reductions), then each thread sums its value over the
 /// splits with sixteen loads in flight.
 pub fn reduce_kernel(k: &Kernel) {
+    reduce_body(k, false);
+}
+
+/// [`reduce_kernel`], and the q8_1 tiles of its output for the output projection (one
+/// launch instead of two): each warp quantizes its 32 values as one block, exactly as
+/// `act::quantize_kernel` would.
+///
+/// Parameters: `part_acc, part_ml, out` as [`reduce_kernel`], then `q: *mut u8 (the tiles
+/// of each row)`, `n_splits: u32, head_dim: u32`. Only for shapes [`reduce_q8_fits`]
+/// accepts. Launch: [`reduce_launch`].
+pub fn reduce_q8_kernel(k: &Kernel) {
+    reduce_body(k, true);
+}
+
+fn reduce_body(k: &Kernel, quant: bool) {
     // Heads have at most 256 values (HEAD_DIMS), and the cap leaves room for the
     // sixteen loads in flight.
     k.max_threads(REDUCE_THREADS, 1, 1);
     let part_acc = k.param_ptr("part_acc");
     let part_ml = k.param_ptr("part_ml");
     let out = k.param_ptr("out");
+    let q = quant.then(|| k.param_ptr("q"));
     let n_splits = k.param_u32("n_splits");
     let head_dim = k.param_u32("head_dim");
     let wsh = k.shared::<F32>("reduce_w", MAX_SPLITS as u32, 16);
@@ -447,6 +474,10 @@ pub fn reduce_kernel(k: &Kernel) {
         k.div_rn(o, o, l);
         let oi = k.mad(k.reg(), idx, head_dim, d);
         k.st(Store::GLOBAL, k.elem_addr(out, oi, 4), o);
+        if let Some(q) = q {
+            let lane = k.and(k.reg(), d, 31u32);
+            crate::fused::quantize_warp_block(k, o, lane, oi, q);
+        }
     });
 }
 
@@ -531,6 +562,27 @@ pub fn attention_cpu(
 mod tests {
     use super::*;
     use smelt_ptx::{Module, Target};
+
+    #[test]
+    fn the_reduce_q8_kernel_builds_and_says_which_shapes_it_takes() {
+        for target in [Target::Sm80, Target::Sm90] {
+            let mut m = Module::new(target);
+            m.kernel(REDUCE_Q8, reduce_q8_kernel).unwrap();
+            let ptx = m.to_ptx();
+            assert!(ptx.contains(&format!(".entry {REDUCE_Q8}(")));
+            assert!(ptx.contains(".param .u64 q"));
+            assert!(ptx.contains("st.global.u8"));
+            assert!(ptx.contains("st.global.u16"));
+            assert!(ptx.contains("div.rn.f32"));
+        }
+        // Llama-3-8B (32 x 128), Gemma 3 270M (4 x 256): yes; SmolLM2 (9 x 64, rows of 576
+        // values, not whole tiles) and head sizes that split a warp: no.
+        assert!(reduce_q8_fits(32, 128));
+        assert!(reduce_q8_fits(4, 256));
+        assert!(!reduce_q8_fits(9, 64));
+        assert!(!reduce_q8_fits(16, 80));
+        assert!(!reduce_q8_fits(2, 512));
+    }
 
     #[test]
     fn kernels_build_for_every_head_size() {

@@ -1050,7 +1050,20 @@ impl Backend for Cuda {
                     want: s.n_seqs,
                 });
             }
-            self.op_attention(q, kv, layer, &s, p, out)
+            // The output feeds the output projection: the combine writes its q8_1 tiles
+            // too when the shape allows (one launch per layer less at decode).
+            let tiles = if self.fuse_quantize
+                && smelt_kernels::ops::attention::reduce_q8_fits(p.n_head, p.head_dim)
+            {
+                Some(self.scratch(act::row_bytes(out.cols)? * out.rows)?)
+            } else {
+                None
+            };
+            self.op_attention(q, kv, layer, &s, p, out, tiles)?;
+            if let Some(t) = tiles {
+                *lock(&self.quantized) = Some((*out, t));
+            }
+            Ok(())
         });
     }
 }

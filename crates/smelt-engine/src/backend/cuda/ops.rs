@@ -412,6 +412,7 @@ impl Cuda {
         )
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn op_attention(
         &self,
         q: &CudaTensor,
@@ -420,6 +421,7 @@ impl Cuda {
         s: &StepPtrs,
         p: &AttnParams,
         out: &CudaTensor,
+        tiles: Option<u64>,
     ) -> Result<(), CudaError> {
         let (Some(kc), Some(vc)) = (kv.k.get(layer), kv.v.get(layer)) else {
             return Err(CudaError::Init(format!(
@@ -469,17 +471,37 @@ impl Cuda {
                 Arg::F(p.scale),
             ],
         )?;
-        self.launch(
-            ops::attention::REDUCE,
-            ops::attention::reduce_launch(q.rows, p.n_head, p.head_dim),
-            &[
-                Arg::P(acc),
-                Arg::P(ml),
-                Arg::P(out.ptr),
-                Arg::U(splits as u32),
-                Arg::U(p.head_dim as u32),
-            ],
-        )
+        let l = ops::attention::reduce_launch(q.rows, p.n_head, p.head_dim);
+        match tiles {
+            // The combine also writes the q8_1 tiles the output projection reads.
+            Some(t) if ops::attention::reduce_q8_fits(p.n_head, p.head_dim) => self.launch(
+                ops::attention::REDUCE_Q8,
+                l,
+                &[
+                    Arg::P(acc),
+                    Arg::P(ml),
+                    Arg::P(out.ptr),
+                    Arg::P(t),
+                    Arg::U(splits as u32),
+                    Arg::U(p.head_dim as u32),
+                ],
+            ),
+            Some(_) => Err(CudaError::Init(format!(
+                "attention_reduce_q8_1 does not take {} heads of {}",
+                p.n_head, p.head_dim
+            ))),
+            None => self.launch(
+                ops::attention::REDUCE,
+                l,
+                &[
+                    Arg::P(acc),
+                    Arg::P(ml),
+                    Arg::P(out.ptr),
+                    Arg::U(splits as u32),
+                    Arg::U(p.head_dim as u32),
+                ],
+            ),
+        }
     }
 
     /// Key splits per (sequence, KV head): about one block per multiprocessor, independent
