@@ -4,7 +4,10 @@
 use std::path::PathBuf;
 
 use smelt_gguf::GgufError;
-use smelt_quant::QuantError;
+
+/// Why a [`crate::TensorQuantizer`] failed: smelt-quant's error on the CPU, a device's on a
+/// GPU (boxed so this crate needs no GPU runtime).
+pub type QuantizeError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -49,7 +52,7 @@ pub enum LoadError {
         from: smelt_gguf::GgmlType,
         to: smelt_gguf::GgmlType,
         #[source]
-        source: QuantError,
+        source: QuantizeError,
     },
 }
 

@@ -15,6 +15,7 @@ use rayon::prelude::*;
 use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
 use smelt_quant::QuantError;
 
+use crate::error::QuantizeError;
 use crate::LoadError;
 
 /// One tensor of the model being assembled: its GGUF name and shape (ggml order: row
@@ -80,7 +81,7 @@ pub trait TensorQuantizer: Send + Sync {
         shape: &[u64],
         dst: GgmlType,
         progress: &dyn Fn(u64),
-    ) -> Result<Vec<u8>, QuantError>;
+    ) -> Result<Vec<u8>, QuantizeError>;
 }
 
 /// smelt-quant on the CPU, all cores of rayon's current pool.
@@ -103,7 +104,7 @@ impl TensorQuantizer for CpuQuantizer {
         shape: &[u64],
         dst: GgmlType,
         progress: &dyn Fn(u64),
-    ) -> Result<Vec<u8>, QuantError> {
+    ) -> Result<Vec<u8>, QuantizeError> {
         let n: u64 = shape.iter().product();
         if n == 0 {
             return Ok(Vec::new());
@@ -117,7 +118,7 @@ impl TensorQuantizer for CpuQuantizer {
         let src_row = src_ty.row_bytes(row as u64).ok_or_else(bad)? as usize;
         let dst_row = dst.row_bytes(row as u64).ok_or_else(bad)? as usize;
         if src_row * rows != src.len() {
-            return Err(bad());
+            return Err(bad().into());
         }
         let rows_per_slice = (SLICE_F32_BYTES / (row * 4)).max(1);
         let mut out = Vec::with_capacity(dst_row * rows);

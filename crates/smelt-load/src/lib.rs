@@ -22,7 +22,7 @@ use std::path::Path;
 use indicatif::{ProgressBar, ProgressStyle};
 use smelt_gguf::Gguf;
 
-pub use error::LoadError;
+pub use error::{LoadError, QuantizeError};
 pub use isq::{
     CpuQuantizer, GgufSource, IsqPlan, Planner, SourceTensor, TensorQuantizer, TensorSource,
 };

@@ -93,9 +93,3 @@ fn bad_files_fail_cleanly() {
 
     assert_clean_failure(&["inspect", "/nonexistent/model.gguf"], "model.gguf");
 }
-
-#[test]
-fn serve_is_a_friendly_placeholder() {
-    let out = smelt_ok(&["serve"]);
-    assert!(out.contains("not yet"), "{out}");
-}

@@ -37,7 +37,7 @@ pub struct InspectArgs {
 pub fn run(args: &InspectArgs) -> Result<()> {
     // A Hugging Face folder shows as the GGUF it converts to (smelt-load).
     let g = if args.file.is_dir() {
-        super::isq::open(&args.file, None)?
+        super::isq::open(&args.file, None, smelt_engine::Device::Cpu)?
     } else {
         Gguf::open(&args.file)
             .with_context(|| format!("cannot read {} as a GGUF file", args.file.display()))?

@@ -3,8 +3,9 @@
 //! `smelt quantize --type TYPE`, so the in-memory GGUF is the file `smelt quantize` writes.
 
 use anyhow::{Context, Result};
+use smelt_engine::Device;
 use smelt_gguf::{Gguf, Metadata};
-use smelt_load::{CpuQuantizer, IsqPlan, Planner, SourceTensor};
+use smelt_load::{CpuQuantizer, IsqPlan, Planner, QuantizeError, SourceTensor, TensorQuantizer};
 use std::path::Path;
 
 use super::quantize::warn_about;
@@ -42,21 +43,74 @@ impl Planner for IsqRules {
     }
 }
 
+/// Quantizes on a GPU what its kernels cover (F32/F16/BF16 into the ten ggml formats of
+/// `smelt_cuda::quantize`, byte-identical to the CPU) and the rest on the CPU. Each tensor is
+/// uploaded, quantized and read back on its own, so the GPU holds one source tensor and its
+/// output at a time while the model is quantized; the engine uploads the result after.
+pub struct GpuQuantizer {
+    gpu: std::sync::Arc<smelt_cuda::Gpu>,
+    name: String,
+}
+
+impl GpuQuantizer {
+    pub fn open(ordinal: usize) -> Result<Self> {
+        let gpu = smelt_cuda::Gpu::open(ordinal)
+            .with_context(|| format!("cannot open CUDA device {ordinal} for --isq"))?;
+        Ok(Self {
+            gpu,
+            name: format!("cuda:{ordinal}"),
+        })
+    }
+}
+
+impl TensorQuantizer for GpuQuantizer {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn quantize(
+        &self,
+        src_ty: smelt_gguf::GgmlType,
+        src: &[u8],
+        shape: &[u64],
+        dst: smelt_gguf::GgmlType,
+        progress: &dyn Fn(u64),
+    ) -> Result<Vec<u8>, QuantizeError> {
+        let input = smelt_kernels::quantize::Input::from_ggml(src_ty);
+        let (Some(input), true) = (input, smelt_cuda::quantize::supports(src_ty, dst)) else {
+            return CpuQuantizer.quantize(src_ty, src, shape, dst, progress);
+        };
+        let n: u64 = shape.iter().product();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let row = usize::try_from(shape.first().copied().unwrap_or(1))?;
+        let rows = usize::try_from(n)? / row.max(1);
+        let q = smelt_cuda::quantize::quantize_host(&self.gpu, dst, input, src, rows, row)?;
+        progress(q.len() as u64);
+        Ok(q)
+    }
+}
+
 /// Opens `path` (GGUF file or Hugging Face folder) for the engine, quantized to `isq` when
-/// given; says on stderr what it did and how long it took.
-pub fn open(path: &Path, isq: Option<&str>) -> Result<Gguf> {
+/// given (on the GPU when `device` is one); says on stderr what it did and how long it took.
+pub fn open(path: &Path, isq: Option<&str>, device: Device) -> Result<Gguf> {
     let rules = isq.map(IsqRules::parse).transpose()?;
     let start = std::time::Instant::now();
     let converting = path.is_dir() || rules.is_some();
+    let quantizer: Box<dyn TensorQuantizer> = match (device, &rules) {
+        (Device::Cuda(n), Some(_)) => Box::new(GpuQuantizer::open(n)?),
+        _ => Box::new(CpuQuantizer),
+    };
     let g = smelt_load::open(
         path,
         rules.as_ref().map(|r| r as &dyn Planner),
-        &CpuQuantizer,
+        quantizer.as_ref(),
     )
     .with_context(|| format!("cannot load {}", path.display()))?;
     if converting {
         let what = match &rules {
-            Some(r) => format!("quantized to {} (cpu)", r.0),
+            Some(r) => format!("quantized to {} ({})", r.0, quantizer.name()),
             None => "converted".to_string(),
         };
         eprintln!(

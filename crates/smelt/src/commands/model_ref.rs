@@ -137,7 +137,7 @@ pub fn load_isq(
         device,
         ..EngineOptions::default()
     };
-    let gguf = super::isq::open(&path, isq)?;
+    let gguf = super::isq::open(&path, isq, device)?;
     let engine = Engine::from_gguf(std::sync::Arc::new(gguf), &opts)
         .with_context(|| format!("cannot load {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(engine.gguf().metadata())

@@ -58,7 +58,7 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     }
     // A Hugging Face folder is converted in memory first (smelt-load), then quantized as usual.
     let g = if args.input.is_dir() {
-        super::isq::open(&args.input, None)?
+        super::isq::open(&args.input, None, smelt_engine::Device::Cpu)?
     } else {
         Gguf::open(&args.input)
             .with_context(|| format!("cannot read {} as a GGUF file", args.input.display()))?
