@@ -5,7 +5,6 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rayon::prelude::*;
 use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -229,13 +228,9 @@ fn output_metadata(input: &Metadata, target: Target) -> Metadata {
     md
 }
 
-/// f32 staged per slice of rows: bounds the working memory to the output tensor plus this,
-/// however large the tensor (a 152k-token embedding is 3 GiB as f32).
-const SLICE_F32_BYTES: usize = 64 << 20;
-
-/// Source bytes of any readable type to `dst` bytes, a slice of rows at a time: unpack the
-/// rows to f32 in parallel, then quantize them on all cores. `progress` gets the output
-/// bytes of each slice as it is done.
+/// Source bytes of any readable type to `dst` bytes on the CPU: the same slice-by-slice
+/// path `--isq` uses ([`smelt_load::CpuQuantizer`]), so both write the same bytes.
+/// `progress` gets the output bytes of each slice as it is done.
 pub fn convert(
     src_ty: GgmlType,
     src: &[u8],
@@ -243,34 +238,10 @@ pub fn convert(
     dst: GgmlType,
     progress: &dyn Fn(u64),
 ) -> Result<Vec<u8>> {
-    let n: u64 = shape.iter().product();
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let row = usize::try_from(shape.first().copied().unwrap_or(1))
-        .context("row too long for this machine")?;
-    let rows = usize::try_from(n).context("tensor too large for this machine")? / row;
-    let src_row = row_bytes(src_ty, row)?;
-    let dst_row = row_bytes(dst, row)?;
-    if src_row * rows != src.len() {
-        bail!(
-            "{} bytes do not hold {rows} rows of {row} {src_ty} weights",
-            src.len()
-        );
-    }
-    let rows_per_slice = (SLICE_F32_BYTES / (row * 4)).max(1);
-    let mut out = Vec::with_capacity(dst_row * rows);
-    let mut f32s = vec![0f32; rows_per_slice.min(rows) * row];
-    for slice in src.chunks(src_row * rows_per_slice) {
-        let vals = &mut f32s[..slice.len() / src_row * row];
-        vals.par_chunks_mut(row)
-            .zip(slice.par_chunks(src_row))
-            .try_for_each(|(d, s)| smelt_quant::dequantize_row(src_ty, s, d))?;
-        let q = smelt_quant::quantize_tensor(dst, vals, row, None)?;
-        progress(q.len() as u64);
-        out.extend_from_slice(&q);
-    }
-    Ok(out)
+    use smelt_load::TensorQuantizer;
+    smelt_load::CpuQuantizer
+        .quantize(src_ty, src, shape, dst, progress)
+        .map_err(|e| anyhow::anyhow!(e))
 }
 
 /// The GPU `--device` names, or `None` for the CPU.
@@ -310,12 +281,6 @@ fn convert_gpu(
     Ok(q.quantize(dst, input, src, rows, row)?)
 }
 
-fn row_bytes(ty: GgmlType, row: usize) -> Result<usize> {
-    let b = ty
-        .row_bytes(row as u64)
-        .with_context(|| format!("row length {row} is not a whole number of {ty} blocks"))?;
-    usize::try_from(b).context("row too long for this machine")
-}
 
 #[cfg(test)]
 mod tests {
