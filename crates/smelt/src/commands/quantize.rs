@@ -281,7 +281,6 @@ fn convert_gpu(
     Ok(q.quantize(dst, input, src, rows, row)?)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
