@@ -30,8 +30,17 @@ impl CpuKv {
         }
     }
 
+    /// Cache slot of a position (attention looks one up per key and value: a power-of-two
+    /// block size takes a shift instead of a division).
+    #[inline(always)]
     fn slot(&self, blocks: &[u32], pos: usize) -> usize {
-        blocks[pos / self.block_size] as usize * self.block_size + pos % self.block_size
+        let bs = self.block_size;
+        if bs.is_power_of_two() {
+            let sh = bs.trailing_zeros();
+            ((blocks[pos >> sh] as usize) << sh) | (pos & (bs - 1))
+        } else {
+            blocks[pos / bs] as usize * bs + pos % bs
+        }
     }
 
     pub fn write(&mut self, layer: usize, k: &[f32], v: &[f32], seqs: &[AttnSeq<'_>]) {
@@ -66,10 +75,6 @@ impl CpuKv {
     ) {
         let hd = p.head_dim;
         let group = p.n_head / p.n_head_kv.max(1);
-        // Each sequence's keys (`[kv_head][position][d]`) and values (transposed,
-        // `[kv_head][d][position]`, as llama.cpp's V cache), widened to f32 once per layer:
-        // every key is read by every query of the batch (and by `group` heads).
-        let widened: Vec<Widened> = seqs.par_iter().map(|s| self.widen(layer, s, p)).collect();
         // Which sequence each batch row belongs to.
         let mut owner = Vec::new();
         for (si, s) in seqs.iter().enumerate() {
@@ -78,75 +83,115 @@ impl CpuKv {
             }
             owner[s.row..s.row + s.n_tokens].fill(si);
         }
+        // F16C widens keys and values in registers; without it (or with SMELT_NO_SIMD) the
+        // portable conversion gives the same f32 values, so the same bits.
+        let fast = ggml_math::fma_ok() && f16c_ok();
         out.par_chunks_mut(hd).enumerate().for_each_init(
-            || (vec![0f32; hd], Vec::<f32>::new(), Vec::<f32>::new()),
-            |(q16, scores, acc), (i, o)| {
+            || Scratch {
+                q16: vec![0f32; hd],
+                scores: Vec::new(),
+                acc: Vec::new(),
+                keys: vec![0f32; 4 * hd],
+            },
+            |sc, (i, o)| {
                 let (row, h) = (i / p.n_head, i % p.n_head);
                 let Some(&si) = owner.get(row) else { return };
-                let (Some(s), Some(w)) = (seqs.get(si), widened.get(si)) else {
-                    return;
-                };
+                let Some(s) = seqs.get(si) else { return };
                 let pos = s.start_pos + row - s.row;
                 let lo = match p.window {
                     Some(win) => (pos + 1).saturating_sub(win),
                     None => 0,
                 };
-                let kvh = h / group;
+                // The first position any of the sequence's queries attends to, rounded down
+                // to a multiple of 64: ggml's summation lanes are fixed by the position.
+                let first = match p.window {
+                    Some(w) => (s.start_pos + 1).saturating_sub(w),
+                    None => 0,
+                };
+                let view = View {
+                    kv: self,
+                    layer,
+                    blocks: s.blocks,
+                    base: first - first % 64,
+                    off: (h / group) * hd,
+                    hd,
+                };
                 let qrow = &q[(row * p.n_head + h) * hd..][..hd];
-                for (a, &b) in q16.iter_mut().zip(qrow) {
+                for (a, &b) in sc.q16.iter_mut().zip(qrow) {
                     *a = f16_to_f32(f32_to_f16(b));
                 }
                 // llama.cpp multiplies a batch of two or more tokens through tinyBLAS and
                 // a single token through ggml's vec_dot: two summation orders.
                 let batched = s.n_tokens >= 2;
-                if ggml_math::fma_ok() {
-                    // SAFETY: AVX2 and FMA were detected at run time.
-                    unsafe { one_head_fma(q16, w, kvh, lo, pos, p.scale, batched, scores, acc, o) }
+                if fast {
+                    // SAFETY: AVX2, FMA and F16C were detected at run time.
+                    unsafe { one_head_fast(&view, lo, pos, p.scale, batched, sc, o) }
                 } else {
-                    one_head(q16, w, kvh, lo, pos, p.scale, batched, scores, acc, o)
+                    one_head::<false>(&view, lo, pos, p.scale, batched, sc, o)
                 }
             },
         );
     }
+}
 
-    /// The f32 keys and values a sequence's queries can see in this call, from the first
-    /// position any of them attends to rounded down to a multiple of 64 (ggml's summation
-    /// lanes are fixed by the position, and the rounding keeps them aligned).
-    fn widen(&self, layer: usize, s: &AttnSeq<'_>, p: &AttnParams) -> Widened {
-        let hd = p.head_dim;
-        let end = s.start_pos + s.n_tokens;
-        let first = match p.window {
-            Some(w) => (s.start_pos + 1).saturating_sub(w),
-            None => 0,
-        };
-        let base = first - first % 64;
-        let n_pos = (end - base).div_ceil(64) * 64;
-        let mut k = vec![0f32; p.n_head_kv * n_pos * hd];
-        let mut v = vec![0f32; p.n_head_kv * n_pos * hd];
-        for (j, pos) in (first..end)
-            .enumerate()
-            .map(|(j, pos)| (j + first - base, pos))
-        {
-            let slot = self.slot(s.blocks, pos);
-            let src_k = &self.k[layer][slot * self.kv_dim..][..self.kv_dim];
-            let src_v = &self.v[layer][slot * self.kv_dim..][..self.kv_dim];
-            for h in 0..p.n_head_kv {
-                let dst = (h * n_pos + j) * hd;
-                widen_row(&src_k[h * hd..(h + 1) * hd], &mut k[dst..dst + hd]);
-                widen_row(&src_v[h * hd..(h + 1) * hd], &mut v[dst..dst + hd]);
-            }
-        }
-        Widened { k, v, base, n_pos }
+/// Whether the CPU converts f16 in hardware.
+fn f16c_ok() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
-/// f16 to f32, exactly (F16C eight at a time where the CPU has it: every decode step
-/// widens the whole visible cache, so this conversion is hot).
-#[inline]
-fn widen_row(src: &[f16], dst: &mut [f32]) {
+/// One query head's keys and values, read from the cache in place (no widened copy: every
+/// decode step would otherwise convert, and allocate, the whole visible cache).
+struct View<'a> {
+    kv: &'a CpuKv,
+    layer: usize,
+    blocks: &'a [u32],
+    /// Position of index 0 (a multiple of 64).
+    base: usize,
+    /// Offset of the KV head within a cache slot.
+    off: usize,
+    hd: usize,
+}
+
+impl View<'_> {
+    #[inline(always)]
+    fn at(&self, j: usize) -> usize {
+        self.kv.slot(self.blocks, self.base + j) * self.kv.kv_dim + self.off
+    }
+    #[inline(always)]
+    fn key(&self, j: usize) -> &[f16] {
+        &self.kv.k[self.layer][self.at(j)..][..self.hd]
+    }
+    #[inline(always)]
+    fn value(&self, j: usize) -> &[f16] {
+        &self.kv.v[self.layer][self.at(j)..][..self.hd]
+    }
+}
+
+/// Per-thread buffers of [`one_head`], reused across heads.
+struct Scratch {
+    /// The query rounded to f16 (held in f32).
+    q16: Vec<f32>,
+    scores: Vec<f32>,
+    /// The p·V accumulators, `[lane][d]`.
+    acc: Vec<f32>,
+    /// Four keys widened to f32 (`[4][hd]`, stays in L1).
+    keys: Vec<f32>,
+}
+
+/// f16 to f32, exactly: F16C eight at a time when `F16C` (the caller was compiled with it).
+#[inline(always)]
+fn widen_row<const F16C: bool>(src: &[f16], dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if ggml_math::fma_ok() && std::arch::is_x86_feature_detected!("f16c") {
-        // SAFETY: AVX2 and F16C were detected at run time.
+    if F16C {
+        // SAFETY: only instantiated with `F16C` inside functions compiled for F16C, which run
+        // only after it was detected.
         return unsafe { widen_row_f16c(src, dst) };
     }
     for (d, &x) in dst.iter_mut().zip(src) {
@@ -156,6 +201,7 @@ fn widen_row(src: &[f16], dst: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
+#[inline]
 unsafe fn widen_row_f16c(src: &[f16], dst: &mut [f32]) {
     use std::arch::x86_64::*;
     let n = src.len().min(dst.len());
@@ -169,52 +215,64 @@ unsafe fn widen_row_f16c(src: &[f16], dst: &mut [f32]) {
     }
 }
 
-/// One sequence's keys and values in f32 for one layer.
-struct Widened {
-    /// `[kv_head][position - base][d]`.
-    k: Vec<f32>,
-    /// `[kv_head][position - base][d]`, zero past the last position.
-    v: Vec<f32>,
-    /// First position held (a multiple of 64).
-    base: usize,
-    /// Positions held (a multiple of 64).
-    n_pos: usize,
+/// `a[d] = prob * v[d] + a[d]` (one rounding, as `mul_add`), `v` widened exactly.
+#[inline(always)]
+fn axpy_f16<const F16C: bool>(a: &mut [f32], prob: f32, v: &[f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if F16C {
+        // SAFETY: as in `widen_row`.
+        return unsafe { axpy_f16c(a, prob, v) };
+    }
+    for (a, &v) in a.iter_mut().zip(v) {
+        *a = prob.mul_add(f16_to_f32(v), *a);
+    }
 }
 
-/// [`one_head`] compiled for AVX2 + FMA (`mul_add` one instruction, lanes vectorized).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn one_head_fma(
-    q: &[f32],
-    w: &Widened,
-    kvh: usize,
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn axpy_f16c(a: &mut [f32], prob: f32, v: &[f16]) {
+    use std::arch::x86_64::*;
+    let n = a.len().min(v.len());
+    let whole = n - n % 8;
+    let p = _mm256_set1_ps(prob);
+    for i in (0..whole).step_by(8) {
+        let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i).cast()));
+        let y = _mm256_loadu_ps(a.as_ptr().add(i));
+        _mm256_storeu_ps(a.as_mut_ptr().add(i), _mm256_fmadd_ps(p, x, y));
+    }
+    for i in whole..n {
+        a[i] = prob.mul_add(f16_to_f32(v[i]), a[i]);
+    }
+}
+
+/// [`one_head`] compiled for AVX2 + FMA + F16C (`mul_add` one instruction, lanes
+/// vectorized, f16 widened in registers).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn one_head_fast(
+    w: &View<'_>,
     lo: usize,
     pos: usize,
     scale: f32,
     batched: bool,
-    scores: &mut Vec<f32>,
-    acc: &mut Vec<f32>,
+    sc: &mut Scratch,
     o: &mut [f32],
 ) {
-    one_head(q, w, kvh, lo, pos, scale, batched, scores, acc, o)
+    one_head::<true>(w, lo, pos, scale, batched, sc, o)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-#[allow(clippy::too_many_arguments)]
-unsafe fn one_head_fma(
-    q: &[f32],
-    w: &Widened,
-    kvh: usize,
+unsafe fn one_head_fast(
+    w: &View<'_>,
     lo: usize,
     pos: usize,
     scale: f32,
     batched: bool,
-    scores: &mut Vec<f32>,
-    acc: &mut Vec<f32>,
+    sc: &mut Scratch,
     o: &mut [f32],
 ) {
-    one_head(q, w, kvh, lo, pos, scale, batched, scores, acc, o)
+    one_head::<false>(w, lo, pos, scale, batched, sc, o)
 }
 
 /// Softmax-weighted sum of the values for one query head over positions `lo..=pos`, as
@@ -222,20 +280,23 @@ unsafe fn one_head_fma(
 /// ggml's vec_dot or tinyBLAS order), scaled, ggml's softmax (its polynomial exp over
 /// position-aligned chunks of 16, summed in f64), probabilities rounded to f16, and each
 /// output dimension a dot of them with that dimension's values over the positions.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn one_head(
-    q: &[f32],
-    w: &Widened,
-    kvh: usize,
+fn one_head<const F16C: bool>(
+    w: &View<'_>,
     lo: usize,
     pos: usize,
     scale: f32,
     batched: bool,
-    scores: &mut Vec<f32>,
-    acc: &mut Vec<f32>,
+    sc: &mut Scratch,
     o: &mut [f32],
 ) {
+    let Scratch {
+        q16: q,
+        scores,
+        acc,
+        keys,
+    } = sc;
+    let q = &q[..];
     let hd = q.len();
     let gemm = batched && hd.is_multiple_of(16);
     let dot = |a: &[f32], b: &[f32]| {
@@ -258,12 +319,26 @@ fn one_head(
     let len = (last + 1).div_ceil(64) * 64;
     scores.clear();
     scores.resize(len, f32::NEG_INFINITY);
-    let keys = &w.k[kvh * w.n_pos * hd..];
     let mut max = f32::NEG_INFINITY;
-    let key = |j: usize| &keys[j * hd..(j + 1) * hd];
     let mut j = first;
+    #[cfg(target_arch = "x86_64")]
+    if F16C && hd.is_multiple_of(16) {
+        // Each key widened in registers and dotted in ggml's lanes (eight or two independent
+        // chains per key already, so one key at a time).
+        for (j, sc) in scores.iter_mut().enumerate().take(last + 1).skip(first) {
+            // SAFETY: as in `widen_row`.
+            let d = unsafe { dot_key_f16c(w.key(j), q, gemm) } * scale;
+            max = max.max(d);
+            *sc = d;
+        }
+        j = last + 1;
+    }
     while j + 4 <= last + 1 {
-        let d = dot4(std::array::from_fn(|k| key(j + k)), q);
+        // Four keys widened into L1 (exact), then dotted in ggml's order.
+        for (k, dst) in keys.chunks_exact_mut(hd).enumerate() {
+            widen_row::<F16C>(w.key(j + k), dst);
+        }
+        let d = dot4(std::array::from_fn(|k| &keys[k * hd..(k + 1) * hd]), q);
         for (k, d) in d.into_iter().enumerate() {
             let d = d * scale;
             max = max.max(d);
@@ -272,7 +347,8 @@ fn one_head(
         j += 4;
     }
     for (j, sc) in scores.iter_mut().enumerate().take(last + 1).skip(j) {
-        let d = dot(key(j), q) * scale;
+        widen_row::<F16C>(w.key(j), &mut keys[..hd]);
+        let d = dot(&keys[..hd], q) * scale;
         max = max.max(d);
         *sc = d;
     }
@@ -295,27 +371,149 @@ fn one_head(
     // accumulator (tinyBLAS, whose k = n_kv is always a multiple of 16). Walking positions
     // with every dimension's lanes side by side vectorizes over the dimensions; positions
     // with probability 0 add exactly +0 and are skipped.
-    let n_acc = if batched { 1 } else { 4 };
+    let n_lanes = if batched { 16 } else { 64 };
     acc.clear();
-    acc.resize(n_acc * 16 * hd, 0.0);
-    let vals = &w.v[kvh * w.n_pos * hd..];
-    for (p, &prob) in scores[..len].iter().enumerate() {
-        if prob == 0.0 {
-            continue;
+    acc.resize(n_lanes * hd, 0.0);
+    // Lane by lane: each lane's positions (`lane`, `lane + n_lanes`, ...) added in order,
+    // which is the order each accumulator sees in ggml, with the lane's sums in registers.
+    for (lane, a) in acc.chunks_exact_mut(hd).enumerate() {
+        lane_sum::<F16C>(w, &scores[..len], lane, n_lanes, a);
+    }
+    // ggml's horizontal adds, vectorized over the dimensions: `(s0+s2) + (s1+s3)` of the
+    // four 16-lane accumulators (vec_dot_f16), then `_mm512_reduce_add_ps`'s tree.
+    if !batched {
+        for l in 0..16 {
+            for d in 0..hd {
+                acc[l * hd + d] = (acc[l * hd + d] + acc[(32 + l) * hd + d])
+                    + (acc[(16 + l) * hd + d] + acc[(48 + l) * hd + d]);
+            }
         }
-        let lane = if batched { p % 16 } else { p % 64 };
-        let a = &mut acc[lane * hd..(lane + 1) * hd];
-        for (a, &v) in a.iter_mut().zip(&vals[p * hd..(p + 1) * hd]) {
-            *a = prob.mul_add(v, *a);
+    }
+    for (half, n) in [(8, 8), (4, 4)] {
+        for i in 0..n {
+            for d in 0..hd {
+                acc[i * hd + d] += acc[(i + half) * hd + d];
+            }
         }
     }
     for (d, y) in o.iter_mut().enumerate() {
-        let at = |j: usize, l: usize| acc[(16 * j + l) * hd + d];
-        let s: [f32; 16] = if batched {
-            std::array::from_fn(|l| at(0, l))
-        } else {
-            std::array::from_fn(|l| (at(0, l) + at(2, l)) + (at(1, l) + at(3, l)))
-        };
-        *y = ggml_math::reduce16(&s);
+        *y = (acc[d] + acc[2 * hd + d]) + (acc[hd + d] + acc[3 * hd + d]);
+    }
+}
+
+/// `out[d] = sum over positions p = lane, lane + step, ... of probs[p] * v[p][d]`, one
+/// `mul_add` per position in increasing order (zero probabilities skipped: they add +0).
+#[inline(always)]
+fn lane_sum<const F16C: bool>(
+    w: &View<'_>,
+    probs: &[f32],
+    lane: usize,
+    step: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if F16C && out.len().is_multiple_of(32) {
+        // SAFETY: as in `widen_row`.
+        return unsafe { lane_sum_f16c(w, probs, lane, step, out) };
+    }
+    for p in (lane..probs.len()).step_by(step) {
+        let prob = probs[p];
+        if prob != 0.0 {
+            axpy_f16::<F16C>(out, prob, w.value(p));
+        }
+    }
+}
+
+/// `q·k` in [`ggml_math::dot_vec`]'s order (`gemm`: [`ggml_math::dot_gemm`]'s), the key
+/// widened from f16 in registers; `q.len()` a multiple of 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_key_f16c(k: &[f16], q: &[f32], gemm: bool) -> f32 {
+    use std::arch::x86_64::*;
+    let n = k.len().min(q.len());
+    let (kp, qp) = (k.as_ptr(), q.as_ptr());
+    let ld = |i: usize| {
+        (
+            _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i).cast())),
+            _mm256_loadu_ps(qp.add(i)),
+        )
+    };
+    // The 16 lanes of one accumulator as two halves; `_mm512_reduce_add_ps`'s tree.
+    let reduce = |lo: __m256, hi: __m256| {
+        let mut t3 = [0f32; 8];
+        _mm256_storeu_ps(t3.as_mut_ptr(), _mm256_add_ps(hi, lo));
+        let t6: [f32; 4] = std::array::from_fn(|i| t3[i + 4] + t3[i]);
+        (t6[0] + t6[2]) + (t6[1] + t6[3])
+    };
+    if gemm {
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for c in (0..n - n % 16).step_by(16) {
+            let (a, b) = ld(c);
+            lo = _mm256_fmadd_ps(a, b, lo);
+            let (a, b) = ld(c + 8);
+            hi = _mm256_fmadd_ps(a, b, hi);
+        }
+        return reduce(lo, hi);
+    }
+    let np = n - n % 64;
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for c in (0..np).step_by(64) {
+        for (h, acc) in acc.iter_mut().enumerate() {
+            let (a, b) = ld(c + 8 * h);
+            *acc = _mm256_fmadd_ps(a, b, *acc);
+        }
+    }
+    // Accumulator j is halves 2j, 2j + 1: (s0 + s2) + (s1 + s3), lane by lane.
+    let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+    let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+    let mut sum = reduce(lo, hi) as f64;
+    for i in np..n {
+        sum += (f16_to_f32(k[i]) * q[i]) as f64;
+    }
+    sum as f32
+}
+
+/// [`lane_sum`] with 32 dimensions (four registers) or, when they divide, 64 (eight) at a
+/// time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn lane_sum_f16c(w: &View<'_>, probs: &[f32], lane: usize, step: usize, out: &mut [f32]) {
+    if out.len().is_multiple_of(64) {
+        lane_sum_regs::<8>(w, probs, lane, step, out)
+    } else {
+        lane_sum_regs::<4>(w, probs, lane, step, out)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn lane_sum_regs<const R: usize>(
+    w: &View<'_>,
+    probs: &[f32],
+    lane: usize,
+    step: usize,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    for d0 in (0..out.len()).step_by(8 * R) {
+        let mut r = [_mm256_setzero_ps(); R];
+        for p in (lane..probs.len()).step_by(step) {
+            let prob = probs[p];
+            if prob == 0.0 {
+                continue;
+            }
+            let pb = _mm256_set1_ps(prob);
+            let v = w.value(p)[d0..d0 + 8 * R].as_ptr();
+            for (k, r) in r.iter_mut().enumerate() {
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(v.add(8 * k).cast()));
+                *r = _mm256_fmadd_ps(pb, x, *r);
+            }
+        }
+        for (k, r) in r.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(d0 + 8 * k), *r);
+        }
     }
 }
