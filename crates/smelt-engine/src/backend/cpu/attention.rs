@@ -83,6 +83,31 @@ impl CpuKv {
             }
             owner[s.row..s.row + s.n_tokens].fill(si);
         }
+        // Each sequence's cache offset of every position its queries can see, from `base`
+        // (the first such position rounded down to a multiple of 64: ggml's summation lanes
+        // are fixed by the position), looked up once per call instead of once per head, key
+        // and value.
+        let offsets: Vec<(usize, Vec<usize>)> = seqs
+            .iter()
+            .map(|s| {
+                let first = match p.window {
+                    Some(w) => (s.start_pos + 1).saturating_sub(w),
+                    None => 0,
+                };
+                let base = first - first % 64;
+                let end = s.start_pos + s.n_tokens;
+                let offs = (base..end)
+                    .map(|pos| {
+                        if pos >= first {
+                            self.slot(s.blocks, pos) * self.kv_dim
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
+                (base, offs)
+            })
+            .collect();
         // F16C widens keys and values in registers; without it (or with SMELT_NO_SIMD) the
         // portable conversion gives the same f32 values, so the same bits.
         let fast = ggml_math::fma_ok() && f16c_ok();
@@ -96,23 +121,19 @@ impl CpuKv {
             |sc, (i, o)| {
                 let (row, h) = (i / p.n_head, i % p.n_head);
                 let Some(&si) = owner.get(row) else { return };
-                let Some(s) = seqs.get(si) else { return };
+                let (Some(s), Some((base, offs))) = (seqs.get(si), offsets.get(si)) else {
+                    return;
+                };
                 let pos = s.start_pos + row - s.row;
                 let lo = match p.window {
                     Some(win) => (pos + 1).saturating_sub(win),
                     None => 0,
                 };
-                // The first position any of the sequence's queries attends to, rounded down
-                // to a multiple of 64: ggml's summation lanes are fixed by the position.
-                let first = match p.window {
-                    Some(w) => (s.start_pos + 1).saturating_sub(w),
-                    None => 0,
-                };
                 let view = View {
                     kv: self,
                     layer,
-                    blocks: s.blocks,
-                    base: first - first % 64,
+                    offs,
+                    base: *base,
                     off: (h / group) * hd,
                     hd,
                 };
@@ -151,7 +172,8 @@ fn f16c_ok() -> bool {
 struct View<'a> {
     kv: &'a CpuKv,
     layer: usize,
-    blocks: &'a [u32],
+    /// Cache offset of each position from `base` (of its slot's first value).
+    offs: &'a [usize],
     /// Position of index 0 (a multiple of 64).
     base: usize,
     /// Offset of the KV head within a cache slot.
@@ -162,7 +184,7 @@ struct View<'a> {
 impl View<'_> {
     #[inline(always)]
     fn at(&self, j: usize) -> usize {
-        self.kv.slot(self.blocks, self.base + j) * self.kv.kv_dim + self.off
+        self.offs[j] + self.off
     }
     #[inline(always)]
     fn key(&self, j: usize) -> &[f16] {
