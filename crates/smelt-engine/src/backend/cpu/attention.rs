@@ -111,6 +111,7 @@ impl CpuKv {
         // F16C widens keys and values in registers; without it (or with SMELT_NO_SIMD) the
         // portable conversion gives the same f32 values, so the same bits.
         let fast = ggml_math::fma_ok() && f16c_ok();
+        let wide = fast && avx512_ok();
         out.par_chunks_mut(hd).enumerate().for_each_init(
             || Scratch {
                 q16: vec![0f32; hd],
@@ -144,14 +145,29 @@ impl CpuKv {
                 // llama.cpp multiplies a batch of two or more tokens through tinyBLAS and
                 // a single token through ggml's vec_dot: two summation orders.
                 let batched = s.n_tokens >= 2;
-                if fast {
+                if wide {
+                    // SAFETY: AVX-512F, AVX2, FMA and F16C were detected at run time.
+                    unsafe { one_head_512(&view, lo, pos, p.scale, batched, sc, o) }
+                } else if fast {
                     // SAFETY: AVX2, FMA and F16C were detected at run time.
                     unsafe { one_head_fast(&view, lo, pos, p.scale, batched, sc, o) }
                 } else {
-                    one_head::<false>(&view, lo, pos, p.scale, batched, sc, o)
+                    one_head::<false, false>(&view, lo, pos, p.scale, batched, sc, o)
                 }
             },
         );
+    }
+}
+
+/// Whether the CPU has AVX-512F (16-lane registers: one per ggml accumulator).
+fn avx512_ok() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -281,7 +297,35 @@ unsafe fn one_head_fast(
     sc: &mut Scratch,
     o: &mut [f32],
 ) {
-    one_head::<true>(w, lo, pos, scale, batched, sc, o)
+    one_head::<true, false>(w, lo, pos, scale, batched, sc, o)
+}
+
+/// [`one_head`] with AVX-512F on top: ggml's 16-lane accumulators one register each.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn one_head_512(
+    w: &View<'_>,
+    lo: usize,
+    pos: usize,
+    scale: f32,
+    batched: bool,
+    sc: &mut Scratch,
+    o: &mut [f32],
+) {
+    one_head::<true, true>(w, lo, pos, scale, batched, sc, o)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn one_head_512(
+    w: &View<'_>,
+    lo: usize,
+    pos: usize,
+    scale: f32,
+    batched: bool,
+    sc: &mut Scratch,
+    o: &mut [f32],
+) {
+    one_head::<false, false>(w, lo, pos, scale, batched, sc, o)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -294,7 +338,7 @@ unsafe fn one_head_fast(
     sc: &mut Scratch,
     o: &mut [f32],
 ) {
-    one_head::<false>(w, lo, pos, scale, batched, sc, o)
+    one_head::<false, false>(w, lo, pos, scale, batched, sc, o)
 }
 
 /// Softmax-weighted sum of the values for one query head over positions `lo..=pos`, as
@@ -303,7 +347,7 @@ unsafe fn one_head_fast(
 /// position-aligned chunks of 16, summed in f64), probabilities rounded to f16, and each
 /// output dimension a dot of them with that dimension's values over the positions.
 #[inline(always)]
-fn one_head<const F16C: bool>(
+fn one_head<const F16C: bool, const Z: bool>(
     w: &View<'_>,
     lo: usize,
     pos: usize,
@@ -349,7 +393,12 @@ fn one_head<const F16C: bool>(
         // chains per key already, so one key at a time).
         for (j, sc) in scores.iter_mut().enumerate().take(last + 1).skip(first) {
             // SAFETY: as in `widen_row`.
-            let d = unsafe { dot_key_f16c(w.key(j), q, gemm) } * scale;
+            let d = if Z {
+                // SAFETY: only instantiated with `Z` inside functions compiled for AVX-512F.
+                unsafe { dot_key_512(w.key(j), q, gemm) }
+            } else {
+                unsafe { dot_key_f16c(w.key(j), q, gemm) }
+            } * scale;
             max = max.max(d);
             *sc = d;
         }
@@ -399,7 +448,7 @@ fn one_head<const F16C: bool>(
     // Lane by lane: each lane's positions (`lane`, `lane + n_lanes`, ...) added in order,
     // which is the order each accumulator sees in ggml, with the lane's sums in registers.
     for (lane, a) in acc.chunks_exact_mut(hd).enumerate() {
-        lane_sum::<F16C>(w, &scores[..len], lane, n_lanes, a);
+        lane_sum::<F16C, Z>(w, &scores[..len], lane, n_lanes, a);
     }
     // ggml's horizontal adds, vectorized over the dimensions: `(s0+s2) + (s1+s3)` of the
     // four 16-lane accumulators (vec_dot_f16), then `_mm512_reduce_add_ps`'s tree.
@@ -426,13 +475,19 @@ fn one_head<const F16C: bool>(
 /// `out[d] = sum over positions p = lane, lane + step, ... of probs[p] * v[p][d]`, one
 /// `mul_add` per position in increasing order (zero probabilities skipped: they add +0).
 #[inline(always)]
-fn lane_sum<const F16C: bool>(
+fn lane_sum<const F16C: bool, const Z: bool>(
     w: &View<'_>,
     probs: &[f32],
     lane: usize,
     step: usize,
     out: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    #[cfg(target_arch = "x86_64")]
+    if Z && out.len().is_multiple_of(64) {
+        // SAFETY: only instantiated with `Z` inside functions compiled for AVX-512F.
+        return unsafe { lane_sum_512(w, probs, lane, step, out) };
+    }
     #[cfg(target_arch = "x86_64")]
     if F16C && out.len().is_multiple_of(32) {
         // SAFETY: as in `widen_row`.
@@ -494,6 +549,76 @@ unsafe fn dot_key_f16c(k: &[f16], q: &[f32], gemm: bool) -> f32 {
         sum += (f16_to_f32(k[i]) * q[i]) as f64;
     }
     sum as f32
+}
+
+/// [`dot_key_f16c`] with one 16-lane register per ggml accumulator.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_key_512(k: &[f16], q: &[f32], gemm: bool) -> f32 {
+    use std::arch::x86_64::*;
+    let n = k.len().min(q.len());
+    let (kp, qp) = (k.as_ptr(), q.as_ptr());
+    let ld = |i: usize| {
+        (
+            _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(i).cast())),
+            _mm512_loadu_ps(qp.add(i)),
+        )
+    };
+    // `_mm512_reduce_add_ps` as GCC defines it.
+    let reduce = |v: __m512| {
+        let mut l = [0f32; 16];
+        _mm512_storeu_ps(l.as_mut_ptr(), v);
+        ggml_math::reduce16(&l)
+    };
+    if gemm {
+        let mut acc = _mm512_setzero_ps();
+        for c in (0..n - n % 16).step_by(16) {
+            let (a, b) = ld(c);
+            acc = _mm512_fmadd_ps(a, b, acc);
+        }
+        return reduce(acc);
+    }
+    let np = n - n % 64;
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for c in (0..np).step_by(64) {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let (a, b) = ld(c + 16 * j);
+            *acc = _mm512_fmadd_ps(a, b, *acc);
+        }
+    }
+    let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+    let mut sum = reduce(s) as f64;
+    for i in np..n {
+        sum += (f16_to_f32(k[i]) * q[i]) as f64;
+    }
+    sum as f32
+}
+
+/// [`lane_sum`] with 64 dimensions in four 16-lane registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+unsafe fn lane_sum_512(w: &View<'_>, probs: &[f32], lane: usize, step: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    for d0 in (0..out.len()).step_by(64) {
+        let mut r = [_mm512_setzero_ps(); 4];
+        for p in (lane..probs.len()).step_by(step) {
+            let prob = probs[p];
+            if prob == 0.0 {
+                continue;
+            }
+            let pb = _mm512_set1_ps(prob);
+            let v = w.value(p)[d0..d0 + 64].as_ptr();
+            for (k, r) in r.iter_mut().enumerate() {
+                let x = _mm512_cvtph_ps(_mm256_loadu_si256(v.add(16 * k).cast()));
+                *r = _mm512_fmadd_ps(pb, x, *r);
+            }
+        }
+        for (k, r) in r.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(d0 + 16 * k), *r);
+        }
+    }
 }
 
 /// [`lane_sum`] with 32 dimensions (four registers) or, when they divide, 64 (eight) at a
