@@ -120,6 +120,14 @@ pub fn quantize_kernel(k: &Kernel) {
         k.ld_v4(load, [v[4], v[5], v[6], v[7]], src.at(16));
     });
 
+    quantize_lane(k, &v, lane, dst);
+}
+
+/// Quantizes a lane's eight values (lanes 4b..4b+3 hold block b of the tile) into the tile
+/// at `dst`: the block's `amax` and quant sum over its four lanes by shuffles, `d` and `1/d`
+/// as IEEE divisions, quants rounded half away from zero. Shared by [`quantize_kernel`] and
+/// the fused kernels that end in the same quantize.
+pub(crate) fn quantize_lane(k: &Kernel, v: &[Reg<F32>; 8], lane: Reg<U32>, dst: Reg<U64>) {
     let amax = k.abs(k.reg(), v[0]);
     for &x in &v[1..] {
         let a = k.abs(k.reg(), x);
@@ -174,7 +182,7 @@ pub fn quantize_kernel(k: &Kernel) {
 
 /// `roundf(v)` as an integer: truncate, then step away from zero when the (exact)
 /// remainder is at least one half.
-fn round_away(k: &Kernel, v: Reg<F32>) -> Reg<S32> {
+pub(crate) fn round_away(k: &Kernel, v: Reg<F32>) -> Reg<S32> {
     let t = k.cvt(k.reg::<F32>(), v, IntRound::Rzi);
     let frac = k.sub(k.reg(), v, t);
     let up = k.cmp(Cmp::Ge, frac, 0.5f32);

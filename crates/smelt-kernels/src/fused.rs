@@ -10,11 +10,10 @@
 //! the two kernels' twins one after the other.
 
 use smelt_ptx::{
-    Cmp, FloatRound, IntRound, Kernel, Load, Narrow, Reg, Shfl, Store, F16, F32, FULL_WARP, S32,
-    U32, U64,
+    Cmp, FloatRound, Kernel, Load, Narrow, Reg, Shfl, Store, F16, F32, FULL_WARP, U32, U64,
 };
 
-use crate::act::{self, D_OFFSET, SUM_OFFSET, TILE_BYTES};
+use crate::act::{self, quantize_lane, round_away, D_OFFSET, SUM_OFFSET, TILE_BYTES};
 use crate::catalog::Entry;
 use crate::ops::elementwise::{gelu, silu, Glu};
 use crate::ops::{block_sum, reduce_scratch, Launch};
@@ -226,59 +225,6 @@ pub fn glu_q8_cpu(
     act::quantize_cpu(gate, k)
 }
 
-/// Quantizes a lane's eight values (lanes 4b..4b+3 hold block b of the tile) into the tile
-/// at `dst`, as `act::quantize_kernel` does.
-fn quantize_lane(k: &Kernel, v: &[Reg<F32>; 8], lane: Reg<U32>, dst: Reg<U64>) {
-    let amax = k.abs(k.reg(), v[0]);
-    for &x in &v[1..] {
-        let a = k.abs(k.reg(), x);
-        k.max(amax, amax, a);
-    }
-    for offset in [1u32, 2] {
-        let other = k.shfl_sync(Shfl::Bfly, k.reg(), amax, offset, FULL_WARP);
-        k.max(amax, amax, other);
-    }
-    let d = k.div_rn(k.reg(), amax, 127.0f32);
-    let id = k.div_rn(k.reg(), 1.0f32, d);
-    let zero = k.cmp(Cmp::Eq, d, 0.0f32);
-    k.selp(id, 0.0f32, id, zero);
-    let quants: [Reg<S32>; 8] = std::array::from_fn(|i| round_away(k, k.mul(k.reg(), v[i], id)));
-    let sum = k.add(k.reg(), quants[0], quants[1]);
-    for &qv in &quants[2..] {
-        k.add(sum, sum, qv);
-    }
-    for offset in [1u32, 2] {
-        let other = k.shfl_sync(Shfl::Bfly, k.reg(), sum, offset, FULL_WARP);
-        k.add(sum, sum, other);
-    }
-    let words: [Reg<U32>; 2] = std::array::from_fn(|w| {
-        let q4 = &quants[4 * w..4 * w + 4];
-        let lo = k.prmt(
-            k.reg::<U32>(),
-            q4[0].cast::<U32>(),
-            q4[1].cast::<U32>(),
-            0x0040u32,
-        );
-        let hi = k.prmt(
-            k.reg::<U32>(),
-            q4[2].cast::<U32>(),
-            q4[3].cast::<U32>(),
-            0x0040u32,
-        );
-        k.prmt(k.reg::<U32>(), lo, hi, 0x5410u32)
-    });
-    let qdst = k.add(k.reg(), dst, k.mul_wide(k.reg::<U64>(), lane, 8u32));
-    k.st_v2(Store::GLOBAL, qdst, words);
-    let slot = k.shr(k.reg(), lane, 2u32);
-    let first = k.cmp(Cmp::Eq, k.and(k.reg(), lane, 3u32), 0u32);
-    let hdst = k.add(k.reg(), dst, k.mul_wide(k.reg::<U64>(), slot, 2u32));
-    let dh = k.cvt(k.reg::<F16>(), d, FloatRound::Rn);
-    k.guarded(first, |k| {
-        k.st(Store::GLOBAL, hdst.at(D_OFFSET as i64), dh);
-        k.st_narrow(Store::GLOBAL, Narrow::U16, hdst.at(SUM_OFFSET as i64), sum);
-    });
-}
-
 /// Quantizes one 32-value q8_1 block held one value per lane of a full warp (all 32 lanes
 /// present), as `act::quantize_kernel` quantizes it: `f` is the value's index in rows of
 /// whole tiles (row length a multiple of 256), so its tile is `f / 256` of `q`.
@@ -317,21 +263,6 @@ pub(crate) fn quantize_warp_block(
         k.st(Store::GLOBAL, hdst.at(D_OFFSET as i64), dh);
         k.st_narrow(Store::GLOBAL, Narrow::U16, hdst.at(SUM_OFFSET as i64), sum);
     });
-}
-
-/// `roundf(v)` as an integer (as `act`'s: truncate, then step away from zero when the
-/// exact remainder is at least one half).
-fn round_away(k: &Kernel, v: Reg<F32>) -> Reg<S32> {
-    let t = k.cvt(k.reg::<F32>(), v, IntRound::Rzi);
-    let frac = k.sub(k.reg(), v, t);
-    let up = k.cmp(Cmp::Ge, frac, 0.5f32);
-    let down = k.cmp(Cmp::Le, frac, -0.5f32);
-    let q = k.cvt(k.reg::<S32>(), t, IntRound::Rzi);
-    let stepped = k.add(k.reg(), q, 1i32);
-    k.selp(q, stepped, q, up);
-    let lowered = k.sub(k.reg(), q, 1i32);
-    k.selp(q, lowered, q, down);
-    q
 }
 
 /// CPU twin: the norm twins of [`crate::ops::norm`] then [`act::quantize_cpu`]. Returns
