@@ -23,6 +23,12 @@
 # originals') and runs the parity, log in $OUT/parity.log, summary last. A call that answers
 # 'already running' (another run in flight) is retried after 20 s; a piece lost to a fresh
 # machine shows as missing: resend from piece 1.
+# Per-path probe (one call, no pieces): where along one layer CUDA and CPU part.
+#   bench/gpu/parity.sh layers-split   # here: binary + both models cut to 1 layer, 4096
+#                                      # embedding rows, into .gpu-parity-layers (~15 MB)
+#   bash bench/gpu/parity.sh layers    # there, carry [".gpu-parity-layers"]: 0 layers
+#     (embedding, output norm, output matmul), 1 layer with attn_output zeroed (feed-forward
+#     path only), with ffn_down zeroed (attention only), and whole; log $OUT/layers.log.
 # Environment there: PARITY_SWEEP (depths for the per-layer sweep, default 1,2,6,12,24),
 # PARITY_ARGS (extra cuda_parity check flags, e.g. --no-ref).
 set -euo pipefail
@@ -60,6 +66,39 @@ case "${1:-}" in
     strip -o .gpu-parity-bin/cuda_parity "${CARGO_TARGET_DIR:-target}/release/examples/cuda_parity"
     gzip -9 .gpu-parity-bin/cuda_parity
     du -sh .gpu-parity-bin
+    ;;
+  layers-split)
+    cargo build --release -p smelt-engine --example cuda_parity
+    B=.gpu-parity-layers
+    rm -rf $B && mkdir -p $B
+    strip -o $B/cuda_parity "${CARGO_TARGET_DIR:-target}/release/examples/cuda_parity"
+    P=$B/cuda_parity
+    $P shrink .models/SmolLM2-135M-Instruct.Q4_1.gguf $B/smol-1l.gguf --layers 1 --vocab 4096
+    $P shrink .models/gemma-3-270m-q4_k_m.gguf $B/gemma-1l.gguf --layers 1 --vocab 4096
+    gzip -9 $P
+    du -sh $B
+    ;;
+  layers)
+    B=.gpu-parity-layers
+    out=${OUT:-bench/out}
+    mkdir -p "$out" /tmp/parity-layers
+    log="$out/layers.log"
+    T=/tmp/parity-layers
+    gunzip -c $B/cuda_parity.gz > $T/cuda_parity && chmod +x $T/cuda_parity
+    P=$T/cuda_parity
+    { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true; } | tee "$log"
+    files=()
+    for m in smol gemma; do
+      $P shrink $B/$m-1l.gguf $T/$m-0l.gguf --layers 0 --vocab 4096 >/dev/null
+      $P shrink $B/$m-1l.gguf $T/$m-1l-ffn-only.gguf --layers 1 --vocab 4096 --zero attn_output >/dev/null
+      $P shrink $B/$m-1l.gguf $T/$m-1l-attn-only.gguf --layers 1 --vocab 4096 --zero ffn_down >/dev/null
+      files+=($T/$m-0l.gguf $T/$m-1l-ffn-only.gguf $T/$m-1l-attn-only.gguf $B/$m-1l.gguf)
+    done
+    status=0
+    $P check "${files[@]}" 2>&1 | tee -a "$log" || status=1
+    echo "== summary"
+    grep -E "^(==|prompt 40|32 greedy|3 seq)" "$log" | cut -c1-260 || true
+    exit $status
     ;;
   run)
     store=${PARITY_STORE:-$HOME/smelt-parity}

@@ -5,6 +5,9 @@
 //! real model, for the GPU run's size limit: the first N layers and the first V rows of the
 //! embedding table, every kept tensor byte-for-byte as in IN (`--window` sets Gemma 3's
 //! sliding window, so a short test crosses it). The vocabulary lists are left out.
+//! `--zero a,b` stores every tensor whose name contains `a` or `b` as zeros (same type and
+//! shape): `--zero attn_output` leaves a layer's feed-forward path alone, `--zero ffn_down`
+//! its attention, to see which path a difference comes from.
 //!
 //! `cuda_parity dequant IN OUT`: IN with every tensor stored as F32 (the quantized values,
 //! unpacked). On the CPU backend such a file is the *reference*: the same weights, but no
@@ -82,6 +85,7 @@ fn shrink(
     layers: usize,
     vocab: usize,
     window: Option<usize>,
+    zero: &[String],
 ) -> Res<()> {
     let g = Gguf::open(input)?;
     let arch = g
@@ -119,6 +123,14 @@ fn shrink(
     };
     let mut specs = Vec::new();
     let mut datas: Vec<&[u8]> = Vec::new();
+    let zeros = vec![
+        0u8;
+        g.tensors()
+            .iter()
+            .map(|t| t.n_bytes() as usize)
+            .max()
+            .unwrap_or(0)
+    ];
     for t in g.tensors().iter().filter(|t| keep(&t.name)) {
         let mut shape = t.shape.clone();
         let mut data = g.tensor_data(t);
@@ -127,6 +139,9 @@ fn shrink(
             let row_bytes = data.len() / shape[1] as usize;
             shape[1] = rows;
             data = &data[..rows as usize * row_bytes];
+        }
+        if zero.iter().any(|z| t.name.contains(z.as_str())) {
+            data = &zeros[..data.len()];
         }
         specs.push(TensorSpec {
             name: t.name.clone(),
@@ -266,8 +281,18 @@ impl Cmp {
             } else {
                 self.tie_flips += 1;
             }
+            // Which of the two the F32-activation reference prefers, and by how much.
+            let by_ref = reference
+                .map(|r| {
+                    format!(
+                        ", ref: cpu's - cuda's {:+.4} (ref top-1 {})",
+                        r[tc as usize] - r[tg as usize],
+                        argmax(r)
+                    )
+                })
+                .unwrap_or_default();
             self.flips.push(format!(
-                "row {}: cpu {tc} cuda {tg}, cpu top-2 gap {gap:.4} = {:.2} sigma (sigma {sigma:.4}){}",
+                "row {}: cpu {tc} cuda {tg}, cpu top-2 gap {gap:.4} = {:.2} sigma (sigma {sigma:.4}){by_ref}{}",
                 self.rows,
                 gap / sigma.max(1e-30),
                 if real { " REAL" } else { "" }
@@ -578,11 +603,11 @@ fn check(model: &Path, with_ref: bool, sweep: &[usize]) -> Res<bool> {
     // Depth sweep: test 1 on the first N layers.
     for &d in sweep.iter().filter(|&&d| d < n_layer) {
         let q = scratch(model, &format!("{d}l"));
-        shrink(model, &q, d, n_vocab, None)?;
+        shrink(model, &q, d, n_vocab, None, &[])?;
         let r = match &ref_path {
             Some(p) => {
                 let r = scratch(model, &format!("{d}l-f32"));
-                shrink(p, &r, d, n_vocab, None)?;
+                shrink(p, &r, d, n_vocab, None, &[])?;
                 Some(r)
             }
             None => None,
@@ -621,6 +646,12 @@ fn main() -> ExitCode {
                 layers,
                 vocab,
                 arg_after(&args, "--window"),
+                &args
+                    .iter()
+                    .position(|a| a == "--zero")
+                    .and_then(|i| args.get(i + 1))
+                    .map(|v| v.split(',').map(str::to_string).collect::<Vec<_>>())
+                    .unwrap_or_default(),
             )
             .map(|()| true)
         }
@@ -659,7 +690,7 @@ fn main() -> ExitCode {
             println!("\nparity: {}", if all { "PASS" } else { "FAIL" });
             Ok(all)
         }
-        _ => Err("usage: cuda_parity shrink IN OUT [--layers N] [--vocab V] [--window W] | dequant IN OUT | check MODEL... [--no-ref] [--sweep N,M]".into()),
+        _ => Err("usage: cuda_parity shrink IN OUT [--layers N] [--vocab V] [--window W] [--zero a,b] | dequant IN OUT | check MODEL... [--no-ref] [--sweep N,M]".into()),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,
