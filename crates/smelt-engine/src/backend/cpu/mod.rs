@@ -7,6 +7,7 @@ pub mod act_quant;
 mod attention;
 pub mod ggml_dot;
 pub mod ggml_math;
+pub mod ggml_simd;
 pub mod matmul;
 
 use std::sync::{Arc, OnceLock};
@@ -235,16 +236,15 @@ impl Backend for Cpu {
             .for_each(|(g, u)| {
                 for (g, u) in g.chunks_mut(cols).zip(u.chunks(cols)) {
                     match act {
-                        Glu::Silu => {
-                            if ggml_math::fma_ok() {
-                                // SAFETY: AVX2 and FMA were detected at run time.
-                                unsafe { silu_row_fma(g, u) }
-                            } else {
-                                silu_row(g, u)
-                            }
-                        }
+                        Glu::Silu => silu_row_best(g, u),
                         Glu::Gelu => {
-                            for (g, &u) in g.iter_mut().zip(u) {
+                            let mut done = 0;
+                            #[cfg(target_arch = "x86_64")]
+                            if ggml_simd::ok() {
+                                // SAFETY: AVX2, FMA and F16C were detected at run time.
+                                done = unsafe { ggml_simd::geglu8(g, u, gelu_table()) };
+                            }
+                            for (g, &u) in g[done..].iter_mut().zip(&u[done..]) {
                                 *g = gelu_times(*g, u);
                             }
                         }
@@ -414,6 +414,25 @@ unsafe fn silu_row_fma(g: &mut [f32], u: &[f32]) {
     silu_row(g, u)
 }
 
+/// [`silu_row`] with its whole chunks of 16 eight lanes at a time where the CPU allows
+/// (same bits: [`ggml_simd::silu8`] is the scalar lane's twin).
+fn silu_row_best(g: &mut [f32], u: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if ggml_simd::ok() {
+        // SAFETY: AVX2, FMA and F16C were detected at run time.
+        unsafe {
+            let whole = ggml_simd::swiglu_whole16(g, u);
+            return silu_row_fma(&mut g[whole..], &u[whole..]);
+        }
+    }
+    if ggml_math::fma_ok() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        unsafe { silu_row_fma(g, u) }
+    } else {
+        silu_row(g, u)
+    }
+}
+
 /// Rotates each head of one row: ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`, as GCC
 /// contracts them (-ffp-contract=fast): the first product fused, the second rounded.
 #[inline(always)]
@@ -474,19 +493,23 @@ fn gelu_times(x: f32, u: f32) -> f32 {
 
 /// GELU with the tanh approximation, looked up by the input rounded to f16 (ggml's table).
 fn gelu(x: f32) -> f32 {
-    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
     if x <= -10.0 {
         return 0.0;
     }
     if x >= 10.0 {
         return x;
     }
-    let table = TABLE.get_or_init(|| {
+    gelu_table()[f32_to_f16(x).to_bits() as usize]
+}
+
+/// ggml's `ggml_table_gelu_f16`, widened: GELU of every f16 input, rounded to f16.
+fn gelu_table() -> &'static [f32] {
+    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
+    TABLE.get_or_init(|| {
         (0..=u16::MAX)
             .map(|b| f16_to_f32(f32_to_f16(gelu_exact(f16_to_f32(half::f16::from_bits(b))))))
             .collect()
-    });
-    table[f32_to_f16(x).to_bits() as usize]
+    })
 }
 
 /// ggml's `ggml_gelu_f32` as GCC compiles it (`-ffp-contract=fast` fuses
@@ -533,6 +556,59 @@ mod tests {
         };
         cpu.rope(&mut y, &[1], 4, &p, None);
         assert!((y.data[0] - 1f32.cos()).abs() < 1e-6 && (y.data[2] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    /// The GLU op (vector paths where the CPU has them) equals the scalar lane code bit
+    /// for bit, ragged rows and values at ggml's ±10 GELU cut-offs included.
+    #[test]
+    fn glu_vector_paths_equal_scalar() {
+        let cpu = Cpu;
+        let mut s = 0x9e37_79b9u32;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s as f32 / u32::MAX as f32 - 0.5) * 30.0
+        };
+        for cols in [1, 15, 16, 17, 40, 1536] {
+            let rows = 3;
+            let mut g: Vec<f32> = (0..rows * cols).map(|_| next()).collect();
+            for (i, v) in [-10.0, 10.0, -9.999, 9.999, -100.0, 95.0, 0.0, -0.0]
+                .into_iter()
+                .enumerate()
+            {
+                if i < g.len() {
+                    g[i] = v;
+                }
+            }
+            let u: Vec<f32> = (0..rows * cols).map(|_| next()).collect();
+            let up = CpuTensor {
+                data: u.clone(),
+                rows,
+                cols,
+            };
+            for act in [Glu::Silu, Glu::Gelu] {
+                let mut x = CpuTensor {
+                    data: g.clone(),
+                    rows,
+                    cols,
+                };
+                cpu.glu(&mut x, &up, act);
+                let mut want = g.clone();
+                for (g, u) in want.chunks_mut(cols).zip(u.chunks(cols)) {
+                    match act {
+                        Glu::Silu => silu_row(g, u),
+                        Glu::Gelu => g
+                            .iter_mut()
+                            .zip(u)
+                            .for_each(|(g, &u)| *g = gelu_times(*g, u)),
+                    }
+                }
+                for (a, b) in x.data.iter().zip(&want) {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{act:?} {cols}: {a} vs {b}");
+                }
+            }
+        }
     }
 
     #[test]
