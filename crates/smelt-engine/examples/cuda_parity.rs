@@ -45,7 +45,8 @@
 //!
 //! Without the reference (`--no-ref`) the noise bar is relative RMS(cuda - cpu) <= 0.25.
 //! `PARITY_DEVICE=cpu` runs the "CUDA" side on the CPU (a self-test of this harness: every
-//! difference must be 0). Exit status 1 when a model fails.
+//! difference must be 0); `PARITY_FAULT=blk.29.ffn_down,...` zeroes those tensors on that
+//! side only (a simulated kernel bug: the bars must fail). Exit status 1 when a model fails.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -274,7 +275,8 @@ impl Cmp {
         } else {
             let sigma = (row.ss / cpu.len().max(1) as f64).sqrt() as f32;
             let gap = top2_gap(cpu);
-            let real = !(gap <= TIE_SIGMAS * sigma);
+            // (NaN anywhere counts as real.)
+            let real = gap.is_nan() || sigma.is_nan() || gap > TIE_SIGMAS * sigma;
             self.flip_rows.push(self.rows);
             if real {
                 self.real_flips += 1;
@@ -448,7 +450,22 @@ fn engine_opts(device: Device) -> EngineOptions {
 fn open_sides(model: &Path, reference: Option<&Path>) -> Res<Sides> {
     let gguf = Arc::new(Gguf::open(model)?);
     let cpu = Engine::from_gguf(gguf.clone(), &engine_opts(Device::Cpu))?;
-    let gpu = Engine::from_gguf(gguf, &engine_opts(gpu_device()))?;
+    // A simulated kernel bug, to show the bars can fail: the "CUDA" side gets a copy with
+    // the named tensors zeroed.
+    let fault: Vec<String> = std::env::var("PARITY_FAULT")
+        .map(|v| v.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    let gpu = if fault.is_empty() {
+        Engine::from_gguf(gguf, &engine_opts(gpu_device()))?
+    } else {
+        let p = scratch(model, "fault");
+        let (layers, vocab) = (cpu.info().n_layer, cpu.info().n_vocab);
+        shrink(model, &p, layers, vocab, None, &fault)?;
+        println!("PARITY_FAULT: the cuda side runs with {fault:?} zeroed");
+        let e = Engine::load(&p, &engine_opts(gpu_device()))?;
+        let _ = std::fs::remove_file(&p);
+        e
+    };
     let reference = match reference {
         Some(p) => Some(Engine::load(p, &engine_opts(Device::Cpu))?),
         None => None,
