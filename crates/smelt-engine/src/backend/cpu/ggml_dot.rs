@@ -160,7 +160,7 @@ pub fn hsum8(a: &[f32; 8]) -> f32 {
 
 /// Whether the AVX2 + FMA paths may run (`SMELT_NO_SIMD` turns them off).
 #[inline(always)]
-fn simd() -> bool {
+pub(super) fn simd() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -16,6 +16,11 @@ use super::ggml_math;
 
 use crate::EngineError;
 
+// A child of this module (its only user), so the backend's module list stays as it is.
+#[cfg(target_arch = "x86_64")]
+#[path = "gemm.rs"]
+mod gemm;
+
 /// Weight rows per rayon task: enough work to amortize the task, small enough that the
 /// rows stay in L1/L2 while every token of the batch passes over them.
 const ROWS_PER_TASK: usize = 16;
@@ -131,6 +136,16 @@ fn matmul_typed<B: GgmlDot>(
         return Ok(());
     }
 
+    #[cfg(target_arch = "x86_64")]
+    if super::ggml_dot::simd() {
+        let nb = a_used * <B::Act as Block>::WEIGHTS / B::WEIGHTS;
+        // SAFETY: AVX2, FMA and F16C were detected at run time; the shapes are the ones
+        // checked above (w: rows x w_per_row, act: n_tok x a_per_row, out: n_tok x rows).
+        if unsafe { tiled::<B>(w, rows, w_per_row, &act, a_per_row, nb, n_tok, out) } {
+            return Ok(());
+        }
+    }
+
     // Row-major per weight row first ([rows, n_tok]) so each task owns a contiguous slice,
     // then transposed into token rows.
     let mut by_row = vec![0f32; rows * n_tok];
@@ -159,6 +174,51 @@ fn matmul_typed<B: GgmlDot>(
         }
     });
     Ok(())
+}
+
+/// The register-tiled batch kernels of [`gemm`] for the formats that have one (Q6_K from
+/// eight tokens on, as ggml switches to its tiled matmul there); false for the others.
+///
+/// # Safety
+/// AVX2, FMA and F16C are available; shapes as [`gemm::legacy_batch`] documents.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tiled<B: GgmlDot>(
+    w: &[B],
+    rows: usize,
+    w_per_row: usize,
+    act: &[B::Act],
+    a_per_row: usize,
+    nb: usize,
+    n_tok: usize,
+    out: &mut [f32],
+) -> bool {
+    use smelt_quant::kquants::{BlockQ4K, BlockQ6K};
+    use smelt_quant::legacy::{BlockQ4_1, BlockQ5_0, BlockQ8_0};
+    let (wb, ab): (&[u8], &[u8]) = (bytemuck::cast_slice(w), bytemuck::cast_slice(act));
+    macro_rules! go {
+        ($f:path, $W:ty) => {{
+            $f(
+                bytemuck::cast_slice::<u8, $W>(wb),
+                rows,
+                w_per_row,
+                bytemuck::cast_slice(ab),
+                a_per_row,
+                nb,
+                n_tok,
+                out,
+            );
+            true
+        }};
+    }
+    match B::TYPE {
+        GgmlType::Q4_1 => go!(gemm::legacy_batch::<BlockQ4_1>, BlockQ4_1),
+        GgmlType::Q5_0 => go!(gemm::legacy_batch::<BlockQ5_0>, BlockQ5_0),
+        GgmlType::Q8_0 => go!(gemm::legacy_batch::<BlockQ8_0>, BlockQ8_0),
+        GgmlType::Q4_K => go!(gemm::q4_k_batch, BlockQ4K),
+        GgmlType::Q6_K if n_tok >= 8 => go!(gemm::q6_k_batch, BlockQ6K),
+        _ => false,
+    }
 }
 
 /// One task of the decode path: rows `r0..` into `o`, one at a time. (Four rows per pass,
@@ -311,6 +371,84 @@ mod tests {
             smelt_quant::quantize_row(act, &x[..cols], &mut xq).unwrap();
             let want = smelt_quant::vec_dot(ty, cols, &w[..rb], &xq).unwrap();
             assert_eq!(all[0], want, "{ty}");
+        }
+    }
+
+    /// The K-quant batches give each output what ggml's batch kernels give it (repacked
+    /// Q4_K: gemm order for whole groups of four tokens, gemv order for the rest; Q6_K: the
+    /// tiled order from eight tokens on), for ragged rows and every tail of tokens; and the
+    /// legacy formats' tiles the one-token `vec_dot`.
+    #[test]
+    fn tiled_batches_keep_each_outputs_order() {
+        use rand::{Rng, SeedableRng};
+        use smelt_quant::kquants::{BlockQ4K, BlockQ6K, BlockQ8K};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+        let (rows, cols) = (37, 512);
+        let wf: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_1,
+        ] {
+            let rb = ty.type_size() * cols / ty.block_size();
+            let mut w = vec![0u8; rows * rb];
+            for r in 0..rows {
+                let row = &wf[r * cols..(r + 1) * cols];
+                smelt_quant::quantize_row(ty, row, &mut w[r * rb..(r + 1) * rb]).unwrap();
+            }
+            for n_tok in (1..=13).chain([70]) {
+                let x: Vec<f32> = (0..n_tok * cols)
+                    .map(|_| rng.gen_range(-2.0..2.0))
+                    .collect();
+                let mut all = vec![f32::NAN; n_tok * rows];
+                matmul(ty, &w, rows, cols, cols, &x, &mut all).unwrap();
+                for t in 0..n_tok {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    let want: Vec<f32> = match ty {
+                        GgmlType::Q4_K | GgmlType::Q6_K => {
+                            let mut a = vec![BlockQ8K::zeroed(); cols / 256];
+                            quantize_act(xt, &mut a);
+                            (0..rows)
+                                .map(|r| {
+                                    let wr = &w[r * rb..(r + 1) * rb];
+                                    if ty == GgmlType::Q6_K {
+                                        let wr: &[BlockQ6K] = bytemuck::cast_slice(wr);
+                                        if n_tok >= 8 {
+                                            super::super::ggml_dot::q6_k_tiled(wr, &a)
+                                        } else {
+                                            BlockQ6K::ggml_dot(wr, &a)
+                                        }
+                                    } else {
+                                        let wr: &[BlockQ4K] = bytemuck::cast_slice(wr);
+                                        if t < n_tok - n_tok % 4 {
+                                            super::super::ggml_dot::q4_k_gemm(wr, &a)
+                                        } else {
+                                            BlockQ4K::ggml_dot(wr, &a)
+                                        }
+                                    }
+                                })
+                                .collect()
+                        }
+                        _ => {
+                            let mut one = vec![0f32; rows];
+                            matmul(ty, &w, rows, cols, cols, xt, &mut one).unwrap();
+                            one
+                        }
+                    };
+                    let got = &all[t * rows..(t + 1) * rows];
+                    for r in 0..rows {
+                        assert_eq!(
+                            got[r].to_bits(),
+                            want[r].to_bits(),
+                            "{ty} n_tok {n_tok} token {t} row {r}: {} vs {}",
+                            got[r],
+                            want[r]
+                        );
+                    }
+                }
+            }
         }
     }
 
