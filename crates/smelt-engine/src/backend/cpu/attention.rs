@@ -10,6 +10,8 @@ use smelt_quant::fp::{f16_to_f32, f32_to_f16};
 use super::ggml_math;
 #[cfg(target_arch = "x86_64")]
 use super::ggml_simd;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
 use crate::backend::{AttnParams, AttnSeq};
 
 /// K and V of every layer: `[layer][slot * kv_dim + d]`, a slot being
@@ -390,10 +392,29 @@ fn one_head<const F16C: bool, const Z: bool>(
     let mut max = f32::NEG_INFINITY;
     let mut j = first;
     #[cfg(target_arch = "x86_64")]
+    if F16C && !Z && hd.is_multiple_of(if gemm { 16 } else { 64 }) {
+        // Eight keys at a time: each key's lanes summed down to eight in registers, then
+        // the eight keys' last horizontal adds done side by side (the same adds, per key).
+        // SAFETY: as in `widen_row`.
+        unsafe {
+            let mut mx = _mm256_set1_ps(f32::NEG_INFINITY);
+            let sc8 = _mm256_set1_ps(scale);
+            while j + 8 <= last + 1 {
+                let d = _mm256_mul_ps(dot8_keys_f16c(w, j, q, gemm), sc8);
+                _mm256_storeu_ps(scores.as_mut_ptr().add(j), d);
+                mx = _mm256_max_ps(mx, d);
+                j += 8;
+            }
+            let mut m = [0f32; 8];
+            _mm256_storeu_ps(m.as_mut_ptr(), mx);
+            max = m.iter().fold(max, |a, &b| a.max(b));
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
     if F16C && hd.is_multiple_of(16) {
         // Each key widened in registers and dotted in ggml's lanes (eight or two independent
         // chains per key already, so one key at a time).
-        for (j, sc) in scores.iter_mut().enumerate().take(last + 1).skip(first) {
+        for (j, sc) in scores.iter_mut().enumerate().take(last + 1).skip(j) {
             // SAFETY: as in `widen_row`.
             let d = if Z {
                 // SAFETY: only instantiated with `Z` inside functions compiled for AVX-512F.
@@ -512,6 +533,67 @@ fn lane_sum<const F16C: bool, const Z: bool>(
             axpy_f16::<F16C>(out, prob, w.value(p));
         }
     }
+}
+
+/// Eight keys' `q·k` (keys `j..j + 8` of the view), lane `i` key `j + i`, each exactly
+/// [`dot_key_f16c`]: per key the 16 ggml lanes folded to eight (`t3`), then the
+/// `_mm512_reduce_add_ps` tail (`t6 = t3[i + 4] + t3[i]`, `(t6[0] + t6[2]) + (t6[1] +
+/// t6[3])`) done for eight keys at once after transposing. Needs `hd` a multiple of 64
+/// (`gemm`: of 16), so no leftovers are summed in f64.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot8_keys_f16c(w: &View<'_>, j: usize, q: &[f32], gemm: bool) -> __m256 {
+    let hd = w.hd.min(q.len());
+    let qp = q.as_ptr();
+    let t3: [__m256; 8] = std::array::from_fn(|i| {
+        let kp = w.key(j + i).as_ptr();
+        let ld = |c: usize| {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(kp.add(c).cast())),
+                _mm256_loadu_ps(qp.add(c)),
+            )
+        };
+        if gemm {
+            let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for c in (0..hd).step_by(16) {
+                let (a, b) = ld(c);
+                lo = _mm256_fmadd_ps(a, b, lo);
+                let (a, b) = ld(c + 8);
+                hi = _mm256_fmadd_ps(a, b, hi);
+            }
+            return _mm256_add_ps(hi, lo);
+        }
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for c in (0..hd).step_by(64) {
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let (a, b) = ld(c + 8 * h);
+                *acc = _mm256_fmadd_ps(a, b, *acc);
+            }
+        }
+        let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+        let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+        _mm256_add_ps(hi, lo)
+    });
+    // Keys 2m and 2m + 1 side by side: [t6 of 2m | t6 of 2m + 1].
+    let s: [__m256; 4] = std::array::from_fn(|m| {
+        let (a, b) = (t3[2 * m], t3[2 * m + 1]);
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x31>(a, b),
+            _mm256_permute2f128_ps::<0x20>(a, b),
+        )
+    });
+    // 4x4 transposes within each 128-bit half: t6[0..4] of keys (0, 2, 4, 6 | 1, 3, 5, 7).
+    let u0 = _mm256_unpacklo_ps(s[0], s[1]);
+    let u1 = _mm256_unpackhi_ps(s[0], s[1]);
+    let u2 = _mm256_unpacklo_ps(s[2], s[3]);
+    let u3 = _mm256_unpackhi_ps(s[2], s[3]);
+    let x0 = _mm256_shuffle_ps::<0x44>(u0, u2);
+    let x1 = _mm256_shuffle_ps::<0xEE>(u0, u2);
+    let x2 = _mm256_shuffle_ps::<0x44>(u1, u3);
+    let x3 = _mm256_shuffle_ps::<0xEE>(u1, u3);
+    let r = _mm256_add_ps(_mm256_add_ps(x0, x2), _mm256_add_ps(x1, x3));
+    _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
 /// `q·k` in [`ggml_math::dot_vec`]'s order (`gemm`: [`ggml_math::dot_gemm`]'s), the key
