@@ -10,9 +10,9 @@ use smelt_quant::fp::{f16_to_f32, f32_to_f16};
 use super::ggml_math;
 #[cfg(target_arch = "x86_64")]
 use super::ggml_simd;
+use crate::backend::{AttnParams, AttnSeq};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
-use crate::backend::{AttnParams, AttnSeq};
 
 /// K and V of every layer: `[layer][slot * kv_dim + d]`, a slot being
 /// `block * block_size + offset`.
