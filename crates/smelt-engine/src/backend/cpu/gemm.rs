@@ -308,40 +308,51 @@ pub(super) unsafe fn legacy_batch<B: LegacyTiled>(
         let grp: &mut [LegacyGrp] =
             scratch_as(scratch, n_grp * nb * std::mem::size_of::<LegacyGrp>());
         legacy_unpack(w, w_per_row, nb, r0, r1, grp);
-        for t0 in (0..n_tok).step_by(LRN) {
-            let tok: [usize; LRN] = std::array::from_fn(|j| (t0 + j).min(n_tok - 1));
-            for g in 0..n_grp {
-                let res = legacy_tile::<B>(
-                    &grp[g * nb..(g + 1) * nb],
-                    tok.map(|t| &act[t * a_per_row..t * a_per_row + nb]),
-                    tok.map(|t| &ad[t * nb..(t + 1) * nb]),
-                    tok.map(|t| {
-                        if B::UNSIGNED {
-                            &asum[t * nb..(t + 1) * nb]
-                        } else {
-                            &[][..]
-                        }
-                    }),
-                );
-                for (i, res) in res.iter().enumerate() {
-                    let r = r0 + g * LRM + i;
-                    if r >= r1 {
-                        break;
-                    }
-                    for (j, &v) in res.iter().enumerate() {
-                        if t0 + j < n_tok {
-                            o.put(t0 + j, r, v);
-                        }
-                    }
+        let n_act = (act, a_per_row, &ad[..], &asum[..], n_tok);
+        legacy_sweep::<B>(grp, nb, n_act, r0, r1, o);
+    });
+}
+
+/// Every token over the unpacked groups of rows `r0..r1`, two at a time (one function, so
+/// the tiles inline and cost no call each).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy_sweep<B: LegacyTiled>(
+    grp: &[LegacyGrp],
+    nb: usize,
+    (act, a_per_row, ad, asum, n_tok): (&[B::Act], usize, &[f32], &[f32], usize),
+    r0: usize,
+    r1: usize,
+    o: OutPtr,
+) {
+    let n_grp = (r1 - r0).div_ceil(LRM);
+    for t0 in (0..n_tok).step_by(LRN) {
+        let tok: [usize; LRN] = std::array::from_fn(|j| (t0 + j).min(n_tok - 1));
+        let acts = tok.map(|t| act.get_unchecked(t * a_per_row..t * a_per_row + nb));
+        let ads = tok.map(|t| ad.get_unchecked(t * nb..(t + 1) * nb));
+        let asums = tok.map(|t| {
+            if B::UNSIGNED {
+                asum.get_unchecked(t * nb..(t + 1) * nb)
+            } else {
+                &[][..]
+            }
+        });
+        let n_t = (n_tok - t0).min(LRN);
+        for g in 0..n_grp {
+            let res = legacy_tile::<B>(grp.get_unchecked(g * nb..(g + 1) * nb), acts, ads, asums);
+            let n_r = (r1 - r0 - g * LRM).min(LRM);
+            for (i, res) in res.iter().enumerate().take(n_r) {
+                for (j, &v) in res.iter().enumerate().take(n_t) {
+                    o.put(t0 + j, r0 + g * LRM + i, v);
                 }
             }
         }
-    });
+    }
 }
 
 /// One tile: a group of `LRM` unpacked rows (`[block]`) times `LRN` tokens. Lane `4 j + i`
 /// of the scale table and of Q4_1's `m * s` chains is row `i`, token `j`.
 #[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
 unsafe fn legacy_tile<B: LegacyTiled>(
     grp: &[LegacyGrp],
     act: [&[B::Act]; LRN],

@@ -137,7 +137,7 @@ fn matmul_typed<B: GgmlDot>(
     }
 
     #[cfg(target_arch = "x86_64")]
-    if super::ggml_dot::simd() {
+    if super::ggml_dot::simd() && tiles_on() {
         let nb = a_used * <B::Act as Block>::WEIGHTS / B::WEIGHTS;
         // SAFETY: AVX2, FMA and F16C were detected at run time; the shapes are the ones
         // checked above (w: rows x w_per_row, act: n_tok x a_per_row, out: n_tok x rows).
@@ -174,6 +174,13 @@ fn matmul_typed<B: GgmlDot>(
         }
     });
     Ok(())
+}
+
+/// Whether the tiled batch kernels run (`SMELT_NO_TILES=1` turns them off, for A/B runs:
+/// the bits are the same either way).
+fn tiles_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SMELT_NO_TILES").is_none_or(|v| v.is_empty() || v == "0"))
 }
 
 /// The register-tiled batch kernels of [`gemm`] for the formats that have one (Q6_K from
@@ -476,6 +483,75 @@ mod tests {
             matmul(ty, &w, rows, cols, cols, &x, &mut a).unwrap();
             matmul(ty, &wp, rows, cols, stride, &x, &mut b).unwrap();
             assert_eq!(a, b, "{ty}");
+        }
+    }
+}
+
+/// Kernel timing on one thread, CPU time (robust to a busy machine):
+/// `cargo test --release -p smelt-engine --lib matmul_speed -- --ignored --nocapture`.
+#[cfg(test)]
+mod speed {
+    use super::*;
+
+    fn cpu_time() -> f64 {
+        let mut ts = libc_timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid pointer to a timespec.
+        unsafe { clock_gettime(3, &mut ts) }; // CLOCK_THREAD_CPUTIME_ID
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+    #[repr(C)]
+    struct libc_timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clk: i32, ts: *mut libc_timespec) -> i32;
+    }
+
+    #[test]
+    #[ignore]
+    fn matmul_speed() {
+        use rand::{Rng, SeedableRng};
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let n_tok = 512;
+        for (ty, rows, cols) in [
+            (GgmlType::Q4_1, 1536, 576),
+            (GgmlType::Q5_0, 2048, 640),
+            (GgmlType::Q4_K, 640, 2048),
+            (GgmlType::Q6_K, 640, 2048),
+        ] {
+            let rb = ty.type_size() * cols / ty.block_size();
+            let mut w = vec![0u8; rows * rb];
+            let wf: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            for r in 0..rows {
+                smelt_quant::quantize_row(ty, &wf, &mut w[r * rb..(r + 1) * rb]).unwrap();
+            }
+            let x: Vec<f32> = (0..n_tok * cols)
+                .map(|_| rng.gen_range(-2.0..2.0))
+                .collect();
+            let mut out = vec![0f32; n_tok * rows];
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let t = pool.install(|| {
+                    let t0 = cpu_time();
+                    matmul(ty, &w, rows, cols, cols, &x, &mut out).unwrap();
+                    cpu_time() - t0
+                });
+                best = best.min(t);
+            }
+            let macs = (rows * cols * n_tok) as f64;
+            eprintln!(
+                "{ty} {rows}x{cols} x {n_tok} tokens: {:.2} ms, {:.1} GMAC/s per thread",
+                best * 1e3,
+                macs / best * 1e-9
+            );
         }
     }
 }
