@@ -79,14 +79,6 @@ impl CpuKv {
     ) {
         let hd = p.head_dim;
         let group = p.n_head / p.n_head_kv.max(1);
-        // Which sequence each batch row belongs to.
-        let mut owner = Vec::new();
-        for (si, s) in seqs.iter().enumerate() {
-            if owner.len() < s.row + s.n_tokens {
-                owner.resize(s.row + s.n_tokens, usize::MAX);
-            }
-            owner[s.row..s.row + s.n_tokens].fill(si);
-        }
         // Each sequence's cache offset of every position its queries can see, from `base`
         // (the first such position rounded down to a multiple of 64: ggml's summation lanes
         // are fixed by the position), looked up once per call instead of once per head, key
@@ -116,24 +108,43 @@ impl CpuKv {
         // portable conversion gives the same f32 values, so the same bits.
         let fast = ggml_math::fma_ok() && f16c_ok();
         let wide = fast && avx512_ok();
-        out.par_chunks_mut(hd).enumerate().for_each_init(
+        // Tasks: one head of one query row, or (prefill on AVX2, tinyBLAS order) of
+        // [`ROWS`] consecutive rows of a sequence, which then share each key's widening.
+        // Head-major within a sequence, so consecutive tasks read the same KV head.
+        let multi = fast && !wide && hd.is_multiple_of(16);
+        let mut tasks = Vec::new();
+        for (si, s) in seqs.iter().enumerate() {
+            let step = if multi && s.n_tokens >= 2 { ROWS } else { 1 };
+            for h in 0..p.n_head {
+                for r0 in (0..s.n_tokens).step_by(step) {
+                    tasks.push(Task {
+                        si,
+                        row: s.row + r0,
+                        n: step.min(s.n_tokens - r0),
+                        h,
+                    });
+                }
+            }
+        }
+        let n_rows = out.len() / (p.n_head * hd).max(1);
+        let out_ptr = SendPtr(out.as_mut_ptr());
+        tasks.par_iter().for_each_init(
             || Scratch {
                 q16: vec![0f32; hd],
                 scores: Vec::new(),
                 acc: Vec::new(),
                 keys: vec![0f32; 4 * hd],
+                rows: Default::default(),
+                q16_rows: vec![0f32; ROWS * hd],
             },
-            |sc, (i, o)| {
-                let (row, h) = (i / p.n_head, i % p.n_head);
-                let Some(&si) = owner.get(row) else { return };
-                let (Some(s), Some((base, offs))) = (seqs.get(si), offsets.get(si)) else {
+            |sc, t| {
+                let (Some(s), Some((base, offs))) = (seqs.get(t.si), offsets.get(t.si)) else {
                     return;
                 };
-                let pos = s.start_pos + row - s.row;
-                let lo = match p.window {
-                    Some(win) => (pos + 1).saturating_sub(win),
-                    None => 0,
-                };
+                if t.row + t.n > n_rows || t.row < s.row {
+                    return;
+                }
+                let h = t.h;
                 let view = View {
                     kv: self,
                     layer,
@@ -142,24 +153,80 @@ impl CpuKv {
                     off: (h / group) * hd,
                     hd,
                 };
-                let qrow = &q[(row * p.n_head + h) * hd..][..hd];
-                for (a, &b) in sc.q16.iter_mut().zip(qrow) {
-                    *a = f16_to_f32(f32_to_f16(b));
+                let span = |row: usize| {
+                    let pos = s.start_pos + row - s.row;
+                    let lo = match p.window {
+                        Some(win) => (pos + 1).saturating_sub(win),
+                        None => 0,
+                    };
+                    (lo, pos)
+                };
+                // SAFETY: every (row, head) belongs to exactly one task, rows are below
+                // `n_rows`, so the output slices of concurrent tasks are disjoint and in
+                // bounds.
+                let out_of = |row: usize| unsafe {
+                    std::slice::from_raw_parts_mut(out_ptr.get().add((row * p.n_head + h) * hd), hd)
+                };
+                let round = |row: usize, dst: &mut [f32]| {
+                    let qrow = &q[(row * p.n_head + h) * hd..][..hd];
+                    for (a, &b) in dst.iter_mut().zip(qrow) {
+                        *a = f16_to_f32(f32_to_f16(b));
+                    }
+                };
+                #[cfg(target_arch = "x86_64")]
+                if t.n == ROWS {
+                    for r in 0..ROWS {
+                        round(t.row + r, &mut sc.q16_rows[r * hd..(r + 1) * hd]);
+                    }
+                    let q16 = std::mem::take(&mut sc.q16_rows);
+                    let rows = std::array::from_fn(|r| span(t.row + r));
+                    let outs = std::array::from_fn(|r| out_of(t.row + r));
+                    // SAFETY: `multi` implies AVX2, FMA and F16C were detected.
+                    unsafe { rows_head_fast(&view, rows, &q16, p.scale, sc, outs) };
+                    sc.q16_rows = q16;
+                    return;
                 }
-                // llama.cpp multiplies a batch of two or more tokens through tinyBLAS and
-                // a single token through ggml's vec_dot: two summation orders.
-                let batched = s.n_tokens >= 2;
-                if wide {
-                    // SAFETY: AVX-512F, AVX2, FMA and F16C were detected at run time.
-                    unsafe { one_head_512(&view, lo, pos, p.scale, batched, sc, o) }
-                } else if fast {
-                    // SAFETY: AVX2, FMA and F16C were detected at run time.
-                    unsafe { one_head_fast(&view, lo, pos, p.scale, batched, sc, o) }
-                } else {
-                    one_head::<false, false>(&view, lo, pos, p.scale, batched, sc, o)
+                for row in t.row..t.row + t.n {
+                    let (lo, pos) = span(row);
+                    round(row, &mut sc.q16);
+                    let o = out_of(row);
+                    // llama.cpp multiplies a batch of two or more tokens through tinyBLAS
+                    // and a single token through ggml's vec_dot: two summation orders.
+                    let batched = s.n_tokens >= 2;
+                    if wide {
+                        // SAFETY: AVX-512F, AVX2, FMA and F16C were detected at run time.
+                        unsafe { one_head_512(&view, lo, pos, p.scale, batched, sc, o) }
+                    } else if fast {
+                        // SAFETY: AVX2, FMA and F16C were detected at run time.
+                        unsafe { one_head_fast(&view, lo, pos, p.scale, batched, sc, o) }
+                    } else {
+                        one_head::<false, false>(&view, lo, pos, p.scale, batched, sc, o)
+                    }
                 }
             },
         );
+    }
+}
+
+/// One parallel unit of [`CpuKv::attend`]: rows `row..row + n` of sequence `si`, head `h`.
+struct Task {
+    si: usize,
+    row: usize,
+    n: usize,
+    h: usize,
+}
+
+/// The output pointer shared by the tasks, which write disjoint heads.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: only used to write disjoint slices from rayon tasks (see `attend`).
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
     }
 }
 
@@ -225,6 +292,10 @@ struct Scratch {
     acc: Vec<f32>,
     /// Four keys widened to f32 (`[4][hd]`, stays in L1).
     keys: Vec<f32>,
+    /// The scores of each row of a multi-row task ([`rows_head_fast`]).
+    rows: [Vec<f32>; ROWS],
+    /// Its rows' queries rounded to f16 (`[ROWS][hd]`).
+    q16_rows: Vec<f32>,
 }
 
 /// f16 to f32, exactly: F16C eight at a time when `F16C` (the caller was compiled with it).
@@ -365,6 +436,7 @@ fn one_head<const F16C: bool, const Z: bool>(
         scores,
         acc,
         keys,
+        ..
     } = sc;
     let q = &q[..];
     let hd = q.len();
@@ -446,6 +518,22 @@ fn one_head<const F16C: bool, const Z: bool>(
         max = max.max(d);
         *sc = d;
     }
+    head_tail::<F16C, Z>(w, scores, max, batched, acc, o)
+}
+
+/// The rest of [`one_head`] once a row's scores (`scores.len()` a multiple of 64, -inf where
+/// masked) and their maximum are known: ggml's softmax, the f16 rounding of the
+/// probabilities, and their dot with each output dimension's values.
+#[inline(always)]
+fn head_tail<const F16C: bool, const Z: bool>(
+    w: &View<'_>,
+    scores: &mut [f32],
+    max: f32,
+    batched: bool,
+    acc: &mut Vec<f32>,
+    o: &mut [f32],
+) {
+    let (hd, len) = (w.hd, scores.len());
     #[cfg(target_arch = "x86_64")]
     if F16C {
         // The same lanes eight at a time (ggml_simd's twins have the scalar bits).
@@ -575,6 +663,15 @@ unsafe fn dot8_keys_f16c(w: &View<'_>, j: usize, q: &[f32], gemm: bool) -> __m25
         let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
         _mm256_add_ps(hi, lo)
     });
+    reduce8(&t3)
+}
+
+/// Eight keys' `_mm512_reduce_add_ps` tails from their folded lanes `t3` (see
+/// [`dot8_keys_f16c`]); lane `i` is key `i`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn reduce8(t3: &[__m256; 8]) -> __m256 {
     // Keys 2m and 2m + 1 side by side: [t6 of 2m | t6 of 2m + 1].
     let s: [__m256; 4] = std::array::from_fn(|m| {
         let (a, b) = (t3[2 * m], t3[2 * m + 1]);
@@ -594,6 +691,86 @@ unsafe fn dot8_keys_f16c(w: &View<'_>, j: usize, q: &[f32], gemm: bool) -> __m25
     let x3 = _mm256_shuffle_ps::<0xEE>(u1, u3);
     let r = _mm256_add_ps(_mm256_add_ps(x0, x2), _mm256_add_ps(x1, x3));
     _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// [`dot8_keys_f16c`] in tinyBLAS's order for `R` query rows at once (`q` holds them one
+/// after another): each key widened once and multiplied into every row's two accumulators.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot8_keys_rows<const R: usize>(w: &View<'_>, j: usize, q: &[f32]) -> [__m256; R] {
+    let hd = w.hd;
+    debug_assert!(q.len() >= R * hd && hd.is_multiple_of(16));
+    let qp = q.as_ptr();
+    let mut t3 = [[_mm256_setzero_ps(); 8]; R];
+    for i in 0..8 {
+        let kp = w.key(j + i).as_ptr();
+        let mut lo = [_mm256_setzero_ps(); R];
+        let mut hi = [_mm256_setzero_ps(); R];
+        for c in (0..hd).step_by(16) {
+            let a0 = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(c).cast()));
+            let a1 = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(c + 8).cast()));
+            for r in 0..R {
+                lo[r] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(qp.add(r * hd + c)), lo[r]);
+                hi[r] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(qp.add(r * hd + c + 8)), hi[r]);
+            }
+        }
+        for r in 0..R {
+            t3[r][i] = _mm256_add_ps(hi[r], lo[r]);
+        }
+    }
+    std::array::from_fn(|r| reduce8(&t3[r]))
+}
+
+/// Rows per prefill task: consecutive query rows of one head share every key they see.
+const ROWS: usize = 4;
+
+/// [`one_head`] for [`ROWS`] consecutive query rows of one head of a batch of two or more
+/// tokens (tinyBLAS order, `hd` a multiple of 16): the scores of all rows from one pass over
+/// the keys (each widened once), then each row's softmax and p·V as `one_head` does them.
+/// `rows[r]` is row r's `(lo, pos)` (increasing), `q` the rows' f16-rounded queries.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_head_fast(
+    w: &View<'_>,
+    rows: [(usize, usize); ROWS],
+    q: &[f32],
+    scale: f32,
+    sc: &mut Scratch,
+    outs: [&mut [f32]; ROWS],
+) {
+    let hd = w.hd;
+    let first = rows[0].0 - w.base;
+    let last = rows[ROWS - 1].1 - w.base;
+    let full = (last + 1).div_ceil(64) * 64 + 8;
+    for s in sc.rows.iter_mut() {
+        s.clear();
+        s.resize(full, f32::NEG_INFINITY);
+    }
+    let sc8 = _mm256_set1_ps(scale);
+    let mut j = first;
+    while j + 8 <= last + 1 {
+        let d = dot8_keys_rows::<ROWS>(w, j, q);
+        for (s, d) in sc.rows.iter_mut().zip(d) {
+            _mm256_storeu_ps(s.as_mut_ptr().add(j), _mm256_mul_ps(d, sc8));
+        }
+        j += 8;
+    }
+    for j in j..=last {
+        for (r, s) in sc.rows.iter_mut().enumerate() {
+            s[j] = dot_key_f16c(w.key(j), &q[r * hd..(r + 1) * hd], true) * scale;
+        }
+    }
+    for (r, o) in outs.into_iter().enumerate() {
+        let (f, l) = (rows[r].0 - w.base, rows[r].1 - w.base);
+        let mut s = std::mem::take(&mut sc.rows[r]);
+        s[..f].fill(f32::NEG_INFINITY);
+        s.truncate((l + 1).div_ceil(64) * 64);
+        s[l + 1..].fill(f32::NEG_INFINITY);
+        let max = s[f..=l].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        head_tail::<true, false>(w, &mut s, max, true, &mut sc.acc, o);
+        sc.rows[r] = s;
+    }
 }
 
 /// `q·k` in [`ggml_math::dot_vec`]'s order (`gemm`: [`ggml_math::dot_gemm`]'s), the key
