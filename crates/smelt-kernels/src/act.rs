@@ -6,18 +6,22 @@
 //! them 16 bytes at a time. Here the same blocks are stored by tiles of 256 weights:
 //!
 //! ```text
-//! tile = [ 256 x i8 quants, in weight order ][ 8 x f16 d ][ 8 x i16 sum(q) ]   (288 bytes)
+//! tile = [ 256 x i8 quants, in weight order ][ 8 x f16 d ][ 8 x i16 sum(q) ][ 8 x f16 s ]
+//!                                                                             (304 bytes)
 //! ```
 //!
-//! The quants and `d` are byte-identical to ggml's `quantize_row_q8_1_ref` (and so to
-//! `smelt_quant`'s Q8_1). The one documented difference: the last field holds the exact
-//! integer sum of the block's quants instead of ggml's `s = f16(d * sum)`; the K-quant
-//! minimum terms need that sum, and ggml's CUDA kernels recompute it exactly with `dp4a`
-//! for the same reason. A row of `k` activations (k a multiple of 256) is `k / 256` tiles.
+//! The quants, `d` and `s` are byte-identical to ggml's `quantize_row_q8_1_ref` (and so to
+//! `smelt_quant`'s Q8_1): `s = f16(d * sum(q))` with `d = amax / 127` the unrounded f32.
+//! The Q4_1/Q5_1 minimum term is ggml-cpu's `m * s`, so it rounds as the CPU backend does
+//! (with `m * f16(d) * sum` instead, half the CUDA-vs-CPU logit noise on a Q4_1 model came
+//! from this one rounding). The tile also holds the exact integer sum: the K-quant minima
+//! and the Q4_0/Q5_0 offsets need it, and ggml's CUDA kernels recompute it exactly with
+//! `dp4a` for the same reason. A row of `k` activations (k a multiple of 256) is `k / 256`
+//! tiles; 304 bytes keep every tile 16-byte aligned.
 
 use smelt_ptx::{
-    Cmp, FloatRound, IntRound, Kernel, L2Prefetch, Load, Lut, Narrow, Reg, Shfl, Store, F16, F32,
-    FULL_WARP, S32, U32, U64,
+    Cmp, FloatRound, IntRound, Kernel, L2Prefetch, Load, Lut, Narrow, Pred, Reg, Shfl, Store, F16,
+    F32, FULL_WARP, S32, U32, U64,
 };
 use smelt_quant::legacy::BlockQ8_1;
 use smelt_quant::{GgmlType, Quantize};
@@ -25,11 +29,13 @@ use smelt_quant::{GgmlType, Quantize};
 use crate::{padded_tiles, KernelError, TILE};
 
 /// Bytes of one tile of quantized activations.
-pub const TILE_BYTES: usize = TILE + 8 * 2 + 8 * 2;
+pub const TILE_BYTES: usize = TILE + 3 * 8 * 2;
 /// Offset of the eight f16 scales in a tile.
 pub const D_OFFSET: usize = TILE;
 /// Offset of the eight i16 quant sums in a tile.
 pub const SUM_OFFSET: usize = TILE + 16;
+/// Offset of the eight f16 `s = d * sum(q)` (ggml's Q8_1 `s`) in a tile.
+pub const S_OFFSET: usize = TILE + 32;
 
 /// Bytes of one token's quantized activations of length `k`.
 pub fn row_bytes(k: usize) -> Result<usize, KernelError> {
@@ -67,6 +73,8 @@ pub fn quantize_cpu(x: &[f32], k: usize) -> Result<Vec<u8>, KernelError> {
         let s = SUM_OFFSET + 2 * slot;
         // |sum| <= 32 * 128: always an i16.
         t[s..s + 2].copy_from_slice(&(sum as i16).to_le_bytes());
+        let s = S_OFFSET + 2 * slot;
+        t[s..s + 2].copy_from_slice(&block.s.to_bits().to_le_bytes());
     }
     Ok(out)
 }
@@ -173,10 +181,28 @@ pub(crate) fn quantize_lane(k: &Kernel, v: &[Reg<F32>; 8], lane: Reg<U32>, dst: 
     let slot = k.shr(k.reg(), lane, 2u32);
     let first = k.cmp(Cmp::Eq, k.and(k.reg(), lane, 3u32), 0u32);
     let hdst = k.add(k.reg(), dst, k.mul_wide(k.reg::<U64>(), slot, 2u32));
+    store_header(k, first, hdst, d, sum);
+}
+
+/// Stores a block's header at `hdst` (the tile's address plus twice the block's slot) from
+/// the lane where `first` holds: `f16(d)`, the exact quant sum, and ggml's `s = f16(d *
+/// sum)` from the unrounded f32 `d` (the sum, at most 32 * 128 in magnitude, converts
+/// exactly), as `quantize_row_q8_1_ref` rounds it. Shared by every q8_1 tile writer.
+pub(crate) fn store_header(
+    k: &Kernel,
+    first: Reg<Pred>,
+    hdst: Reg<U64>,
+    d: Reg<F32>,
+    sum: Reg<S32>,
+) {
     let dh = k.cvt(k.reg::<F16>(), d, FloatRound::Rn);
+    let sf = k.cvt(k.reg::<F32>(), sum, FloatRound::Rn);
+    let s = k.mul(k.reg(), sf, d);
+    let sh = k.cvt(k.reg::<F16>(), s, FloatRound::Rn);
     k.guarded(first, |k| {
         k.st(Store::GLOBAL, hdst.at(D_OFFSET as i64), dh);
         k.st_narrow(Store::GLOBAL, Narrow::U16, hdst.at(SUM_OFFSET as i64), sum);
+        k.st(Store::GLOBAL, hdst.at(S_OFFSET as i64), sh);
     });
 }
 
@@ -196,7 +222,7 @@ pub(crate) fn round_away(k: &Kernel, v: Reg<F32>) -> Reg<S32> {
 }
 
 /// What one thread holds of one token's tile: the quants of two 32-weight blocks (eight
-/// words each), their scales as f32 and their quant sums.
+/// words each), their scales as f32, their quant sums and ggml's `s` as f32.
 pub struct ActRegs {
     /// Quants of the first block (words 0..8) and the second (8..16).
     pub q: [Reg<U32>; 16],
@@ -204,6 +230,9 @@ pub struct ActRegs {
     pub d: [Reg<F32>; 2],
     /// `sum(q)` of the two blocks.
     pub sum: [Reg<S32>; 2],
+    /// ggml's `s = f16(d * sum(q))` of the two blocks, widened (the Q4_1/Q5_1 minimum
+    /// term). Formats that do not read it leave its load dead, and ptxas drops it.
+    pub s: [Reg<F32>; 2],
 }
 
 /// Byte offsets inside a tile of the two blocks a thread reads, computed once per thread.
@@ -211,7 +240,7 @@ pub struct ActRegs {
 pub struct ActSlots {
     /// Offsets of the two blocks' quants.
     pub quants: [Reg<U64>; 2],
-    /// Offsets of the two blocks' scales (the sum is 16 bytes further).
+    /// Offsets of the two blocks' scales (the sum is 16 bytes further, `s` 32).
     pub header: [Reg<U64>; 2],
 }
 
@@ -233,6 +262,7 @@ pub fn load_tile(k: &Kernel, tile: Reg<U64>, slots: &ActSlots) -> ActRegs {
     let load = Load::GLOBAL_NC;
     let q = k.regs::<U32, 16>();
     let mut dh = [k.reg::<F16>(), k.reg::<F16>()];
+    let mut sh = [k.reg::<F16>(), k.reg::<F16>()];
     let sum = [k.reg::<S32>(), k.reg::<S32>()];
     for b in 0..2 {
         let base = k.add(k.reg(), tile, slots.quants[b]);
@@ -249,9 +279,11 @@ pub fn load_tile(k: &Kernel, tile: Reg<U64>, slots: &ActSlots) -> ActRegs {
         let head = k.add(k.reg(), tile, slots.header[b]);
         dh[b] = k.ld(load, dh[b], head);
         k.ld_narrow(load, Narrow::S16, sum[b], head.at(16));
+        sh[b] = k.ld(load, sh[b], head.at(32));
     }
     let d = dh.map(|h| k.cvt(k.reg::<F32>(), h, smelt_ptx::Exact));
-    ActRegs { q, d, sum }
+    let s = sh.map(|h| k.cvt(k.reg::<F32>(), h, smelt_ptx::Exact));
+    ActRegs { q, d, sum, s }
 }
 
 /// A `lop3` table: `(a & b) | c`.
@@ -265,7 +297,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     #[test]
-    fn tiles_hold_ggml_quants_scales_and_exact_sums() {
+    fn tiles_hold_ggml_quants_scales_s_and_exact_sums() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let k = 512;
         let x: Vec<f32> = (0..2 * k).map(|_| rng.gen_range(-3.0..3.0)).collect();
@@ -277,7 +309,8 @@ mod tests {
         let pad = &short[TILE_BYTES..2 * TILE_BYTES];
         assert!(pad[32..TILE].iter().all(|&b| b == 0));
         assert!(pad[D_OFFSET + 2..SUM_OFFSET].iter().all(|&b| b == 0));
-        assert!(pad[SUM_OFFSET + 2..].iter().all(|&b| b == 0));
+        assert!(pad[SUM_OFFSET + 2..S_OFFSET].iter().all(|&b| b == 0));
+        assert!(pad[S_OFFSET + 2..].iter().all(|&b| b == 0));
         assert_eq!(tiles.len(), 2 * 2 * TILE_BYTES);
         let mut ggml = vec![0u8; 2 * k / 32 * 36];
         smelt_quant::quantize_row(GgmlType::Q8_1, &x, &mut ggml).unwrap();
@@ -294,6 +327,11 @@ mod tests {
             let s =
                 i16::from_le_bytes([tile[SUM_OFFSET + 2 * slot], tile[SUM_OFFSET + 2 * slot + 1]]);
             assert_eq!(i32::from(s), sum);
+            // ggml's s = f16(d * sum): bytes 2..4 of its block.
+            assert_eq!(
+                &tile[S_OFFSET + 2 * slot..S_OFFSET + 2 * slot + 2],
+                &block[2..4]
+            );
         }
     }
 

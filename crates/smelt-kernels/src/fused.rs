@@ -10,10 +10,10 @@
 //! the two kernels' twins one after the other.
 
 use smelt_ptx::{
-    Cmp, FloatRound, Kernel, Load, Narrow, Reg, Shfl, Store, F16, F32, FULL_WARP, U32, U64,
+    Cmp, FloatRound, Kernel, Load, Narrow, Reg, Shfl, Store, F32, FULL_WARP, U32, U64,
 };
 
-use crate::act::{self, quantize_lane, round_away, D_OFFSET, SUM_OFFSET, TILE_BYTES};
+use crate::act::{self, quantize_lane, round_away, store_header, TILE_BYTES};
 use crate::catalog::Entry;
 use crate::ops::elementwise::{gelu, silu, Glu};
 use crate::ops::{block_sum, reduce_scratch, Launch};
@@ -257,12 +257,8 @@ pub(crate) fn quantize_warp_block(
     k.st_narrow(Store::GLOBAL, Narrow::U8, bdst, qv);
     let slot = k.shr(k.reg(), inb, 5u32);
     let hdst = k.add(k.reg(), tdst, k.mul_wide(k.reg::<U64>(), slot, 2u32));
-    let dh = k.cvt(k.reg::<F16>(), d, FloatRound::Rn);
     let first = k.cmp(Cmp::Eq, lane, 0u32);
-    k.guarded(first, |k| {
-        k.st(Store::GLOBAL, hdst.at(D_OFFSET as i64), dh);
-        k.st_narrow(Store::GLOBAL, Narrow::U16, hdst.at(SUM_OFFSET as i64), sum);
-    });
+    store_header(k, first, hdst, d, sum);
 }
 
 /// CPU twin: the norm twins of [`crate::ops::norm`] then [`act::quantize_cpu`]. Returns

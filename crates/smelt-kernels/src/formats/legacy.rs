@@ -8,13 +8,13 @@
 //! load of high bits, 4-byte loads of the scales. Byte `j` of a block holds weight `j`
 //! (low nibble) and `j + 16` (high nibble); bit `j` of `qh` is weight `j`'s fifth bit.
 //! The fifth bits of four weights are spread to bit 4 of four bytes with one multiply.
-//! Offsets (`q - 8`, `q - 16`) and minima are applied once per block through the
-//! activation block's exact quant sum.
+//! Offsets (`q - 8`, `q - 16`) are applied once per block through the activation block's
+//! exact quant sum; minima through its `s = f16(d * sum)`, ggml-cpu's `m * s` term.
 
 use smelt_ptx::{Bytes, FloatRound, Kernel, Load, Reg, F32, S32, U32, U64};
 
 use super::{halves_to_f32, ld_weights, pad16, GpuFormat, WeightLoad};
-use crate::act::{and_or, ActRegs};
+use crate::act::{self, and_or, ActRegs};
 use crate::{padded_tiles, GgmlType, KernelError};
 
 /// A legacy 32-weight format: `HIGH` = 5-bit quants, `MIN` = `d * q + m` (else `d * (q -
@@ -198,14 +198,81 @@ impl<const HIGH: bool, const MIN: bool> GpuFormat for Legacy<HIGH, MIN> {
             if MIN {
                 let f = k.cvt(k.reg::<F32>(), isum, FloatRound::Rn);
                 k.fma(acc, scale, f, acc);
-                let sum = k.cvt(k.reg::<F32>(), x.sum[b], FloatRound::Rn);
-                let mins = k.mul(k.reg(), w.m[b], x.d[b]);
-                k.fma(acc, mins, sum, acc);
+                k.fma(acc, w.m[b], x.s[b], acc);
             } else {
                 let centered = k.mad(k.reg::<S32>(), x.sum[b], -Self::OFFSET, isum);
                 let f = k.cvt(k.reg::<F32>(), centered, FloatRound::Rn);
                 k.fma(acc, scale, f, acc);
             }
         }
+    }
+}
+
+/// What the kernel's Q4_1/Q5_1 minimum term adds over the dot of the dequantized values,
+/// for the CPU twin: `sum_b m_b * (s_b - d_b * sum_b)` over the blocks of one weight row
+/// (`ggml_row`, ggml bytes) and one token's activation tiles (`tiles`), for `k` weights. The
+/// twin dots `W = d q + m` with `x = d_x q_x`, whose minimum term is `m * d_x * sum`; the
+/// kernel uses ggml's `m * s` instead, `s = f16(d_x_f32 * sum)`. Zero for the other types.
+pub fn cpu_min_term_shift(ty: GgmlType, ggml_row: &[u8], tiles: &[u8], k: usize) -> f64 {
+    let block = match ty {
+        GgmlType::Q4_1 => Q4_1::BLOCK,
+        GgmlType::Q5_1 => Q5_1::BLOCK,
+        _ => return 0.0,
+    };
+    let half = |b: &[u8], at: usize| half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]]));
+    let blocks = ggml_row.chunks_exact(block).take(k / 32);
+    blocks
+        .enumerate()
+        .map(|(b, w)| {
+            let tile = &tiles[(b / 8) * act::TILE_BYTES..];
+            let slot = 2 * (b % 8);
+            let d = half(tile, act::D_OFFSET + slot).to_f64();
+            let s = half(tile, act::S_OFFSET + slot).to_f64();
+            let sum = i16::from_le_bytes([
+                tile[act::SUM_OFFSET + slot],
+                tile[act::SUM_OFFSET + slot + 1],
+            ]);
+            half(w, 2).to_f64() * (s - d * f64::from(sum))
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shift is what separates `m * s` from `m * d * sum`, block by block.
+    #[test]
+    fn min_term_shift_is_m_times_s_minus_d_sum() {
+        let k = 512;
+        let x: Vec<f32> = (0..k)
+            .map(|i| ((i * 37 % 101) as f32 - 43.0) / 7.3)
+            .collect();
+        let tiles = act::quantize_cpu(&x, k).unwrap();
+        let w: Vec<f32> = (0..k).map(|i| ((i * 13 % 29) as f32 - 9.0) / 3.1).collect();
+        let mut q8 = vec![0u8; k / 32 * 36];
+        smelt_quant::quantize_row(GgmlType::Q8_1, &x, &mut q8).unwrap();
+        for ty in [GgmlType::Q4_1, GgmlType::Q5_1] {
+            let mut row = vec![0u8; k / 32 * ty.type_size()];
+            smelt_quant::quantize_row(ty, &w, &mut row).unwrap();
+            let bs = ty.type_size();
+            let half = |b: &[u8], at: usize| {
+                half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f64()
+            };
+            let want: f64 = (0..k / 32)
+                .map(|b| {
+                    let (wb, xb) = (&row[b * bs..], &q8[36 * b..]);
+                    let sum: i32 = xb[4..36].iter().map(|&q| i32::from(q as i8)).sum();
+                    half(wb, 2) * (half(xb, 2) - half(xb, 0) * f64::from(sum))
+                })
+                .sum();
+            let got = cpu_min_term_shift(ty, &row, &tiles, k);
+            assert_eq!(got, want);
+            assert_ne!(got, 0.0, "{ty:?}: the f16 rounding of s must show");
+        }
+        assert_eq!(
+            cpu_min_term_shift(GgmlType::Q4_0, &[0; 18 * 16], &tiles, k),
+            0.0
+        );
     }
 }
