@@ -176,6 +176,10 @@ fn matmul_typed<B: GgmlDot>(
     Ok(())
 }
 
+/// Fewest tokens for which the legacy formats take the tiled kernels.
+#[cfg(target_arch = "x86_64")]
+const LEGACY_MIN_TOKENS: usize = 6;
+
 /// Whether the tiled batch kernels run (`SMELT_NO_TILES=1` turns them off, for A/B runs:
 /// the bits are the same either way).
 fn tiles_on() -> bool {
@@ -219,6 +223,9 @@ unsafe fn tiled<B: GgmlDot>(
         }};
     }
     match B::TYPE {
+        // Unpacking a legacy row costs about what a few tokens' dots cost: small batches
+        // (several sequences decoding) stay on the packed 4x2 kernels.
+        _ if n_tok < LEGACY_MIN_TOKENS && B::BATCH_IS_SINGLE => false,
         GgmlType::Q4_1 => go!(gemm::legacy_batch::<BlockQ4_1>, BlockQ4_1),
         GgmlType::Q5_0 => go!(gemm::legacy_batch::<BlockQ5_0>, BlockQ5_0),
         GgmlType::Q8_0 => go!(gemm::legacy_batch::<BlockQ8_0>, BlockQ8_0),
