@@ -534,6 +534,54 @@ fn head_tail<const F16C: bool, const Z: bool>(
     o: &mut [f32],
 ) {
     let (hd, len) = (w.hd, scores.len());
+    softmax_round::<F16C>(scores, max);
+    // Each output dimension is a dot of the probabilities with that dimension's values
+    // over the positions (ggml's V is transposed), in the same lanes as `dot`: position
+    // `p` goes to lane `p % 16` of accumulator `(p / 16) % 4` (vec_dot_f16) or of the one
+    // accumulator (tinyBLAS, whose k = n_kv is always a multiple of 16). Walking positions
+    // with every dimension's lanes side by side vectorizes over the dimensions; positions
+    // with probability 0 add exactly +0 and are skipped.
+    let n_lanes = if batched { 16 } else { 64 };
+    acc.clear();
+    acc.resize(n_lanes * hd, 0.0);
+    // Lane by lane: each lane's positions (`lane`, `lane + n_lanes`, ...) added in order,
+    // which is the order each accumulator sees in ggml, with the lane's sums in registers.
+    for (lane, a) in acc.chunks_exact_mut(hd).enumerate() {
+        lane_sum::<F16C, Z>(w, &scores[..len], lane, n_lanes, a);
+    }
+    combine_lanes(acc, hd, batched, o);
+}
+
+/// ggml's horizontal adds of the p·V lane sums (`acc` = `[lane][d]`, 64 lanes for
+/// vec_dot_f16, 16 for tinyBLAS), vectorized over the dimensions: `(s0+s2) + (s1+s3)` of
+/// the four 16-lane accumulators (vec_dot_f16), then `_mm512_reduce_add_ps`'s tree.
+#[inline(always)]
+fn combine_lanes(acc: &mut [f32], hd: usize, batched: bool, o: &mut [f32]) {
+    if !batched {
+        for l in 0..16 {
+            for d in 0..hd {
+                acc[l * hd + d] = (acc[l * hd + d] + acc[(32 + l) * hd + d])
+                    + (acc[(16 + l) * hd + d] + acc[(48 + l) * hd + d]);
+            }
+        }
+    }
+    for (half, n) in [(8, 8), (4, 4)] {
+        for i in 0..n {
+            for d in 0..hd {
+                acc[i * hd + d] += acc[(i + half) * hd + d];
+            }
+        }
+    }
+    for (d, y) in o.iter_mut().enumerate() {
+        *y = (acc[d] + acc[2 * hd + d]) + (acc[hd + d] + acc[3 * hd + d]);
+    }
+}
+
+/// ggml's softmax of one row of scores (`max` their maximum, `-inf` where masked), then
+/// the probabilities rounded to f16: `expf(x - max)` over chunks of 16, each reduced as
+/// `_mm512_reduce_add_ps` and summed in f64, times `1 / sum`.
+#[inline(always)]
+fn softmax_round<const F16C: bool>(scores: &mut [f32], max: f32) {
     #[cfg(target_arch = "x86_64")]
     if F16C {
         // The same lanes eight at a time (ggml_simd's twins have the scalar bits).
@@ -557,40 +605,6 @@ fn head_tail<const F16C: bool, const Z: bool>(
         for x in scores.iter_mut() {
             *x = f16_to_f32(f32_to_f16(*x * inv));
         }
-    }
-    // Each output dimension is a dot of the probabilities with that dimension's values
-    // over the positions (ggml's V is transposed), in the same lanes as `dot`: position
-    // `p` goes to lane `p % 16` of accumulator `(p / 16) % 4` (vec_dot_f16) or of the one
-    // accumulator (tinyBLAS, whose k = n_kv is always a multiple of 16). Walking positions
-    // with every dimension's lanes side by side vectorizes over the dimensions; positions
-    // with probability 0 add exactly +0 and are skipped.
-    let n_lanes = if batched { 16 } else { 64 };
-    acc.clear();
-    acc.resize(n_lanes * hd, 0.0);
-    // Lane by lane: each lane's positions (`lane`, `lane + n_lanes`, ...) added in order,
-    // which is the order each accumulator sees in ggml, with the lane's sums in registers.
-    for (lane, a) in acc.chunks_exact_mut(hd).enumerate() {
-        lane_sum::<F16C, Z>(w, &scores[..len], lane, n_lanes, a);
-    }
-    // ggml's horizontal adds, vectorized over the dimensions: `(s0+s2) + (s1+s3)` of the
-    // four 16-lane accumulators (vec_dot_f16), then `_mm512_reduce_add_ps`'s tree.
-    if !batched {
-        for l in 0..16 {
-            for d in 0..hd {
-                acc[l * hd + d] = (acc[l * hd + d] + acc[(32 + l) * hd + d])
-                    + (acc[(16 + l) * hd + d] + acc[(48 + l) * hd + d]);
-            }
-        }
-    }
-    for (half, n) in [(8, 8), (4, 4)] {
-        for i in 0..n {
-            for d in 0..hd {
-                acc[i * hd + d] += acc[(i + half) * hd + d];
-            }
-        }
-    }
-    for (d, y) in o.iter_mut().enumerate() {
-        *y = (acc[d] + acc[2 * hd + d]) + (acc[hd + d] + acc[3 * hd + d]);
     }
 }
 
@@ -761,15 +775,61 @@ unsafe fn rows_head_fast(
             s[j] = dot_key_f16c(w.key(j), &q[r * hd..(r + 1) * hd], true) * scale;
         }
     }
-    for (r, o) in outs.into_iter().enumerate() {
+    let len_max = (last + 1).div_ceil(64) * 64;
+    for (r, s) in sc.rows.iter_mut().enumerate() {
         let (f, l) = (rows[r].0 - w.base, rows[r].1 - w.base);
-        let mut s = std::mem::take(&mut sc.rows[r]);
         s[..f].fill(f32::NEG_INFINITY);
-        s.truncate((l + 1).div_ceil(64) * 64);
+        let len = (l + 1).div_ceil(64) * 64;
         s[l + 1..].fill(f32::NEG_INFINITY);
         let max = s[f..=l].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        head_tail::<true, false>(w, &mut s, max, true, &mut sc.acc, o);
-        sc.rows[r] = s;
+        softmax_round::<true>(&mut s[..len], max);
+        // Positions past this row's chunks weigh nothing.
+        s[len..].fill(0.0);
+        s.truncate(len_max);
+    }
+    sc.acc.clear();
+    sc.acc.resize(ROWS * 16 * hd, 0.0);
+    lane_sums_rows(w, &sc.rows, &mut sc.acc);
+    for (r, o) in outs.into_iter().enumerate() {
+        combine_lanes(&mut sc.acc[r * 16 * hd..(r + 1) * 16 * hd], hd, true, o);
+    }
+}
+
+/// The tinyBLAS-order p·V lane sums of [`ROWS`] rows at once (`probs[r]` all the same
+/// length, `acc` = `[row][lane][d]` for 16 lanes): each value row widened once for every
+/// query row, 16 dimensions at a time. A position is skipped when every row's probability
+/// is 0; a row whose probability alone is 0 adds `0 * v`, exactly +0 for a finite value (a
+/// lane sum that starts at +0 never becomes -0), as the one-row [`lane_sum`] does by
+/// skipping it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lane_sums_rows(w: &View<'_>, probs: &[Vec<f32>; ROWS], acc: &mut [f32]) {
+    let hd = w.hd;
+    let len = probs[0].len();
+    let pp: [*const f32; ROWS] = std::array::from_fn(|r| probs[r].as_ptr());
+    for lane in 0..16 {
+        for d0 in (0..hd).step_by(16) {
+            let mut a = [[_mm256_setzero_ps(); 2]; ROWS];
+            for p in (lane..len).step_by(16) {
+                let pr: [f32; ROWS] = std::array::from_fn(|r| *pp[r].add(p));
+                if pr.iter().all(|&x| x == 0.0) {
+                    continue;
+                }
+                let v = w.value(p).as_ptr().add(d0);
+                let v0 = _mm256_cvtph_ps(_mm_loadu_si128(v.cast()));
+                let v1 = _mm256_cvtph_ps(_mm_loadu_si128(v.add(8).cast()));
+                for r in 0..ROWS {
+                    let b = _mm256_set1_ps(pr[r]);
+                    a[r][0] = _mm256_fmadd_ps(b, v0, a[r][0]);
+                    a[r][1] = _mm256_fmadd_ps(b, v1, a[r][1]);
+                }
+            }
+            for (r, a) in a.iter().enumerate() {
+                let dst = acc.as_mut_ptr().add((r * 16 + lane) * hd + d0);
+                _mm256_storeu_ps(dst, a[0]);
+                _mm256_storeu_ps(dst.add(8), a[1]);
+            }
+        }
     }
 }
 
