@@ -394,9 +394,9 @@ unsafe fn legacy_tile<B: LegacyTiled>(
                 _mm256_loadu_si256(B::act_qs(act[j].get_unchecked(l)).as_ptr().cast())
             });
             let ddl = dd.get_unchecked(l - c0);
-            for i in 0..LRM {
+            for (i, acc) in acc.iter_mut().enumerate() {
                 let ux = _mm256_load_si256(g.ux[i].as_ptr().cast());
-                for j in 0..LRN {
+                for (j, acc) in acc.iter_mut().enumerate() {
                     let sy = if B::UNSIGNED {
                         qy[j]
                     } else {
@@ -404,7 +404,7 @@ unsafe fn legacy_tile<B: LegacyTiled>(
                     };
                     let p = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ux, sy));
                     let d = _mm256_broadcast_ss(ddl.get_unchecked(4 * j + i));
-                    acc[i][j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[i][j]);
+                    *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *acc);
                 }
             }
         }
@@ -537,6 +537,7 @@ enum KOrder {
 ///
 /// # Safety
 /// AVX2, FMA and F16C are available; shapes as for [`legacy_batch`] in super-blocks.
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn q4_k_batch(
     w: &[BlockQ4K],
     rows: usize,
@@ -572,6 +573,7 @@ pub(super) unsafe fn q4_k_batch(
 ///
 /// # Safety
 /// As [`q4_k_batch`].
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn q6_k_batch(
     w: &[BlockQ6K],
     rows: usize,
