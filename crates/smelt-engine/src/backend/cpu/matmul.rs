@@ -38,9 +38,24 @@ pub fn matmul(
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), EngineError> {
+    matmul_with(ty, w, rows, cols, stride, x, out, tiles_on())
+}
+
+/// [`matmul`] with the tiled batch kernels on or off (the same bits either way).
+#[allow(clippy::too_many_arguments)]
+fn matmul_with(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    stride: usize,
+    x: &[f32],
+    out: &mut [f32],
+    tiles: bool,
+) -> Result<(), EngineError> {
     macro_rules! go {
         ($B:ty) => {
-            matmul_typed::<$B>(w, rows, cols, stride, x, out)
+            matmul_typed::<$B>(w, rows, cols, stride, x, out, tiles)
         };
     }
     match ty {
@@ -95,6 +110,7 @@ fn matmul_typed<B: GgmlDot>(
     stride: usize,
     x: &[f32],
     out: &mut [f32],
+    tiles: bool,
 ) -> Result<(), EngineError> {
     let n_tok = x.len() / cols.max(1);
     if n_tok == 0 || rows == 0 {
@@ -137,7 +153,7 @@ fn matmul_typed<B: GgmlDot>(
     }
 
     #[cfg(target_arch = "x86_64")]
-    if super::ggml_dot::simd() && tiles_on() {
+    if super::ggml_dot::simd() && tiles {
         let nb = a_used * <B::Act as Block>::WEIGHTS / B::WEIGHTS;
         // SAFETY: AVX2, FMA and F16C were detected at run time; the shapes are the ones
         // checked above (w: rows x w_per_row, act: n_tok x a_per_row, out: n_tok x rows).
@@ -544,20 +560,26 @@ mod speed {
                 .map(|_| rng.gen_range(-2.0..2.0))
                 .collect();
             let mut out = vec![0f32; n_tok * rows];
-            let mut best = f64::MAX;
+            // Packed (pre-tile) path and tiles alternating, best of five each.
+            let mut best = [f64::MAX; 2];
             for _ in 0..5 {
-                let t = pool.install(|| {
-                    let t0 = cpu_time();
-                    matmul(ty, &w, rows, cols, cols, &x, &mut out).unwrap();
-                    cpu_time() - t0
-                });
-                best = best.min(t);
+                for (k, tiles) in [false, true].into_iter().enumerate() {
+                    let t = pool.install(|| {
+                        let t0 = cpu_time();
+                        matmul_with(ty, &w, rows, cols, cols, &x, &mut out, tiles).unwrap();
+                        cpu_time() - t0
+                    });
+                    best[k] = best[k].min(t);
+                }
             }
             let macs = (rows * cols * n_tok) as f64;
             eprintln!(
-                "{ty} {rows}x{cols} x {n_tok} tokens: {:.2} ms, {:.1} GMAC/s per thread",
-                best * 1e3,
-                macs / best * 1e-9
+                "{ty} {rows}x{cols} x {n_tok} tokens, 1 thread: packed {:.1} ms ({:.1} GMAC/s), tiled {:.1} ms ({:.1} GMAC/s), {:.2}x",
+                best[0] * 1e3,
+                macs / best[0] * 1e-9,
+                best[1] * 1e3,
+                macs / best[1] * 1e-9,
+                best[0] / best[1]
             );
         }
     }
