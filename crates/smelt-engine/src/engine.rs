@@ -237,12 +237,21 @@ impl Engine {
                 if out_rows.is_empty() {
                     Vec::new()
                 } else {
-                    backend.to_host(&logits)
+                    // Host memory already: moved, not copied (a 1 MB row per Gemma step).
+                    let mut data = logits.data;
+                    data.truncate(logits.rows * logits.cols);
+                    data
                 }
             }
             Inner::Cuda(c) => c.forward(&tokens, &positions, &seqs, &out_rows)?,
         };
-        let mut rows = flat.chunks(n_vocab.max(1)).map(<[f32]>::to_vec);
+        // A single row (one sequence decoding) is handed over as it is.
+        let rows: Vec<Vec<f32>> = if flat.len() == n_vocab {
+            vec![flat]
+        } else {
+            flat.chunks(n_vocab.max(1)).map(<[f32]>::to_vec).collect()
+        };
+        let mut rows = rows.into_iter();
         Ok(batch
             .iter()
             .map(|inp| {
