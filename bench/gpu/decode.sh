@@ -12,7 +12,9 @@
 # the peer: its sources leave no room for the parity models):
 #   bash bench/gpu/decode.sh run [--peer]
 # Environment: GPU_DIR (the carry folder, default .gpu-cuda), PARITY_MODELS (files to check),
-# SKIP_KERNELS=1, SMELT_NCU=1 (per-kernel GPU time of two decode steps through Nsight
+# SKIP_KERNELS=1, VARIANTS (VAR=value settings whose logits must be bit-equal to the
+# default's and which are timed beside it; default: the SMELT_CUDA_PDL settings and
+# SMELT_CUDA_ROPE_KV=0; commas join settings of one variant), SKIP_VARIANTS=1 (no fused-off / graphs-off rows), SMELT_NCU=1 (per-kernel GPU time of two decode steps through Nsight
 # Compute). The run always ends with SMELT_CUDA_PROFILE's per-kernel table (no Nsight needed).
 #
 # Logs under $OUT (or bench/out): decode.log; table last.
@@ -80,12 +82,34 @@ case "${1:-run}" in
     echo "== GPU time per kernel of eager decode steps (SMELT_CUDA_PROFILE=1, no Nsight)" | tee -a "$log"
     SMELT_CUDA_PROFILE=1 $B/smelt bench --model $m --device cuda --prompt 512 --gen 16 --reps 1 2>&1 \
       | grep -E "^(PROFILE|\|)" | tee -a "$log" || status=1
-    echo "== same, norms not fused with the q8_1 quantization (SMELT_CUDA_FUSED=0)" | tee -a "$log"
-    SMELT_CUDA_FUSED=0 $B/smelt bench --model $m --device cuda --prompt 512 --gen 128 --reps 3 --json 2>&1 | tee -a "$log" || status=1
-    echo "== same, CUDA graphs off (every decode step launched op by op)" | tee -a "$log"
-    SMELT_CUDA_GRAPHS=0 $B/smelt bench --model $m --device cuda --prompt 512 --gen 64 --reps 1 --json 2>&1 | tee -a "$log" || status=1
+    # Launch settings that must not change a bit: SMELT_CUDA_PDL (programmatic dependent
+    # launch, see smelt_cuda::Gpu::launch) and SMELT_CUDA_ROPE_KV=0 (rope and KV append
+    # unfused). SMELT_CUDA_DIGEST hashes the bits of every logits copy: a race between
+    # kernels, or a fused kernel off by a bit, would change it. Then tg128 under each.
+    variants=${VARIANTS-SMELT_CUDA_PDL=0 SMELT_CUDA_PDL=launch SMELT_CUDA_PDL=gemv SMELT_CUDA_PDL=small SMELT_CUDA_PDL=prefetch SMELT_CUDA_ROPE_KV=0}
+    echo "== logits digest under each setting (must be equal)" | tee -a "$log"
+    for v in DEFAULT=1 $variants; do
+      env SMELT_CUDA_DIGEST=1 ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 64 --gen 48 --reps 1 2>&1 \
+        | grep "CUDA digest" > "$out/digest.txt" || status=1
+      [ $v = DEFAULT=1 ] && cp "$out/digest.txt" "$out/digest-default.txt"
+      if [ -s "$out/digest.txt" ] && cmp -s "$out/digest-default.txt" "$out/digest.txt"; then
+        echo "digest $v: equal ($(cat "$out/digest.txt"))" | tee -a "$log"
+      else
+        echo "digest $v: DIFFERENT or missing ($(cat "$out/digest.txt"))" | tee -a "$log"; status=1
+      fi
+    done
+    for v in $variants; do
+      echo "== same, $v" | tee -a "$log"
+      env ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 512 --gen 128 --reps 3 --json 2>&1 | tee -a "$log" || status=1
+    done
+    if [ "${SKIP_VARIANTS:-0}" != 1 ]; then
+      echo "== same, norms not fused with the q8_1 quantization (SMELT_CUDA_FUSED=0)" | tee -a "$log"
+      SMELT_CUDA_FUSED=0 $B/smelt bench --model $m --device cuda --prompt 512 --gen 128 --reps 3 --json 2>&1 | tee -a "$log" || status=1
+      echo "== same, CUDA graphs off (every decode step launched op by op)" | tee -a "$log"
+      SMELT_CUDA_GRAPHS=0 $B/smelt bench --model $m --device cuda --prompt 512 --gen 64 --reps 1 --json 2>&1 | tee -a "$log" || status=1
+    fi
     echo "== summary" | tee -a "$log"
-    grep -E "^(prompt|greedy|3 seq|parity|device copy)|RESULT|decode_tok_s|\| q4_K|\| q6_K|\| q8_0" "$log" | tee -a "$out/summary.txt" || true
+    grep -E "^(prompt|greedy|3 seq|parity|device copy|digest|== same)|RESULT|decode_tok_s|\| q4_K|\| q6_K|\| q8_0" "$log" | tee -a "$out/summary.txt" || true
     exit $status
     ;;
   *)

@@ -9,7 +9,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
-use smelt_ptx::Target;
+use smelt_ptx::{GridDep, Target};
 
 use crate::{guard, util, CudaError};
 
@@ -25,6 +25,7 @@ pub struct Gpu {
     cc: (i32, i32),
     sm_count: usize,
     target: Target,
+    grid_dep: GridDep,
     load_time: Duration,
 }
 
@@ -36,6 +37,49 @@ impl std::fmt::Debug for Gpu {
             .field("cc", &self.cc)
             .finish_non_exhaustive()
     }
+}
+
+/// One kernel parameter for [`Gpu::launch`].
+#[derive(Clone, Copy, Debug)]
+pub enum KernelParam {
+    /// A device address.
+    P(u64),
+    U(u32),
+    F(f32),
+}
+
+/// The programmatic-dependent-launch settings (other kernels, GEMVs) from
+/// `SMELT_CUDA_PDL`, to measure them: `0` off; `wait` (the default: every kernel waits at
+/// entry, the next launches when one ends); `launch` (and every kernel lets the next launch
+/// at entry); `gemv` (only the GEMVs do, so the small kernels after them launch early);
+/// `small` (only the other kernels do); `chain` (every kernel lets the next launch right
+/// after its own wait); `chain-gemv` (GEMVs at entry, the others after their wait);
+/// `prefetch` (`launch`, and the GEMVs prefetch their weights into L2 before they wait).
+/// Off before sm_90 whatever it says.
+fn grid_dep_from_env(target: Target) -> (GridDep, GridDep) {
+    let wait = smelt_kernels::catalog::GRID_DEP;
+    let launch = GridDep {
+        wait: true,
+        early_launch: true,
+        early_work: false,
+        launch_after_wait: false,
+    };
+    let after = GridDep {
+        launch_after_wait: true,
+        ..launch
+    };
+    let (other, gemv) = match std::env::var("SMELT_CUDA_PDL").as_deref() {
+        Ok("0") => (GridDep::default(), GridDep::default()),
+        Ok("wait") => (wait, wait),
+        Ok("launch") => (launch, launch),
+        Ok("gemv") => (wait, launch),
+        Ok("small") => (launch, wait),
+        Ok("chain") => (after, after),
+        Ok("chain-gemv") => (after, launch),
+        Ok("prefetch") => (GridDep::ALL, GridDep::ALL),
+        _ => smelt_kernels::catalog::GRID_DEPS,
+    };
+    (other.for_target(target), gemv.for_target(target))
 }
 
 /// The PTX target for a compute capability: sm_90 code on Hopper and later, sm_80 code on
@@ -66,8 +110,13 @@ impl Gpu {
             let cc = ctx.compute_capability()?;
             let target = target_for(cc)?;
             let t = Instant::now();
+            let (other, gemv) = grid_dep_from_env(target);
+            let grid_dep = GridDep {
+                wait: other.wait || gemv.wait,
+                ..other
+            };
             let kernels = ctx.load_module(Ptx::from_src(
-                smelt_kernels::catalog::module(target)?.to_ptx(),
+                smelt_kernels::catalog::module_with(target, other, gemv)?.to_ptx(),
             ))?;
             let runtime = ctx.load_module(Ptx::from_src(util::module(target)?.to_ptx()))?;
             let load_time = t.elapsed();
@@ -85,6 +134,7 @@ impl Gpu {
                 cc,
                 sm_count: usize::try_from(sm_count).unwrap_or(1).max(1),
                 target,
+                grid_dep,
                 load_time,
             }))
         })
@@ -112,6 +162,82 @@ impl Gpu {
     /// The PTX target the module was generated for.
     pub fn target(&self) -> Target {
         self.target
+    }
+
+    /// How the loaded kernels take part in programmatic dependent launch; when they wait,
+    /// [`Gpu::launch`] lets each start before the one before it has ended.
+    pub fn grid_dep(&self) -> GridDep {
+        self.grid_dep
+    }
+
+    /// Launches kernel `f` on the stream with `params` (in the kernel's order). When the
+    /// kernels wait for their predecessors ([`Gpu::grid_dep`]), the launch carries
+    /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`: its blocks may be scheduled
+    /// while the previous kernel runs (hiding launch latency and the block ramp); captured
+    /// graphs keep these programmatic edges.
+    ///
+    /// # Safety
+    /// `params` must be the parameters `f` declares, in order and type, and every address
+    /// must point to memory of the sizes the kernel reads and writes.
+    pub unsafe fn launch(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &[KernelParam],
+    ) -> Result<(), CudaError> {
+        use cudarc::driver::sys;
+        // Each parameter in a slot of its own; the driver reads as many bytes of each as
+        // the kernel declares.
+        let mut slots: Vec<[u8; 8]> = params
+            .iter()
+            .map(|p| {
+                let mut s = [0u8; 8];
+                match *p {
+                    KernelParam::P(v) => s.copy_from_slice(&v.to_ne_bytes()),
+                    KernelParam::U(v) => s[..4].copy_from_slice(&v.to_ne_bytes()),
+                    KernelParam::F(v) => s[..4].copy_from_slice(&v.to_ne_bytes()),
+                }
+                s
+            })
+            .collect();
+        let mut ptrs: Vec<*mut std::ffi::c_void> = slots
+            .iter_mut()
+            .map(|s| s.as_mut_ptr().cast::<std::ffi::c_void>())
+            .collect();
+        // SAFETY: a zeroed attribute is a valid plain-data value; id and value set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let programmatic = self.grid_dep.wait;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: if programmatic {
+                &mut attr
+            } else {
+                std::ptr::null_mut()
+            },
+            numAttrs: u32::from(programmatic),
+        };
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the config, attribute and parameter slots outlive the call (the driver
+        // copies the parameters at launch); the caller vouches for the parameters.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()?;
+        Ok(())
     }
 
     /// How long generating and JIT-loading the modules took.

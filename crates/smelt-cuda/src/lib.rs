@@ -26,7 +26,7 @@ pub use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 pub use error::CudaError;
-pub use gpu::Gpu;
+pub use gpu::{Gpu, KernelParam};
 pub use graph::Graph;
 
 /// The runtime's own kernels (benchmark input fill) as one module for `target`: what

@@ -295,6 +295,134 @@ fn check_rope(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
     Ok(())
 }
 
+/// The fused rope + KV append of one decode row (`rope_kv_*`): Q|K against the rope twin,
+/// the V cache exactly against the twin, and both caches bit for bit against the unfused
+/// GPU path (`rope_*` then `kv_append` on the same inputs), which the backend replaces.
+fn check_rope_kv(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
+    for style in [rope::RopeStyle::Normal, rope::RopeStyle::Neox] {
+        let (mut cx, mut cc) = (Check::default(), Check::default());
+        // (n_head, n_head_kv, head_dim, position, block size, freq factors, base, scale)
+        for (n_head, n_head_kv, hd, pos, bs, ff, base, fscale) in [
+            (32, 8, 128, 4095, 16, false, 500000.0f32, 1.0f32),
+            (9, 3, 64, 37, 16, false, 10000.0, 1.0),
+            (8, 8, 128, 0, 32, true, 500000.0, 1.0),
+            (4, 1, 256, 131_000, 8, false, 1000000.0, 0.125),
+            (6, 2, 80, 700, 12, true, 10000.0, 0.5),
+        ] {
+            let kv_dim = n_head_kv * hd;
+            let cols = (n_head + n_head_kv) * hd;
+            let p = paged(rng, &[(pos, 1)], bs);
+            let cache_len = p.n_blocks * bs * kv_dim;
+            let (kc0, vc0) = (f16_bits(rng, cache_len), f16_bits(rng, cache_len));
+            let x = floats(rng, cols, 2.0);
+            let v = floats(rng, kv_dim, 1.0);
+            let factors: Vec<f32> = (0..hd / 2).map(|i| 1.0 + (i % 7) as f32).collect();
+            let words: Vec<u32> = p.seqs.iter().flat_map(|s| s.words()).collect();
+            let sd = gpu.stream.clone_htod(&words)?;
+            let td = gpu.stream.clone_htod(&p.tables)?;
+            let pd = gpu.stream.clone_htod(&[pos as u32])?;
+            let fd = gpu.stream.clone_htod(&factors)?;
+            let fptr: u64 = if ff {
+                let (p, _g) = cudarc::driver::DevicePtr::device_ptr(&fd, &gpu.stream);
+                p
+            } else {
+                0
+            };
+            let vd = gpu.stream.clone_htod(&v)?;
+            let ts = rope::theta_scale(base, hd);
+            // Fused.
+            let mut xd = gpu.stream.clone_htod(&x)?;
+            let mut kcd = gpu.stream.clone_htod(&kc0)?;
+            let mut vcd = gpu.stream.clone_htod(&vc0)?;
+            let (nh, nkv, hd32, bs32) = (n_head as u32, n_head_kv as u32, hd as u32, bs as u32);
+            launch!(
+                gpu,
+                rope::kv_name(style),
+                rope::kv_launch(n_head, n_head_kv, hd),
+                [
+                    &mut xd, &pd, &fptr, &vd, &mut kcd, &mut vcd, &sd, &td, &nh, &nkv, &hd32,
+                    &bs32, &ts, &fscale
+                ]
+            );
+            // Unfused, on the GPU: rope of the row, then kv_append of its K part.
+            let mut xu = gpu.stream.clone_htod(&x)?;
+            let mut kcu = gpu.stream.clone_htod(&kc0)?;
+            let mut vcu = gpu.stream.clone_htod(&vc0)?;
+            let (c32, kd32) = (cols as u32, kv_dim as u32);
+            launch!(
+                gpu,
+                rope::name(style),
+                rope::launch(1, cols, hd, hd),
+                [&mut xu, &pd, &fptr, &c32, &hd32, &hd32, &ts, &fscale]
+            );
+            let xu_host = gpu.stream.clone_dtoh(&xu)?;
+            let ku = gpu.stream.clone_htod(&xu_host[n_head * hd..])?;
+            launch!(
+                gpu,
+                kv::KV_APPEND,
+                kv::launch(1, 1, kv_dim),
+                [&ku, &vd, &mut kcu, &mut vcu, &sd, &td, &kd32, &bs32]
+            );
+            // The twin.
+            let (mut xw, mut kcw, mut vcw) = (x.clone(), kc0.clone(), vc0.clone());
+            rope::rope_kv_cpu(
+                &mut xw,
+                &v,
+                &mut kcw,
+                &mut vcw,
+                p.seqs[0],
+                &p.tables,
+                n_head,
+                n_head_kv,
+                hd,
+                bs,
+                style,
+                base,
+                fscale,
+                ff.then_some(&factors[..]),
+            );
+            let case = format!("{n_head}/{n_head_kv}x{hd} pos {pos} bs {bs} ff {ff}");
+            let xg = gpu.stream.clone_dtoh(&xd)?;
+            cx.add(&case, &xg, &xw, 1e-5, 1e-5);
+            cx.add(&format!("{case} vs rope_*"), &xg, &xu_host, 0.0, 0.0);
+            let (kg, vg) = (gpu.stream.clone_dtoh(&kcd)?, gpu.stream.clone_dtoh(&vcd)?);
+            cc.bits(
+                &format!("K {case} vs unfused"),
+                &kg,
+                &gpu.stream.clone_dtoh(&kcu)?,
+            );
+            cc.bits(
+                &format!("V {case} vs unfused"),
+                &vg,
+                &gpu.stream.clone_dtoh(&vcu)?,
+            );
+            cc.bits(&format!("V {case} vs twin"), &vg, &vcw);
+            // K against the twin: the roped values may differ in the last f32 bits
+            // (hardware sin/cos), so compare as floats.
+            let widen =
+                |b: &[u16]| -> Vec<f32> { b.iter().map(|&h| f16::from_bits(h).to_f32()).collect() };
+            cx.add(
+                &format!("K {case} vs twin"),
+                &widen(&kg),
+                &widen(&kcw),
+                2e-3,
+                2e-3,
+            );
+        }
+        rep.push(
+            &format!("{} (Q|K)", rope::kv_name(style)),
+            cx,
+            "1e-5 + 1e-5|r|, = rope_*",
+        );
+        rep.push(
+            &format!("{} (caches)", rope::kv_name(style)),
+            cc,
+            "exact (bits) vs unfused",
+        );
+    }
+    Ok(())
+}
+
 /// The fused GLU + q8_1 kernels: the f32 output against the GLU twin (as `glu_*`), the
 /// tiles byte for byte against the q8_1 twin of the GPU's own f32 output.
 fn check_glu_q8(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
@@ -1295,9 +1423,10 @@ fn main() -> Result<()> {
     // A check that errors (a launch refused, say) is a failure of its own; the others
     // still run, so one bad kernel does not hide the rest of the report.
     type CheckFn = fn(&Gpu, &mut StdRng, &mut Report) -> Result<()>;
-    let checks: [(&str, CheckFn); 7] = [
+    let checks: [(&str, CheckFn); 8] = [
         ("norms", check_norms),
         ("rope", check_rope),
+        ("rope + kv append", check_rope_kv),
         ("elementwise", check_elementwise),
         ("embed", check_embed),
         ("kv + attention", check_kv_attention),

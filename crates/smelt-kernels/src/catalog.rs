@@ -1,7 +1,7 @@
 //! Every kernel this crate emits, by name, so CI can assemble them all and the GPU check
 //! can load them all from one module; and run-time dispatch over the weight types.
 
-use smelt_ptx::{Kernel, Module, PtxError, Target};
+use smelt_ptx::{GridDep, Kernel, Module, PtxError, Target};
 
 use crate::formats::{
     self, GpuFormat, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
@@ -186,10 +186,50 @@ pub fn all() -> Vec<Entry> {
     v
 }
 
-/// One module holding every kernel, for `target`.
+/// The base of how the catalog's kernels take part in programmatic dependent launch (sm_90
+/// and later; older targets get no `griddepcontrol`): every kernel waits for its
+/// predecessor at entry, so the runtime may launch each as a programmatic dependent.
+/// Launched without that attribute, the waits return at once, so the same module serves
+/// both.
+pub const GRID_DEP: GridDep = GridDep {
+    wait: true,
+    early_launch: false,
+    early_work: false,
+    launch_after_wait: false,
+};
+
+/// The default (other kernels, GEMVs): the GEMVs also let their successor (a small kernel
+/// at decode) launch at entry, so it is scheduled and waiting when the GEMV ends. Measured
+/// on an H200 (2026-11-25, Llama-3-8B-shape Q4_K decode, graphs, tg128; bench/RESULTS.md):
+/// this 441-469 tok/s over three calls, plain launches 436-453, waits only 439-457: within
+/// the +-3% spread of one setting, so no proven gain. Worse by more than the spread: every
+/// kernel letting its successor launch at entry (419-423: a GEMV launched behind a small
+/// kernel that was itself launched early has its blocks placed around the GEMV still
+/// running) and the GEMVs' L2 prefetch of their weights before the wait (385-404).
+pub const GRID_DEPS: (GridDep, GridDep) = (
+    GRID_DEP,
+    GridDep {
+        early_launch: true,
+        ..GRID_DEP
+    },
+);
+
+/// Whether kernel `name` is a GEMV (its successors at decode are the small kernels).
+pub fn is_gemv(name: &str) -> bool {
+    name.starts_with("gemv_")
+}
+
+/// One module holding every kernel, for `target`, with [`GRID_DEPS`].
 pub fn module(target: Target) -> Result<Module, PtxError> {
+    module_with(target, GRID_DEPS.0, GRID_DEPS.1)
+}
+
+/// One module holding every kernel, for `target`: the GEMVs with `gemv`, the others with
+/// `other` (to compare settings: which kernels let their successor launch early).
+pub fn module_with(target: Target, other: GridDep, gemv: GridDep) -> Result<Module, PtxError> {
     let mut m = Module::new(target);
     for (name, build) in all() {
+        m.set_grid_dep(if is_gemv(&name) { gemv } else { other });
         m.kernel(&name, |k| build(k))?;
     }
     Ok(m)

@@ -129,6 +129,19 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         .iter()
         .map(|&row| k.add(k.reg(), w, k.mul_wide(k.reg::<U64>(), row, row_bytes)))
         .collect();
+    if k.grid_dep().early_work {
+        // Launched ahead of its input (programmatic dependent launch), the warp pulls its
+        // weight rows into L2 while the kernel before it runs: the weights are written by
+        // no kernel, so they may be read before the wait; the activations only after it.
+        let lines = k.shr(k.reg(), k.add(k.reg(), row_bytes, 127u32), 7u32);
+        for &wr in &wrows {
+            k.stride_loop(lane, lines, 32u32, |k, line| {
+                let at = k.add(k.reg(), wr, k.mul_wide(k.reg::<U64>(), line, 128u32));
+                k.raw(format!("prefetch.global.L2 [{at}]"));
+            });
+        }
+    }
+    k.grid_dep_wait();
     let setup = F::setup(k, part, ntiles);
     let (b0, b1) = F::act_blocks(k, part);
     let slots = ActSlots::new(k, b0, b1);
@@ -276,7 +289,14 @@ pub fn cpu_with_magnitude(
                 dot += p;
                 abs += p.abs();
             }
-            y[t * nrows + r] = dot as f32;
+            let tiles = &x[t * ntiles * act::TILE_BYTES..(t + 1) * ntiles * act::TILE_BYTES];
+            let shift = crate::formats::legacy::cpu_min_term_shift(
+                ty,
+                &ggml[r * row_ggml..(r + 1) * row_ggml],
+                tiles,
+                k,
+            );
+            y[t * nrows + r] = (dot + shift) as f32;
             mag[t * nrows + r] = abs;
         }
     }

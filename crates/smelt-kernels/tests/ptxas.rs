@@ -40,6 +40,9 @@ fn every_kernel_assembles_for_sm80_and_sm90_without_spills() {
     for target in [Target::Sm80, Target::Sm90] {
         for (name, build) in catalog::all() {
             let mut m = Module::new(target);
+            // On sm_90 with every programmatic-dependent-launch instruction the runtime
+            // can be asked for (`SMELT_CUDA_PDL`): waits, early launch, the GEMV prefetch.
+            m.set_grid_dep(smelt_ptx::GridDep::ALL);
             if let Err(e) = m.kernel(&name, |k| build(k)) {
                 failures.push(format!("{name} ({target}) did not build: {e}"));
                 continue;
@@ -73,7 +76,8 @@ fn every_kernel_assembles_for_sm80_and_sm90_without_spills() {
 #[test]
 fn the_whole_module_assembles() {
     for target in [Target::Sm80, Target::Sm90] {
-        let m = catalog::module(target).unwrap_or_else(|e| panic!("{e}"));
+        let all = smelt_ptx::GridDep::ALL;
+        let m = catalog::module_with(target, all, all).unwrap_or_else(|e| panic!("{e}"));
         if let Err(e) = assemble(target, "all", &m.to_ptx()) {
             panic!("{e}");
         }

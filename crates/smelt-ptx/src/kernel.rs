@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::fmt;
 
 use crate::error::PtxError;
-use crate::module::Target;
+use crate::module::{GridDep, Target};
 use crate::reg::{Addr, Cond, Reg};
 use crate::types::{Data, RegType, CLASSES, U32, U64};
 
@@ -67,6 +67,9 @@ pub struct Kernel {
     body: RefCell<Vec<String>>,
     guard: Cell<Option<Cond>>,
     error: RefCell<Option<PtxError>>,
+    grid_dep: Cell<GridDep>,
+    waited: Cell<bool>,
+    launched: Cell<bool>,
 }
 
 /// PTX identifiers: a letter or underscore, then letters, digits, `_` or `$`.
@@ -99,6 +102,9 @@ impl Kernel {
             body: RefCell::default(),
             guard: Cell::new(None),
             error: RefCell::new(None),
+            grid_dep: Cell::new(GridDep::default()),
+            waited: Cell::new(false),
+            launched: Cell::new(false),
         })
     }
 
@@ -110,6 +116,43 @@ impl Kernel {
     /// The architecture being generated for, so a kernel can choose instructions by it.
     pub fn target(&self) -> Target {
         self.target
+    }
+
+    pub(crate) fn set_grid_dep(&self, grid_dep: GridDep) {
+        self.grid_dep.set(grid_dep.for_target(self.target));
+    }
+
+    /// How this kernel takes part in programmatic dependent launch (the module's setting;
+    /// off before sm_90). A kernel that has work reading nothing earlier grids wrote does
+    /// it before [`Kernel::grid_dep_wait`] when `early_work` is on.
+    pub fn grid_dep(&self) -> GridDep {
+        self.grid_dep.get()
+    }
+
+    /// `griddepcontrol.wait`: from here on, every grid this launch depends on has ended and
+    /// its writes are visible. Emits nothing when the module has programmatic dependent
+    /// launch off. A kernel that never calls it waits at entry.
+    pub fn grid_dep_wait(&self) {
+        let g = self.grid_dep.get();
+        if g.wait {
+            self.emit("griddepcontrol.wait");
+            self.waited.set(true);
+            if g.early_launch && g.launch_after_wait && !self.launched.get() {
+                self.grid_dep_launch_dependents();
+            }
+        }
+    }
+
+    /// `griddepcontrol.launch_dependents`: the next kernel on the stream may launch once
+    /// every block of this one has passed here (or ended); it still waits for this one to
+    /// end before reading its output. Emits nothing unless the module has `early_launch`
+    /// on. A kernel that never calls it does so at entry (when `early_launch` is on).
+    pub fn grid_dep_launch_dependents(&self) {
+        let g = self.grid_dep.get();
+        if g.wait && g.early_launch {
+            self.emit("griddepcontrol.launch_dependents");
+            self.launched.set(true);
+        }
     }
 
     /// A fresh register of type `T`.
@@ -345,6 +388,18 @@ impl Kernel {
                 label: Label(id).to_string(),
             });
         }
+        let g = self.grid_dep.get();
+        let mut entry = Vec::new();
+        let launch = g.wait && g.early_launch && !self.launched.get();
+        if launch && !g.launch_after_wait {
+            entry.push("\tgriddepcontrol.launch_dependents;".to_string());
+        }
+        if g.wait && !self.waited.get() {
+            entry.push("\tgriddepcontrol.wait;".to_string());
+        }
+        if launch && g.launch_after_wait {
+            entry.push("\tgriddepcontrol.launch_dependents;".to_string());
+        }
         let params = self.params.into_inner();
         let mut out = format!(".visible .entry {}(", self.name);
         if params.is_empty() {
@@ -369,7 +424,7 @@ impl Kernel {
             out.push_str(&format!("\t{d}\n"));
         }
         out.push('\n');
-        for line in self.body.into_inner() {
+        for line in entry.into_iter().chain(self.body.into_inner()) {
             out.push_str(&line);
             out.push('\n');
         }

@@ -93,7 +93,7 @@ mod testing;
 
 pub use error::PtxError;
 pub use kernel::{Kernel, Label, Shared};
-pub use module::{Module, PtxVersion, Target};
+pub use module::{GridDep, Module, PtxVersion, Target};
 pub use ops::arith::Cmp;
 pub use ops::bits::{Lut, PrmtMode};
 pub use ops::convert::{CvtFrom, Exact, FloatRound, IntRound, Rounding};

@@ -57,6 +57,50 @@ impl fmt::Display for Target {
     }
 }
 
+/// How a module's kernels take part in programmatic dependent launch (Hopper, sm_90+): a
+/// kernel launched with `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` may start
+/// while the kernel before it on the stream is still running, so it must wait
+/// (`griddepcontrol.wait`) before it reads anything an earlier kernel wrote, or writes
+/// anything an earlier kernel reads. The default is off; targets older than sm_90 are always
+/// off (their PTX never holds `griddepcontrol`). Kernels that never call
+/// [`Kernel::grid_dep_wait`] wait at entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct GridDep {
+    /// Kernels wait for the grids they depend on; without it, no `griddepcontrol` at all.
+    pub wait: bool,
+    /// Kernels let the next kernel launch at entry (`griddepcontrol.launch_dependents`), so
+    /// its blocks are scheduled and waiting when this one ends. Without it, the next kernel
+    /// launches when this one has ended.
+    pub early_launch: bool,
+    /// Kernels may do work that reads nothing an earlier grid wrote (a GEMV's L2 prefetch of
+    /// its weights) before they wait; see [`Kernel::grid_dep`].
+    pub early_work: bool,
+    /// With `early_launch`: the next kernel launches once this one has passed its wait
+    /// rather than at entry, so at most one kernel waits ahead of the running one (a
+    /// kernel launched at entry lets its successor launch at entry too, and a chain of
+    /// them fills the SMs with waiting blocks placed around the running kernel's).
+    pub launch_after_wait: bool,
+}
+
+impl GridDep {
+    /// Everything on.
+    pub const ALL: GridDep = GridDep {
+        wait: true,
+        early_launch: true,
+        early_work: true,
+        launch_after_wait: false,
+    };
+
+    /// `self` where `target` has `griddepcontrol` (sm_90 and later), else off.
+    pub fn for_target(self, target: Target) -> GridDep {
+        if target >= Target::Sm90 && self.wait {
+            self
+        } else {
+            GridDep::default()
+        }
+    }
+}
+
 /// A PTX ISA version (`.version 8.0`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PtxVersion {
@@ -92,6 +136,7 @@ pub struct Module {
     version: PtxVersion,
     target: Target,
     kernels: Vec<(String, String)>,
+    grid_dep: GridDep,
 }
 
 impl Module {
@@ -101,6 +146,7 @@ impl Module {
             version: PtxVersion::DEFAULT,
             target,
             kernels: Vec::new(),
+            grid_dep: GridDep::default(),
         }
     }
 
@@ -121,7 +167,20 @@ impl Module {
             version,
             target,
             kernels: Vec::new(),
+            grid_dep: GridDep::default(),
         })
+    }
+
+    /// Sets how kernels added from now on take part in programmatic dependent launch
+    /// (off on targets older than sm_90, whatever `grid_dep` says).
+    pub fn set_grid_dep(&mut self, grid_dep: GridDep) -> &mut Self {
+        self.grid_dep = grid_dep.for_target(self.target);
+        self
+    }
+
+    /// The module's [`GridDep`].
+    pub fn grid_dep(&self) -> GridDep {
+        self.grid_dep
     }
 
     /// The architecture this module is for.
@@ -148,6 +207,7 @@ impl Module {
             });
         }
         let k = Kernel::new(name, self.target)?;
+        k.set_grid_dep(self.grid_dep);
         build(&k);
         let text = k.finish()?;
         self.kernels.push((name.to_string(), text));
@@ -209,5 +269,50 @@ mod tests {
             Err(PtxError::Duplicate { .. })
         ));
         assert_eq!(m.kernel_names().collect::<Vec<_>>(), ["k"]);
+    }
+
+    #[test]
+    fn grid_dependence_is_sm90_only_and_waits_at_entry_unless_placed() {
+        let build = |target, g: GridDep, explicit: bool| {
+            let mut m = Module::new(target);
+            m.set_grid_dep(g);
+            m.kernel("k", |k| {
+                let x = k.param_u32("x");
+                if explicit {
+                    k.comment("early");
+                    k.grid_dep_wait();
+                }
+                k.exit_if(k.eq(x, 0u32));
+            })
+            .unwrap();
+            m.to_ptx()
+        };
+        assert!(!build(Target::Sm80, GridDep::ALL, false).contains("griddepcontrol"));
+        assert!(!build(Target::Sm90, GridDep::default(), true).contains("griddepcontrol"));
+        let entry = build(Target::Sm90, GridDep::ALL, false);
+        let body = &entry[entry.find("\n\n\t").unwrap()..];
+        assert!(
+            body.starts_with("\n\n\tgriddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n"),
+            "{entry}"
+        );
+        let placed = build(Target::Sm90, GridDep::ALL, true);
+        assert_eq!(placed.matches("griddepcontrol.wait").count(), 1, "{placed}");
+        assert!(placed.find("// early").unwrap() < placed.find("griddepcontrol.wait").unwrap());
+        let no_launch = GridDep {
+            early_launch: false,
+            ..GridDep::ALL
+        };
+        let waits = build(Target::Sm90, no_launch, false);
+        assert!(waits.contains("griddepcontrol.wait") && !waits.contains("launch_dependents"));
+        let after = GridDep {
+            launch_after_wait: true,
+            ..GridDep::ALL
+        };
+        for explicit in [false, true] {
+            let t = build(Target::Sm90, after, explicit);
+            let (w, l) = (t.find("griddepcontrol.wait;"), t.find("launch_dependents;"));
+            assert!(w.is_some() && l.is_some() && w < l, "{t}");
+            assert_eq!(t.matches("launch_dependents").count(), 1, "{t}");
+        }
     }
 }

@@ -29,17 +29,28 @@ pub fn name(style: RopeStyle) -> &'static str {
     }
 }
 
-/// Both kernels.
+/// The fused rope + KV-append kernel's name for `style`.
+pub fn kv_name(style: RopeStyle) -> &'static str {
+    match style {
+        RopeStyle::Normal => "rope_kv_normal",
+        RopeStyle::Neox => "rope_kv_neox",
+    }
+}
+
+/// The rope kernels and the fused rope + KV-append kernels, for both styles.
 pub fn catalog() -> Vec<Entry> {
-    [RopeStyle::Normal, RopeStyle::Neox]
-        .into_iter()
-        .map(|s| -> Entry {
-            (
-                name(s).to_string(),
-                Box::new(move |k: &Kernel| kernel(k, s)),
-            )
-        })
-        .collect()
+    let mut v: Vec<Entry> = Vec::new();
+    for s in [RopeStyle::Normal, RopeStyle::Neox] {
+        v.push((
+            name(s).to_string(),
+            Box::new(move |k: &Kernel| kernel(k, s)),
+        ));
+        v.push((
+            kv_name(s).to_string(),
+            Box::new(move |k: &Kernel| rope_kv_kernel(k, s)),
+        ));
+    }
+    v
 }
 
 /// `freq_base^(-2 / n_rot)` as the CPU backend computes it (f32 `powf`): the host passes
@@ -57,6 +68,197 @@ pub fn launch(rows: usize, cols: usize, head_dim: usize, n_rot: usize) -> Launch
         (dim(rows), dim(heads), 1),
         ((pairs.div_ceil(32) * 32) as u32, 1, 1),
     )
+}
+
+/// Launch of [`rope_kv_kernel`]: one block per Q head, K head and V head of the one row,
+/// one thread per pair.
+pub fn kv_launch(n_head: usize, n_head_kv: usize, head_dim: usize) -> Launch {
+    let pairs = (head_dim / 2).max(1);
+    Launch::new(
+        (1, dim(n_head + 2 * n_head_kv), 1),
+        ((pairs.div_ceil(32) * 32) as u32, 1, 1),
+    )
+}
+
+/// The angle of pair `i` at position `p` (see the module doc): `(sin, cos)`.
+fn angle(
+    k: &Kernel,
+    p: smelt_ptx::Reg<U32>,
+    i: smelt_ptx::Reg<U32>,
+    ff_raw: smelt_ptx::Reg<U64>,
+    theta_scale: smelt_ptx::Reg<F32>,
+    freq_scale: smelt_ptx::Reg<F32>,
+) -> (smelt_ptx::Reg<F32>, smelt_ptx::Reg<F32>) {
+    let t = k.cvt(k.reg::<F32>(), p, FloatRound::Rn);
+    k.for_count(i, |k, _| {
+        k.mul(t, t, theta_scale);
+    });
+    let has_ff = k.cmp(smelt_ptx::Cmp::Ne, ff_raw, 0u64);
+    k.if_(has_ff, |k| {
+        let ff = k.reg::<U64>();
+        k.raw(format!("cvta.to.global.u64 {ff}, {ff_raw}"));
+        let f = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(ff, i, 4));
+        k.div_rn(t, t, f);
+    });
+    let theta = k.mul(k.reg(), t, freq_scale);
+    sincos(k, theta)
+}
+
+/// The rotated pair `(x0·cos - x1·sin, x0·sin + x1·cos)`, first products fused as the CPU
+/// backend (and ggml built by GCC, which contracts them) computes them.
+fn rotate(
+    k: &Kernel,
+    x0: smelt_ptx::Reg<F32>,
+    x1: smelt_ptx::Reg<F32>,
+    sin: smelt_ptx::Reg<F32>,
+    cos: smelt_ptx::Reg<F32>,
+) -> (smelt_ptx::Reg<F32>, smelt_ptx::Reg<F32>) {
+    let t1 = k.mul(k.reg(), x1, sin);
+    k.neg(t1, t1);
+    let y0 = k.fma(k.reg(), x0, cos, t1);
+    let t3 = k.mul(k.reg(), x1, cos);
+    let y1 = k.fma(k.reg(), x0, sin, t3);
+    (y0, y1)
+}
+
+/// One decode row's rope of Q and K and its KV-cache append in one launch (instead of
+/// [`kernel`] then `kv::kv_append_kernel`): `x` holds the row's Q heads then its K heads
+/// (`n_head + n_head_kv` heads of `head_dim`, rotated in place as [`kernel`] rotates them,
+/// every dimension: `n_rot == head_dim`); the rotated K and the row `v` are stored as f16
+/// (round to nearest even) at the sequence's next slot, as `kv_append` stores them.
+///
+/// Parameters: `x: *mut f32, pos: *const u32 (one), freq_factors: *const f32 (or 0),
+/// v: *const f32, k_cache: *mut f16, v_cache: *mut f16, seqs: *const SeqDesc (one, one
+/// token), block_tables: *const u32, n_head: u32, n_head_kv: u32, head_dim: u32,
+/// block_size: u32, theta_scale: f32, freq_scale: f32`. Launch: [`kv_launch`].
+pub fn rope_kv_kernel(k: &Kernel, style: RopeStyle) {
+    k.max_threads(1024, 1, 1);
+    let x = k.param_ptr("x");
+    let pos = k.param_ptr("pos");
+    let ff_raw = k.param::<U64>("freq_factors");
+    let v = k.param_ptr("v");
+    let kc = k.param_ptr("k_cache");
+    let vc = k.param_ptr("v_cache");
+    let seqs = k.param_ptr("seqs");
+    let tables = k.param_ptr("block_tables");
+    let n_head = k.param_u32("n_head");
+    let n_head_kv = k.param_u32("n_head_kv");
+    let head_dim = k.param_u32("head_dim");
+    let block_size = k.param_u32("block_size");
+    let theta_scale = k.param::<F32>("theta_scale");
+    let freq_scale = k.param::<F32>("freq_scale");
+    let half = k.shr(k.reg(), head_dim, 1u32);
+    let i = k.tid_x();
+    k.exit_if(k.ge(i, half));
+    let head = k.ctaid_y();
+    // The pair's two dimensions within a head.
+    let (a, b) = match style {
+        RopeStyle::Normal => {
+            let a = k.shl(k.reg(), i, 1u32);
+            (a, k.add(k.reg(), a, 1u32))
+        }
+        RopeStyle::Neox => (i, k.add(k.reg(), i, half)),
+    };
+    // The cache slot of the sequence's one new token, as kv_append finds it.
+    let desc = seqs;
+    let w = k.regs::<U32, 4>();
+    k.ld_v4(Load::GLOBAL_NC, w, desc);
+    let start = w[2];
+    let bto = w[3];
+    let bi = k.div_int(k.reg(), start, block_size);
+    let off = k.rem(k.reg(), start, block_size);
+    let ti = k.add(k.reg(), bto, bi);
+    let block = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(tables, ti, 4));
+    let slot = k.mad(k.reg(), block, block_size, off);
+    let kv_dim = k.mul(k.reg(), n_head_kv, head_dim);
+    // Element index of the slot's row in the cache, as u64.
+    let slot_base = k.mul_wide(k.reg::<U64>(), slot, kv_dim);
+    let store_f16 = |cache: smelt_ptx::Reg<U64>, col: smelt_ptx::Reg<U32>, val| {
+        let e = k.cvt(k.reg::<U64>(), col, smelt_ptx::Exact);
+        k.add(e, e, slot_base);
+        k.shl(e, e, 1u32);
+        let h = k.cvt(k.reg::<smelt_ptx::F16>(), val, FloatRound::Rn);
+        k.st(Store::GLOBAL, k.add(k.reg(), cache, e), h);
+    };
+    let n_rope = k.add(k.reg(), n_head, n_head_kv);
+    let is_v = k.ge(head, n_rope);
+    let done = k.label();
+    k.if_(is_v, |k| {
+        // A V head: its pair stored as it is.
+        let vh = k.sub(k.reg(), head, n_rope);
+        let col = k.mad(k.reg(), vh, head_dim, 0u32);
+        let ca = k.add(k.reg(), col, a);
+        let cb = k.add(k.reg(), col, b);
+        let va = k.load::<F32>(Load::GLOBAL, k.elem_addr(v, ca, 4));
+        let vb = k.load::<F32>(Load::GLOBAL, k.elem_addr(v, cb, 4));
+        store_f16(vc, ca, va);
+        store_f16(vc, cb, vb);
+    });
+    k.bra_if(is_v, done);
+    let p = k.load::<U32>(Load::GLOBAL_NC, pos);
+    let (sin, cos) = angle(k, p, i, ff_raw, theta_scale, freq_scale);
+    let first = k.mul(k.reg(), head, head_dim);
+    let ea = k.add(k.reg(), first, a);
+    let eb = k.add(k.reg(), first, b);
+    let (pa, pb) = (k.elem_addr(x, ea, 4), k.elem_addr(x, eb, 4));
+    let x0 = k.load::<F32>(Load::GLOBAL, pa);
+    let x1 = k.load::<F32>(Load::GLOBAL, pb);
+    let (y0, y1) = rotate(k, x0, x1, sin, cos);
+    k.st(Store::GLOBAL, pa, y0);
+    k.st(Store::GLOBAL, pb, y1);
+    let is_k = k.ge(head, n_head);
+    k.if_(is_k, |k| {
+        let kh = k.sub(k.reg(), head, n_head);
+        let col = k.mul(k.reg(), kh, head_dim);
+        store_f16(kc, k.add(k.reg(), col, a), y0);
+        store_f16(kc, k.add(k.reg(), col, b), y1);
+    });
+    k.place(done);
+}
+
+/// CPU twin of [`rope_kv_kernel`]: [`rope_cpu`] of the Q|K row, then `kv_append_cpu` of
+/// its K part and `v` at the sequence's slot.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_cpu(
+    x: &mut [f32],
+    v: &[f32],
+    k_cache: &mut [u16],
+    v_cache: &mut [u16],
+    seq: super::kv::SeqDesc,
+    block_tables: &[u32],
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    block_size: usize,
+    style: RopeStyle,
+    freq_base: f32,
+    freq_scale: f32,
+    freq_factors: Option<&[f32]>,
+) {
+    let pos = seq.start_pos;
+    let cols = (n_head + n_head_kv) * head_dim;
+    rope_cpu(
+        &mut x[..cols],
+        &[pos],
+        cols,
+        head_dim,
+        head_dim,
+        style,
+        freq_base,
+        freq_scale,
+        freq_factors,
+    );
+    let seq = super::kv::SeqDesc { row: 0, ..seq };
+    super::kv::kv_append_cpu(
+        &x[n_head * head_dim..cols],
+        v,
+        k_cache,
+        v_cache,
+        &[seq],
+        block_tables,
+        n_head_kv * head_dim,
+        block_size,
+    );
 }
 
 /// Rotates every head of every row of `x` by the row's position.

@@ -36,6 +36,7 @@ use smelt_gguf::{GgmlType, Gguf};
 use smelt_kernels::{act, catalog, gemv, TILE};
 
 use self::arena::Arena;
+use self::ops::Arg;
 use self::step::StepLayout;
 use self::weights::{Role, WeightPlan};
 use super::{AttnParams, AttnSeq, Backend, Glu, RopeParams};
@@ -102,9 +103,10 @@ struct PendingGemv {
 }
 
 /// A single-row rope not launched yet: the next rope of the row that follows it in memory
-/// with the same parameters (K after Q) joins it.
+/// with the same parameters (K after Q) joins it, and a KV write of its K part fuses
+/// with it.
 #[derive(Clone, Copy, Debug)]
-struct PendingRope {
+pub(crate) struct PendingRope {
     x: CudaTensor,
     positions: u64,
     head_dim: usize,
@@ -171,14 +173,30 @@ pub struct Cuda {
     /// Whole-row norms write the q8_1 tiles of their output too (`SMELT_CUDA_FUSED=0`
     /// turns it off, to measure it).
     fuse_quantize: bool,
+    /// A decode row's rope of Q|K and its KV append run as one kernel (`rope_kv_*`;
+    /// `SMELT_CUDA_ROPE_KV=0` or `SMELT_CUDA_FUSED=0` turn it off, to measure it).
+    fuse_rope_kv: bool,
+    /// Single-token GEMVs of at most `.0` rows run one row per warp, of at least `.1`
+    /// rows four (catalog variants; the default is two): `SMELT_CUDA_GEMV_R1_ROWS` and
+    /// `SMELT_CUDA_GEMV_R4_ROWS`, to measure them. Off by default.
+    gemv_rows: (usize, usize),
     /// Weight memory: chunks bump-allocated in load order; (chunks, next free, end).
     weights: Mutex<(Vec<CudaSlice<u8>>, u64, u64)>,
     /// GPU time per kernel of eager decode steps (`SMELT_CUDA_PROFILE=1`).
     profile: Option<Mutex<profile::Profile>>,
+    /// `SMELT_CUDA_DIGEST=1`: an FNV-1a hash of the bits of everything copied to the host
+    /// (logits) and the number of copies, printed when the backend is dropped, so runs
+    /// under different launch settings can be shown to compute the same bits (a race
+    /// between kernels would change them).
+    digest: Option<Mutex<(u64, u64)>>,
 }
 
 impl Drop for Cuda {
     fn drop(&mut self) {
+        if let Some(d) = &self.digest {
+            let d = lock(d);
+            eprintln!("CUDA digest: {:016x} over {} host copies", d.0, d.1);
+        }
         if let Some(p) = &self.profile {
             let p = lock(p);
             if p.steps() > 0 {
@@ -186,6 +204,10 @@ impl Drop for Cuda {
             }
         }
     }
+}
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok()?.parse().ok()
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -207,9 +229,17 @@ impl Cuda {
             pending_rope: Mutex::new(None),
             staging: Mutex::new(None),
             fuse_quantize: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0"),
+            gemv_rows: (
+                env_usize("SMELT_CUDA_GEMV_R1_ROWS").unwrap_or(0),
+                env_usize("SMELT_CUDA_GEMV_R4_ROWS").unwrap_or(usize::MAX),
+            ),
+            fuse_rope_kv: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
+                && std::env::var("SMELT_CUDA_ROPE_KV").map_or(true, |v| v != "0"),
             weights: Mutex::new((Vec::new(), 0, 0)),
             profile: (std::env::var("SMELT_CUDA_PROFILE").is_ok_and(|v| v == "1"))
                 .then(|| Mutex::new(profile::Profile::default())),
+            digest: (std::env::var("SMELT_CUDA_DIGEST").is_ok_and(|v| v == "1"))
+                .then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
         })
     }
 
@@ -493,6 +523,13 @@ impl Cuda {
         let host = unsafe { std::slice::from_raw_parts_mut(s.ptr, n) };
         unsafe { cu::memcpy_dtoh_async(host, x.ptr, self.gpu.stream().cu_stream()) }?;
         self.gpu.synchronize()?;
+        if let Some(d) = &self.digest {
+            let mut d = lock(d);
+            for v in host.iter() {
+                d.0 = (d.0 ^ u64::from(v.to_bits())).wrapping_mul(0x0100_0000_01b3);
+            }
+            d.1 += 1;
+        }
         Ok(host.to_vec())
     }
 
@@ -653,50 +690,48 @@ impl Cuda {
         y: u64,
         ntok: usize,
     ) -> Result<(), CudaError> {
-        use smelt_cuda::PushKernelArg;
-        let cfg = gemv::Config::new(ntok);
+        let mut cfg = gemv::Config::new(ntok);
+        if ntok == 1 && rows <= self.gemv_rows.0 {
+            cfg.rows_per_warp = 1;
+        } else if ntok == 1 && rows >= self.gemv_rows.1 {
+            cfg.rows_per_warp = 4;
+        }
         let name = catalog::gemv_config_name(ty, cfg)?;
-        let f = self.gpu.function(&name)?;
-        let (nrows, ntiles, rb, never) = (
-            rows as u32,
-            cols.div_ceil(TILE) as u32,
-            row_bytes as u32,
-            0u32,
+        let nrows = rows as u32;
+        let l = smelt_kernels::ops::Launch::new(
+            (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
+            (32, gemv::WARPS_PER_CTA, 1),
         );
-        let lc = smelt_cuda::LaunchConfig {
-            grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
-            block_dim: (32, gemv::WARPS_PER_CTA, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut l = self.gpu.stream().launch_builder(&f);
-        l.arg(&w)
-            .arg(&xq)
-            .arg(&y)
-            .arg(&nrows)
-            .arg(&ntiles)
-            .arg(&rb)
-            .arg(&never);
-        // SAFETY: parameters in the order `gemv::kernel` documents; `w` holds `rows` rows of
+        // Parameters in the order `gemv::kernel` documents; `w` holds `rows` rows of
         // `row_bytes`, `xq` `ntok` rows of q8_1 tiles, `y` `ntok x rows` floats.
-        unsafe { l.launch(lc) }?;
-        self.profile_mark(&name)
+        self.launch(
+            &name,
+            l,
+            &[
+                Arg::P(w),
+                Arg::P(xq),
+                Arg::P(y),
+                Arg::U(nrows),
+                Arg::U(cols.div_ceil(TILE) as u32),
+                Arg::U(row_bytes as u32),
+                Arg::U(0),
+            ],
+        )
     }
 
     /// `q = quantize_q8_1(x)` for `n` rows of `k` floats.
     fn quantize_q8_1(&self, x: u64, q: u64, k: usize, n: usize) -> Result<(), CudaError> {
-        use smelt_cuda::PushKernelArg;
-        let f = self.gpu.function(catalog::QUANTIZE)?;
         let (len, ntiles) = (k as u32, k.div_ceil(TILE) as u32);
-        let lc = smelt_cuda::LaunchConfig {
-            grid_dim: (ntiles.div_ceil(act::QUANTIZE_WARPS), n as u32, 1),
-            block_dim: (32, act::QUANTIZE_WARPS, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut l = self.gpu.stream().launch_builder(&f);
-        l.arg(&x).arg(&q).arg(&len).arg(&ntiles);
-        // SAFETY: parameters as `act::quantize_kernel` documents; `q` holds n rows of tiles.
-        unsafe { l.launch(lc) }?;
-        self.profile_mark(catalog::QUANTIZE)
+        let l = smelt_kernels::ops::Launch::new(
+            (ntiles.div_ceil(act::QUANTIZE_WARPS), n as u32, 1),
+            (32, act::QUANTIZE_WARPS, 1),
+        );
+        // Parameters as `act::quantize_kernel` documents; `q` holds n rows of tiles.
+        self.launch(
+            catalog::QUANTIZE,
+            l,
+            &[Arg::P(x), Arg::P(q), Arg::U(len), Arg::U(ntiles)],
+        )
     }
 
     fn copy_rows(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
@@ -1018,7 +1053,10 @@ impl Backend for Cuda {
         v: &CudaTensor,
         seqs: &[AttnSeq<'_>],
     ) {
-        self.run(|| {
+        self.run_raw(|| {
+            self.flush_gemv()?;
+            self.flush_add()?;
+            *lock(&self.quantized) = None;
             let s = self.step_ptrs()?;
             if s.n_seqs != seqs.len() {
                 return Err(CudaError::BadLength {
@@ -1026,6 +1064,15 @@ impl Backend for Cuda {
                     got: seqs.len(),
                     want: s.n_seqs,
                 });
+            }
+            // A decode row's deferred rope of Q|K ends with this K: rope and append in one
+            // launch.
+            let pending = lock(&self.pending_rope).take();
+            if let Some(r) = pending {
+                if self.fuse_rope_kv && self.can_rope_kv(&r, kv, k, v, &s) {
+                    return self.op_rope_kv(&r, kv, layer, v, &s);
+                }
+                self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors)?;
             }
             self.op_kv_write(kv, layer, k, v, &s)
         });

@@ -2,20 +2,14 @@
 //! parameters in the order each kernel documents, launch dimensions from the kernel's own
 //! helper.
 
-use smelt_cuda::{CudaError, LaunchConfig, PushKernelArg};
+use smelt_cuda::{CudaError, LaunchConfig};
 use smelt_kernels::ops::{self, Launch};
 
-use super::{Cuda, CudaKv, CudaTensor, CudaWeight, StepPtrs};
+use super::{Cuda, CudaKv, CudaTensor, CudaWeight, PendingRope, StepPtrs};
 use crate::backend::{AttnParams, Glu, RopeParams, RopeStyle};
 
 /// One kernel parameter.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Arg {
-    /// A device address.
-    P(u64),
-    U(u32),
-    F(f32),
-}
+pub(crate) use smelt_cuda::KernelParam as Arg;
 
 fn u32_of(n: usize, what: &'static str) -> Result<u32, CudaError> {
     u32::try_from(n).map_err(|_| CudaError::BadLength {
@@ -35,18 +29,11 @@ fn norm_launch(n_chunks: usize, n: usize) -> Launch {
 }
 
 impl Cuda {
-    /// Launches kernel `name` with `args` (in the kernel's documented order).
+    /// Launches kernel `name` with `args` (in the kernel's documented order): the one
+    /// launch site of the backend, so every kernel of a step is a programmatic dependent
+    /// launch on sm_90 ([`smelt_cuda::Gpu::launch`]).
     pub(crate) fn launch(&self, name: &str, l: Launch, args: &[Arg]) -> Result<(), CudaError> {
         let f = self.gpu.function(name)?;
-        let stream = self.gpu.stream();
-        let mut b = stream.launch_builder(&f);
-        for a in args {
-            match a {
-                Arg::P(p) => b.arg(p),
-                Arg::U(u) => b.arg(u),
-                Arg::F(x) => b.arg(x),
-            };
-        }
         let cfg = LaunchConfig {
             grid_dim: l.grid,
             block_dim: l.block,
@@ -54,7 +41,7 @@ impl Cuda {
         };
         // SAFETY: every caller passes the parameters its kernel documents, with buffers of
         // the sizes the shapes imply (checked by the callers).
-        unsafe { b.launch(cfg) }?;
+        unsafe { self.gpu.launch(&f, cfg, args) }?;
         self.profile_mark(name)
     }
 
@@ -341,6 +328,77 @@ impl Cuda {
                 Arg::U(n_rot as u32),
                 Arg::F(ops::rope::theta_scale(p.freq_base, n_rot)),
                 Arg::F(p.freq_scale),
+            ],
+        )
+    }
+
+    /// Whether the deferred rope `r` and the KV write of `k`, `v` can run as one
+    /// `rope_kv` launch: one sequence of one token, `r` ropes a whole row of Q heads then
+    /// K heads ending with `k`, every dimension rotated, `v` one row.
+    pub(crate) fn can_rope_kv(
+        &self,
+        r: &PendingRope,
+        kv: &CudaKv,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        s: &StepPtrs,
+    ) -> bool {
+        let hd = r.head_dim;
+        s.n_seqs == 1
+            && s.max_tokens == 1
+            && r.x.rows == 1
+            && k.rows == 1
+            && v.rows == 1
+            && hd > 0
+            && r.p.n_rot == hd
+            && k.cols == kv.kv_dim
+            && v.cols == kv.kv_dim
+            && kv.kv_dim.is_multiple_of(hd)
+            && r.x.cols.is_multiple_of(hd)
+            && r.x.cols > kv.kv_dim
+            && r.x.ptr + ((r.x.cols - kv.kv_dim) * 4) as u64 == k.ptr
+    }
+
+    /// The deferred rope `r` of one row's Q|K and the KV append of its K and `v`, in one
+    /// launch (see [`Self::can_rope_kv`]).
+    pub(crate) fn op_rope_kv(
+        &self,
+        r: &PendingRope,
+        kv: &CudaKv,
+        layer: usize,
+        v: &CudaTensor,
+        s: &StepPtrs,
+    ) -> Result<(), CudaError> {
+        let (Some(kc), Some(vc)) = (kv.k.get(layer), kv.v.get(layer)) else {
+            return Err(CudaError::Init(format!(
+                "rope_kv: no layer {layer} in the cache"
+            )));
+        };
+        let hd = r.head_dim;
+        let n_head_kv = kv.kv_dim / hd;
+        let n_head = (r.x.cols - kv.kv_dim) / hd;
+        let style = match r.p.style {
+            RopeStyle::Normal => ops::rope::RopeStyle::Normal,
+            RopeStyle::Neox => ops::rope::RopeStyle::Neox,
+        };
+        self.launch(
+            ops::rope::kv_name(style),
+            ops::rope::kv_launch(n_head, n_head_kv, hd),
+            &[
+                Arg::P(r.x.ptr),
+                Arg::P(r.positions),
+                Arg::P(r.freq_factors),
+                Arg::P(v.ptr),
+                Arg::P(self.gpu.ptr(kc)),
+                Arg::P(self.gpu.ptr(vc)),
+                Arg::P(s.descs),
+                Arg::P(s.block_tables),
+                Arg::U(u32_of(n_head, "rope_kv heads")?),
+                Arg::U(u32_of(n_head_kv, "rope_kv kv heads")?),
+                Arg::U(u32_of(hd, "rope_kv head_dim")?),
+                Arg::U(u32_of(kv.block_size, "rope_kv block size")?),
+                Arg::F(ops::rope::theta_scale(r.p.freq_base, hd)),
+                Arg::F(r.p.freq_scale),
             ],
         )
     }
