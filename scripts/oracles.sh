@@ -20,6 +20,14 @@ fi
 if ! "$py" -c 'import safetensors, tokenizers' 2>/dev/null; then
   "$py" -m pip install -q --disable-pip-version-check 'safetensors==0.8.0' 'tokenizers==0.23.3' >&2
 fi
+# The CPU engine reproduces llama.cpp's AVX-512 build bit for bit, so that is the oracle's build;
+# on a CPU without AVX-512 it dies with SIGILL. Say so once, loudly, instead of leaving dozens
+# of tests to fail with a signal.
+if ! grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
+  echo "oracles: WARNING: this CPU has no AVX-512 (no avx512f in /proc/cpuinfo): the llama.cpp" >&2
+  echo "oracles: oracle is its AVX-512 build (the bits the CPU engine reproduces) and will stop" >&2
+  echo "oracles: with SIGILL; every test that runs it fails on this machine" >&2
+fi
 if ! "$py" -c 'import llama_cpp' 2>/dev/null; then
   echo "oracles: building llama-cpp-python 0.3.36 (15-20 minutes on 2 cores, once per machine)" >&2
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
