@@ -712,6 +712,7 @@ unsafe fn reduce8(t3: &[__m256; 8]) -> __m256 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
+#[allow(clippy::needless_range_loop)] // `i` picks both the key and its slot in every row
 unsafe fn dot8_keys_rows<const R: usize>(w: &View<'_>, j: usize, q: &[f32]) -> [__m256; R] {
     let hd = w.hd;
     debug_assert!(q.len() >= R * hd && hd.is_multiple_of(16));

@@ -234,7 +234,7 @@ mod tests {
             s ^= s << 5;
             v.push(f32::from_bits(s & 0xc3ff_ffff)); // |x| < 2^8 or so, both signs
         }
-        while v.len() % 16 != 0 {
+        while !v.len().is_multiple_of(16) {
             v.push(1.5);
         }
         v

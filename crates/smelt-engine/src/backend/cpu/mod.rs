@@ -7,7 +7,7 @@ pub mod act_quant;
 mod attention;
 pub mod ggml_dot;
 pub mod ggml_math;
-pub mod ggml_simd;
+pub(crate) mod ggml_simd;
 pub mod matmul;
 
 use std::sync::{Arc, OnceLock};
