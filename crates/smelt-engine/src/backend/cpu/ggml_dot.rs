@@ -82,6 +82,11 @@ impl GgmlDot for BlockQ4K {
 
     #[inline(always)]
     fn ggml_dot(x: &[Self], y: &[BlockQ8K]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
+            return unsafe { x86::q4_k_gemv(x, y) };
+        }
         q4_k_repacked::<false>(x, y)
     }
     #[inline(always)]
@@ -89,7 +94,7 @@ impl GgmlDot for BlockQ4K {
         if t < n_tok - n_tok % 4 {
             q4_k_gemm(x, y)
         } else {
-            q4_k_repacked::<false>(x, y)
+            Self::ggml_dot(x, y)
         }
     }
 }
@@ -395,6 +400,54 @@ mod x86 {
         let ax = _mm256_sign_epi8(x, x);
         let sy = _mm256_sign_epi8(y, x);
         mul_sum_us8_pairs_float(ax, sy)
+    }
+
+    /// [`q4_k_repacked`]`::<false>` (the repacked gemv's order) with the exact integer sums
+    /// of each super-block formed eight lanes at a time.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q4_k_gemv(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+        let m4 = _mm256_set1_epi8(15);
+        let (mut acc, mut acc_min) = (0f32, 0f32);
+        for (a, b) in x.iter().zip(y) {
+            let d = h2f(a.d) * b.d;
+            let dmin = h2f(a.dmin) * b.d;
+            let mut sc = [0i16; 8];
+            let mut mins = [0i16; 16];
+            for j in 0..8 {
+                let (s, m) = scale_min_k4(j, &a.scales);
+                sc[j] = s as i16;
+                mins[2 * j] = m as i16;
+                mins[2 * j + 1] = m as i16;
+            }
+            let mut vi = _mm256_setzero_si256();
+            for p in 0..4 {
+                let v = _mm256_loadu_si256(a.qs.as_ptr().add(32 * p).cast());
+                let lo = _mm256_and_si256(v, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                let y0 = _mm256_loadu_si256(b.qs.as_ptr().add(64 * p).cast());
+                let y1 = _mm256_loadu_si256(b.qs.as_ptr().add(64 * p + 32).cast());
+                let s0 = _mm256_set1_epi16(sc[2 * p]);
+                let s1 = _mm256_set1_epi16(sc[2 * p + 1]);
+                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), s0);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), s1);
+                vi = _mm256_add_epi32(vi, _mm256_add_epi32(p0, p1));
+            }
+            let vm = _mm256_madd_epi16(
+                _mm256_loadu_si256(b.bsums.as_ptr().cast()),
+                _mm256_loadu_si256(mins.as_ptr().cast()),
+            );
+            acc = (hsum_i32_8(vi) as f32).mul_add(d, acc);
+            acc_min = (hsum_i32_8(vm) as f32).mul_add(dmin, acc_min);
+        }
+        acc - acc_min
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn hsum_i32_8(v: __m256i) -> i32 {
+        let s4 = _mm_add_epi32(_mm256_extracti128_si256(v, 1), _mm256_castsi256_si128(v));
+        let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+        _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2)))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -855,6 +908,11 @@ mod tests {
             assert_eq!(
                 portable::q6_k(&w, &x).to_bits(),
                 BlockQ6K::ggml_dot(&w, &x).to_bits()
+            );
+            let (w, x) = blocks::<BlockQ4K>(&mut rng, 1024);
+            assert_eq!(
+                q4_k_repacked::<false>(&w, &x).to_bits(),
+                BlockQ4K::ggml_dot(&w, &x).to_bits()
             );
         }
     }
