@@ -400,6 +400,59 @@ mod tests {
     }
 
     #[test]
+    fn fused_twin_ropes_q_and_k_and_stores_k_and_v_at_the_slot() {
+        use crate::ops::kv::SeqDesc;
+        let h = |x: f32| smelt_quant::fp::f32_to_f16(x).to_bits();
+        // One Q head and one K head of 4 dims; position 5 in blocks of 4: block table
+        // [_, 2, 0] from offset 1, so position 5 is in block 0 at offset 1: cache row 1.
+        let x0: Vec<f32> = (0..8).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let v = [0.5f32, -0.25, 2.0, 3.0];
+        let (mut kc, mut vc) = (vec![0u16; 3 * 4 * 4], vec![0u16; 3 * 4 * 4]);
+        let seq = SeqDesc {
+            row: 0,
+            n_tokens: 1,
+            start_pos: 5,
+            block_table_offset: 1,
+        };
+        let mut x = x0.clone();
+        let style = RopeStyle::Normal;
+        rope_kv_cpu(
+            &mut x,
+            &v,
+            &mut kc,
+            &mut vc,
+            seq,
+            &[9, 2, 0],
+            1,
+            1,
+            4,
+            4,
+            style,
+            10000.0,
+            1.0,
+            None,
+        );
+        let mut want = x0;
+        rope_cpu(&mut want, &[5], 8, 4, 4, style, 10000.0, 1.0, None);
+        assert_eq!(x, want);
+        let slot = 1;
+        let k16: Vec<u16> = want[4..].iter().map(|&f| h(f)).collect();
+        assert_eq!(&kc[slot * 4..slot * 4 + 4], &k16[..]);
+        let v16: Vec<u16> = v.iter().map(|&f| h(f)).collect();
+        assert_eq!(&vc[slot * 4..slot * 4 + 4], &v16[..]);
+        assert_eq!(kc.iter().filter(|&&b| b != 0).count(), 4);
+        assert_eq!(kv_launch(32, 8, 128).grid, (1, 48, 1));
+        // sm_90 PTX waits for the kernel before it; sm_80 PTX has no griddepcontrol.
+        for (target, has) in [(Target::Sm80, false), (Target::Sm90, true)] {
+            let mut m = Module::new(target);
+            m.set_grid_dep(smelt_ptx::GridDep::ALL);
+            m.kernel(kv_name(style), |k| rope_kv_kernel(k, style))
+                .unwrap();
+            assert_eq!(m.to_ptx().contains("griddepcontrol.wait"), has);
+        }
+    }
+
+    #[test]
     fn twin_rotates_pairs() {
         let mut x = vec![1.0, 0.0, 0.0, 1.0];
         rope_cpu(&mut x, &[1], 4, 4, 4, RopeStyle::Normal, 10000.0, 1.0, None);
