@@ -282,19 +282,7 @@ pub fn kernel(k: &Kernel, style: RopeStyle) {
     let row = k.ctaid_x();
     let head = k.ctaid_y();
     let p = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(pos, row, 4));
-    let t = k.cvt(k.reg::<F32>(), p, FloatRound::Rn);
-    k.for_count(i, |k, _| {
-        k.mul(t, t, theta_scale);
-    });
-    let has_ff = k.cmp(smelt_ptx::Cmp::Ne, ff_raw, 0u64);
-    k.if_(has_ff, |k| {
-        let ff = k.reg::<U64>();
-        k.raw(format!("cvta.to.global.u64 {ff}, {ff_raw}"));
-        let f = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(ff, i, 4));
-        k.div_rn(t, t, f);
-    });
-    let theta = k.mul(k.reg(), t, freq_scale);
-    let (sin, cos) = sincos(k, theta);
+    let (sin, cos) = angle(k, p, i, ff_raw, theta_scale, freq_scale);
 
     let first = k.mad(k.reg(), row, cols, 0u32);
     k.mad(first, head, head_dim, first);
