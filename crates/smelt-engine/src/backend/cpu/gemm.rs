@@ -24,6 +24,8 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 use smelt_quant::fp::f16_to_f32;
+
+use crate::backend::cpu::ggml_dot::x86::{bytes_from_bits_32, bytes_from_nibbles_32};
 use smelt_quant::kquants::{BlockQ4K, BlockQ6K, BlockQ8K};
 use smelt_quant::legacy::{BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 
@@ -151,37 +153,13 @@ pub(super) trait LegacyTiled: Sized + Sync {
     fn act_s(a: &Self::Act) -> f32;
 }
 
-/// ggml's `bytes_from_nibbles_32`: low nibbles, then high nibbles.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
-    let tmp = _mm_loadu_si128(qs.as_ptr().cast());
-    let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
-    _mm256_and_si256(_mm256_set1_epi8(0xF), bytes)
-}
-
-/// ggml's `bytes_from_bits_32`: byte `j` is 0xFF where bit `j` is set.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn bytes_from_bits_32(qh: [u8; 4]) -> __m256i {
-    let shuf = _mm256_set_epi64x(
-        0x0303_0303_0303_0303,
-        0x0202_0202_0202_0202,
-        0x0101_0101_0101_0101,
-        0,
-    );
-    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(i32::from_le_bytes(qh)), shuf);
-    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
-    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
-}
-
 impl LegacyTiled for BlockQ4_1 {
     type Act = BlockQ8_1;
     const UNSIGNED: bool = true;
     #[inline(always)]
     unsafe fn unpack(&self) -> LegacyBlk {
         LegacyBlk {
-            ux: nibbles(&self.qs),
+            ux: bytes_from_nibbles_32(&self.qs),
             sx: _mm256_setzero_si256(),
             d: f16_to_f32(self.d),
             m: f16_to_f32(self.m),
@@ -216,7 +194,7 @@ impl LegacyTiled for BlockQ5_0 {
     unsafe fn unpack(&self) -> LegacyBlk {
         // The nibble minus 16 where the fifth bit is clear (as ggml's Q5_0 dot forms it).
         let hi = _mm256_andnot_si256(bytes_from_bits_32(self.qh), _mm256_set1_epi8(0xF0u8 as i8));
-        signed_blk(_mm256_or_si256(nibbles(&self.qs), hi), self.d)
+        signed_blk(_mm256_or_si256(bytes_from_nibbles_32(&self.qs), hi), self.d)
     }
     fn act_qs(a: &BlockQ8_0) -> &[i8; 32] {
         &a.qs

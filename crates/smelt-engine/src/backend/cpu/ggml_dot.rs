@@ -350,7 +350,7 @@ impl GgmlDot for BlockQ6K {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     //! The AVX2 + FMA kernels, instruction for instruction ggml's.
     use super::*;
     use std::arch::x86_64::*;
@@ -365,17 +365,19 @@ mod x86 {
         _mm_cvtss_f32(res)
     }
 
+    /// ggml's `bytes_from_nibbles_32`: low nibbles, then high nibbles.
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn bytes_from_nibbles_32(qs: &[u8; 16]) -> __m256i {
+    pub(in crate::backend::cpu) unsafe fn bytes_from_nibbles_32(qs: &[u8; 16]) -> __m256i {
         let tmp = _mm_loadu_si128(qs.as_ptr().cast());
         let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
         _mm256_and_si256(_mm256_set1_epi8(0xF), bytes)
     }
 
+    /// ggml's `bytes_from_bits_32`: byte `j` is 0xFF where bit `j` is set.
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn bytes_from_bits_32(qh: [u8; 4]) -> __m256i {
+    pub(in crate::backend::cpu) unsafe fn bytes_from_bits_32(qh: [u8; 4]) -> __m256i {
         let shuf = _mm256_set_epi64x(
             0x0303_0303_0303_0303,
             0x0202_0202_0202_0202,
