@@ -534,9 +534,15 @@ mod speed {
         fn clock_gettime(clk: i32, ts: *mut libc_timespec) -> i32;
     }
 
+    /// The tiled batch kernels give the packed path's bits at prefill shapes, and (the reason
+    /// this runs at all sizes) their speed: one rep by default, `SMELT_MATMUL_REPS=5` for
+    /// numbers worth recording (CPU time, one thread, best of the reps, paths alternating).
     #[test]
-    #[ignore]
     fn matmul_speed() {
+        let reps: usize = std::env::var("SMELT_MATMUL_REPS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1);
         use rand::{Rng, SeedableRng};
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
@@ -559,19 +565,25 @@ mod speed {
             let x: Vec<f32> = (0..n_tok * cols)
                 .map(|_| rng.gen_range(-2.0..2.0))
                 .collect();
-            let mut out = vec![0f32; n_tok * rows];
-            // Packed (pre-tile) path and tiles alternating, best of five each.
+            let mut outs = [vec![0f32; n_tok * rows], vec![0f32; n_tok * rows]];
+            // Packed (pre-tile) path and tiles alternating, best of the reps each.
             let mut best = [f64::MAX; 2];
-            for _ in 0..5 {
+            for _ in 0..reps.max(1) {
                 for (k, tiles) in [false, true].into_iter().enumerate() {
+                    let out = &mut outs[k];
                     let t = pool.install(|| {
                         let t0 = cpu_time();
-                        matmul_with(ty, &w, rows, cols, cols, &x, &mut out, tiles).unwrap();
+                        matmul_with(ty, &w, rows, cols, cols, &x, out, tiles).unwrap();
                         cpu_time() - t0
                     });
                     best[k] = best[k].min(t);
                 }
             }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert!(
+                bits(&outs[0]) == bits(&outs[1]),
+                "{ty}: tiled batch differs from the packed path"
+            );
             let macs = (rows * cols * n_tok) as f64;
             eprintln!(
                 "{ty} {rows}x{cols} x {n_tok} tokens, 1 thread: packed {:.1} ms ({:.1} GMAC/s), tiled {:.1} ms ({:.1} GMAC/s), {:.2}x",
