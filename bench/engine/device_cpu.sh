@@ -112,6 +112,7 @@ case "${1:-}" in
         echo "avx512: $(grep -o 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
         echo "cpu0 siblings: $(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list 2>/dev/null)"
         python3 -V; command -v python3; gcc --version | head -1; cmake --version | head -1
+        env | grep -E '^(C|CXX|LD|CPP)FLAGS=|^CMAKE|^LD_|^CC=|^CXX=' || echo "no compiler/linker flags in the environment"
         python3 -c 'import numpy, scikit_build_core, jinja2, typing_extensions; print("numpy", numpy.__version__, "skbuild", scikit_build_core.__version__)' || echo "python3 lacks a build need (numpy/scikit-build-core/jinja2)"
       } 2>&1 | tee "$out/probe.log"
       touch "$store/ok/probe"
@@ -254,6 +255,54 @@ for row in sys.argv[1:]:
     fi
     echo "== done ($((SECONDS - t0)) s)"
     exit $status
+    ;;
+  diag)
+    # Why the llama.cpp oracle dies there (model loads crashed with no message on the first
+    # run, 2026-11-25): one call with .gpu-h6-1 only. SmolLM2's first bytes (its metadata and
+    # vocabulary) come with that piece; the file is padded with zeros to its size, so
+    # llama.cpp loads it (zero weights past the cut). Builds the oracle in the foreground,
+    # then loads vocab-only and whole, with the default and a large stack, and takes a
+    # backtrace of a crash with cuda-gdb (the only gdb there).
+    out=${OUT:-bench/out}; mkdir -p "$out" /tmp/h6d; p1=$(pwd)/.gpu-h6-1; cd /tmp/h6d
+    tar -xzf "$p1/kit.tar"
+    tar -xf "$p1/models.tar.part00" 2>/dev/null || true
+    m=/tmp/h6d/${models[0]}
+    truncate -s 98362432 "$m"  # SmolLM2-135M-Instruct.Q4_1.gguf's size
+    ls -la "$m"; ulimit -a | tee "$out/ulimit.log"
+    mkdir -p /tmp/site && tar -xzf kit/llcpp-slim.tgz
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site kit/*.whl
+    CMAKE_ARGS="$oracle_cmake" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install -q --no-build-isolation \
+      --no-deps --no-index --target /tmp/site ./llama_cpp_python-*/ > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+    export PYTHONPATH=/tmp/site
+    # First run: the crash's frame #0 was a libstdc++ symbol inside libggml.so (a local build
+    # exports none): is libstdc++ linked into it statically (two std::locale copies)?
+    env | grep -E '^(C|CXX|LD|CPP)FLAGS=|^CMAKE|^LD_|^CC=|^CXX=' || true
+    for l in /tmp/site/llama_cpp/lib/lib{ggml,ggml-base,ggml-cpu,llama}.so; do
+      echo "$l: $(nm -DC --defined-only "$l" | grep -c 'std::' ) std:: exports, $(nm -C "$l" 2>/dev/null | grep -c codecvt) codecvt symbols; $(ldd "$l" | grep -o 'libstdc++[^ ]* => [^ ]*')"
+    done
+    cat > /tmp/h6d/t.py <<'PY'
+import sys
+from llama_cpp import Llama
+mode = sys.argv[2]
+llm = Llama(model_path=sys.argv[1], vocab_only=(mode == "vocab"), n_ctx=64, n_threads=2, verbose=True)
+ids = llm.tokenize(b"Hello world, this is a test.", add_bos=True)
+print("ids", ids, flush=True)
+if mode == "full":
+    llm.eval(ids)
+    print("eval ok", flush=True)
+PY
+    for mode in vocab full; do
+      for st in default 1048576; do
+        rc=0
+        if [ $st = default ]; then python3 -X faulthandler t.py "$m" $mode > "$out/$mode-$st.log" 2>&1 || rc=$?
+        else (ulimit -s $st; python3 -X faulthandler t.py "$m" $mode) > "$out/$mode-$st.log" 2>&1 || rc=$?; fi
+        echo "== $mode stack=$st rc=$rc: $(grep -E '^(ids|eval ok)|Fatal Python|Segmentation' "$out/$mode-$st.log" | tr '\n' ' ' | cut -c1-200)"
+      done
+    done
+    if command -v cuda-gdb >/dev/null; then
+      timeout 120 cuda-gdb -batch -ex run -ex bt -ex 'info registers rip' -ex 'x/4i $pc' --args python3 t.py "$m" vocab > "$out/gdb-vocab.log" 2>&1 || true
+      grep -E "^#|SIG|rip|=>" "$out/gdb-vocab.log" | head -40
+    fi
     ;;
   *)
     sed -n 2,27p "$0" >&2
