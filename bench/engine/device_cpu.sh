@@ -15,7 +15,7 @@
 #   bench/engine/device_cpu.sh split
 #     builds the test binaries (smelt-engine llama_cpp, llama_layers, ggml_kernels; smelt run)
 #     and smelt, packs the kit into .gpu-h6-1 and the models (SmolLM2 first) into
-#     .gpu-h6-1 .. .gpu-h6-N (PIECE_MIB, default 59 MiB a call), each with a MANIFEST.
+#     .gpu-h6-1 .. .gpu-h6-N (PIECE_MIB, default 51 MiB: 59 overflowed the 64 MiB call with the 5.5 MB tree), each with a MANIFEST.
 # There, N calls back to back (device tool, kind nvidia-h200 or nvidia-h100-x1):
 #   command "bash bench/engine/device_cpu.sh run", carry [".gpu-h6-K"], K = 1..N in order.
 # Each call stores what it carried in $H6_STORE (default /root/h6store); the call that
@@ -23,6 +23,7 @@
 # pass/fail per test) and then the speed table on two CPUs (taskset, both engines, same
 # prompt ids, best of REPS=3, alternating), table last ($OUT/speed.log).
 # Environment there: H6_ONLY=tests|speed (one phase), REPS, TEST_TIMEOUT (s per binary, 240).
+# Diagnosis of the oracle crash (one call, carry [".gpu-h6-1"]): bash bench/engine/device_cpu.sh diag
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 models=(SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf)
@@ -76,7 +77,7 @@ case "${1:-}" in
     (cd "$kit" && sha256sum bin/* > BIN.sha256)
     tar -czf "$stage/kit.tar" -C "$stage" kit  # gzipped: the binaries shrink ~3x
     tar -cf "$stage/models.tar" -C .models "${models[@]}"
-    piece=$(( ${PIECE_MIB:-59} * 1024 * 1024 ))
+    piece=$(( ${PIECE_MIB:-51} * 1024 * 1024 ))
     kitsz=$(stat -c %s "$stage/kit.tar")
     first=$(( piece - kitsz ))
     [ $first -gt 0 ] || { echo "the kit ($kitsz bytes) fills a whole piece" >&2; exit 1; }
@@ -305,7 +306,7 @@ PY
     fi
     ;;
   *)
-    sed -n 2,27p "$0" >&2
+    sed -n 2,28p "$0" >&2
     exit 2
     ;;
 esac
