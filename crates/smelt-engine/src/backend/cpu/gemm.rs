@@ -25,7 +25,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 use smelt_quant::fp::f16_to_f32;
 
-use crate::backend::cpu::ggml_dot::x86::{bytes_from_bits_32, bytes_from_nibbles_32};
+use crate::backend::cpu::ggml_dot::x86::{bytes_from_bits_32, bytes_from_nibbles_32, hsum_float_8};
 use smelt_quant::kquants::{BlockQ4K, BlockQ6K, BlockQ8K};
 use smelt_quant::legacy::{BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 
@@ -78,16 +78,6 @@ fn scratch_as<T: bytemuck::Pod>(s: &mut Vec<__m256i>, n_bytes: usize) -> &mut [T
     let bytes: &mut [u8] =
         unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), n * 32) };
     bytemuck::cast_slice_mut(&mut bytes[..n_bytes - n_bytes % std::mem::size_of::<T>()])
-}
-
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn hsum_float_8(x: __m256) -> f32 {
-    let mut res = _mm256_extractf128_ps(x, 1);
-    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-    res = _mm_add_ss(res, _mm_movehdup_ps(res));
-    _mm_cvtss_f32(res)
 }
 
 /// Eight vectors of i32 lanes to one vector of their eight lane sums (exact).

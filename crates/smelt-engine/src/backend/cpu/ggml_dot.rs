@@ -355,9 +355,10 @@ pub(super) mod x86 {
     use super::*;
     use std::arch::x86_64::*;
 
+    /// ggml's `hsum_float_8`: the eight lanes summed in its order.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    pub(super) unsafe fn hsum_float_8(x: __m256) -> f32 {
+    pub(in crate::backend::cpu) unsafe fn hsum_float_8(x: __m256) -> f32 {
         let mut res = _mm256_extractf128_ps(x, 1);
         res = _mm_add_ps(res, _mm256_castps256_ps128(x));
         res = _mm_add_ps(res, _mm_movehl_ps(res, res));
