@@ -345,6 +345,18 @@ unsafe fn batch_rows_fma<B: GgmlDot>(job: &BatchJob<'_, B>, o: &mut [f32], r0: u
 mod tests {
     use super::*;
 
+    /// `rows` rows of `cols` weights quantized to `ty`, row `r` taken from `wf` at
+    /// `r * cols` (wrapping, so one row of `wf` makes a matrix of equal rows).
+    pub(super) fn quantized_rows(ty: GgmlType, wf: &[f32], rows: usize, cols: usize) -> Vec<u8> {
+        let rb = ty.type_size() * cols / ty.block_size();
+        let mut w = vec![0u8; rows * rb];
+        for (r, out) in w.chunks_exact_mut(rb).enumerate() {
+            let at = r * cols % wf.len();
+            smelt_quant::quantize_row(ty, &wf[at..at + cols], out).unwrap();
+        }
+        w
+    }
+
     /// The batched path gives each token exactly what a one-token call gives it, for the
     /// formats whose batch kernel in ggml has the single-token order (repacked Q4_K and
     /// tiled Q6_K batches have their own, checked against ggml in tests/ggml_kernels.rs).
@@ -362,15 +374,7 @@ mod tests {
             GgmlType::F32,
         ] {
             let rb = ty.type_size() * cols / ty.block_size();
-            let mut w = vec![0u8; rows * rb];
-            for r in 0..rows {
-                smelt_quant::quantize_row(
-                    ty,
-                    &wf[r * cols..(r + 1) * cols],
-                    &mut w[r * rb..(r + 1) * rb],
-                )
-                .unwrap();
-            }
+            let w = quantized_rows(ty, &wf, rows, cols);
             let x: Vec<f32> = (0..n_tok * cols)
                 .map(|_| rng.gen_range(-2.0..2.0))
                 .collect();
@@ -423,11 +427,7 @@ mod tests {
             GgmlType::Q4_1,
         ] {
             let rb = ty.type_size() * cols / ty.block_size();
-            let mut w = vec![0u8; rows * rb];
-            for r in 0..rows {
-                let row = &wf[r * cols..(r + 1) * cols];
-                smelt_quant::quantize_row(ty, row, &mut w[r * rb..(r + 1) * rb]).unwrap();
-            }
+            let w = quantized_rows(ty, &wf, rows, cols);
             for n_tok in (1..=13).chain([70]) {
                 let x: Vec<f32> = (0..n_tok * cols)
                     .map(|_| rng.gen_range(-2.0..2.0))
@@ -514,6 +514,7 @@ mod tests {
 /// `cargo test --release -p smelt-engine --lib matmul_speed -- --ignored --nocapture`.
 #[cfg(test)]
 mod speed {
+    use super::tests::quantized_rows;
     use super::*;
 
     fn cpu_time() -> f64 {
@@ -556,12 +557,8 @@ mod speed {
             (GgmlType::Q4_K, 640, 2048),
             (GgmlType::Q6_K, 640, 2048),
         ] {
-            let rb = ty.type_size() * cols / ty.block_size();
-            let mut w = vec![0u8; rows * rb];
             let wf: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            for r in 0..rows {
-                smelt_quant::quantize_row(ty, &wf, &mut w[r * rb..(r + 1) * rb]).unwrap();
-            }
+            let w = quantized_rows(ty, &wf, rows, cols);
             let x: Vec<f32> = (0..n_tok * cols)
                 .map(|_| rng.gen_range(-2.0..2.0))
                 .collect();
