@@ -29,6 +29,10 @@ cd "$(dirname "$0")/../.."
 models=(SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf)
 # The oracle's build, as scripts/oracles.sh (GGML_NATIVE off, AVX-512 on, AMX off); the
 # llama.cpp tools/examples/tests are not built (they change no library bit, only build time).
+# The GPU image sets CC/CXX to a newer GCC under /opt/gcc whose libstdc++ is not the one loaded
+# at run time: llama.cpp's std::regex (BPE vocabularies) then crashes in a mismatched symbol
+# (codecvt::do_unshift from _BracketMatcher::_M_ready, 2026-11-25). Build with the system's.
+[ -x /usr/bin/g++ ] && export CC=/usr/bin/gcc CXX=/usr/bin/g++
 oracle_cmake="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF"
 
 # Executable paths of the test binaries that `cargo test --no-run` builds, from its JSON.
@@ -300,6 +304,18 @@ PY
         echo "== $mode stack=$st rc=$rc: $(grep -E '^(ids|eval ok)|Fatal Python|Segmentation' "$out/$mode-$st.log" | tr '\n' ' ' | cut -c1-200)"
       done
     done
+    # The crash is in std::regex's bracket matcher (locale-dependent ctype/codecvt): try the
+    # vocab load under other locales.
+    echo "locale env: LANG=${LANG:-} LC_ALL=${LC_ALL:-} LC_CTYPE=${LC_CTYPE:-}"
+    for loc in C C.UTF-8 POSIX; do
+      rc=0; LC_ALL=$loc LANG=$loc python3 -X faulthandler t.py "$m" vocab > "$out/vocab-$loc.log" 2>&1 || rc=$?
+      echo "== vocab LC_ALL=$loc rc=$rc: $(grep -E '^ids|Fatal Python|Segmentation' "$out/vocab-$loc.log" | tr '\n' ' ' | cut -c1-200)"
+    done
+    for v in ${DIAG_ENV:-}; do
+      rc=0; env -u "$v" python3 -X faulthandler t.py "$m" vocab > "$out/vocab-no-$v.log" 2>&1 || rc=$?
+      echo "== vocab without $v rc=$rc"
+    done
+    env | cut -c1-120 | grep -vE "KEY|TOKEN|SECRET" > "$out/env.log"
     if command -v cuda-gdb >/dev/null; then
       timeout 120 cuda-gdb -batch -ex run -ex bt -ex 'info registers rip' -ex 'x/4i $pc' --args python3 t.py "$m" vocab > "$out/gdb-vocab.log" 2>&1 || true
       grep -E "^#|SIG|rip|=>" "$out/gdb-vocab.log" | head -40
