@@ -11,7 +11,7 @@ threads=${1:-2}
 reps=${2:-2}
 n_prompt=512
 n_decode=128
-py=${SMELT_PYTHON:-$HOME/.cache/smelt/venv-llcpp-0.3.36/bin/python}
+py=${SMELT_PYTHON:-$(scripts/oracles.sh | tail -n1)}
 if ! "$py" -c "import llama_cpp" 2>/dev/null; then
   echo "cpu.sh: no llama-cpp-python at $py (set SMELT_PYTHON): run scripts/oracles.sh" >&2
   exit 1

@@ -13,14 +13,15 @@
 #
 # Here (after the tree to test is committed; notes the commit and any dirty files):
 #   bench/engine/device_cpu.sh split
-#     builds the test binaries (smelt-engine llama_cpp, llama_layers, ggml_kernels; smelt run)
-#     and smelt, packs the kit into .gpu-h6-1 and the models (SmolLM2 first) into
+#     builds the test binaries whose oracle answers are recorded (smelt-engine llama_cpp,
+#     llama_layers, ggml_kernels; smelt run, perplexity, synth_arch) and smelt, packs the kit into .gpu-h6-1 and the models (SmolLM2 first) into
 #     .gpu-h6-1 .. .gpu-h6-N (PIECE_MIB, default 51 MiB: 59 overflowed the 64 MiB call with the 5.5 MB tree), each with a MANIFEST.
 # There, N calls back to back (device tool, kind nvidia-h200 or nvidia-h100-x1):
 #   command "bash bench/engine/device_cpu.sh run", carry [".gpu-h6-K"], K = 1..N in order.
 # Each call stores what it carried in $H6_STORE (default /root/h6store); the call that
 # completes the set waits for the oracle build, runs the oracle tests (logs $OUT/test-*.log,
-# pass/fail per test) and then the speed table on two CPUs (taskset, both engines, same
+# pass/fail per test; SMELT_ORACLE_RECORD=1, so the oracle's answers come back in
+# $OUT/records: copy them into crates/smelt-oracle/records/ and commit) and then the speed table on two CPUs (taskset, both engines, same
 # prompt ids, best of REPS=3, alternating), table last ($OUT/speed.log).
 # Environment there: H6_ONLY=tests|speed (one phase), REPS, TEST_TIMEOUT (s per binary, 240).
 # Diagnosis of the oracle crash (one call, carry [".gpu-h6-1"]): bash bench/engine/device_cpu.sh diag
@@ -51,14 +52,14 @@ case "${1:-}" in
     for m in "${models[@]}"; do [ -s ".models/$m" ] || { echo "missing .models/$m: scripts/fetch-models.sh all" >&2; exit 1; }; done
     [ -s .peer/llcpp.tgz ] || { echo "missing .peer/llcpp.tgz: ../shared/peer/prepare.sh .peer" >&2; exit 1; }
     cargo test --release --no-run -p smelt-engine --test llama_cpp --test llama_layers --test ggml_kernels
-    cargo test --release --no-run -p smelt --test run
+    cargo test --release --no-run -p smelt --test run --test perplexity --test synth_arch
     cargo build --release -p smelt
     stage=$(mktemp -d)
     kit=$stage/kit
     mkdir -p "$kit/bin"
     { test_exes -p smelt-engine --test llama_cpp --test llama_layers --test ggml_kernels
-      test_exes -p smelt --test run; } > "$stage/exes"
-    [ "$(wc -l < "$stage/exes")" -eq 4 ] || { cat "$stage/exes"; echo "expected 4 test binaries" >&2; exit 1; }
+      test_exes -p smelt --test run --test perplexity --test synth_arch; } > "$stage/exes"
+    [ "$(wc -l < "$stage/exes")" -eq 6 ] || { cat "$stage/exes"; echo "expected 6 test binaries" >&2; exit 1; }
     while read -r crate name exe; do
       strip -o "$kit/bin/$crate.$name" "$exe"
     done < "$stage/exes"
@@ -189,6 +190,9 @@ case "${1:-}" in
     /tmp/h6py -c 'import llama_cpp; print("llama_cpp", llama_cpp.__version__, llama_cpp.__file__)' | tee -a "$log"
     status=0
     if [ "${H6_ONLY:-}" != speed ]; then
+      # The oracle's answers are recorded (smelt_oracle::run_recorded) into the tree's
+      # crates/smelt-oracle/records/ and come back in $OUT/records for CPUs without AVX-512.
+      export SMELT_ORACLE_RECORD=1
       rm -f summary
       for b in kit/bin/smelt-engine.* kit/bin/smelt.*; do
         n=$(basename "$b")
@@ -197,6 +201,8 @@ case "${1:-}" in
       done
       wait
       echo "== oracle tests ($((SECONDS - t0)) s)" | tee -a "$log"
+      rm -rf "$out/records"; cp -r /work/main/crates/smelt-oracle/records "$out/records"
+      echo "== $(ls "$out/records" | wc -l) oracle records in \$OUT/records" | tee -a "$log"
       for b in kit/bin/smelt-engine.* kit/bin/smelt.*; do
         n=$(basename "$b"); rc=$(cat "$n.rc")
         [ "$rc" = 0 ] || status=1

@@ -88,7 +88,7 @@ fn check_graph(
     if let Some(g) = graph {
         args.push(g);
     }
-    common::run_oracle("ggml_dot.py", &args);
+    common::recorded("ggml_dot.py", &args, smelt_oracle::Keep::Small);
     let want: Vec<f32> = std::fs::read(dir.path().join("out.bin"))
         .unwrap()
         .chunks_exact(4)

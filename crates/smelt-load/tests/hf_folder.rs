@@ -28,20 +28,9 @@ fn original_path() -> PathBuf {
     p
 }
 
-/// The oracle venv's python (numpy, gguf, safetensors, tokenizers); missing fails the test.
+/// The oracle's Python, shared by every crate's tests (`smelt_oracle::python`).
 fn python() -> PathBuf {
-    let p = std::env::var_os("SMELT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            Path::new(&home).join(".cache/smelt/venv-llcpp-0.3.36/bin/python")
-        });
-    assert!(
-        p.is_file(),
-        "oracle python {} is missing: run scripts/oracles.sh (or set SMELT_PYTHON)",
-        p.display()
-    );
-    p
+    smelt_oracle::python()
 }
 
 /// Writes (once per test process, fresh each run) the folder with `shards` safetensors files

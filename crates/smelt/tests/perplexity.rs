@@ -34,18 +34,21 @@ fn smelt_ppl(name: &str) -> f64 {
 
 fn llama_ppl(name: &str) -> f64 {
     let script = repo_root().join("scripts/oracle/llamacpp_perplexity.py");
-    let out = Command::new(python())
-        .arg(script)
-        .arg(model(name))
-        .arg(text())
-        .arg(CTX)
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (m, t) = (model(name), text());
+    let out = smelt_oracle::run_recorded(
+        &script,
+        &[
+            m.to_str().expect("UTF-8 path"),
+            t.to_str().expect("UTF-8 path"),
+            CTX,
+        ],
+        smelt_oracle::Keep::Small,
+    );
+    let stdout = &out.stdout;
     assert!(
-        out.status.success(),
+        out.success(),
         "llamacpp_perplexity.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
     let v: serde_json::Value =
         serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("one JSON line");

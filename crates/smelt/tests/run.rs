@@ -72,18 +72,20 @@ fn llama(model: &Path, cases: &[Value]) -> Vec<Value> {
     let file = dir.path().join("cases.json");
     std::fs::write(&file, Value::Array(cases.to_vec()).to_string()).expect("write cases");
     let script = repo_root().join("scripts/oracle/llamacpp_generate.py");
-    let out = Command::new(python())
-        .arg(&script)
-        .arg(model)
-        .arg(&file)
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let out = smelt_oracle::run_recorded(
+        &script,
+        &[
+            model.to_str().expect("UTF-8 path"),
+            file.to_str().expect("UTF-8 path"),
+        ],
+        smelt_oracle::Keep::Small,
+    );
+    let stdout = &out.stdout;
     assert!(
-        out.status.success(),
+        out.success(),
         "llamacpp_generate.py failed on {}:\n{stdout}\n{}",
         model.display(),
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
     let v: Vec<Value> = stdout
         .lines()

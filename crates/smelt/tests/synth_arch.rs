@@ -42,19 +42,21 @@ fn ids(v: &Value) -> Vec<u64> {
 
 fn llama_cpp(model: &Path, prompts_json: &Path) -> Vec<Reference> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/synth_ref.py");
-    let out = std::process::Command::new(python())
-        .arg(script)
-        .arg(model)
-        .arg(N.to_string())
-        .arg(prompts_json)
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let out = smelt_oracle::run_recorded(
+        &script,
+        &[
+            model.to_str().expect("UTF-8 path"),
+            &N.to_string(),
+            prompts_json.to_str().expect("UTF-8 path"),
+        ],
+        smelt_oracle::Keep::Small,
+    );
+    let stdout = &out.stdout;
     assert!(
-        out.status.success(),
+        out.success(),
         "llama.cpp could not run {}:\n{stdout}\n{}",
         model.display(),
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
     stdout
         .lines()

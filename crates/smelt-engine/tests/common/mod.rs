@@ -26,21 +26,9 @@ pub fn model(file: &str) -> PathBuf {
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
-/// The Python that has llama-cpp-python: `SMELT_PYTHON`, or the venv `scripts/oracles.sh`
-/// builds. Missing is a failure, never a skip.
+/// The oracle's Python, shared by every crate's tests (`smelt_oracle::python`).
 pub fn python() -> PathBuf {
-    let p = std::env::var_os("SMELT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            Path::new(&home).join(".cache/smelt/venv-llcpp-0.3.36/bin/python")
-        });
-    assert!(
-        p.is_file(),
-        "the llama.cpp oracle python {} is missing: run scripts/oracles.sh (or set SMELT_PYTHON)",
-        p.display()
-    );
-    p
+    smelt_oracle::python()
 }
 
 /// Runs an oracle script from `tests/oracle/` with arguments; panics with its stderr when
@@ -60,4 +48,20 @@ pub fn run_oracle(script: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs an oracle script from `tests/oracle/` whose answer is llama.cpp's AVX-512 build's bits
+/// (live where the CPU has AVX-512, else replayed from `smelt-oracle`'s records); panics with
+/// its stderr when it fails.
+pub fn recorded(script: &str, args: &[&str], keep: smelt_oracle::Keep) -> smelt_oracle::Answer {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/oracle")
+        .join(script);
+    let answer = smelt_oracle::run_recorded(&path, args, keep);
+    assert!(
+        answer.success(),
+        "{script} failed (if llama_cpp is missing, run scripts/oracles.sh):\n{}",
+        answer.stderr
+    );
+    answer
 }

@@ -65,22 +65,9 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The oracle Python (gguf-py 0.19.0), from `SMELT_PYTHON` or the venv `scripts/oracles.sh`
-/// makes. Missing is a failure, never a skip: a silently skipped oracle test proves nothing.
+/// The oracle's Python, shared by every crate's tests (`smelt_oracle::python`).
 pub fn python() -> PathBuf {
-    let py = match std::env::var_os("SMELT_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            Path::new(&home).join(".cache/smelt/venv-llcpp-0.3.36/bin/python")
-        }
-    };
-    assert!(
-        py.exists(),
-        "oracle python {} not found: run scripts/oracles.sh (or set SMELT_PYTHON)",
-        py.display()
-    );
-    py
+    smelt_oracle::python()
 }
 
 /// Runs one of the scripts in `tests/oracle/` and returns its stdout.

@@ -431,31 +431,9 @@ pub fn random_valid_blocks(ty: GgmlType, blocks: usize, rng: &mut Rng) -> Vec<u8
     out
 }
 
-/// The Python with the oracles: `SMELT_PYTHON`, else the venv `scripts/oracles.sh` makes.
-/// Missing is a failure, never a skip: these tests are the proof of parity.
+/// The oracle's Python, shared by every crate's tests (`smelt_oracle::python`).
 pub fn python() -> PathBuf {
-    let path = match std::env::var_os("SMELT_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            // Where scripts/oracles.sh puts it: $SMELT_CACHE, else ~/.cache/smelt.
-            let cache = std::env::var_os("SMELT_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    let home = std::env::var_os("HOME")
-                        .map(PathBuf::from)
-                        .unwrap_or_default();
-                    home.join(".cache/smelt")
-                });
-            cache.join("venv-llcpp-0.3.36/bin/python")
-        }
-    };
-    assert!(
-        path.exists(),
-        "the Python oracles are missing ({} does not exist): run scripts/oracles.sh \
-         (and set SMELT_PYTHON to the path it prints if it is not the default)",
-        path.display()
-    );
-    path
+    smelt_oracle::python()
 }
 
 /// Runs an oracle script under `scripts/oracle/`; returns (exit code, stdout + stderr).

@@ -13,22 +13,9 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The Python with llama-cpp-python 0.3.36 (`SMELT_PYTHON`, default the oracle venv). A missing
-/// oracle is a failure, never a skip.
+/// The oracle's Python, shared by every crate's tests (`smelt_oracle::python`).
 pub fn python() -> PathBuf {
-    let path = match std::env::var_os("SMELT_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            Path::new(&home).join(".cache/smelt/venv-llcpp-0.3.36/bin/python")
-        }
-    };
-    assert!(
-        path.exists(),
-        "the llama.cpp oracle's python is missing at {} (set SMELT_PYTHON or run scripts/oracles.sh)",
-        path.display()
-    );
-    path
+    smelt_oracle::python()
 }
 
 pub const SMOLLM: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -44,34 +44,9 @@ pub fn model(name: &str) -> PathBuf {
 pub const GEMMA: &str = "gemma-3-270m-q4_k_m.gguf";
 pub const SMOLLM: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
-/// The Python with llama-cpp-python: `SMELT_PYTHON`, or the venv `scripts/oracles.sh`
-/// makes. Missing is a failure, never a skip.
+/// The oracle's Python, shared by every crate's tests (`smelt_oracle::python`).
 pub fn python() -> PathBuf {
-    let p = std::env::var_os("SMELT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/smelt/venv-llcpp-0.3.36/bin/python")
-        });
-    assert!(
-        p.exists(),
-        "python with llama-cpp-python not found at {} (set SMELT_PYTHON): run scripts/oracles.sh",
-        p.display()
-    );
-    let probe = Command::new(&p)
-        .args(["-c", "import llama_cpp, numpy"])
-        .output()
-        .expect("python runs");
-    assert!(
-        probe.status.success(),
-        "{} cannot import llama_cpp (its build may still be running, see /tmp/oracles.log): \
-         run scripts/oracles.sh\n{}",
-        p.display(),
-        String::from_utf8_lossy(&probe.stderr)
-    );
-    p
+    smelt_oracle::python()
 }
 
 /// Greedy generation in llama.cpp: the token ids and the text.
@@ -84,19 +59,20 @@ pub struct Generated {
 /// `prompt` is text, or token ids when it starts with `ids:` (e.g. `ids:1,2,3`).
 pub fn greedy(model: &Path, n: usize, prompt: &str) -> Generated {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/greedy.py");
-    let mut cmd = Command::new(python());
-    cmd.arg(&script).arg(model).arg(n.to_string());
+    let (model_s, n_s) = (model.to_str().expect("UTF-8 path"), n.to_string());
+    let mut args = vec![model_s, n_s.as_str()];
     match prompt.strip_prefix("ids:") {
-        Some(ids) => cmd.args(["--ids", ids]),
-        None => cmd.args(["--prompt", prompt]),
+        Some(ids) => args.extend(["--ids", ids]),
+        None => args.extend(["--prompt", prompt]),
     };
-    let out = cmd.output().expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Whether llama.cpp runs smelt's files, not whose bits: the host's build answers.
+    let out = smelt_oracle::run_live(&script, &args);
+    let stdout = &out.stdout;
     assert!(
-        out.status.success(),
+        out.success(),
         "llama.cpp could not run {}:\n{stdout}\n{}",
         model.display(),
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
     let line = stdout.lines().last().unwrap_or("");
     let v: serde_json::Value = serde_json::from_str(line).expect("greedy.py prints JSON");
