@@ -21,7 +21,7 @@
 # Each call stores what it carried in $H6_STORE (default /root/h6store); the call that
 # completes the set waits for the oracle build, runs the oracle tests (logs $OUT/test-*.log,
 # pass/fail per test; SMELT_ORACLE_RECORD=1, so the oracle's answers come back in
-# $OUT/records: copy them into crates/smelt-oracle/records/ and commit) and then the speed table on two CPUs (taskset, both engines, same
+# $OUT/records.tgz: unpack it into crates/smelt-oracle/records/ and commit) and then the speed table on two CPUs (taskset, both engines, same
 # prompt ids, best of REPS=3, alternating), table last ($OUT/speed.log).
 # Environment there: H6_ONLY=tests|speed (one phase), REPS, TEST_TIMEOUT (s per binary, 240).
 # Diagnosis of the oracle crash (one call, carry [".gpu-h6-1"]): bash bench/engine/device_cpu.sh diag
@@ -201,8 +201,9 @@ case "${1:-}" in
       done
       wait
       echo "== oracle tests ($((SECONDS - t0)) s)" | tee -a "$log"
-      rm -rf "$out/records"; cp -r /work/main/crates/smelt-oracle/records "$out/records"
-      echo "== $(ls "$out/records" | wc -l) oracle records in \$OUT/records" | tee -a "$log"
+      # One archive: the device tool brings back only a few files per call.
+      tar -czf "$out/records.tgz" -C /work/main/crates/smelt-oracle/records .
+      echo "== $(ls /work/main/crates/smelt-oracle/records | wc -l) oracle records in \$OUT/records.tgz" | tee -a "$log"
       for b in kit/bin/smelt-engine.* kit/bin/smelt.*; do
         n=$(basename "$b"); rc=$(cat "$n.rc")
         [ "$rc" = 0 ] || status=1
