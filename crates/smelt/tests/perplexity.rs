@@ -3,8 +3,7 @@
 
 mod common;
 
-use common::{model, python, repo_root, smelt, smelt_ok, GEMMA, SMOLLM};
-use std::process::Command;
+use common::{model, repo_root, smelt, smelt_ok, GEMMA, SMOLLM};
 
 /// 256-token windows: the ~4.5 KB text gives three of them on both models.
 const CTX: &str = "256";

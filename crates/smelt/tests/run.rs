@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::{model, python, repo_root, smelt, smelt_ok, GEMMA, SMOLLM};
+use common::{model, repo_root, smelt, smelt_ok, GEMMA, SMOLLM};
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::Command;
 
 const N_TOKENS: usize = 32;
 
