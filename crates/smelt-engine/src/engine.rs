@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use smelt_gguf::Gguf;
 
+use crate::backend::cpu::spin_pool::SpinPool;
 use crate::backend::cpu::{Cpu, CpuKv};
 use crate::backend::cuda::CudaEngine;
 use crate::backend::{AttnSeq, Backend};
@@ -73,6 +74,8 @@ enum Inner {
         model: Box<Model<Cpu>>,
         kv: CpuKv,
         pool: rayon::ThreadPool,
+        /// Decode's parallel regions (spinning workers; see `spin_pool`).
+        spin: SpinPool,
     },
     Cuda(Box<CudaEngine>),
 }
@@ -106,6 +109,8 @@ impl Engine {
         let pool = pool
             .build()
             .map_err(|e| EngineError::BadOptions(format!("thread pool: {e}")))?;
+        let spin = SpinPool::new(pool.current_num_threads())
+            .map_err(|e| EngineError::BadOptions(format!("thread pool: {e}")))?;
         let backend = Cpu;
         let model = Model::load(&backend, &gguf)?;
         let i = &model.info;
@@ -122,6 +127,7 @@ impl Engine {
                 model: Box::new(model),
                 kv,
                 pool,
+                spin,
             },
             table: BlockTable::new(n_blocks, opts.block_size),
             device: Device::Cpu,
@@ -229,10 +235,13 @@ impl Engine {
                 model,
                 kv,
                 pool,
+                spin,
             } => {
                 let backend = &*backend;
                 let logits = pool.install(|| {
-                    model.forward(backend, kv, &tokens, &positions, &seqs, &out_rows)
+                    spin.install(|| {
+                        model.forward(backend, kv, &tokens, &positions, &seqs, &out_rows)
+                    })
                 })?;
                 if out_rows.is_empty() {
                     Vec::new()

@@ -13,6 +13,7 @@ use smelt_quant::{fp, iq4, kquants, legacy, Block, GgmlType};
 use super::act_quant::quantize_act;
 use super::ggml_dot::GgmlDot;
 use super::ggml_math;
+use super::spin_pool;
 
 use crate::EngineError;
 
@@ -130,18 +131,18 @@ fn matmul_typed<B: GgmlDot>(
         }
     };
     let mut act = vec![<B::Act as Zeroable>::zeroed(); n_tok * a_per_row];
-    act.par_chunks_mut(a_per_row.max(1))
-        .zip(x.par_chunks(cols))
-        .for_each(|(a, x)| quantize_act::<B::Act>(x, &mut a[..a_used]));
-
     if n_tok == 1 {
-        // A few tasks per thread: enough to balance, few enough that rayon's per-task cost
-        // stays small next to a short row.
+        quantize_act::<B::Act>(x, &mut act[..a_used]);
+        // A few tasks per thread: enough to balance, few enough that the per-task cost
+        // stays small next to a short row. On the engine's spinning pool (decode).
         let per_task = rows
-            .div_ceil(4 * rayon::current_num_threads())
+            .div_ceil(4 * spin_pool::current_threads())
             .max(ROWS_PER_TASK);
-        out.par_chunks_mut(per_task).enumerate().for_each(|(c, o)| {
+        let dst = spin_pool::Disjoint::new(&mut out[..rows]);
+        spin_pool::par_for(rows.div_ceil(per_task), |c| {
             let r0 = c * per_task;
+            // SAFETY: task c owns rows [r0, r0 + per_task).
+            let o = unsafe { dst.range(r0, r0 + per_task) };
             if ggml_math::fma_ok() {
                 // SAFETY: AVX2 and FMA were detected at run time.
                 unsafe { decode_rows_fma(o, r0, w, w_per_row, &act) }
@@ -151,6 +152,9 @@ fn matmul_typed<B: GgmlDot>(
         });
         return Ok(());
     }
+    act.par_chunks_mut(a_per_row.max(1))
+        .zip(x.par_chunks(cols))
+        .for_each(|(a, x)| quantize_act::<B::Act>(x, &mut a[..a_used]));
 
     #[cfg(target_arch = "x86_64")]
     if super::ggml_dot::simd() && tiles {

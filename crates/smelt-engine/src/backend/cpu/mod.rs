@@ -9,6 +9,7 @@ pub mod ggml_dot;
 pub mod ggml_math;
 pub(crate) mod ggml_simd;
 pub mod matmul;
+pub mod spin_pool;
 
 use std::sync::{Arc, OnceLock};
 
@@ -368,7 +369,7 @@ fn load(gguf: &Arc<Gguf>, name: &str, pad: bool) -> Result<CpuWeight, EngineErro
     }
     let ty = info.ty;
     let stride = if pad { padded_cols(ty, cols) } else { cols };
-    let bytes = if stride == cols {
+    let bytes = if stride == cols && std::env::var_os("SMELT_COPY_WEIGHTS").is_none() {
         WeightBytes::Mapped {
             gguf: gguf.clone(),
             index,
