@@ -369,7 +369,7 @@ fn load(gguf: &Arc<Gguf>, name: &str, pad: bool) -> Result<CpuWeight, EngineErro
     }
     let ty = info.ty;
     let stride = if pad { padded_cols(ty, cols) } else { cols };
-    let bytes = if stride == cols && std::env::var_os("SMELT_COPY_WEIGHTS").is_none() {
+    let bytes = if stride == cols {
         WeightBytes::Mapped {
             gguf: gguf.clone(),
             index,
