@@ -412,8 +412,8 @@ pub(super) mod x86 {
         let m4 = _mm256_set1_epi8(15);
         let (mut acc, mut acc_min) = (0f32, 0f32);
         for (a, b) in x.iter().zip(y) {
-            let d = h2f(a.d) * b.d;
-            let dmin = h2f(a.dmin) * b.d;
+            let (ad, admin) = h2f_pair(&a.d);
+            let (d, dmin) = (ad * b.d, admin * b.d);
             let mut sc = [0i16; 8];
             let mut mins = [0i16; 16];
             for j in 0..8 {
@@ -540,8 +540,7 @@ pub(super) mod x86 {
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut summs = [0f32; 4];
         for (i, b) in y[..n].iter().enumerate() {
-            let d1 = h2f(b.d);
-            let s1 = h2f(b.s);
+            let (d1, s1) = h2f_pair(&b.d);
             let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
             let a: [&BlockQ4_1; 4] = std::array::from_fn(|r| x[r].get_unchecked(i));
             // The four rows' d and m widened together (exact), then `d * d1` per row:
@@ -564,7 +563,7 @@ pub(super) mod x86 {
         let n = x.iter().map(|r| r.len()).min().unwrap_or(0).min(y.len());
         let mut acc = [_mm256_setzero_ps(); 4];
         for (i, b) in y[..n].iter().enumerate() {
-            let d1 = h2f(b.d);
+            let d1 = h2f_pair(&b.d).0;
             let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
             let a: [&BlockQ5_0; 4] = std::array::from_fn(|r| x[r].get_unchecked(i));
             let dd: [f32; 4] =
@@ -588,7 +587,7 @@ pub(super) mod x86 {
         let n = x.iter().map(|r| r.len()).min().unwrap_or(0).min(y.len());
         let mut acc = [_mm256_setzero_ps(); 4];
         for (i, b) in y[..n].iter().enumerate() {
-            let d1 = h2f(b.d);
+            let d1 = h2f_pair(&b.d).0;
             let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
             let a: [&BlockQ8_0; 4] = std::array::from_fn(|r| x[r].get_unchecked(i));
             let dd: [f32; 4] =
@@ -646,13 +645,12 @@ pub(super) mod x86 {
         let mut summs = [[0f32; 4]; 2];
         for i in 0..n {
             let (b0, b1) = (y0.get_unchecked(i), y1.get_unchecked(i));
-            let (d0, d1) = (h2f(b0.d), h2f(b1.d));
-            let (s0, s1) = (h2f(b0.s), h2f(b1.s));
+            let ((d0, s0), (d1, s1)) = (h2f_pair(&b0.d), h2f_pair(&b1.d));
             let qy0 = _mm256_loadu_si256(b0.qs.as_ptr().cast());
             let qy1 = _mm256_loadu_si256(b1.qs.as_ptr().cast());
             for r in 0..4 {
                 let a = x[r].get_unchecked(i);
-                let (da, ma) = (h2f(a.d), h2f(a.m));
+                let (da, ma) = h2f_pair(&a.d);
                 summs[0][r] = ma.mul_add(s0, summs[0][r]);
                 summs[1][r] = ma.mul_add(s1, summs[1][r]);
                 let qx = a.qx();
@@ -683,7 +681,7 @@ pub(super) mod x86 {
         let mut acc = [[_mm256_setzero_ps(); 4]; 2];
         for i in 0..n {
             let (b0, b1) = (y0.get_unchecked(i), y1.get_unchecked(i));
-            let (d0, d1) = (h2f(b0.d), h2f(b1.d));
+            let (d0, d1) = (h2f_pair(&b0.d).0, h2f_pair(&b1.d).0);
             let qy0 = _mm256_loadu_si256(b0.qs.as_ptr().cast());
             let qy1 = _mm256_loadu_si256(b1.qs.as_ptr().cast());
             for r in 0..4 {
