@@ -10,6 +10,7 @@ use smelt_quant::fp::{f16_to_f32, f32_to_f16};
 use super::ggml_math;
 #[cfg(target_arch = "x86_64")]
 use super::ggml_simd;
+use super::spin_pool;
 use crate::backend::{AttnParams, AttnSeq};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -128,83 +129,95 @@ impl CpuKv {
         }
         let n_rows = out.len() / (p.n_head * hd).max(1);
         let out_ptr = SendPtr(out.as_mut_ptr());
-        tasks.par_iter().for_each_init(
-            || Scratch {
-                q16: vec![0f32; hd],
-                scores: Vec::new(),
-                acc: Vec::new(),
-                keys: vec![0f32; 4 * hd],
-                rows: Default::default(),
-                q16_rows: vec![0f32; ROWS * hd],
-            },
-            |sc, t| {
-                let (Some(s), Some((base, offs))) = (seqs.get(t.si), offsets.get(t.si)) else {
-                    return;
+        let make = || Scratch {
+            q16: vec![0f32; hd],
+            scores: Vec::new(),
+            acc: Vec::new(),
+            keys: vec![0f32; 4 * hd],
+            rows: Default::default(),
+            q16_rows: vec![0f32; ROWS * hd],
+        };
+        let run = |sc: &mut Scratch, t: &Task| {
+            let (Some(s), Some((base, offs))) = (seqs.get(t.si), offsets.get(t.si)) else {
+                return;
+            };
+            if t.row + t.n > n_rows || t.row < s.row {
+                return;
+            }
+            let h = t.h;
+            let view = View {
+                kv: self,
+                layer,
+                offs,
+                base: *base,
+                off: (h / group) * hd,
+                hd,
+            };
+            let span = |row: usize| {
+                let pos = s.start_pos + row - s.row;
+                let lo = match p.window {
+                    Some(win) => (pos + 1).saturating_sub(win),
+                    None => 0,
                 };
-                if t.row + t.n > n_rows || t.row < s.row {
-                    return;
+                (lo, pos)
+            };
+            // SAFETY: every (row, head) belongs to exactly one task, rows are below
+            // `n_rows`, so the output slices of concurrent tasks are disjoint and in
+            // bounds.
+            let out_of = |row: usize| unsafe {
+                std::slice::from_raw_parts_mut(out_ptr.get().add((row * p.n_head + h) * hd), hd)
+            };
+            let round = |row: usize, dst: &mut [f32]| {
+                let qrow = &q[(row * p.n_head + h) * hd..][..hd];
+                for (a, &b) in dst.iter_mut().zip(qrow) {
+                    *a = f16_to_f32(f32_to_f16(b));
                 }
-                let h = t.h;
-                let view = View {
-                    kv: self,
-                    layer,
-                    offs,
-                    base: *base,
-                    off: (h / group) * hd,
-                    hd,
-                };
-                let span = |row: usize| {
-                    let pos = s.start_pos + row - s.row;
-                    let lo = match p.window {
-                        Some(win) => (pos + 1).saturating_sub(win),
-                        None => 0,
-                    };
-                    (lo, pos)
-                };
-                // SAFETY: every (row, head) belongs to exactly one task, rows are below
-                // `n_rows`, so the output slices of concurrent tasks are disjoint and in
-                // bounds.
-                let out_of = |row: usize| unsafe {
-                    std::slice::from_raw_parts_mut(out_ptr.get().add((row * p.n_head + h) * hd), hd)
-                };
-                let round = |row: usize, dst: &mut [f32]| {
-                    let qrow = &q[(row * p.n_head + h) * hd..][..hd];
-                    for (a, &b) in dst.iter_mut().zip(qrow) {
-                        *a = f16_to_f32(f32_to_f16(b));
-                    }
-                };
-                #[cfg(target_arch = "x86_64")]
-                if t.n == ROWS {
-                    for r in 0..ROWS {
-                        round(t.row + r, &mut sc.q16_rows[r * hd..(r + 1) * hd]);
-                    }
-                    let q16 = std::mem::take(&mut sc.q16_rows);
-                    let rows = std::array::from_fn(|r| span(t.row + r));
-                    let outs = std::array::from_fn(|r| out_of(t.row + r));
-                    // SAFETY: `multi` implies AVX2, FMA and F16C were detected.
-                    unsafe { rows_head_fast(&view, rows, &q16, p.scale, sc, outs) };
-                    sc.q16_rows = q16;
-                    return;
+            };
+            #[cfg(target_arch = "x86_64")]
+            if t.n == ROWS {
+                for r in 0..ROWS {
+                    round(t.row + r, &mut sc.q16_rows[r * hd..(r + 1) * hd]);
                 }
-                for row in t.row..t.row + t.n {
-                    let (lo, pos) = span(row);
-                    round(row, &mut sc.q16);
-                    let o = out_of(row);
-                    // llama.cpp multiplies a batch of two or more tokens through tinyBLAS
-                    // and a single token through ggml's vec_dot: two summation orders.
-                    let batched = s.n_tokens >= 2;
-                    if wide {
-                        // SAFETY: AVX-512F, AVX2, FMA and F16C were detected at run time.
-                        unsafe { one_head_512(&view, lo, pos, p.scale, batched, sc, o) }
-                    } else if fast {
-                        // SAFETY: AVX2, FMA and F16C were detected at run time.
-                        unsafe { one_head_fast(&view, lo, pos, p.scale, batched, sc, o) }
-                    } else {
-                        one_head::<false, false>(&view, lo, pos, p.scale, batched, sc, o)
-                    }
+                let q16 = std::mem::take(&mut sc.q16_rows);
+                let rows = std::array::from_fn(|r| span(t.row + r));
+                let outs = std::array::from_fn(|r| out_of(t.row + r));
+                // SAFETY: `multi` implies AVX2, FMA and F16C were detected.
+                unsafe { rows_head_fast(&view, rows, &q16, p.scale, sc, outs) };
+                sc.q16_rows = q16;
+                return;
+            }
+            for row in t.row..t.row + t.n {
+                let (lo, pos) = span(row);
+                round(row, &mut sc.q16);
+                let o = out_of(row);
+                // llama.cpp multiplies a batch of two or more tokens through tinyBLAS
+                // and a single token through ggml's vec_dot: two summation orders.
+                let batched = s.n_tokens >= 2;
+                if wide {
+                    // SAFETY: AVX-512F, AVX2, FMA and F16C were detected at run time.
+                    unsafe { one_head_512(&view, lo, pos, p.scale, batched, sc, o) }
+                } else if fast {
+                    // SAFETY: AVX2, FMA and F16C were detected at run time.
+                    unsafe { one_head_fast(&view, lo, pos, p.scale, batched, sc, o) }
+                } else {
+                    one_head::<false, false>(&view, lo, pos, p.scale, batched, sc, o)
                 }
-            },
-        );
+            }
+        };
+        if seqs.iter().all(|s| s.n_tokens == 1) {
+            // Decode: on the engine's spinning pool, like the matmuls around it (rayon's
+            // idle worker would sleep and wake for every layer), a few tasks per chunk.
+            let n_chunks = tasks.len().min(4 * spin_pool::current_threads()).max(1);
+            spin_pool::par_for(n_chunks, |c| {
+                let mut sc = make();
+                let (lo, hi) = (c * tasks.len() / n_chunks, (c + 1) * tasks.len() / n_chunks);
+                for t in &tasks[lo..hi] {
+                    run(&mut sc, t);
+                }
+            });
+        } else {
+            tasks.par_iter().for_each_init(make, run);
+        }
     }
 }
 
