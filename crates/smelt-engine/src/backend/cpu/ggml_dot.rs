@@ -524,6 +524,20 @@ pub(super) mod x86 {
         (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
     }
 
+    /// The f16 at `h` widened (exact) from the 8 bytes that end with it, for blocks whose
+    /// scale is their last field (Q6_K: 208 bytes of quants before it); see [`h2f_pair`].
+    #[inline(always)]
+    unsafe fn h2f_last(h: &half::f16) -> f32 {
+        let v: __m128;
+        std::arch::asm!(
+            "vcvtph2ps {v}, qword ptr [{p} - 6]",
+            p = in(reg) (h as *const half::f16),
+            v = out(xmm_reg) v,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        _mm_cvtss_f32(_mm_shuffle_ps::<0xff>(v, v))
+    }
+
     /// Four f16 values widened at once (exact).
     #[target_feature(enable = "avx2,f16c")]
     #[inline]
@@ -756,7 +770,7 @@ pub(super) mod x86 {
         let m15 = _mm256_set1_epi8(15);
         let mut acc = _mm256_setzero_ps();
         for (a, b) in x.iter().zip(y) {
-            let d = b.d * h2f(a.d);
+            let d = b.d * h2f_last(&a.d);
             let mut q4 = a.ql.as_ptr();
             let mut qh = a.qh.as_ptr();
             let mut q8 = b.qs.as_ptr();
