@@ -1,9 +1,9 @@
-//! Shared by the integration tests: where the test models and the llama.cpp oracle are.
+//! Shared by the integration tests: where the test models are, and the llama.cpp oracle's
+//! recorded answers (`smelt-oracle`).
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -25,30 +25,6 @@ pub fn model(file: &str) -> PathBuf {
 
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
-
-/// The oracle's Python, shared by every crate's tests (`smelt_oracle::python`).
-pub fn python() -> PathBuf {
-    smelt_oracle::python()
-}
-
-/// Runs an oracle script from `tests/oracle/` with arguments; panics with its stderr when
-/// it fails.
-pub fn run_oracle(script: &str, args: &[&str]) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/oracle")
-        .join(script);
-    let out = Command::new(python())
-        .arg(&path)
-        .args(args)
-        .output()
-        .expect("start the oracle python");
-    assert!(
-        out.status.success(),
-        "{script} failed (if llama_cpp is missing, run scripts/oracles.sh):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// Runs an oracle script from `tests/oracle/` whose answer is llama.cpp's AVX-512 build's bits
 /// (live where the CPU has AVX-512, else replayed from `smelt-oracle`'s records); panics with
