@@ -506,35 +506,38 @@ pub(super) mod x86 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
     }
 
-    /// The f16 at `h` and the one after it, widened (exact) by `vcvtph2ps` straight from
-    /// memory. Written as asm because LLVM turns any narrower form into `vpinsrw`, which
-    /// merges into whatever register it picks: in `q4_1` that was the running `summs`, in
-    /// `q8_0` the accumulator, chaining every block's scale load behind the previous
-    /// block's FMA (a third of the decode time). The instruction reads 8 bytes: every block
-    /// type it is used on has at least 8 bytes from its leading f16 scale to its end.
+    /// The four f16 at `p` widened (exact) by `vcvtph2ps` straight from memory. Written as
+    /// asm because LLVM turns any narrower form into `vpinsrw`, which merges into whatever
+    /// register it picks: in `q4_1` that was the running `summs`, in `q8_0` the accumulator,
+    /// chaining every block's scale load behind the previous block's FMA (a third of the
+    /// decode time). `p` must have 8 readable bytes.
     #[inline(always)]
-    unsafe fn h2f_pair(h: &half::f16) -> (f32, f32) {
+    unsafe fn f16x4_at(p: *const u8) -> __m128 {
         let v: __m128;
         std::arch::asm!(
             "vcvtph2ps {v}, qword ptr [{p}]",
-            p = in(reg) (h as *const half::f16),
+            p = in(reg) p,
             v = out(xmm_reg) v,
             options(pure, readonly, nostack, preserves_flags),
         );
+        v
+    }
+
+    /// The f16 at `h` and the one after it (every block type this is used on has at least 8
+    /// bytes from its leading f16 scale to its end).
+    #[inline(always)]
+    unsafe fn h2f_pair(h: &half::f16) -> (f32, f32) {
+        let v = f16x4_at((h as *const half::f16).cast());
         (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
     }
 
-    /// The f16 at `h` widened (exact) from the 8 bytes that end with it, for blocks whose
-    /// scale is their last field (Q6_K: 208 bytes of quants before it); see [`h2f_pair`].
+    /// Q6_K's scale, its block's last field: the last of the block's last 8 bytes.
     #[inline(always)]
-    unsafe fn h2f_last(h: &half::f16) -> f32 {
-        let v: __m128;
-        std::arch::asm!(
-            "vcvtph2ps {v}, qword ptr [{p} - 6]",
-            p = in(reg) (h as *const half::f16),
-            v = out(xmm_reg) v,
-            options(pure, readonly, nostack, preserves_flags),
-        );
+    unsafe fn q6_k_scale(b: &BlockQ6K) -> f32 {
+        let end = (b as *const BlockQ6K)
+            .cast::<u8>()
+            .add(std::mem::size_of::<BlockQ6K>());
+        let v = f16x4_at(end.sub(8));
         _mm_cvtss_f32(_mm_shuffle_ps::<0xff>(v, v))
     }
 
@@ -770,7 +773,7 @@ pub(super) mod x86 {
         let m15 = _mm256_set1_epi8(15);
         let mut acc = _mm256_setzero_ps();
         for (a, b) in x.iter().zip(y) {
-            let d = b.d * h2f_last(&a.d);
+            let d = b.d * q6_k_scale(a);
             let mut q4 = a.ql.as_ptr();
             let mut qh = a.qh.as_ptr();
             let mut q8 = b.qs.as_ptr();
