@@ -127,8 +127,6 @@ pub struct Answer {
     /// Only when the oracle ran here (not recorded).
     pub stderr: String,
     pub files: BTreeMap<String, Output>,
-    /// Replayed from the record (this CPU cannot run the oracle's build).
-    pub replayed: bool,
 }
 
 /// An answer as committed under `records/`.
@@ -342,7 +340,6 @@ pub fn run_recorded(script: &Path, args: &[&str], keep: Keep) -> Answer {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.output(&path)))
                 .collect(),
-            replayed: true,
         };
         eprintln!("oracle: replaying the AVX-512 build's recorded answer for `{call}`");
         for a in &classified {
@@ -365,37 +362,25 @@ pub fn run_recorded(script: &Path, args: &[&str], keep: Keep) -> Answer {
         return answer;
     }
 
-    let out = Command::new(crate::python())
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    let mut files = BTreeMap::new();
+    let mut answer = run_live(script, args);
+    answer.call = call.clone();
     for a in &classified {
         match a {
             Arg::Dir(d, before) => {
                 for (n, h) in dir_hashes(d) {
                     if before.get(&n) != Some(&h) {
                         let bytes = std::fs::read(d.join(&n)).unwrap_or_default();
-                        files.insert(n, Output::Whole(bytes));
+                        answer.files.insert(n, Output::Whole(bytes));
                     }
                 }
             }
             Arg::OutFile(p) if p.is_file() => {
                 let bytes = std::fs::read(p).unwrap_or_default();
-                files.insert(base(p), Output::Whole(bytes));
+                answer.files.insert(base(p), Output::Whole(bytes));
             }
             _ => {}
         }
     }
-    let answer = Answer {
-        call: call.clone(),
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        files,
-        replayed: false,
-    };
     let mine = answer.record(keep);
     if recorded.as_ref() != Some(&mine) {
         if std::env::var_os("SMELT_ORACLE_RECORD").is_some_and(|v| v == "1") {
@@ -438,7 +423,6 @@ pub fn run_live(script: &Path, args: &[&str]) -> Answer {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         files: BTreeMap::new(),
-        replayed: false,
     }
 }
 
