@@ -14,7 +14,8 @@
 # Environment: GPU_DIR (the carry folder, default .gpu-cuda), PARITY_MODELS (files to check),
 # SKIP_KERNELS=1, VARIANTS (VAR=value settings whose logits must be bit-equal to the
 # default's and which are timed beside it; default: the SMELT_CUDA_PDL settings and
-# SMELT_CUDA_ROPE_KV=0; commas join settings of one variant), SKIP_VARIANTS=1 (no fused-off / graphs-off rows), SMELT_NCU=1 (per-kernel GPU time of two decode steps through Nsight
+# SMELT_CUDA_ROPE_KV=0; commas join settings of one variant), SKIP_VARIANTS=1 (no fused-off / graphs-off rows), TIMED (settings
+# timed beside the default without the digest check: they compute other bits), SMELT_NCU=1 (per-kernel GPU time of two decode steps through Nsight
 # Compute). The run always ends with SMELT_CUDA_PROFILE's per-kernel table (no Nsight needed).
 #
 # Logs under $OUT (or bench/out): decode.log; table last.
@@ -98,7 +99,9 @@ case "${1:-run}" in
         echo "digest $v: DIFFERENT or missing ($(cat "$out/digest.txt"))" | tee -a "$log"; status=1
       fi
     done
-    for v in $variants; do
+    # TIMED: settings timed beside the default whose bits may differ (another computation,
+    # e.g. SMELT_CUDA_SPLIT_NORM=0 rounds the norm once more).
+    for v in $variants ${TIMED:-}; do
       echo "== same, $v" | tee -a "$log"
       env ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 512 --gen 128 --reps 3 --json 2>&1 | tee -a "$log" || status=1
     done

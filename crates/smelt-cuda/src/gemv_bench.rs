@@ -1,7 +1,7 @@
 //! GEMV bandwidth at real shapes against the device copy measured in the same run: the
 //! timing part of `smelt-kernels`' GPU check, shared with `smelt bench --kernels`.
 
-use smelt_kernels::gemv::{self, Config};
+use smelt_kernels::gemv::Config;
 use smelt_kernels::{act, catalog, GgmlType, TILE};
 
 use crate::timing::{copy_bandwidth, time_graph, time_launches};
@@ -53,7 +53,7 @@ pub fn launch_gemv(
     let (nrows, ntiles, row_bytes) = (nrows as u32, k.div_ceil(TILE) as u32, row_bytes as u32);
     let lc = LaunchConfig {
         grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
-        block_dim: (32, gemv::WARPS_PER_CTA, 1),
+        block_dim: cfg.block(),
         shared_mem_bytes: 0,
     };
     let never = 0u32;

@@ -112,7 +112,7 @@ impl Gpu {
         let (nrows, ntiles, row_bytes) = (nrows as u32, k.div_ceil(TILE) as u32, row_bytes as u32);
         let cfg = LaunchConfig {
             grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
-            block_dim: (32, gemv::WARPS_PER_CTA, 1),
+            block_dim: cfg.block(),
             shared_mem_bytes: 0,
         };
         let mut l = self.stream.launch_builder(f);
@@ -125,6 +125,92 @@ impl Gpu {
             .arg(&row_bytes)
             .arg(&never);
         unsafe { l.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// The producer half of the split residual norm (`gemv::Fuse::ResidualNorm`).
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_resnorm_launch(
+        &self,
+        ty: GgmlType,
+        w: &CudaSlice<u8>,
+        x: &CudaSlice<u8>,
+        y: &mut CudaSlice<f32>,
+        (nrows, k, row_bytes): (usize, usize, usize),
+        res: &mut CudaSlice<f32>,
+        g: &CudaSlice<f32>,
+        q: &mut CudaSlice<u8>,
+        partials: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let cfg = Config::residual_norm();
+        let f = self.gemv(ty, cfg)?;
+        let (nrows, ntiles, row_bytes) = (nrows as u32, k.div_ceil(TILE) as u32, row_bytes as u32);
+        let lc = LaunchConfig {
+            grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
+            block_dim: cfg.block(),
+            shared_mem_bytes: 0,
+        };
+        let never = 0u32;
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(w)
+            .arg(x)
+            .arg(y)
+            .arg(&nrows)
+            .arg(&ntiles)
+            .arg(&row_bytes)
+            .arg(&never)
+            .arg(res)
+            .arg(g)
+            .arg(q)
+            .arg(partials);
+        unsafe { l.launch(lc) }?;
+        Ok(())
+    }
+
+    /// The consumer half (`gemv::Fuse::RmsInput`); `out` None passes a null pointer.
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_rmsin_launch(
+        &self,
+        ty: GgmlType,
+        w: &CudaSlice<u8>,
+        x: &CudaSlice<u8>,
+        y: &mut CudaSlice<f32>,
+        (nrows, k, row_bytes): (usize, usize, usize),
+        partials: &CudaSlice<f32>,
+        eps: f32,
+        res: &CudaSlice<f32>,
+        g: &CudaSlice<f32>,
+        out: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        let cfg = Config::rms_input();
+        let f = self.gemv(ty, cfg)?;
+        let (nrows, ntiles, row_bytes) = (nrows as u32, k.div_ceil(TILE) as u32, row_bytes as u32);
+        let lc = LaunchConfig {
+            grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
+            block_dim: cfg.block(),
+            shared_mem_bytes: 0,
+        };
+        let (never, nparts, n) = (0u32, partials.len() as u32, k as u32);
+        let null = 0u64;
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(w)
+            .arg(x)
+            .arg(y)
+            .arg(&nrows)
+            .arg(&ntiles)
+            .arg(&row_bytes)
+            .arg(&never)
+            .arg(partials)
+            .arg(&nparts)
+            .arg(&n)
+            .arg(&eps)
+            .arg(res)
+            .arg(g);
+        match out {
+            Some(o) => l.arg(o),
+            None => l.arg(&null),
+        };
+        unsafe { l.launch(lc) }?;
         Ok(())
     }
 
@@ -310,6 +396,148 @@ fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
     Ok(failures)
 }
 
+/// The largest `|got - want| / scale` (NaN when any `got` is not finite).
+fn worst_scaled(got: &[f32], want: &[f64], scale: impl Fn(usize) -> f64) -> f64 {
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .fold(0f64, |a, (i, (&g, &w))| {
+            let e = (f64::from(g) - w).abs() / scale(i).max(1e-30);
+            if e.is_nan() || a.is_nan() || !g.is_finite() {
+                f64::NAN
+            } else {
+                a.max(e)
+            }
+        })
+}
+
+/// The split residual norm (`gemv::Fuse`): a producer GEMV (rows = the residual's length)
+/// adds into `res` and writes unscaled q8_1 tiles and partial sums; a consumer GEMV reads
+/// them and scales by `1 / rms`, and writes the norm's f32 output. Checked against the
+/// twins: `y` and `res` within the GEMV bound, tiles exact bytes (from the GPU's `res`),
+/// partial sums to 1e-5, the consumer within the GEMV bound times `1 / rms`, `out` to 1e-6.
+fn parity_split_norm(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
+    let mut failures = 0;
+    let eps = 1e-5f32;
+    for ty in catalog::GEMV_TYPES {
+        let mut worst = [0f64; 6];
+        let mut cases = 0;
+        // (residual length n, producer k, consumer rows): n = 576 leaves its last tile
+        // partly padded; K-quant consumers need n a multiple of 256.
+        for (n, k_in, rows2) in [(576, 512, 70), (1024, 256, 33), (4096, 4096, 160)] {
+            if n % ty.block_size() != 0 || k_in % ty.block_size() != 0 {
+                continue;
+            }
+            cases += 1;
+            let ggml = random_weights(rng, ty, n, k_in)?;
+            let wd = gpu
+                .stream
+                .clone_htod(&catalog::repack(ty, &ggml, n, k_in)?)?;
+            let xf = random_floats(rng, k_in, 2.0);
+            let xd = gpu.stream.clone_htod(&xf)?;
+            let mut xq = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k_in)?)?;
+            gpu.quantize(&xd, &mut xq, k_in, 1)?;
+            let xqh = gpu.stream.clone_dtoh(&xq)?;
+            let res0 = random_floats(rng, n, 8.0);
+            let g: Vec<f32> = (0..n).map(|_| rng.gen_range(0.2..2.0)).collect();
+            let mut y = gpu.stream.clone_htod(&vec![f32::NAN; n])?;
+            let mut res = gpu.stream.clone_htod(&res0)?;
+            let gd = gpu.stream.clone_htod(&g)?;
+            let mut q = gpu.stream.clone_htod(&vec![0xFFu8; act::row_bytes(n)?])?;
+            let mut parts = gpu.stream.clone_htod(&vec![f32::NAN; n / 32])?;
+            let rb = catalog::row_bytes(ty, k_in)?;
+            gpu.gemv_resnorm_launch(
+                ty,
+                &wd,
+                &xq,
+                &mut y,
+                (n, k_in, rb),
+                &mut res,
+                &gd,
+                &mut q,
+                &mut parts,
+            )?;
+            let (yw, mag) = gemv::cpu_with_magnitude(ty, &ggml, n, k_in, &xqh, 1)?;
+            let yg = gpu.stream.clone_dtoh(&y)?;
+            let resg = gpu.stream.clone_dtoh(&res)?;
+            let qg = gpu.stream.clone_dtoh(&q)?;
+            let pg = gpu.stream.clone_dtoh(&parts)?;
+            let yw64: Vec<f64> = yw.iter().map(|&v| f64::from(v)).collect();
+            worst[0] = worst[0].max(worst_scaled(&yg, &yw64, |i| mag[i]));
+            let rw: Vec<f64> = res0
+                .iter()
+                .zip(&yw)
+                .map(|(&a, &b)| f64::from(a) + f64::from(b))
+                .collect();
+            worst[1] = worst[1].max(worst_scaled(&resg, &rw, |i| mag[i] + rw[i].abs() * 1e-1));
+            let qw = gemv::residual_norm_tiles(&resg, &g)?;
+            let qdiff = qg.iter().zip(&qw).filter(|(a, b)| a != b).count();
+            worst[2] = worst[2].max(qdiff as f64);
+            let pw = gemv::residual_norm_partials(&resg);
+            worst[3] = worst[3].max(worst_scaled(&pg, &pw, |i| pw[i]));
+            // The consumer, on the producer's outputs.
+            let ggml2 = random_weights(rng, ty, rows2, n)?;
+            let wd2 = gpu
+                .stream
+                .clone_htod(&catalog::repack(ty, &ggml2, rows2, n)?)?;
+            let rb2 = catalog::row_bytes(ty, n)?;
+            let mut y2 = gpu.stream.clone_htod(&vec![f32::NAN; rows2])?;
+            let mut out = gpu.stream.clone_htod(&vec![f32::NAN; n])?;
+            gpu.gemv_rmsin_launch(
+                ty,
+                &wd2,
+                &q,
+                &mut y2,
+                (rows2, n, rb2),
+                &parts,
+                eps,
+                &res,
+                &gd,
+                Some(&mut out),
+            )?;
+            let pg64: Vec<f64> = pg.iter().map(|&v| f64::from(v)).collect();
+            let inv = gemv::rms_input_scale(&pg64, n, eps);
+            let (y2w, mag2) = gemv::cpu_with_magnitude(ty, &ggml2, rows2, n, &qg, 1)?;
+            let y2w: Vec<f64> = y2w.iter().map(|&v| f64::from(v) * inv).collect();
+            let y2g = gpu.stream.clone_dtoh(&y2)?;
+            worst[4] = worst[4].max(worst_scaled(&y2g, &y2w, |i| mag2[i] * inv + y2w[i].abs()));
+            let ow: Vec<f64> = resg
+                .iter()
+                .zip(&g)
+                .map(|(&r, &w)| f64::from(r) * inv * f64::from(w))
+                .collect();
+            let og = gpu.stream.clone_dtoh(&out)?;
+            worst[5] = worst[5].max(worst_scaled(&og, &ow, |i| ow[i].abs()));
+            // Without an output pointer the GEMV's results are the same.
+            let mut y3 = gpu.stream.clone_htod(&vec![f32::NAN; rows2])?;
+            gpu.gemv_rmsin_launch(
+                ty,
+                &wd2,
+                &q,
+                &mut y3,
+                (rows2, n, rb2),
+                &parts,
+                eps,
+                &res,
+                &gd,
+                None,
+            )?;
+            if gpu.stream.clone_dtoh(&y3)? != y2g {
+                worst[4] = f64::NAN;
+            }
+        }
+        let bars = [1e-5, 1e-5, 0.0, 1e-5, 1e-5, 1e-6];
+        let ok = worst.iter().zip(bars).all(|(&w, b)| w <= b);
+        failures += usize::from(!ok);
+        println!(
+            "split norm {ty:?}: {cases} shapes: {} (y {:.1e}, res {:.1e}, tile bytes differing {}, partials {:.1e}, consumer {:.1e}, out {:.1e})",
+            if ok { "PASS" } else { "FAIL" },
+            worst[0], worst[1], worst[2], worst[3], worst[4], worst[5]
+        );
+    }
+    Ok(failures)
+}
+
 /// Median of `reps` replays (ms per launch) of a CUDA graph of `launches` launches.
 fn time_graph(
     gpu: &Gpu,
@@ -487,7 +715,15 @@ fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     let gpu = Gpu::new()?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-    let failures = parity(&gpu, &mut rng)?;
+    let mut failures = parity(&gpu, &mut rng)?;
+    failures += parity_split_norm(&gpu, &mut rng)?;
+    if std::env::args().any(|a| a == "--parity-only") {
+        println!("parity failures: {failures}");
+        if failures > 0 {
+            bail!("{failures} parity checks failed");
+        }
+        return Ok(());
+    }
     let (copy, rows) = speed(&gpu, quick)?;
     println!("\n== summary: GEMV GB/s (bytes a launch must move) vs device copy {copy:.0} GB/s, stream launches and CUDA-graph replays ==");
     println!("| kernel | rows x k | tokens | stream us | stream GB/s | % copy | graph us | graph GB/s | % copy |");

@@ -131,7 +131,7 @@ pub fn tuning_configs() -> Vec<Config> {
                         rows_per_warp,
                         pin_loads,
                         no_l1,
-                        act_ahead: ntok,
+                        ..Config::new(ntok)
                     });
                 }
             }
@@ -149,6 +149,12 @@ pub fn configs() -> Vec<Config> {
         }
     }
     v
+}
+
+/// The fused single-token GEMVs (the two halves of a residual add + RMS norm between two
+/// GEMVs, `gemv::Fuse`), emitted for every type beside [`configs`].
+pub fn fused_configs() -> [Config; 2] {
+    [Config::residual_norm(), Config::rms_input()]
 }
 
 /// Bytes of a row of `k` weights of `ty` in the GPU layout.
@@ -176,6 +182,7 @@ pub fn all() -> Vec<Entry> {
             .into_iter()
             .filter(|c| *c != Config::new(c.ntok)),
     );
+    configs.extend(fused_configs());
     for ty in GEMV_TYPES {
         for &cfg in &configs {
             with_format!(ty, F => {

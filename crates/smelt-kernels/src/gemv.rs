@@ -7,17 +7,50 @@
 //! arithmetic, unpacks the weights once and dots them with every token's activations, so
 //! 2..8 tokens read the weights once. The warp's partial sums meet in a butterfly.
 
-use smelt_ptx::{Cmp, Kernel, Store, U32, U64};
+use smelt_ptx::{Cmp, FloatRound, Kernel, Load, Narrow, Reg, Store, F32, U32, U64};
 
 use crate::act::{self, ActSlots};
 use crate::formats::{GpuFormat, WeightLoad};
+use crate::fused::quantize_warp_block;
 use crate::{padded_tiles, GgmlType, KernelError, TILE};
 
-/// Warps per block: blocks are `(32, WARPS_PER_CTA)` threads.
+/// Warps per block of the default configurations: blocks are `(32, warps_per_cta)` threads.
 pub const WARPS_PER_CTA: u32 = 4;
 
 /// Most tokens one launch handles.
 pub const MAX_TOKENS: usize = 8;
+
+/// Rows of the residual stream one [`Fuse::ResidualNorm`] block owns: one q8_1 block.
+pub const NORM_ROWS_PER_CTA: u32 = 32;
+
+/// Most per-block partial sums a [`Fuse::RmsInput`] GEMV reads: rows of up to
+/// `MAX_PARTS * NORM_ROWS_PER_CTA` = 8192 values (the widest model of DESIGN.md's list).
+pub const MAX_PARTS: u32 = 256;
+
+/// What a single-token GEMV does around its dot products, so that the residual add and the
+/// RMS norm between two GEMVs need no launch of their own.
+///
+/// `res += W_o a; out = res / rms(res) * g; q = q8_1(out)` would be a one-block kernel
+/// between the output projection and the next GEMV: a few microseconds of latency for 16
+/// KB of work, twice per layer. Split over the two GEMVs instead:
+///
+/// - the producer ([`Fuse::ResidualNorm`]), whose blocks own 32 rows each, adds its rows
+///   into `res`, quantizes its 32 values of `res * g` as one q8_1 block *without* the
+///   `1 / rms` factor (which needs every row), and writes the block's sum of `res²`;
+/// - the consumer ([`Fuse::RmsInput`]) reads those tiles as any GEMV does, sums the
+///   partial sums in a fixed order (every warp gets the same bits) and scales its dot
+///   products by `1 / rms`: the dot product is linear in the activations, and every q8_1
+///   term (`d`, `s`) scales with them. Its blocks also write `out` itself, so the norm's
+///   f32 output exists for whoever else reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fuse {
+    /// `y = W x`.
+    None,
+    /// `y = W x; res += y`; q8_1 tiles of `res * g` and per-block sums of `res²`.
+    ResidualNorm,
+    /// `y = (W x) / rms` with `x` the tiles of a [`Fuse::ResidualNorm`] GEMV.
+    RmsInput,
+}
 
 /// The shape of one GEMV kernel: what is fixed when its PTX is generated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +69,10 @@ pub struct Config {
     /// loaded one at a time just before their dot products, which keeps fewer registers
     /// live when there are many tokens.
     pub act_ahead: usize,
+    /// Warps per block.
+    pub warps_per_cta: u32,
+    /// What the GEMV fuses around its dot products (one token only).
+    pub fuse: Fuse,
 }
 
 impl Config {
@@ -49,21 +86,64 @@ impl Config {
             pin_loads: true,
             no_l1: false,
             act_ahead: ntok,
+            warps_per_cta: WARPS_PER_CTA,
+            fuse: Fuse::None,
+        }
+    }
+
+    /// The producer half of a residual add + RMS norm (one token): two rows per warp, 16
+    /// warps, so a block owns [`NORM_ROWS_PER_CTA`] rows (the same warps per row as the
+    /// default, in larger blocks).
+    pub fn residual_norm() -> Self {
+        Self {
+            warps_per_cta: NORM_ROWS_PER_CTA / 2,
+            fuse: Fuse::ResidualNorm,
+            ..Self::new(1)
+        }
+    }
+
+    /// The consumer half of a residual add + RMS norm (one token): the default shape.
+    pub fn rms_input() -> Self {
+        Self {
+            fuse: Fuse::RmsInput,
+            ..Self::new(1)
+        }
+    }
+
+    /// The preset configuration of `ntok` tokens with `fuse`.
+    fn preset(ntok: usize, fuse: Fuse) -> Self {
+        match fuse {
+            Fuse::None => Self::new(ntok),
+            Fuse::ResidualNorm => Self::residual_norm(),
+            Fuse::RmsInput => Self::rms_input(),
         }
     }
 
     /// Rows one block covers: the grid is `ceil(nrows / rows_per_cta())`.
     pub fn rows_per_cta(&self) -> u32 {
-        WARPS_PER_CTA * self.rows_per_warp
+        self.warps_per_cta * self.rows_per_warp
+    }
+
+    /// Threads per block, as `(32, warps_per_cta, 1)`.
+    pub fn block(&self) -> (u32, u32, u32) {
+        (32, self.warps_per_cta, 1)
     }
 
     /// The kernel's name for format `F`.
     pub fn name<F: GpuFormat>(&self) -> String {
         let mut n = format!("gemv_{}_t{}", F::NAME, self.ntok);
-        if *self != Config::new(self.ntok) {
+        match self.fuse {
+            Fuse::None => {}
+            Fuse::ResidualNorm => n.push_str("_resnorm"),
+            Fuse::RmsInput => n.push_str("_rmsin"),
+        }
+        if *self != Config::preset(self.ntok, self.fuse) {
             n.push_str(&format!("_r{}", self.rows_per_warp));
         } else {
             return n;
+        }
+        if self.warps_per_cta != WARPS_PER_CTA {
+            n.push_str(&format!("_w{}", self.warps_per_cta));
         }
         if !self.pin_loads {
             n.push_str("_nopin");
@@ -85,8 +165,13 @@ pub fn name<F: GpuFormat>(ntok: usize) -> String {
 
 /// Emits the GEMV. Parameters, in order: `w` (rows in `F`'s GPU layout), `x` (`ntok` rows
 /// of quantized activations), `y` (`ntok x nrows` floats), `nrows`, `ntiles` (`ceil(k / 256)`),
-/// `row_bytes` (`F::row_bytes(k)`), `never` (0: the pinning branch's operand). Blocks of
-/// `(32, WARPS_PER_CTA)`, grid `ceil(nrows / cfg.rows_per_cta())`.
+/// `row_bytes` (`F::row_bytes(k)`), `never` (0: the pinning branch's operand); then for
+/// [`Fuse::ResidualNorm`]: `res` (`nrows` floats, added to in place), `g` (the norm's
+/// `nrows` weights), `q` (`ceil(nrows / 256)` q8_1 tiles out), `partials` (one float per
+/// block out); for [`Fuse::RmsInput`]: `partials`, `nparts` (at most [`MAX_PARTS`]), `n`
+/// (the normed row's length), `eps`, `res`, `g`, `out` (`n` floats written, or 0: none).
+/// Blocks of [`Config::block`], grid `ceil(nrows / cfg.rows_per_cta())`;
+/// [`Fuse::ResidualNorm`] needs `nrows` a multiple of [`NORM_ROWS_PER_CTA`].
 pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
     let ntok = cfg.ntok;
     if ntok == 0 || ntok > MAX_TOKENS {
@@ -101,7 +186,23 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         k.reject(format!("{} rows per warp: 1 to 4", cfg.rows_per_warp));
         return;
     }
-    k.max_threads(32, WARPS_PER_CTA, 1);
+    if !(1..=32).contains(&cfg.warps_per_cta) {
+        k.reject(format!("{} warps per block: 1 to 32", cfg.warps_per_cta));
+        return;
+    }
+    if cfg.fuse != Fuse::None && ntok != 1 {
+        k.reject(format!("{:?} takes one token, not {ntok}", cfg.fuse));
+        return;
+    }
+    if cfg.fuse == Fuse::ResidualNorm && cfg.rows_per_cta() != NORM_ROWS_PER_CTA {
+        k.reject(format!(
+            "{:?} blocks own {NORM_ROWS_PER_CTA} rows, not {}",
+            cfg.fuse,
+            cfg.rows_per_cta()
+        ));
+        return;
+    }
+    k.max_threads(32, cfg.warps_per_cta, 1);
     let w = k.param_ptr("w");
     let x = k.param_ptr("x");
     let y = k.param_ptr("y");
@@ -109,11 +210,33 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
     let ntiles = k.param_u32("ntiles");
     let row_bytes = k.param_u32("row_bytes");
     let never = k.param_u32("never");
+    let fused = match cfg.fuse {
+        Fuse::None => Fused::None,
+        Fuse::ResidualNorm => Fused::ResidualNorm {
+            res: k.param_ptr("res"),
+            g: k.param_ptr("g"),
+            q: k.param_ptr("q"),
+            partials: k.param_ptr("partials"),
+        },
+        Fuse::RmsInput => Fused::RmsInput {
+            partials: k.param_ptr("partials"),
+            nparts: k.param_u32("nparts"),
+            n: k.param_u32("n"),
+            eps: k.param::<F32>("eps"),
+            res: k.param_ptr("res"),
+            g: k.param_ptr("g"),
+            out: k.param_ptr("out"),
+        },
+    };
 
     let nr = cfg.rows_per_warp as usize;
-    let warp = k.mad(k.reg(), k.ctaid_x(), WARPS_PER_CTA, k.tid_y());
+    let warp = k.mad(k.reg(), k.ctaid_x(), cfg.warps_per_cta, k.tid_y());
     let first_row = k.mul(k.reg(), warp, cfg.rows_per_warp);
-    k.exit_if(k.ge(first_row, nrows));
+    // Fused kernels keep every warp to the end: their blocks meet at a barrier or share
+    // a grid-wide loop.
+    if let Fused::None = fused {
+        k.exit_if(k.ge(first_row, nrows));
+    }
     let last = k.sub(k.reg(), nrows, 1u32);
     // Rows past the end read the last row again and store nothing.
     let rows: Vec<_> = (0..nr)
@@ -142,6 +265,8 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         }
     }
     k.grid_dep_wait();
+    // What the epilogue reads, loaded before the main loop so it arrives during it.
+    let early = Early::load(k, &fused, &rows, lane);
     let setup = F::setup(k, part, ntiles);
     let (b0, b1) = F::act_blocks(k, part);
     let slots = ActSlots::new(k, b0, b1);
@@ -208,8 +333,21 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         }
     });
 
-    for (r, acc_r) in accs.iter().enumerate() {
-        let sums: Vec<_> = acc_r.iter().map(|&a| k.warp_sum(a)).collect();
+    let sums: Vec<Vec<_>> = accs
+        .iter()
+        .map(|acc_r| acc_r.iter().map(|&a| k.warp_sum(a)).collect())
+        .collect();
+    let inv_rms = match (&fused, &early) {
+        (Fused::RmsInput { n, eps, .. }, Early::Parts(parts)) => {
+            let inv = rms_from_partials(k, parts, *n, *eps);
+            for s in sums.iter().flatten() {
+                k.mul(*s, *s, inv);
+            }
+            Some(inv)
+        }
+        _ => None,
+    };
+    for (r, sums_r) in sums.iter().enumerate() {
         let row = k.add(k.reg(), first_row, r as u32);
         let store = k.lt(row, nrows);
         let lane0 = k.eq(lane, 0u32);
@@ -217,7 +355,7 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         k.if_(store, |k| {
             let mut out = k.elem_addr(y, row, 4);
             let stride = k.mul_wide(k.reg::<U64>(), nrows, 4u32);
-            for (t, s) in sums.iter().enumerate() {
+            for (t, s) in sums_r.iter().enumerate() {
                 if t > 0 {
                     out = k.add(out, out, stride);
                 }
@@ -225,10 +363,219 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
             }
         });
     }
+    match (&fused, &early) {
+        (
+            Fused::ResidualNorm {
+                res, q, partials, ..
+            },
+            Early::Rows(rg),
+        ) => {
+            let sums: Vec<_> = sums.iter().map(|s| s[0]).collect();
+            residual_norm_epilogue(
+                k, cfg, nrows, first_row, lane, &sums, rg, *res, *q, *partials,
+            );
+        }
+        (Fused::RmsInput { n, res, g, out, .. }, _) => {
+            if let Some(inv) = inv_rms {
+                write_norm_output(k, cfg, *n, *res, *g, *out, inv, lane);
+            }
+        }
+        _ => {}
+    }
     if cfg.pin_loads {
         k.exit();
     }
     k.place(sink);
+}
+
+/// The parameters of a fused GEMV's epilogue.
+enum Fused {
+    None,
+    ResidualNorm {
+        res: Reg<U64>,
+        g: Reg<U64>,
+        q: Reg<U64>,
+        partials: Reg<U64>,
+    },
+    RmsInput {
+        partials: Reg<U64>,
+        nparts: Reg<U32>,
+        n: Reg<U32>,
+        eps: Reg<F32>,
+        res: Reg<U64>,
+        g: Reg<U64>,
+        out: Reg<U64>,
+    },
+}
+
+/// What the epilogue reads from memory, loaded before the main loop.
+enum Early {
+    None,
+    /// Per row of the warp: `res[row]` and `g[row]`.
+    Rows(Vec<(Reg<F32>, Reg<F32>)>),
+    /// This lane's partial sums `partials[lane + 32 j]` (0 past `nparts`).
+    Parts(Vec<Reg<F32>>),
+}
+
+impl Early {
+    fn load(k: &Kernel, fused: &Fused, rows: &[Reg<U32>], lane: Reg<U32>) -> Self {
+        match *fused {
+            Fused::None => Early::None,
+            Fused::ResidualNorm { res, g, .. } => Early::Rows(
+                rows.iter()
+                    .map(|&row| {
+                        // `res` was written by an earlier kernel and is written again by
+                        // this one: coherent loads.
+                        let r = k.load::<F32>(Load::GLOBAL, k.elem_addr(res, row, 4));
+                        let gv = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(g, row, 4));
+                        (r, gv)
+                    })
+                    .collect(),
+            ),
+            Fused::RmsInput {
+                partials, nparts, ..
+            } => Early::Parts(
+                (0..MAX_PARTS / 32)
+                    .map(|j| {
+                        let v = k.f32(0.0);
+                        let i = k.add(k.reg(), lane, 32 * j);
+                        let inside = k.lt(i, nparts);
+                        k.guarded(inside, |k| {
+                            k.ld(Load::GLOBAL_NC, v, k.elem_addr(partials, i, 4));
+                        });
+                        v
+                    })
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// `1 / sqrt(sum(partials) / n + eps)`, the same bits in every lane of every warp: each
+/// lane adds its partials in index order, then the warp's butterfly; then the norm
+/// kernels' operations (`ops::norm`): IEEE division, `sqrt.rn`, IEEE reciprocal.
+fn rms_from_partials(k: &Kernel, parts: &[Reg<F32>], n: Reg<U32>, eps: Reg<F32>) -> Reg<F32> {
+    let acc = k.f32(0.0);
+    for &p in parts {
+        k.add(acc, acc, p);
+    }
+    let total = k.warp_sum(acc);
+    let nf = k.cvt(k.reg::<F32>(), n, FloatRound::Rn);
+    let mean = k.div_rn(k.reg(), total, nf);
+    k.add(mean, mean, eps);
+    let root = k.sqrt_rn(k.reg(), mean);
+    k.div_rn(k.reg(), 1.0f32, root)
+}
+
+/// The producer's epilogue: `res[row] += y[row]`; the block's 32 values of `res * g` as one
+/// q8_1 block of `q` (unscaled by the RMS) and its sum of `res²` into `partials[block]`;
+/// block 0 also zeroes the q8_1 blocks that pad the last tile past `nrows`.
+#[allow(clippy::too_many_arguments)]
+fn residual_norm_epilogue(
+    k: &Kernel,
+    cfg: Config,
+    nrows: Reg<U32>,
+    first_row: Reg<U32>,
+    lane: Reg<U32>,
+    sums: &[Reg<F32>],
+    rg: &[(Reg<F32>, Reg<F32>)],
+    res: Reg<U64>,
+    q: Reg<U64>,
+    partials: Reg<U64>,
+) {
+    let vals = k.shared::<F32>("resnorm_v", NORM_ROWS_PER_CTA, 16);
+    let squares = k.shared::<F32>("resnorm_sq", NORM_ROWS_PER_CTA, 16);
+    let vbase = k.shared_base(&vals);
+    let sbase = k.shared_base(&squares);
+    let lane0 = k.eq(lane, 0u32);
+    for (r, (&s, &(rv, gv))) in sums.iter().zip(rg).enumerate() {
+        let row = k.add(k.reg(), first_row, r as u32);
+        let inside = k.lt(row, nrows);
+        let nres = k.add(k.reg(), rv, s);
+        let v = k.mul(k.reg(), nres, gv);
+        let sq = k.mul(k.reg(), nres, nres);
+        // Rows past the end (never, with whole 32-row blocks) count as zeros.
+        k.selp(v, v, 0.0f32, inside);
+        k.selp(sq, sq, 0.0f32, inside);
+        let store = k.and(k.reg(), inside, lane0);
+        k.guarded(store, |k| {
+            k.st(Store::GLOBAL, k.elem_addr(res, row, 4), nres)
+        });
+        let slot = k.mad(k.reg(), k.tid_y(), cfg.rows_per_warp, r as u32);
+        let va = k.mad(k.reg(), slot, 4u32, vbase);
+        let sa = k.mad(k.reg(), slot, 4u32, sbase);
+        k.guarded(lane0, |k| {
+            k.st(Store::SHARED, va, v);
+            k.st(Store::SHARED, sa, sq);
+        });
+    }
+    k.bar_sync();
+    let warp0 = k.eq(k.tid_y(), 0u32);
+    k.if_(warp0, |k| {
+        let v = k.load::<F32>(Load::SHARED, k.mad(k.reg(), lane, 4u32, vbase));
+        let sq = k.load::<F32>(Load::SHARED, k.mad(k.reg(), lane, 4u32, sbase));
+        let f = k.mad(k.reg(), k.ctaid_x(), NORM_ROWS_PER_CTA, lane);
+        quantize_warp_block(k, v, lane, f, q);
+        let total = k.warp_sum(sq);
+        k.guarded(lane0, |k| {
+            k.st(Store::GLOBAL, k.elem_addr(partials, k.ctaid_x(), 4), total)
+        });
+    });
+    // The last tile's blocks past `nrows` (a row of 576 fills 2.25 tiles): zeros, as the
+    // quantize kernel writes them, so the consumer's padded weights meet zeros, not junk.
+    let warp1 = k.eq(k.tid_y(), 1u32);
+    let block0 = k.eq(k.ctaid_x(), 0u32);
+    k.and(warp1, warp1, block0);
+    k.if_(warp1, |k| {
+        let used = k.shr(k.reg(), nrows, 5u32);
+        let ntiles = k.add(k.reg(), nrows, (TILE - 1) as u32);
+        k.shr(ntiles, ntiles, 8u32);
+        let total = k.shl(k.reg(), ntiles, 3u32);
+        let b = k.add(k.reg(), used, lane);
+        let pad = k.lt(b, total);
+        k.guarded(pad, |k| {
+            let tile = k.shr(k.reg(), b, 3u32);
+            let slot = k.and(k.reg(), b, 7u32);
+            let tdst = k.elem_addr(q, tile, act::TILE_BYTES as u32);
+            let qdst = k.add(k.reg(), tdst, k.mul_wide(k.reg::<U64>(), slot, 32u32));
+            let z = k.u32(0);
+            k.st_v4(Store::GLOBAL, qdst, [z, z, z, z]);
+            k.st_v4(Store::GLOBAL, qdst.at(16), [z, z, z, z]);
+            let hdst = k.add(k.reg(), tdst, k.mul_wide(k.reg::<U64>(), slot, 2u32));
+            for off in [act::D_OFFSET, act::SUM_OFFSET, act::S_OFFSET] {
+                k.st_narrow(Store::GLOBAL, Narrow::U16, hdst.at(off as i64), z);
+            }
+        });
+    });
+}
+
+/// The consumer's second job: `out[i] = res[i] * inv_rms * g[i]` (the norm kernels'
+/// operations and order) for every `i < n`, spread over all threads of the grid.
+#[allow(clippy::too_many_arguments)]
+fn write_norm_output(
+    k: &Kernel,
+    cfg: Config,
+    n: Reg<U32>,
+    res: Reg<U64>,
+    g: Reg<U64>,
+    out: Reg<U64>,
+    inv: Reg<F32>,
+    lane: Reg<U32>,
+) {
+    let wanted = k.cmp(Cmp::Ne, out, 0u64);
+    k.if_(wanted, |k| {
+        let threads = 32 * cfg.warps_per_cta;
+        let tid = k.mad(k.reg(), k.tid_y(), 32u32, lane);
+        let start = k.mad(k.reg(), k.ctaid_x(), threads, tid);
+        let step = k.mul(k.reg(), k.nctaid_x(), threads);
+        k.stride_loop(start, n, step, |k, i| {
+            let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(res, i, 4));
+            let gv = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(g, i, 4));
+            k.mul(v, v, inv);
+            k.mul(v, v, gv);
+            k.st(Store::GLOBAL, k.elem_addr(out, i, 4), v);
+        });
+    });
 }
 
 /// CPU twin of [`kernel`]: `y[t][r] = sum_i W[r][i] * x[t][i]` in f64, with `W` dequantized
@@ -303,6 +650,34 @@ pub fn cpu_with_magnitude(
     Ok((y, mag))
 }
 
+/// CPU twin of a [`Fuse::ResidualNorm`] GEMV's tiles: the q8_1 tiles of `res * g` (f32
+/// products, as the kernel forms them) for the updated `res`, padded with zero blocks.
+pub fn residual_norm_tiles(res: &[f32], g: &[f32]) -> Result<Vec<u8>, KernelError> {
+    if res.len() != g.len() || res.is_empty() || res.len() % 32 != 0 {
+        return Err(KernelError::BadLength {
+            what: "residual row (a multiple of 32, as long as the norm's weights)",
+            got: res.len(),
+            want: g.len().div_ceil(32).max(1) * 32,
+        });
+    }
+    let v: Vec<f32> = res.iter().zip(g).map(|(&r, &w)| r * w).collect();
+    act::quantize_cpu(&v, v.len())
+}
+
+/// CPU twin of a [`Fuse::ResidualNorm`] GEMV's partial sums: `sum(res²)` over each block's
+/// [`NORM_ROWS_PER_CTA`] rows of the updated `res`, in f64.
+pub fn residual_norm_partials(res: &[f32]) -> Vec<f64> {
+    res.chunks(NORM_ROWS_PER_CTA as usize)
+        .map(|c| c.iter().map(|&v| f64::from(v) * f64::from(v)).sum())
+        .collect()
+}
+
+/// CPU twin of a [`Fuse::RmsInput`] GEMV's scale: `1 / sqrt(sum(partials) / n + eps)`.
+pub fn rms_input_scale(partials: &[f64], n: usize, eps: f32) -> f64 {
+    let total: f64 = partials.iter().sum();
+    1.0 / (total / n as f64 + f64::from(eps)).sqrt()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,6 +714,73 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The split residual norm computes the unfused one: a GEMV over the unscaled tiles of
+    /// `res * g`, scaled by `1 / rms` from the partial sums, is the GEMV over the tiles of
+    /// `rms_norm(res) * g` up to quantization rounding, for a row that does not fill its
+    /// last tile (576) and one that does.
+    #[test]
+    fn split_residual_norm_is_the_norm_then_the_gemv() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for n in [576, 1024] {
+            let nrows = 6;
+            let res: Vec<f32> = (0..n).map(|_| rng.gen_range(-30.0..30.0)).collect();
+            let g: Vec<f32> = (0..n).map(|_| rng.gen_range(0.5..1.5)).collect();
+            let w: Vec<f32> = (0..nrows * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let ty = GgmlType::Q8_0;
+            let row = n / ty.block_size() * ty.type_size();
+            let mut ggml = vec![0u8; nrows * row];
+            for (src, dst) in w.chunks_exact(n).zip(ggml.chunks_exact_mut(row)) {
+                smelt_quant::quantize_row(ty, src, dst).unwrap();
+            }
+            let eps = 1e-5;
+            let mut x = res.clone();
+            let (_, normed_q) = crate::fused::cpu(&mut x, None, &g, eps).unwrap();
+            let want = cpu(ty, &ggml, nrows, n, &normed_q, 1).unwrap();
+            let tiles = residual_norm_tiles(&res, &g).unwrap();
+            assert_eq!(tiles.len(), normed_q.len());
+            let parts = residual_norm_partials(&res);
+            assert_eq!(parts.len(), n / 32);
+            let inv = rms_input_scale(&parts, n, eps);
+            let exact: f64 = res.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n as f64;
+            assert!((inv - 1.0 / (exact + 1e-5).sqrt()).abs() < 1e-12);
+            let got = cpu(ty, &ggml, nrows, n, &tiles, 1).unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                let scaled = f64::from(*g) * inv;
+                assert!((scaled - f64::from(*w)).abs() < 0.02 * f64::from(w.abs()).max(1.0));
+            }
+        }
+        assert!(residual_norm_tiles(&[1.0; 40], &[1.0; 40]).is_err());
+        assert!(residual_norm_tiles(&[1.0; 32], &[1.0; 64]).is_err());
+    }
+
+    #[test]
+    fn fused_configs_have_their_own_names_and_refuse_bad_shapes() {
+        use crate::formats::Q4K;
+        assert_eq!(
+            Config::residual_norm().name::<Q4K>(),
+            "gemv_q4_k_t1_resnorm"
+        );
+        assert_eq!(Config::rms_input().name::<Q4K>(), "gemv_q4_k_t1_rmsin");
+        let odd = Config {
+            warps_per_cta: 8,
+            ..Config::residual_norm()
+        };
+        assert_eq!(odd.name::<Q4K>(), "gemv_q4_k_t1_resnorm_r2_w8");
+        let mut m = smelt_ptx::Module::new(smelt_ptx::Target::Sm90);
+        assert!(m.kernel("a", |k| kernel::<Q4K>(k, odd)).is_err());
+        let two = Config {
+            ntok: 2,
+            ..Config::rms_input()
+        };
+        assert!(m.kernel("b", |k| kernel::<Q4K>(k, two)).is_err());
+        m.kernel("c", |k| kernel::<Q4K>(k, Config::residual_norm()))
+            .unwrap();
+        m.kernel("d", |k| kernel::<Q4K>(k, Config::rms_input()))
+            .unwrap();
+        let ptx = m.to_ptx();
+        assert!(ptx.contains("bar.sync"));
     }
 
     #[test]

@@ -88,6 +88,33 @@ impl CudaWeight {
     }
 }
 
+/// The q8_1 tiles of a matmul input `x` at `q`, kept so the next matmuls of the same
+/// activations reuse them.
+#[derive(Clone, Copy, Debug)]
+struct Quantized {
+    x: CudaTensor,
+    q: u64,
+    /// The tiles are a split residual norm's (`gemv::Fuse`): unscaled by `1 / rms`.
+    rms: Option<SplitNorm>,
+}
+
+/// The second half of a residual add + RMS norm that a GEMV (`Fuse::ResidualNorm`) began:
+/// what the consumer GEMV (`Fuse::RmsInput`) reads to scale by `1 / rms`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct SplitNorm {
+    /// One f32 sum of squares per producer block.
+    partials: u64,
+    nparts: usize,
+    eps: f32,
+    /// The residual stream (updated by the producer), the norm's weights and output.
+    res: CudaTensor,
+    g: u64,
+    out: CudaTensor,
+    /// Whether `out` is still to be written: by the first consumer, or by a plain norm
+    /// when an op other than a matmul comes first.
+    out_pending: bool,
+}
+
 /// A single-token GEMV not launched yet: the next matmul of the same activations, whose
 /// weights and output follow these in memory, joins it (one launch, more rows in flight).
 #[derive(Clone, Copy, Debug)]
@@ -100,6 +127,7 @@ struct PendingGemv {
     x: CudaTensor,
     q: u64,
     out: u64,
+    rms: Option<SplitNorm>,
 }
 
 /// A single-row rope not launched yet: the next rope of the row that follows it in memory
@@ -163,7 +191,7 @@ pub struct Cuda {
     error: Mutex<Option<CudaError>>,
     /// The last matmul input and its q8_1 tiles: Q, K and V (and gate and up) multiply the
     /// same activations, which are quantized once. Any other op forgets it.
-    quantized: Mutex<Option<(CudaTensor, u64)>>,
+    quantized: Mutex<Option<Quantized>>,
     /// `x += y` not launched yet: when the next op is the norm of `x` (the residual stream
     /// then the next block's norm), both run as one fused kernel.
     pending_add: Mutex<Option<(CudaTensor, CudaTensor)>>,
@@ -173,6 +201,9 @@ pub struct Cuda {
     /// Whole-row norms write the q8_1 tiles of their output too (`SMELT_CUDA_FUSED=0`
     /// turns it off, to measure it).
     fuse_quantize: bool,
+    /// A decode row's residual add and RMS norm run inside the GEMVs before and after them
+    /// (`gemv::Fuse`; `SMELT_CUDA_SPLIT_NORM=0` or `SMELT_CUDA_FUSED=0` turn it off).
+    split_norm: bool,
     /// A decode row's rope of Q|K and its KV append run as one kernel (`rope_kv_*`;
     /// `SMELT_CUDA_ROPE_KV=0` or `SMELT_CUDA_FUSED=0` turn it off, to measure it).
     fuse_rope_kv: bool,
@@ -233,6 +264,8 @@ impl Cuda {
                 env_usize("SMELT_CUDA_GEMV_R1_ROWS").unwrap_or(0),
                 env_usize("SMELT_CUDA_GEMV_R4_ROWS").unwrap_or(usize::MAX),
             ),
+            split_norm: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
+                && std::env::var("SMELT_CUDA_SPLIT_NORM").map_or(true, |v| v != "0"),
             fuse_rope_kv: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
                 && std::env::var("SMELT_CUDA_ROPE_KV").map_or(true, |v| v != "0"),
             weights: Mutex::new((Vec::new(), 0, 0)),
@@ -293,7 +326,7 @@ impl Cuda {
     fn run(&self, f: impl FnOnce() -> Result<(), CudaError>) {
         self.run_raw(|| {
             self.flush()?;
-            *lock(&self.quantized) = None;
+            self.forget_quantized()?;
             f()
         })
     }
@@ -343,6 +376,29 @@ impl Cuda {
         Ok(p)
     }
 
+    /// Forgets the cached matmul input; a split norm whose output no GEMV wrote yet writes
+    /// it now (with the plain norm kernel: the residual is already updated).
+    fn forget_quantized(&self) -> Result<(), CudaError> {
+        let cached = lock(&self.quantized).take();
+        if let Some(Quantized {
+            rms:
+                Some(
+                    n @ SplitNorm {
+                        out_pending: true, ..
+                    },
+                ),
+            ..
+        }) = cached
+        {
+            let g = CudaWeight::Vector {
+                ptr: n.g,
+                len: n.res.cols,
+            };
+            self.op_rms_norm(&n.res, &g, n.eps, &n.out)?;
+        }
+        Ok(())
+    }
+
     /// Launches whatever is deferred (a GEMV, an add or a rope; at most one is at a time).
     pub fn flush(&self) -> Result<(), CudaError> {
         self.flush_gemv()?;
@@ -361,7 +417,17 @@ impl Cuda {
     fn flush_gemv(&self) -> Result<(), CudaError> {
         let pending = lock(&self.pending_gemv).take();
         match pending {
-            Some(p) => self.launch_gemv(p.w, p.ty, p.rows, p.cols, p.row_bytes, p.q, p.out, 1),
+            Some(p) => self.launch_gemv(
+                p.w,
+                p.ty,
+                p.rows,
+                p.cols,
+                p.row_bytes,
+                p.q,
+                p.out,
+                1,
+                p.rms.as_ref(),
+            ),
             None => Ok(()),
         }
     }
@@ -641,18 +707,32 @@ impl Cuda {
         self.flush_gemv()?;
         let act_row = act::row_bytes(cols)?;
         let cached = *lock(&self.quantized);
-        let q = match cached {
-            Some((t, q)) if t.ptr == x.ptr && t.rows == x.rows && t.cols == x.cols => q,
+        let (q, rms) = match cached {
+            Some(c) if c.x.ptr == x.ptr && c.x.rows == x.rows && c.x.cols == x.cols => (c.q, c.rms),
             _ => {
+                self.forget_quantized()?;
                 let q = self.scratch(act_row * n)?;
                 self.quantize_q8_1(x.ptr, q, cols, n)?;
-                q
+                (q, None)
             }
         };
         // The output is written below: it must not be the cached input.
         let overlaps =
             out.ptr < x.ptr + (x.cap * 4) as u64 && x.ptr < out.ptr + (out.cap * 4) as u64;
-        *lock(&self.quantized) = if overlaps { None } else { Some((*x, q)) };
+        // This GEMV writes a split norm's output; later ones only read the tiles.
+        let later = rms.map(|r| SplitNorm {
+            out_pending: false,
+            ..r
+        });
+        *lock(&self.quantized) = if overlaps {
+            None
+        } else {
+            Some(Quantized {
+                x: *x,
+                q,
+                rms: later,
+            })
+        };
         if n == 1 && !overlaps {
             *lock(&self.pending_gemv) = Some(PendingGemv {
                 w: wp,
@@ -663,6 +743,7 @@ impl Cuda {
                 x: *x,
                 q,
                 out: out.ptr,
+                rms,
             });
             return Ok(());
         }
@@ -671,13 +752,14 @@ impl Cuda {
             let t = (n - t0).min(gemv::MAX_TOKENS);
             let xq = q + (t0 * act_row) as u64;
             let y = out.ptr + (t0 * rows * 4) as u64;
-            self.launch_gemv(wp, ty, rows, cols, row_bytes, xq, y, t)?;
+            self.launch_gemv(wp, ty, rows, cols, row_bytes, xq, y, t, rms.as_ref())?;
             t0 += t;
         }
         Ok(())
     }
 
-    /// `y[t][r] = W[r] . xq[t]` for `t < ntok` (at most [`gemv::MAX_TOKENS`]).
+    /// `y[t][r] = W[r] . xq[t]` for `t < ntok` (at most [`gemv::MAX_TOKENS`]); with `rms`,
+    /// `xq` are a split norm's unscaled tiles (one token) and `y` is scaled by `1 / rms`.
     #[allow(clippy::too_many_arguments)]
     fn launch_gemv(
         &self,
@@ -689,6 +771,7 @@ impl Cuda {
         xq: u64,
         y: u64,
         ntok: usize,
+        rms: Option<&SplitNorm>,
     ) -> Result<(), CudaError> {
         let mut cfg = gemv::Config::new(ntok);
         if ntok == 1 && rows <= self.gemv_rows.0 {
@@ -696,27 +779,126 @@ impl Cuda {
         } else if ntok == 1 && rows >= self.gemv_rows.1 {
             cfg.rows_per_warp = 4;
         }
+        if let Some(r) = rms {
+            if ntok != 1 || r.res.cols != cols {
+                return Err(CudaError::Init(format!(
+                    "split norm tiles of {} values for a GEMV of {ntok} tokens x {cols}",
+                    r.res.cols
+                )));
+            }
+            cfg = gemv::Config::rms_input();
+        }
         let name = catalog::gemv_config_name(ty, cfg)?;
         let nrows = rows as u32;
         let l = smelt_kernels::ops::Launch::new(
             (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
-            (32, gemv::WARPS_PER_CTA, 1),
+            cfg.block(),
         );
         // Parameters in the order `gemv::kernel` documents; `w` holds `rows` rows of
         // `row_bytes`, `xq` `ntok` rows of q8_1 tiles, `y` `ntok x rows` floats.
+        let mut args = vec![
+            Arg::P(w),
+            Arg::P(xq),
+            Arg::P(y),
+            Arg::U(nrows),
+            Arg::U(cols.div_ceil(TILE) as u32),
+            Arg::U(row_bytes as u32),
+            Arg::U(0),
+        ];
+        if let Some(r) = rms {
+            args.extend([
+                Arg::P(r.partials),
+                Arg::U(r.nparts as u32),
+                Arg::U(cols as u32),
+                Arg::F(r.eps),
+                Arg::P(r.res.ptr),
+                Arg::P(r.g),
+                Arg::P(if r.out_pending { r.out.ptr } else { 0 }),
+            ]);
+        }
+        self.launch(&name, l, &args)
+    }
+
+    /// `rms_norm(x += y) -> out` for a decode row whose `y` is the output of the deferred
+    /// GEMV: that GEMV runs as the producer half of a split norm (`gemv::Fuse`) and the
+    /// tiles it writes wait in the cache for the next matmul. False when the shapes do not
+    /// allow it (nothing launched then).
+    fn split_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+        out: &CudaTensor,
+    ) -> Result<bool, CudaError> {
+        let CudaWeight::Vector { ptr: g, len: n } = *w else {
+            return Ok(false);
+        };
+        let pending_add = *lock(&self.pending_add);
+        let pending_gemv = *lock(&self.pending_gemv);
+        let (Some((px, y)), Some(p)) = (pending_add, pending_gemv) else {
+            return Ok(false);
+        };
+        let apart =
+            out.ptr + (out.cap * 4) as u64 <= x.ptr || x.ptr + (x.cap * 4) as u64 <= out.ptr;
+        let nparts = n / gemv::NORM_ROWS_PER_CTA as usize;
+        let fits = self.split_norm
+            && px.ptr == x.ptr
+            && x.rows == 1
+            && x.cols == n
+            && y.rows == 1
+            && y.cols == n
+            && p.out == y.ptr
+            && p.rows == n
+            && p.rms.is_none()
+            && n.is_multiple_of(gemv::NORM_ROWS_PER_CTA as usize)
+            && nparts <= gemv::MAX_PARTS as usize
+            && out.rows == 1
+            && out.cols == n
+            && apart;
+        if !fits {
+            return Ok(false);
+        }
+        *lock(&self.pending_add) = None;
+        *lock(&self.pending_gemv) = None;
+        let q = self.scratch(act::row_bytes(n)?)?;
+        let partials = self.scratch(nparts * 4)?;
+        let cfg = gemv::Config::residual_norm();
+        let l = smelt_kernels::ops::Launch::new(
+            ((n as u32).div_ceil(cfg.rows_per_cta()), 1, 1),
+            cfg.block(),
+        );
+        // Parameters in the order `gemv::kernel` documents for `Fuse::ResidualNorm`.
         self.launch(
-            &name,
+            &catalog::gemv_config_name(p.ty, cfg)?,
             l,
             &[
-                Arg::P(w),
-                Arg::P(xq),
-                Arg::P(y),
-                Arg::U(nrows),
-                Arg::U(cols.div_ceil(TILE) as u32),
-                Arg::U(row_bytes as u32),
+                Arg::P(p.w),
+                Arg::P(p.q),
+                Arg::P(p.out),
+                Arg::U(n as u32),
+                Arg::U(p.cols.div_ceil(TILE) as u32),
+                Arg::U(p.row_bytes as u32),
                 Arg::U(0),
+                Arg::P(x.ptr),
+                Arg::P(g),
+                Arg::P(q),
+                Arg::P(partials),
             ],
-        )
+        )?;
+        *lock(&self.quantized) = Some(Quantized {
+            x: *out,
+            q,
+            rms: Some(SplitNorm {
+                partials,
+                nparts,
+                eps,
+                res: *x,
+                g,
+                out: *out,
+                out_pending: true,
+            }),
+        });
+        Ok(true)
     }
 
     /// `q = quantize_q8_1(x)` for `n` rows of `k` floats.
@@ -839,6 +1021,10 @@ impl Backend for Cuda {
     ) -> Result<(), EngineError> {
         self.run_raw(|| {
             self.flush_rope()?;
+            // A deferred add may read the deferred GEMV's output: that GEMV goes first.
+            if lock(&self.pending_add).is_some() {
+                self.flush_gemv()?;
+            }
             self.flush_add()?;
             self.matmul_inner(w, x, out)
         });
@@ -851,10 +1037,13 @@ impl Backend for Cuda {
 
     fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) {
         self.run_raw(|| {
-            self.flush_gemv()?;
             self.flush_rope()?;
-            *lock(&self.quantized) = None;
+            self.forget_quantized()?;
             self.ensure(out, x.rows, x.cols)?;
+            if self.split_norm(x, w, eps, out)? {
+                return Ok(());
+            }
+            self.flush_gemv()?;
             let pending = lock(&self.pending_add).take();
             let fusable = pending
                 .as_ref()
@@ -869,7 +1058,11 @@ impl Backend for Cuda {
                 }
                 let q = self.scratch(act::row_bytes(x.cols)? * x.rows)?;
                 self.op_norm_q8(x, fusable.as_ref(), w, eps, out, q)?;
-                *lock(&self.quantized) = Some((*out, q));
+                *lock(&self.quantized) = Some(Quantized {
+                    x: *out,
+                    q,
+                    rms: None,
+                });
                 return Ok(());
             }
             match pending {
@@ -892,8 +1085,20 @@ impl Backend for Cuda {
     }
 
     fn add(&self, x: &mut CudaTensor, y: &CudaTensor) {
-        // Deferred: launched by the next op, fused into it when that is `x`'s norm.
-        self.run(|| {
+        // Deferred: launched by the next op, fused into it when that is `x`'s norm. A
+        // deferred GEMV that writes `y` stays deferred too: with the norm, the two may run
+        // as one (`split_norm`); any other op launches the GEMV, then the add.
+        self.run_raw(|| {
+            let keep = self.split_norm
+                && lock(&self.pending_add).is_none()
+                && matches!(*lock(&self.pending_gemv), Some(p) if p.out == y.ptr && y.rows == 1);
+            if keep {
+                self.flush_rope()?;
+                self.flush_add()?;
+            } else {
+                self.flush()?;
+            }
+            self.forget_quantized()?;
             *lock(&self.pending_add) = Some((*x, *y));
             Ok(())
         });
@@ -906,7 +1111,11 @@ impl Backend for Cuda {
             if self.fuse_quantize && self.can_glu_quantize(gate, up) {
                 let q = self.scratch(act::row_bytes(gate.cols)? * gate.rows)?;
                 self.op_glu_q8(gate, up, act, q)?;
-                *lock(&self.quantized) = Some((*gate, q));
+                *lock(&self.quantized) = Some(Quantized {
+                    x: *gate,
+                    q,
+                    rms: None,
+                });
                 return Ok(());
             }
             self.op_glu(gate, up, act)
@@ -924,7 +1133,7 @@ impl Backend for Cuda {
         self.run_raw(|| {
             self.flush_gemv()?;
             self.flush_add()?;
-            *lock(&self.quantized) = None;
+            self.forget_quantized()?;
             let s = self.step_ptrs()?;
             if s.n_tokens != positions.len() || x.rows != positions.len() {
                 return Err(CudaError::BadLength {
@@ -975,6 +1184,11 @@ impl Backend for Cuda {
     }
 
     fn gather_rows(&self, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
+        // Every row in order (a decode step's logits row): the tensor itself, no copy, and
+        // the deferred add + GEMV before it stay deferred for the norm that follows.
+        if rows.iter().copied().eq(0..x.rows) {
+            return *x;
+        }
         let out = self.alloc(rows.len(), x.cols);
         self.run(|| {
             let row_bytes = x.cols * 4;
@@ -1056,7 +1270,7 @@ impl Backend for Cuda {
         self.run_raw(|| {
             self.flush_gemv()?;
             self.flush_add()?;
-            *lock(&self.quantized) = None;
+            self.forget_quantized()?;
             let s = self.step_ptrs()?;
             if s.n_seqs != seqs.len() {
                 return Err(CudaError::BadLength {
@@ -1108,7 +1322,11 @@ impl Backend for Cuda {
             };
             self.op_attention(q, kv, layer, &s, p, out, tiles)?;
             if let Some(t) = tiles {
-                *lock(&self.quantized) = Some((*out, t));
+                *lock(&self.quantized) = Some(Quantized {
+                    x: *out,
+                    q: t,
+                    rms: None,
+                });
             }
             Ok(())
         });
