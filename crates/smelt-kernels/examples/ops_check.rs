@@ -136,14 +136,14 @@ impl Check {
         }
     }
 
-    fn bits(&mut self, case: &str, got: &[u16], want: &[u16]) {
+    fn bits<T: Copy + PartialEq + Into<u64>>(&mut self, case: &str, got: &[T], want: &[T]) {
         self.cases += 1;
         if let Some(i) = (0..want.len()).find(|&i| got.get(i) != Some(&want[i])) {
             self.fails += 1;
             self.first_bad.get_or_insert(format!(
                 "{case}: [{i}] gpu {:#06x} cpu {:#06x}",
-                got.get(i).copied().unwrap_or(0),
-                want[i]
+                got.get(i).map_or(0, |&g| g.into()),
+                want[i].into()
             ));
         }
     }
@@ -845,6 +845,67 @@ fn run_attention(
     Ok(())
 }
 
+/// The combining attention (`attention::combine_kernel`): partials, output and tiles in
+/// one launch.
+#[allow(clippy::too_many_arguments)]
+fn run_combine(
+    gpu: &Gpu,
+    p: &Paged,
+    shape: &attention::AttnShape,
+    n_splits: usize,
+    qd: &cudarc::driver::CudaSlice<f32>,
+    kcd: &cudarc::driver::CudaSlice<u16>,
+    vcd: &cudarc::driver::CudaSlice<u16>,
+    sd: &cudarc::driver::CudaSlice<u32>,
+    td: &cudarc::driver::CudaSlice<u32>,
+    acc: &mut cudarc::driver::CudaSlice<f32>,
+    ml: &mut cudarc::driver::CudaSlice<f32>,
+    out: &mut cudarc::driver::CudaSlice<f32>,
+    qt: &mut cudarc::driver::CudaSlice<u8>,
+    counters: &mut cudarc::driver::CudaSlice<u32>,
+) -> Result<()> {
+    let name = attention::combine_name(shape.head_dim).context("head_dim")?;
+    let qtiles = attention::q_tiles(p.max_tokens, shape.n_head, shape.n_head_kv) as u32;
+    let (nh, nkv, bs, ns, win) = (
+        shape.n_head as u32,
+        shape.n_head_kv as u32,
+        shape.block_size as u32,
+        n_splits as u32,
+        shape.window as u32,
+    );
+    launch!(
+        gpu,
+        &name,
+        attention::launch(
+            p.seqs.len(),
+            p.max_tokens,
+            shape.n_head,
+            shape.n_head_kv,
+            n_splits
+        ),
+        [
+            qd,
+            kcd,
+            vcd,
+            sd,
+            td,
+            &mut *acc,
+            &mut *ml,
+            &nh,
+            &nkv,
+            &bs,
+            &ns,
+            &qtiles,
+            &win,
+            &shape.scale,
+            &mut *out,
+            &mut *qt,
+            &mut *counters
+        ]
+    );
+    Ok(())
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Which {
     Both,
@@ -865,6 +926,8 @@ type AttnCase = (
 
 fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
     let (mut ckv, mut catt) = (Check::default(), Check::default());
+    let (mut ccomb, mut ctiles) = (Check::default(), Check::default());
+    let (mut ccount, mut crun) = (Check::default(), Check::default());
     // (seqs as (start_pos, new tokens), n_head, n_head_kv, head_dim, block size, window, splits)
     let cases: Vec<AttnCase> = vec![
         (vec![(0, 1), (37, 1), (300, 1)], 8, 2, 128, 16, 0, 4),
@@ -946,9 +1009,65 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
         let mut want = vec![0f32; p.rows * n_head * hd];
         attention::attention_cpu(&q, &kc, &vc, &p.seqs, &p.tables, &s, &mut want);
         catt.add(&case, &gpu.stream.clone_dtoh(&out)?, &want, 2e-5, 1e-4);
+        if attention::combine_fits(n_head, hd, n_splits) {
+            // Twice on the same inputs: the counters must come back to zero, so the
+            // second launch combines as the first did.
+            let groups = attention::combine_counters(p.seqs.len(), p.max_tokens, n_head, n_head_kv);
+            let mut counters = gpu.stream.alloc_zeros::<u32>(groups)?;
+            let mut first: Option<Vec<f32>> = None;
+            for round in 0..2 {
+                let mut acc = gpu.stream.clone_htod(&nan(al))?;
+                let mut ml = gpu.stream.clone_htod(&nan(mll))?;
+                let mut out = gpu.stream.clone_htod(&nan(p.rows * n_head * hd))?;
+                let row_q = smelt_kernels::act::row_bytes(n_head * hd)?;
+                let mut qt = gpu.stream.clone_htod(&vec![0xFFu8; p.rows * row_q])?;
+                run_combine(
+                    gpu,
+                    &p,
+                    &s,
+                    n_splits,
+                    &qd,
+                    &kcd,
+                    &vcd,
+                    &sd,
+                    &td,
+                    &mut acc,
+                    &mut ml,
+                    &mut out,
+                    &mut qt,
+                    &mut counters,
+                )?;
+                let got = gpu.stream.clone_dtoh(&out)?;
+                let c = format!("{case} round {round}");
+                ccomb.add(&c, &got, &want, 2e-5, 1e-4);
+                let tiles = smelt_kernels::act::quantize_cpu(&got, n_head * hd)?;
+                ctiles.bits(&c, &gpu.stream.clone_dtoh(&qt)?, &tiles);
+                let left = gpu.stream.clone_dtoh(&counters)?;
+                ccount.bits(&c, &left, &vec![0u32; groups]);
+                match &first {
+                    None => first = Some(got),
+                    Some(f) => {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        crun.bits(&c, &bits(&got), &bits(f))
+                    }
+                }
+            }
+        }
     }
     rep.push(kv::KV_APPEND, ckv, "exact (bits)");
     rep.push("attention + reduce", catt, "2e-5 + 1e-4|r|");
+    rep.push("attention_hd*_combine_q8_1 (f32)", ccomb, "2e-5 + 1e-4|r|");
+    rep.push(
+        "attention_hd*_combine_q8_1 (tiles)",
+        ctiles,
+        "exact (q8_1 of its f32)",
+    );
+    rep.push(
+        "attention_hd*_combine_q8_1 (counters)",
+        ccount,
+        "all zero after",
+    );
+    rep.push("attention_hd*_combine_q8_1 (rerun)", crun, "same bits");
     Ok(())
 }
 
@@ -1444,10 +1563,14 @@ fn main() -> Result<()> {
             rep.push(&format!("{name} (error)"), c, "-");
         }
     }
-    let table = speed(&gpu, &mut rng).unwrap_or_else(|e| {
-        println!("speed: ERROR {e:#}");
-        vec![format!("speed measurement failed: {e:#}")]
-    });
+    let table = if std::env::args().any(|a| a == "--parity-only") {
+        Vec::new()
+    } else {
+        speed(&gpu, &mut rng).unwrap_or_else(|e| {
+            println!("speed: ERROR {e:#}");
+            vec![format!("speed measurement failed: {e:#}")]
+        })
+    };
     println!("\n== summary ==");
     println!("| kernel | cases | max abs err | max rel err | tolerance | result |");
     println!("|---|---|---|---|---|---|");

@@ -14,7 +14,10 @@
 //! probabilities to f16 before weighting V, which a split softmax cannot (it normalizes
 //! last); that is below 1e-3 relative.
 
-use smelt_ptx::{Cmp, Exact, FloatRound, Kernel, Load, Reg, Store, F16, F32, U32, U64};
+use smelt_ptx::{
+    Cmp, Exact, FloatRound, Kernel, Load, LoadCache, Pred, Reg, Scope, Space, Store, F16, F32, U32,
+    U64,
+};
 
 use super::kv::SeqDesc;
 use super::{bfly, dim, Launch, LOG2E};
@@ -52,6 +55,33 @@ pub const REDUCE: &str = "attention_reduce";
 /// Name of [`reduce_q8_kernel`].
 pub const REDUCE_Q8: &str = "attention_reduce_q8_1";
 
+/// Most splits [`combine_kernel`] takes (two per lane).
+pub const COMBINE_MAX_SPLITS: usize = 64;
+
+/// Name of [`combine_kernel`] for heads of `head_dim`.
+pub fn combine_name(head_dim: usize) -> Option<String> {
+    HEAD_DIMS
+        .contains(&head_dim)
+        .then(|| format!("attention_hd{head_dim}_combine_q8_1"))
+}
+
+/// Whether [`combine_kernel`] takes this shape: what [`reduce_q8_fits`] takes, and at most
+/// [`COMBINE_MAX_SPLITS`] splits.
+pub fn combine_fits(n_head: usize, head_dim: usize, n_splits: usize) -> bool {
+    reduce_q8_fits(n_head, head_dim) && (1..=COMBINE_MAX_SPLITS).contains(&n_splits)
+}
+
+/// Counters [`combine_kernel`] uses for a launch of `n_seqs` sequences of at most
+/// `max_tokens` tokens: one per block group `(z, KV head)`.
+pub fn combine_counters(
+    n_seqs: usize,
+    max_tokens: usize,
+    n_head: usize,
+    n_head_kv: usize,
+) -> usize {
+    n_seqs * q_tiles(max_tokens, n_head, n_head_kv) * n_head_kv
+}
+
 /// Whether [`reduce_q8_kernel`] takes rows of `n_head` heads of `head_dim`: whole warps
 /// per head (one q8_1 block per warp), one thread per value, whole tiles per row.
 pub fn reduce_q8_fits(n_head: usize, head_dim: usize) -> bool {
@@ -68,6 +98,11 @@ pub fn catalog() -> Vec<Entry> {
             name(hd).map(|n| -> Entry { (n, Box::new(move |k: &Kernel| kernel(k, hd))) })
         })
         .collect();
+    for &hd in &HEAD_DIMS {
+        if let Some(n) = combine_name(hd) {
+            v.push((n, Box::new(move |k: &Kernel| combine_kernel(k, hd))));
+        }
+    }
     v.push((REDUCE.to_string(), Box::new(reduce_kernel)));
     v.push((REDUCE_Q8.to_string(), Box::new(reduce_q8_kernel)));
     v
@@ -183,6 +218,24 @@ fn load_halves(k: &Kernel, addr: Reg<U64>, e: usize) -> Vec<Reg<U32>> {
 /// and the pair (max of the base-2 scores, sum of their powers); a split with no visible
 /// key writes (-inf, 0) and zeros.
 pub fn kernel(k: &Kernel, head_dim: usize) {
+    body(k, head_dim, false);
+}
+
+/// [`kernel`] and [`reduce_q8_kernel`] in one launch: the last block of each `(z, KV head)`
+/// group to finish (a counter per group, `atom.add` after a GPU-scope fence; the last
+/// block puts it back to zero) combines the group's partials, writes the output rows and
+/// their q8_1 tiles. At decode the combine was a launch of its own per layer, a few
+/// microseconds of latency for a few kilobytes.
+///
+/// Parameters: those of [`kernel`], then `out: *mut f32 ([rows][n_head * head_dim])`, `q:
+/// *mut u8 (the tiles of each row)`, `counters: *mut u32` ([`combine_counters`] words, zero
+/// before the first launch; every launch leaves them zero). Only for shapes
+/// [`combine_fits`] accepts. Launch: [`launch`].
+pub fn combine_kernel(k: &Kernel, head_dim: usize) {
+    body(k, head_dim, true);
+}
+
+fn body(k: &Kernel, head_dim: usize, combine: bool) {
     if !HEAD_DIMS.contains(&head_dim) {
         k.reject(format!("no attention kernel for head_dim {head_dim}"));
         return;
@@ -207,6 +260,13 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
     let q_tiles = k.param_u32("q_tiles");
     let window = k.param_u32("window");
     let scale = k.param::<F32>("scale");
+    let fused = combine.then(|| {
+        (
+            k.param_ptr("out"),
+            k.param_ptr("q8"),
+            k.param_ptr("counters"),
+        )
+    });
 
     let lane = k.tid_x();
     let warp = k.tid_y();
@@ -221,7 +281,15 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
     let group = k.div_int(k.reg(), n_head, n_head_kv);
     let item = k.mad(k.reg(), tile, WARPS, warp);
     let t = k.div_int(k.reg(), item, group);
-    k.exit_if(k.ge(t, n_tokens));
+    // The combining variant keeps every warp (its blocks meet at barriers): a warp past
+    // the sequence's tokens takes the last one's place and stores nothing.
+    let active = k.lt(t, n_tokens);
+    if combine {
+        let last_t = k.sub(k.reg(), n_tokens, 1u32);
+        k.min(t, t, last_t);
+    } else {
+        k.exit_if(k.ge(t, n_tokens));
+    }
     let g = k.rem(k.reg(), item, group);
     let head = k.mad(k.reg(), kvh, group, g);
     let row = k.add(k.reg(), row0, t);
@@ -374,12 +442,168 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
         k.mul(k.reg(), lane, e as u32),
     );
     let aa = k.elem_addr(part_acc, aoff, 4);
-    for (i, a) in acc.iter().enumerate() {
-        k.st(Store::GLOBAL, aa.at(4 * i as i64), *a);
-    }
+    k.guarded(active, |k| {
+        for (i, a) in acc.iter().enumerate() {
+            k.st(Store::GLOBAL, aa.at(4 * i as i64), *a);
+        }
+    });
     let ma = k.elem_addr(part_ml, pidx, 8);
     let lane0 = k.eq(lane, 0u32);
-    k.guarded(lane0, |k| k.st_v2(Store::GLOBAL, ma, [m, l]));
+    let store_ml = k.and(k.reg(), lane0, active);
+    k.guarded(store_ml, |k| k.st_v2(Store::GLOBAL, ma, [m, l]));
+    if let Some((out, q8, counters)) = fused {
+        let group_idx = k.mad(k.reg(), z, n_head_kv, kvh);
+        let last = last_block(k, counters, group_idx, n_splits);
+        k.exit_if(!last);
+        k.if_(active, |k| {
+            let pbase = k.mul(k.reg(), qrow, n_splits);
+            combine_row(
+                k, head_dim, part_acc, part_ml, pbase, n_splits, qrow, out, q8,
+            );
+        });
+    }
+}
+
+/// Whether this block is the last of its group to get here: every thread's stores are
+/// fenced at GPU scope, then one thread counts the block in (`atom.add` on
+/// `counters[group]`); the last one resets the counter for the next launch. True in
+/// every thread of the last block, after an acquiring fence.
+fn last_block(k: &Kernel, counters: Reg<U64>, group: Reg<U32>, n_splits: Reg<U32>) -> Reg<Pred> {
+    let flag = k.shared::<U32>("attn_last", 1, 4);
+    k.membar(Scope::Gpu);
+    k.bar_sync();
+    let first = k.eq(k.tid_x(), 0u32);
+    let w0 = k.eq(k.tid_y(), 0u32);
+    k.and(first, first, w0);
+    k.if_(first, |k| {
+        let at = k.elem_addr(counters, group, 4);
+        let old = k.atom_add(Space::Global, k.reg::<U32>(), at, 1u32);
+        let n1 = k.sub(k.reg(), n_splits, 1u32);
+        let is_last = k.eq(old, n1);
+        let v = k.u32(0);
+        k.selp(v, 1u32, 0u32, is_last);
+        k.st(Store::SHARED, flag.at(0), v);
+        let zero = k.u32(0);
+        k.guarded(is_last, |k| k.st(Store::GLOBAL, at, zero));
+    });
+    k.bar_sync();
+    let v = k.load::<U32>(Load::SHARED, flag.at(0));
+    let last = k.cmp(Cmp::Ne, v, 0u32);
+    k.membar(Scope::Gpu);
+    last
+}
+
+/// One warp combines the `n_splits` partials of one (row, head) as [`reduce_body`] does
+/// (weights `2^(m_s - max m)`, normalizer `sum l_s w_s`; here warp reductions), writes the
+/// row's `head_dim` outputs and quantizes them, one q8_1 block per 32 values. Partials
+/// are read through L2 (`.cg`): other blocks wrote them during this launch.
+#[allow(clippy::too_many_arguments)]
+fn combine_row(
+    k: &Kernel,
+    head_dim: usize,
+    part_acc: Reg<U64>,
+    part_ml: Reg<U64>,
+    pbase: Reg<U32>,
+    n_splits: Reg<U32>,
+    qrow: Reg<U32>,
+    out: Reg<U64>,
+    q8: Reg<U64>,
+) {
+    let e = head_dim / 32;
+    let cg = Load::GLOBAL.cache(LoadCache::Cg);
+    let lane = k.tid_x();
+    let warp = k.tid_y();
+    let wsh = k.shared::<F32>("combine_w", WARPS * COMBINE_MAX_SPLITS as u32, 16);
+    let osh = k.shared::<F32>("combine_o", WARPS * 256, 16);
+    let wbase = k.mad(
+        k.reg(),
+        warp,
+        4 * COMBINE_MAX_SPLITS as u32,
+        k.shared_base(&wsh),
+    );
+    let obase = k.mad(k.reg(), warp, 4 * 256, k.shared_base(&osh));
+    // Each lane holds splits `lane` and `lane + 32`: (m, l) pairs, -inf/0 past the end.
+    let pairs: Vec<_> = (0..COMBINE_MAX_SPLITS as u32 / 32)
+        .map(|j| {
+            let s = k.add(k.reg(), lane, 32 * j);
+            let ok = k.lt(s, n_splits);
+            let (m, l) = (k.f32(f32::NEG_INFINITY), k.f32(0.0));
+            k.guarded(ok, |k| {
+                let i = k.add(k.reg(), pbase, s);
+                k.ld_v2(cg, [m, l], k.elem_addr(part_ml, i, 8));
+            });
+            (s, ok, m, l)
+        })
+        .collect();
+    let mx = k.f32(f32::NEG_INFINITY);
+    for &(_, _, m, _) in &pairs {
+        k.max(mx, mx, m);
+    }
+    let mx = k.warp_max(mx);
+    let lsum = k.f32(0.0);
+    for &(s, ok, m, l) in &pairs {
+        let w = k.sub(k.reg(), m, mx);
+        k.ex2_approx(w, w);
+        let empty = k.cmp(Cmp::Eq, m, f32::NEG_INFINITY);
+        k.selp(w, 0.0f32, w, empty);
+        k.fma(lsum, l, w, lsum);
+        k.guarded(ok, |k| {
+            k.st(Store::SHARED, k.mad(k.reg(), s, 4u32, wbase), w)
+        });
+    }
+    let total = k.warp_sum(lsum);
+    k.raw("bar.warp.sync -1");
+    // This lane's `e` values, summed over the splits with eight splits' loads in flight.
+    let o: Vec<Reg<F32>> = (0..e).map(|_| k.f32(0.0)).collect();
+    let col = k.mul(k.reg(), lane, e as u32);
+    k.stride_loop(0u32, n_splits, 8u32, |k, s0| {
+        let mut terms = Vec::new();
+        for u in 0..8u32 {
+            let s = k.add(k.reg(), s0, u);
+            let ok = k.lt(s, n_splits);
+            let vals: Vec<Reg<F32>> = (0..e).map(|_| k.f32(0.0)).collect();
+            let w = k.f32(0.0);
+            k.guarded(ok, |k| {
+                let i = k.add(k.reg(), pbase, s);
+                let ai = k.mad(k.reg(), i, head_dim as u32, col);
+                let a = k.elem_addr(part_acc, ai, 4);
+                for (c, chunk) in vals.chunks(4).enumerate() {
+                    let at = a.at(16 * c as i64);
+                    match chunk.len() {
+                        4 => k.ld_v4(cg, [chunk[0], chunk[1], chunk[2], chunk[3]], at),
+                        2 => k.ld_v2(cg, [chunk[0], chunk[1]], at),
+                        _ => {
+                            k.ld(cg, chunk[0], at);
+                        }
+                    }
+                }
+                k.ld(Load::SHARED, w, k.mad(k.reg(), s, 4u32, wbase));
+            });
+            terms.push((vals, w));
+        }
+        for (vals, w) in terms {
+            for (oi, v) in o.iter().zip(vals) {
+                k.fma(*oi, v, w, *oi);
+            }
+        }
+    });
+    let row0 = k.mul(k.reg(), qrow, head_dim as u32);
+    let first = k.add(k.reg(), row0, col);
+    let oa = k.elem_addr(out, first, 4);
+    let sa = k.mad(k.reg(), col, 4u32, obase);
+    for (i, &oi) in o.iter().enumerate() {
+        k.div_rn(oi, oi, total);
+        k.st(Store::GLOBAL, oa.at(4 * i as i64), oi);
+        k.st(Store::SHARED, sa.at(4 * i as i64), oi);
+    }
+    k.raw("bar.warp.sync -1");
+    // Quantize by 32-value blocks: lane `lane` takes value `32 c + lane` of the head.
+    for c in 0..e as u32 {
+        let idx = k.add(k.reg(), lane, 32 * c);
+        let v = k.load::<F32>(Load::SHARED, k.mad(k.reg(), idx, 4u32, obase));
+        let f = k.add(k.reg(), row0, idx);
+        crate::fused::quantize_warp_block(k, v, lane, f, q8);
+    }
 }
 
 /// Combines the split partials into the attention output.

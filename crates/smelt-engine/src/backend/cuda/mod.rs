@@ -207,6 +207,13 @@ pub struct Cuda {
     /// A decode row's rope of Q|K and its KV append run as one kernel (`rope_kv_*`;
     /// `SMELT_CUDA_ROPE_KV=0` or `SMELT_CUDA_FUSED=0` turn it off, to measure it).
     fuse_rope_kv: bool,
+    /// The attention's last block per group combines the splits and writes the q8_1 tiles
+    /// (`attention_hd*_combine_q8_1`; `SMELT_CUDA_ATTN_COMBINE=0` or `SMELT_CUDA_FUSED=0`
+    /// turn it off).
+    fuse_attn_combine: bool,
+    /// The combining attention's counters: zero between launches (each launch leaves them
+    /// so), allocated once and never moved (graphs hold the address).
+    attn_counters: Mutex<Option<CudaSlice<u32>>>,
     /// Single-token GEMVs of at most `.0` rows run one row per warp, of at least `.1`
     /// rows four (catalog variants; the default is two): `SMELT_CUDA_GEMV_R1_ROWS` and
     /// `SMELT_CUDA_GEMV_R4_ROWS`, to measure them. Off by default.
@@ -266,6 +273,9 @@ impl Cuda {
             ),
             split_norm: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
                 && std::env::var("SMELT_CUDA_SPLIT_NORM").map_or(true, |v| v != "0"),
+            fuse_attn_combine: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
+                && std::env::var("SMELT_CUDA_ATTN_COMBINE").map_or(true, |v| v != "0"),
+            attn_counters: Mutex::new(None),
             fuse_rope_kv: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
                 && std::env::var("SMELT_CUDA_ROPE_KV").map_or(true, |v| v != "0"),
             weights: Mutex::new((Vec::new(), 0, 0)),

@@ -509,25 +509,33 @@ impl Cuda {
         let acc = self.scratch(acc_len * 4)?;
         let ml = self.scratch(ml_len * 4)?;
         let q_tiles = ops::attention::q_tiles(s.max_tokens, p.n_head, p.n_head_kv);
+        let mut args = vec![
+            Arg::P(q.ptr),
+            Arg::P(self.gpu.ptr(kc)),
+            Arg::P(self.gpu.ptr(vc)),
+            Arg::P(s.descs),
+            Arg::P(s.block_tables),
+            Arg::P(acc),
+            Arg::P(ml),
+            Arg::U(p.n_head as u32),
+            Arg::U(p.n_head_kv as u32),
+            Arg::U(kv.block_size as u32),
+            Arg::U(splits as u32),
+            Arg::U(u32_of(q_tiles, "attention q tiles")?),
+            Arg::U(u32_of(p.window.unwrap_or(0), "attention window")?),
+            Arg::F(p.scale),
+        ];
+        // The attention's last block per group combines and writes the tiles too.
+        if let (Some(t), Some(counters)) = (tiles, self.combine_counters(s, p, splits)?) {
+            let name = ops::attention::combine_name(p.head_dim).unwrap_or_default();
+            args.extend([Arg::P(out.ptr), Arg::P(t), Arg::P(counters)]);
+            let l = ops::attention::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv, splits);
+            return self.launch(&name, l, &args);
+        }
         self.launch(
             &name,
             ops::attention::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv, splits),
-            &[
-                Arg::P(q.ptr),
-                Arg::P(self.gpu.ptr(kc)),
-                Arg::P(self.gpu.ptr(vc)),
-                Arg::P(s.descs),
-                Arg::P(s.block_tables),
-                Arg::P(acc),
-                Arg::P(ml),
-                Arg::U(p.n_head as u32),
-                Arg::U(p.n_head_kv as u32),
-                Arg::U(kv.block_size as u32),
-                Arg::U(splits as u32),
-                Arg::U(u32_of(q_tiles, "attention q tiles")?),
-                Arg::U(u32_of(p.window.unwrap_or(0), "attention window")?),
-                Arg::F(p.scale),
-            ],
+            &args,
         )?;
         let l = ops::attention::reduce_launch(q.rows, p.n_head, p.head_dim);
         match tiles {
@@ -560,6 +568,31 @@ impl Cuda {
                 ],
             ),
         }
+    }
+
+    /// The counters of the combining attention for this launch, or None when it does not
+    /// apply (switched off, a shape it does not take, more groups than counters).
+    fn combine_counters(
+        &self,
+        s: &StepPtrs,
+        p: &AttnParams,
+        splits: usize,
+    ) -> Result<Option<u64>, CudaError> {
+        /// Counters allocated once: 256 KiB, far more groups than any decode step has.
+        const COUNTERS: usize = 1 << 16;
+        let groups =
+            ops::attention::combine_counters(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv);
+        if !self.fuse_attn_combine
+            || !ops::attention::combine_fits(p.n_head, p.head_dim, splits)
+            || groups > COUNTERS
+        {
+            return Ok(None);
+        }
+        let mut c = super::lock(&self.attn_counters);
+        if c.is_none() {
+            *c = Some(self.gpu.zeros::<u32>(COUNTERS)?);
+        }
+        Ok(c.as_ref().map(|c| self.gpu.ptr(c)))
     }
 
     /// Key splits per (sequence, KV head): about one block per multiprocessor, independent
