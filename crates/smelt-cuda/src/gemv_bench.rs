@@ -1,7 +1,7 @@
 //! GEMV bandwidth at real shapes against the device copy measured in the same run: the
 //! timing part of `smelt-kernels`' GPU check, shared with `smelt bench --kernels`.
 
-use smelt_kernels::gemv::Config;
+use smelt_kernels::gemv::{Config, Fuse};
 use smelt_kernels::{act, catalog, GgmlType, TILE};
 
 use crate::timing::{copy_bandwidth, time_graph, time_launches};
@@ -37,6 +37,37 @@ impl GemvTiming {
     }
 }
 
+/// What a fused GEMV (`gemv::Fuse`) reads and writes besides its weights, activations and
+/// output: hashed bytes (they do not change the time of integer dot products).
+enum Extras {
+    None,
+    /// res, g, tiles, partials.
+    ResidualNorm([CudaSlice<u8>; 4]),
+    /// partials, their count, the normed length, res, g.
+    RmsInput(CudaSlice<u8>, u32, u32, CudaSlice<u8>, CudaSlice<u8>),
+}
+
+impl Extras {
+    fn new(gpu: &Gpu, cfg: Config, nrows: usize, k: usize) -> Result<Self, CudaError> {
+        Ok(match cfg.fuse {
+            Fuse::None => Extras::None,
+            Fuse::ResidualNorm => Extras::ResidualNorm([
+                gpu.random_bytes(nrows * 4, 10)?,
+                gpu.random_bytes(nrows * 4, 11)?,
+                gpu.zeros::<u8>(act::row_bytes(nrows)?)?,
+                gpu.zeros::<u8>(nrows / 32 * 4)?,
+            ]),
+            Fuse::RmsInput => Extras::RmsInput(
+                gpu.random_bytes(k / 32 * 4, 7)?,
+                (k / 32) as u32,
+                k as u32,
+                gpu.random_bytes(k * 4, 8)?,
+                gpu.random_bytes(k * 4, 9)?,
+            ),
+        })
+    }
+}
+
 /// Launches GEMV `f` (configuration `cfg`) over `nrows` rows of `k` weights.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gemv(
@@ -49,6 +80,21 @@ pub fn launch_gemv(
     nrows: usize,
     k: usize,
     row_bytes: usize,
+) -> Result<(), CudaError> {
+    let mut none = Extras::None;
+    launch_with(gpu, f, cfg, w, xq, y, (nrows, k, row_bytes), &mut none)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_with(
+    gpu: &Gpu,
+    f: &crate::CudaFunction,
+    cfg: Config,
+    w: &CudaSlice<u8>,
+    xq: &CudaSlice<u8>,
+    y: &mut CudaSlice<f32>,
+    (nrows, k, row_bytes): (usize, usize, usize),
+    extras: &mut Extras,
 ) -> Result<(), CudaError> {
     let (nrows, ntiles, row_bytes) = (nrows as u32, k.div_ceil(TILE) as u32, row_bytes as u32);
     let lc = LaunchConfig {
@@ -65,6 +111,22 @@ pub fn launch_gemv(
         .arg(&ntiles)
         .arg(&row_bytes)
         .arg(&never);
+    let (eps, null) = (1e-5f32, 0u64);
+    match extras {
+        Extras::None => {}
+        Extras::ResidualNorm([res, g, q, parts]) => {
+            l.arg(res).arg(g).arg(q).arg(parts);
+        }
+        Extras::RmsInput(parts, nparts, n, res, g) => {
+            l.arg(parts)
+                .arg(&*nparts)
+                .arg(&*n)
+                .arg(&eps)
+                .arg(res)
+                .arg(g)
+                .arg(&null);
+        }
+    }
     // SAFETY: parameters in the order `gemv::kernel` documents, buffers sized by the caller.
     unsafe { l.launch(lc) }?;
     Ok(())
@@ -84,7 +146,39 @@ pub fn time_gemv(
     k: usize,
     ntok: usize,
 ) -> Result<GemvTiming, CudaError> {
-    let cfg = Config::new(ntok);
+    time_config(gpu, ty, nrows, k, Config::new(ntok))
+}
+
+/// The fused single-token GEMVs of a Llama-3-8B decode step beside the plain ones they
+/// replace, Q4_K, in the same run: the output and down projections with the residual add
+/// + norm (`resnorm`), Q|K|V and gate|up with the split norm's input (`rmsin`).
+pub fn time_fused(gpu: &Gpu) -> Result<Vec<GemvTiming>, CudaError> {
+    let ty = GgmlType::Q4_K;
+    [
+        (4096, 4096, Config::new(1)),
+        (4096, 4096, Config::residual_norm()),
+        (4096, 14336, Config::new(1)),
+        (4096, 14336, Config::residual_norm()),
+        (6144, 4096, Config::new(1)),
+        (6144, 4096, Config::rms_input()),
+        (28672, 4096, Config::new(1)),
+        (28672, 4096, Config::rms_input()),
+    ]
+    .into_iter()
+    .map(|(n, k, cfg)| time_config(gpu, ty, n, k, cfg))
+    .collect()
+}
+
+/// Times GEMV configuration `cfg` of `ty` at `nrows x k` (see [`time_gemv`]).
+pub fn time_config(
+    gpu: &Gpu,
+    ty: GgmlType,
+    nrows: usize,
+    k: usize,
+    cfg: Config,
+) -> Result<GemvTiming, CudaError> {
+    let ntok = cfg.ntok;
+    let mut extras = Extras::new(gpu, cfg, nrows, k)?;
     let row_bytes = catalog::row_bytes(ty, k)?;
     let wbytes = nrows * row_bytes;
     let copies = 600_000_000usize.div_ceil(wbytes).clamp(2, 64);
@@ -100,16 +194,15 @@ pub fn time_gemv(
     let f = gpu.function(&name)?;
     let launches = (4_000_000_000usize / wbytes).clamp(50, 2000);
     let mut launch = |i: usize| {
-        launch_gemv(
+        launch_with(
             gpu,
             &f,
             cfg,
             &ws[i % copies],
             &xq,
             &mut y,
-            nrows,
-            k,
-            row_bytes,
+            (nrows, k, row_bytes),
+            &mut extras,
         )
     };
     let ms = time_launches(gpu, 5, launches, &mut launch)?;

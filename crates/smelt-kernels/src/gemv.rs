@@ -203,6 +203,17 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         return;
     }
     k.max_threads(32, cfg.warps_per_cta, 1);
+    let sm90 = matches!(
+        k.target(),
+        smelt_ptx::Target::Sm90 | smelt_ptx::Target::Sm90a
+    );
+    if cfg.fuse == Fuse::ResidualNorm && F::COMPACT && sm90 {
+        // Two 512-thread blocks per SM (64 registers): as many warps as the plain GEMV's
+        // (78 registers left one). Q4_K so takes 0.7 us more per launch than the plain
+        // GEMV at 4096x4096 and 4096x14336 (H100, graph replays, `smelt bench --kernels`,
+        // 2026-11-25). Other formats, and these for sm_80, would spill at 64.
+        k.min_blocks_per_sm(2);
+    }
     let w = k.param_ptr("w");
     let x = k.param_ptr("x");
     let y = k.param_ptr("y");
@@ -339,6 +350,8 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         .collect();
     let inv_rms = match (&fused, &early) {
         (Fused::RmsInput { n, eps, .. }, Early::Parts(parts)) => {
+            // Loaded before the loop (16 more registers): loaded after it, they cost
+            // 0.3 us more per launch at 6144x4096 (H100, 2026-11-25).
             let inv = rms_from_partials(k, parts, *n, *eps);
             for s in sums.iter().flatten() {
                 k.mul(*s, *s, inv);
@@ -366,13 +379,16 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
     match (&fused, &early) {
         (
             Fused::ResidualNorm {
-                res, q, partials, ..
+                res,
+                g,
+                q,
+                partials,
             },
             Early::Rows(rg),
         ) => {
             let sums: Vec<_> = sums.iter().map(|s| s[0]).collect();
             residual_norm_epilogue(
-                k, cfg, nrows, first_row, lane, &sums, rg, *res, *q, *partials,
+                k, cfg, nrows, first_row, lane, &sums, rg, *res, *g, *q, *partials,
             );
         }
         (Fused::RmsInput { n, res, g, out, .. }, _) => {
@@ -411,8 +427,8 @@ enum Fused {
 /// What the epilogue reads from memory, loaded before the main loop.
 enum Early {
     None,
-    /// Per row of the warp: `res[row]` and `g[row]`.
-    Rows(Vec<(Reg<F32>, Reg<F32>)>),
+    /// Per row of the warp: `res[row]`.
+    Rows(Vec<Reg<F32>>),
     /// This lane's partial sums `partials[lane + 32 j]` (0 past `nparts`).
     Parts(Vec<Reg<F32>>),
 }
@@ -421,15 +437,11 @@ impl Early {
     fn load(k: &Kernel, fused: &Fused, rows: &[Reg<U32>], lane: Reg<U32>) -> Self {
         match *fused {
             Fused::None => Early::None,
-            Fused::ResidualNorm { res, g, .. } => Early::Rows(
+            Fused::ResidualNorm { res, .. } => Early::Rows(
                 rows.iter()
-                    .map(|&row| {
-                        // `res` was written by an earlier kernel and is written again by
-                        // this one: coherent loads.
-                        let r = k.load::<F32>(Load::GLOBAL, k.elem_addr(res, row, 4));
-                        let gv = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(g, row, 4));
-                        (r, gv)
-                    })
+                    // `res` was written by an earlier kernel and is written again by this
+                    // one: coherent loads.
+                    .map(|&row| k.load::<F32>(Load::GLOBAL, k.elem_addr(res, row, 4)))
                     .collect(),
             ),
             Fused::RmsInput {
@@ -478,8 +490,9 @@ fn residual_norm_epilogue(
     first_row: Reg<U32>,
     lane: Reg<U32>,
     sums: &[Reg<F32>],
-    rg: &[(Reg<F32>, Reg<F32>)],
+    rv: &[Reg<F32>],
     res: Reg<U64>,
+    g: Reg<U64>,
     q: Reg<U64>,
     partials: Reg<U64>,
 ) {
@@ -488,10 +501,11 @@ fn residual_norm_epilogue(
     let vbase = k.shared_base(&vals);
     let sbase = k.shared_base(&squares);
     let lane0 = k.eq(lane, 0u32);
-    for (r, (&s, &(rv, gv))) in sums.iter().zip(rg).enumerate() {
+    for (r, (&s, &old)) in sums.iter().zip(rv).enumerate() {
         let row = k.add(k.reg(), first_row, r as u32);
         let inside = k.lt(row, nrows);
-        let nres = k.add(k.reg(), rv, s);
+        let gv = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(g, row, 4));
+        let nres = k.add(k.reg(), old, s);
         let v = k.mul(k.reg(), nres, gv);
         let sq = k.mul(k.reg(), nres, nres);
         // Rows past the end (never, with whole 32-row blocks) count as zeros.

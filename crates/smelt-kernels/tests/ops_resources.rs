@@ -1,6 +1,7 @@
-//! CI's check that every op kernel can launch with the largest block its launch helper
-//! asks for: each declares that block size (`.maxntid`), and ptxas's register count for
-//! it fits the 64K-register file of a block without spilling. A kernel that needs more
+//! CI's check that every op kernel, and every fused GEMV (`gemv::Fuse`: larger blocks,
+//! register caps), can launch with the largest block its launch helper asks for: each
+//! declares that block size (`.maxntid`), and ptxas's register count for it fits the
+//! 64K-register file of a block without spilling. A kernel that needs more
 //! registers than a 1024-thread block can have fails only at launch on the GPU
 //! (LAUNCH_OUT_OF_RESOURCES; the sampler did, once), so this catches it without one.
 //!
@@ -9,9 +10,20 @@
 
 use std::path::Path;
 
-use smelt_kernels::ops;
+use smelt_kernels::{catalog, ops};
 use smelt_ptx::ptxas::Ptxas;
 use smelt_ptx::{Module, Target};
+
+/// The op kernels and the fused GEMVs.
+fn kernels() -> Vec<catalog::Entry> {
+    let mut v = ops::catalog();
+    v.extend(
+        catalog::all()
+            .into_iter()
+            .filter(|(n, _)| n.ends_with("_resnorm") || n.ends_with("_rmsin")),
+    );
+    v
+}
 
 /// Registers of a block of `threads` threads using `regs` each (allocated per warp in
 /// units of 256).
@@ -30,7 +42,7 @@ fn every_op_kernel_fits_its_largest_block_without_spills() {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join("smelt-kernels-ops")
             .join(target.to_string());
-        for (name, build) in ops::catalog() {
+        for (name, build) in kernels() {
             let mut m = Module::new(target);
             if let Err(e) = m.kernel(&name, |k| build(k)) {
                 failures.push(format!("{name}: {e}"));
@@ -77,7 +89,8 @@ fn every_op_kernel_fits_its_largest_block_without_spills() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    assert_eq!(checked, 2 * ops::catalog().len());
+    assert_eq!(checked, 2 * kernels().len());
+    assert!(kernels().len() >= ops::catalog().len() + 24);
 }
 
 #[test]

@@ -76,6 +76,7 @@ impl<const HIGH: bool, const MIN: bool> GpuFormat for Legacy<HIGH, MIN> {
         (true, false) => "q5_0",
         (true, true) => "q5_1",
     };
+    const COMPACT: bool = !HIGH;
     type Setup = Setup;
     type Loaded = Loaded;
     type Decoded = Decoded;

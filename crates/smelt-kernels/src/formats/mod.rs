@@ -36,6 +36,10 @@ pub trait GpuFormat {
     const TYPE: GgmlType;
     /// Lower-case name used in kernel names (`q4_k`).
     const NAME: &'static str;
+    /// Whether its one-token GEMV fits 64 registers (ptxas of CUDA 13.0, sm_90; not sm_80), so the
+    /// 512-thread residual-norm GEMV can ask for two blocks per SM without spilling
+    /// (`tests/ops_resources.rs` checks the fused GEMVs never spill).
+    const COMPACT: bool = false;
 
     /// Per-thread values computed once before the loop over tiles.
     type Setup;

@@ -43,6 +43,7 @@ pub struct Decoded {
 impl GpuFormat for Q2K {
     const TYPE: GgmlType = GgmlType::Q2_K;
     const NAME: &'static str = "q2_k";
+    const COMPACT: bool = true;
     type Setup = Setup;
     type Loaded = Loaded;
     type Decoded = Decoded;

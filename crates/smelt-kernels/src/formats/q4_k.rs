@@ -53,6 +53,7 @@ pub struct Decoded {
 impl GpuFormat for Q4K {
     const TYPE: GgmlType = GgmlType::Q4_K;
     const NAME: &'static str = "q4_k";
+    const COMPACT: bool = true;
     type Setup = Setup;
     type Loaded = Loaded;
     type Decoded = Decoded;

@@ -159,6 +159,7 @@ fn kernels(args: &BenchArgs) -> Result<()> {
             rows.push(smelt_cuda::gemv_bench::time_gemv(&gpu, ty, n, k, 1)?);
         }
     }
+    rows.extend(smelt_cuda::gemv_bench::time_fused(&gpu)?);
     if args.json {
         let j = serde_json::json!({
             "device": format!("cuda:{ordinal} ({})", gpu.name()),
@@ -178,12 +179,15 @@ fn kernels(args: &BenchArgs) -> Result<()> {
     } else {
         println!("device  cuda:{ordinal} ({})", gpu.name());
         println!("device copy (read + write): {copy:.0} GB/s");
-        println!("| type | rows x k | graph us | GB/s | % copy | stream us | stream % copy |");
-        println!("|---|---|---|---|---|---|---|");
+        println!(
+            "| type | kernel | rows x k | graph us | GB/s | % copy | stream us | stream % copy |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
         for r in &rows {
             println!(
-                "| {} | {}x{} | {:.2} | {:.0} | {:.1} | {:.2} | {:.1} |",
+                "| {} | {} | {}x{} | {:.2} | {:.0} | {:.1} | {:.2} | {:.1} |",
                 r.ty,
+                r.kernel,
                 r.rows,
                 r.k,
                 r.us_graph,
