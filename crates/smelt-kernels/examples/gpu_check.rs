@@ -42,6 +42,49 @@ fn fill_kernel(k: &Kernel) {
     });
 }
 
+/// The parameters every GEMV takes first (`gemv::kernel`), and its launch shape.
+struct GemvDims {
+    nrows: u32,
+    ntiles: u32,
+    row_bytes: u32,
+    never: u32,
+    launch: LaunchConfig,
+}
+
+impl GemvDims {
+    fn new(cfg: Config, nrows: usize, k: usize, row_bytes: usize) -> Self {
+        let nrows = nrows as u32;
+        Self {
+            nrows,
+            ntiles: k.div_ceil(TILE) as u32,
+            row_bytes: row_bytes as u32,
+            never: 0,
+            launch: LaunchConfig {
+                grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
+                block_dim: cfg.block(),
+                shared_mem_bytes: 0,
+            },
+        }
+    }
+
+    /// Pushes `w, x, y, nrows, ntiles, row_bytes, never`.
+    fn push<'a>(
+        &'a self,
+        l: &mut cudarc::driver::LaunchArgs<'a>,
+        w: &'a CudaSlice<u8>,
+        x: &'a CudaSlice<u8>,
+        y: &'a mut CudaSlice<f32>,
+    ) {
+        l.arg(w)
+            .arg(x)
+            .arg(y)
+            .arg(&self.nrows)
+            .arg(&self.ntiles)
+            .arg(&self.row_bytes)
+            .arg(&self.never);
+    }
+}
+
 struct Gpu {
     stream: Arc<CudaStream>,
     quantize: CudaFunction,
@@ -109,22 +152,10 @@ impl Gpu {
         k: usize,
         row_bytes: usize,
     ) -> Result<()> {
-        let (nrows, ntiles, row_bytes) = (nrows as u32, k.div_ceil(TILE) as u32, row_bytes as u32);
-        let cfg = LaunchConfig {
-            grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
-            block_dim: cfg.block(),
-            shared_mem_bytes: 0,
-        };
+        let d = GemvDims::new(cfg, nrows, k, row_bytes);
         let mut l = self.stream.launch_builder(f);
-        let never = 0u32;
-        l.arg(w)
-            .arg(x)
-            .arg(y)
-            .arg(&nrows)
-            .arg(&ntiles)
-            .arg(&row_bytes)
-            .arg(&never);
-        unsafe { l.launch(cfg) }?;
+        d.push(&mut l, w, x, y);
+        unsafe { l.launch(d.launch) }?;
         Ok(())
     }
 
@@ -144,26 +175,11 @@ impl Gpu {
     ) -> Result<()> {
         let cfg = Config::residual_norm();
         let f = self.gemv(ty, cfg)?;
-        let (nrows, ntiles, row_bytes) = (nrows as u32, k.div_ceil(TILE) as u32, row_bytes as u32);
-        let lc = LaunchConfig {
-            grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
-            block_dim: cfg.block(),
-            shared_mem_bytes: 0,
-        };
-        let never = 0u32;
+        let d = GemvDims::new(cfg, nrows, k, row_bytes);
         let mut l = self.stream.launch_builder(&f);
-        l.arg(w)
-            .arg(x)
-            .arg(y)
-            .arg(&nrows)
-            .arg(&ntiles)
-            .arg(&row_bytes)
-            .arg(&never)
-            .arg(res)
-            .arg(g)
-            .arg(q)
-            .arg(partials);
-        unsafe { l.launch(lc) }?;
+        d.push(&mut l, w, x, y);
+        l.arg(res).arg(g).arg(q).arg(partials);
+        unsafe { l.launch(d.launch) }?;
         Ok(())
     }
 
@@ -184,23 +200,12 @@ impl Gpu {
     ) -> Result<()> {
         let cfg = Config::rms_input();
         let f = self.gemv(ty, cfg)?;
-        let (nrows, ntiles, row_bytes) = (nrows as u32, k.div_ceil(TILE) as u32, row_bytes as u32);
-        let lc = LaunchConfig {
-            grid_dim: (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
-            block_dim: cfg.block(),
-            shared_mem_bytes: 0,
-        };
-        let (never, nparts, n) = (0u32, partials.len() as u32, k as u32);
+        let d = GemvDims::new(cfg, nrows, k, row_bytes);
+        let (nparts, n) = (partials.len() as u32, k as u32);
         let null = 0u64;
         let mut l = self.stream.launch_builder(&f);
-        l.arg(w)
-            .arg(x)
-            .arg(y)
-            .arg(&nrows)
-            .arg(&ntiles)
-            .arg(&row_bytes)
-            .arg(&never)
-            .arg(partials)
+        d.push(&mut l, w, x, y);
+        l.arg(partials)
             .arg(&nparts)
             .arg(&n)
             .arg(&eps)
@@ -210,7 +215,7 @@ impl Gpu {
             Some(o) => l.arg(o),
             None => l.arg(&null),
         };
-        unsafe { l.launch(lc) }?;
+        unsafe { l.launch(d.launch) }?;
         Ok(())
     }
 

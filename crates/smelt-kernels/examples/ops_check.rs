@@ -794,8 +794,13 @@ fn run_attention(
     ml: &mut cudarc::driver::CudaSlice<f32>,
     out: &mut cudarc::driver::CudaSlice<f32>,
     what: Which,
+    mut combine: Option<Combine<'_>>,
 ) -> Result<()> {
-    let name = attention::name(shape.head_dim).context("head_dim")?;
+    let name = match combine {
+        Some(_) => attention::combine_name(shape.head_dim),
+        None => attention::name(shape.head_dim),
+    }
+    .context("head_dim")?;
     let qt = attention::q_tiles(p.max_tokens, shape.n_head, shape.n_head_kv) as u32;
     let (nh, nkv, bs, ns, win, hd) = (
         shape.n_head as u32,
@@ -806,35 +811,36 @@ fn run_attention(
         shape.head_dim as u32,
     );
     if what != Which::Reduce {
-        launch!(
-            gpu,
-            &name,
-            attention::launch(
-                p.seqs.len(),
-                p.max_tokens,
-                shape.n_head,
-                shape.n_head_kv,
-                n_splits
-            ),
-            [
-                qd,
-                kcd,
-                vcd,
-                sd,
-                td,
-                &mut *acc,
-                &mut *ml,
-                &nh,
-                &nkv,
-                &bs,
-                &ns,
-                &qt,
-                &win,
-                &shape.scale
-            ]
+        let f = gpu.f(&name)?;
+        let mut l = gpu.stream.launch_builder(&f);
+        l.arg(qd)
+            .arg(kcd)
+            .arg(vcd)
+            .arg(sd)
+            .arg(td)
+            .arg(&mut *acc)
+            .arg(&mut *ml);
+        l.arg(&nh)
+            .arg(&nkv)
+            .arg(&bs)
+            .arg(&ns)
+            .arg(&qt)
+            .arg(&win)
+            .arg(&shape.scale);
+        // The combining kernel also writes the output, its tiles and its counters.
+        if let Some((tiles, counters)) = combine.as_mut() {
+            l.arg(&mut *out).arg(&mut **tiles).arg(&mut **counters);
+        }
+        let shape = attention::launch(
+            p.seqs.len(),
+            p.max_tokens,
+            shape.n_head,
+            shape.n_head_kv,
+            n_splits,
         );
+        unsafe { l.launch(cfg(shape)) }?;
     }
-    if what != Which::Main {
+    if what != Which::Main && combine.is_none() {
         launch!(
             gpu,
             attention::REDUCE,
@@ -845,66 +851,11 @@ fn run_attention(
     Ok(())
 }
 
-/// The combining attention (`attention::combine_kernel`): partials, output and tiles in
-/// one launch.
-#[allow(clippy::too_many_arguments)]
-fn run_combine(
-    gpu: &Gpu,
-    p: &Paged,
-    shape: &attention::AttnShape,
-    n_splits: usize,
-    qd: &cudarc::driver::CudaSlice<f32>,
-    kcd: &cudarc::driver::CudaSlice<u16>,
-    vcd: &cudarc::driver::CudaSlice<u16>,
-    sd: &cudarc::driver::CudaSlice<u32>,
-    td: &cudarc::driver::CudaSlice<u32>,
-    acc: &mut cudarc::driver::CudaSlice<f32>,
-    ml: &mut cudarc::driver::CudaSlice<f32>,
-    out: &mut cudarc::driver::CudaSlice<f32>,
-    qt: &mut cudarc::driver::CudaSlice<u8>,
-    counters: &mut cudarc::driver::CudaSlice<u32>,
-) -> Result<()> {
-    let name = attention::combine_name(shape.head_dim).context("head_dim")?;
-    let qtiles = attention::q_tiles(p.max_tokens, shape.n_head, shape.n_head_kv) as u32;
-    let (nh, nkv, bs, ns, win) = (
-        shape.n_head as u32,
-        shape.n_head_kv as u32,
-        shape.block_size as u32,
-        n_splits as u32,
-        shape.window as u32,
-    );
-    launch!(
-        gpu,
-        &name,
-        attention::launch(
-            p.seqs.len(),
-            p.max_tokens,
-            shape.n_head,
-            shape.n_head_kv,
-            n_splits
-        ),
-        [
-            qd,
-            kcd,
-            vcd,
-            sd,
-            td,
-            &mut *acc,
-            &mut *ml,
-            &nh,
-            &nkv,
-            &bs,
-            &ns,
-            &qtiles,
-            &win,
-            &shape.scale,
-            &mut *out,
-            &mut *qt,
-            &mut *counters
-        ]
-    );
-    Ok(())
-}
+/// The combining attention's q8_1 tiles and counters (`attention::combine_kernel`).
+type Combine<'a> = (
+    &'a mut cudarc::driver::CudaSlice<u8>,
+    &'a mut cudarc::driver::CudaSlice<u32>,
+);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Which {
@@ -1005,6 +956,7 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
             &mut ml,
             &mut out,
             Which::Both,
+            None,
         )?;
         let mut want = vec![0f32; p.rows * n_head * hd];
         attention::attention_cpu(&q, &kc, &vc, &p.seqs, &p.tables, &s, &mut want);
@@ -1021,7 +973,7 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
                 let mut out = gpu.stream.clone_htod(&nan(p.rows * n_head * hd))?;
                 let row_q = smelt_kernels::act::row_bytes(n_head * hd)?;
                 let mut qt = gpu.stream.clone_htod(&vec![0xFFu8; p.rows * row_q])?;
-                run_combine(
+                run_attention(
                     gpu,
                     &p,
                     &s,
@@ -1034,8 +986,8 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
                     &mut acc,
                     &mut ml,
                     &mut out,
-                    &mut qt,
-                    &mut counters,
+                    Which::Both,
+                    Some((&mut qt, &mut counters)),
                 )?;
                 let got = gpu.stream.clone_dtoh(&out)?;
                 let c = format!("{case} round {round}");
@@ -1349,6 +1301,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
                         &mut ml,
                         &mut out,
                         which,
+                        None,
                     )
                 })? * 1e3;
             }
@@ -1368,6 +1321,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
                     &mut ml,
                     &mut out,
                     Which::Both,
+                    None,
                 )
             })? * 1e3;
             let gbs = |us: f64| kv_bytes as f64 / (us * 1e-6) / 1e9;
