@@ -68,25 +68,10 @@ impl Extras {
     }
 }
 
-/// Launches GEMV `f` (configuration `cfg`) over `nrows` rows of `k` weights.
+/// Launches GEMV `f` (configuration `cfg`) over `nrows` rows of `k` weights, with what a
+/// fused configuration takes besides.
 #[allow(clippy::too_many_arguments)]
-pub fn launch_gemv(
-    gpu: &Gpu,
-    f: &crate::CudaFunction,
-    cfg: Config,
-    w: &CudaSlice<u8>,
-    xq: &CudaSlice<u8>,
-    y: &mut CudaSlice<f32>,
-    nrows: usize,
-    k: usize,
-    row_bytes: usize,
-) -> Result<(), CudaError> {
-    let mut none = Extras::None;
-    launch_with(gpu, f, cfg, w, xq, y, (nrows, k, row_bytes), &mut none)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn launch_with(
+fn launch_gemv(
     gpu: &Gpu,
     f: &crate::CudaFunction,
     cfg: Config,
@@ -194,7 +179,7 @@ pub fn time_config(
     let f = gpu.function(&name)?;
     let launches = (4_000_000_000usize / wbytes).clamp(50, 2000);
     let mut launch = |i: usize| {
-        launch_with(
+        launch_gemv(
             gpu,
             &f,
             cfg,
