@@ -525,18 +525,16 @@ impl Cuda {
             Arg::U(u32_of(p.window.unwrap_or(0), "attention window")?),
             Arg::F(p.scale),
         ];
+        let grid = ops::attention::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv, splits);
         // The attention's last block per group combines and writes the tiles too.
         if let (Some(t), Some(counters)) = (tiles, self.combine_counters(s, p, splits)?) {
-            let name = ops::attention::combine_name(p.head_dim).unwrap_or_default();
+            let combine = ops::attention::combine_name(p.head_dim).ok_or_else(|| {
+                CudaError::NoKernel(format!("combining attention for head_dim {}", p.head_dim))
+            })?;
             args.extend([Arg::P(out.ptr), Arg::P(t), Arg::P(counters)]);
-            let l = ops::attention::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv, splits);
-            return self.launch(&name, l, &args);
+            return self.launch(&combine, grid, &args);
         }
-        self.launch(
-            &name,
-            ops::attention::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv, splits),
-            &args,
-        )?;
+        self.launch(&name, grid, &args)?;
         let l = ops::attention::reduce_launch(q.rows, p.n_head, p.head_dim);
         match tiles {
             // The combine also writes the q8_1 tiles the output projection reads.
