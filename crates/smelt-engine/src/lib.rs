@@ -20,9 +20,9 @@ pub mod kv_cache;
 pub mod model;
 pub mod sampler;
 
-pub use backend::cpu::argmax;
 pub use device::{Device, Selected};
 pub use engine::{Engine, EngineOptions, Logits, SeqInput};
 pub use error::EngineError;
 pub use kv_cache::SeqId;
 pub use model::{Arch, ModelInfo};
+pub use sampler::argmax;

@@ -311,7 +311,10 @@ impl Backend for Cpu {
     }
 
     fn argmax_rows(&self, x: &CpuTensor) -> Vec<u32> {
-        x.data.chunks(x.cols.max(1)).map(argmax).collect()
+        x.data
+            .chunks(x.cols.max(1))
+            .map(crate::sampler::argmax)
+            .collect()
     }
 
     fn kv_alloc(&self, n_layer: usize, n_blocks: usize, block_size: usize, kv_dim: usize) -> CpuKv {
@@ -466,17 +469,6 @@ unsafe fn rotate_heads_fma(
     n_rot: usize,
 ) {
     rotate_heads(row, head_dim, cs, style, n_rot)
-}
-
-/// Index of the first largest value.
-pub fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// `gelu(x) * u` as ggml's `ggml_vec_geglu_f32` computes it (`GGML_GELU_FP16`): GELU with
