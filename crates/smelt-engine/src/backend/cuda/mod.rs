@@ -227,6 +227,12 @@ pub struct Cuda {
     /// under different launch settings can be shown to compute the same bits (a race
     /// between kernels would change them).
     digest: Option<Mutex<(u64, u64)>>,
+    /// `SMELT_CUDA_SKIP=prefix+prefix...` (`+` or `,` between them): kernels whose names
+    /// start with one of these (`all`: every kernel; `gemv<rows>x<cols>`: the GEMVs of that
+    /// shape) are not launched. An ablation for timing only (what a class of kernels costs inside the
+    /// graph, where per-kernel timers would break the programmatic overlap): the results
+    /// are garbage, and a warning says so when the backend opens.
+    skip: Vec<String>,
 }
 
 impl Drop for Cuda {
@@ -242,6 +248,23 @@ impl Drop for Cuda {
             }
         }
     }
+}
+
+/// The kernel-name prefixes of `SMELT_CUDA_SKIP` (see [`Cuda`]'s `skip`).
+fn skip_from_env() -> Vec<String> {
+    let skip: Vec<String> = std::env::var("SMELT_CUDA_SKIP")
+        .unwrap_or_default()
+        .split([',', '+'])
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(String::from)
+        .collect();
+    if !skip.is_empty() {
+        eprintln!(
+            "smelt: SMELT_CUDA_SKIP leaves out kernels starting with {skip:?}: outputs are wrong, for timing only"
+        );
+    }
+    skip
 }
 
 fn env_usize(name: &str) -> Option<usize> {
@@ -283,7 +306,15 @@ impl Cuda {
                 .then(|| Mutex::new(profile::Profile::default())),
             digest: (std::env::var("SMELT_CUDA_DIGEST").is_ok_and(|v| v == "1"))
                 .then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
+            skip: skip_from_env(),
         })
+    }
+
+    /// Whether kernel `name` is left out by `SMELT_CUDA_SKIP` (timing ablations).
+    pub(crate) fn skipped(&self, name: &str) -> bool {
+        self.skip
+            .iter()
+            .any(|p| p == "all" || name.starts_with(p.as_str()))
     }
 
     /// Whether kernels are being timed one by one (graphs are then off).
@@ -826,6 +857,9 @@ impl Cuda {
                 Arg::P(if r.out_pending { r.out.ptr } else { 0 }),
             ]);
         }
+        if self.skipped(&format!("gemv{rows}x{cols}")) {
+            return Ok(());
+        }
         self.launch(&name, l, &args)
     }
 
@@ -878,23 +912,25 @@ impl Cuda {
             cfg.block(),
         );
         // Parameters in the order `gemv::kernel` documents for `Fuse::ResidualNorm`.
-        self.launch(
-            &catalog::gemv_config_name(p.ty, cfg)?,
-            l,
-            &[
-                Arg::P(p.w),
-                Arg::P(p.q),
-                Arg::P(p.out),
-                Arg::U(n as u32),
-                Arg::U(p.cols.div_ceil(TILE) as u32),
-                Arg::U(p.row_bytes as u32),
-                Arg::U(0),
-                Arg::P(x.ptr),
-                Arg::P(g),
-                Arg::P(q),
-                Arg::P(partials),
-            ],
-        )?;
+        if !self.skipped(&format!("gemv{n}x{}", p.cols)) {
+            self.launch(
+                &catalog::gemv_config_name(p.ty, cfg)?,
+                l,
+                &[
+                    Arg::P(p.w),
+                    Arg::P(p.q),
+                    Arg::P(p.out),
+                    Arg::U(n as u32),
+                    Arg::U(p.cols.div_ceil(TILE) as u32),
+                    Arg::U(p.row_bytes as u32),
+                    Arg::U(0),
+                    Arg::P(x.ptr),
+                    Arg::P(g),
+                    Arg::P(q),
+                    Arg::P(partials),
+                ],
+            )?;
+        }
         *lock(&self.quantized) = Some(Quantized {
             x: *out,
             q,
@@ -1240,7 +1276,7 @@ impl Backend for Cuda {
     fn argmax_rows(&self, x: &CudaTensor) -> Vec<u32> {
         self.to_host(x)
             .chunks(x.cols.max(1))
-            .map(crate::backend::cpu::argmax)
+            .map(crate::sampler::argmax)
             .collect()
     }
 

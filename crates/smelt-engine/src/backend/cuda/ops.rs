@@ -33,6 +33,9 @@ impl Cuda {
     /// launch site of the backend, so every kernel of a step is a programmatic dependent
     /// launch on sm_90 ([`smelt_cuda::Gpu::launch`]).
     pub(crate) fn launch(&self, name: &str, l: Launch, args: &[Arg]) -> Result<(), CudaError> {
+        if self.skipped(name) {
+            return Ok(());
+        }
         let f = self.gpu.function(name)?;
         let cfg = LaunchConfig {
             grid_dim: l.grid,
