@@ -9,7 +9,8 @@
 #   ../shared/peer/prepare.sh .peer
 # There (device tool): bash bench/gpu/ab.sh [--peer]   carry [".gpu-cuda/smelt"] (+ ".peer")
 # Environment: SETTINGS (space-separated; commas join VAR=value pairs of one setting;
-# default: the fusion switches), ROUNDS (default 3). Output under $OUT (or bench/out): ab.log.
+# default: the fusion switches), ROUNDS (default 3), DIGEST=1 (first check that every setting
+# computes the first one's logits bit for bit). Output under $OUT (or bench/out): ab.log.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-bench/out}
@@ -27,6 +28,18 @@ else
   $B/smelt synth --shape llama3-8b --quant q4_k -o $m > /dev/null
 fi
 settings=${SETTINGS:-DEFAULT=1 SMELT_CUDA_SPLIT_NORM=0 SMELT_CUDA_ATTN_COMBINE=0 SMELT_CUDA_SPLIT_NORM=0,SMELT_CUDA_ATTN_COMBINE=0}
+if [ "${DIGEST:-0}" = 1 ]; then
+  # Settings that must not change a bit (launch order, prefetches): the hash of every
+  # logits copy under each, against the first setting's.
+  first=
+  for v in $settings; do
+    d=$(env SMELT_CUDA_DIGEST=1 ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 64 --gen 48 --reps 1 2>&1 \
+      | grep "CUDA digest" || echo missing)
+    first=${first:-$d}
+    if [ "$d" = "$first" ]; then r=equal; else r=DIFFERENT; fi
+    echo "digest $v: $r ($d)" | tee -a "$log"
+  done
+fi
 for round in $(seq 1 "${ROUNDS:-3}"); do
   for v in $settings; do
     r=$(env ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 512 --gen 128 --reps 1 --json 2>/dev/null \

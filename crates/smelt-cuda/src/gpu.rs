@@ -54,7 +54,9 @@ pub enum KernelParam {
 /// at entry); `gemv` (only the GEMVs do, so the small kernels after them launch early);
 /// `small` (only the other kernels do); `chain` (every kernel lets the next launch right
 /// after its own wait); `chain-gemv` (GEMVs at entry, the others after their wait);
-/// `prefetch` (`launch`, and the GEMVs prefetch their weights into L2 before they wait).
+/// `prefetch` (`launch`, and the GEMVs prefetch their weights' first lines into L2 before
+/// they wait); `early` (`chain-gemv`, and the attention prefetches its split's first KV
+/// block into L2 before it waits); `early-prefetch` (`early` and the GEMVs' prefetch).
 /// Off before sm_90 whatever it says.
 fn grid_dep_from_env(target: Target) -> (GridDep, GridDep) {
     let wait = smelt_kernels::catalog::GRID_DEP;
@@ -68,6 +70,14 @@ fn grid_dep_from_env(target: Target) -> (GridDep, GridDep) {
         launch_after_wait: true,
         ..launch
     };
+    let early_after = GridDep {
+        early_work: true,
+        ..after
+    };
+    let early_launch = GridDep {
+        early_work: true,
+        ..launch
+    };
     let (other, gemv) = match std::env::var("SMELT_CUDA_PDL").as_deref() {
         Ok("0") => (GridDep::default(), GridDep::default()),
         Ok("wait") => (wait, wait),
@@ -77,6 +87,8 @@ fn grid_dep_from_env(target: Target) -> (GridDep, GridDep) {
         Ok("chain") => (after, after),
         Ok("chain-gemv") => (after, launch),
         Ok("prefetch") => (GridDep::ALL, GridDep::ALL),
+        Ok("early") => (early_after, launch),
+        Ok("early-prefetch") => (early_after, early_launch),
         _ => smelt_kernels::catalog::GRID_DEPS,
     };
     (other.for_target(target), gemv.for_target(target))

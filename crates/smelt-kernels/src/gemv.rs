@@ -15,6 +15,10 @@ use crate::fused::quantize_warp_block;
 use crate::{padded_tiles, GgmlType, KernelError, TILE};
 
 /// Warps per block of the default configurations: blocks are `(32, warps_per_cta)` threads.
+/// 128-byte lines of each weight row a GEMV launched ahead of its input prefetches into L2
+/// before its wait (`GridDep::early_work`).
+const PREFETCH_LINES: u32 = 8;
+
 pub const WARPS_PER_CTA: u32 = 4;
 
 /// Most tokens one launch handles.
@@ -267,7 +271,10 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         // Launched ahead of its input (programmatic dependent launch), the warp pulls its
         // weight rows into L2 while the kernel before it runs: the weights are written by
         // no kernel, so they may be read before the wait; the activations only after it.
+        // The row's first lines only: whole rows of the large matrices would not fit L2
+        // beside the kernel before (the first version did that and lost 10-15%).
         let lines = k.shr(k.reg(), k.add(k.reg(), row_bytes, 127u32), 7u32);
+        k.min(lines, lines, PREFETCH_LINES);
         for &wr in &wrows {
             k.stride_loop(lane, lines, 32u32, |k, line| {
                 let at = k.add(k.reg(), wr, k.mul_wide(k.reg::<U64>(), line, 128u32));

@@ -327,6 +327,47 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
     k.add(qb_hi, qb_hi, 1u32);
     k.min(qb_hi, qb_hi, eb);
 
+    let kv_dim = k.mul(k.reg(), n_head_kv, head_dim as u32);
+    let stride = k.shl(k.reg(), kv_dim, 1u32); // bytes from one slot to the next
+    if k.grid_dep().early_work {
+        // Launched ahead of its input, the block pulls the K and V rows of its split's
+        // first KV block into L2 while the kernels before it run: the sequence table and
+        // the block tables are the host's (uploaded before the step's first kernel), and
+        // an L2 prefetch can never see stale data (L2 is where writes land), so all of
+        // this may happen before the wait. Only the query and this step's keys need it.
+        let valid = k.lt(sb, eb);
+        k.if_(valid, |k| {
+            let ti = k.add(k.reg(), bto, sb);
+            let block = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(tables, ti, 4));
+            let slot0 = k.mul(k.reg(), block, bs);
+            let lines_per_row = (head_dim * 2).div_ceil(128) as u32;
+            // (key, K or V, line) triples, one per thread and pass.
+            let total = k.mul(k.reg(), bs, 2 * lines_per_row);
+            let tid = k.mad(k.reg(), warp, 32u32, lane);
+            k.stride_loop(tid, total, 32 * WARPS, |k, i| {
+                let key = k.div_int(k.reg(), i, 2 * lines_per_row);
+                let rest = k.rem(k.reg(), i, 2 * lines_per_row);
+                let is_v = k.ge(rest, lines_per_row);
+                let line = k.rem(k.reg(), rest, lines_per_row);
+                let slot = k.add(k.reg(), slot0, key);
+                let off = k.mul_wide(k.reg::<U64>(), slot, stride);
+                let head_off = k.mad(
+                    k.reg(),
+                    kvh,
+                    head_dim as u32 * 2,
+                    k.shl(k.reg(), line, 7u32),
+                );
+                k.add(off, off, k.cvt(k.reg::<U64>(), head_off, Exact));
+                let base = k.copy(kc);
+                k.selp(base, vc, kc, is_v);
+                k.add(off, off, base);
+                k.raw(format!("prefetch.global.L2 [{off}]"));
+            });
+        });
+    }
+    // Everything above reads only what the host wrote before the step.
+    k.grid_dep_wait();
+
     // The query slice of this lane, rounded to f16.
     let qrow = k.mad(k.reg(), row, n_head, head);
     let qoff = k.mad(
@@ -347,7 +388,6 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
     let m = k.f32(f32::NEG_INFINITY);
     let l = k.f32(0.0);
     let acc: Vec<Reg<F32>> = (0..e).map(|_| k.f32(0.0)).collect();
-    let kv_dim = k.mul(k.reg(), n_head_kv, head_dim as u32);
     // Byte offset of this lane's slice inside a slot.
     let lane_off = k.mad(
         k.reg(),
@@ -356,7 +396,6 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
         k.mul(k.reg(), lane, e as u32),
     );
     let lane_off = k.mul_wide(k.reg::<U64>(), lane_off, 2u32);
-    let stride = k.shl(k.reg(), kv_dim, 1u32); // bytes from one slot to the next
 
     k.stride_loop(qb_lo, qb_hi, 1u32, |k, bi| {
         let ti = k.add(k.reg(), bto, bi);
