@@ -9,6 +9,7 @@
 #   ../shared/peer/prepare.sh .peer
 # There (device tool): bash bench/gpu/ab.sh [--peer]   carry [".gpu-cuda/smelt"] (+ ".peer")
 # Environment: SETTINGS (space-separated; commas join VAR=value pairs of one setting;
+# BENCH_ARGS=--flag+--flag adds flags to smelt bench, e.g. BENCH_ARGS=--host-logits;
 # default: the fusion switches), ROUNDS (default 3), DIGEST=1 (first check that every setting
 # computes the first one's logits bit for bit). Output under $OUT (or bench/out): ab.log.
 set -euo pipefail
@@ -33,7 +34,7 @@ if [ "${DIGEST:-0}" = 1 ]; then
   # logits copy under each, against the first setting's.
   first=
   for v in $settings; do
-    d=$(env SMELT_CUDA_DIGEST=1 ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 64 --gen 48 --reps 1 2>&1 \
+    d=$(env SMELT_CUDA_DIGEST=1 ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 64 --gen 48 --reps 1 --host-logits 2>&1 \
       | grep "CUDA digest" || echo missing)
     first=${first:-$d}
     if [ "$d" = "$first" ]; then r=equal; else r=DIFFERENT; fi
@@ -42,7 +43,8 @@ if [ "${DIGEST:-0}" = 1 ]; then
 fi
 for round in $(seq 1 "${ROUNDS:-3}"); do
   for v in $settings; do
-    r=$(env ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 512 --gen 128 --reps 1 --json 2>/dev/null \
+    extra=$(echo "$v" | tr ',' '\n' | sed -n 's/^BENCH_ARGS=//p' | tr '+' ' ')
+    r=$(env ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 512 --gen 128 --reps 1 --json $extra 2>/dev/null \
       | grep -o '"decode_tok_s":[0-9.]*' | cut -d: -f2)
     echo "round $round $v ${r:-FAILED}" | tee -a "$log"
   done

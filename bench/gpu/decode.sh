@@ -90,7 +90,7 @@ case "${1:-run}" in
     variants=${VARIANTS-SMELT_CUDA_PDL=0 SMELT_CUDA_PDL=launch SMELT_CUDA_PDL=gemv SMELT_CUDA_PDL=small SMELT_CUDA_PDL=prefetch SMELT_CUDA_ROPE_KV=0}
     echo "== logits digest under each setting (must be equal)" | tee -a "$log"
     for v in DEFAULT=1 $variants; do
-      env SMELT_CUDA_DIGEST=1 ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 64 --gen 48 --reps 1 2>&1 \
+      env SMELT_CUDA_DIGEST=1 ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 64 --gen 48 --reps 1 --host-logits 2>&1 \
         | grep "CUDA digest" > "$out/digest.txt" || status=1
       [ $v = DEFAULT=1 ] && cp "$out/digest.txt" "$out/digest-default.txt"
       if [ -s "$out/digest.txt" ] && cmp -s "$out/digest-default.txt" "$out/digest.txt"; then

@@ -566,6 +566,36 @@ fn check(model: &Path, with_ref: bool, sweep: &[usize]) -> Res<bool> {
         ));
     }
     sd.gpu.free_sequence(gs);
+    // The engine's greedy path (`forward_greedy`: the argmax inside the step, in the
+    // decode graph once it is captured) must pick exactly what the host's argmax picks
+    // from the same steps' logits (the prompt's last row only, in both runs).
+    let mut runs = [Vec::new(), Vec::new()];
+    for (on_engine, picks) in [false, true].into_iter().zip(&mut runs) {
+        let gs = sd.gpu.new_sequence();
+        let mut feed = prompt.clone();
+        while picks.len() < 32 {
+            let input = [SeqInput {
+                seq: gs,
+                tokens: feed,
+                logits: Logits::Last,
+            }];
+            let t = if on_engine {
+                sd.gpu.forward_greedy(&input)?.pop().flatten()
+            } else {
+                sd.gpu.forward(&input)?[0].first().map(|r| argmax(r))
+            }
+            .ok_or("no greedy token")?;
+            picks.push(t);
+            feed = vec![t];
+        }
+        sd.gpu.free_sequence(gs);
+    }
+    let on_device = runs[0] == runs[1];
+    println!(
+        "greedy 32 tokens, CUDA's argmax in the step vs on the host: {}",
+        if on_device { "equal" } else { "FAIL: different" }
+    );
+    all_ok &= on_device;
     let same = gpu_tokens
         .iter()
         .zip(&cpu_tokens)

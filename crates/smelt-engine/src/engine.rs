@@ -9,6 +9,7 @@ use smelt_gguf::Gguf;
 
 use crate::backend::cpu::spin_pool::SpinPool;
 use crate::backend::cpu::{Cpu, CpuKv};
+use crate::backend::cuda::runner::StepOut;
 use crate::backend::cuda::CudaEngine;
 use crate::backend::{AttnSeq, Backend};
 use crate::device::Device;
@@ -187,6 +188,66 @@ impl Engine {
     /// sequence, bad token, KV cache full) leaves every sequence as it was.
     pub fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
         let n_vocab = self.info().n_vocab;
+        let flat = match self.step(batch, false)? {
+            StepOut::Logits(l) => l,
+            StepOut::Tokens(_) => {
+                return Err(EngineError::BadOptions("a logits step gave tokens".into()))
+            }
+        };
+        // A single row (one sequence decoding) is handed over as it is.
+        let rows: Vec<Vec<f32>> = if flat.len() == n_vocab {
+            vec![flat]
+        } else {
+            flat.chunks(n_vocab.max(1)).map(<[f32]>::to_vec).collect()
+        };
+        let mut rows = rows.into_iter();
+        Ok(batch
+            .iter()
+            .map(|inp| {
+                let k = match inp.logits {
+                    Logits::Last => usize::from(!inp.tokens.is_empty()),
+                    Logits::All => inp.tokens.len(),
+                    Logits::None => 0,
+                };
+                rows.by_ref().take(k).collect()
+            })
+            .collect())
+    }
+
+    /// [`Engine::forward`] for greedy decoding: per input, the greedy token of its last
+    /// row (`Logits::Last`; `None` for `Logits::None`), chosen where the logits are. On
+    /// the GPU that is inside the step (in its graph), so 4 bytes per sequence come back
+    /// instead of `n_vocab` floats. The choice is [`crate::sampler::argmax`]'s: the first
+    /// largest value, NaN never chosen (a row with nothing but NaN and -inf, which no
+    /// model gives, may differ). `Logits::All` is refused.
+    pub fn forward_greedy(&mut self, batch: &[SeqInput]) -> Result<Vec<Option<u32>>, EngineError> {
+        if batch.iter().any(|i| i.logits == Logits::All) {
+            return Err(EngineError::BadOptions(
+                "greedy steps return one token per sequence: Logits::All is not one".into(),
+            ));
+        }
+        let n_vocab = self.info().n_vocab;
+        let tokens = match self.step(batch, true)? {
+            StepOut::Tokens(t) => t,
+            StepOut::Logits(l) => l
+                .chunks(n_vocab.max(1))
+                .map(crate::sampler::argmax)
+                .collect(),
+        };
+        let mut tokens = tokens.into_iter();
+        Ok(batch
+            .iter()
+            .map(|inp| match inp.logits {
+                Logits::Last if !inp.tokens.is_empty() => tokens.next(),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Runs a batch; the rows asked for come back as logits, flat, or (with `greedy`, on a
+    /// backend that can) as their greedy tokens.
+    fn step(&mut self, batch: &[SeqInput], greedy: bool) -> Result<StepOut, EngineError> {
+        let n_vocab = self.info().n_vocab;
         let mut seen = HashSet::new();
         for inp in batch {
             if !self.table.contains(inp.seq) {
@@ -227,9 +288,9 @@ impl Engine {
             }
         }
         if tokens.is_empty() {
-            return Ok(batch.iter().map(|_| Vec::new()).collect());
+            return Ok(StepOut::Logits(Vec::new()));
         }
-        let flat = match &mut self.inner {
+        Ok(match &mut self.inner {
             Inner::Cpu {
                 backend,
                 model,
@@ -243,34 +304,16 @@ impl Engine {
                         model.forward(backend, kv, &tokens, &positions, &seqs, &out_rows)
                     })
                 })?;
-                if out_rows.is_empty() {
+                StepOut::Logits(if out_rows.is_empty() {
                     Vec::new()
                 } else {
                     // Host memory already: moved, not copied (a 1 MB row per Gemma step).
                     let mut data = logits.data;
                     data.truncate(logits.rows * logits.cols);
                     data
-                }
+                })
             }
-            Inner::Cuda(c) => c.forward(&tokens, &positions, &seqs, &out_rows)?,
-        };
-        // A single row (one sequence decoding) is handed over as it is.
-        let rows: Vec<Vec<f32>> = if flat.len() == n_vocab {
-            vec![flat]
-        } else {
-            flat.chunks(n_vocab.max(1)).map(<[f32]>::to_vec).collect()
-        };
-        let mut rows = rows.into_iter();
-        Ok(batch
-            .iter()
-            .map(|inp| {
-                let k = match inp.logits {
-                    Logits::Last => usize::from(!inp.tokens.is_empty()),
-                    Logits::All => inp.tokens.len(),
-                    Logits::None => 0,
-                };
-                rows.by_ref().take(k).collect()
-            })
-            .collect())
+            Inner::Cuda(c) => c.forward(&tokens, &positions, &seqs, &out_rows, greedy)?,
+        })
     }
 }

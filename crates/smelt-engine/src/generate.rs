@@ -139,21 +139,39 @@ pub fn generate(
         ..Timings::default()
     };
 
+    // Plain greedy decoding picks each token where the logits are (on the GPU: inside the
+    // step); anything else samples the logits here.
+    let on_engine = params.sampling.is_plain_greedy();
+    let mut step = |tokens: Vec<u32>, logits: Logits| -> Result<Next, EngineError> {
+        let input = [SeqInput {
+            seq,
+            tokens,
+            logits,
+        }];
+        Ok(if on_engine {
+            Next::Token(engine.forward_greedy(&input)?.pop().flatten().unwrap_or(0))
+        } else {
+            Next::Logits(
+                engine
+                    .forward(&input)?
+                    .pop()
+                    .and_then(|mut rows| rows.pop())
+                    .unwrap_or_default(),
+            )
+        })
+    };
+
     let t0 = Instant::now();
     let chunk = params.prefill_chunk.max(1);
-    let mut logits = Vec::new();
+    let mut next_of = Next::Logits(Vec::new());
     for (i, part) in prompt.chunks(chunk).enumerate() {
         let last = (i + 1) * chunk >= prompt.len();
-        let mut out = engine.forward(&[SeqInput {
-            seq,
-            tokens: part.to_vec(),
-            logits: if last { Logits::Last } else { Logits::None },
-        }])?;
+        let out = step(
+            part.to_vec(),
+            if last { Logits::Last } else { Logits::None },
+        )?;
         if last {
-            logits = out
-                .pop()
-                .and_then(|mut rows| rows.pop())
-                .unwrap_or_default();
+            next_of = out;
         }
     }
     timings.prompt = t0.elapsed();
@@ -165,7 +183,10 @@ pub fn generate(
         if tokens.len() >= params.max_tokens {
             break FinishReason::Length;
         }
-        let next = sampler.sample(&logits, &context);
+        let next = match &next_of {
+            Next::Token(t) => *t,
+            Next::Logits(logits) => sampler.sample(logits, &context),
+        };
         tokens.push(next);
         context.push(next);
         if !params.ignore_eog && tok.is_eog(next) {
@@ -181,16 +202,8 @@ pub fn generate(
         if tokens.len() >= params.max_tokens {
             break FinishReason::Length;
         }
-        let mut out = engine.forward(&[SeqInput {
-            seq,
-            tokens: vec![next],
-            logits: Logits::Last,
-        }])?;
+        next_of = step(vec![next], Logits::Last)?;
         timings.decode_tokens += 1;
-        logits = out
-            .pop()
-            .and_then(|mut rows| rows.pop())
-            .unwrap_or_default();
     };
     timings.decode = t1.elapsed();
     if finish_reason != FinishReason::Stop {
@@ -205,6 +218,14 @@ pub fn generate(
         finish_reason,
         timings,
     })
+}
+
+/// What a step gives [`generate`] to choose the next token from.
+enum Next {
+    /// The engine chose it (plain greedy).
+    Token(u32),
+    /// The last row's logits, for the sampler.
+    Logits(Vec<f32>),
 }
 
 /// Turns token bytes into text deltas, holding back incomplete UTF-8 and any tail that may

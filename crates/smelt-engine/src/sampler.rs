@@ -53,6 +53,13 @@ impl SamplingParams {
         self.temperature <= 0.0 || self.temperature.is_nan()
     }
 
+    /// Whether the choice is the plain argmax of the logits, with nothing that looks at
+    /// the tokens so far: then the engine can pick it where the logits are
+    /// ([`crate::Engine::forward_greedy`]).
+    pub fn is_plain_greedy(&self) -> bool {
+        self.is_greedy() && !self.has_penalties()
+    }
+
     fn has_penalties(&self) -> bool {
         self.penalty_last_n > 0
             && (self.repeat_penalty != 1.0
@@ -93,7 +100,7 @@ impl Sampler {
     /// The next token for `logits` (one per vocabulary entry), given the tokens so far
     /// (prompt and generated; only the last `penalty_last_n` matter).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        if self.params.is_greedy() && !self.params.has_penalties() {
+        if self.params.is_plain_greedy() {
             // The common case needs no candidate list (262k entries for Gemma, every token).
             return argmax(logits);
         }

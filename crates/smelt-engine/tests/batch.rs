@@ -143,3 +143,46 @@ fn full_cache_is_an_error_not_a_panic() {
     assert!(matches!(bad, Err(EngineError::BadToken { .. })));
     assert_eq!(e.seq_len(b), 17);
 }
+
+/// The greedy step gives, per sequence, the argmax of the logits the plain step gives
+/// (`None` where no logits were asked for), and refuses `Logits::All`.
+#[test]
+fn greedy_steps_give_the_argmax_of_the_logits() {
+    let mut plain = engine(512);
+    let mut greedy = engine(512);
+    let prompts: [Vec<u32>; 3] = [(1..=21).collect(), vec![504, 3458, 282], vec![42]];
+    let wants = [Logits::Last, Logits::None, Logits::Last];
+    let mk = |e: &mut Engine| -> Vec<_> { prompts.iter().map(|_| e.new_sequence()).collect() };
+    let (sp, sg) = (mk(&mut plain), mk(&mut greedy));
+    let batch = |seqs: &[smelt_engine::SeqId], toks: &[Vec<u32>]| -> Vec<SeqInput> {
+        seqs.iter()
+            .zip(toks)
+            .zip(wants)
+            .map(|((&seq, t), logits)| SeqInput {
+                seq,
+                tokens: t.clone(),
+                logits,
+            })
+            .collect()
+    };
+    let mut toks: Vec<Vec<u32>> = prompts.to_vec();
+    for _step in 0..4 {
+        let rows = plain.forward(&batch(&sp, &toks)).unwrap();
+        let picks = greedy.forward_greedy(&batch(&sg, &toks)).unwrap();
+        for (i, (r, p)) in rows.iter().zip(&picks).enumerate() {
+            let want = r.last().map(|row| smelt_engine::argmax(row));
+            assert_eq!(*p, want, "sequence {i}");
+        }
+        // Every sequence goes on with one token (the greedy one where there is one).
+        toks = picks.iter().map(|p| vec![p.unwrap_or(7)]).collect();
+    }
+    let all = [SeqInput {
+        seq: sg[0],
+        tokens: vec![1],
+        logits: Logits::All,
+    }];
+    assert!(matches!(
+        greedy.forward_greedy(&all),
+        Err(EngineError::BadOptions(_))
+    ));
+}

@@ -3,15 +3,17 @@
 //! same run.
 //!
 //! Prompt: one forward over `--prompt` tokens from an empty cache. Decode: `--gen`
-//! single-token steps after it, each feeding back the greedy token (the logits come to the
-//! host every step, as in generation). A warm-up sequence runs first (weights touched,
-//! kernels loaded, the decode step's CUDA graph captured) and is freed.
+//! single-token steps after it, each feeding back the greedy token chosen as greedy
+//! generation chooses it (`Engine::forward_greedy`: on the GPU inside the step, 4 bytes
+//! back), or with `--host-logits` from the logits copied to the host every step (what a
+//! sampler needs; llama-bench's tg copies them too). A warm-up sequence runs first
+//! (weights touched, kernels loaded, the decode step's CUDA graph captured) and is freed.
 
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use smelt_engine::{argmax, Device, Engine, EngineOptions, Logits, SeqInput};
+use smelt_engine::{argmax, Device, Engine, EngineOptions, Logits, SeqId, SeqInput};
 
 use super::model_ref;
 
@@ -41,6 +43,10 @@ pub struct BenchArgs {
     /// One JSON object on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Copy every decode step's logits to the host and take the greedy token there (the
+    /// sampler's path) instead of the engine's greedy path.
+    #[arg(long)]
+    pub host_logits: bool,
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -73,11 +79,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
     // Warm-up at the measured sizes: scratch sized by the prompt, kernels loaded, and the
     // decode step run eagerly, captured, then replayed.
-    run_once(&mut e, &prompt, 4)?;
+    let host = args.host_logits;
+    run_once(&mut e, &prompt, 4, host)?;
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     for _ in 0..args.reps {
-        let (p, g) = run_once(&mut e, &prompt, args.gen)?;
+        let (p, g) = run_once(&mut e, &prompt, args.gen, host)?;
         pp.push(args.prompt as f64 / p);
         tg.push(args.gen as f64 / g);
     }
@@ -95,6 +102,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "prompt_tok_s": pp,
             "decode_tok_s": tg,
             "decode_ms_per_token": 1e3 / tg,
+            "decode_token_from": if host { "host logits" } else { "engine greedy" },
             "load_s": load_s,
         });
         println!("{j}");
@@ -110,26 +118,32 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The greedy token after `tokens` of `seq`: from the logits on the host (`host`), or
+/// the engine's greedy path.
+fn greedy_step(e: &mut Engine, seq: SeqId, tokens: Vec<u32>, host: bool) -> Result<u32> {
+    let input = [SeqInput {
+        seq,
+        tokens,
+        logits: Logits::Last,
+    }];
+    Ok(if host {
+        let out = e.forward(&input)?;
+        argmax(out[0].first().map_or(&[][..], |r| &r[..]))
+    } else {
+        e.forward_greedy(&input)?.pop().flatten().unwrap_or(0)
+    })
+}
+
 /// One prompt forward and `gen` decode steps on a fresh sequence: (prompt s, decode s).
-fn run_once(e: &mut Engine, prompt: &[u32], gen: usize) -> Result<(f64, f64)> {
+fn run_once(e: &mut Engine, prompt: &[u32], gen: usize, host: bool) -> Result<(f64, f64)> {
     let seq = e.new_sequence();
     let r = (|| {
         let t = Instant::now();
-        let out = e.forward(&[SeqInput {
-            seq,
-            tokens: prompt.to_vec(),
-            logits: Logits::Last,
-        }])?;
+        let mut next = greedy_step(e, seq, prompt.to_vec(), host)?;
         let p = t.elapsed().as_secs_f64();
-        let mut next = argmax(out[0].first().map_or(&[][..], |r| &r[..]));
         let t = Instant::now();
         for _ in 0..gen {
-            let out = e.forward(&[SeqInput {
-                seq,
-                tokens: vec![next],
-                logits: Logits::Last,
-            }])?;
-            next = argmax(out[0].first().map_or(&[][..], |r| &r[..]));
+            next = greedy_step(e, seq, vec![next], host)?;
         }
         Ok::<_, anyhow::Error>((p, t.elapsed().as_secs_f64()))
     })();

@@ -406,6 +406,27 @@ impl Cuda {
         )
     }
 
+    /// The greedy token of each row of `logits` (`argmax_rows`: the first largest value,
+    /// NaN never chosen) into `out` (`logits.rows` u32 words, in an f32 tensor's memory).
+    pub(crate) fn op_argmax(&self, logits: &CudaTensor, out: &CudaTensor) -> Result<(), CudaError> {
+        if out.rows * out.cols < logits.rows {
+            return Err(CudaError::BadLength {
+                what: "argmax output (one word per row)",
+                got: out.rows * out.cols,
+                want: logits.rows,
+            });
+        }
+        self.launch(
+            ops::sample::ARGMAX,
+            ops::sample::launch(logits.rows),
+            &[
+                Arg::P(logits.ptr),
+                Arg::P(out.ptr),
+                Arg::U(u32_of(logits.cols, "argmax row")?),
+            ],
+        )
+    }
+
     pub(crate) fn op_embed(
         &self,
         table: &CudaWeight,

@@ -22,7 +22,17 @@ const MAX_GRAPHS: usize = 32;
 
 struct Captured {
     graph: Graph,
-    logits: CudaTensor,
+    /// The step's result on the device: the logits, or the greedy tokens.
+    out: CudaTensor,
+}
+
+/// What a step hands back to the host.
+pub enum StepOut {
+    /// The logits of the rows asked for, flat.
+    Logits(Vec<f32>),
+    /// The greedy token of each row asked for (chosen on the device: the logits never
+    /// leave it).
+    Tokens(Vec<u32>),
 }
 
 /// A model loaded on a GPU.
@@ -106,30 +116,44 @@ impl CudaEngine {
         Ok(logits)
     }
 
+    /// `logits`, or with `greedy` each row's greedy token (`argmax_rows`) in a tensor of
+    /// one word per row.
+    fn result(&self, logits: CudaTensor, greedy: bool) -> Result<CudaTensor, EngineError> {
+        if !greedy || logits.rows == 0 {
+            return Ok(logits);
+        }
+        let tokens = self.backend.alloc(logits.rows, 1);
+        self.backend.op_argmax(&logits, &tokens)?;
+        Ok(tokens)
+    }
+
     /// One step: `tokens` of all sequences (concatenated in `seqs` order) at `positions`;
-    /// returns the logits of `out_rows`, flat.
+    /// returns the logits of `out_rows`, flat, or with `greedy` their greedy tokens: the
+    /// argmax runs in the step (inside its graph), and 4 bytes per row come back instead
+    /// of a vocabulary of floats.
     pub fn forward(
         &mut self,
         tokens: &[u32],
         positions: &[u32],
         seqs: &[AttnSeq<'_>],
         out_rows: &[usize],
-    ) -> Result<Vec<f32>, EngineError> {
+        greedy: bool,
+    ) -> Result<StepOut, EngineError> {
         let key = if self.use_graphs {
-            GraphKey::decode(seqs, out_rows)
+            GraphKey::decode(seqs, out_rows, greedy)
         } else {
             None
         };
         self.backend.begin_step(tokens, positions, seqs)?;
         let plan = self.graphs.plan(key.as_ref(), self.backend.generation());
-        let logits = match (plan, key) {
+        let out = match (plan, key) {
             (Plan::Replay, Some(key)) => {
                 let Some(c) = self.graphs.get(&key) else {
                     return Err(EngineError::BadOptions("graph vanished".into()));
                 };
                 c.graph.launch()?;
                 self.replays += 1;
-                c.logits
+                c.out
             }
             (Plan::Capture, Some(key)) => {
                 let (backend, model, kv) = (&self.backend, &self.model, &mut self.kv);
@@ -139,7 +163,12 @@ impl CudaEngine {
                     let r = backend.upload_step().and_then(|()| {
                         let l = model.forward(backend, kv, tokens, positions, seqs, out_rows)?;
                         backend.flush()?;
-                        Ok(l)
+                        if !greedy || l.rows == 0 {
+                            return Ok(l);
+                        }
+                        let t = backend.alloc(l.rows, 1);
+                        backend.op_argmax(&l, &t)?;
+                        Ok(t)
                     });
                     match r {
                         Ok(l) => logits = Some(l),
@@ -154,10 +183,10 @@ impl CudaEngine {
                     return Err(e);
                 }
                 match (captured, logits) {
-                    (Ok(graph), Some(logits)) => {
+                    (Ok(graph), Some(out)) => {
                         graph.launch()?;
-                        self.graphs.insert(key, Captured { graph, logits });
-                        logits
+                        self.graphs.insert(key, Captured { graph, out });
+                        out
                     }
                     (r, _) => {
                         // Nothing ran during the capture: run the step for real, and stop
@@ -168,17 +197,30 @@ impl CudaEngine {
                         );
                         self.use_graphs = false;
                         self.graphs.give_up(&key);
-                        self.eager(tokens, positions, seqs, out_rows)?
+                        let l = self.eager(tokens, positions, seqs, out_rows)?;
+                        self.result(l, greedy)?
                     }
                 }
             }
-            _ => self.eager(tokens, positions, seqs, out_rows)?,
+            _ => {
+                let l = self.eager(tokens, positions, seqs, out_rows)?;
+                self.result(l, greedy)?
+            }
         };
         self.backend.take_error()?;
         if out_rows.is_empty() {
             self.backend.gpu().synchronize()?;
-            return Ok(Vec::new());
+            return Ok(if greedy {
+                StepOut::Tokens(Vec::new())
+            } else {
+                StepOut::Logits(Vec::new())
+            });
         }
-        Ok(self.backend.download(&logits)?)
+        let host = self.backend.download(&out)?;
+        Ok(if greedy {
+            StepOut::Tokens(host.iter().map(|v| v.to_bits()).collect())
+        } else {
+            StepOut::Logits(host)
+        })
     }
 }

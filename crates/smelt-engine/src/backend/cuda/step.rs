@@ -107,11 +107,13 @@ impl StepLayout {
 pub struct GraphKey {
     pub n_seqs: usize,
     pub out_rows: Vec<usize>,
+    /// The step ends with the greedy tokens of its rows instead of their logits.
+    pub greedy: bool,
 }
 
 impl GraphKey {
     /// The key of a decode step, or `None` for any other step (prefill chunks run eagerly).
-    pub fn decode(seqs: &[AttnSeq<'_>], out_rows: &[usize]) -> Option<GraphKey> {
+    pub fn decode(seqs: &[AttnSeq<'_>], out_rows: &[usize], greedy: bool) -> Option<GraphKey> {
         let decode = !seqs.is_empty()
             && seqs
                 .iter()
@@ -120,6 +122,7 @@ impl GraphKey {
         decode.then(|| GraphKey {
             n_seqs: seqs.len(),
             out_rows: out_rows.to_vec(),
+            greedy,
         })
     }
 }
@@ -251,16 +254,17 @@ mod tests {
     fn only_decode_steps_have_a_graph_key() {
         let b = [0u32];
         let decode = [seq(0, 1, 5, &b), seq(1, 1, 9, &b)];
-        let k = GraphKey::decode(&decode, &[0, 1]).unwrap();
+        let k = GraphKey::decode(&decode, &[0, 1], false).unwrap();
         assert_eq!(k.n_seqs, 2);
         // Positions and blocks do not enter the key.
         let moved = [seq(0, 1, 6, &b), seq(1, 1, 100, &[4, 5])];
-        assert_eq!(GraphKey::decode(&moved, &[0, 1]), Some(k.clone()));
-        // Other logits rows: another graph.
-        assert_ne!(GraphKey::decode(&decode, &[1]), Some(k));
+        assert_eq!(GraphKey::decode(&moved, &[0, 1], false), Some(k.clone()));
+        // Other logits rows, or tokens instead of logits: another graph.
+        assert_ne!(GraphKey::decode(&decode, &[1], false), Some(k.clone()));
+        assert_ne!(GraphKey::decode(&decode, &[0, 1], true), Some(k));
         // Prefill (several tokens) or an empty step: none.
-        assert!(GraphKey::decode(&[seq(0, 3, 0, &b)], &[2]).is_none());
-        assert!(GraphKey::decode(&[], &[]).is_none());
+        assert!(GraphKey::decode(&[seq(0, 3, 0, &b)], &[2], false).is_none());
+        assert!(GraphKey::decode(&[], &[], true).is_none());
     }
 
     #[test]
@@ -269,6 +273,7 @@ mod tests {
         let k = GraphKey {
             n_seqs: 1,
             out_rows: vec![0],
+            greedy: false,
         };
         assert_eq!(c.plan(None, 0), Plan::Eager);
         assert_eq!(c.plan(Some(&k), 0), Plan::Eager);
@@ -289,6 +294,7 @@ mod tests {
             let k = GraphKey {
                 n_seqs: n,
                 out_rows: (0..n).collect(),
+                greedy: false,
             };
             c.insert(k, n);
             assert!(c.len() <= 2);
