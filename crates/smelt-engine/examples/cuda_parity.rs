@@ -593,7 +593,11 @@ fn check(model: &Path, with_ref: bool, sweep: &[usize]) -> Res<bool> {
     let on_device = runs[0] == runs[1];
     println!(
         "greedy 32 tokens, CUDA's argmax in the step vs on the host: {}",
-        if on_device { "equal" } else { "FAIL: different" }
+        if on_device {
+            "equal"
+        } else {
+            "FAIL: different"
+        }
     );
     all_ok &= on_device;
     let same = gpu_tokens
