@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A short fuzz run of the GGUF reader (fuzz target `gguf_read`), as CI runs it: installs
 # cargo-fuzz if missing, seeds the corpus from fuzz/seeds/ (small valid files written by
-# `cargo run -p smelt-gguf --example fuzz_seeds -- fuzz/seeds`), fuzzes for FUZZ_SECONDS
+# `cargo run -p smelt-gguf --example fuzz_seeds -- fuzz/seeds`, and inputs the fuzzer once
+# failed on), fuzzes for FUZZ_SECONDS
 # (default 60) and fails on any crash, panic, leak, timeout or out-of-memory.
 #
 # The toolchain is stable-only; cargo-fuzz needs nightly flags (-Zsanitizer), which

@@ -29,7 +29,13 @@ fuzz_target!(|data: &[u8]| {
     }
     std::hint::black_box(checksum);
 
-    // What we read, we can write, and it reads back the same.
+    // What we read, we can write, and it reads back the same. The writer pads the header to
+    // the file's alignment (a power of two up to 2^31, which the reader accepts: a file with
+    // no tensors may end before its data section would start), so the round trip is skipped
+    // where that padding alone would exceed the fuzzer's memory limit.
+    if g.alignment() > 1 << 20 {
+        return;
+    }
     let specs = g
         .tensors()
         .iter()
