@@ -12,7 +12,10 @@
 //! channels. A sequence is processed exactly as [`smelt_engine::generate::generate`]
 //! processes it (same sampler calls on the same logits, same text and stop handling), and the
 //! engine computes each batch row independently of its neighbours, so greedy output equals
-//! `smelt run`'s token for token whatever else is running.
+//! `smelt run`'s token for token whatever else is running. A step where every sequence picks
+//! by plain argmax (and wants no logprobs) asks the engine for the tokens themselves
+//! ([`Engine::forward_greedy`]: on the GPU the logits never leave it); they are the argmax
+//! of the same logits.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -34,6 +37,15 @@ pub trait StepEngine {
     fn new_sequence(&mut self) -> SeqId;
     fn free_sequence(&mut self, seq: SeqId);
     fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError>;
+    /// Per input, the greedy token of its last row (`None` where it asked for no logits).
+    /// An engine that can choose it where the logits are (the GPU) overrides this.
+    fn forward_greedy(&mut self, batch: &[SeqInput]) -> Result<Vec<Option<u32>>, EngineError> {
+        Ok(self
+            .forward(batch)?
+            .iter()
+            .map(|rows| rows.last().map(|r| smelt_engine::argmax(r)))
+            .collect())
+    }
     fn free_blocks(&self) -> usize;
     fn total_blocks(&self) -> usize;
 }
@@ -49,6 +61,10 @@ impl StepEngine for Engine {
 
     fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
         Engine::forward(self, batch)
+    }
+
+    fn forward_greedy(&mut self, batch: &[SeqInput]) -> Result<Vec<Option<u32>>, EngineError> {
+        Engine::forward_greedy(self, batch)
     }
 
     fn free_blocks(&self) -> usize {
@@ -304,6 +320,20 @@ impl Active {
     }
 }
 
+/// What a step gave back: every row's logits, or (a greedy step) every row's token.
+enum StepOut {
+    Logits(Vec<Vec<Vec<f32>>>),
+    Tokens(Vec<Option<u32>>),
+}
+
+/// What one sequence's next token comes from.
+enum Pick {
+    /// Its last row's logits, for its sampler.
+    Logits(Vec<f32>),
+    /// The engine's greedy choice.
+    Token(u32),
+}
+
 struct Scheduler<E, T> {
     /// The model id, for logs.
     name: String,
@@ -432,8 +462,22 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             if inputs.is_empty() {
                 return;
             }
+            // When every sequence that gets a token this step picks it by plain argmax and
+            // wants no logprobs, the engine picks them where the logits are (on the GPU:
+            // a few bytes back instead of a vocabulary of floats per sequence).
+            let greedy = inputs.iter().zip(&owners).all(|(inp, &i)| {
+                let a = &self.running[i];
+                inp.logits == Logits::None
+                    || (a.sampler.params().is_plain_greedy() && a.job.logprobs.is_none())
+            });
             let engine = &mut self.engine;
-            let result = catch_unwind(AssertUnwindSafe(|| StepEngine::forward(engine, &inputs)));
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                if greedy {
+                    StepEngine::forward_greedy(engine, &inputs).map(StepOut::Tokens)
+                } else {
+                    StepEngine::forward(engine, &inputs).map(StepOut::Logits)
+                }
+            }));
             match result {
                 Ok(Ok(out)) => {
                     self.stats.steps.fetch_add(1, Ordering::Relaxed);
@@ -539,15 +583,22 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
         (inputs, owners)
     }
 
-    fn consume(&mut self, inputs: &[SeqInput], owners: &[usize], out: Vec<Vec<Vec<f32>>>) {
+    fn consume(&mut self, inputs: &[SeqInput], owners: &[usize], out: StepOut) {
         let mut done = Vec::new();
-        for ((inp, &i), mut rows) in inputs.iter().zip(owners).zip(out) {
+        let picks: Vec<Option<Pick>> = match out {
+            StepOut::Logits(rows) => rows
+                .into_iter()
+                .map(|mut r| r.pop().map(Pick::Logits))
+                .collect(),
+            StepOut::Tokens(t) => t.into_iter().map(|t| t.map(Pick::Token)).collect(),
+        };
+        for ((inp, &i), pick) in inputs.iter().zip(owners).zip(picks) {
             let a = &mut self.running[i];
             a.fed += inp.tokens.len();
-            let Some(logits) = rows.pop() else {
+            let Some(pick) = pick else {
                 continue;
             };
-            if let Some(end) = self.next_token(i, &logits) {
+            if let Some(end) = self.next_token(i, &pick) {
                 done.push((i, end));
             }
         }
@@ -577,14 +628,17 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
         }
     }
 
-    /// Samples the next token of running sequence `i` exactly as `generate` does, sends it,
-    /// and says whether the sequence ended.
-    fn next_token(&mut self, i: usize, logits: &[f32]) -> Option<End> {
+    /// Samples the next token of running sequence `i` exactly as `generate` does (or takes
+    /// the engine's greedy pick), sends it, and says whether the sequence ended.
+    fn next_token(&mut self, i: usize, pick: &Pick) -> Option<End> {
         let tok = Arc::clone(&self.tok);
         let tok = &*tok;
         let stats = Arc::clone(&self.stats);
         let a = &mut self.running[i];
-        let next = a.sampler.sample(logits, &a.context);
+        let (next, logits) = match pick {
+            Pick::Logits(l) => (a.sampler.sample(l, &a.context), Some(l.as_slice())),
+            Pick::Token(t) => (*t, None),
+        };
         let now = Instant::now();
         match a.last_token_at {
             None => stats
@@ -596,10 +650,10 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
         a.generated += 1;
         a.context.push(next);
         stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
-        let logprob = a
-            .job
-            .logprobs
-            .map(|top| token_logprob(logits, next, top, tok));
+        let logprob = match (a.job.logprobs, logits) {
+            (Some(top), Some(l)) => Some(token_logprob(l, next, top, tok)),
+            _ => None,
+        };
         let (text, end) = if !a.job.ignore_eog && tok.is_eog(next) {
             (a.text.finish(), Some(FinishReason::Eog))
         } else {

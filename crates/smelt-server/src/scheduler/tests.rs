@@ -4,6 +4,7 @@
 //! requests freed, and the queue bound.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,8 @@ struct Fake {
     last_token: HashMap<SeqId, u32>,
     log: StepLog,
     gate: Option<(std_mpsc::Sender<()>, std_mpsc::Receiver<()>)>,
+    /// Steps that asked for tokens instead of logits.
+    greedy_steps: Arc<AtomicUsize>,
 }
 
 impl Fake {
@@ -102,6 +105,15 @@ impl StepEngine for Fake {
             .collect())
     }
 
+    fn forward_greedy(&mut self, batch: &[SeqInput]) -> Result<Vec<Option<u32>>, EngineError> {
+        self.greedy_steps.fetch_add(1, Ordering::Relaxed);
+        Ok(self
+            .forward(batch)?
+            .iter()
+            .map(|rows| rows.last().map(|r| smelt_engine::argmax(r)))
+            .collect())
+    }
+
     fn free_blocks(&self) -> usize {
         self.n_blocks - self.used()
     }
@@ -126,6 +138,7 @@ impl TokenText for FakeText {
 struct Harness {
     handle: SchedulerHandle,
     log: StepLog,
+    greedy_steps: Arc<AtomicUsize>,
     /// With a gate: a message each time a forward starts; send on `go` to let it run.
     entered: Option<std_mpsc::Receiver<()>>,
     go: Option<std_mpsc::Sender<()>>,
@@ -133,6 +146,7 @@ struct Harness {
 
 fn start(cfg: SchedulerConfig, n_blocks: usize, gated: bool) -> Harness {
     let log = Arc::new(Mutex::new(Vec::new()));
+    let greedy_steps = Arc::new(AtomicUsize::new(0));
     let (gate, entered, go) = if gated {
         let (etx, erx) = std_mpsc::channel();
         let (gtx, grx) = std_mpsc::channel();
@@ -148,6 +162,7 @@ fn start(cfg: SchedulerConfig, n_blocks: usize, gated: bool) -> Harness {
         last_token: HashMap::new(),
         log: Arc::clone(&log),
         gate,
+        greedy_steps: Arc::clone(&greedy_steps),
     };
     let started = spawn(
         "fake".into(),
@@ -158,6 +173,7 @@ fn start(cfg: SchedulerConfig, n_blocks: usize, gated: bool) -> Harness {
     Harness {
         handle: started.handle,
         log,
+        greedy_steps,
         entered,
         go,
     }
@@ -266,6 +282,40 @@ fn tokens_text_and_finish_reasons() {
         panic!("not done")
     };
     assert_eq!((text.as_str(), finish), ("<2><3>", FinishReason::Stop));
+}
+
+/// Greedy jobs without logprobs get their tokens from the engine's greedy step; a job that
+/// samples, or wants logprobs, gets logits steps; the tokens are the same either way.
+#[test]
+fn greedy_jobs_take_tokens_from_the_engine_and_others_logits() {
+    let h = start(SchedulerConfig::default(), 64, false);
+    let greedy_steps = || h.greedy_steps.load(Ordering::Relaxed);
+    let want = |ids: Vec<u32>| Outcome::Done {
+        text: ids.iter().map(|i| format!("<{i}>")).collect(),
+        ids,
+        finish: FinishReason::Length,
+        completion_tokens: 3,
+    };
+    let (j, rx) = job(&[1, 2], 3);
+    h.handle.submit(j).unwrap();
+    assert_eq!(outcome(rx), want(vec![3, 4, 5]));
+    let after_greedy = greedy_steps();
+    assert_eq!(after_greedy, 3, "one greedy step per token");
+    // Logprobs need the logits: no greedy step.
+    let (mut j, rx) = job(&[1, 2], 3);
+    j.logprobs = Some(2);
+    h.handle.submit(j).unwrap();
+    let Outcome::Done { ids, .. } = outcome(rx) else {
+        panic!("not done")
+    };
+    assert_eq!(ids, vec![3, 4, 5]);
+    // A sampling job (top-k 1 leaves one candidate): no greedy step either.
+    let (mut j, rx) = job(&[6], 3);
+    j.sampling.temperature = 0.8;
+    j.sampling.top_k = 1;
+    h.handle.submit(j).unwrap();
+    assert_eq!(outcome(rx), want(vec![7, 8, 9]));
+    assert_eq!(greedy_steps(), after_greedy);
 }
 
 #[test]
