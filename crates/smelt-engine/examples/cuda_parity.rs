@@ -649,6 +649,57 @@ fn check(model: &Path, with_ref: bool, sweep: &[usize]) -> Res<bool> {
     }
     println!("{}", c4.line("3 sequences x 16 steps, batched"));
     all_ok &= c4.ok();
+    // The same batch on the CUDA engine alone, twice: tokens from the logits on the host,
+    // and from the engine's greedy step (`argmax_rows` over the three rows in its graph,
+    // as `smelt serve` runs a greedy batch). They must be the same tokens.
+    let mut runs = [Vec::new(), Vec::new()];
+    for (on_engine, picks) in [false, true].into_iter().zip(&mut runs) {
+        let mut live: Vec<(SeqId, Vec<u32>)> = lens
+            .iter()
+            .enumerate()
+            .map(|(j, &n)| (sd.gpu.new_sequence(), spread(n_vocab, 1000 * (j + 1), n)))
+            .collect();
+        for _ in 0..17 {
+            let input: Vec<SeqInput> = live
+                .iter()
+                .map(|(seq, t)| SeqInput {
+                    seq: *seq,
+                    tokens: t.clone(),
+                    logits: Logits::Last,
+                })
+                .collect();
+            let next: Vec<u32> = if on_engine {
+                sd.gpu
+                    .forward_greedy(&input)?
+                    .into_iter()
+                    .map(|t| t.ok_or("no greedy token"))
+                    .collect::<Result<_, _>>()?
+            } else {
+                sd.gpu
+                    .forward(&input)?
+                    .iter()
+                    .map(|rows| rows.first().map(|r| argmax(r)).ok_or("no logits"))
+                    .collect::<Result<_, _>>()?
+            };
+            for ((_, t), &n) in live.iter_mut().zip(&next) {
+                *t = vec![n];
+            }
+            picks.extend(next);
+        }
+        for (seq, _) in live {
+            sd.gpu.free_sequence(seq);
+        }
+    }
+    let batch_same = runs[0] == runs[1];
+    println!(
+        "3 sequences x 16 steps, CUDA's argmax in the step vs on the host: {}",
+        if batch_same {
+            "equal"
+        } else {
+            "FAIL: different"
+        }
+    );
+    all_ok &= batch_same;
     drop(sd);
 
     // Depth sweep: test 1 on the first N layers.
