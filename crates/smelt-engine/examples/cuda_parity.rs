@@ -569,37 +569,7 @@ fn check(model: &Path, with_ref: bool, sweep: &[usize]) -> Res<bool> {
     // The engine's greedy path (`forward_greedy`: the argmax inside the step, in the
     // decode graph once it is captured) must pick exactly what the host's argmax picks
     // from the same steps' logits (the prompt's last row only, in both runs).
-    let mut runs = [Vec::new(), Vec::new()];
-    for (on_engine, picks) in [false, true].into_iter().zip(&mut runs) {
-        let gs = sd.gpu.new_sequence();
-        let mut feed = prompt.clone();
-        while picks.len() < 32 {
-            let input = [SeqInput {
-                seq: gs,
-                tokens: feed,
-                logits: Logits::Last,
-            }];
-            let t = if on_engine {
-                sd.gpu.forward_greedy(&input)?.pop().flatten()
-            } else {
-                sd.gpu.forward(&input)?[0].first().map(|r| argmax(r))
-            }
-            .ok_or("no greedy token")?;
-            picks.push(t);
-            feed = vec![t];
-        }
-        sd.gpu.free_sequence(gs);
-    }
-    let on_device = runs[0] == runs[1];
-    println!(
-        "greedy 32 tokens, CUDA's argmax in the step vs on the host: {}",
-        if on_device {
-            "equal"
-        } else {
-            "FAIL: different"
-        }
-    );
-    all_ok &= on_device;
+    all_ok &= greedy_paths_agree(&mut sd.gpu, &[prompt.clone()], 32, "greedy 32 tokens")?;
     let same = gpu_tokens
         .iter()
         .zip(&cpu_tokens)
@@ -649,57 +619,14 @@ fn check(model: &Path, with_ref: bool, sweep: &[usize]) -> Res<bool> {
     }
     println!("{}", c4.line("3 sequences x 16 steps, batched"));
     all_ok &= c4.ok();
-    // The same batch on the CUDA engine alone, twice: tokens from the logits on the host,
-    // and from the engine's greedy step (`argmax_rows` over the three rows in its graph,
-    // as `smelt serve` runs a greedy batch). They must be the same tokens.
-    let mut runs = [Vec::new(), Vec::new()];
-    for (on_engine, picks) in [false, true].into_iter().zip(&mut runs) {
-        let mut live: Vec<(SeqId, Vec<u32>)> = lens
-            .iter()
-            .enumerate()
-            .map(|(j, &n)| (sd.gpu.new_sequence(), spread(n_vocab, 1000 * (j + 1), n)))
-            .collect();
-        for _ in 0..17 {
-            let input: Vec<SeqInput> = live
-                .iter()
-                .map(|(seq, t)| SeqInput {
-                    seq: *seq,
-                    tokens: t.clone(),
-                    logits: Logits::Last,
-                })
-                .collect();
-            let next: Vec<u32> = if on_engine {
-                sd.gpu
-                    .forward_greedy(&input)?
-                    .into_iter()
-                    .map(|t| t.ok_or("no greedy token"))
-                    .collect::<Result<_, _>>()?
-            } else {
-                sd.gpu
-                    .forward(&input)?
-                    .iter()
-                    .map(|rows| rows.first().map(|r| argmax(r)).ok_or("no logits"))
-                    .collect::<Result<_, _>>()?
-            };
-            for ((_, t), &n) in live.iter_mut().zip(&next) {
-                *t = vec![n];
-            }
-            picks.extend(next);
-        }
-        for (seq, _) in live {
-            sd.gpu.free_sequence(seq);
-        }
-    }
-    let batch_same = runs[0] == runs[1];
-    println!(
-        "3 sequences x 16 steps, CUDA's argmax in the step vs on the host: {}",
-        if batch_same {
-            "equal"
-        } else {
-            "FAIL: different"
-        }
-    );
-    all_ok &= batch_same;
+    // The same batch on the CUDA engine alone, as `smelt serve` runs a greedy batch
+    // (`argmax_rows` over the three rows in the step's graph).
+    let prompts: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(j, &n)| spread(n_vocab, 1000 * (j + 1), n))
+        .collect();
+    all_ok &= greedy_paths_agree(&mut sd.gpu, &prompts, 17, "3 sequences x 16 steps")?;
     drop(sd);
 
     // Depth sweep: test 1 on the first N layers.
@@ -734,6 +661,53 @@ fn check(model: &Path, with_ref: bool, sweep: &[usize]) -> Res<bool> {
         t0.elapsed().as_secs_f64()
     );
     Ok(all_ok)
+}
+
+/// Decodes `prompts` together for `steps` steps on `e` twice, feeding back the greedy
+/// tokens: from the logits on the host, and from the engine's greedy step
+/// (`Engine::forward_greedy`). Prints whether the two token streams are the same.
+fn greedy_paths_agree(e: &mut Engine, prompts: &[Vec<u32>], steps: usize, what: &str) -> Res<bool> {
+    let mut runs = [Vec::new(), Vec::new()];
+    for (on_engine, picks) in [false, true].into_iter().zip(&mut runs) {
+        let mut live: Vec<(SeqId, Vec<u32>)> = prompts
+            .iter()
+            .map(|p| (e.new_sequence(), p.clone()))
+            .collect();
+        for _ in 0..steps {
+            let input: Vec<SeqInput> = live
+                .iter()
+                .map(|(seq, t)| SeqInput {
+                    seq: *seq,
+                    tokens: t.clone(),
+                    logits: Logits::Last,
+                })
+                .collect();
+            let next: Vec<u32> = if on_engine {
+                e.forward_greedy(&input)?
+                    .into_iter()
+                    .map(|t| t.ok_or("no greedy token"))
+                    .collect::<Result<_, _>>()?
+            } else {
+                e.forward(&input)?
+                    .iter()
+                    .map(|rows| rows.first().map(|r| argmax(r)).ok_or("no logits"))
+                    .collect::<Result<_, _>>()?
+            };
+            for ((_, t), &n) in live.iter_mut().zip(&next) {
+                *t = vec![n];
+            }
+            picks.extend(next);
+        }
+        for (seq, _) in live {
+            e.free_sequence(seq);
+        }
+    }
+    let same = runs[0] == runs[1];
+    println!(
+        "{what}, CUDA's argmax in the step vs on the host: {}",
+        if same { "equal" } else { "FAIL: different" }
+    );
+    Ok(same)
 }
 
 fn main() -> ExitCode {
