@@ -569,7 +569,12 @@ fn check(model: &Path, with_ref: bool, sweep: &[usize]) -> Res<bool> {
     // The engine's greedy path (`forward_greedy`: the argmax inside the step, in the
     // decode graph once it is captured) must pick exactly what the host's argmax picks
     // from the same steps' logits (the prompt's last row only, in both runs).
-    all_ok &= greedy_paths_agree(&mut sd.gpu, &[prompt.clone()], 32, "greedy 32 tokens")?;
+    all_ok &= greedy_paths_agree(
+        &mut sd.gpu,
+        std::slice::from_ref(&prompt),
+        32,
+        "greedy 32 tokens",
+    )?;
     let same = gpu_tokens
         .iter()
         .zip(&cpu_tokens)
