@@ -14,11 +14,11 @@ use crate::formats::{GpuFormat, WeightLoad};
 use crate::fused::quantize_warp_block;
 use crate::{padded_tiles, GgmlType, KernelError, TILE};
 
-/// Warps per block of the default configurations: blocks are `(32, warps_per_cta)` threads.
 /// 128-byte lines of each weight row a GEMV launched ahead of its input prefetches into L2
 /// before its wait (`GridDep::early_work`).
 const PREFETCH_LINES: u32 = 8;
 
+/// Warps per block of the default configurations: blocks are `(32, warps_per_cta)` threads.
 pub const WARPS_PER_CTA: u32 = 4;
 
 /// Most tokens one launch handles.
