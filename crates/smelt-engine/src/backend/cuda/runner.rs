@@ -35,6 +35,17 @@ pub enum StepOut {
     Tokens(Vec<u32>),
 }
 
+/// `logits`, or with `greedy` each row's greedy token (`argmax_rows`, launched on the
+/// step's stream, so inside its graph when captured) in a tensor of one word per row.
+fn step_result(backend: &Cuda, logits: CudaTensor, greedy: bool) -> Result<CudaTensor, CudaError> {
+    if !greedy || logits.rows == 0 {
+        return Ok(logits);
+    }
+    let tokens = backend.alloc(logits.rows, 1);
+    backend.op_argmax(&logits, &tokens)?;
+    Ok(tokens)
+}
+
 /// A model loaded on a GPU.
 pub struct CudaEngine {
     backend: Cuda,
@@ -116,17 +127,6 @@ impl CudaEngine {
         Ok(logits)
     }
 
-    /// `logits`, or with `greedy` each row's greedy token (`argmax_rows`) in a tensor of
-    /// one word per row.
-    fn result(&self, logits: CudaTensor, greedy: bool) -> Result<CudaTensor, EngineError> {
-        if !greedy || logits.rows == 0 {
-            return Ok(logits);
-        }
-        let tokens = self.backend.alloc(logits.rows, 1);
-        self.backend.op_argmax(&logits, &tokens)?;
-        Ok(tokens)
-    }
-
     /// One step: `tokens` of all sequences (concatenated in `seqs` order) at `positions`;
     /// returns the logits of `out_rows`, flat, or with `greedy` their greedy tokens: the
     /// argmax runs in the step (inside its graph), and 4 bytes per row come back instead
@@ -163,12 +163,7 @@ impl CudaEngine {
                     let r = backend.upload_step().and_then(|()| {
                         let l = model.forward(backend, kv, tokens, positions, seqs, out_rows)?;
                         backend.flush()?;
-                        if !greedy || l.rows == 0 {
-                            return Ok(l);
-                        }
-                        let t = backend.alloc(l.rows, 1);
-                        backend.op_argmax(&l, &t)?;
-                        Ok(t)
+                        Ok(step_result(backend, l, greedy)?)
                     });
                     match r {
                         Ok(l) => logits = Some(l),
@@ -198,13 +193,13 @@ impl CudaEngine {
                         self.use_graphs = false;
                         self.graphs.give_up(&key);
                         let l = self.eager(tokens, positions, seqs, out_rows)?;
-                        self.result(l, greedy)?
+                        step_result(&self.backend, l, greedy)?
                     }
                 }
             }
             _ => {
                 let l = self.eager(tokens, positions, seqs, out_rows)?;
-                self.result(l, greedy)?
+                step_result(&self.backend, l, greedy)?
             }
         };
         self.backend.take_error()?;
