@@ -939,28 +939,32 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
             scale: 1.0 / (hd as f32).sqrt() * 2.0,
         };
         let (al, mll) = attention::partial_lens(p.rows, n_head, n_splits, hd);
-        let mut acc = gpu.stream.clone_htod(&nan(al))?;
-        let mut ml = gpu.stream.clone_htod(&nan(mll))?;
-        let mut out = gpu.stream.clone_htod(&nan(p.rows * n_head * hd))?;
-        run_attention(
-            gpu,
-            &p,
-            &s,
-            n_splits,
-            &qd,
-            &kcd,
-            &vcd,
-            &sd,
-            &td,
-            &mut acc,
-            &mut ml,
-            &mut out,
-            Which::Both,
-            None,
-        )?;
+        // Both kernels (or the combining one) on fresh poisoned partials and output.
+        let launch = |combine: Option<Combine<'_>>| -> Result<Vec<f32>> {
+            let mut acc = gpu.stream.clone_htod(&nan(al))?;
+            let mut ml = gpu.stream.clone_htod(&nan(mll))?;
+            let mut out = gpu.stream.clone_htod(&nan(p.rows * n_head * hd))?;
+            run_attention(
+                gpu,
+                &p,
+                &s,
+                n_splits,
+                &qd,
+                &kcd,
+                &vcd,
+                &sd,
+                &td,
+                &mut acc,
+                &mut ml,
+                &mut out,
+                Which::Both,
+                combine,
+            )?;
+            Ok(gpu.stream.clone_dtoh(&out)?)
+        };
         let mut want = vec![0f32; p.rows * n_head * hd];
         attention::attention_cpu(&q, &kc, &vc, &p.seqs, &p.tables, &s, &mut want);
-        catt.add(&case, &gpu.stream.clone_dtoh(&out)?, &want, 2e-5, 1e-4);
+        catt.add(&case, &launch(None)?, &want, 2e-5, 1e-4);
         if attention::combine_fits(n_head, hd, n_splits) {
             // Twice on the same inputs: the counters must come back to zero, so the
             // second launch combines as the first did.
@@ -968,28 +972,9 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
             let mut counters = gpu.stream.alloc_zeros::<u32>(groups)?;
             let mut first: Option<Vec<f32>> = None;
             for round in 0..2 {
-                let mut acc = gpu.stream.clone_htod(&nan(al))?;
-                let mut ml = gpu.stream.clone_htod(&nan(mll))?;
-                let mut out = gpu.stream.clone_htod(&nan(p.rows * n_head * hd))?;
                 let row_q = smelt_kernels::act::row_bytes(n_head * hd)?;
                 let mut qt = gpu.stream.clone_htod(&vec![0xFFu8; p.rows * row_q])?;
-                run_attention(
-                    gpu,
-                    &p,
-                    &s,
-                    n_splits,
-                    &qd,
-                    &kcd,
-                    &vcd,
-                    &sd,
-                    &td,
-                    &mut acc,
-                    &mut ml,
-                    &mut out,
-                    Which::Both,
-                    Some((&mut qt, &mut counters)),
-                )?;
-                let got = gpu.stream.clone_dtoh(&out)?;
+                let got = launch(Some((&mut qt, &mut counters)))?;
                 let c = format!("{case} round {round}");
                 ccomb.add(&c, &got, &want, 2e-5, 1e-4);
                 let tiles = smelt_kernels::act::quantize_cpu(&got, n_head * hd)?;
