@@ -10,6 +10,7 @@
 # There (device tool): bash bench/gpu/ab.sh [--peer]   carry [".gpu-cuda/smelt"] (+ ".peer")
 # Environment: SETTINGS (space-separated; commas join VAR=value pairs of one setting;
 # BENCH_ARGS=--flag+--flag adds flags to smelt bench, e.g. BENCH_ARGS=--host-logits;
+# BIN=path times another smelt binary, e.g. the tree before a change, BIN=.gpu-old/smelt;
 # default: the fusion switches), ROUNDS (default 3), DIGEST=1 (first check that every setting
 # computes the first one's logits bit for bit). Output under $OUT (or bench/out): ab.log.
 set -euo pipefail
@@ -34,7 +35,8 @@ if [ "${DIGEST:-0}" = 1 ]; then
   # logits copy under each, against the first setting's.
   first=
   for v in $settings; do
-    d=$(env SMELT_CUDA_DIGEST=1 ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 64 --gen 48 --reps 1 --host-logits 2>&1 \
+    bin=$(echo "$v" | tr ',' '\n' | sed -n 's/^BIN=//p')
+    d=$(env SMELT_CUDA_DIGEST=1 ${v//,/ } ${bin:-$B/smelt} bench --model $m --device cuda --prompt 64 --gen 48 --reps 1 --host-logits 2>&1 \
       | grep "CUDA digest" || echo missing)
     first=${first:-$d}
     if [ "$d" = "$first" ]; then r=equal; else r=DIFFERENT; fi
@@ -44,7 +46,8 @@ fi
 for round in $(seq 1 "${ROUNDS:-3}"); do
   for v in $settings; do
     extra=$(echo "$v" | tr ',' '\n' | sed -n 's/^BENCH_ARGS=//p' | tr '+' ' ')
-    r=$(env ${v//,/ } $B/smelt bench --model $m --device cuda --prompt 512 --gen 128 --reps 1 --json $extra 2>/dev/null \
+    bin=$(echo "$v" | tr ',' '\n' | sed -n 's/^BIN=//p')
+    r=$(env ${v//,/ } ${bin:-$B/smelt} bench --model $m --device cuda --prompt 512 --gen 128 --reps 1 --json $extra 2>/dev/null \
       | grep -o '"decode_tok_s":[0-9.]*' | cut -d: -f2)
     echo "round $round $v ${r:-FAILED}" | tee -a "$log"
   done
