@@ -15,8 +15,8 @@
 //! last); that is below 1e-3 relative.
 
 use smelt_ptx::{
-    Cmp, Exact, FloatRound, Kernel, Load, LoadCache, Pred, Reg, Scope, Space, Store, F16, F32, U32,
-    U64,
+    Cmp, Exact, FloatRound, Kernel, Load, LoadCache, Pred, Reg, Scope, Shfl, Space, Store, F16,
+    F32, FULL_WARP, U32, U64,
 };
 
 use super::kv::SeqDesc;
@@ -365,6 +365,16 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
             });
         });
     }
+    // The split's first 32 block numbers, one per lane, so that no key load of the loop
+    // waits on a table load: a KV block of 16 keys is one step of the loop, and each
+    // step's table load was a dependent round trip before its keys.
+    let split_blocks = k.u32(0);
+    let lane_block = k.add(k.reg(), sb, lane);
+    let lane_has = k.lt(lane_block, eb);
+    k.guarded(lane_has, |k| {
+        let ti = k.add(k.reg(), bto, lane_block);
+        k.ld(Load::GLOBAL_NC, split_blocks, k.elem_addr(tables, ti, 4));
+    });
     // Everything above reads only what the host wrote before the step.
     k.grid_dep_wait();
 
@@ -398,8 +408,21 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
     let lane_off = k.mul_wide(k.reg::<U64>(), lane_off, 2u32);
 
     k.stride_loop(qb_lo, qb_hi, 1u32, |k, bi| {
-        let ti = k.add(k.reg(), bto, bi);
-        let block = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(tables, ti, 4));
+        // `bi` is the same in every lane: the block number comes from the lane that
+        // preloaded it, or from the table past the split's first 32 blocks.
+        let nth = k.sub(k.reg(), bi, sb);
+        let block = k.reg::<U32>();
+        let preloaded = k.lt(nth, 32u32);
+        k.if_else(
+            preloaded,
+            |k| {
+                k.shfl_sync(Shfl::Idx, block, split_blocks, nth, FULL_WARP);
+            },
+            |k| {
+                let ti = k.add(k.reg(), bto, bi);
+                k.ld(Load::GLOBAL_NC, block, k.elem_addr(tables, ti, 4));
+            },
+        );
         let slot0 = k.mul(k.reg(), block, bs);
         let p0 = k.mul(k.reg(), bi, bs);
         // The keys of this block the query sees: slots [jlo, jhi), never empty here.
