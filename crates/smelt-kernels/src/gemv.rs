@@ -7,16 +7,12 @@
 //! arithmetic, unpacks the weights once and dots them with every token's activations, so
 //! 2..8 tokens read the weights once. The warp's partial sums meet in a butterfly.
 
-use smelt_ptx::{Cmp, FloatRound, Kernel, Load, Narrow, Reg, Store, F32, U32, U64};
+use smelt_ptx::{Cmp, FloatRound, Kernel, Label, Load, Narrow, Reg, Store, F32, U32, U64};
 
 use crate::act::{self, ActSlots};
 use crate::formats::{GpuFormat, WeightLoad};
 use crate::fused::quantize_warp_block;
 use crate::{padded_tiles, GgmlType, KernelError, TILE};
-
-/// 128-byte lines of each weight row a GEMV launched ahead of its input prefetches into L2
-/// before its wait (`GridDep::early_work`).
-const PREFETCH_LINES: u32 = 8;
 
 /// Warps per block of the default configurations: blocks are `(32, warps_per_cta)` threads.
 pub const WARPS_PER_CTA: u32 = 4;
@@ -267,39 +263,40 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         .iter()
         .map(|&row| k.add(k.reg(), w, k.mul_wide(k.reg::<U64>(), row, row_bytes)))
         .collect();
-    if k.grid_dep().early_work {
-        // Launched ahead of its input (programmatic dependent launch), the warp pulls its
-        // weight rows into L2 while the kernel before it runs: the weights are written by
-        // no kernel, so they may be read before the wait; the activations only after it.
-        // The row's first lines only: whole rows of the large matrices would not fit L2
-        // beside the kernel before (the first version did that and lost 10-15%).
-        let lines = k.shr(k.reg(), k.add(k.reg(), row_bytes, 127u32), 7u32);
-        k.min(lines, lines, PREFETCH_LINES);
-        for &wr in &wrows {
-            k.stride_loop(lane, lines, 32u32, |k, line| {
-                let at = k.add(k.reg(), wr, k.mul_wide(k.reg::<U64>(), line, 128u32));
-                k.raw(format!("prefetch.global.L2 [{at}]"));
-            });
+    let setup = F::setup(k, part, ntiles);
+    let how = WeightLoad { no_l1: cfg.no_l1 };
+    let sink = k.label();
+    // Launched ahead of its input (programmatic dependent launch), the warp loads its
+    // first step's weights into registers while the kernel before it runs: no kernel
+    // writes the weights, so they may be read before the wait; the activations only after
+    // it. (Whole rows prefetched into L2 instead lost 10-15%: they did not fit beside the
+    // kernel before; the rows' first lines into L2 gained under 1%.)
+    let hoisted = k.grid_dep().early_work.then(|| {
+        let valid = k.lt(first, ntiles);
+        let last_tile = k.sub(k.reg(), ntiles, 1u32);
+        let tile = k.min(k.reg(), first, last_tile);
+        let weights: Vec<_> = wrows
+            .iter()
+            .map(|&wr| F::load(k, &setup, wr, tile, how))
+            .collect();
+        if cfg.pin_loads {
+            pin(k, weights.iter().flat_map(F::load_words), never, sink);
         }
-    }
+        (valid, weights)
+    });
     k.grid_dep_wait();
     // What the epilogue reads, loaded before the main loop so it arrives during it.
     let early = Early::load(k, &fused, &rows, lane);
-    let setup = F::setup(k, part, ntiles);
     let (b0, b1) = F::act_blocks(k, part);
     let slots = ActSlots::new(k, b0, b1);
     let token_stride = k.mul_wide(k.reg::<U64>(), ntiles, act::TILE_BYTES as u32);
     let accs: Vec<Vec<_>> = (0..nr)
         .map(|_| (0..ntok).map(|_| k.f32(0.0)).collect())
         .collect();
-    let sink = k.label();
 
-    k.stride_loop(first, ntiles, 8u32, |k, tile| {
-        let how = WeightLoad { no_l1: cfg.no_l1 };
-        let weights: Vec<_> = wrows
-            .iter()
-            .map(|&wr| F::load(k, &setup, wr, tile, how))
-            .collect();
+    // One loop step: tile `tile`'s activations for every token, dotted with `weights`
+    // (this step's tile of each of the warp's rows).
+    let step = |k: &Kernel, tile: Reg<U32>, weights: Vec<F::Loaded>, pin_weights: bool| {
         let xtile = k.add(
             k.reg(),
             x,
@@ -316,24 +313,14 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
             .map(|t| act::load_tile(k, token_at(t), &slots))
             .collect();
         if cfg.pin_loads {
-            let all = k.u32(0);
-            for wl in &weights {
-                for word in F::load_words(wl) {
-                    k.xor(all, all, word);
-                }
-            }
-            for xa in &xs {
-                k.xor(all, all, xa.q[0]);
-                k.xor(all, all, xa.q[8]);
-                k.xor(all, all, xa.sum[0].cast::<U32>());
-                k.xor(all, all, xa.sum[1].cast::<U32>());
-            }
-            // `never` is 0, so this is never taken; ptxas cannot know, and so issues
-            // every load before it.
-            let hit = k.cmp(Cmp::Eq, all, never);
-            let armed = k.cmp(Cmp::Ne, never, 0u32);
-            k.and(hit, hit, armed);
-            k.bra_if(hit, sink);
+            let weight_words = weights
+                .iter()
+                .filter(|_| pin_weights)
+                .flat_map(F::load_words);
+            let act_words = xs
+                .iter()
+                .flat_map(|xa| [xa.q[0], xa.q[8], xa.sum[0].cast(), xa.sum[1].cast()]);
+            pin(k, weight_words.chain(act_words), never, sink);
         }
         let decoded: Vec<_> = weights.iter().map(|wl| F::decode(k, &setup, wl)).collect();
         for t in 0..ntok {
@@ -349,6 +336,20 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
                 F::dot(k, &setup, dw, xa, acc_r[t]);
             }
         }
+    };
+    let loop_from = match hoisted {
+        Some((valid, weights)) => {
+            k.if_(valid, |k| step(k, first, weights, false));
+            k.add(k.reg(), first, 8u32)
+        }
+        None => first,
+    };
+    k.stride_loop(loop_from, ntiles, 8u32, |k, tile| {
+        let weights: Vec<_> = wrows
+            .iter()
+            .map(|&wr| F::load(k, &setup, wr, tile, how))
+            .collect();
+        step(k, tile, weights, true);
     });
 
     let sums: Vec<Vec<_>> = accs
@@ -409,6 +410,20 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         k.exit();
     }
     k.place(sink);
+}
+
+/// Ends a group of loads with a branch to `sink` that depends on every one of `words` and
+/// is never taken (`never` is 0): ptxas cannot know that, so it issues all the loads
+/// before the branch instead of interleaving them with their uses.
+fn pin(k: &Kernel, words: impl IntoIterator<Item = Reg<U32>>, never: Reg<U32>, sink: Label) {
+    let all = k.u32(0);
+    for word in words {
+        k.xor(all, all, word);
+    }
+    let hit = k.cmp(Cmp::Eq, all, never);
+    let armed = k.cmp(Cmp::Ne, never, 0u32);
+    k.and(hit, hit, armed);
+    k.bra_if(hit, sink);
 }
 
 /// The parameters of a fused GEMV's epilogue.
