@@ -112,6 +112,7 @@ fn launch_gemv(
                 .arg(&null);
         }
     }
+    gpu.no_timeline(&mut l);
     // SAFETY: parameters in the order `gemv::kernel` documents, buffers sized by the caller.
     unsafe { l.launch(lc) }?;
     Ok(())

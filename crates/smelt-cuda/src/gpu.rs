@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    LaunchArgs, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 use smelt_ptx::{GridDep, Target};
@@ -26,6 +26,7 @@ pub struct Gpu {
     sm_count: usize,
     target: Target,
     grid_dep: GridDep,
+    timeline: bool,
     load_time: Duration,
 }
 
@@ -54,9 +55,10 @@ pub enum KernelParam {
 /// at entry); `gemv` (only the GEMVs do, so the small kernels after them launch early);
 /// `small` (only the other kernels do); `chain` (every kernel lets the next launch right
 /// after its own wait); `chain-gemv` (GEMVs at entry, the others after their wait);
-/// `prefetch` (`launch`, and the GEMVs prefetch their weights' first lines into L2 before
-/// they wait); `early` (`chain-gemv`, and the attention prefetches its split's first KV
-/// block into L2 before it waits); `early-prefetch` (`early` and the GEMVs' prefetch).
+/// `prefetch` (`launch`, and the GEMVs load their first loop step's weights into registers
+/// before they wait); `early` (`chain-gemv`, and the attention prefetches its split's first
+/// KV block into L2 before it waits); `early-prefetch` (`early` and the GEMVs' early
+/// loads); `hoist` (the default, and the GEMVs' early loads).
 /// Off before sm_90 whatever it says.
 fn grid_dep_from_env(target: Target) -> (GridDep, GridDep) {
     let wait = smelt_kernels::catalog::GRID_DEP;
@@ -89,6 +91,7 @@ fn grid_dep_from_env(target: Target) -> (GridDep, GridDep) {
         Ok("prefetch") => (GridDep::ALL, GridDep::ALL),
         Ok("early") => (early_after, launch),
         Ok("early-prefetch") => (early_after, early_launch),
+        Ok("hoist") => (wait, early_launch),
         _ => smelt_kernels::catalog::GRID_DEPS,
     };
     (other.for_target(target), gemv.for_target(target))
@@ -127,9 +130,9 @@ impl Gpu {
                 wait: other.wait || gemv.wait,
                 ..other
             };
-            let kernels = ctx.load_module(Ptx::from_src(
-                smelt_kernels::catalog::module_with(target, other, gemv)?.to_ptx(),
-            ))?;
+            let timeline = std::env::var("SMELT_CUDA_TIMELINE").is_ok_and(|v| v == "1");
+            let module = smelt_kernels::catalog::module_with(target, other, gemv, timeline)?;
+            let kernels = ctx.load_module(Ptx::from_src(module.to_ptx()))?;
             let runtime = ctx.load_module(Ptx::from_src(util::module(target)?.to_ptx()))?;
             let load_time = t.elapsed();
             let sm_count = ctx.attribute(
@@ -147,6 +150,7 @@ impl Gpu {
                 sm_count: usize::try_from(sm_count).unwrap_or(1).max(1),
                 target,
                 grid_dep,
+                timeline,
                 load_time,
             }))
         })
@@ -180,6 +184,21 @@ impl Gpu {
     /// [`Gpu::launch`] lets each start before the one before it has ended.
     pub fn grid_dep(&self) -> GridDep {
         self.grid_dep
+    }
+
+    /// Whether the catalog's kernels take a timeline slot ([`smelt_ptx::timeline::PARAM`])
+    /// after their own parameters (`SMELT_CUDA_TIMELINE=1`): every launch of one must pass
+    /// it; 0 records nothing ([`Gpu::no_timeline`]).
+    pub fn timeline(&self) -> bool {
+        self.timeline
+    }
+
+    /// Appends "no slot" to a launch of a catalog kernel when [`Gpu::timeline`] is on.
+    pub fn no_timeline(&self, l: &mut LaunchArgs<'_>) {
+        static NO_SLOT: u64 = 0;
+        if self.timeline {
+            l.arg(&NO_SLOT);
+        }
     }
 
     /// Launches kernel `f` on the stream with `params` (in the kernel's order). When the

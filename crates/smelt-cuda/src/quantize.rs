@@ -62,6 +62,7 @@ pub fn quantize_device(
         .arg(flags)
         .arg(&p.blocks)
         .arg(&p.blocks_per_row);
+    gpu.no_timeline(&mut l);
     // SAFETY: the kernel reads `blocks * weights` elements of `src` and writes
     // `out_bytes` of `dst` and `rows` words of `flags`, all checked above.
     unsafe { l.launch(cfg) }?;

@@ -228,13 +228,21 @@ pub fn is_gemv(name: &str) -> bool {
 
 /// One module holding every kernel, for `target`, with [`GRID_DEPS`].
 pub fn module(target: Target) -> Result<Module, PtxError> {
-    module_with(target, GRID_DEPS.0, GRID_DEPS.1)
+    module_with(target, GRID_DEPS.0, GRID_DEPS.1, false)
 }
 
 /// One module holding every kernel, for `target`: the GEMVs with `gemv`, the others with
-/// `other` (to compare settings: which kernels let their successor launch early).
-pub fn module_with(target: Target, other: GridDep, gemv: GridDep) -> Result<Module, PtxError> {
+/// `other` (to compare settings: which kernels let their successor launch early); with
+/// `timeline`, every kernel takes a timeline slot last and stamps its blocks' times
+/// (`smelt_ptx::timeline`, profiling).
+pub fn module_with(
+    target: Target,
+    other: GridDep,
+    gemv: GridDep,
+    timeline: bool,
+) -> Result<Module, PtxError> {
     let mut m = Module::new(target);
+    m.set_timeline(timeline);
     for (name, build) in all() {
         m.set_grid_dep(if is_gemv(&name) { gemv } else { other });
         m.kernel(&name, |k| build(k))?;

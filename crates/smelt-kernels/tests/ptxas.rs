@@ -75,9 +75,11 @@ fn every_kernel_assembles_for_sm80_and_sm90_without_spills() {
 
 #[test]
 fn the_whole_module_assembles() {
-    for target in [Target::Sm80, Target::Sm90] {
+    // sm_90 with the timeline's instrumentation too (`SMELT_CUDA_TIMELINE`): its exits
+    // become branches, its waits are followed by timestamps.
+    for (target, timeline) in [(Target::Sm80, false), (Target::Sm90, true)] {
         let all = smelt_ptx::GridDep::ALL;
-        let m = catalog::module_with(target, all, all).unwrap_or_else(|e| panic!("{e}"));
+        let m = catalog::module_with(target, all, all, timeline).unwrap_or_else(|e| panic!("{e}"));
         if let Err(e) = assemble(target, "all", &m.to_ptx()) {
             panic!("{e}");
         }

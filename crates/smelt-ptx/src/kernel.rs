@@ -70,6 +70,7 @@ pub struct Kernel {
     grid_dep: Cell<GridDep>,
     waited: Cell<bool>,
     launched: Cell<bool>,
+    timeline: Cell<bool>,
 }
 
 /// PTX identifiers: a letter or underscore, then letters, digits, `_` or `$`.
@@ -105,6 +106,7 @@ impl Kernel {
             grid_dep: Cell::new(GridDep::default()),
             waited: Cell::new(false),
             launched: Cell::new(false),
+            timeline: Cell::new(false),
         })
     }
 
@@ -116,6 +118,10 @@ impl Kernel {
     /// The architecture being generated for, so a kernel can choose instructions by it.
     pub fn target(&self) -> Target {
         self.target
+    }
+
+    pub(crate) fn set_timeline(&self, on: bool) {
+        self.timeline.set(on);
     }
 
     pub(crate) fn set_grid_dep(&self, grid_dep: GridDep) {
@@ -400,7 +406,30 @@ impl Kernel {
         if launch && g.launch_after_wait {
             entry.push("\tgriddepcontrol.launch_dependents;".to_string());
         }
-        let params = self.params.into_inner();
+        let mut params = self.params.into_inner();
+        let mut body = self.body.into_inner();
+        if self.timeline.get() {
+            params.push(format!(".param .u64 {}", crate::timeline::PARAM));
+            let mut lines = crate::timeline::prologue();
+            if !g.wait {
+                // No wait: released at entry.
+                lines.extend(crate::timeline::after_wait());
+            }
+            for line in entry.into_iter().chain(body) {
+                if let Some(b) = crate::timeline::redirect_exit(&line) {
+                    lines.push(b);
+                    continue;
+                }
+                let wait = crate::timeline::is_wait(&line);
+                lines.push(line);
+                if wait {
+                    lines.extend(crate::timeline::after_wait());
+                }
+            }
+            lines.extend(crate::timeline::epilogue());
+            entry = Vec::new();
+            body = lines;
+        }
         let mut out = format!(".visible .entry {}(", self.name);
         if params.is_empty() {
             out.push_str(")\n");
@@ -424,7 +453,7 @@ impl Kernel {
             out.push_str(&format!("\t{d}\n"));
         }
         out.push('\n');
-        for line in entry.into_iter().chain(self.body.into_inner()) {
+        for line in entry.into_iter().chain(body) {
             out.push_str(&line);
             out.push('\n');
         }

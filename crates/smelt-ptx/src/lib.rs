@@ -90,6 +90,7 @@ pub mod types;
 
 #[cfg(test)]
 mod testing;
+pub mod timeline;
 
 pub use error::PtxError;
 pub use kernel::{Kernel, Label, Shared};

@@ -72,7 +72,7 @@ pub struct GridDep {
     /// its blocks are scheduled and waiting when this one ends. Without it, the next kernel
     /// launches when this one has ended.
     pub early_launch: bool,
-    /// Kernels may do work that reads nothing an earlier grid wrote (a GEMV's L2 prefetch of
+    /// Kernels may do work that reads nothing an earlier grid wrote (a GEMV's first loads of
     /// its weights) before they wait; see [`Kernel::grid_dep`].
     pub early_work: bool,
     /// With `early_launch`: the next kernel launches once this one has passed its wait
@@ -137,6 +137,7 @@ pub struct Module {
     target: Target,
     kernels: Vec<(String, String)>,
     grid_dep: GridDep,
+    timeline: bool,
 }
 
 impl Module {
@@ -147,6 +148,7 @@ impl Module {
             target,
             kernels: Vec::new(),
             grid_dep: GridDep::default(),
+            timeline: false,
         }
     }
 
@@ -168,6 +170,7 @@ impl Module {
             target,
             kernels: Vec::new(),
             grid_dep: GridDep::default(),
+            timeline: false,
         })
     }
 
@@ -175,6 +178,13 @@ impl Module {
     /// (off on targets older than sm_90, whatever `grid_dep` says).
     pub fn set_grid_dep(&mut self, grid_dep: GridDep) -> &mut Self {
         self.grid_dep = grid_dep.for_target(self.target);
+        self
+    }
+
+    /// Instruments the kernels added from here on with [`crate::timeline`]'s timestamps
+    /// (profiling only: one more parameter, last, and a few atomics per block).
+    pub fn set_timeline(&mut self, on: bool) -> &mut Self {
+        self.timeline = on;
         self
     }
 
@@ -208,6 +218,7 @@ impl Module {
         }
         let k = Kernel::new(name, self.target)?;
         k.set_grid_dep(self.grid_dep);
+        k.set_timeline(self.timeline);
         build(&k);
         let text = k.finish()?;
         self.kernels.push((name.to_string(), text));

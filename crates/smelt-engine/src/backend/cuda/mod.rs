@@ -25,6 +25,7 @@ mod ops;
 mod profile;
 pub mod runner;
 pub mod step;
+mod timeline;
 pub mod weights;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -218,10 +219,15 @@ pub struct Cuda {
     /// rows four (catalog variants; the default is two): `SMELT_CUDA_GEMV_R1_ROWS` and
     /// `SMELT_CUDA_GEMV_R4_ROWS`, to measure them. Off by default.
     gemv_rows: (usize, usize),
+    /// Key splits per (sequence, KV head) of the decode attention, `SMELT_CUDA_SPLITS`
+    /// (tuning only): fixed instead of one block per multiprocessor.
+    attn_splits: Option<usize>,
     /// Weight memory: chunks bump-allocated in load order; (chunks, next free, end).
     weights: Mutex<(Vec<CudaSlice<u8>>, u64, u64)>,
     /// GPU time per kernel of eager decode steps (`SMELT_CUDA_PROFILE=1`).
     profile: Option<Mutex<profile::Profile>>,
+    /// Block timestamps of decode steps as their graphs run (`SMELT_CUDA_TIMELINE=1`).
+    timeline: Option<Mutex<timeline::Timeline>>,
     /// `SMELT_CUDA_DIGEST=1`: an FNV-1a hash of the bits of everything copied to the host
     /// (logits) and the number of copies, printed when the backend is dropped, so runs
     /// under different launch settings can be shown to compute the same bits (a race
@@ -246,6 +252,9 @@ impl Drop for Cuda {
             if p.steps() > 0 {
                 eprint!("{}", p.table());
             }
+        }
+        if let Some(t) = &self.timeline {
+            eprint!("{}", lock(t).table());
         }
     }
 }
@@ -279,6 +288,10 @@ impl Cuda {
     /// Opens CUDA device `ordinal` (a missing driver or device is an error, never a panic).
     pub fn open(ordinal: usize) -> Result<Cuda, EngineError> {
         let gpu = Gpu::open(ordinal)?;
+        let timeline = match gpu.timeline() {
+            true => Some(Mutex::new(timeline::Timeline::new(&gpu)?)),
+            false => None,
+        };
         Ok(Cuda {
             gpu,
             scratch: Mutex::new(Arena::default()),
@@ -299,11 +312,13 @@ impl Cuda {
             fuse_attn_combine: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
                 && std::env::var("SMELT_CUDA_ATTN_COMBINE").map_or(true, |v| v != "0"),
             attn_counters: Mutex::new(None),
+            attn_splits: env_usize("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
             fuse_rope_kv: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
                 && std::env::var("SMELT_CUDA_ROPE_KV").map_or(true, |v| v != "0"),
             weights: Mutex::new((Vec::new(), 0, 0)),
             profile: (std::env::var("SMELT_CUDA_PROFILE").is_ok_and(|v| v == "1"))
                 .then(|| Mutex::new(profile::Profile::default())),
+            timeline,
             digest: (std::env::var("SMELT_CUDA_DIGEST").is_ok_and(|v| v == "1"))
                 .then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
             skip: skip_from_env(),
@@ -320,6 +335,22 @@ impl Cuda {
     /// Whether kernels are being timed one by one (graphs are then off).
     pub fn profiling(&self) -> bool {
         self.profile.is_some()
+    }
+
+    /// Starts a step of the timeline (`SMELT_CUDA_TIMELINE=1`): decode steps record.
+    pub(crate) fn timeline_begin(&self, decode: bool) -> Result<(), CudaError> {
+        match &self.timeline {
+            Some(t) => lock(t).begin(&self.gpu, decode),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends a step of the timeline: waits for it and adds its stamps up.
+    pub(crate) fn timeline_end(&self) -> Result<(), CudaError> {
+        match &self.timeline {
+            Some(t) => lock(t).end(&self.gpu),
+            None => Ok(()),
+        }
     }
 
     /// Starts timing a step's kernels (when profiling).

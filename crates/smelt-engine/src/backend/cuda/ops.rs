@@ -42,8 +42,25 @@ impl Cuda {
             block_dim: l.block,
             shared_mem_bytes: l.shared_bytes,
         };
+        let with_slot;
+        let args = match &self.timeline {
+            Some(t) => {
+                // Named with the grid, so that the shapes of one kernel get rows of their own.
+                let (x, y, z) = l.grid;
+                let key = format!("{name} {x}x{y}x{z}");
+                let slot = super::lock(t).arg(&self.gpu, &key);
+                with_slot = args
+                    .iter()
+                    .copied()
+                    .chain([Arg::P(slot)])
+                    .collect::<Vec<_>>();
+                &with_slot[..]
+            }
+            None => args,
+        };
         // SAFETY: every caller passes the parameters its kernel documents, with buffers of
-        // the sizes the shapes imply (checked by the callers).
+        // the sizes the shapes imply (checked by the callers); a timeline module's kernels
+        // take their slot last (`Gpu::timeline`).
         unsafe { self.gpu.launch(&f, cfg, args) }?;
         self.profile_mark(name)
     }
@@ -623,6 +640,9 @@ impl Cuda {
     /// output costs as much to write and combine as its keys cost to read (H100, 2026-11-22:
     /// the combine step took more time than the attention itself at 64 splits).
     fn splits(&self, n_seqs: usize, n_head_kv: usize) -> usize {
+        if let Some(n) = self.attn_splits {
+            return n.clamp(1, ops::attention::MAX_SPLITS);
+        }
         self.gpu
             .sm_count()
             .div_ceil((n_seqs * n_head_kv).max(1))

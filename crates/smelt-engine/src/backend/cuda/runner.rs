@@ -145,6 +145,7 @@ impl CudaEngine {
             None
         };
         self.backend.begin_step(tokens, positions, seqs)?;
+        self.backend.timeline_begin(tokens.len() == seqs.len())?;
         let plan = self.graphs.plan(key.as_ref(), self.backend.generation());
         let out = match (plan, key) {
             (Plan::Replay, Some(key)) => {
@@ -203,6 +204,7 @@ impl CudaEngine {
             }
         };
         self.backend.take_error()?;
+        self.backend.timeline_end()?;
         if out_rows.is_empty() {
             self.backend.gpu().synchronize()?;
             return Ok(if greedy {
