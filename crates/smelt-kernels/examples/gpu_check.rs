@@ -17,7 +17,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use rand::{Rng, SeedableRng};
@@ -543,6 +543,195 @@ fn parity_split_norm(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
     Ok(failures)
 }
 
+/// The Q|K|V GEMV with the rope + KV-append epilogue (`gemv::Config::rope_kv`), on plain
+/// and on split-norm tiles: `y` and both caches byte for byte equal to the GEMV without it
+/// followed by `rope_kv_normal` (the kernels it replaces, each checked against its twin),
+/// caches poisoned, with and without frequency factors; `y` also against its CPU twin
+/// (`gemv::cpu`, then `ops::rope::rope_kv_cpu`) within the GEMV bound.
+fn parity_rope_gemv(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
+    use smelt_kernels::ops::kv::SeqDesc;
+    use smelt_kernels::ops::rope::{self, RopeStyle};
+    let mut failures = 0;
+    let rope_kv = gpu.module.load_function(rope::kv_name(RopeStyle::Normal))?;
+    let (bs, n_blocks) = (16usize, 4usize);
+    let tables: Vec<u32> = vec![2, 0, 3, 1];
+    let tables_d = gpu.stream.clone_htod(&tables)?;
+    for ty in catalog::GEMV_TYPES {
+        let mut differ = 0usize;
+        let mut worst = 0f64;
+        let mut cases = 0;
+        // (n_head, n_head_kv, head_dim, k): GQA and MHA, 64 and 128 values a head.
+        for (n_head, n_head_kv, hd, k) in [(4, 2, 64, 512), (2, 2, 128, 256), (8, 2, 128, 1024)] {
+            if k % ty.block_size() != 0 {
+                continue;
+            }
+            for (with_ff, with_rms, pos) in
+                [(false, false, 37u32), (true, true, 50), (true, false, 5)]
+            {
+                cases += 1;
+                let (q_rows, kv_dim) = (n_head * hd, n_head_kv * hd);
+                let nrows = q_rows + 2 * kv_dim;
+                let ggml = random_weights(rng, ty, nrows, k)?;
+                let wd = gpu
+                    .stream
+                    .clone_htod(&catalog::repack(ty, &ggml, nrows, k)?)?;
+                let xf = random_floats(rng, k, 2.0);
+                let xd = gpu.stream.clone_htod(&xf)?;
+                let mut xq = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)?)?;
+                gpu.quantize(&xd, &mut xq, k, 1)?;
+                let xqh = gpu.stream.clone_dtoh(&xq)?;
+                let ff: Vec<f32> = (0..hd / 2).map(|_| rng.gen_range(1.0..8.0)).collect();
+                let ff_d = gpu.stream.clone_htod(&ff)?;
+                let ff_ptr = if with_ff {
+                    ff_d.device_ptr(&gpu.stream).0
+                } else {
+                    0u64
+                };
+                let desc = SeqDesc {
+                    row: 0,
+                    n_tokens: 1,
+                    start_pos: pos,
+                    block_table_offset: 0,
+                };
+                let desc_d = gpu.stream.clone_htod(&desc.words())?;
+                let pos_d = gpu.stream.clone_htod(&[pos])?;
+                let parts: Vec<f32> = (0..k / 32).map(|_| rng.gen_range(0.5..4.0)).collect();
+                let parts_d = gpu.stream.clone_htod(&parts)?;
+                let res = gpu.stream.clone_htod(&random_floats(rng, k, 1.0))?;
+                let g = gpu.stream.clone_htod(&vec![1.0f32; k])?;
+                let (freq_base, freq_scale) = (500000.0f32, 0.25f32);
+                let theta = rope::theta_scale(freq_base, hd);
+                let cache_len = n_blocks * bs * kv_dim;
+                // Both paths: (y, k cache, v cache).
+                let mut outs = Vec::new();
+                for fused in [false, true] {
+                    let mut cfg = if with_rms {
+                        Config::rms_input()
+                    } else {
+                        Config::new(1)
+                    };
+                    if fused {
+                        cfg = cfg.with_rope_kv();
+                    }
+                    let f = gpu.gemv(ty, cfg)?;
+                    let d = GemvDims::new(cfg, nrows, k, catalog::row_bytes(ty, k)?);
+                    let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows])?;
+                    let mut kc = gpu.stream.clone_htod(&vec![0xFFFFu16; cache_len])?;
+                    let mut vc = gpu.stream.clone_htod(&vec![0xFFFFu16; cache_len])?;
+                    let (nparts, n, eps, null) = ((k / 32) as u32, k as u32, 1e-5f32, 0u64);
+                    let (qr, kvd, hdu, bsu) = (q_rows as u32, kv_dim as u32, hd as u32, bs as u32);
+                    {
+                        let mut l = gpu.stream.launch_builder(&f);
+                        d.push(&mut l, &wd, &xq, &mut y);
+                        if with_rms {
+                            l.arg(&parts_d)
+                                .arg(&nparts)
+                                .arg(&n)
+                                .arg(&eps)
+                                .arg(&res)
+                                .arg(&g)
+                                .arg(&null);
+                        }
+                        if fused {
+                            l.arg(&pos_d)
+                                .arg(&ff_ptr)
+                                .arg(&mut kc)
+                                .arg(&mut vc)
+                                .arg(&desc_d)
+                                .arg(&tables_d)
+                                .arg(&qr)
+                                .arg(&kvd)
+                                .arg(&hdu)
+                                .arg(&bsu)
+                                .arg(&theta)
+                                .arg(&freq_scale);
+                        }
+                        unsafe { l.launch(d.launch) }?;
+                    }
+                    if !fused {
+                        let lr = rope::kv_launch(n_head, n_head_kv, hd);
+                        let (nh, nhkv) = (n_head as u32, n_head_kv as u32);
+                        let v_view = y.slice(q_rows + kv_dim..);
+                        let mut l = gpu.stream.launch_builder(&rope_kv);
+                        l.arg(&y)
+                            .arg(&pos_d)
+                            .arg(&ff_ptr)
+                            .arg(&v_view)
+                            .arg(&mut kc)
+                            .arg(&mut vc)
+                            .arg(&desc_d)
+                            .arg(&tables_d)
+                            .arg(&nh)
+                            .arg(&nhkv)
+                            .arg(&hdu)
+                            .arg(&bsu)
+                            .arg(&theta)
+                            .arg(&freq_scale);
+                        let cfg = LaunchConfig {
+                            grid_dim: lr.grid,
+                            block_dim: lr.block,
+                            shared_mem_bytes: 0,
+                        };
+                        unsafe { l.launch(cfg) }?;
+                    }
+                    outs.push((
+                        gpu.stream.clone_dtoh(&y)?,
+                        gpu.stream.clone_dtoh(&kc)?,
+                        gpu.stream.clone_dtoh(&vc)?,
+                    ));
+                }
+                let (a, b) = (&outs[0], &outs[1]);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                differ += bits(&a.0)
+                    .iter()
+                    .zip(bits(&b.0))
+                    .filter(|(x, y)| **x != *y)
+                    .count();
+                differ += a.1.iter().zip(&b.1).filter(|(x, y)| x != y).count();
+                differ += a.2.iter().zip(&b.2).filter(|(x, y)| x != y).count();
+                // The CPU twin of `y`: the GEMV's, scaled as the split norm scales it,
+                // then the rope of its Q|K part.
+                let (yw, mag) = gemv::cpu_with_magnitude(ty, &ggml, nrows, k, &xqh, 1)?;
+                let inv = if with_rms {
+                    let p64: Vec<f64> = parts.iter().map(|&v| f64::from(v)).collect();
+                    gemv::rms_input_scale(&p64, k, 1e-5)
+                } else {
+                    1.0
+                };
+                let mut want: Vec<f32> = yw.iter().map(|&v| (f64::from(v) * inv) as f32).collect();
+                let (mut kc_w, mut vc_w) = (vec![0u16; cache_len], vec![0u16; cache_len]);
+                let (qk, vpart) = want.split_at_mut(q_rows + kv_dim);
+                rope::rope_kv_cpu(
+                    qk,
+                    vpart,
+                    &mut kc_w,
+                    &mut vc_w,
+                    desc,
+                    &tables,
+                    n_head,
+                    n_head_kv,
+                    hd,
+                    bs,
+                    RopeStyle::Normal,
+                    freq_base,
+                    freq_scale,
+                    with_ff.then_some(&ff[..]),
+                );
+                let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+                let scale = |i: usize| (mag[i].max(mag[i ^ 1])) * inv + want64[i].abs();
+                worst = worst.max(worst_scaled(&b.0, &want64, scale));
+            }
+        }
+        let ok = differ == 0 && worst <= 1e-5;
+        failures += usize::from(!ok);
+        println!(
+            "gemv + rope + kv append {ty:?}: {cases} cases: {} (values differing from the unfused kernels {differ}, y vs twin {worst:.1e})",
+            if ok { "PASS" } else { "FAIL" }
+        );
+    }
+    Ok(failures)
+}
+
 /// Median of `reps` replays (ms per launch) of a CUDA graph of `launches` launches.
 fn time_graph(
     gpu: &Gpu,
@@ -722,6 +911,7 @@ fn main() -> Result<()> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let mut failures = parity(&gpu, &mut rng)?;
     failures += parity_split_norm(&gpu, &mut rng)?;
+    failures += parity_rope_gemv(&gpu, &mut rng)?;
     if std::env::args().any(|a| a == "--parity-only") {
         println!("parity failures: {failures}");
         if failures > 0 {

@@ -152,9 +152,15 @@ pub fn configs() -> Vec<Config> {
 }
 
 /// The fused single-token GEMVs (the two halves of a residual add + RMS norm between two
-/// GEMVs, `gemv::Fuse`), emitted for every type beside [`configs`].
-pub fn fused_configs() -> [Config; 2] {
-    [Config::residual_norm(), Config::rms_input()]
+/// GEMVs, `gemv::Fuse`; the Q|K|V GEMV with rope and the KV append, on a split norm's
+/// tiles or on plain ones), emitted for every type beside [`configs`].
+pub fn fused_configs() -> [Config; 4] {
+    [
+        Config::residual_norm(),
+        Config::rms_input(),
+        Config::rms_input().with_rope_kv(),
+        Config::new(1).with_rope_kv(),
+    ]
 }
 
 /// Bytes of a row of `k` weights of `ty` in the GPU layout.

@@ -7,7 +7,9 @@
 //! arithmetic, unpacks the weights once and dots them with every token's activations, so
 //! 2..8 tokens read the weights once. The warp's partial sums meet in a butterfly.
 
-use smelt_ptx::{Cmp, FloatRound, Kernel, Label, Load, Narrow, Reg, Store, F32, U32, U64};
+use smelt_ptx::{
+    Cmp, Exact, FloatRound, Kernel, Label, Load, Narrow, Reg, Store, F16, F32, U32, U64,
+};
 
 use crate::act::{self, ActSlots};
 use crate::formats::{GpuFormat, WeightLoad};
@@ -73,6 +75,11 @@ pub struct Config {
     pub warps_per_cta: u32,
     /// What the GEMV fuses around its dot products (one token only).
     pub fuse: Fuse,
+    /// The rows are one decode token's `Q | K | V` (one token, two rows per warp): the
+    /// warp rotates its pair of Q or K rows (normal rope: a pair is two adjacent rows) and
+    /// stores K and V as f16 into the sequence's KV-cache slot, the job of
+    /// `ops::rope::rope_kv_kernel`, without its launch.
+    pub rope_kv: bool,
 }
 
 impl Config {
@@ -88,6 +95,7 @@ impl Config {
             act_ahead: ntok,
             warps_per_cta: WARPS_PER_CTA,
             fuse: Fuse::None,
+            rope_kv: false,
         }
     }
 
@@ -107,6 +115,14 @@ impl Config {
         Self {
             fuse: Fuse::RmsInput,
             ..Self::new(1)
+        }
+    }
+
+    /// `self` rotating and appending one token's Q|K|V rows ([`Config::rope_kv`]).
+    pub fn with_rope_kv(self) -> Self {
+        Self {
+            rope_kv: true,
+            ..self
         }
     }
 
@@ -137,7 +153,14 @@ impl Config {
             Fuse::ResidualNorm => n.push_str("_resnorm"),
             Fuse::RmsInput => n.push_str("_rmsin"),
         }
-        if *self != Config::preset(self.ntok, self.fuse) {
+        if self.rope_kv {
+            n.push_str("_ropekv");
+        }
+        let preset = Config {
+            rope_kv: self.rope_kv,
+            ..Config::preset(self.ntok, self.fuse)
+        };
+        if *self != preset {
             n.push_str(&format!("_r{}", self.rows_per_warp));
         } else {
             return n;
@@ -169,7 +192,11 @@ pub fn name<F: GpuFormat>(ntok: usize) -> String {
 /// [`Fuse::ResidualNorm`]: `res` (`nrows` floats, added to in place), `g` (the norm's
 /// `nrows` weights), `q` (`ceil(nrows / 256)` q8_1 tiles out), `partials` (one float per
 /// block out); for [`Fuse::RmsInput`]: `partials`, `nparts` (at most [`MAX_PARTS`]), `n`
-/// (the normed row's length), `eps`, `res`, `g`, `out` (`n` floats written, or 0: none).
+/// (the normed row's length), `eps`, `res`, `g`, `out` (`n` floats written, or 0: none);
+/// then with [`Config::rope_kv`]: those of `ops::rope::rope_kv_kernel` the GEMV does not
+/// already have: `pos`, `freq_factors`, `k_cache`, `v_cache`, `seqs`, `block_tables`,
+/// `q_rows` (`n_head * head_dim`), `kv_dim`, `head_dim`, `block_size`, `theta_scale`,
+/// `freq_scale` (`nrows` is `q_rows + 2 kv_dim`).
 /// Blocks of [`Config::block`], grid `ceil(nrows / cfg.rows_per_cta())`;
 /// [`Fuse::ResidualNorm`] needs `nrows` a multiple of [`NORM_ROWS_PER_CTA`].
 pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
@@ -199,6 +226,12 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
             "{:?} blocks own {NORM_ROWS_PER_CTA} rows, not {}",
             cfg.fuse,
             cfg.rows_per_cta()
+        ));
+        return;
+    }
+    if cfg.rope_kv && (ntok != 1 || cfg.rows_per_warp != 2 || cfg.fuse == Fuse::ResidualNorm) {
+        k.reject(format!(
+            "rope + KV append takes one token, two rows per warp and no residual norm, not {cfg:?}"
         ));
         return;
     }
@@ -239,6 +272,8 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
             out: k.param_ptr("out"),
         },
     };
+
+    let rope = cfg.rope_kv.then(|| RopeKv::params(k));
 
     let nr = cfg.rows_per_warp as usize;
     let warp = k.mad(k.reg(), k.ctaid_x(), cfg.warps_per_cta, k.tid_y());
@@ -284,6 +319,8 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         }
         (valid, weights)
     });
+    // The host wrote the position and the block table before the step: read before the wait.
+    let slot = rope.as_ref().map(|r| r.slot(k));
     k.grid_dep_wait();
     // What the epilogue reads, loaded before the main loop so it arrives during it.
     let early = Early::load(k, &fused, &rows, lane);
@@ -368,6 +405,9 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         }
         _ => None,
     };
+    if let (Some(r), Some(slot)) = (&rope, &slot) {
+        r.epilogue(k, slot, first_row, nrows, lane, sums[0][0], sums[1][0]);
+    }
     for (r, sums_r) in sums.iter().enumerate() {
         let row = k.add(k.reg(), first_row, r as u32);
         let store = k.lt(row, nrows);
@@ -424,6 +464,119 @@ fn pin(k: &Kernel, words: impl IntoIterator<Item = Reg<U32>>, never: Reg<U32>, s
     let armed = k.cmp(Cmp::Ne, never, 0u32);
     k.and(hit, hit, armed);
     k.bra_if(hit, sink);
+}
+
+/// The parameters of the rope + KV-append epilogue ([`Config::rope_kv`]).
+struct RopeKv {
+    pos: Reg<U64>,
+    freq_factors: Reg<U64>,
+    k_cache: Reg<U64>,
+    v_cache: Reg<U64>,
+    seqs: Reg<U64>,
+    tables: Reg<U64>,
+    q_rows: Reg<U32>,
+    kv_dim: Reg<U32>,
+    head_dim: Reg<U32>,
+    block_size: Reg<U32>,
+    theta_scale: Reg<F32>,
+    freq_scale: Reg<F32>,
+}
+
+/// Where the token's K and V go, and its position, loaded before the wait.
+struct RopeSlot {
+    pos: Reg<U32>,
+    /// Element index of the slot's row in either cache.
+    base: Reg<U64>,
+}
+
+impl RopeKv {
+    fn params(k: &Kernel) -> Self {
+        Self {
+            pos: k.param_ptr("pos"),
+            // Raw: `ops::rope` converts it to a global address only when it is not 0.
+            freq_factors: k.param::<U64>("freq_factors"),
+            k_cache: k.param_ptr("k_cache"),
+            v_cache: k.param_ptr("v_cache"),
+            seqs: k.param_ptr("seqs"),
+            tables: k.param_ptr("block_tables"),
+            q_rows: k.param_u32("q_rows"),
+            kv_dim: k.param_u32("kv_dim"),
+            head_dim: k.param_u32("head_dim"),
+            block_size: k.param_u32("block_size"),
+            theta_scale: k.param::<F32>("theta_scale"),
+            freq_scale: k.param::<F32>("freq_scale"),
+        }
+    }
+
+    /// The token's position and cache slot, found as `rope_kv_kernel` finds them.
+    fn slot(&self, k: &Kernel) -> RopeSlot {
+        let pos = k.load::<U32>(Load::GLOBAL_NC, self.pos);
+        let w = k.regs::<U32, 4>();
+        k.ld_v4(Load::GLOBAL_NC, w, self.seqs);
+        let (start, bto) = (w[2], w[3]);
+        let bi = k.div_int(k.reg(), start, self.block_size);
+        let off = k.rem(k.reg(), start, self.block_size);
+        let ti = k.add(k.reg(), bto, bi);
+        let block = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(self.tables, ti, 4));
+        let slot = k.mad(k.reg(), block, self.block_size, off);
+        RopeSlot {
+            pos,
+            base: k.mul_wide(k.reg::<U64>(), slot, self.kv_dim),
+        }
+    }
+
+    /// Rotates the warp's rows `first_row`, `first_row + 1` (`y0`, `y1`, in place) when
+    /// they are a Q or K pair, and stores K and V rows as f16 at the slot (lane 0): the
+    /// operations of `rope_kv_kernel`, on the values it would have read back.
+    #[allow(clippy::too_many_arguments)]
+    fn epilogue(
+        &self,
+        k: &Kernel,
+        slot: &RopeSlot,
+        first_row: Reg<U32>,
+        nrows: Reg<U32>,
+        lane: Reg<U32>,
+        y0: Reg<F32>,
+        y1: Reg<F32>,
+    ) {
+        let rot_end = k.add(k.reg(), self.q_rows, self.kv_dim);
+        let rotated = k.lt(first_row, rot_end);
+        k.if_(rotated, |k| {
+            let within = k.rem(k.reg(), first_row, self.head_dim);
+            let pair = k.shr(k.reg(), within, 1u32);
+            let (sin, cos) = crate::ops::rope::angle(
+                k,
+                slot.pos,
+                pair,
+                self.freq_factors,
+                self.theta_scale,
+                self.freq_scale,
+            );
+            let (r0, r1) = crate::ops::rope::rotate(k, y0, y1, sin, cos);
+            k.mov(y0, r0);
+            k.mov(y1, r1);
+        });
+        let store = k.ge(first_row, self.q_rows);
+        k.and(store, store, k.lt(first_row, nrows));
+        k.and(store, store, k.eq(lane, 0u32));
+        k.if_(store, |k| {
+            let col = k.sub(k.reg(), first_row, self.q_rows);
+            let is_v = k.ge(col, self.kv_dim);
+            let vcol = k.sub(k.reg(), col, self.kv_dim);
+            k.selp(col, vcol, col, is_v);
+            let cache = k.copy(self.k_cache);
+            k.selp(cache, self.v_cache, self.k_cache, is_v);
+            let e = k.cvt(k.reg::<U64>(), col, Exact);
+            k.add(e, e, slot.base);
+            k.shl(e, e, 1u32);
+            let (h0, h1) = (k.reg::<F16>(), k.reg::<F16>());
+            k.cvt(h0, y0, FloatRound::Rn);
+            k.cvt(h1, y1, FloatRound::Rn);
+            let both = k.reg::<U32>();
+            k.raw(format!("mov.b32 {both}, {{{h0}, {h1}}}"));
+            k.st(Store::GLOBAL, k.add(k.reg(), cache, e), both);
+        });
+    }
 }
 
 /// The parameters of a fused GEMV's epilogue.
@@ -817,6 +970,37 @@ mod tests {
             .unwrap();
         let ptx = m.to_ptx();
         assert!(ptx.contains("bar.sync"));
+    }
+
+    #[test]
+    fn rope_kv_gemvs_have_their_own_names_and_need_pairs_in_one_warp() {
+        use crate::formats::Q4K;
+        let rms = Config::rms_input().with_rope_kv();
+        let plain = Config::new(1).with_rope_kv();
+        assert_eq!(rms.name::<Q4K>(), "gemv_q4_k_t1_rmsin_ropekv");
+        assert_eq!(plain.name::<Q4K>(), "gemv_q4_k_t1_ropekv");
+        let mut m = smelt_ptx::Module::new(smelt_ptx::Target::Sm90);
+        for (i, bad) in [
+            Config::new(2).with_rope_kv(),
+            Config {
+                rows_per_warp: 1,
+                ..plain
+            },
+            Config::residual_norm().with_rope_kv(),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            assert!(m
+                .kernel(&format!("bad{i}"), |k| kernel::<Q4K>(k, bad))
+                .is_err());
+        }
+        m.kernel("a", |k| kernel::<Q4K>(k, rms)).unwrap();
+        m.kernel("b", |k| kernel::<Q4K>(k, plain)).unwrap();
+        let ptx = m.to_ptx();
+        // The K and V halves stored as one word each, the angle reduced in f64.
+        assert!(ptx.contains("cvt.rn.f16.f32"));
+        assert!(ptx.contains(".f64"));
     }
 
     #[test]

@@ -17,11 +17,9 @@ use smelt_ptx::{Module, Target};
 /// The op kernels and the fused GEMVs.
 fn kernels() -> Vec<catalog::Entry> {
     let mut v = ops::catalog();
-    v.extend(
-        catalog::all()
-            .into_iter()
-            .filter(|(n, _)| n.ends_with("_resnorm") || n.ends_with("_rmsin")),
-    );
+    v.extend(catalog::all().into_iter().filter(|(n, _)| {
+        n.ends_with("_resnorm") || n.ends_with("_rmsin") || n.ends_with("_ropekv")
+    }));
     v
 }
 

@@ -15,8 +15,8 @@
 //! last); that is below 1e-3 relative.
 
 use smelt_ptx::{
-    Cmp, Exact, FloatRound, Kernel, Load, LoadCache, Pred, Reg, Scope, Shfl, Space, Store, F16,
-    F32, FULL_WARP, U32, U64,
+    Addr, Cmp, Exact, FloatRound, Kernel, Load, LoadCache, Pred, Reg, Scope, Shfl, Space, Store,
+    F16, F32, FULL_WARP, U32, U64,
 };
 
 use super::kv::SeqDesc;
@@ -35,6 +35,16 @@ fn keys_per_step(head_dim: usize) -> usize {
     } else {
         16
     }
+}
+
+/// Bytes of shared memory a block stages its split's keys and values in (see [`body`]):
+/// with the combine's 5 KB and the 1 KB the hardware keeps per block, under 32 KB, so
+/// the kernel runs in an SM whose carveout is 32 KB of shared memory.
+const STAGE_BYTES: usize = 24 * 1024;
+
+/// KV-cache slots a block stages: each holds a K row and a V row of `head_dim` halves.
+fn stage_slots(head_dim: usize) -> usize {
+    STAGE_BYTES / (4 * head_dim)
 }
 
 /// Most splits [`reduce_kernel`] combines.
@@ -184,8 +194,7 @@ fn halves(k: &Kernel, w: Reg<U32>) -> [Reg<F32>; 2] {
 }
 
 /// Loads `e` consecutive halves (`e` = 2, 4 or 8) as words.
-fn load_halves(k: &Kernel, addr: Reg<U64>, e: usize) -> Vec<Reg<U32>> {
-    let op = Load::GLOBAL_NC;
+fn load_halves(k: &Kernel, op: Load, addr: impl Into<Addr> + Copy, e: usize) -> Vec<Reg<U32>> {
     match e {
         2 => vec![k.load::<U32>(op, addr)],
         4 => {
@@ -208,7 +217,9 @@ fn load_halves(k: &Kernel, addr: Reg<U64>, e: usize) -> Vec<Reg<U32>> {
 /// block_tables: *const u32, part_acc: *mut f32, part_ml: *mut f32 (see
 /// [`partial_lens`]), n_head: u32, n_head_kv: u32, block_size: u32, n_splits: u32,
 /// q_tiles: u32 ([`q_tiles`]), window: u32 (0: none; else keys at least `window`
-/// positions behind the query are masked), scale: f32`.
+/// positions behind the query are masked), scale: f32, stage_blocks: u32` (most KV blocks
+/// of its split a block copies into shared memory before its key loop, at most 32 and
+/// what 24 KB hold; 0: none, every key read from the cache in the loop).
 ///
 /// Launch: [`launch`]: grid x = split, y = KV head, z = sequence × query tile; blocks of
 /// [`WARPS`] warps. Each warp takes one (token, query head) pair of its sequence and KV
@@ -260,6 +271,7 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
     let q_tiles = k.param_u32("q_tiles");
     let window = k.param_u32("window");
     let scale = k.param::<F32>("scale");
+    let stage_blocks = k.param_u32("stage_blocks");
     let fused = combine.then(|| {
         (
             k.param_ptr("out"),
@@ -281,15 +293,12 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
     let group = k.div_int(k.reg(), n_head, n_head_kv);
     let item = k.mad(k.reg(), tile, WARPS, warp);
     let t = k.div_int(k.reg(), item, group);
-    // The combining variant keeps every warp (its blocks meet at barriers): a warp past
-    // the sequence's tokens takes the last one's place and stores nothing.
+    // Every warp stays to the end (the blocks meet at barriers: the staging, the
+    // combine): a warp past the sequence's tokens takes the last one's place and stores
+    // nothing.
     let active = k.lt(t, n_tokens);
-    if combine {
-        let last_t = k.sub(k.reg(), n_tokens, 1u32);
-        k.min(t, t, last_t);
-    } else {
-        k.exit_if(k.ge(t, n_tokens));
-    }
+    let last_t = k.sub(k.reg(), n_tokens, 1u32);
+    k.min(t, t, last_t);
     let g = k.rem(k.reg(), item, group);
     let head = k.mad(k.reg(), kvh, group, g);
     let row = k.add(k.reg(), row0, t);
@@ -329,45 +338,9 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
 
     let kv_dim = k.mul(k.reg(), n_head_kv, head_dim as u32);
     let stride = k.shl(k.reg(), kv_dim, 1u32); // bytes from one slot to the next
-    if k.grid_dep().early_work {
-        // Launched ahead of its input, the block pulls the K and V rows of its split's
-        // first KV block into L2 while the kernels before it run: the sequence table and
-        // the block tables are the host's (uploaded before the step's first kernel), and
-        // an L2 prefetch can never see stale data (L2 is where writes land), so all of
-        // this may happen before the wait. Only the query and this step's keys need it.
-        let valid = k.lt(sb, eb);
-        k.if_(valid, |k| {
-            let ti = k.add(k.reg(), bto, sb);
-            let block = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(tables, ti, 4));
-            let slot0 = k.mul(k.reg(), block, bs);
-            let lines_per_row = (head_dim * 2).div_ceil(128) as u32;
-            // (key, K or V, line) triples, one per thread and pass.
-            let total = k.mul(k.reg(), bs, 2 * lines_per_row);
-            let tid = k.mad(k.reg(), warp, 32u32, lane);
-            k.stride_loop(tid, total, 32 * WARPS, |k, i| {
-                let key = k.div_int(k.reg(), i, 2 * lines_per_row);
-                let rest = k.rem(k.reg(), i, 2 * lines_per_row);
-                let is_v = k.ge(rest, lines_per_row);
-                let line = k.rem(k.reg(), rest, lines_per_row);
-                let slot = k.add(k.reg(), slot0, key);
-                let off = k.mul_wide(k.reg::<U64>(), slot, stride);
-                let head_off = k.mad(
-                    k.reg(),
-                    kvh,
-                    head_dim as u32 * 2,
-                    k.shl(k.reg(), line, 7u32),
-                );
-                k.add(off, off, k.cvt(k.reg::<U64>(), head_off, Exact));
-                let base = k.copy(kc);
-                k.selp(base, vc, kc, is_v);
-                k.add(off, off, base);
-                k.raw(format!("prefetch.global.L2 [{off}]"));
-            });
-        });
-    }
-    // The split's first 32 block numbers, one per lane, so that no key load of the loop
-    // waits on a table load: a KV block of 16 keys is one step of the loop, and each
-    // step's table load was a dependent round trip before its keys.
+                                               // The split's first 32 block numbers, one per lane, so that no key load of the loop
+                                               // waits on a table load: a KV block of 16 keys is one step of the loop, and each
+                                               // step's table load was a dependent round trip before its keys.
     let split_blocks = k.u32(0);
     let lane_block = k.add(k.reg(), sb, lane);
     let lane_has = k.lt(lane_block, eb);
@@ -375,8 +348,81 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
         let ti = k.add(k.reg(), bto, lane_block);
         k.ld(Load::GLOBAL_NC, split_blocks, k.elem_addr(tables, ti, 4));
     });
-    // Everything above reads only what the host wrote before the step.
+    // The split's first KV blocks go to shared memory in one round trip (`cp.async`, 16
+    // bytes a thread at a time), so the key loop below reads them at shared-memory latency
+    // instead of one dependent DRAM round trip per block of 16 keys. The slots of positions
+    // before `start` were written by earlier steps: they are copied before the wait, while
+    // the kernels before this one run (the Q|K|V GEMV when it appends the token itself);
+    // the step's own new slots after it.
+    let slots = stage_slots(head_dim) as u32;
+    let stage = k.shared::<U32>("attn_stage", slots * head_dim as u32, 16);
+    let stage_base = k.shared_base(&stage);
+    // At most 32 blocks: their numbers come from the lanes that preloaded them.
+    let cap_blocks = k.div_int(k.reg(), k.u32(slots), bs);
+    k.min(cap_blocks, cap_blocks, stage_blocks);
+    k.min(cap_blocks, cap_blocks, 32u32);
+    let nstage = k.u32(0);
+    let some = k.lt(sb, eb);
+    k.if_(some, |k| {
+        k.sub(nstage, eb, sb);
+        k.min(nstage, nstage, cap_blocks);
+    });
+    let stage_lo = k.mul(k.reg(), sb, bs);
+    let stage_hi = k.mad(k.reg(), nstage, bs, stage_lo);
+    k.min(stage_hi, stage_hi, kv_len);
+    let chunks_per_slot = (head_dim / 4) as u32; // 16-byte pieces of a K row and a V row
+    let row_bytes = 2 * head_dim as u32;
+    let tid = k.mad(k.reg(), warp, 32u32, lane);
+    let head_bytes = k.mul(k.reg(), kvh, row_bytes);
+    // Copies the staged slots of positions [lo, hi) (clamped to the stage) into shared
+    // memory, asynchronously; `cp.async.wait_all` and a barrier make them visible.
+    let copy_slots = |k: &Kernel, lo: Reg<U32>, hi: Reg<U32>| {
+        let lo = k.max(k.reg(), lo, stage_lo);
+        let hi = k.min(k.reg(), hi, stage_hi);
+        let n = k.u32(0);
+        let any = k.lt(lo, hi);
+        k.if_(any, |k| {
+            k.sub(n, hi, lo);
+        });
+        let total = k.mul(k.reg(), n, chunks_per_slot);
+        let first_slot = k.sub(k.reg(), lo, stage_lo);
+        // The same trip count in every lane (the block numbers are shuffled from the lanes
+        // that preloaded them), one 16-byte piece a thread per trip.
+        k.stride_loop(k.u32(0), total, 32 * WARPS, |k, base| {
+            let c = k.add(k.reg(), base, tid);
+            let si = k.shr(k.reg(), c, chunks_per_slot.trailing_zeros());
+            k.add(si, si, first_slot);
+            let rest = k.and(k.reg(), c, chunks_per_slot - 1);
+            let is_v = k.ge(rest, chunks_per_slot / 2);
+            let piece = k.and(k.reg(), rest, chunks_per_slot / 2 - 1);
+            let nth = k.div_int(k.reg(), si, bs);
+            let j = k.rem(k.reg(), si, bs);
+            let block = k.reg::<U32>();
+            k.shfl_sync(Shfl::Idx, block, split_blocks, nth, FULL_WARP);
+            let inside = k.lt(c, total);
+            k.if_(inside, |k| {
+                let slot = k.mad(k.reg(), block, bs, j);
+                let src = k.mul_wide(k.reg::<U64>(), slot, stride);
+                let within = k.mad(k.reg(), piece, 16u32, head_bytes);
+                k.add(src, src, k.cvt(k.reg::<U64>(), within, Exact));
+                let cache = k.copy(kc);
+                k.selp(cache, vc, kc, is_v);
+                k.add(src, src, cache);
+                let dst = k.mad(k.reg(), si, 2 * row_bytes, stage_base);
+                let vo = k.u32(0);
+                k.selp(vo, row_bytes, 0u32, is_v);
+                k.add(dst, dst, vo);
+                k.mad(dst, piece, 16u32, dst);
+                k.raw(format!("cp.async.cg.shared.global [{dst}], [{src}], 16"));
+            });
+        });
+        k.raw("cp.async.commit_group");
+    };
+    copy_slots(k, stage_lo, start);
+    // Everything above reads only what the host wrote before the step, and cache slots no
+    // kernel of this step writes.
     k.grid_dep_wait();
+    copy_slots(k, start, kv_len);
 
     // The query slice of this lane, rounded to f16.
     let qrow = k.mad(k.reg(), row, n_head, head);
@@ -406,37 +452,15 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
         k.mul(k.reg(), lane, e as u32),
     );
     let lane_off = k.mul_wide(k.reg::<U64>(), lane_off, 2u32);
+    // This lane's slice inside a staged K row.
+    let lane_stage = k.mad(k.reg(), lane, 2 * e as u32, stage_base);
+    k.raw("cp.async.wait_all");
+    k.bar_sync();
 
-    k.stride_loop(qb_lo, qb_hi, 1u32, |k, bi| {
-        // `bi` is the same in every lane: the block number comes from the lane that
-        // preloaded it, or from the table past the split's first 32 blocks.
-        let nth = k.sub(k.reg(), bi, sb);
-        let block = k.reg::<U32>();
-        let preloaded = k.lt(nth, 32u32);
-        k.if_else(
-            preloaded,
-            |k| {
-                k.shfl_sync(Shfl::Idx, block, split_blocks, nth, FULL_WARP);
-            },
-            |k| {
-                let ti = k.add(k.reg(), bto, bi);
-                k.ld(Load::GLOBAL_NC, block, k.elem_addr(tables, ti, 4));
-            },
-        );
-        let slot0 = k.mul(k.reg(), block, bs);
-        let p0 = k.mul(k.reg(), bi, bs);
-        // The keys of this block the query sees: slots [jlo, jhi), never empty here.
-        let jlo = k.sub(k.reg(), lo_q, p0);
-        let before = k.lt(lo_q, p0);
-        k.selp(jlo, 0u32, jlo, before);
-        let jhi = k.sub(k.reg(), pos_q, p0);
-        k.add(jhi, jhi, 1u32);
-        k.min(jhi, jhi, bs);
-        let jlast = k.sub(k.reg(), jhi, 1u32);
-        let base = k.mul_wide(k.reg::<U64>(), slot0, stride);
-        k.add(base, base, lane_off);
-        let kbase = k.add(k.reg(), kc, base);
-        let vbase = k.add(k.reg(), vc, base);
+    // One block's keys `[jlo, jhi)` (slots of the block; `jlast = jhi - 1`), their K and V
+    // words fetched by `fetch`.
+    type Fetch<'a> = dyn Fn(&Kernel, Reg<U32>) -> (Vec<Reg<U32>>, Vec<Reg<U32>>) + 'a;
+    let keys_loop = |k: &Kernel, jlo: Reg<U32>, jhi: Reg<U32>, jlast: Reg<U32>, fetch: &Fetch| {
         k.stride_loop(jlo, jhi, keys as u32, |k, j0| {
             let mut kw = Vec::with_capacity(keys);
             let mut vw = Vec::with_capacity(keys);
@@ -446,9 +470,9 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
                 let j = k.add(k.reg(), j0, u as u32);
                 valid.push(k.lt(j, jhi));
                 let jc = k.min(k.reg(), j, jlast);
-                let off = k.mul_wide(k.reg::<U64>(), jc, stride);
-                kw.push(load_halves(k, k.add(k.reg(), kbase, off), e));
-                vw.push(load_halves(k, k.add(k.reg(), vbase, off), e));
+                let (kwu, vwu) = fetch(k, jc);
+                kw.push(kwu);
+                vw.push(vwu);
             }
             let mut s = Vec::with_capacity(keys);
             for words in &kw {
@@ -494,6 +518,64 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
             }
             k.mov(m, mx);
         });
+    };
+
+    k.stride_loop(qb_lo, qb_hi, 1u32, |k, bi| {
+        let nth = k.sub(k.reg(), bi, sb);
+        let p0 = k.mul(k.reg(), bi, bs);
+        // The keys of this block the query sees: slots [jlo, jhi), never empty here.
+        let jlo = k.sub(k.reg(), lo_q, p0);
+        let before = k.lt(lo_q, p0);
+        k.selp(jlo, 0u32, jlo, before);
+        let jhi = k.sub(k.reg(), pos_q, p0);
+        k.add(jhi, jhi, 1u32);
+        k.min(jhi, jhi, bs);
+        let jlast = k.sub(k.reg(), jhi, 1u32);
+        // `bi` is the same in every lane, so is the branch.
+        let staged = k.lt(nth, nstage);
+        k.if_else(
+            staged,
+            |k| {
+                let first = k.mul(k.reg(), nth, bs);
+                let rows = k.mad(k.reg(), first, 2 * row_bytes, lane_stage);
+                keys_loop(k, jlo, jhi, jlast, &|k: &Kernel, jc: Reg<U32>| {
+                    let ka = k.mad(k.reg(), jc, 2 * row_bytes, rows);
+                    let va = k.add(k.reg(), ka, row_bytes);
+                    (
+                        load_halves(k, Load::SHARED, ka, e),
+                        load_halves(k, Load::SHARED, va, e),
+                    )
+                });
+            },
+            |k| {
+                // The block number comes from the lane that preloaded it, or from the
+                // table past the split's first 32 blocks.
+                let block = k.reg::<U32>();
+                let preloaded = k.lt(nth, 32u32);
+                k.if_else(
+                    preloaded,
+                    |k| {
+                        k.shfl_sync(Shfl::Idx, block, split_blocks, nth, FULL_WARP);
+                    },
+                    |k| {
+                        let ti = k.add(k.reg(), bto, bi);
+                        k.ld(Load::GLOBAL_NC, block, k.elem_addr(tables, ti, 4));
+                    },
+                );
+                let slot0 = k.mul(k.reg(), block, bs);
+                let base = k.mul_wide(k.reg::<U64>(), slot0, stride);
+                k.add(base, base, lane_off);
+                let kbase = k.add(k.reg(), kc, base);
+                let vbase = k.add(k.reg(), vc, base);
+                keys_loop(k, jlo, jhi, jlast, &|k: &Kernel, jc: Reg<U32>| {
+                    let off = k.mul_wide(k.reg::<U64>(), jc, stride);
+                    (
+                        load_halves(k, Load::GLOBAL_NC, k.add(k.reg(), kbase, off), e),
+                        load_halves(k, Load::GLOBAL_NC, k.add(k.reg(), vbase, off), e),
+                    )
+                });
+            },
+        );
     });
 
     let pidx = k.mad(k.reg(), qrow, n_splits, split);

@@ -81,7 +81,7 @@ pub fn kv_launch(n_head: usize, n_head_kv: usize, head_dim: usize) -> Launch {
 }
 
 /// The angle of pair `i` at position `p` (see the module doc): `(sin, cos)`.
-fn angle(
+pub(crate) fn angle(
     k: &Kernel,
     p: smelt_ptx::Reg<U32>,
     i: smelt_ptx::Reg<U32>,
@@ -106,7 +106,7 @@ fn angle(
 
 /// The rotated pair `(x0·cos - x1·sin, x0·sin + x1·cos)`, first products fused as the CPU
 /// backend (and ggml built by GCC, which contracts them) computes them.
-fn rotate(
+pub(crate) fn rotate(
     k: &Kernel,
     x0: smelt_ptx::Reg<F32>,
     x1: smelt_ptx::Reg<F32>,

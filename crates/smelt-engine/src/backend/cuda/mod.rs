@@ -40,7 +40,7 @@ use self::arena::Arena;
 use self::ops::Arg;
 use self::step::StepLayout;
 use self::weights::{Role, WeightPlan};
-use super::{AttnParams, AttnSeq, Backend, Glu, RopeParams};
+use super::{AttnParams, AttnSeq, Backend, Glu, RopeParams, RopeStyle};
 use crate::EngineError;
 
 pub use runner::CudaEngine;
@@ -208,6 +208,10 @@ pub struct Cuda {
     /// A decode row's rope of Q|K and its KV append run as one kernel (`rope_kv_*`;
     /// `SMELT_CUDA_ROPE_KV=0` or `SMELT_CUDA_FUSED=0` turn it off, to measure it).
     fuse_rope_kv: bool,
+    /// With `fuse_rope_kv`, a decode row's Q|K|V GEMV does the rope and the KV append in
+    /// its epilogue instead (`gemv::Config::rope_kv`; normal rope only: a pair is two rows
+    /// of one warp): one launch a layer less (`SMELT_CUDA_GEMV_ROPE=0` turns it off).
+    gemv_rope_kv: bool,
     /// The attention's last block per group combines the splits and writes the q8_1 tiles
     /// (`attention_hd*_combine_q8_1`; `SMELT_CUDA_ATTN_COMBINE=0` or `SMELT_CUDA_FUSED=0`
     /// turn it off).
@@ -222,6 +226,9 @@ pub struct Cuda {
     /// Key splits per (sequence, KV head) of the decode attention, `SMELT_CUDA_SPLITS`
     /// (tuning only): fixed instead of one block per multiprocessor.
     attn_splits: Option<usize>,
+    /// Most KV blocks of its split an attention block stages in shared memory before its
+    /// key loop (`SMELT_CUDA_ATTN_STAGE`, to measure it; 0: none).
+    attn_stage: u32,
     /// Weight memory: chunks bump-allocated in load order; (chunks, next free, end).
     weights: Mutex<(Vec<CudaSlice<u8>>, u64, u64)>,
     /// GPU time per kernel of eager decode steps (`SMELT_CUDA_PROFILE=1`).
@@ -313,8 +320,10 @@ impl Cuda {
                 && std::env::var("SMELT_CUDA_ATTN_COMBINE").map_or(true, |v| v != "0"),
             attn_counters: Mutex::new(None),
             attn_splits: env_usize("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
+            attn_stage: env_usize("SMELT_CUDA_ATTN_STAGE").map_or(32, |n| n.min(32) as u32),
             fuse_rope_kv: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
                 && std::env::var("SMELT_CUDA_ROPE_KV").map_or(true, |v| v != "0"),
+            gemv_rope_kv: std::env::var("SMELT_CUDA_GEMV_ROPE").map_or(true, |v| v != "0"),
             weights: Mutex::new((Vec::new(), 0, 0)),
             profile: (std::env::var("SMELT_CUDA_PROFILE").is_ok_and(|v| v == "1"))
                 .then(|| Mutex::new(profile::Profile::default())),
@@ -499,6 +508,7 @@ impl Cuda {
                 p.out,
                 1,
                 p.rms.as_ref(),
+                None,
             ),
             None => Ok(()),
         }
@@ -824,14 +834,16 @@ impl Cuda {
             let t = (n - t0).min(gemv::MAX_TOKENS);
             let xq = q + (t0 * act_row) as u64;
             let y = out.ptr + (t0 * rows * 4) as u64;
-            self.launch_gemv(wp, ty, rows, cols, row_bytes, xq, y, t, rms.as_ref())?;
+            self.launch_gemv(wp, ty, rows, cols, row_bytes, xq, y, t, rms.as_ref(), None)?;
             t0 += t;
         }
         Ok(())
     }
 
     /// `y[t][r] = W[r] . xq[t]` for `t < ntok` (at most [`gemv::MAX_TOKENS`]); with `rms`,
-    /// `xq` are a split norm's unscaled tiles (one token) and `y` is scaled by `1 / rms`.
+    /// `xq` are a split norm's unscaled tiles (one token) and `y` is scaled by `1 / rms`;
+    /// with `rope`, the rows are one token's Q|K|V and `rope` the rope + KV-append
+    /// parameters ([`Cuda::rope_kv_gemv_args`]).
     #[allow(clippy::too_many_arguments)]
     fn launch_gemv(
         &self,
@@ -844,6 +856,7 @@ impl Cuda {
         y: u64,
         ntok: usize,
         rms: Option<&SplitNorm>,
+        rope: Option<&[Arg]>,
     ) -> Result<(), CudaError> {
         let mut cfg = gemv::Config::new(ntok);
         if ntok == 1 && rows <= self.gemv_rows.0 {
@@ -859,6 +872,18 @@ impl Cuda {
                 )));
             }
             cfg = gemv::Config::rms_input();
+        }
+        if rope.is_some() {
+            if ntok != 1 {
+                return Err(CudaError::Init(format!(
+                    "rope + KV append in a GEMV of {ntok} tokens"
+                )));
+            }
+            cfg = gemv::Config {
+                rows_per_warp: 2,
+                ..cfg
+            }
+            .with_rope_kv();
         }
         let name = catalog::gemv_config_name(ty, cfg)?;
         let nrows = rows as u32;
@@ -888,10 +913,55 @@ impl Cuda {
                 Arg::P(if r.out_pending { r.out.ptr } else { 0 }),
             ]);
         }
+        args.extend(rope.unwrap_or_default());
         if self.skipped(&format!("gemv{rows}x{cols}")) {
             return Ok(());
         }
         self.launch(&name, l, &args)
+    }
+
+    /// The deferred rope of a decode row's Q|K and the KV write of its K and `v`, done by
+    /// the deferred GEMV that computes that Q|K|V row (`gemv::Config::rope_kv`). False when
+    /// they are not one such row (nothing launched then).
+    fn rope_kv_in_gemv(
+        &self,
+        kv: &CudaKv,
+        layer: usize,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        s: &StepPtrs,
+    ) -> Result<bool, CudaError> {
+        let (Some(r), Some(p)) = (*lock(&self.pending_rope), *lock(&self.pending_gemv)) else {
+            return Ok(false);
+        };
+        let fits = self.fuse_rope_kv
+            && self.gemv_rope_kv
+            && r.p.style == RopeStyle::Normal
+            && r.head_dim.is_multiple_of(2)
+            && lock(&self.pending_add).is_none()
+            && self.can_rope_kv(&r, kv, k, v, s)
+            && p.out == r.x.ptr
+            && v.ptr == r.x.ptr + (r.x.cols * 4) as u64
+            && p.rows == r.x.cols + v.cols;
+        if !fits {
+            return Ok(false);
+        }
+        *lock(&self.pending_rope) = None;
+        *lock(&self.pending_gemv) = None;
+        let rope = self.rope_kv_gemv_args(&r, kv, layer)?;
+        self.launch_gemv(
+            p.w,
+            p.ty,
+            p.rows,
+            p.cols,
+            p.row_bytes,
+            p.q,
+            p.out,
+            1,
+            p.rms.as_ref(),
+            Some(&rope),
+        )?;
+        Ok(true)
     }
 
     /// `rms_norm(x += y) -> out` for a decode row whose `y` is the output of the deferred
@@ -1208,9 +1278,20 @@ impl Backend for Cuda {
         freq_factors: Option<&CudaWeight>,
     ) {
         self.run_raw(|| {
-            self.flush_gemv()?;
-            self.flush_add()?;
-            self.forget_quantized()?;
+            // A decode row of the deferred Q|K|V GEMV's output stays deferred with it: the
+            // GEMV may do this rope (and the KV append after it) in its epilogue.
+            let keep_gemv = self.fuse_rope_kv
+                && self.gemv_rope_kv
+                && p.style == RopeStyle::Normal
+                && x.rows == 1
+                && lock(&self.pending_add).is_none()
+                && matches!(*lock(&self.pending_gemv), Some(g)
+                    if x.ptr >= g.out && x.ptr + (x.cols * 4) as u64 <= g.out + (g.rows * 4) as u64);
+            if !keep_gemv {
+                self.flush_gemv()?;
+                self.flush_add()?;
+                self.forget_quantized()?;
+            }
             let s = self.step_ptrs()?;
             if s.n_tokens != positions.len() || x.rows != positions.len() {
                 return Err(CudaError::BadLength {
@@ -1251,6 +1332,8 @@ impl Backend for Cuda {
             }
             drop(pending);
             if let Some(r) = prev {
+                // Its rows may be the deferred GEMV's output: that GEMV first.
+                self.flush_gemv()?;
                 self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors)?;
             }
             if x.rows != 1 {
@@ -1345,9 +1428,6 @@ impl Backend for Cuda {
         seqs: &[AttnSeq<'_>],
     ) {
         self.run_raw(|| {
-            self.flush_gemv()?;
-            self.flush_add()?;
-            self.forget_quantized()?;
             let s = self.step_ptrs()?;
             if s.n_seqs != seqs.len() {
                 return Err(CudaError::BadLength {
@@ -1356,6 +1436,12 @@ impl Backend for Cuda {
                     want: s.n_seqs,
                 });
             }
+            if self.rope_kv_in_gemv(kv, layer, k, v, &s)? {
+                return self.forget_quantized();
+            }
+            self.flush_gemv()?;
+            self.flush_add()?;
+            self.forget_quantized()?;
             // A decode row's deferred rope of Q|K ends with this K: rope and append in one
             // launch.
             let pending = lock(&self.pending_rope).take();

@@ -423,6 +423,38 @@ impl Cuda {
         )
     }
 
+    /// The parameters a Q|K|V GEMV with the rope + KV-append epilogue takes after its own
+    /// (`gemv::kernel`, `Config::rope_kv`), for the deferred rope `r` (see
+    /// [`Self::can_rope_kv`]) and layer `layer` of `kv`.
+    pub(crate) fn rope_kv_gemv_args(
+        &self,
+        r: &PendingRope,
+        kv: &CudaKv,
+        layer: usize,
+    ) -> Result<Vec<Arg>, CudaError> {
+        let (Some(kc), Some(vc)) = (kv.k.get(layer), kv.v.get(layer)) else {
+            return Err(CudaError::Init(format!(
+                "rope_kv: no layer {layer} in the cache"
+            )));
+        };
+        let s = self.step_ptrs()?;
+        let hd = r.head_dim;
+        Ok(vec![
+            Arg::P(r.positions),
+            Arg::P(r.freq_factors),
+            Arg::P(self.gpu.ptr(kc)),
+            Arg::P(self.gpu.ptr(vc)),
+            Arg::P(s.descs),
+            Arg::P(s.block_tables),
+            Arg::U(u32_of(r.x.cols - kv.kv_dim, "rope_kv Q rows")?),
+            Arg::U(u32_of(kv.kv_dim, "rope_kv kv_dim")?),
+            Arg::U(u32_of(hd, "rope_kv head_dim")?),
+            Arg::U(u32_of(kv.block_size, "rope_kv block size")?),
+            Arg::F(ops::rope::theta_scale(r.p.freq_base, hd)),
+            Arg::F(r.p.freq_scale),
+        ])
+    }
+
     /// The greedy token of each row of `logits` (`argmax_rows`: the first largest value,
     /// NaN never chosen) into `out` (`logits.rows` u32 words, in an f32 tensor's memory).
     pub(crate) fn op_argmax(&self, logits: &CudaTensor, out: &CudaTensor) -> Result<(), CudaError> {
@@ -565,6 +597,7 @@ impl Cuda {
             Arg::U(u32_of(q_tiles, "attention q tiles")?),
             Arg::U(u32_of(p.window.unwrap_or(0), "attention window")?),
             Arg::F(p.scale),
+            Arg::U(self.attn_stage),
         ];
         let grid = ops::attention::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv, splits);
         // The attention's last block per group combines and writes the tiles too.
