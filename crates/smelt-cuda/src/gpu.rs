@@ -27,6 +27,11 @@ pub struct Gpu {
     target: Target,
     grid_dep: GridDep,
     timeline: bool,
+    /// Preferred shared-memory carveouts, in percent, by kernel name prefix (first match):
+    /// by default [`smelt_kernels::catalog::CARVEOUT_BYTES`] for every kernel;
+    /// `SMELT_CUDA_CARVEOUT` sets them to measure them: `25` for every kernel,
+    /// `attention=14/gemv_=0` by prefix, `driver` for the driver's choice per kernel.
+    carveout: Vec<(String, i32)>,
     load_time: Duration,
 }
 
@@ -97,6 +102,39 @@ fn grid_dep_from_env(target: Target) -> (GridDep, GridDep) {
     (other.for_target(target), gemv.for_target(target))
 }
 
+/// The carveout of [`smelt_kernels::catalog::CARVEOUT_BYTES`] for every kernel, in percent
+/// of an SM's `max_shared` bytes (the driver takes the nearest configuration it has:
+/// 14% of an H100's 228 KB is its 32 KB one); none when the device reports no size.
+fn default_carveout(max_shared: usize) -> Vec<(String, i32)> {
+    if max_shared == 0 {
+        return Vec::new();
+    }
+    let bytes = smelt_kernels::catalog::CARVEOUT_BYTES;
+    let pct = ((bytes * 100 + max_shared / 2) / max_shared).min(100);
+    vec![("*".to_string(), pct as i32)]
+}
+
+/// Parses `SMELT_CUDA_CARVEOUT` (see [`Gpu`]'s field): a percent for every kernel, or
+/// `prefix=percent` pairs split by `,` or `/` (`*` matches every name); what does not parse
+/// is left out.
+fn carveouts(spec: &str) -> Vec<(String, i32)> {
+    let pct = |v: &str| {
+        v.trim()
+            .parse::<i32>()
+            .ok()
+            .filter(|c| (0..=100).contains(c))
+    };
+    if let Some(c) = pct(spec) {
+        return vec![("*".to_string(), c)];
+    }
+    spec.split([',', '/'])
+        .filter_map(|pair| {
+            let (prefix, v) = pair.split_once('=')?;
+            Some((prefix.trim().to_string(), pct(v)?))
+        })
+        .collect()
+}
+
 /// The PTX target for a compute capability: sm_90 code on Hopper and later, sm_80 code on
 /// Ampere and Ada (the driver JIT-compiles PTX forward, never backward).
 pub fn target_for(cc: (i32, i32)) -> Result<Target, CudaError> {
@@ -138,6 +176,15 @@ impl Gpu {
             let sm_count = ctx.attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )?;
+            let carveout = match std::env::var("SMELT_CUDA_CARVEOUT") {
+                Ok(spec) => carveouts(&spec),
+                Err(_) => {
+                    let max = ctx.attribute(
+                        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                    )?;
+                    default_carveout(usize::try_from(max).unwrap_or(0))
+                }
+            };
             Ok(Arc::new(Gpu {
                 name: ctx.name()?,
                 stream: ctx.new_stream()?,
@@ -151,6 +198,7 @@ impl Gpu {
                 target,
                 grid_dep,
                 timeline,
+                carveout,
                 load_time,
             }))
         })
@@ -305,6 +353,19 @@ impl Gpu {
             .load_function(name)
             .or_else(|_| self.runtime.load_function(name))
             .map_err(|_| CudaError::NoKernel(name.to_string()))?;
+        let carveout = self
+            .carveout
+            .iter()
+            .find(|(prefix, _)| prefix == "*" || name.starts_with(prefix.as_str()));
+        if let Some(&(_, c)) = carveout {
+            // One carveout for every kernel: an SM changes its split of L1 and shared
+            // memory only when it is idle, so blocks of kernels that prefer different
+            // splits cannot share it (they do share it with programmatic dependent launch).
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                c,
+            )?;
+        }
         cache.insert(name.to_string(), f.clone());
         Ok(f)
     }
@@ -359,5 +420,36 @@ impl Gpu {
     pub fn ptr<T>(&self, buf: &CudaSlice<T>) -> u64 {
         let (p, _sync) = buf.device_ptr(&self.stream);
         p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_carveout_is_the_nearest_percent_of_the_kernels_shared_memory() {
+        // H100/H200: 228 KB a multiprocessor; A100: 164 KB; Ada: 100 KB.
+        assert_eq!(default_carveout(228 * 1024), vec![("*".to_string(), 14)]);
+        assert_eq!(default_carveout(164 * 1024), vec![("*".to_string(), 20)]);
+        assert_eq!(default_carveout(100 * 1024), vec![("*".to_string(), 32)]);
+        assert_eq!(default_carveout(16 * 1024), vec![("*".to_string(), 100)]);
+        assert!(default_carveout(0).is_empty());
+    }
+
+    #[test]
+    fn carveout_settings_parse_as_one_percent_or_prefix_pairs() {
+        assert_eq!(carveouts("25"), vec![("*".to_string(), 25)]);
+        assert_eq!(
+            carveouts("attention=14/gemv_=0,*=50"),
+            vec![
+                ("attention".to_string(), 14),
+                ("gemv_".to_string(), 0),
+                ("*".to_string(), 50)
+            ]
+        );
+        assert!(carveouts("driver").is_empty());
+        assert!(carveouts("101").is_empty());
+        assert_eq!(carveouts("a=7/b=x/c"), vec![("a".to_string(), 7)]);
     }
 }

@@ -25,6 +25,19 @@ pub const GEMV_TYPES: [GgmlType; 12] = [
     GgmlType::IQ4_XS,
 ];
 
+/// Shared memory of the SM configuration the kernels run in: `smelt_cuda` gives every
+/// kernel this preferred carveout (of each SM's unified L1 and shared memory). An SM
+/// changes its split only when it is idle, so the blocks of two kernels that prefer
+/// different splits never share one; with programmatic dependent launch the next
+/// kernel's blocks wait on SMs beside the running kernel's, and the attention (24 KB of
+/// staged keys) launched at a GEMV's entry could not (H200, 2026-11-26: 533.6 tok/s with
+/// one 32 KB carveout for every kernel, 518.4 with the driver's choice per kernel).
+pub const CARVEOUT_BYTES: usize = 32 * 1024;
+
+/// Most static shared memory a kernel declares: [`CARVEOUT_BYTES`] less the 1 KB the
+/// hardware keeps per block (`tests/ptxas.rs` checks every kernel).
+pub const MAX_SHARED_BYTES: usize = CARVEOUT_BYTES - 1024;
+
 /// The name of the activation quantize kernel.
 pub const QUANTIZE: &str = "quantize_q8_1";
 

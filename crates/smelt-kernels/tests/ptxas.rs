@@ -50,6 +50,18 @@ fn every_kernel_assembles_for_sm80_and_sm90_without_spills() {
             match assemble(target, &name, &m.to_ptx()) {
                 Ok(report) => {
                     assembled += 1;
+                    let smem = report
+                        .split(" bytes smem")
+                        .next()
+                        .and_then(|r| r.rsplit(' ').next())
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if smem > catalog::MAX_SHARED_BYTES {
+                        failures.push(format!(
+                            "{name} ({target}) declares {smem} bytes of shared memory, more than the {} every kernel fits in (catalog::MAX_SHARED_BYTES)",
+                            catalog::MAX_SHARED_BYTES
+                        ));
+                    }
                     let spills = !report.contains(" 0 bytes spill stores");
                     // The kernels decode runs (1 token, default configuration) and the
                     // quantize kernel must not spill; ptxas's own register budget leaves
