@@ -55,16 +55,15 @@ pub enum KernelParam {
 }
 
 /// The programmatic-dependent-launch settings (other kernels, GEMVs) from
-/// `SMELT_CUDA_PDL`, to measure them: `0` off; `wait` (the default: every kernel waits at
-/// entry, the next launches when one ends); `launch` (and every kernel lets the next launch
-/// at entry); `gemv` (only the GEMVs do, so the small kernels after them launch early);
-/// `small` (only the other kernels do); `chain` (every kernel lets the next launch right
-/// after its own wait); `chain-gemv` (GEMVs at entry, the others after their wait);
-/// `prefetch` (`launch`, and the GEMVs load their first loop step's weights into registers
-/// before they wait); `early` (`chain-gemv`, and the attention prefetches its split's first
-/// KV block into L2 before it waits); `early-prefetch` (`early` and the GEMVs' early
-/// loads); `hoist` (the default, and the GEMVs' early loads).
-/// Off before sm_90 whatever it says.
+/// `SMELT_CUDA_PDL`, to measure them: `0` off; `wait` (every kernel waits at entry, the
+/// next launches when one ends); `launch` (and every kernel lets the next launch at entry);
+/// `gemv` (only the GEMVs do, so the kernels after them launch early); `small` (only the
+/// other kernels do); `chain` (every kernel lets the next launch right after its own
+/// wait); `chain-gemv` (GEMVs at entry, the others after their wait); `prefetch`
+/// (`launch`, and the GEMVs load their first loop step's weights into registers before
+/// they wait); `early` (`chain-gemv`); `early-prefetch` (`early` and the GEMVs' early
+/// loads); `hoist` (`gemv` and the GEMVs' early loads: the default,
+/// `smelt_kernels::catalog::GRID_DEPS`). Off before sm_90 whatever it says.
 fn grid_dep_from_env(target: Target) -> (GridDep, GridDep) {
     let wait = smelt_kernels::catalog::GRID_DEP;
     let launch = GridDep {
@@ -169,7 +168,18 @@ impl Gpu {
                 ..other
             };
             let timeline = std::env::var("SMELT_CUDA_TIMELINE").is_ok_and(|v| v == "1");
-            let module = smelt_kernels::catalog::module_with(target, other, gemv, timeline)?;
+            // `SMELT_CUDA_PDL_AFTER`: name prefixes (split by `/`, or `none`) of kernels
+            // besides the GEMVs that let their successor launch after their own wait.
+            let after_env = std::env::var("SMELT_CUDA_PDL_AFTER").ok();
+            let after: Vec<&str> = match after_env.as_deref() {
+                Some(v) => v
+                    .split('/')
+                    .filter(|p| !p.is_empty() && *p != "none")
+                    .collect(),
+                None => smelt_kernels::catalog::LAUNCH_AFTER_WAIT.to_vec(),
+            };
+            let module =
+                smelt_kernels::catalog::module_with(target, other, gemv, &after, timeline)?;
             let kernels = ctx.load_module(Ptx::from_src(module.to_ptx()))?;
             let runtime = ctx.load_module(Ptx::from_src(util::module(target)?.to_ptx()))?;
             let load_time = t.elapsed();

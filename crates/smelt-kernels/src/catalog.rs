@@ -224,18 +224,19 @@ pub const GRID_DEP: GridDep = GridDep {
     launch_after_wait: false,
 };
 
-/// The default (other kernels, GEMVs): the GEMVs also let their successor (a small kernel
-/// at decode) launch at entry, so it is scheduled and waiting when the GEMV ends. Measured
-/// on an H200 (2026-11-25, Llama-3-8B-shape Q4_K decode, graphs, tg128; bench/RESULTS.md):
-/// this 441-469 tok/s over three calls, plain launches 436-453, waits only 439-457: within
-/// the +-3% spread of one setting, so no proven gain. Worse by more than the spread: every
-/// kernel letting its successor launch at entry (419-423: a GEMV launched behind a small
-/// kernel that was itself launched early has its blocks placed around the GEMV still
-/// running) and the GEMVs' L2 prefetch of their weights before the wait (385-404).
+/// The default (other kernels, GEMVs): the GEMVs also let their successor launch at entry
+/// (a small kernel, the attention, or the next GEMV behind the GLU), so it is placed and
+/// waiting when the GEMV ends, and they load their first loop step's weights before their
+/// own wait (`gemv::kernel`'s early work). Measured on an H200 (2026-11-26, Llama-3-8B-shape
+/// Q4_K decode, graphs, tg128, one call, `bench/RESULTS.md`): 551.1 tok/s against 542.4
+/// without the early loads; every kernel launching its successor at entry or after its
+/// wait lost (510-530). The early loads lost 1% before every kernel had one shared-memory
+/// carveout (`CARVEOUT_BYTES`): the GEMV blocks then waited on SMs they could not share.
 pub const GRID_DEPS: (GridDep, GridDep) = (
     GRID_DEP,
     GridDep {
         early_launch: true,
+        early_work: true,
         ..GRID_DEP
     },
 );
@@ -245,25 +246,44 @@ pub fn is_gemv(name: &str) -> bool {
     name.starts_with("gemv_")
 }
 
-/// One module holding every kernel, for `target`, with [`GRID_DEPS`].
+/// Name prefixes of the kernels besides the GEMVs that let their successor launch once
+/// they have passed their own wait (`GridDep::launch_after_wait`), by default: see
+/// [`module_with`].
+pub const LAUNCH_AFTER_WAIT: &[&str] = &[];
+
+/// One module holding every kernel, for `target`, with [`GRID_DEPS`] and
+/// [`LAUNCH_AFTER_WAIT`].
 pub fn module(target: Target) -> Result<Module, PtxError> {
-    module_with(target, GRID_DEPS.0, GRID_DEPS.1, false)
+    module_with(target, GRID_DEPS.0, GRID_DEPS.1, LAUNCH_AFTER_WAIT, false)
 }
 
 /// One module holding every kernel, for `target`: the GEMVs with `gemv`, the others with
-/// `other` (to compare settings: which kernels let their successor launch early); with
-/// `timeline`, every kernel takes a timeline slot last and stamps its blocks' times
-/// (`smelt_ptx::timeline`, profiling).
+/// `other` (to compare settings: which kernels let their successor launch early), except
+/// that the kernels whose names start with one of `after_wait` let their successor launch
+/// right after their own wait (when `other` waits at all); with `timeline`, every kernel
+/// takes a timeline slot last and stamps its blocks' times (`smelt_ptx::timeline`).
 pub fn module_with(
     target: Target,
     other: GridDep,
     gemv: GridDep,
+    after_wait: &[&str],
     timeline: bool,
 ) -> Result<Module, PtxError> {
     let mut m = Module::new(target);
     m.set_timeline(timeline);
+    let early = GridDep {
+        early_launch: true,
+        launch_after_wait: true,
+        ..other
+    };
     for (name, build) in all() {
-        m.set_grid_dep(if is_gemv(&name) { gemv } else { other });
+        m.set_grid_dep(if is_gemv(&name) {
+            gemv
+        } else if after_wait.iter().any(|p| name.starts_with(p)) {
+            early
+        } else {
+            other
+        });
         m.kernel(&name, |k| build(k))?;
     }
     Ok(m)

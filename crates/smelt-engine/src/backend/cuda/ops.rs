@@ -667,18 +667,17 @@ impl Cuda {
         Ok(c.as_ref().map(|c| self.gpu.ptr(c)))
     }
 
-    /// Key splits per (sequence, KV head): about one block per multiprocessor, independent
-    /// of sequence length (a graph captured at one length replays at any). Fewer splits
-    /// than the kernels' default (twice the SMs): at decode lengths each split's partial
-    /// output costs as much to write and combine as its keys cost to read (H100, 2026-11-22:
-    /// the combine step took more time than the attention itself at 64 splits).
+    /// Key splits per (sequence, KV head): at most one block per multiprocessor,
+    /// independent of sequence length (a graph captured at one length replays at any).
+    /// Fewer splits than the kernels' default (twice the SMs): at decode lengths each
+    /// split's partial output costs as much to write and combine as its keys cost to read
+    /// (H100, 2026-11-22: the combine step took more time than the attention itself at 64
+    /// splits). Rounded down: a block's staged keys leave room for one block per SM in the
+    /// kernels' carveout, and 17 x 8 blocks on 132 SMs ran four of them after the rest.
     fn splits(&self, n_seqs: usize, n_head_kv: usize) -> usize {
         if let Some(n) = self.attn_splits {
             return n.clamp(1, ops::attention::MAX_SPLITS);
         }
-        self.gpu
-            .sm_count()
-            .div_ceil((n_seqs * n_head_kv).max(1))
-            .clamp(4, 64)
+        (self.gpu.sm_count() / (n_seqs * n_head_kv).max(1)).clamp(4, 64)
     }
 }
