@@ -1015,7 +1015,7 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
 }
 
 fn check_rows(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
-    let (mut cs, mut ca) = (Check::default(), Check::default());
+    let (mut cs, mut ca, mut csplit) = (Check::default(), Check::default(), Check::default());
     for (rows, cols) in [
         (1usize, 128256usize),
         (3, 49152),
@@ -1027,6 +1027,9 @@ fn check_rows(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
         // Ties (first index wins), NaN and -inf that argmax must pass over.
         x[cols / 2] = 100.0;
         x[cols / 2 + 1.min(cols - cols / 2 - 1)] = 100.0;
+        // The same maximum in the last part too: the split kernel's parts must keep the
+        // first.
+        x[cols - 1] = 100.0;
         x[0] = f32::NAN;
         if rows > 1 {
             x[cols..2 * cols].iter_mut().for_each(|v| *v = f32::NAN);
@@ -1052,6 +1055,39 @@ fn check_rows(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
             .map(|&i| i as f32)
             .collect();
         ca.add(&format!("{rows}x{cols}"), &got, &want, 0.0, 0.0);
+        // The split kernel, twice on the same state: it must come back to zero.
+        let mut state = gpu.stream.alloc_zeros::<u64>(rows)?;
+        let mut counters = gpu.stream.alloc_zeros::<u32>(rows)?;
+        for round in 0..2 {
+            let mut od = gpu.stream.clone_htod(&vec![u32::MAX; rows])?;
+            launch!(
+                gpu,
+                sample::ARGMAX_SPLIT,
+                sample::split_launch(rows, cols),
+                [&xd, &mut od, &c32, &mut state, &mut counters]
+            );
+            let got: Vec<f32> = gpu
+                .stream
+                .clone_dtoh(&od)?
+                .iter()
+                .map(|&i| i as f32)
+                .collect();
+            let case = format!("{rows}x{cols} round {round}");
+            csplit.add(&case, &got, &want, 0.0, 0.0);
+            let left = gpu
+                .stream
+                .clone_dtoh(&state)?
+                .iter()
+                .filter(|&&w| w != 0)
+                .count()
+                + gpu
+                    .stream
+                    .clone_dtoh(&counters)?
+                    .iter()
+                    .filter(|&&w| w != 0)
+                    .count();
+            csplit.add(&format!("{case} state"), &[left as f32], &[0.0], 0.0, 0.0);
+        }
 
         let y = floats(rng, rows * cols, 8.0);
         let yd = gpu.stream.clone_htod(&y)?;
@@ -1073,6 +1109,7 @@ fn check_rows(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
         );
     }
     rep.push(sample::ARGMAX, ca, "exact");
+    rep.push(sample::ARGMAX_SPLIT, csplit, "exact, state zero after");
     rep.push(sample::SOFTMAX, cs, "1e-9 + 1e-5|r|");
     Ok(())
 }

@@ -10,6 +10,8 @@ use crate::catalog::Entry;
 pub const SOFTMAX: &str = "softmax_rows";
 /// Name of [`argmax_kernel`].
 pub const ARGMAX: &str = "argmax_rows";
+/// Name of [`argmax_split_kernel`].
+pub const ARGMAX_SPLIT: &str = "argmax_rows_split";
 /// Name of [`sample_kernel`].
 pub const SAMPLE: &str = "sample_rows";
 /// Largest `top_k` of [`sample_kernel`] (a `top_k` of 0 or above means this).
@@ -20,6 +22,7 @@ pub fn catalog() -> Vec<Entry> {
     vec![
         (SOFTMAX.to_string(), Box::new(softmax_kernel)),
         (ARGMAX.to_string(), Box::new(argmax_kernel)),
+        (ARGMAX_SPLIT.to_string(), Box::new(argmax_split_kernel)),
         (SAMPLE.to_string(), Box::new(sample_kernel)),
     ]
 }
@@ -38,6 +41,28 @@ const UNROLL: u32 = 4;
 /// Launch of softmax and argmax: one block of [`ROW_THREADS`] per row.
 pub fn launch(rows: usize) -> Launch {
     Launch::new((dim(rows), 1, 1), (ROW_THREADS, 1, 1))
+}
+
+/// Threads per block of [`argmax_split_kernel`].
+pub const SPLIT_THREADS: u32 = 256;
+
+/// Values one block of [`argmax_split_kernel`] scans: eight a thread, two 16-byte loads.
+pub const SPLIT_VALUES: usize = 8 * SPLIT_THREADS as usize;
+
+/// Most blocks per row of [`argmax_split_kernel`].
+pub const MAX_SPLIT_PARTS: usize = 256;
+
+/// Blocks per row of [`argmax_split_kernel`] for rows of `cols` values.
+pub fn split_parts(cols: usize) -> usize {
+    cols.div_ceil(SPLIT_VALUES).clamp(1, MAX_SPLIT_PARTS)
+}
+
+/// Launch of [`argmax_split_kernel`]: [`split_parts`] blocks per row.
+pub fn split_launch(rows: usize, cols: usize) -> Launch {
+    Launch::new(
+        (dim(split_parts(cols)), dim(rows), 1),
+        (SPLIT_THREADS, 1, 1),
+    )
 }
 
 /// Launch of [`sample_kernel`]: one block of [`SAMPLE_THREADS`] per row.
@@ -60,6 +85,11 @@ fn scan_row(
     let tid = k.tid_x();
     let low = k.and(k.reg(), cols, 3u32);
     let vec4 = k.eq(low, 0u32);
+    // 16-byte loads need a 16-byte aligned start too (a split row's part may not have one).
+    let addr_low = k.cvt(k.reg::<U32>(), xs, smelt_ptx::Exact);
+    k.and(addr_low, addr_low, 15u32);
+    let aligned = k.eq(addr_low, 0u32);
+    k.and(vec4, vec4, aligned);
     k.if_(vec4, |k| {
         let n4 = k.shr(k.reg(), cols, 2u32);
         k.stride_loop(tid, n4, threads * UNROLL, |k, i| {
@@ -151,17 +181,113 @@ pub fn argmax_kernel(k: &Kernel) {
     let x = k.param_ptr("x");
     let out = k.param_ptr("out");
     let cols = k.param_u32("cols");
-    let sv = k.shared::<F32>("argmax_v", 32, 16);
-    let si = k.shared::<U32>("argmax_i", 32, 16);
     let base = k.mul_wide(k.reg(), k.ctaid_x(), cols);
     k.shl(base, base, 2u32);
     let xs = k.add(k.reg(), x, base);
+    let (_, bi) = block_argmax(k, ROW_THREADS, xs, cols, None);
+    let none = k.eq(bi, u32::MAX);
+    k.selp(bi, 0u32, bi, none);
+    let first = k.eq(k.tid_x(), 0u32);
+    k.guarded(first, |k| {
+        k.st(Store::GLOBAL, k.elem_addr(out, k.ctaid_x(), 4), bi)
+    });
+}
+
+/// [`argmax_kernel`] with each row split over [`split_parts`] blocks (one block reading a
+/// 128k-value row took 14.5 us of a 1.8 ms decode step on an H200, latency bound): each
+/// block reduces its part, folds `(value, index)` into the row's 64-bit word with
+/// `atom.max` (the value's bits made unsigned-ordered above, the complement of the index
+/// below, so the larger value wins and on ties the smaller index), and the last block of
+/// the row to count itself in (a counter per row, after a GPU-scope fence) writes the
+/// index, and puts the word and the counter back to zero for the next launch.
+///
+/// Parameters: `x: *const f32, out: *mut u32 (one per row), cols: u32, best: *mut u64
+/// (one per row), counters: *mut u32 (one per row)`; `best` and `counters` zero before
+/// the first launch, and every launch leaves them so. Launch: [`split_launch`].
+pub fn argmax_split_kernel(k: &Kernel) {
+    k.max_threads(SPLIT_THREADS, 1, 1);
+    let x = k.param_ptr("x");
+    let out = k.param_ptr("out");
+    let cols = k.param_u32("cols");
+    let best = k.param_ptr("best");
+    let counters = k.param_ptr("counters");
+    let row = k.ctaid_y();
+    let part = k.ctaid_x();
+    let parts = k.special(smelt_ptx::Special::Nctaid(smelt_ptx::Dim::X));
+    // Parts of a multiple of four values, so that 16-byte loads stay aligned.
+    let chunk = k.add(k.reg(), cols, parts);
+    k.sub(chunk, chunk, 1u32);
+    k.div_int(chunk, chunk, parts);
+    k.add(chunk, chunk, 3u32);
+    k.and(chunk, chunk, !3u32);
+    let lo = k.mul(k.reg(), part, chunk);
+    k.min(lo, lo, cols);
+    let hi = k.add(k.reg(), lo, chunk);
+    k.min(hi, hi, cols);
+    let len = k.sub(k.reg(), hi, lo);
+    let start = k.mad(k.reg(), row, cols, lo);
+    let xs = k.elem_addr(x, start, 4);
+    let (bv, bi) = block_argmax(k, SPLIT_THREADS, xs, len, Some(lo));
+    let first = k.eq(k.tid_x(), 0u32);
+    k.if_(first, |k| {
+        let word = k.elem_addr(best, row, 8);
+        let held = k.cmp(Cmp::Ne, bi, u32::MAX);
+        k.if_(held, |k| {
+            // Unsigned order of the float: negative values flipped, positive ones above.
+            let bits = k.reg::<U32>();
+            k.raw(format!("mov.b32 {bits}, {bv}"));
+            let neg = k.shr(k.reg(), bits, 31u32);
+            let flip = k.u32(0x8000_0000);
+            let negp = k.eq(neg, 1u32);
+            k.selp(flip, 0xFFFF_FFFFu32, 0x8000_0000u32, negp);
+            k.xor(bits, bits, flip);
+            let low = k.not(k.reg(), bi);
+            let key = k.reg::<smelt_ptx::U64>();
+            k.raw(format!("mov.b64 {key}, {{{low}, {bits}}}"));
+            k.raw(format!("red.global.max.u64 [{word}], {key}"));
+        });
+        k.membar(smelt_ptx::Scope::Gpu);
+        let at = k.elem_addr(counters, row, 4);
+        let old = k.atom_add(smelt_ptx::Space::Global, k.reg::<U32>(), at, 1u32);
+        let last = k.sub(k.reg(), parts, 1u32);
+        let is_last = k.eq(old, last);
+        k.if_(is_last, |k| {
+            k.membar(smelt_ptx::Scope::Gpu);
+            let key = k.reg::<smelt_ptx::U64>();
+            let zero = k.reg::<smelt_ptx::U64>();
+            k.raw(format!("mov.u64 {zero}, 0"));
+            k.raw(format!("atom.global.exch.b64 {key}, [{word}], {zero}"));
+            let (low, high) = (k.reg::<U32>(), k.reg::<U32>());
+            k.raw(format!("mov.b64 {{{low}, {high}}}, {key}"));
+            let idx = k.not(k.reg(), low);
+            // Nothing held (a row of NaN): index 0, as the one-block kernel gives.
+            let empty = k.cmp(Cmp::Eq, key, 0u64);
+            k.selp(idx, 0u32, idx, empty);
+            k.st(Store::GLOBAL, k.elem_addr(out, row, 4), idx);
+            let z = k.u32(0);
+            k.st(Store::GLOBAL, at, z);
+        });
+    });
+}
+
+/// The first largest value of the `len` values at `xs` and its index (plus `offset`),
+/// reduced over a block of `threads` threads: `(value, index)` in every lane of warp 0,
+/// index `u32::MAX` when every value is NaN.
+fn block_argmax(
+    k: &Kernel,
+    threads: u32,
+    xs: Reg<smelt_ptx::U64>,
+    len: Reg<U32>,
+    offset: Option<Reg<U32>>,
+) -> (Reg<F32>, Reg<U32>) {
+    let sv = k.shared::<F32>("argmax_v", 32, 16);
+    let si = k.shared::<U32>("argmax_i", 32, 16);
     let tid = k.tid_x();
     // (value, index), index u32::MAX while nothing is held.
     let bv = k.f32(f32::NEG_INFINITY);
     let bi = k.u32(u32::MAX);
     // Slots past the row are NaN, which is never taken.
-    scan_row(k, ROW_THREADS, xs, cols, |k, i, v, _| {
+    scan_row(k, threads, xs, len, |k, i, v, _| {
         // Take v when it is larger, or when nothing is held yet and v is a number
         // (-inf included). Indices rise along a thread's loop: ties keep the first.
         let gt = k.cmp(Cmp::Gt, v, bv);
@@ -170,7 +296,11 @@ pub fn argmax_kernel(k: &Kernel) {
         k.and(none, none, num);
         k.or(gt, gt, none);
         k.selp(bv, v, bv, gt);
-        k.selp(bi, i, bi, gt);
+        let idx = match offset {
+            Some(o) => k.add(k.reg(), i, o),
+            None => i,
+        };
+        k.selp(bi, idx, bi, gt);
     });
     let combine = |k: &Kernel, bv: Reg<F32>, bi: Reg<U32>, ov: Reg<F32>, oi: Reg<U32>| {
         // Other wins when larger, or equal with a smaller index (held values are never
@@ -207,7 +337,7 @@ pub fn argmax_kernel(k: &Kernel) {
     k.bar_sync();
     let w0 = k.eq(warp, 0u32);
     k.if_(w0, |k| {
-        let nw = ROW_THREADS / 32;
+        let nw = threads / 32;
         let has = k.lt(lane, nw);
         k.mov(bv, f32::NEG_INFINITY);
         k.mov(bi, u32::MAX);
@@ -216,12 +346,8 @@ pub fn argmax_kernel(k: &Kernel) {
             k.ld(Load::SHARED, bi, k.mad(k.reg(), lane, 4u32, ib));
         });
         warp_round(k);
-        let none = k.eq(bi, u32::MAX);
-        k.selp(bi, 0u32, bi, none);
-        k.guarded(lane0, |k| {
-            k.st(Store::GLOBAL, k.elem_addr(out, k.ctaid_x(), 4), bi)
-        });
     });
+    (bv, bi)
 }
 
 /// Sampling settings of one row, as [`sample_kernel`] reads them from device memory (so

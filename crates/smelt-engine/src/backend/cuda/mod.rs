@@ -219,6 +219,12 @@ pub struct Cuda {
     /// The combining attention's counters: zero between launches (each launch leaves them
     /// so), allocated once and never moved (graphs hold the address).
     attn_counters: Mutex<Option<CudaSlice<u32>>>,
+    /// The greedy token's argmax splits each row over many blocks (`argmax_rows_split`;
+    /// `SMELT_CUDA_ARGMAX_SPLIT=0` turns it off, to measure it).
+    split_argmax: bool,
+    /// The split argmax's per-row words and counters (zero between launches; graphs hold
+    /// the address).
+    argmax_state: Mutex<Option<CudaSlice<u64>>>,
     /// Single-token GEMVs of at most `.0` rows run one row per warp, of at least `.1`
     /// rows four (catalog variants; the default is two): `SMELT_CUDA_GEMV_R1_ROWS` and
     /// `SMELT_CUDA_GEMV_R4_ROWS`, to measure them. Off by default.
@@ -319,6 +325,8 @@ impl Cuda {
             fuse_attn_combine: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
                 && std::env::var("SMELT_CUDA_ATTN_COMBINE").map_or(true, |v| v != "0"),
             attn_counters: Mutex::new(None),
+            split_argmax: std::env::var("SMELT_CUDA_ARGMAX_SPLIT").map_or(true, |v| v != "0"),
+            argmax_state: Mutex::new(None),
             attn_splits: env_usize("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
             attn_stage: env_usize("SMELT_CUDA_ATTN_STAGE").map_or(32, |n| n.min(32) as u32),
             fuse_rope_kv: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")

@@ -11,6 +11,10 @@ use crate::backend::{AttnParams, Glu, RopeParams, RopeStyle};
 /// One kernel parameter.
 pub(crate) use smelt_cuda::KernelParam as Arg;
 
+/// Most rows the split argmax takes (its state is allocated once); more use the one-block
+/// kernel.
+const ARGMAX_ROWS: usize = 4096;
+
 fn u32_of(n: usize, what: &'static str) -> Result<u32, CudaError> {
     u32::try_from(n).map_err(|_| CudaError::BadLength {
         what,
@@ -465,15 +469,41 @@ impl Cuda {
                 want: logits.rows,
             });
         }
+        let cols = u32_of(logits.cols, "argmax row")?;
+        if let Some(state) = self.argmax_state(logits.rows)? {
+            // Each row split over several blocks; `state` holds a word and a counter per
+            // row, zero between launches.
+            return self.launch(
+                ops::sample::ARGMAX_SPLIT,
+                ops::sample::split_launch(logits.rows, logits.cols),
+                &[
+                    Arg::P(logits.ptr),
+                    Arg::P(out.ptr),
+                    Arg::U(cols),
+                    Arg::P(state),
+                    Arg::P(state + (ARGMAX_ROWS * 8) as u64),
+                ],
+            );
+        }
         self.launch(
             ops::sample::ARGMAX,
             ops::sample::launch(logits.rows),
-            &[
-                Arg::P(logits.ptr),
-                Arg::P(out.ptr),
-                Arg::U(u32_of(logits.cols, "argmax row")?),
-            ],
+            &[Arg::P(logits.ptr), Arg::P(out.ptr), Arg::U(cols)],
         )
+    }
+
+    /// The split argmax's per-row words and counters (`ARGMAX_ROWS` of each, allocated
+    /// once, zero between launches), or None when it is off or `rows` do not fit.
+    fn argmax_state(&self, rows: usize) -> Result<Option<u64>, CudaError> {
+        if !self.split_argmax || rows > ARGMAX_ROWS {
+            return Ok(None);
+        }
+        let mut st = super::lock(&self.argmax_state);
+        if st.is_none() {
+            // The words (u64), then the counters (u32, in the same zeroed memory).
+            *st = Some(self.gpu.zeros::<u64>(ARGMAX_ROWS * 2)?);
+        }
+        Ok(st.as_ref().map(|b| self.gpu.ptr(b)))
     }
 
     pub(crate) fn op_embed(
