@@ -178,8 +178,18 @@ impl Gpu {
                     .collect(),
                 None => smelt_kernels::catalog::LAUNCH_AFTER_WAIT.to_vec(),
             };
+            // `SMELT_CUDA_EARLY_SKIP`: parts of GEMV names (split by `/`, or `none`) that do
+            // no early work, to measure it per kind.
+            let skip_env = std::env::var("SMELT_CUDA_EARLY_SKIP").ok();
+            let late: Vec<&str> = match skip_env.as_deref() {
+                Some(v) => v
+                    .split('/')
+                    .filter(|p| !p.is_empty() && *p != "none")
+                    .collect(),
+                None => smelt_kernels::catalog::NO_EARLY_WORK.to_vec(),
+            };
             let module =
-                smelt_kernels::catalog::module_with(target, other, gemv, &after, timeline)?;
+                smelt_kernels::catalog::module_with(target, other, gemv, &after, &late, timeline)?;
             let kernels = ctx.load_module(Ptx::from_src(module.to_ptx()))?;
             let runtime = ctx.load_module(Ptx::from_src(util::module(target)?.to_ptx()))?;
             let load_time = t.elapsed();

@@ -91,8 +91,8 @@ fn the_whole_module_assembles() {
     // become branches, its waits are followed by timestamps.
     for (target, timeline) in [(Target::Sm80, false), (Target::Sm90, true)] {
         let all = smelt_ptx::GridDep::ALL;
-        let m =
-            catalog::module_with(target, all, all, &[], timeline).unwrap_or_else(|e| panic!("{e}"));
+        let m = catalog::module_with(target, all, all, &[], &[], timeline)
+            .unwrap_or_else(|e| panic!("{e}"));
         if let Err(e) = assemble(target, "all", &m.to_ptx()) {
             panic!("{e}");
         }

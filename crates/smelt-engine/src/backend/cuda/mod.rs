@@ -506,20 +506,26 @@ impl Cuda {
     fn flush_gemv(&self) -> Result<(), CudaError> {
         let pending = lock(&self.pending_gemv).take();
         match pending {
-            Some(p) => self.launch_gemv(
-                p.w,
-                p.ty,
-                p.rows,
-                p.cols,
-                p.row_bytes,
-                p.q,
-                p.out,
-                1,
-                p.rms.as_ref(),
-                None,
-            ),
+            Some(p) => self.launch_pending_gemv(&p, None),
             None => Ok(()),
         }
+    }
+
+    /// Launches the deferred single-token GEMV `p` (with the rope + KV-append epilogue's
+    /// parameters `rope`, see [`Cuda::launch_gemv`]).
+    fn launch_pending_gemv(&self, p: &PendingGemv, rope: Option<&[Arg]>) -> Result<(), CudaError> {
+        self.launch_gemv(
+            p.w,
+            p.ty,
+            p.rows,
+            p.cols,
+            p.row_bytes,
+            p.q,
+            p.out,
+            1,
+            p.rms.as_ref(),
+            rope,
+        )
     }
 
     /// Launches the deferred add, if any.
@@ -957,18 +963,7 @@ impl Cuda {
         *lock(&self.pending_rope) = None;
         *lock(&self.pending_gemv) = None;
         let rope = self.rope_kv_gemv_args(&r, kv, layer)?;
-        self.launch_gemv(
-            p.w,
-            p.ty,
-            p.rows,
-            p.cols,
-            p.row_bytes,
-            p.q,
-            p.out,
-            1,
-            p.rms.as_ref(),
-            Some(&rope),
-        )?;
+        self.launch_pending_gemv(&p, Some(&rope))?;
         Ok(true)
     }
 

@@ -393,11 +393,7 @@ impl Cuda {
         v: &CudaTensor,
         s: &StepPtrs,
     ) -> Result<(), CudaError> {
-        let (Some(kc), Some(vc)) = (kv.k.get(layer), kv.v.get(layer)) else {
-            return Err(CudaError::Init(format!(
-                "rope_kv: no layer {layer} in the cache"
-            )));
-        };
+        let (kc, vc) = self.kv_layer(kv, layer, "rope_kv")?;
         let hd = r.head_dim;
         let n_head_kv = kv.kv_dim / hd;
         let n_head = (r.x.cols - kv.kv_dim) / hd;
@@ -413,8 +409,8 @@ impl Cuda {
                 Arg::P(r.positions),
                 Arg::P(r.freq_factors),
                 Arg::P(v.ptr),
-                Arg::P(self.gpu.ptr(kc)),
-                Arg::P(self.gpu.ptr(vc)),
+                Arg::P(kc),
+                Arg::P(vc),
                 Arg::P(s.descs),
                 Arg::P(s.block_tables),
                 Arg::U(u32_of(n_head, "rope_kv heads")?),
@@ -427,6 +423,16 @@ impl Cuda {
         )
     }
 
+    /// The device addresses of layer `layer`'s K and V caches.
+    fn kv_layer(&self, kv: &CudaKv, layer: usize, what: &str) -> Result<(u64, u64), CudaError> {
+        match (kv.k.get(layer), kv.v.get(layer)) {
+            (Some(kc), Some(vc)) => Ok((self.gpu.ptr(kc), self.gpu.ptr(vc))),
+            _ => Err(CudaError::Init(format!(
+                "{what}: no layer {layer} in the cache"
+            ))),
+        }
+    }
+
     /// The parameters a Q|K|V GEMV with the rope + KV-append epilogue takes after its own
     /// (`gemv::kernel`, `Config::rope_kv`), for the deferred rope `r` (see
     /// [`Self::can_rope_kv`]) and layer `layer` of `kv`.
@@ -436,18 +442,14 @@ impl Cuda {
         kv: &CudaKv,
         layer: usize,
     ) -> Result<Vec<Arg>, CudaError> {
-        let (Some(kc), Some(vc)) = (kv.k.get(layer), kv.v.get(layer)) else {
-            return Err(CudaError::Init(format!(
-                "rope_kv: no layer {layer} in the cache"
-            )));
-        };
+        let (kc, vc) = self.kv_layer(kv, layer, "rope_kv")?;
         let s = self.step_ptrs()?;
         let hd = r.head_dim;
         Ok(vec![
             Arg::P(r.positions),
             Arg::P(r.freq_factors),
-            Arg::P(self.gpu.ptr(kc)),
-            Arg::P(self.gpu.ptr(vc)),
+            Arg::P(kc),
+            Arg::P(vc),
             Arg::P(s.descs),
             Arg::P(s.block_tables),
             Arg::U(u32_of(r.x.cols - kv.kv_dim, "rope_kv Q rows")?),
@@ -545,11 +547,7 @@ impl Cuda {
         v: &CudaTensor,
         s: &StepPtrs,
     ) -> Result<(), CudaError> {
-        let (Some(kc), Some(vc)) = (kv.k.get(layer), kv.v.get(layer)) else {
-            return Err(CudaError::Init(format!(
-                "kv_write: no layer {layer} in the cache"
-            )));
-        };
+        let (kc, vc) = self.kv_layer(kv, layer, "kv_write")?;
         if k.cols != kv.kv_dim || v.cols != kv.kv_dim || k.rows != v.rows {
             return Err(CudaError::BadLength {
                 what: "kv_write row",
@@ -563,8 +561,8 @@ impl Cuda {
             &[
                 Arg::P(k.ptr),
                 Arg::P(v.ptr),
-                Arg::P(self.gpu.ptr(kc)),
-                Arg::P(self.gpu.ptr(vc)),
+                Arg::P(kc),
+                Arg::P(vc),
                 Arg::P(s.descs),
                 Arg::P(s.block_tables),
                 Arg::U(kv.kv_dim as u32),
@@ -584,11 +582,7 @@ impl Cuda {
         out: &CudaTensor,
         tiles: Option<u64>,
     ) -> Result<(), CudaError> {
-        let (Some(kc), Some(vc)) = (kv.k.get(layer), kv.v.get(layer)) else {
-            return Err(CudaError::Init(format!(
-                "attention: no layer {layer} in the cache"
-            )));
-        };
+        let (kc, vc) = self.kv_layer(kv, layer, "attention")?;
         let name = ops::attention::name(p.head_dim).ok_or_else(|| {
             CudaError::NoKernel(format!(
                 "attention for head_dim {} (kernels exist for {:?})",
@@ -614,8 +608,8 @@ impl Cuda {
         let q_tiles = ops::attention::q_tiles(s.max_tokens, p.n_head, p.n_head_kv);
         let mut args = vec![
             Arg::P(q.ptr),
-            Arg::P(self.gpu.ptr(kc)),
-            Arg::P(self.gpu.ptr(vc)),
+            Arg::P(kc),
+            Arg::P(vc),
             Arg::P(s.descs),
             Arg::P(s.block_tables),
             Arg::P(acc),
