@@ -101,6 +101,19 @@ fn grid_dep_from_env(target: Target) -> (GridDep, GridDep) {
     (other.for_target(target), gemv.for_target(target))
 }
 
+/// A `/`-separated list of kernel-name parts from the environment variable `var` (`none`:
+/// empty), or `default` when it is unset.
+fn env_list(var: &str, default: &[&str]) -> Vec<String> {
+    match std::env::var(var) {
+        Ok(v) => v
+            .split('/')
+            .filter(|p| !p.is_empty() && *p != "none")
+            .map(str::to_string)
+            .collect(),
+        Err(_) => default.iter().map(|p| p.to_string()).collect(),
+    }
+}
+
 /// The carveout of [`smelt_kernels::catalog::CARVEOUT_BYTES`] for every kernel, in percent
 /// of an SM's `max_shared` bytes (the driver takes the nearest configuration it has:
 /// 14% of an H100's 228 KB is its 32 KB one); none when the device reports no size.
@@ -168,26 +181,18 @@ impl Gpu {
                 ..other
             };
             let timeline = std::env::var("SMELT_CUDA_TIMELINE").is_ok_and(|v| v == "1");
-            // `SMELT_CUDA_PDL_AFTER`: name prefixes (split by `/`, or `none`) of kernels
-            // besides the GEMVs that let their successor launch after their own wait.
-            let after_env = std::env::var("SMELT_CUDA_PDL_AFTER").ok();
-            let after: Vec<&str> = match after_env.as_deref() {
-                Some(v) => v
-                    .split('/')
-                    .filter(|p| !p.is_empty() && *p != "none")
-                    .collect(),
-                None => smelt_kernels::catalog::LAUNCH_AFTER_WAIT.to_vec(),
-            };
-            // `SMELT_CUDA_EARLY_SKIP`: parts of GEMV names (split by `/`, or `none`) that do
-            // no early work, to measure it per kind.
-            let skip_env = std::env::var("SMELT_CUDA_EARLY_SKIP").ok();
-            let late: Vec<&str> = match skip_env.as_deref() {
-                Some(v) => v
-                    .split('/')
-                    .filter(|p| !p.is_empty() && *p != "none")
-                    .collect(),
-                None => smelt_kernels::catalog::NO_EARLY_WORK.to_vec(),
-            };
+            // Kernels besides the GEMVs that let their successor launch after their own
+            // wait (name prefixes), GEMVs that do no early work (name parts): to measure.
+            let after = env_list(
+                "SMELT_CUDA_PDL_AFTER",
+                smelt_kernels::catalog::LAUNCH_AFTER_WAIT,
+            );
+            let late = env_list(
+                "SMELT_CUDA_EARLY_SKIP",
+                smelt_kernels::catalog::NO_EARLY_WORK,
+            );
+            let after: Vec<&str> = after.iter().map(String::as_str).collect();
+            let late: Vec<&str> = late.iter().map(String::as_str).collect();
             let module =
                 smelt_kernels::catalog::module_with(target, other, gemv, &after, &late, timeline)?;
             let kernels = ctx.load_module(Ptx::from_src(module.to_ptx()))?;

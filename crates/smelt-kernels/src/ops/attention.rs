@@ -337,10 +337,12 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
     k.min(qb_hi, qb_hi, eb);
 
     let kv_dim = k.mul(k.reg(), n_head_kv, head_dim as u32);
-    let stride = k.shl(k.reg(), kv_dim, 1u32); // bytes from one slot to the next
-                                               // The split's first 32 block numbers, one per lane, so that no key load of the loop
-                                               // waits on a table load: a KV block of 16 keys is one step of the loop, and each
-                                               // step's table load was a dependent round trip before its keys.
+    // Bytes from one slot to the next.
+    let stride = k.shl(k.reg(), kv_dim, 1u32);
+
+    // The split's first 32 block numbers, one per lane, so that no key load of the loop
+    // waits on a table load: a KV block of 16 keys is one step of the loop, and each
+    // step's table load was a dependent round trip before its keys.
     let split_blocks = k.u32(0);
     let lane_block = k.add(k.reg(), sb, lane);
     let lane_has = k.lt(lane_block, eb);
