@@ -1044,16 +1044,10 @@ fn check_rows(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
             sample::launch(rows),
             [&xd, &mut od, &c32]
         );
-        let got: Vec<f32> = gpu
-            .stream
-            .clone_dtoh(&od)?
-            .iter()
-            .map(|&i| i as f32)
-            .collect();
-        let want: Vec<f32> = sample::argmax_cpu(&x, cols)
-            .iter()
-            .map(|&i| i as f32)
-            .collect();
+        // Indices as floats, for the checks.
+        let floats_of = |v: &[u32]| v.iter().map(|&i| i as f32).collect::<Vec<f32>>();
+        let got = floats_of(&gpu.stream.clone_dtoh(&od)?);
+        let want = floats_of(&sample::argmax_cpu(&x, cols));
         ca.add(&format!("{rows}x{cols}"), &got, &want, 0.0, 0.0);
         // The split kernel, twice on the same state: it must come back to zero.
         let mut state = gpu.stream.alloc_zeros::<u64>(rows)?;
@@ -1066,12 +1060,7 @@ fn check_rows(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
                 sample::split_launch(rows, cols),
                 [&xd, &mut od, &c32, &mut state, &mut counters]
             );
-            let got: Vec<f32> = gpu
-                .stream
-                .clone_dtoh(&od)?
-                .iter()
-                .map(|&i| i as f32)
-                .collect();
+            let got = floats_of(&gpu.stream.clone_dtoh(&od)?);
             let case = format!("{rows}x{cols} round {round}");
             csplit.add(&case, &got, &want, 0.0, 0.0);
             let left = gpu
