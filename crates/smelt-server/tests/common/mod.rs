@@ -131,7 +131,13 @@ pub async fn start(mut config: ServerConfig, kv_tokens: usize) -> TestServer {
         base: format!("http://{addr}"),
         stop,
         done,
-        client: reqwest::Client::new(),
+        // A fresh connection per request: a server answering 413 before it has read the
+        // whole body closes the connection, and a pooled client could send the next
+        // request on it before seeing the close (hyper's IncompleteMessage, a flaky test).
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .expect("an HTTP client"),
     }
 }
 
