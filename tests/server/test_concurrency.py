@@ -61,7 +61,11 @@ def test_disconnect_mid_stream_frees_sequence(http: httpx.Client, base_url: str,
         with c.stream("POST", base_url + "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200
             seen = 0
-            for line in r.iter_lines():
+            # The iterator is held in a name so that `break` leaves it open: a loop's own
+            # generator is closed when the loop ends, and closing it makes httpcore close
+            # the connection, which would free the sequence before the checks below.
+            lines = r.iter_lines()
+            for line in lines:
                 if line.startswith("data: ") and line != "data: [DONE]":
                     json.loads(line[6:])
                     seen += 1

@@ -409,12 +409,7 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
         while i < self.running.len() {
             if self.running[i].job.events.is_closed() {
                 let a = self.running.swap_remove(i);
-                tracing::info!(
-                    model = %self.name,
-                    completion_tokens = a.generated,
-                    "client went away: sequence dropped"
-                );
-                self.release(a);
+                self.release_gone(a);
             } else {
                 i += 1;
             }
@@ -623,7 +618,7 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                     });
                     self.release(a);
                 }
-                End::Gone => self.release(a),
+                End::Gone => self.release_gone(a),
             }
         }
     }
@@ -717,6 +712,16 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
 
     fn finish_err(&mut self, a: Active, err: ApiError) {
         let _ = a.job.events.send(Event::Error(err));
+        self.release(a);
+    }
+
+    /// Releases a request whose client disconnected, saying so in the log.
+    fn release_gone(&mut self, a: Active) {
+        tracing::info!(
+            model = %self.name,
+            completion_tokens = a.generated,
+            "client went away: sequence dropped"
+        );
         self.release(a);
     }
 
