@@ -29,38 +29,7 @@ fn encode_and_detokenize_match(name: &str) {
     let (_g, tok) = load(name);
     let texts = corpus();
     let answer = oracle(&json!({ "model": model(name), "texts": texts }));
-    let mut failures = Vec::new();
-    for (i, text) in texts.iter().enumerate() {
-        for add in [false, true] {
-            for parse in [false, true] {
-                let want =
-                    ids(&answer["encode"][i][format!("{}{}", u8::from(add), u8::from(parse))]);
-                let got = tok.encode(text, add, parse);
-                if got != want {
-                    failures.push(format!(
-                        "encode({}, add_special={add}, parse_special={parse}): {}",
-                        show(text),
-                        diff(&want, &got)
-                    ));
-                }
-            }
-        }
-        let ids_tt = ids(&answer["encode"][i]["11"]);
-        for rs in [false, true] {
-            for us in [false, true] {
-                let want = hex(&answer["detok"][i][format!("{}{}", u8::from(rs), u8::from(us))]);
-                let got = tok.detokenize(&ids_tt, rs, us);
-                if got != want {
-                    failures.push(format!(
-                        "detokenize({}, remove_special={rs}, unparse_special={us}):\n  llama.cpp {:?}\n  smelt     {:?}",
-                        show(text),
-                        String::from_utf8_lossy(&want),
-                        String::from_utf8_lossy(&got)
-                    ));
-                }
-            }
-        }
-    }
+    let failures = oracle_mismatches(&tok, &texts, &answer);
     assert!(
         failures.is_empty(),
         "{name}: {} mismatches with llama.cpp:\n{}",

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
+use smelt_tokenizer::Tokenizer;
 
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -137,4 +138,43 @@ pub fn diff(want: &[u32], got: &[u32]) -> String {
         &want[lo..(at + 8).min(want.len())],
         &got[lo..(at + 8).min(got.len())]
     )
+}
+
+/// Everything where `tok` disagrees with the oracle's `answer` for `texts`: the ids under each
+/// add_special/parse_special pair, and the text of the ids with both on under each
+/// remove_special/unparse_special pair.
+pub fn oracle_mismatches(tok: &Tokenizer, texts: &[String], answer: &Value) -> Vec<String> {
+    let flags = |a: bool, b: bool| format!("{}{}", u8::from(a), u8::from(b));
+    let mut failures = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        for add in [false, true] {
+            for parse in [false, true] {
+                let want = ids(&answer["encode"][i][flags(add, parse)]);
+                let got = tok.encode(text, add, parse);
+                if got != want {
+                    failures.push(format!(
+                        "encode({}, add_special={add}, parse_special={parse}): {}",
+                        show(text),
+                        diff(&want, &got)
+                    ));
+                }
+            }
+        }
+        let ids_tt = ids(&answer["encode"][i]["11"]);
+        for rs in [false, true] {
+            for us in [false, true] {
+                let want = hex(&answer["detok"][i][flags(rs, us)]);
+                let got = tok.detokenize(&ids_tt, rs, us);
+                if got != want {
+                    failures.push(format!(
+                        "detokenize({}, remove_special={rs}, unparse_special={us}):\n  llama.cpp {:?}\n  smelt     {:?}",
+                        show(text),
+                        String::from_utf8_lossy(&want),
+                        String::from_utf8_lossy(&got)
+                    ));
+                }
+            }
+        }
+    }
+    failures
 }
