@@ -1,10 +1,9 @@
 //! Q8_0: 32 weights as signed bytes with one f16 scale (`w = d * q`); also the activation
 //! format of Q4_0, Q5_0, Q8_0 and IQ4_NL dot products.
 
-use super::dot::{self, dot_blocks, dot_i8};
-use super::scan::{abs_max, blocks32, blocks32_mut, inverse, round_away, vectorized};
+use super::scan::{abs_max, blocks32, inverse, round_away, vectorized};
 use crate::fp::{f16_to_f32, f32_to_f16};
-use crate::{Block, GgmlType, Quantize};
+use crate::Quantize;
 use half::f16;
 
 /// ggml's `block_q8_0`.
@@ -17,63 +16,74 @@ pub struct BlockQ8_0 {
 
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 
-impl BlockQ8_0 {
-    #[inline(always)]
-    fn isum(x: &Self, y: &Self) -> i32 {
-        dot_i8(&x.qs, &y.qs)
-    }
-
-    #[inline(always)]
-    fn term(x: &Self, y: &Self, isum: i32) -> f32 {
-        (f16_to_f32(x.d) * f16_to_f32(y.d)) * isum as f32
-    }
-
-    /// [`Block::vec_dot`] without SIMD.
-    pub fn vec_dot_portable(x: &[Self], y: &[Self]) -> f32 {
-        dot_blocks(x, y, Self::isum, Self::term)
-    }
-
-    /// [`Block::vec_dot`] with AVX2, bit-identical to [`Self::vec_dot_portable`].
-    ///
-    /// # Safety
-    /// The CPU must support AVX2, FMA and F16C.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn vec_dot_avx2(x: &[Self], y: &[Self]) -> f32 {
-        use dot::x86;
-        let group = |xs: &[Self], ys: &[Self]| {
-            // SAFETY: this closure runs inside an AVX2 function.
-            unsafe {
-                let sums = x86::hsum8(std::array::from_fn(|l| x86::dot_i8(&xs[l].qs, &ys[l].qs)));
-                x86::scaled(x86::f16x8(|l| xs[l].d), x86::f16x8(|l| ys[l].d), sums)
+/// The dot products and the `Block` impl of the two 8-bit formats: both are 32 signed bytes
+/// under an f16 `d`, so everything but quantization (Q8_1 also stores a sum) is the same.
+macro_rules! q8_block {
+    ($block:ident, $ty:ident) => {
+        impl $block {
+            #[inline(always)]
+            fn isum(x: &Self, y: &Self) -> i32 {
+                $crate::legacy::dot::dot_i8(&x.qs, &y.qs)
             }
-        };
-        x86::dot_groups(x, y, group, Self::isum, Self::term)
-    }
-}
 
-impl Block for BlockQ8_0 {
-    const TYPE: GgmlType = GgmlType::Q8_0;
-    const WEIGHTS: usize = 32;
-    type Act = BlockQ8_0;
-
-    fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        vectorized(|| {
-            for (b, out) in src.iter().zip(blocks32_mut(dst)) {
-                dequantize_q8(b.d, &b.qs, out);
+            #[inline(always)]
+            fn term(x: &Self, y: &Self, isum: i32) -> f32 {
+                ($crate::fp::f16_to_f32(x.d) * $crate::fp::f16_to_f32(y.d)) * isum as f32
             }
-        })
-    }
 
-    fn vec_dot(x: &[Self], y: &[Self]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if crate::legacy::dot::avx2_ready() {
-            // SAFETY: AVX2, FMA and F16C were detected at run time.
-            return unsafe { Self::vec_dot_avx2(x, y) };
+            /// [`Block::vec_dot`](crate::Block::vec_dot) without SIMD: `d_x d_y sum(q_x q_y)` per
+            /// block (ggml has no Q8_1 x Q8_1 dot; its `s` plays no part).
+            pub fn vec_dot_portable(x: &[Self], y: &[Self]) -> f32 {
+                $crate::legacy::dot::dot_blocks(x, y, Self::isum, Self::term)
+            }
+
+            /// [`Block::vec_dot`](crate::Block::vec_dot) with AVX2, bit-identical to [`Self::vec_dot_portable`].
+            ///
+            /// # Safety
+            /// The CPU must support AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub unsafe fn vec_dot_avx2(x: &[Self], y: &[Self]) -> f32 {
+                use $crate::legacy::dot::x86;
+                let group = |xs: &[Self], ys: &[Self]| {
+                    // SAFETY: this closure runs inside an AVX2 function.
+                    unsafe {
+                        let sums =
+                            x86::hsum8(std::array::from_fn(|l| x86::dot_i8(&xs[l].qs, &ys[l].qs)));
+                        x86::scaled(x86::f16x8(|l| xs[l].d), x86::f16x8(|l| ys[l].d), sums)
+                    }
+                };
+                x86::dot_groups(x, y, group, Self::isum, Self::term)
+            }
         }
-        Self::vec_dot_portable(x, y)
-    }
+
+        impl $crate::Block for $block {
+            const TYPE: $crate::GgmlType = $crate::GgmlType::$ty;
+            const WEIGHTS: usize = 32;
+            type Act = $block;
+
+            fn dequantize_row(src: &[Self], dst: &mut [f32]) {
+                $crate::legacy::scan::vectorized(|| {
+                    for (b, out) in src.iter().zip($crate::legacy::scan::blocks32_mut(dst)) {
+                        $crate::legacy::q8_0::dequantize_q8(b.d, &b.qs, out);
+                    }
+                })
+            }
+
+            fn vec_dot(x: &[Self], y: &[Self]) -> f32 {
+                #[cfg(target_arch = "x86_64")]
+                if crate::legacy::dot::avx2_ready() {
+                    // SAFETY: AVX2, FMA and F16C were detected at run time.
+                    return unsafe { Self::vec_dot_avx2(x, y) };
+                }
+                Self::vec_dot_portable(x, y)
+            }
+        }
+    };
 }
+pub(super) use q8_block;
+
+q8_block!(BlockQ8_0, Q8_0);
 
 impl Quantize for BlockQ8_0 {
     /// `quantize_row_q8_0_ref`: scale `amax / 127`, quants `roundf(x / d)`.

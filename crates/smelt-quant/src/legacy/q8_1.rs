@@ -1,11 +1,10 @@
 //! Q8_1: Q8_0 plus `s = d * sum(q)`, the activation format of Q4_1 and Q5_1 (the sum
 //! lets their minimum be applied once per block instead of once per weight).
 
-use super::dot::{self, dot_blocks, dot_i8};
-use super::q8_0::{dequantize_q8, quantize_q8};
-use super::scan::{blocks32, blocks32_mut, vectorized};
-use crate::fp::{f16_to_f32, f32_to_f16};
-use crate::{Block, GgmlType, Quantize};
+use super::q8_0::{q8_block, quantize_q8};
+use super::scan::{blocks32, vectorized};
+use crate::fp::f32_to_f16;
+use crate::Quantize;
 use half::f16;
 
 /// ggml's `block_q8_1`.
@@ -19,64 +18,7 @@ pub struct BlockQ8_1 {
 
 const _: () = assert!(std::mem::size_of::<BlockQ8_1>() == 36);
 
-impl BlockQ8_1 {
-    #[inline(always)]
-    fn isum(x: &Self, y: &Self) -> i32 {
-        dot_i8(&x.qs, &y.qs)
-    }
-
-    #[inline(always)]
-    fn term(x: &Self, y: &Self, isum: i32) -> f32 {
-        (f16_to_f32(x.d) * f16_to_f32(y.d)) * isum as f32
-    }
-
-    /// [`Block::vec_dot`] without SIMD. ggml has no Q8_1 x Q8_1 dot; this is the plain
-    /// `d_x d_y sum(q_x q_y)` per block, `s` unused.
-    pub fn vec_dot_portable(x: &[Self], y: &[Self]) -> f32 {
-        dot_blocks(x, y, Self::isum, Self::term)
-    }
-
-    /// [`Block::vec_dot`] with AVX2, bit-identical to [`Self::vec_dot_portable`].
-    ///
-    /// # Safety
-    /// The CPU must support AVX2, FMA and F16C.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn vec_dot_avx2(x: &[Self], y: &[Self]) -> f32 {
-        use dot::x86;
-        let group = |xs: &[Self], ys: &[Self]| {
-            // SAFETY: this closure runs inside an AVX2 function.
-            unsafe {
-                let sums = x86::hsum8(std::array::from_fn(|l| x86::dot_i8(&xs[l].qs, &ys[l].qs)));
-                x86::scaled(x86::f16x8(|l| xs[l].d), x86::f16x8(|l| ys[l].d), sums)
-            }
-        };
-        x86::dot_groups(x, y, group, Self::isum, Self::term)
-    }
-}
-
-impl Block for BlockQ8_1 {
-    const TYPE: GgmlType = GgmlType::Q8_1;
-    const WEIGHTS: usize = 32;
-    type Act = BlockQ8_1;
-
-    fn dequantize_row(src: &[Self], dst: &mut [f32]) {
-        vectorized(|| {
-            for (b, out) in src.iter().zip(blocks32_mut(dst)) {
-                dequantize_q8(b.d, &b.qs, out);
-            }
-        })
-    }
-
-    fn vec_dot(x: &[Self], y: &[Self]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if crate::legacy::dot::avx2_ready() {
-            // SAFETY: AVX2, FMA and F16C were detected at run time.
-            return unsafe { Self::vec_dot_avx2(x, y) };
-        }
-        Self::vec_dot_portable(x, y)
-    }
-}
+q8_block!(BlockQ8_1, Q8_1);
 
 impl Quantize for BlockQ8_1 {
     /// `quantize_row_q8_1_ref`: as Q8_0, plus `s = f16(d * sum of quants)`.
