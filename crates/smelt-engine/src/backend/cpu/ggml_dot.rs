@@ -191,100 +191,48 @@ fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: [i32; 8]) {
     }
 }
 
-impl GgmlDot for BlockQ4_1 {
-    fn ggml_dot4x2(x: [&[Self]; 4], y0: &[BlockQ8_1], y1: &[BlockQ8_1]) -> [[f32; 4]; 2] {
-        #[cfg(target_arch = "x86_64")]
-        if simd() {
-            // SAFETY: AVX2, FMA and F16C were detected at run time.
-            return unsafe { x86::q4_1_x4x2(x, y0, y1) };
-        }
-        [
-            x.map(|x| portable::q4_1(x, y0)),
-            x.map(|x| portable::q4_1(x, y1)),
-        ]
-    }
+/// Formats with ggml-order dots for one, four, and four-times-two rows: the AVX2 path when
+/// the CPU has it, else the portable one, which gives the same bits.
+macro_rules! ggml_order {
+    ($($B:ty => $one:ident, $four:ident, $four_by_two:ident;)*) => {$(
+        impl GgmlDot for $B {
+            fn ggml_dot4x2(x: [&[Self]; 4], y0: &[Self::Act], y1: &[Self::Act]) -> [[f32; 4]; 2] {
+                #[cfg(target_arch = "x86_64")]
+                if simd() {
+                    // SAFETY: AVX2, FMA and F16C were detected at run time.
+                    return unsafe { x86::$four_by_two(x, y0, y1) };
+                }
+                [
+                    x.map(|x| portable::$one(x, y0)),
+                    x.map(|x| portable::$one(x, y1)),
+                ]
+            }
 
-    fn ggml_dot4(x: [&[Self]; 4], y: &[BlockQ8_1]) -> [f32; 4] {
-        #[cfg(target_arch = "x86_64")]
-        if simd() {
-            // SAFETY: AVX2, FMA and F16C were detected at run time.
-            return unsafe { x86::q4_1_x4(x, y) };
-        }
-        x.map(|x| portable::q4_1(x, y))
-    }
+            fn ggml_dot4(x: [&[Self]; 4], y: &[Self::Act]) -> [f32; 4] {
+                #[cfg(target_arch = "x86_64")]
+                if simd() {
+                    // SAFETY: AVX2, FMA and F16C were detected at run time.
+                    return unsafe { x86::$four(x, y) };
+                }
+                x.map(|x| portable::$one(x, y))
+            }
 
-    fn ggml_dot(x: &[Self], y: &[BlockQ8_1]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if simd() {
-            // SAFETY: AVX2 and FMA were detected at run time.
-            return unsafe { x86::q4_1(x, y) };
+            fn ggml_dot(x: &[Self], y: &[Self::Act]) -> f32 {
+                #[cfg(target_arch = "x86_64")]
+                if simd() {
+                    // SAFETY: AVX2 and FMA were detected at run time.
+                    return unsafe { x86::$one(x, y) };
+                }
+                portable::$one(x, y)
+            }
         }
-        portable::q4_1(x, y)
-    }
+    )*};
 }
 
-impl GgmlDot for BlockQ5_0 {
-    fn ggml_dot4x2(x: [&[Self]; 4], y0: &[BlockQ8_0], y1: &[BlockQ8_0]) -> [[f32; 4]; 2] {
-        #[cfg(target_arch = "x86_64")]
-        if simd() {
-            // SAFETY: AVX2, FMA and F16C were detected at run time.
-            return unsafe { x86::q5_0_x4x2(x, y0, y1) };
-        }
-        [
-            x.map(|x| portable::q5_0(x, y0)),
-            x.map(|x| portable::q5_0(x, y1)),
-        ]
-    }
-
-    fn ggml_dot4(x: [&[Self]; 4], y: &[BlockQ8_0]) -> [f32; 4] {
-        #[cfg(target_arch = "x86_64")]
-        if simd() {
-            // SAFETY: AVX2, FMA and F16C were detected at run time.
-            return unsafe { x86::q5_0_x4(x, y) };
-        }
-        x.map(|x| portable::q5_0(x, y))
-    }
-
-    fn ggml_dot(x: &[Self], y: &[BlockQ8_0]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if simd() {
-            // SAFETY: AVX2 and FMA were detected at run time.
-            return unsafe { x86::q5_0(x, y) };
-        }
-        portable::q5_0(x, y)
-    }
-}
-
-impl GgmlDot for BlockQ8_0 {
-    fn ggml_dot4x2(x: [&[Self]; 4], y0: &[BlockQ8_0], y1: &[BlockQ8_0]) -> [[f32; 4]; 2] {
-        #[cfg(target_arch = "x86_64")]
-        if simd() {
-            // SAFETY: AVX2, FMA and F16C were detected at run time.
-            return unsafe { x86::q8_0_x4x2(x, y0, y1) };
-        }
-        [
-            x.map(|x| portable::q8_0(x, y0)),
-            x.map(|x| portable::q8_0(x, y1)),
-        ]
-    }
-
-    fn ggml_dot4(x: [&[Self]; 4], y: &[BlockQ8_0]) -> [f32; 4] {
-        #[cfg(target_arch = "x86_64")]
-        if simd() {
-            // SAFETY: AVX2, FMA and F16C were detected at run time.
-            return unsafe { x86::q8_0_x4(x, y) };
-        }
-        x.map(|x| portable::q8_0(x, y))
-    }
-
-    fn ggml_dot(x: &[Self], y: &[BlockQ8_0]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if simd() {
-            // SAFETY: AVX2 and FMA were detected at run time.
-            return unsafe { x86::q8_0(x, y) };
-        }
-        portable::q8_0(x, y)
-    }
+ggml_order! {
+    BlockQ4_1 => q4_1, q4_1_x4, q4_1_x4x2;
+    BlockQ5_0 => q5_0, q5_0_x4, q5_0_x4x2;
+    BlockQ8_0 => q8_0, q8_0_x4, q8_0_x4x2;
 }
 
 impl GgmlDot for BlockQ8_1 {
