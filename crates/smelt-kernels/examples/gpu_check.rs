@@ -11,11 +11,13 @@
 //! The PTX is generated here and loaded through the driver; no CUDA toolkit is involved.
 //! Exit status 1 when any parity check fails.
 
+#[path = "common/timing.rs"]
+mod timing;
+
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
@@ -24,6 +26,7 @@ use rand::{Rng, SeedableRng};
 use smelt_kernels::gemv::Config;
 use smelt_kernels::{act, catalog, gemv, GgmlType, TILE};
 use smelt_ptx::{Kernel, Store, Target, U32};
+use timing::{time_graph, time_launches};
 
 /// A small kernel that fills `n` words with a hash of their index, so timing never runs
 /// on zeros and nothing large crosses PCIe.
@@ -732,70 +735,6 @@ fn parity_rope_gemv(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
     Ok(failures)
 }
 
-/// Median of `reps` replays (ms per launch) of a CUDA graph of `launches` launches.
-fn time_graph(
-    gpu: &Gpu,
-    reps: usize,
-    launches: usize,
-    mut launch: impl FnMut(usize) -> Result<()>,
-) -> Result<f64> {
-    gpu.stream.synchronize()?;
-    gpu.stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    for i in 0..launches {
-        launch(i)?;
-    }
-    let graph = gpu
-        .stream
-        .end_capture(CUgraphInstantiate_flags(0))?
-        .context("empty graph")?;
-    graph.launch()?;
-    gpu.stream.synchronize()?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let start = gpu
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        graph.launch()?;
-        let end = gpu
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        times.push(f64::from(start.elapsed_ms(&end)?) / launches as f64);
-    }
-    gpu.stream.synchronize()?;
-    times.sort_by(f64::total_cmp);
-    Ok(times[reps / 2])
-}
-
-/// Median of `reps` timings (ms per launch) of `launches` launches each.
-fn time_launches(
-    gpu: &Gpu,
-    reps: usize,
-    launches: usize,
-    mut launch: impl FnMut(usize) -> Result<()>,
-) -> Result<f64> {
-    for i in 0..10 {
-        launch(i)?;
-    }
-    gpu.stream.synchronize()?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let start = gpu
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        for i in 0..launches {
-            launch(i)?;
-        }
-        let end = gpu
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        times.push(f64::from(start.elapsed_ms(&end)?) / launches as f64);
-    }
-    gpu.stream.synchronize()?;
-    times.sort_by(f64::total_cmp);
-    Ok(times[reps / 2])
-}
-
 struct Row {
     name: String,
     shape: String,
@@ -811,7 +750,9 @@ fn speed(gpu: &Gpu, quick: bool) -> Result<(f64, Vec<Row>)> {
     let copy_bytes = 1usize << 30;
     let src = gpu.random_bytes(copy_bytes, 1)?;
     let mut dst = gpu.stream.alloc_zeros::<u8>(copy_bytes)?;
-    let ms = time_launches(gpu, 7, 5, |_| Ok(gpu.stream.memcpy_dtod(&src, &mut dst)?))?;
+    let ms = time_launches(&gpu.stream, 7, 10, 5, |_| {
+        Ok(gpu.stream.memcpy_dtod(&src, &mut dst)?)
+    })?;
     let copy = 2.0 * copy_bytes as f64 / (ms * 1e-3) / 1e9;
     println!("device copy (cuMemcpyDtoD of 1 GiB, read + write): {copy:.0} GB/s");
     drop((src, dst));
@@ -878,8 +819,8 @@ fn speed(gpu: &Gpu, quick: bool) -> Result<(f64, Vec<Row>)> {
         let launches = (4_000_000_000usize / wbytes).clamp(50, 2000);
         let mut launch =
             |i: usize| gpu.gemv_launch((&f, cfg), &ws[i % copies], &q, &mut y, nrows, k, row_bytes);
-        let ms = time_launches(gpu, 7, launches, &mut launch)?;
-        let ms_graph = time_graph(gpu, 7, launches, &mut launch)?;
+        let ms = time_launches(&gpu.stream, 7, 10, launches, &mut launch)?;
+        let ms_graph = time_graph(&gpu.stream, 7, launches, &mut launch)?;
         let bytes = (wbytes + q.len() + 4 * y.len()) as f64;
         let gbs = bytes / (ms * 1e-3) / 1e9;
         let gbs_graph = bytes / (ms_graph * 1e-3) / 1e9;

@@ -13,12 +13,13 @@
 //! Exit status 1 when any parity check fails. No CUDA toolkit: PTX from `smelt-ptx`,
 //! loaded by the driver through cudarc.
 
+#[path = "common/timing.rs"]
+mod timing;
+
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use cudarc::driver::sys::{
-    CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
-};
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
@@ -30,6 +31,7 @@ use rand::{Rng, SeedableRng};
 use smelt_kernels::ops::{self, attention, elementwise, embed, kv, norm, rope, sample, Launch};
 use smelt_kernels::GgmlType;
 use smelt_ptx::{Module, Target};
+use timing::{time_graph, time_launches};
 
 struct Gpu {
     stream: Arc<CudaStream>,
@@ -1181,69 +1183,6 @@ fn check_sample(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
     Ok(())
 }
 
-fn time_ms(
-    gpu: &Gpu,
-    reps: usize,
-    launches: usize,
-    mut launch: impl FnMut(usize) -> Result<()>,
-) -> Result<f64> {
-    for i in 0..5 {
-        launch(i)?;
-    }
-    gpu.stream.synchronize()?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let start = gpu
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        for i in 0..launches {
-            launch(i)?;
-        }
-        let end = gpu
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        times.push(f64::from(start.elapsed_ms(&end)?) / launches as f64);
-    }
-    gpu.stream.synchronize()?;
-    times.sort_by(f64::total_cmp);
-    Ok(times[reps / 2])
-}
-
-/// Median time of one launch of `launch` replayed `launches` times from a CUDA graph.
-fn time_graph(
-    gpu: &Gpu,
-    reps: usize,
-    launches: usize,
-    mut launch: impl FnMut(usize) -> Result<()>,
-) -> Result<f64> {
-    gpu.stream.synchronize()?;
-    gpu.stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    for i in 0..launches {
-        launch(i)?;
-    }
-    let graph = gpu
-        .stream
-        .end_capture(CUgraphInstantiate_flags(0))?
-        .context("empty graph")?;
-    graph.launch()?;
-    gpu.stream.synchronize()?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let start = gpu
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        graph.launch()?;
-        let end = gpu
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        times.push(f64::from(start.elapsed_ms(&end)?) / launches as f64);
-    }
-    gpu.stream.synchronize()?;
-    times.sort_by(f64::total_cmp);
-    Ok(times[reps / 2])
-}
-
 fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
     println!("\n== speed: attention at Llama-3-8B decode shape (32 heads, 8 KV heads, head_dim 128, block 16) ==");
     let mut table = vec![
@@ -1303,7 +1242,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
                 .into_iter()
                 .enumerate()
             {
-                t[slot] = time_ms(gpu, 7, 100, |i| {
+                t[slot] = time_launches(&gpu.stream, 7, 5, 100, |i| {
                     run_attention(
                         gpu,
                         &p,
@@ -1324,7 +1263,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
                 })? * 1e3;
             }
             // The pair as a decode step runs it: replayed from a CUDA graph.
-            let tg = time_graph(gpu, 7, 100, |i| {
+            let tg = time_graph(&gpu.stream, 7, 100, |i| {
                 run_attention(
                     gpu,
                     &p,
@@ -1372,7 +1311,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
         let mut yd = gpu.stream.clone_htod(&floats(rng, rows * n, 1.0))?;
         let mut od = gpu.stream.alloc_zeros::<f32>(rows * n)?;
         let (n32, eps) = (n as u32, 1e-5f32);
-        let us = time_ms(gpu, 7, 200, |_| {
+        let us = time_launches(&gpu.stream, 7, 5, 200, |_| {
             launch!(
                 gpu,
                 norm::RMS_NORM,
@@ -1382,7 +1321,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
             Ok(())
         })? * 1e3;
         other(norm::RMS_NORM, &format!("{rows}x4096"), rows * n * 8, us);
-        let us = time_ms(gpu, 7, 200, |_| {
+        let us = time_launches(&gpu.stream, 7, 5, 200, |_| {
             launch!(
                 gpu,
                 norm::ADD_RMS_NORM,
@@ -1410,7 +1349,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
             1.0f32,
             0u64,
         );
-        let us = time_ms(gpu, 7, 200, |_| {
+        let us = time_launches(&gpu.stream, 7, 5, 200, |_| {
             launch!(
                 gpu,
                 rope::name(rope::RopeStyle::Normal),
@@ -1429,7 +1368,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
         let mut gd = gpu.stream.clone_htod(&floats(rng, n, 1.0))?;
         let ud = gpu.stream.clone_htod(&floats(rng, n, 1.0))?;
         let n32 = n as u32;
-        let us = time_ms(gpu, 7, 200, |_| {
+        let us = time_launches(&gpu.stream, 7, 5, 200, |_| {
             launch!(
                 gpu,
                 elementwise::glu_name(elementwise::Glu::Silu),
@@ -1443,7 +1382,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
         let ld = gpu.stream.clone_htod(&floats(rng, rows * vocab, 5.0))?;
         let mut ad = gpu.stream.alloc_zeros::<u32>(rows)?;
         let v32 = vocab as u32;
-        let us = time_ms(gpu, 7, 200, |_| {
+        let us = time_launches(&gpu.stream, 7, 5, 200, |_| {
             launch!(
                 gpu,
                 sample::ARGMAX,
@@ -1470,7 +1409,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
             })
             .collect();
         let pd = gpu.stream.clone_htod(&words)?;
-        let us = time_ms(gpu, 7, 200, |_| {
+        let us = time_launches(&gpu.stream, 7, 5, 200, |_| {
             launch!(
                 gpu,
                 sample::SAMPLE,
@@ -1486,7 +1425,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
             us,
         );
         let mut sd = gpu.stream.alloc_zeros::<f32>(rows * vocab)?;
-        let us = time_ms(gpu, 7, 200, |_| {
+        let us = time_launches(&gpu.stream, 7, 5, 200, |_| {
             launch!(
                 gpu,
                 sample::SOFTMAX,
