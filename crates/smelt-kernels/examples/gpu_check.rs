@@ -419,6 +419,34 @@ fn worst_scaled(got: &[f32], want: &[f64], scale: impl Fn(usize) -> f64) -> f64 
         })
 }
 
+/// A one-token GEMV's inputs on both sides: random weights (ggml bytes for the CPU twin,
+/// the repacked copy on the GPU) and a random activation row quantized on the GPU (the
+/// device row, and its bytes on the host for the twin).
+struct OneToken {
+    ggml: Vec<u8>,
+    wd: CudaSlice<u8>,
+    xq: CudaSlice<u8>,
+    xqh: Vec<u8>,
+}
+
+fn one_token(
+    gpu: &Gpu,
+    rng: &mut impl Rng,
+    ty: GgmlType,
+    nrows: usize,
+    k: usize,
+) -> Result<OneToken> {
+    let ggml = random_weights(rng, ty, nrows, k)?;
+    let wd = gpu
+        .stream
+        .clone_htod(&catalog::repack(ty, &ggml, nrows, k)?)?;
+    let xd = gpu.stream.clone_htod(&random_floats(rng, k, 2.0))?;
+    let mut xq = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)?)?;
+    gpu.quantize(&xd, &mut xq, k, 1)?;
+    let xqh = gpu.stream.clone_dtoh(&xq)?;
+    Ok(OneToken { ggml, wd, xq, xqh })
+}
+
 /// The split residual norm (`gemv::Fuse`): a producer GEMV (rows = the residual's length)
 /// adds into `res` and writes unscaled q8_1 tiles and partial sums; a consumer GEMV reads
 /// them and scales by `1 / rms`, and writes the norm's f32 output. Checked against the
@@ -437,15 +465,7 @@ fn parity_split_norm(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                 continue;
             }
             cases += 1;
-            let ggml = random_weights(rng, ty, n, k_in)?;
-            let wd = gpu
-                .stream
-                .clone_htod(&catalog::repack(ty, &ggml, n, k_in)?)?;
-            let xf = random_floats(rng, k_in, 2.0);
-            let xd = gpu.stream.clone_htod(&xf)?;
-            let mut xq = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k_in)?)?;
-            gpu.quantize(&xd, &mut xq, k_in, 1)?;
-            let xqh = gpu.stream.clone_dtoh(&xq)?;
+            let OneToken { ggml, wd, xq, xqh } = one_token(gpu, rng, ty, n, k_in)?;
             let res0 = random_floats(rng, n, 8.0);
             let g: Vec<f32> = (0..n).map(|_| rng.gen_range(0.2..2.0)).collect();
             let mut y = gpu.stream.clone_htod(&vec![f32::NAN; n])?;
@@ -574,15 +594,7 @@ fn parity_rope_gemv(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                 cases += 1;
                 let (q_rows, kv_dim) = (n_head * hd, n_head_kv * hd);
                 let nrows = q_rows + 2 * kv_dim;
-                let ggml = random_weights(rng, ty, nrows, k)?;
-                let wd = gpu
-                    .stream
-                    .clone_htod(&catalog::repack(ty, &ggml, nrows, k)?)?;
-                let xf = random_floats(rng, k, 2.0);
-                let xd = gpu.stream.clone_htod(&xf)?;
-                let mut xq = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)?)?;
-                gpu.quantize(&xd, &mut xq, k, 1)?;
-                let xqh = gpu.stream.clone_dtoh(&xq)?;
+                let OneToken { ggml, wd, xq, xqh } = one_token(gpu, rng, ty, nrows, k)?;
                 let ff: Vec<f32> = (0..hd / 2).map(|_| rng.gen_range(1.0..8.0)).collect();
                 let ff_d = gpu.stream.clone_htod(&ff)?;
                 let ff_ptr = if with_ff {
