@@ -105,7 +105,7 @@ pub struct Server {
 }
 
 impl Server {
-    /// Loads `models` (each a reference the loader understands) and binds the address.
+    /// Binds the address, then loads `models` (each a reference the loader understands).
     pub async fn bind(
         config: ServerConfig,
         loader: Loader,
@@ -118,6 +118,14 @@ impl Server {
             stats: metrics::ServerStats::default(),
             shutting_down: AtomicBool::new(false),
         });
+        // The port first: one in use is reported at once, not after minutes of loading.
+        let listener =
+            TcpListener::bind(&config.addr)
+                .await
+                .map_err(|source| ServerError::Bind {
+                    addr: config.addr.clone(),
+                    source,
+                })?;
         for reference in models {
             routes::load_model(&state, reference, None)
                 .await
@@ -126,13 +134,6 @@ impl Server {
                     why: e.message,
                 })?;
         }
-        let listener =
-            TcpListener::bind(&config.addr)
-                .await
-                .map_err(|source| ServerError::Bind {
-                    addr: config.addr.clone(),
-                    source,
-                })?;
         let (shutdown, _) = watch::channel(false);
         Ok(Server {
             listener,
