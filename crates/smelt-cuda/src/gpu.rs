@@ -54,6 +54,15 @@ pub enum KernelParam {
     F(f32),
 }
 
+impl From<smelt_kernels::gemm::ArgValue> for KernelParam {
+    fn from(v: smelt_kernels::gemm::ArgValue) -> Self {
+        match v {
+            smelt_kernels::gemm::ArgValue::Ptr(p) => KernelParam::P(p),
+            smelt_kernels::gemm::ArgValue::U32(u) => KernelParam::U(u),
+        }
+    }
+}
+
 /// The programmatic-dependent-launch settings (other kernels, GEMVs) from
 /// `SMELT_CUDA_PDL`, to measure them: `0` off; `wait` (every kernel waits at entry, the
 /// next launches when one ends); `launch` (and every kernel lets the next launch at entry);
@@ -116,14 +125,17 @@ fn env_list(var: &str, default: &[&str]) -> Vec<String> {
 
 /// The carveout of [`smelt_kernels::catalog::CARVEOUT_BYTES`] for every kernel, in percent
 /// of an SM's `max_shared` bytes (the driver takes the nearest configuration it has:
-/// 14% of an H100's 228 KB is its 32 KB one); none when the device reports no size.
+/// 14% of an H100's 228 KB is its 32 KB one); none when the device reports no size. The
+/// tensor-core GEMMs (`gemm_*`, many tokens, never inside a decode step of one sequence)
+/// take all of it: each block stages 42 KB, and several blocks per SM hide each other's
+/// loads.
 fn default_carveout(max_shared: usize) -> Vec<(String, i32)> {
     if max_shared == 0 {
         return Vec::new();
     }
     let bytes = smelt_kernels::catalog::CARVEOUT_BYTES;
     let pct = ((bytes * 100 + max_shared / 2) / max_shared).min(100);
-    vec![("*".to_string(), pct as i32)]
+    vec![("gemm_".to_string(), 100), ("*".to_string(), pct as i32)]
 }
 
 /// Parses `SMELT_CUDA_CARVEOUT` (see [`Gpu`]'s field): a percent for every kernel, or
@@ -455,10 +467,22 @@ mod tests {
     #[test]
     fn the_default_carveout_is_the_nearest_percent_of_the_kernels_shared_memory() {
         // H100/H200: 228 KB a multiprocessor; A100: 164 KB; Ada: 100 KB.
-        assert_eq!(default_carveout(228 * 1024), vec![("*".to_string(), 14)]);
-        assert_eq!(default_carveout(164 * 1024), vec![("*".to_string(), 20)]);
-        assert_eq!(default_carveout(100 * 1024), vec![("*".to_string(), 32)]);
-        assert_eq!(default_carveout(16 * 1024), vec![("*".to_string(), 100)]);
+        assert_eq!(
+            default_carveout(228 * 1024),
+            vec![("gemm_".to_string(), 100), ("*".to_string(), 14)]
+        );
+        assert_eq!(
+            default_carveout(164 * 1024),
+            vec![("gemm_".to_string(), 100), ("*".to_string(), 20)]
+        );
+        assert_eq!(
+            default_carveout(100 * 1024),
+            vec![("gemm_".to_string(), 100), ("*".to_string(), 32)]
+        );
+        assert_eq!(
+            default_carveout(16 * 1024),
+            vec![("gemm_".to_string(), 100), ("*".to_string(), 100)]
+        );
         assert!(default_carveout(0).is_empty());
     }
 

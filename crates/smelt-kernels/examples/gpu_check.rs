@@ -8,9 +8,14 @@
 //!    the bytes a launch must move and as a share of a device-to-device copy measured in
 //!    the same run (read + write bytes over time).
 //!
+//! 3. the tensor-core GEMMs (`--gemm` runs only these): parity against the same twins on
+//!    ragged shapes, and speed beside the GEMV path (`common/gemm_check.rs`).
+//!
 //! The PTX is generated here and loaded through the driver; no CUDA toolkit is involved.
 //! Exit status 1 when any parity check fails.
 
+#[path = "common/gemm_check.rs"]
+mod gemm_check;
 #[path = "common/timing.rs"]
 mod timing;
 
@@ -862,7 +867,26 @@ fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     let gpu = Gpu::new()?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    if std::env::args().any(|a| a == "--gemm") {
+        let failures = gemm_check::parity(&gpu, &mut rng)?;
+        let rows = gemm_check::speed(&gpu)?;
+        println!("\n== summary: GEMM (int8 tensor cores) vs GEMV launches of 8 tokens ==");
+        println!("| kernel | rows x k | tokens | GEMM us | TOPS | GEMV x8 us |");
+        println!("|---|---|---|---|---|---|");
+        for r in &rows {
+            println!(
+                "| {} | {} | {} | {:.1} | {:.1} | {:.1} |",
+                r.name, r.shape, r.ntok, r.gemm_us, r.tops, r.gemv_us
+            );
+        }
+        println!("GEMM parity failures: {failures}");
+        if failures > 0 {
+            bail!("{failures} GEMM parity checks failed");
+        }
+        return Ok(());
+    }
     let mut failures = parity(&gpu, &mut rng)?;
+    failures += gemm_check::parity(&gpu, &mut rng)?;
     failures += parity_split_norm(&gpu, &mut rng)?;
     failures += parity_rope_gemv(&gpu, &mut rng)?;
     if std::env::args().any(|a| a == "--parity-only") {

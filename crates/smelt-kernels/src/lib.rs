@@ -14,12 +14,15 @@
 //!   own bytes where they are already aligned, a per-row field-by-field repack where not),
 //!   how a thread loads its share of a tile and how it dots it with dp4a.
 //! - [`gemv`]: the one GEMV kernel, generic over the format, and its CPU twin.
+//! - [`gemm`]: the many-token matrix multiply on the tensor cores (int8 `mma.sync`), whose
+//!   CPU twin is the GEMV's.
 //! - [`catalog`]: every kernel this crate emits, for ptxas in CI and for the GPU check.
 
 pub mod act;
 pub mod catalog;
 pub mod formats;
 pub mod fused;
+pub mod gemm;
 pub mod gemv;
 pub mod ops;
 pub mod quantize;

@@ -129,6 +129,27 @@ impl Kernel {
     }
 }
 
+impl Kernel {
+    /// `D = A * B + C` for a 16x8x16 int8 tile, s32 accumulation
+    /// (`mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32`): A is 2 x `.b32` per thread
+    /// (rows `g` and `g + 8`, bytes `4t..4t+4`), B one (`k = 4t..4t+4`, column `g`), for
+    /// weight formats whose scales cover 16 weights.
+    pub fn mma_m16n8k16_s8(
+        &self,
+        d: [Reg<S32>; 4],
+        a: [Reg<B32>; 2],
+        b: Reg<B32>,
+        c: [Reg<S32>; 4],
+    ) {
+        self.emit(format!(
+            "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {}, {}, {{{b}}}, {}",
+            list(&d),
+            list(&a),
+            list(&c)
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +191,7 @@ mod tests {
             k.mma_m16n8k16(MmaFloat::Bf16, acc, a, b, acc);
             let iacc = k.regs::<S32, 4>();
             k.mma_m16n8k32_s8(iacc, a, b, iacc);
+            k.mma_m16n8k16_s8(iacc, [a[0], a[1]], b[0], iacc);
         });
         assert_eq!(
             text,
@@ -182,6 +204,8 @@ mod tests {
                  {%b0, %b1, %b2, %b3}, {%b4, %b5}, {%f0, %f1, %f2, %f3};",
                 "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%s0, %s1, %s2, %s3}, \
                  {%b0, %b1, %b2, %b3}, {%b4, %b5}, {%s0, %s1, %s2, %s3};",
+                "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%s0, %s1, %s2, %s3}, \
+                 {%b0, %b1}, {%b4}, {%s0, %s1, %s2, %s3};",
             ]
         );
     }

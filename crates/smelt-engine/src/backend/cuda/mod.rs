@@ -34,7 +34,7 @@ use smelt_cuda::cudarc::driver::result as cu;
 use smelt_cuda::cudarc::driver::{CudaSlice, PinnedHostSlice};
 use smelt_cuda::{CudaError, Gpu};
 use smelt_gguf::{GgmlType, Gguf};
-use smelt_kernels::{act, catalog, gemv, TILE};
+use smelt_kernels::{act, catalog, gemm, gemv, TILE};
 
 use self::arena::Arena;
 use self::ops::Arg;
@@ -229,6 +229,10 @@ pub struct Cuda {
     /// rows four (catalog variants; the default is two): `SMELT_CUDA_GEMV_R1_ROWS` and
     /// `SMELT_CUDA_GEMV_R4_ROWS`, to measure them. Off by default.
     gemv_rows: (usize, usize),
+    /// Matmuls of at least this many tokens run on the tensor-core GEMM when their weight
+    /// type has one (`smelt_kernels::gemm::MIN_TOKENS`; `SMELT_CUDA_GEMM_MIN` to measure
+    /// the crossover, `0` or a huge number to force one path).
+    gemm_min_tokens: usize,
     /// Key splits per (sequence, KV head) of the decode attention, `SMELT_CUDA_SPLITS`
     /// (tuning only): fixed instead of one block per multiprocessor.
     attn_splits: Option<usize>,
@@ -327,6 +331,7 @@ impl Cuda {
             attn_counters: Mutex::new(None),
             split_argmax: std::env::var("SMELT_CUDA_ARGMAX_SPLIT").map_or(true, |v| v != "0"),
             argmax_state: Mutex::new(None),
+            gemm_min_tokens: env_usize("SMELT_CUDA_GEMM_MIN").unwrap_or(gemm::MIN_TOKENS),
             attn_splits: env_usize("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
             attn_stage: env_usize("SMELT_CUDA_ATTN_STAGE").map_or(32, |n| n.min(32) as u32),
             fuse_rope_kv: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
@@ -842,6 +847,22 @@ impl Cuda {
                 rms,
             });
             return Ok(());
+        }
+        // Many tokens: the tensor-core GEMM reads the weights once per 64 tokens.
+        if n >= self.gemm_min_tokens && rms.is_none() {
+            if let Some(name) = gemm::name(ty) {
+                let a = gemm::Args {
+                    w: wp,
+                    x: q,
+                    y: out.ptr,
+                    nrows: rows as u32,
+                    ntok: n as u32,
+                    ntiles: cols.div_ceil(TILE) as u32,
+                    row_bytes: row_bytes as u32,
+                };
+                let args = a.values().map(Arg::from);
+                return self.launch(name, a.launch(), &args);
+            }
         }
         let mut t0 = 0;
         while t0 < n {

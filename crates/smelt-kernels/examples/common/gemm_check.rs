@@ -1,0 +1,228 @@
+//! The tensor-core GEMM's part of the GPU check (`gpu_check --gemm`): parity of every GEMM
+//! against its CPU twin (the GEMV's f64 product) on ragged rows, tokens and lengths with
+//! poisoned outputs, then its speed at Llama-3-8B shapes beside the GEMV path it replaces
+//! (eight tokens a launch), which is what the token-count crossover is chosen from.
+
+use anyhow::Result;
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use rand::{Rng, SeedableRng};
+use smelt_kernels::gemm::{self, ArgValue, Args};
+use smelt_kernels::gemv::Config;
+use smelt_kernels::{act, catalog, gemv, GgmlType, TILE};
+
+use super::timing::time_launches;
+use super::{random_floats, random_weights, Gpu};
+
+/// Launches GEMM `f` with `a` (its pointers replaced by the slices').
+fn launch(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    a: &Args,
+    w: &CudaSlice<u8>,
+    x: &CudaSlice<u8>,
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let l = a.launch();
+    let cfg = LaunchConfig {
+        grid_dim: l.grid,
+        block_dim: l.block,
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(w).arg(x).arg(y);
+    let scalars: Vec<u32> = a
+        .values()
+        .iter()
+        .filter_map(|v| match v {
+            ArgValue::U32(u) => Some(*u),
+            ArgValue::Ptr(_) => None,
+        })
+        .collect();
+    for s in &scalars {
+        b.arg(s);
+    }
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
+fn args(nrows: usize, ntok: usize, k: usize, row_bytes: usize) -> Args {
+    Args {
+        w: 0,
+        x: 0,
+        y: 0,
+        nrows: nrows as u32,
+        ntok: ntok as u32,
+        ntiles: k.div_ceil(TILE) as u32,
+        row_bytes: row_bytes as u32,
+    }
+}
+
+/// Every GEMM against the CPU twin; returns the number of failures.
+pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
+    let mut failures = 0;
+    println!("\n== GEMM parity (fresh random inputs, poisoned outputs) ==");
+    let shapes = [
+        (64, 256, 64),
+        (1, 256, 1),
+        (65, 512, 3),
+        (130, 2304, 70),
+        (517, 1280, 129),
+        (37, 4096, 200),
+        (200, 800, 65),
+        (96, 4128, 17),
+    ];
+    for (ty, name) in gemm::TYPES {
+        let f = gpu.module.load_function(name)?;
+        let mut worst = 0f64;
+        let mut cases = 0;
+        for &(nrows, k, ntok) in shapes.iter().filter(|s| s.1 % ty.block_size() == 0) {
+            let ggml = random_weights(rng, ty, nrows, k)?;
+            let packed = catalog::repack(ty, &ggml, nrows, k)?;
+            let row_bytes = catalog::row_bytes(ty, k)?;
+            let wd = gpu.stream.clone_htod(&packed)?;
+            let x = random_floats(rng, k * ntok, 2.0);
+            let xd = gpu.stream.clone_htod(&x)?;
+            let mut q = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)? * ntok)?;
+            gpu.quantize(&xd, &mut q, k, ntok)?;
+            let qh = gpu.stream.clone_dtoh(&q)?;
+            let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
+            launch(gpu, &f, &args(nrows, ntok, k, row_bytes), &wd, &q, &mut y)?;
+            let got = gpu.stream.clone_dtoh(&y)?;
+            let (want, mag) = gemv::cpu_with_magnitude(ty, &ggml, nrows, k, &qh, ntok)?;
+            let bound = got
+                .iter()
+                .zip(&want)
+                .zip(&mag)
+                .map(|((&g, &w), &m)| (f64::from(g) - f64::from(w)).abs() / m.max(1e-30))
+                .fold(0f64, |a, e| {
+                    if e.is_nan() || a.is_nan() {
+                        f64::NAN
+                    } else {
+                        a.max(e)
+                    }
+                });
+            cases += 1;
+            worst = worst.max(if bound.is_nan() { f64::INFINITY } else { bound });
+            if bound.is_nan() || bound >= 1e-5 {
+                failures += 1;
+                let bad = got
+                    .iter()
+                    .zip(&want)
+                    .position(|(a, b)| a.is_nan() || (a - b).abs() > 1e-4 * b.abs().max(1.0))
+                    .unwrap_or(0);
+                println!(
+                    "{name} {nrows}x{k} x {ntok} tokens: FAIL error/magnitude {bound:.3e}; output {bad} (token {}, row {}): gpu {} cpu {}",
+                    bad / nrows,
+                    bad % nrows,
+                    got[bad],
+                    want[bad]
+                );
+            }
+        }
+        println!("{name}: {cases} cases, worst |y - ref| / sum|w x| {worst:.2e}");
+    }
+    Ok(failures)
+}
+
+/// One timed case of the speed table.
+pub struct Row {
+    pub name: String,
+    pub shape: String,
+    pub ntok: usize,
+    pub gemm_us: f64,
+    pub tops: f64,
+    pub gemv_us: f64,
+}
+
+/// The GEMMs at Llama-3-8B shapes for 8..2048 tokens, beside the GEMV path (launches of
+/// eight tokens) for the token counts where both are candidates.
+pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
+    println!("\n== GEMM speed (int8 tensor cores) vs GEMV launches of 8 tokens ==");
+    let mut rows = Vec::new();
+    let shapes = [
+        (4096, 4096),
+        (14336, 4096),
+        (4096, 14336),
+        (1024, 4096),
+        (128256, 4096),
+    ];
+    for (ty, name) in gemm::TYPES {
+        let f = gpu.module.load_function(name)?;
+        let gemv8 = gpu.gemv(ty, Config::new(8))?;
+        for &(nrows, k) in &shapes {
+            if ty != GgmlType::Q4_K && nrows == 128256 {
+                continue;
+            }
+            let row_bytes = catalog::row_bytes(ty, k)?;
+            let wbytes = nrows * row_bytes;
+            let copies = (300_000_000usize.div_ceil(wbytes)).clamp(2, 16);
+            let ws: Vec<_> = (0..copies)
+                .map(|c| gpu.random_bytes(wbytes, 91 + c as u32))
+                .collect::<Result<_>>()?;
+            for ntok in [8usize, 16, 32, 64, 128, 512, 2048] {
+                if ntok > 512 && (nrows != 14336 || ty != GgmlType::Q4_K) {
+                    continue;
+                }
+                let x = random_floats(&mut rand::rngs::StdRng::seed_from_u64(3), k * ntok, 1.0);
+                let xd = gpu.stream.clone_htod(&x)?;
+                let mut q = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)? * ntok)?;
+                gpu.quantize(&xd, &mut q, k, ntok)?;
+                let mut y = gpu.stream.alloc_zeros::<f32>(nrows * ntok)?;
+                let a = args(nrows, ntok, k, row_bytes);
+                let flops = 2.0 * (nrows * k * ntok) as f64;
+                let launches = ((2e11 / flops) as usize).clamp(3, 200);
+                let ms = time_launches(&gpu.stream, 5, 2, launches, |i| {
+                    launch(gpu, &f, &a, &ws[i % copies], &q, &mut y)
+                })?;
+                let gemv_us = if ntok <= 64 {
+                    let act_row = act::row_bytes(k)?;
+                    let ms = time_launches(&gpu.stream, 5, 2, launches, |i| {
+                        for t0 in (0..ntok).step_by(8) {
+                            let xs = q.slice(t0 * act_row..(t0 + 8) * act_row);
+                            let mut ys = y.slice_mut(t0 * nrows..(t0 + 8) * nrows);
+                            let d = (
+                                nrows as u32,
+                                k.div_ceil(TILE) as u32,
+                                row_bytes as u32,
+                                0u32,
+                            );
+                            let cfg = Config::new(8);
+                            let lc = LaunchConfig {
+                                grid_dim: ((nrows as u32).div_ceil(cfg.rows_per_cta()), 1, 1),
+                                block_dim: cfg.block(),
+                                shared_mem_bytes: 0,
+                            };
+                            let mut b = gpu.stream.launch_builder(&gemv8);
+                            b.arg(&ws[i % copies])
+                                .arg(&xs)
+                                .arg(&mut ys)
+                                .arg(&d.0)
+                                .arg(&d.1)
+                                .arg(&d.2)
+                                .arg(&d.3);
+                            unsafe { b.launch(lc) }?;
+                        }
+                        Ok(())
+                    })?;
+                    ms * 1e3
+                } else {
+                    f64::NAN
+                };
+                let row = Row {
+                    name: name.to_string(),
+                    shape: format!("{nrows}x{k}"),
+                    ntok,
+                    gemm_us: ms * 1e3,
+                    tops: flops / (ms * 1e-3) / 1e12,
+                    gemv_us,
+                };
+                println!(
+                    "{:10} {:>12} x {:4}: gemm {:9.1} us {:6.1} TOPS | gemv x8 {:9.1} us",
+                    row.name, row.shape, row.ntok, row.gemm_us, row.tops, row.gemv_us
+                );
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
+}
