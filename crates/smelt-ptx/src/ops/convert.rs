@@ -4,7 +4,7 @@
 //! or wrong rounding mode is a compile error here, not a ptxas error later.
 
 use crate::kernel::Kernel;
-use crate::types::{Bf16, RegType, F16, F32, F64, S16, S32, S64, U16, U32, U64};
+use crate::types::{Bf16, RegType, B32, F16, F32, F64, S16, S32, S64, U16, U32, U64};
 use crate::Reg;
 
 /// A rounding modifier of `cvt`.
@@ -149,6 +149,14 @@ impl Kernel {
         self.cvt(d, a, mode)
     }
 
+    /// Packs two floats into one word of halves, each rounded to nearest
+    /// (`cvt.rn.f16x2.f32 d, hi, lo`): `lo` in the low half, which is the element of the
+    /// lower index in an `mma` f16 fragment, `hi` in the high half. sm_80 and later.
+    pub fn cvt_f16x2(&self, d: Reg<B32>, hi: Reg<F32>, lo: Reg<F32>) -> Reg<B32> {
+        self.emit(format!("cvt.rn.f16x2.f32 {d}, {hi}, {lo}"));
+        d
+    }
+
     /// Sign-extends the low byte of `a` (`cvt.s32.s8`): one int8 of packed quants.
     pub fn sext_i8(&self, d: Reg<S32>, a: Reg<U32>) -> Reg<S32> {
         self.emit(format!("cvt.s32.s8 {d}, {a}"));
@@ -160,6 +168,15 @@ impl Kernel {
 mod tests {
     use super::*;
     use crate::testing::body;
+
+    #[test]
+    fn two_floats_pack_into_halves_high_operand_first() {
+        let text = body(|k| {
+            let (hi, lo) = (k.reg::<F32>(), k.reg::<F32>());
+            k.cvt_f16x2(k.reg::<B32>(), hi, lo);
+        });
+        assert_eq!(text, ["cvt.rn.f16x2.f32 %b0, %f0, %f1;"]);
+    }
 
     #[test]
     fn conversions_carry_the_rounding_ptx_requires() {
