@@ -21,7 +21,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use half::f16;
@@ -98,6 +98,27 @@ macro_rules! launch {
         $( l.arg($arg); )*
         unsafe { l.launch(cfg($launch)) }?;
     }};
+}
+
+/// The device address of a buffer, for kernels whose arguments are packed from their
+/// declared parameters (`ops::kernel_params!`).
+fn ptr<T>(gpu: &Gpu, s: &cudarc::driver::CudaSlice<T>) -> u64 {
+    s.device_ptr(&gpu.stream).0
+}
+
+/// Launches `name` with argument values in the order its parameters are declared.
+fn launch_values(gpu: &Gpu, name: &str, l: Launch, values: &[ops::ArgValue]) -> Result<()> {
+    let f = gpu.f(name)?;
+    let mut b = gpu.stream.launch_builder(&f);
+    for v in values {
+        match v {
+            ops::ArgValue::Ptr(p) => b.arg(p),
+            ops::ArgValue::U32(u) => b.arg(u),
+            ops::ArgValue::F32(x) => b.arg(x),
+        };
+    }
+    unsafe { b.launch(cfg(l)) }?;
+    Ok(())
 }
 
 /// Worst errors of one kernel over its cases, against `|g - r| <= atol + rtol * |r|`;
@@ -796,7 +817,7 @@ fn run_attention(
     ml: &mut cudarc::driver::CudaSlice<f32>,
     out: &mut cudarc::driver::CudaSlice<f32>,
     what: Which,
-    mut combine: Option<Combine<'_>>,
+    combine: Option<Combine<'_>>,
     stage: u32,
 ) -> Result<()> {
     let name = match combine {
@@ -805,44 +826,43 @@ fn run_attention(
     }
     .context("head_dim")?;
     let qt = attention::q_tiles(p.max_tokens, shape.n_head, shape.n_head_kv) as u32;
-    let (nh, nkv, bs, ns, win, hd) = (
-        shape.n_head as u32,
-        shape.n_head_kv as u32,
-        shape.block_size as u32,
-        n_splits as u32,
-        shape.window as u32,
-        shape.head_dim as u32,
-    );
+    let (ns, hd) = (n_splits as u32, shape.head_dim as u32);
     if what != Which::Reduce {
-        let f = gpu.f(&name)?;
-        let mut l = gpu.stream.launch_builder(&f);
-        l.arg(qd)
-            .arg(kcd)
-            .arg(vcd)
-            .arg(sd)
-            .arg(td)
-            .arg(&mut *acc)
-            .arg(&mut *ml);
-        l.arg(&nh)
-            .arg(&nkv)
-            .arg(&bs)
-            .arg(&ns)
-            .arg(&qt)
-            .arg(&win)
-            .arg(&shape.scale)
-            .arg(&stage);
+        let a = attention::Args {
+            q: ptr(gpu, qd),
+            k_cache: ptr(gpu, kcd),
+            v_cache: ptr(gpu, vcd),
+            seqs: ptr(gpu, sd),
+            block_tables: ptr(gpu, td),
+            part_acc: ptr(gpu, acc),
+            part_ml: ptr(gpu, ml),
+            n_head: shape.n_head as u32,
+            n_head_kv: shape.n_head_kv as u32,
+            block_size: shape.block_size as u32,
+            n_splits: ns,
+            q_tiles: qt,
+            window: shape.window as u32,
+            scale: shape.scale,
+            stage_blocks: stage,
+        };
+        let mut values = a.values();
         // The combining kernel also writes the output, its tiles and its counters.
-        if let Some((tiles, counters)) = combine.as_mut() {
-            l.arg(&mut *out).arg(&mut **tiles).arg(&mut **counters);
+        if let Some((tiles, counters)) = &combine {
+            let c = attention::CombineArgs {
+                out: ptr(gpu, out),
+                q8: ptr(gpu, &**tiles),
+                counters: ptr(gpu, &**counters),
+            };
+            values.extend(c.values());
         }
-        let shape = attention::launch(
+        let l = attention::launch(
             p.seqs.len(),
             p.max_tokens,
             shape.n_head,
             shape.n_head_kv,
             n_splits,
         );
-        unsafe { l.launch(cfg(shape)) }?;
+        launch_values(gpu, name, l, &values)?;
     }
     if what != Which::Main && combine.is_none() {
         launch!(
@@ -883,6 +903,7 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
     let (mut ckv, mut catt) = (Check::default(), Check::default());
     let (mut ccomb, mut ctiles) = (Check::default(), Check::default());
     let (mut ccount, mut crun) = (Check::default(), Check::default());
+    let mut cany = Check::default();
     // (seqs as (start_pos, new tokens), n_head, n_head_kv, head_dim, block size, window, splits)
     let cases: Vec<AttnCase> = vec![
         (vec![(0, 1), (37, 1), (300, 1)], 8, 2, 128, 16, 0, 4),
@@ -903,6 +924,23 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
             20,
             64,
         ),
+        // The other multiples of 16 (lanes that hold no chunk, partial slots, staged rows
+        // that are not a power of two of 16-byte pieces); 96, 160, 192 and 224 with whole
+        // tiles per row also run the combining kernel.
+        (vec![(0, 1), (37, 1), (300, 1)], 8, 2, 80, 16, 0, 4),
+        (vec![(0, 20), (45, 7)], 8, 4, 96, 16, 0, 3),
+        (vec![(100, 5), (10, 3)], 4, 1, 112, 32, 50, 8),
+        (vec![(5, 1), (61, 9), (0, 13)], 6, 2, 144, 12, 0, 5),
+        (vec![(700, 1)], 8, 4, 160, 16, 129, 7),
+        (vec![(33, 4), (250, 3)], 6, 2, 176, 8, 20, 16),
+        (vec![(1000, 1), (3, 1)], 4, 4, 192, 16, 0, 12),
+        (vec![(17, 6)], 5, 1, 208, 16, 0, 2),
+        (vec![(90, 2)], 8, 8, 224, 16, 33, 6),
+        (vec![(0, 40)], 2, 1, 240, 16, 0, 3),
+        // No kernel of their own: the generic one only (`attention::any_kernel`).
+        (vec![(0, 9), (40, 1)], 4, 2, 72, 16, 0, 1),
+        (vec![(3, 5)], 8, 2, 32, 16, 6, 1),
+        (vec![(20, 3), (0, 1)], 3, 1, 264, 16, 0, 1),
     ];
     for (shape, n_head, n_head_kv, hd, bs, window, n_splits) in cases {
         let p = paged(rng, &shape, bs);
@@ -969,8 +1007,37 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
         };
         let mut want = vec![0f32; p.rows * n_head * hd];
         attention::attention_cpu(&q, &kc, &vc, &p.seqs, &p.tables, &s, &mut want);
-        // Unstaged: every key read from the cache in the loop.
+        // The generic kernel takes every head size.
+        let out = gpu.stream.clone_htod(&nan(p.rows * n_head * hd))?;
+        let a = attention::AnyArgs {
+            q: ptr(gpu, &qd),
+            k_cache: ptr(gpu, &kcd),
+            v_cache: ptr(gpu, &vcd),
+            seqs: ptr(gpu, &sd),
+            block_tables: ptr(gpu, &td),
+            out: ptr(gpu, &out),
+            n_head: n_head as u32,
+            n_head_kv: n_head_kv as u32,
+            head_dim: hd as u32,
+            block_size: bs as u32,
+            window: window as u32,
+            scale: s.scale,
+        };
+        let l = attention::any_launch(p.seqs.len(), p.max_tokens, n_head);
+        launch_values(gpu, attention::ANY, l, &a.values())?;
+        cany.add(&case, &gpu.stream.clone_dtoh(&out)?, &want, 2e-5, 1e-4);
+        if attention::name(hd).is_none() {
+            continue;
+        }
+        // Unstaged (every key read from the cache in the loop) and staged.
         catt.add(&case, &launch(None, 0)?, &want, 2e-5, 1e-4);
+        catt.add(
+            &format!("{case} staged"),
+            &launch(None, 32)?,
+            &want,
+            2e-5,
+            1e-4,
+        );
         if attention::combine_fits(n_head, hd, n_splits) {
             // Twice on the same inputs: the counters must come back to zero, so the
             // second launch combines as the first did.
@@ -1001,6 +1068,7 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
     }
     rep.push(kv::KV_APPEND, ckv, "exact (bits)");
     rep.push("attention + reduce", catt, "2e-5 + 1e-4|r|");
+    rep.push(attention::ANY, cany, "2e-5 + 1e-4|r|");
     rep.push("attention_hd*_combine_q8_1 (f32)", ccomb, "2e-5 + 1e-4|r|");
     rep.push(
         "attention_hd*_combine_q8_1 (tiles)",

@@ -5,7 +5,10 @@
 //!
 //! Causal, with grouped-query heads (`n_head` a multiple of `n_head_kv`), an optional
 //! sliding window, several query tokens per sequence (prefill chunks: the causal mask
-//! holds inside the chunk) and sequences at different positions in one batch.
+//! holds inside the chunk) and sequences at different positions in one batch. Every head
+//! size of [`HEAD_DIMS`] (multiples of 16 from 64 to 256) has a kernel, generated from
+//! one body ([`Lanes`] says how a warp holds a head); [`any_kernel`] takes any other head
+//! size up to [`ANY_MAX_HEAD_DIM`], slowly, so a model never stops for want of a kernel.
 //!
 //! Precision follows the CPU backend where it matters: the query is rounded to f16 (as
 //! ggml converts the f32 operand of its f16 K·Q), K and V are f16, everything else is
@@ -20,17 +23,104 @@ use smelt_ptx::{
 };
 
 use super::kv::SeqDesc;
-use super::{bfly, dim, Launch, LOG2E};
+use super::{bfly, dim, kernel_params, Launch, LOG2E};
 use crate::catalog::Entry;
 
-/// Head sizes with an attention kernel.
-pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Head sizes with an attention kernel: every multiple of 16 from 64 to 256.
+pub const HEAD_DIMS: [usize; 13] = [64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256];
+
+/// The kernels of each head size: the attention, and the combining attention where the
+/// head is whole q8_1 blocks (a multiple of 32 values; see [`reduce_q8_fits`]).
+const KERNELS: [(usize, &str, Option<&str>); 13] = [
+    (64, "attention_hd64", Some("attention_hd64_combine_q8_1")),
+    (80, "attention_hd80", None),
+    (96, "attention_hd96", Some("attention_hd96_combine_q8_1")),
+    (112, "attention_hd112", None),
+    (128, "attention_hd128", Some("attention_hd128_combine_q8_1")),
+    (144, "attention_hd144", None),
+    (160, "attention_hd160", Some("attention_hd160_combine_q8_1")),
+    (176, "attention_hd176", None),
+    (192, "attention_hd192", Some("attention_hd192_combine_q8_1")),
+    (208, "attention_hd208", None),
+    (224, "attention_hd224", Some("attention_hd224_combine_q8_1")),
+    (240, "attention_hd240", None),
+    (256, "attention_hd256", Some("attention_hd256_combine_q8_1")),
+];
+
 /// Warps per block: each warp owns one (query token, query head) pair.
 pub const WARPS: u32 = 4;
+
+/// How a warp's 32 lanes hold one head of `head_dim` f16 values (K, V and query rows):
+/// in chunks of `vec` words (two values a word, loaded together), chunk `c` in lane
+/// `c % 32` at slot `c / 32`. Lanes past the last chunk of a slot load the last chunk
+/// again (so every load stays inside the head) and count for nothing: their query is
+/// zero and their sums are never stored. For 64, 128 and 256 values this is one slot of
+/// 1, 2 and 4 words, each lane's values contiguous.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lanes {
+    /// Words (pairs of halves) per chunk: 1, 2 or 4.
+    pub vec: usize,
+    /// Chunks of the head.
+    pub chunks: usize,
+    /// Chunks per lane (the last slot may be partial).
+    pub slots: usize,
+}
+
+impl Lanes {
+    /// The layout with the fewest words per lane (the latency of a key's dot product), then
+    /// the widest loads. `head_dim` must be even.
+    pub fn new(head_dim: usize) -> Self {
+        let words = head_dim / 2;
+        let mut best: Option<Lanes> = None;
+        for vec in [4, 2, 1] {
+            if words % vec != 0 {
+                continue;
+            }
+            let chunks = words / vec;
+            let l = Lanes {
+                vec,
+                chunks,
+                slots: chunks.div_ceil(32),
+            };
+            if best.is_none_or(|b| l.words() < b.words()) {
+                best = Some(l);
+            }
+        }
+        best.unwrap_or(Lanes {
+            vec: 1,
+            chunks: 0,
+            slots: 0,
+        })
+    }
+
+    /// Words each lane holds.
+    pub fn words(&self) -> usize {
+        self.slots * self.vec
+    }
+
+    /// Values each lane holds.
+    pub fn values(&self) -> usize {
+        2 * self.words()
+    }
+
+    /// Whether every lane holds a chunk of the head at slot `s`.
+    pub fn full(&self, s: usize) -> bool {
+        (s + 1) * 32 <= self.chunks
+    }
+
+    /// The index in the head of value `i` (`0..values()`) of lane `lane`, or None where the
+    /// lane holds no chunk there.
+    pub fn value_index(&self, lane: usize, i: usize) -> Option<usize> {
+        let per = 2 * self.vec;
+        let c = (i / per) * 32 + lane;
+        (c < self.chunks).then_some(c * per + i % per)
+    }
+}
+
 /// Keys loaded together per warp (memory-level parallelism of the inner loop): 16 where
-/// the registers allow, 8 for 256-value heads.
+/// the registers allow (up to two words a lane), else 8.
 fn keys_per_step(head_dim: usize) -> usize {
-    if head_dim > 128 {
+    if Lanes::new(head_dim).words() > 2 {
         8
     } else {
         16
@@ -51,10 +141,8 @@ fn stage_slots(head_dim: usize) -> usize {
 pub const MAX_SPLITS: usize = 256;
 
 /// Name of the attention kernel for heads of `head_dim`.
-pub fn name(head_dim: usize) -> Option<String> {
-    HEAD_DIMS
-        .contains(&head_dim)
-        .then(|| format!("attention_hd{head_dim}"))
+pub fn name(head_dim: usize) -> Option<&'static str> {
+    KERNELS.iter().find(|e| e.0 == head_dim).map(|&(_, n, _)| n)
 }
 
 /// Largest block of [`reduce_kernel`]: one thread per value of the largest head.
@@ -68,17 +156,20 @@ pub const REDUCE_Q8: &str = "attention_reduce_q8_1";
 /// Most splits [`combine_kernel`] takes (two per lane).
 pub const COMBINE_MAX_SPLITS: usize = 64;
 
-/// Name of [`combine_kernel`] for heads of `head_dim`.
-pub fn combine_name(head_dim: usize) -> Option<String> {
-    HEAD_DIMS
-        .contains(&head_dim)
-        .then(|| format!("attention_hd{head_dim}_combine_q8_1"))
+/// Name of [`combine_kernel`] for heads of `head_dim` (multiples of 32 only).
+pub fn combine_name(head_dim: usize) -> Option<&'static str> {
+    KERNELS
+        .iter()
+        .find(|e| e.0 == head_dim)
+        .and_then(|&(_, _, n)| n)
 }
 
 /// Whether [`combine_kernel`] takes this shape: what [`reduce_q8_fits`] takes, and at most
 /// [`COMBINE_MAX_SPLITS`] splits.
 pub fn combine_fits(n_head: usize, head_dim: usize, n_splits: usize) -> bool {
-    reduce_q8_fits(n_head, head_dim) && (1..=COMBINE_MAX_SPLITS).contains(&n_splits)
+    reduce_q8_fits(n_head, head_dim)
+        && combine_name(head_dim).is_some()
+        && (1..=COMBINE_MAX_SPLITS).contains(&n_splits)
 }
 
 /// Counters [`combine_kernel`] uses for a launch of `n_seqs` sequences of at most
@@ -102,19 +193,21 @@ pub fn reduce_q8_fits(n_head: usize, head_dim: usize) -> bool {
 
 /// Every kernel of this module.
 pub fn catalog() -> Vec<Entry> {
-    let mut v: Vec<Entry> = HEAD_DIMS
-        .iter()
-        .filter_map(|&hd| {
-            name(hd).map(|n| -> Entry { (n, Box::new(move |k: &Kernel| kernel(k, hd))) })
-        })
-        .collect();
-    for &hd in &HEAD_DIMS {
-        if let Some(n) = combine_name(hd) {
-            v.push((n, Box::new(move |k: &Kernel| combine_kernel(k, hd))));
+    let mut v: Vec<Entry> = Vec::new();
+    for &(hd, n, _) in &KERNELS {
+        v.push((n.to_string(), Box::new(move |k: &Kernel| kernel(k, hd))));
+    }
+    for &(hd, _, c) in &KERNELS {
+        if let Some(c) = c {
+            v.push((
+                c.to_string(),
+                Box::new(move |k: &Kernel| combine_kernel(k, hd)),
+            ));
         }
     }
     v.push((REDUCE.to_string(), Box::new(reduce_kernel)));
     v.push((REDUCE_Q8.to_string(), Box::new(reduce_q8_kernel)));
+    v.push((ANY.to_string(), Box::new(any_kernel)));
     v
 }
 
@@ -122,6 +215,46 @@ pub fn catalog() -> Vec<Entry> {
 pub fn q_tiles(max_tokens: usize, n_head: usize, n_head_kv: usize) -> usize {
     let group = n_head / n_head_kv.max(1);
     (max_tokens.max(1) * group.max(1)).div_ceil(WARPS as usize)
+}
+
+kernel_params! {
+    /// The parameters of [`kernel`] (and the first ones of [`combine_kernel`]), in order.
+    /// `q: *const f32 ([rows][n_head * head_dim]), k_cache, v_cache: *const f16` (the
+    /// layer's caches, see [`super::kv`]), `seqs: *const SeqDesc, block_tables: *const
+    /// u32, part_acc, part_ml: *mut f32` (see [`partial_lens`]); `q_tiles` is
+    /// [`q_tiles`]; `window`: 0 none, else keys at least `window` positions behind the
+    /// query are masked; `stage_blocks`: most KV blocks of its split a block copies into
+    /// shared memory before its key loop (at most 32 and what 24 KB hold; 0: none, every
+    /// key read from the cache in the loop).
+    Args, ArgRegs {
+        q: Ptr,
+        k_cache: Ptr,
+        v_cache: Ptr,
+        seqs: Ptr,
+        block_tables: Ptr,
+        part_acc: Ptr,
+        part_ml: Ptr,
+        n_head: U32,
+        n_head_kv: U32,
+        block_size: U32,
+        n_splits: U32,
+        q_tiles: U32,
+        window: U32,
+        scale: F32,
+        stage_blocks: U32,
+    }
+}
+
+kernel_params! {
+    /// The parameters [`combine_kernel`] takes after [`Args`]': `out: *mut f32
+    /// ([rows][n_head * head_dim])`, `q8: *mut u8` (the q8_1 tiles of each row),
+    /// `counters: *mut u32` ([`combine_counters`] words, zero before the first launch;
+    /// every launch leaves them zero).
+    CombineArgs, CombineRegs {
+        out: Ptr,
+        q8: Ptr,
+        counters: Ptr,
+    }
 }
 
 /// Launch of the attention kernel for `n_seqs` sequences of at most `max_tokens` query
@@ -194,7 +327,7 @@ fn halves(k: &Kernel, w: Reg<U32>) -> [Reg<F32>; 2] {
 }
 
 /// Loads `e` consecutive halves (`e` = 2, 4 or 8) as words.
-fn load_halves(k: &Kernel, op: Load, addr: impl Into<Addr> + Copy, e: usize) -> Vec<Reg<U32>> {
+fn load_halves(k: &Kernel, op: Load, addr: impl Into<Addr>, e: usize) -> Vec<Reg<U32>> {
     match e {
         2 => vec![k.load::<U32>(op, addr)],
         4 => {
@@ -210,24 +343,15 @@ fn load_halves(k: &Kernel, op: Load, addr: impl Into<Addr> + Copy, e: usize) -> 
     }
 }
 
-/// The attention kernel for heads of `head_dim` (64, 128 or 256) values.
+/// The attention kernel for heads of `head_dim` values (one of [`HEAD_DIMS`]).
 ///
-/// Parameters: `q: *const f32 ([rows][n_head * head_dim]), k_cache: *const f16,
-/// v_cache: *const f16 (the layer's caches, see [`super::kv`]), seqs: *const SeqDesc,
-/// block_tables: *const u32, part_acc: *mut f32, part_ml: *mut f32 (see
-/// [`partial_lens`]), n_head: u32, n_head_kv: u32, block_size: u32, n_splits: u32,
-/// q_tiles: u32 ([`q_tiles`]), window: u32 (0: none; else keys at least `window`
-/// positions behind the query are masked), scale: f32, stage_blocks: u32` (most KV blocks
-/// of its split a block copies into shared memory before its key loop, at most 32 and
-/// what 24 KB hold; 0: none, every key read from the cache in the loop).
-///
-/// Launch: [`launch`]: grid x = split, y = KV head, z = sequence × query tile; blocks of
-/// [`WARPS`] warps. Each warp takes one (token, query head) pair of its sequence and KV
-/// head, and the blocks of the sequence's visible key range `[first, kv_len)` are divided
-/// evenly among the splits. Partial `(row, head, split)` is at index
-/// `(row * n_head + head) * n_splits + split`: `head_dim` floats of unnormalized output
-/// and the pair (max of the base-2 scores, sum of their powers); a split with no visible
-/// key writes (-inf, 0) and zeros.
+/// Parameters: [`Args`]. Launch: [`launch`]: grid x = split, y = KV head, z = sequence ×
+/// query tile; blocks of [`WARPS`] warps. Each warp takes one (token, query head) pair of
+/// its sequence and KV head, and the blocks of the sequence's visible key range
+/// `[first, kv_len)` are divided evenly among the splits. Partial `(row, head, split)` is
+/// at index `(row * n_head + head) * n_splits + split`: `head_dim` floats of unnormalized
+/// output and the pair (max of the base-2 scores, sum of their powers); a split with no
+/// visible key writes (-inf, 0) and zeros.
 pub fn kernel(k: &Kernel, head_dim: usize) {
     body(k, head_dim, false);
 }
@@ -238,12 +362,103 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
 /// their q8_1 tiles. At decode the combine was a launch of its own per layer, a few
 /// microseconds of latency for a few kilobytes.
 ///
-/// Parameters: those of [`kernel`], then `out: *mut f32 ([rows][n_head * head_dim])`, `q:
-/// *mut u8 (the tiles of each row)`, `counters: *mut u32` ([`combine_counters`] words, zero
-/// before the first launch; every launch leaves them zero). Only for shapes
-/// [`combine_fits`] accepts. Launch: [`launch`].
+/// Parameters: [`Args`], then [`CombineArgs`]. Only for shapes [`combine_fits`] accepts.
+/// Launch: [`launch`].
 pub fn combine_kernel(k: &Kernel, head_dim: usize) {
     body(k, head_dim, true);
+}
+
+/// A lane's chunks of a head ([`Lanes`]) as the kernel addresses them: the byte offset of
+/// its first chunk (`base`, clamped into the head) and, per slot, how far the slot's chunk
+/// is from it, a constant where every lane of the slot holds a chunk, else a register
+/// (clamped), with the predicate of the lanes that do.
+struct LaneChunks {
+    lanes: Lanes,
+    base: Reg<U32>,
+    slots: Vec<(SlotOffset, Option<Reg<Pred>>)>,
+}
+
+#[derive(Clone, Copy)]
+enum SlotOffset {
+    Const(i64),
+    /// The distance as a 32-bit and a 64-bit register.
+    Reg(Reg<U32>, Reg<U64>),
+}
+
+impl LaneChunks {
+    /// Offsets in units of `unit` bytes per value (2 for f16 rows, 4 for f32 ones).
+    fn new(k: &Kernel, lanes: Lanes, lane: Reg<U32>, unit: u32) -> Self {
+        let per = 2 * lanes.vec as u32 * unit; // bytes of a chunk
+        let last = lanes.chunks as u32 - 1;
+        let base = if lanes.full(0) {
+            k.mul(k.reg(), lane, per)
+        } else {
+            let c = k.min(k.reg(), lane, last);
+            k.mul(k.reg(), c, per)
+        };
+        let slots = (0..lanes.slots)
+            .map(|s| {
+                let delta = (s as u32 * 32 * per) as i64;
+                if lanes.full(s) {
+                    (SlotOffset::Const(delta), None)
+                } else {
+                    // The lane's chunk, or the last one: its distance from `base` (slot 0
+                    // is full whenever there is a later slot).
+                    let c = k.add(k.reg(), lane, 32 * s as u32);
+                    let valid = k.lt(c, lanes.chunks as u32);
+                    k.min(c, c, last);
+                    let off = k.mul(k.reg(), c, per);
+                    k.sub(off, off, base);
+                    let wide = k.cvt(k.reg::<U64>(), off, Exact);
+                    (SlotOffset::Reg(off, wide), Some(valid))
+                }
+            })
+            .collect();
+        Self { lanes, base, slots }
+    }
+
+    /// The address of slot `s`'s chunk from a 64-bit address `at` of the lane's first one.
+    fn global(&self, k: &Kernel, at: Reg<U64>, s: usize) -> Addr {
+        match self.slots[s].0 {
+            SlotOffset::Const(d) => at.at(d),
+            SlotOffset::Reg(_, wide) => k.add(k.reg(), at, wide).at(0),
+        }
+    }
+
+    /// The address of slot `s`'s chunk from a shared-window address `at` of the lane's
+    /// first one.
+    fn shared(&self, k: &Kernel, at: Reg<U32>, s: usize) -> Addr {
+        match self.slots[s].0 {
+            SlotOffset::Const(d) => at.at(d),
+            SlotOffset::Reg(r, _) => k.add(k.reg(), at, r).at(0),
+        }
+    }
+
+    /// Loads the lane's words of a head whose lane's first chunk is at `at` (global).
+    fn load_global(&self, k: &Kernel, op: Load, at: Reg<U64>) -> Vec<Reg<U32>> {
+        (0..self.lanes.slots)
+            .flat_map(|s| load_halves(k, op, self.global(k, at, s), 2 * self.lanes.vec))
+            .collect()
+    }
+
+    /// Loads the lane's words of a head whose lane's first chunk is at `at` (shared).
+    fn load_shared(&self, k: &Kernel, at: Reg<U32>) -> Vec<Reg<U32>> {
+        (0..self.lanes.slots)
+            .flat_map(|s| load_halves(k, Load::SHARED, self.shared(k, at, s), 2 * self.lanes.vec))
+            .collect()
+    }
+
+    /// Runs `f(k, slot, addr)` for each slot, guarded by the slot's predicate, with the
+    /// address of the lane's chunk from the 64-bit address `at` of its first.
+    fn each_global(&self, k: &Kernel, at: Reg<U64>, f: impl Fn(&Kernel, usize, Addr)) {
+        for s in 0..self.lanes.slots {
+            let a = self.global(k, at, s);
+            match self.slots[s].1 {
+                Some(valid) => k.if_(valid, |k| f(k, s, a)),
+                None => f(k, s, a),
+            }
+        }
+    }
 }
 
 fn body(k: &Kernel, head_dim: usize, combine: bool) {
@@ -251,34 +466,37 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
         k.reject(format!("no attention kernel for head_dim {head_dim}"));
         return;
     }
+    if combine && head_dim % 32 != 0 {
+        k.reject(format!(
+            "no combining attention for head_dim {head_dim}: its q8_1 blocks span heads"
+        ));
+        return;
+    }
     // One block per SM is all ptxas needs to plan for: with the thread cap alone it aimed
     // at more and spilled (hd128 on sm_80).
     k.max_threads(32, WARPS, 1);
     k.min_blocks_per_sm(1);
-    let e = head_dim / 32;
+    let lanes = Lanes::new(head_dim);
+    let e = lanes.values();
     let keys = keys_per_step(head_dim);
-    let q = k.param_ptr("q");
-    let kc = k.param_ptr("k_cache");
-    let vc = k.param_ptr("v_cache");
-    let seqs = k.param_ptr("seqs");
-    let tables = k.param_ptr("block_tables");
-    let part_acc = k.param_ptr("part_acc");
-    let part_ml = k.param_ptr("part_ml");
-    let n_head = k.param_u32("n_head");
-    let n_head_kv = k.param_u32("n_head_kv");
-    let bs = k.param_u32("block_size");
-    let n_splits = k.param_u32("n_splits");
-    let q_tiles = k.param_u32("q_tiles");
-    let window = k.param_u32("window");
-    let scale = k.param::<F32>("scale");
-    let stage_blocks = k.param_u32("stage_blocks");
-    let fused = combine.then(|| {
-        (
-            k.param_ptr("out"),
-            k.param_ptr("q8"),
-            k.param_ptr("counters"),
-        )
-    });
+    let ArgRegs {
+        q,
+        k_cache: kc,
+        v_cache: vc,
+        seqs,
+        block_tables: tables,
+        part_acc,
+        part_ml,
+        n_head,
+        n_head_kv,
+        block_size: bs,
+        n_splits,
+        q_tiles,
+        window,
+        scale,
+        stage_blocks,
+    } = ArgRegs::declare(k);
+    let fused = combine.then(|| CombineRegs::declare(k));
 
     let lane = k.tid_x();
     let warp = k.tid_y();
@@ -306,18 +524,8 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
     let kv_len = k.add(k.reg(), start, n_tokens);
 
     // first visible position of the sequence (any query) and of this query.
-    let behind = |k: &Kernel, p: Reg<U32>| -> Reg<U32> {
-        // window == 0 ? 0 : max(p + 1 - window, 0)
-        let p1 = k.add(k.reg(), p, 1u32);
-        let lo = k.sub(k.reg(), p1, window);
-        let under = k.cmp(Cmp::Le, p1, window);
-        k.selp(lo, 0u32, lo, under);
-        let none = k.eq(window, 0u32);
-        k.selp(lo, 0u32, lo, none);
-        lo
-    };
-    let first = behind(k, start);
-    let lo_q = behind(k, pos_q);
+    let first = behind(k, start, window);
+    let lo_q = behind(k, pos_q, window);
     let b_first = k.div_int(k.reg(), first, bs);
     let b_end = k.add(k.reg(), kv_len, bs);
     k.sub(b_end, b_end, 1u32);
@@ -372,7 +580,9 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
     let stage_lo = k.mul(k.reg(), sb, bs);
     let stage_hi = k.mad(k.reg(), nstage, bs, stage_lo);
     k.min(stage_hi, stage_hi, kv_len);
-    let chunks_per_slot = (head_dim / 4) as u32; // 16-byte pieces of a K row and a V row
+    // 16-byte pieces of a K row and a V row (a head is a multiple of 16 values: whole
+    // pieces, and every row 16-byte aligned).
+    let chunks_per_slot = (head_dim / 4) as u32;
     let row_bytes = 2 * head_dim as u32;
     let tid = k.mad(k.reg(), warp, 32u32, lane);
     let head_bytes = k.mul(k.reg(), kvh, row_bytes);
@@ -392,11 +602,21 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
         // that preloaded them), one 16-byte piece a thread per trip.
         k.stride_loop(k.u32(0), total, 32 * WARPS, |k, base| {
             let c = k.add(k.reg(), base, tid);
-            let si = k.shr(k.reg(), c, chunks_per_slot.trailing_zeros());
+            let half = chunks_per_slot / 2;
+            let (si, is_v, piece) = if chunks_per_slot.is_power_of_two() {
+                let si = k.shr(k.reg(), c, chunks_per_slot.trailing_zeros());
+                let rest = k.and(k.reg(), c, chunks_per_slot - 1);
+                let is_v = k.ge(rest, half);
+                let piece = k.and(k.reg(), rest, half - 1);
+                (si, is_v, piece)
+            } else {
+                let si = k.div_int(k.reg(), c, chunks_per_slot);
+                let rest = k.rem(k.reg(), c, chunks_per_slot);
+                let is_v = k.ge(rest, half);
+                let piece = k.rem(k.reg(), rest, half);
+                (si, is_v, piece)
+            };
             k.add(si, si, first_slot);
-            let rest = k.and(k.reg(), c, chunks_per_slot - 1);
-            let is_v = k.ge(rest, chunks_per_slot / 2);
-            let piece = k.and(k.reg(), rest, chunks_per_slot / 2 - 1);
             let nth = k.div_int(k.reg(), si, bs);
             let j = k.rem(k.reg(), si, bs);
             let block = k.reg::<U32>();
@@ -426,36 +646,39 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
     k.grid_dep_wait();
     copy_slots(k, start, kv_len);
 
-    // The query slice of this lane, rounded to f16.
+    // The query slice of this lane, rounded to f16 (zero where the lane holds nothing).
+    let f16s = LaneChunks::new(k, lanes, lane, 2);
+    let f32s = LaneChunks::new(k, lanes, lane, 4);
     let qrow = k.mad(k.reg(), row, n_head, head);
-    let qoff = k.mad(
-        k.reg(),
-        qrow,
-        head_dim as u32,
-        k.mul(k.reg(), lane, e as u32),
-    );
-    let qa = k.elem_addr(q, qoff, 4);
-    let qf: Vec<Reg<F32>> = (0..e)
-        .map(|i| {
-            let v = k.load::<F32>(Load::GLOBAL_NC, qa.at(4 * i as i64));
-            let h = k.cvt(k.reg::<F16>(), v, FloatRound::Rn);
-            k.cvt(k.reg::<F32>(), h, Exact)
-        })
-        .collect();
+    let qfirst = k.mul(k.reg(), qrow, head_dim as u32);
+    let qa = k.elem_addr(q, qfirst, 4);
+    k.add(qa, qa, k.cvt(k.reg::<U64>(), f32s.base, Exact));
+    let mut qf: Vec<Reg<F32>> = Vec::with_capacity(e);
+    for s in 0..lanes.slots {
+        let at = f32s.global(k, qa, s);
+        let vals: Vec<Reg<F32>> = (0..2 * lanes.vec).map(|_| k.f32(0.0)).collect();
+        let load = |k: &Kernel| {
+            for (i, &v) in vals.iter().enumerate() {
+                k.ld(Load::GLOBAL_NC, v, at.clone().offset(4 * i as i64));
+                let h = k.cvt(k.reg::<F16>(), v, FloatRound::Rn);
+                k.cvt(v, h, Exact);
+            }
+        };
+        match f32s.slots[s].1 {
+            Some(valid) => k.if_(valid, load),
+            None => load(k),
+        }
+        qf.extend(vals);
+    }
     let scale2 = k.mul(k.reg(), scale, LOG2E);
     let m = k.f32(f32::NEG_INFINITY);
     let l = k.f32(0.0);
     let acc: Vec<Reg<F32>> = (0..e).map(|_| k.f32(0.0)).collect();
-    // Byte offset of this lane's slice inside a slot.
-    let lane_off = k.mad(
-        k.reg(),
-        kvh,
-        head_dim as u32,
-        k.mul(k.reg(), lane, e as u32),
-    );
-    let lane_off = k.mul_wide(k.reg::<U64>(), lane_off, 2u32);
-    // This lane's slice inside a staged K row.
-    let lane_stage = k.mad(k.reg(), lane, 2 * e as u32, stage_base);
+    // Byte offset of this lane's first chunk inside a slot.
+    let lane_off = k.mad(k.reg(), kvh, row_bytes, f16s.base);
+    let lane_off = k.cvt(k.reg::<U64>(), lane_off, Exact);
+    // This lane's first chunk inside a staged K row.
+    let lane_stage = k.add(k.reg(), stage_base, f16s.base);
     k.raw("cp.async.wait_all");
     k.bar_sync();
 
@@ -543,10 +766,7 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
                 keys_loop(k, jlo, jhi, jlast, &|k: &Kernel, jc: Reg<U32>| {
                     let ka = k.mad(k.reg(), jc, 2 * row_bytes, rows);
                     let va = k.add(k.reg(), ka, row_bytes);
-                    (
-                        load_halves(k, Load::SHARED, ka, e),
-                        load_halves(k, Load::SHARED, va, e),
-                    )
+                    (f16s.load_shared(k, ka), f16s.load_shared(k, va))
                 });
             },
             |k| {
@@ -571,9 +791,11 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
                 let vbase = k.add(k.reg(), vc, base);
                 keys_loop(k, jlo, jhi, jlast, &|k: &Kernel, jc: Reg<U32>| {
                     let off = k.mul_wide(k.reg::<U64>(), jc, stride);
+                    let ka = k.add(k.reg(), kbase, off);
+                    let va = k.add(k.reg(), vbase, off);
                     (
-                        load_halves(k, Load::GLOBAL_NC, k.add(k.reg(), kbase, off), e),
-                        load_halves(k, Load::GLOBAL_NC, k.add(k.reg(), vbase, off), e),
+                        f16s.load_global(k, Load::GLOBAL_NC, ka),
+                        f16s.load_global(k, Load::GLOBAL_NC, va),
                     )
                 });
             },
@@ -581,33 +803,43 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
     });
 
     let pidx = k.mad(k.reg(), qrow, n_splits, split);
-    let aoff = k.mad(
-        k.reg(),
-        pidx,
-        head_dim as u32,
-        k.mul(k.reg(), lane, e as u32),
-    );
+    let aoff = k.mul(k.reg(), pidx, head_dim as u32);
     let aa = k.elem_addr(part_acc, aoff, 4);
-    k.guarded(active, |k| {
-        for (i, a) in acc.iter().enumerate() {
-            k.st(Store::GLOBAL, aa.at(4 * i as i64), *a);
-        }
+    k.add(aa, aa, k.cvt(k.reg::<U64>(), f32s.base, Exact));
+    k.if_(active, |k| {
+        f32s.each_global(k, aa, |k, s, at| {
+            let per = 2 * lanes.vec;
+            for (i, a) in acc[s * per..(s + 1) * per].iter().enumerate() {
+                k.st(Store::GLOBAL, at.clone().offset(4 * i as i64), *a);
+            }
+        });
     });
     let ma = k.elem_addr(part_ml, pidx, 8);
     let lane0 = k.eq(lane, 0u32);
     let store_ml = k.and(k.reg(), lane0, active);
     k.guarded(store_ml, |k| k.st_v2(Store::GLOBAL, ma, [m, l]));
-    if let Some((out, q8, counters)) = fused {
+    if let Some(c) = fused {
         let group_idx = k.mad(k.reg(), z, n_head_kv, kvh);
-        let last = last_block(k, counters, group_idx, n_splits);
+        let last = last_block(k, c.counters, group_idx, n_splits);
         k.exit_if(!last);
         k.if_(active, |k| {
             let pbase = k.mul(k.reg(), qrow, n_splits);
             combine_row(
-                k, head_dim, part_acc, part_ml, pbase, n_splits, qrow, out, q8,
+                k, &f32s, head_dim, part_acc, part_ml, pbase, n_splits, qrow, c.out, c.q8,
             );
         });
     }
+}
+
+/// The first position a query at `p` sees: `window == 0 ? 0 : max(p + 1 - window, 0)`.
+pub(super) fn behind(k: &Kernel, p: Reg<U32>, window: Reg<U32>) -> Reg<U32> {
+    let p1 = k.add(k.reg(), p, 1u32);
+    let lo = k.sub(k.reg(), p1, window);
+    let under = k.cmp(Cmp::Le, p1, window);
+    k.selp(lo, 0u32, lo, under);
+    let none = k.eq(window, 0u32);
+    k.selp(lo, 0u32, lo, none);
+    lo
 }
 
 /// Whether this block is the last of its group to get here: every thread's stores are
@@ -644,8 +876,16 @@ fn last_block(k: &Kernel, counters: Reg<U64>, group: Reg<U32>, n_splits: Reg<U32
 /// row's `head_dim` outputs and quantizes them, one q8_1 block per 32 values. Partials
 /// are read through L2 (`.cg`): other blocks wrote them during this launch.
 #[allow(clippy::too_many_arguments)]
+
+/// One warp combines the `n_splits` partials of one (row, head) as [`reduce_body`] does
+/// (weights `2^(m_s - max m)`, normalizer `sum l_s w_s`; here warp reductions), writes the
+/// row's `head_dim` outputs and quantizes them, one q8_1 block per 32 values. Partials
+/// are read through L2 (`.cg`): other blocks wrote them during this launch. `f32s`: where
+/// the lane's values are in an f32 row of the head.
+#[allow(clippy::too_many_arguments)]
 fn combine_row(
     k: &Kernel,
+    f32s: &LaneChunks,
     head_dim: usize,
     part_acc: Reg<U64>,
     part_ml: Reg<U64>,
@@ -655,7 +895,9 @@ fn combine_row(
     out: Reg<U64>,
     q8: Reg<U64>,
 ) {
-    let e = head_dim / 32;
+    let lanes = f32s.lanes;
+    let e = lanes.values();
+    let per = 2 * lanes.vec;
     let cg = Load::GLOBAL.cache(LoadCache::Cg);
     let lane = k.tid_x();
     let warp = k.tid_y();
@@ -668,21 +910,23 @@ fn combine_row(
         k.shared_base(&wsh),
     );
     let obase = k.mad(k.reg(), warp, 4 * 256, k.shared_base(&osh));
-    let col = k.mul(k.reg(), lane, e as u32);
-    // This lane's `e` values of split `s`'s partial output (zeros past the end).
+    let base64 = k.cvt(k.reg::<U64>(), f32s.base, Exact);
+    // This lane's `e` values of split `s`'s partial output (zeros past the end; lanes
+    // that hold no chunk of a slot load the last chunk's values, never stored).
     let load_acc = |k: &Kernel, s: Reg<U32>, ok: Reg<Pred>| {
         let vals: Vec<Reg<F32>> = (0..e).map(|_| k.f32(0.0)).collect();
         k.guarded(ok, |k| {
             let i = k.add(k.reg(), pbase, s);
-            let ai = k.mad(k.reg(), i, head_dim as u32, col);
+            let ai = k.mul(k.reg(), i, head_dim as u32);
             let a = k.elem_addr(part_acc, ai, 4);
-            for (c, chunk) in vals.chunks(4).enumerate() {
-                let at = a.at(16 * c as i64);
-                match chunk.len() {
-                    4 => k.ld_v4(cg, [chunk[0], chunk[1], chunk[2], chunk[3]], at),
-                    2 => k.ld_v2(cg, [chunk[0], chunk[1]], at),
-                    _ => {
-                        k.ld(cg, chunk[0], at);
+            k.add(a, a, base64);
+            for slot in 0..lanes.slots {
+                let at = f32s.global(k, a, slot);
+                for (c, chunk) in vals[slot * per..(slot + 1) * per].chunks(4).enumerate() {
+                    let at = at.clone().offset(16 * c as i64);
+                    match chunk.len() {
+                        4 => k.ld_v4(cg, [chunk[0], chunk[1], chunk[2], chunk[3]], at),
+                        _ => k.ld_v2(cg, [chunk[0], chunk[1]], at),
                     }
                 }
             }
@@ -769,21 +1013,206 @@ fn combine_row(
         }
     });
     let row0 = k.mul(k.reg(), qrow, head_dim as u32);
-    let first = k.add(k.reg(), row0, col);
-    let oa = k.elem_addr(out, first, 4);
-    let sa = k.mad(k.reg(), col, 4u32, obase);
-    for (i, &oi) in o.iter().enumerate() {
-        k.div_rn(oi, oi, total);
-        k.st(Store::GLOBAL, oa.at(4 * i as i64), oi);
-        k.st(Store::SHARED, sa.at(4 * i as i64), oi);
+    let oa = k.elem_addr(out, row0, 4);
+    k.add(oa, oa, base64);
+    let sa = k.add(k.reg(), obase, f32s.base);
+    for oi in &o {
+        k.div_rn(*oi, *oi, total);
     }
+    f32s.each_global(k, oa, |k, slot, at| {
+        let sat = f32s.shared(k, sa, slot);
+        for (i, &oi) in o[slot * per..(slot + 1) * per].iter().enumerate() {
+            k.st(Store::GLOBAL, at.clone().offset(4 * i as i64), oi);
+            k.st(Store::SHARED, sat.clone().offset(4 * i as i64), oi);
+        }
+    });
     k.raw("bar.warp.sync -1");
     // Quantize by 32-value blocks: lane `lane` takes value `32 c + lane` of the head.
-    for c in 0..e as u32 {
+    for c in 0..(head_dim / 32) as u32 {
         let idx = k.add(k.reg(), lane, 32 * c);
         let v = k.load::<F32>(Load::SHARED, k.mad(k.reg(), idx, 4u32, obase));
         let f = k.add(k.reg(), row0, idx);
         crate::fused::quantize_warp_block(k, v, lane, f, q8);
+    }
+}
+
+/// Name of [`any_kernel`].
+pub const ANY: &str = "attention_any";
+/// Largest head [`any_kernel`] takes.
+pub const ANY_MAX_HEAD_DIM: usize = 512;
+/// Threads of a block of [`any_kernel`]: one key each while scoring, up to
+/// `ANY_MAX_HEAD_DIM / ANY_THREADS` values each while weighting V.
+pub const ANY_THREADS: u32 = 128;
+
+kernel_params! {
+    /// The parameters of [`any_kernel`], in order: `q`, the caches, `seqs` and
+    /// `block_tables` as [`Args`], then `out: *mut f32 ([rows][n_head * head_dim])`.
+    AnyArgs, AnyRegs {
+        q: Ptr,
+        k_cache: Ptr,
+        v_cache: Ptr,
+        seqs: Ptr,
+        block_tables: Ptr,
+        out: Ptr,
+        n_head: U32,
+        n_head_kv: U32,
+        head_dim: U32,
+        block_size: U32,
+        window: U32,
+        scale: F32,
+    }
+}
+
+/// Launch of [`any_kernel`] for `n_seqs` sequences of at most `max_tokens` query tokens:
+/// one block per (token, query head) along x, one row of blocks per sequence.
+pub fn any_launch(n_seqs: usize, max_tokens: usize, n_head: usize) -> Launch {
+    Launch::new(
+        (dim(max_tokens.max(1) * n_head), dim(n_seqs), 1),
+        (ANY_THREADS, 1, 1),
+    )
+}
+
+/// Whether [`any_kernel`] takes heads of `head_dim` values.
+pub fn any_fits(head_dim: usize) -> bool {
+    (1..=ANY_MAX_HEAD_DIM).contains(&head_dim)
+}
+
+/// Attention for any head size up to [`ANY_MAX_HEAD_DIM`] (the head size a runtime
+/// parameter): the slow, correct path for heads with no kernel of their own (see
+/// [`HEAD_DIMS`]), the same semantics as [`kernel`] + [`reduce_kernel`] (query rounded to
+/// f16, base-2 softmax in f32) in one launch and no partials.
+///
+/// One block per (token, query head): the query goes to shared memory; then for each
+/// chunk of [`ANY_THREADS`] visible keys each thread scores one key (a loop over the head,
+/// one half at a time), the block takes the chunk's max and rescales its running sums
+/// (online softmax), and each thread adds the chunk's weighted values of its own columns.
+///
+/// Parameters: [`AnyArgs`]. Launch: [`any_launch`].
+pub fn any_kernel(k: &Kernel) {
+    k.max_threads(ANY_THREADS, 1, 1);
+    let AnyRegs {
+        q,
+        k_cache: kc,
+        v_cache: vc,
+        seqs,
+        block_tables: tables,
+        out,
+        n_head,
+        n_head_kv,
+        head_dim,
+        block_size: bs,
+        window,
+        scale,
+    } = AnyRegs::declare(k);
+    let tid = k.tid_x();
+    let x = k.ctaid_x();
+    let t = k.div_int(k.reg(), x, n_head);
+    let head = k.rem(k.reg(), x, n_head);
+    let dw = k.regs::<U32, 4>();
+    k.ld_v4(Load::GLOBAL_NC, dw, k.elem_addr(seqs, k.ctaid_y(), 16));
+    let [row0, n_tokens, start, bto] = dw;
+    // Whole blocks leave: past the sequence's tokens, or a head too large (the host
+    // never launches one).
+    k.exit_if(k.ge(t, n_tokens));
+    k.exit_if(k.cmp(Cmp::Gt, head_dim, ANY_MAX_HEAD_DIM as u32));
+    let group = k.div_int(k.reg(), n_head, n_head_kv);
+    let kvh = k.div_int(k.reg(), head, group);
+    let row = k.add(k.reg(), row0, t);
+    let pos = k.add(k.reg(), start, t);
+    let end = k.add(k.reg(), pos, 1u32);
+    let lo = behind(k, pos, window);
+    let qrow = k.mad(k.reg(), row, n_head, head);
+    let qfirst = k.mul(k.reg(), qrow, head_dim);
+    let qs = k.shared::<F32>("any_q", ANY_MAX_HEAD_DIM as u32, 16);
+    let ps = k.shared::<F32>("any_p", ANY_THREADS, 16);
+    let ss = k.shared::<U32>("any_slot", ANY_THREADS, 16);
+    let red = super::reduce_scratch(k, "any_red");
+    let (qsb, psb, ssb) = (k.shared_base(&qs), k.shared_base(&ps), k.shared_base(&ss));
+    k.stride_loop(tid, head_dim, ANY_THREADS, |k, d| {
+        let i = k.add(k.reg(), qfirst, d);
+        let v = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(q, i, 4));
+        let h = k.cvt(k.reg::<F16>(), v, FloatRound::Rn);
+        k.cvt(v, h, Exact);
+        k.st(Store::SHARED, k.mad(k.reg(), d, 4u32, qsb), v);
+    });
+    k.bar_sync();
+    let kv_dim = k.mul(k.reg(), n_head_kv, head_dim);
+    let head_off = k.mul(k.reg(), kvh, head_dim);
+    let scale2 = k.mul(k.reg(), scale, LOG2E);
+    let m = k.f32(f32::NEG_INFINITY);
+    let l = k.f32(0.0);
+    let per = ANY_MAX_HEAD_DIM / ANY_THREADS as usize;
+    let acc: Vec<Reg<F32>> = (0..per).map(|_| k.f32(0.0)).collect();
+    // Element index of the head in slot `slot` of a cache.
+    let elem = |k: &Kernel, slot: Reg<U32>| k.mad(k.reg(), slot, kv_dim, head_off);
+    k.stride_loop(lo, end, ANY_THREADS, |k, j0| {
+        let j = k.add(k.reg(), j0, tid);
+        let valid = k.lt(j, end);
+        let s = k.f32(f32::NEG_INFINITY);
+        let slot = k.u32(0);
+        k.if_(valid, |k| {
+            let bi = k.div_int(k.reg(), j, bs);
+            let within = k.rem(k.reg(), j, bs);
+            let ti = k.add(k.reg(), bto, bi);
+            let b = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(tables, ti, 4));
+            k.mad(slot, b, bs, within);
+            let ka = k.elem_addr(kc, elem(k, slot), 2);
+            let dot = k.f32(0.0);
+            k.for_count(head_dim, |k, d| {
+                let kh = k.ld(Load::GLOBAL_NC, k.reg::<F16>(), k.elem_addr(ka, d, 2).at(0));
+                let kf = k.cvt(k.reg::<F32>(), kh, Exact);
+                let qv = k.load::<F32>(Load::SHARED, k.mad(k.reg(), d, 4u32, qsb));
+                k.fma(dot, qv, kf, dot);
+            });
+            k.mul(s, dot, scale2);
+        });
+        // The chunk's largest score (its first key is always visible: finite).
+        let cm = super::block_max(k, s, &red);
+        let nm = k.max(k.reg(), m, cm);
+        let corr = k.sub(k.reg(), m, nm);
+        k.ex2_approx(corr, corr);
+        let p = k.sub(k.reg(), s, nm);
+        k.ex2_approx(p, p);
+        k.selp(p, p, 0.0f32, valid);
+        k.st(Store::SHARED, k.mad(k.reg(), tid, 4u32, psb), p);
+        k.st(Store::SHARED, k.mad(k.reg(), tid, 4u32, ssb), slot);
+        // The sum's barriers also publish the chunk's weights and slots.
+        let psum = super::block_sum(k, p, &red);
+        k.fma(l, l, corr, psum);
+        k.mov(m, nm);
+        let n = k.sub(k.reg(), end, j0);
+        k.min(n, n, ANY_THREADS);
+        for (i, &a) in acc.iter().enumerate() {
+            k.mul(a, a, corr);
+            let d = k.add(k.reg(), tid, ANY_THREADS * i as u32);
+            let live = k.lt(d, head_dim);
+            k.if_(live, |k| {
+                let col = k.add(k.reg(), head_off, d);
+                k.for_count(n, |k, jj| {
+                    let w = k.load::<F32>(Load::SHARED, k.mad(k.reg(), jj, 4u32, psb));
+                    let sl = k.load::<U32>(Load::SHARED, k.mad(k.reg(), jj, 4u32, ssb));
+                    let vi = k.mad(k.reg(), sl, kv_dim, col);
+                    let vh = k.ld(
+                        Load::GLOBAL_NC,
+                        k.reg::<F16>(),
+                        k.elem_addr(vc, vi, 2).at(0),
+                    );
+                    let vf = k.cvt(k.reg::<F32>(), vh, Exact);
+                    k.fma(a, w, vf, a);
+                });
+            });
+        }
+        // Before the next chunk's weights and slots overwrite these.
+        k.bar_sync();
+    });
+    for (i, &a) in acc.iter().enumerate() {
+        let d = k.add(k.reg(), tid, ANY_THREADS * i as u32);
+        let live = k.lt(d, head_dim);
+        k.if_(live, |k| {
+            k.div_rn(a, a, l);
+            let oi = k.add(k.reg(), qfirst, d);
+            k.st(Store::GLOBAL, k.elem_addr(out, oi, 4), a);
+        });
     }
 }
 
@@ -1003,7 +1432,82 @@ mod tests {
         assert!(ptx.contains("ld.global.nc.v4.u32"));
         assert!(ptx.contains("shfl.sync.bfly.b32"));
         let mut m = Module::new(Target::Sm80);
-        assert!(m.kernel("bad", |k| kernel(k, 96)).is_err());
+        assert!(m.kernel("bad", |k| kernel(k, 72)).is_err());
+        assert!(m.kernel("bad", |k| combine_kernel(k, 80)).is_err());
+    }
+
+    #[test]
+    fn lanes_hold_every_value_of_every_head_once() {
+        for hd in HEAD_DIMS.into_iter().chain([16, 48, 272]) {
+            let l = Lanes::new(hd);
+            let mut seen = vec![0; hd];
+            for lane in 0..32 {
+                for i in 0..l.values() {
+                    if let Some(d) = l.value_index(lane, i) {
+                        seen[d] += 1;
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "hd {hd}: {l:?}");
+            // At most four words a lane (the 256-value head's), and the layouts the
+            // measured kernels had for 64, 128 and 256: one slot of contiguous values.
+            assert!(l.words() <= 4 || hd > 256, "hd {hd}: {l:?}");
+            if matches!(hd, 64 | 128 | 256) {
+                assert_eq!((l.slots, l.vec), (1, hd / 64), "hd {hd}");
+            }
+        }
+        // 80 values: 20 lanes of two words; 144: three slots of one word, the last half full.
+        assert_eq!(
+            Lanes::new(80),
+            Lanes {
+                vec: 2,
+                chunks: 20,
+                slots: 1
+            }
+        );
+        assert_eq!(
+            Lanes::new(144),
+            Lanes {
+                vec: 1,
+                chunks: 72,
+                slots: 3
+            }
+        );
+        assert!(!Lanes::new(144).full(2) && Lanes::new(144).full(1));
+    }
+
+    #[test]
+    fn every_head_size_has_kernels_and_the_others_the_generic_one() {
+        for hd in (64..=256).step_by(16) {
+            assert_eq!(
+                name(hd).map(|n| n.to_string()),
+                Some(format!("attention_hd{hd}"))
+            );
+            assert_eq!(combine_name(hd).is_some(), hd % 32 == 0, "hd {hd}");
+        }
+        for hd in [32, 48, 72, 100, 272, 512] {
+            assert!(name(hd).is_none() && any_fits(hd), "hd {hd}");
+        }
+        assert!(!any_fits(0) && !any_fits(513));
+        assert!(!combine_fits(16, 80, 4) && combine_fits(16, 96, 4));
+        let a = AnyArgs {
+            q: 1,
+            k_cache: 2,
+            v_cache: 3,
+            seqs: 4,
+            block_tables: 5,
+            out: 6,
+            n_head: 7,
+            n_head_kv: 8,
+            head_dim: 9,
+            block_size: 10,
+            window: 11,
+            scale: 0.5,
+        };
+        assert_eq!(a.values().len(), AnyArgs::NAMES.len());
+        assert_eq!(a.values()[6], crate::ops::ArgValue::U32(7));
+        assert_eq!(a.values()[11], crate::ops::ArgValue::F32(0.5));
+        assert_eq!(any_launch(2, 3, 5).grid, (15, 2, 1));
     }
 
     #[test]
@@ -1020,8 +1524,14 @@ mod tests {
 
     #[test]
     fn twin_is_causal_and_windowed() {
-        // One KV head of size 64, two query heads, block size 4, a query per position.
-        let (hd, bs) = (64, 4);
+        for hd in [64, 80, 144, 256] {
+            twin_is_causal_and_windowed_at(hd);
+        }
+    }
+
+    fn twin_is_causal_and_windowed_at(hd: usize) {
+        // One KV head of size `hd`, two query heads, block size 4, a query per position.
+        let bs = 4;
         let p = AttnShape {
             n_head: 2,
             n_head_kv: 1,

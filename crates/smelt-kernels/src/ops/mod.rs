@@ -59,6 +59,75 @@ impl Launch {
     }
 }
 
+/// A kernel argument value, as the host passes it (kernels declared with
+/// [`kernel_params!`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ArgValue {
+    /// A device address.
+    Ptr(u64),
+    /// A `u32` scalar.
+    U32(u32),
+    /// An `f32` scalar.
+    F32(f32),
+}
+
+/// Declares a kernel's parameters once, for both sides of a launch: a host struct
+/// (`$args`, public fields) whose `values()` are the arguments in order, and a kernel-side
+/// struct (`$regs`) whose `declare` emits the `.param`s in that same order and holds their
+/// registers. Kinds: `Ptr` (a device address, `u64`), `U32`, `F32`. Adding, removing or
+/// reordering a field changes both sides together, so the host's packing and the kernel's
+/// declaration cannot drift apart.
+macro_rules! kernel_params {
+    ($(#[$m:meta])* $args:ident, $regs:ident {
+        $($(#[$fm:meta])* $f:ident: $kind:ident),* $(,)?
+    }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub struct $args {
+            $($(#[$fm])* pub $f: kernel_params!(@host $kind),)*
+        }
+
+        impl $args {
+            /// Parameter names, in the order the kernel declares them.
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($f)),*];
+
+            /// The argument values, in the order the kernel declares them.
+            pub fn values(&self) -> Vec<$crate::ops::ArgValue> {
+                vec![$(kernel_params!(@value $kind, self.$f)),*]
+            }
+        }
+
+        /// The kernel's registers for the parameters of the host struct of the same
+        /// declaration.
+        #[derive(Clone, Copy)]
+        pub(crate) struct $regs {
+            $($f: kernel_params!(@reg $kind),)*
+        }
+
+        impl $regs {
+            /// Declares every parameter, in order.
+            pub(crate) fn declare(k: &smelt_ptx::Kernel) -> Self {
+                Self {
+                    $($f: kernel_params!(@declare $kind, k, stringify!($f)),)*
+                }
+            }
+        }
+    };
+    (@host Ptr) => { u64 };
+    (@host U32) => { u32 };
+    (@host F32) => { f32 };
+    (@reg Ptr) => { smelt_ptx::Reg<smelt_ptx::U64> };
+    (@reg U32) => { smelt_ptx::Reg<smelt_ptx::U32> };
+    (@reg F32) => { smelt_ptx::Reg<smelt_ptx::F32> };
+    (@value Ptr, $v:expr) => { $crate::ops::ArgValue::Ptr($v) };
+    (@value U32, $v:expr) => { $crate::ops::ArgValue::U32($v) };
+    (@value F32, $v:expr) => { $crate::ops::ArgValue::F32($v) };
+    (@declare Ptr, $k:expr, $n:expr) => { $k.param_ptr($n) };
+    (@declare U32, $k:expr, $n:expr) => { $k.param_u32($n) };
+    (@declare F32, $k:expr, $n:expr) => { $k.param::<smelt_ptx::F32>($n) };
+}
+pub(crate) use kernel_params;
+
 /// `n` as a launch dimension: grids and blocks are 32-bit on the GPU, and a zero
 /// dimension is an invalid launch, so empty shapes become one block of idle threads.
 pub(crate) fn dim(n: usize) -> u32 {

@@ -15,6 +15,20 @@ pub(crate) use smelt_cuda::KernelParam as Arg;
 /// kernel.
 const ARGMAX_ROWS: usize = 4096;
 
+/// A kernel argument declared through `ops::kernel_params!` as the launch takes it.
+fn arg(v: ops::ArgValue) -> Arg {
+    match v {
+        ops::ArgValue::Ptr(p) => Arg::P(p),
+        ops::ArgValue::U32(u) => Arg::U(u),
+        ops::ArgValue::F32(f) => Arg::F(f),
+    }
+}
+
+/// The arguments of a kernel declared through `ops::kernel_params!`, in its order.
+fn args(values: &[ops::ArgValue]) -> Vec<Arg> {
+    values.iter().copied().map(arg).collect()
+}
+
 fn u32_of(n: usize, what: &'static str) -> Result<u32, CudaError> {
     u32::try_from(n).map_err(|_| CudaError::BadLength {
         what,
@@ -583,13 +597,6 @@ impl Cuda {
         tiles: Option<u64>,
     ) -> Result<(), CudaError> {
         let (kc, vc) = self.kv_layer(kv, layer, "attention")?;
-        let name = ops::attention::name(p.head_dim).ok_or_else(|| {
-            CudaError::NoKernel(format!(
-                "attention for head_dim {} (kernels exist for {:?})",
-                p.head_dim,
-                ops::attention::HEAD_DIMS
-            ))
-        })?;
         if p.n_head_kv == 0
             || !p.n_head.is_multiple_of(p.n_head_kv)
             || q.cols != p.n_head * p.head_dim
@@ -601,38 +608,79 @@ impl Cuda {
                 want: p.n_head * p.head_dim,
             });
         }
+        let window = u32_of(p.window.unwrap_or(0), "attention window")?;
+        let Some(name) = ops::attention::name(p.head_dim) else {
+            // A head size with no kernel of its own: the generic one, slower but correct.
+            if !ops::attention::any_fits(p.head_dim) {
+                return Err(CudaError::NoKernel(format!(
+                    "attention for head_dim {} (kernels exist for {:?}, and the generic one takes up to {})",
+                    p.head_dim,
+                    ops::attention::HEAD_DIMS,
+                    ops::attention::ANY_MAX_HEAD_DIM
+                )));
+            }
+            let a = ops::attention::AnyArgs {
+                q: q.ptr,
+                k_cache: kc,
+                v_cache: vc,
+                seqs: s.descs,
+                block_tables: s.block_tables,
+                out: out.ptr,
+                n_head: u32_of(p.n_head, "attention heads")?,
+                n_head_kv: u32_of(p.n_head_kv, "attention kv heads")?,
+                head_dim: u32_of(p.head_dim, "attention head_dim")?,
+                block_size: u32_of(kv.block_size, "attention block size")?,
+                window,
+                scale: p.scale,
+            };
+            self.launch(
+                ops::attention::ANY,
+                ops::attention::any_launch(s.n_seqs, s.max_tokens, p.n_head),
+                &args(&a.values()),
+            )?;
+            return match tiles {
+                Some(t) => self.quantize_q8_1(out.ptr, t, out.cols, out.rows),
+                None => Ok(()),
+            };
+        };
         let splits = self.splits(s.n_seqs, p.n_head_kv);
         let (acc_len, ml_len) = ops::attention::partial_lens(q.rows, p.n_head, splits, p.head_dim);
         let acc = self.scratch(acc_len * 4)?;
         let ml = self.scratch(ml_len * 4)?;
         let q_tiles = ops::attention::q_tiles(s.max_tokens, p.n_head, p.n_head_kv);
-        let mut args = vec![
-            Arg::P(q.ptr),
-            Arg::P(kc),
-            Arg::P(vc),
-            Arg::P(s.descs),
-            Arg::P(s.block_tables),
-            Arg::P(acc),
-            Arg::P(ml),
-            Arg::U(p.n_head as u32),
-            Arg::U(p.n_head_kv as u32),
-            Arg::U(kv.block_size as u32),
-            Arg::U(splits as u32),
-            Arg::U(u32_of(q_tiles, "attention q tiles")?),
-            Arg::U(u32_of(p.window.unwrap_or(0), "attention window")?),
-            Arg::F(p.scale),
-            Arg::U(self.attn_stage),
-        ];
+        let a = ops::attention::Args {
+            q: q.ptr,
+            k_cache: kc,
+            v_cache: vc,
+            seqs: s.descs,
+            block_tables: s.block_tables,
+            part_acc: acc,
+            part_ml: ml,
+            n_head: p.n_head as u32,
+            n_head_kv: p.n_head_kv as u32,
+            block_size: kv.block_size as u32,
+            n_splits: splits as u32,
+            q_tiles: u32_of(q_tiles, "attention q tiles")?,
+            window,
+            scale: p.scale,
+            stage_blocks: self.attn_stage,
+        };
+        let mut list = args(&a.values());
         let grid = ops::attention::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv, splits);
         // The attention's last block per group combines and writes the tiles too.
         if let (Some(t), Some(counters)) = (tiles, self.combine_counters(s, p, splits)?) {
             let combine = ops::attention::combine_name(p.head_dim).ok_or_else(|| {
                 CudaError::NoKernel(format!("combining attention for head_dim {}", p.head_dim))
             })?;
-            args.extend([Arg::P(out.ptr), Arg::P(t), Arg::P(counters)]);
-            return self.launch(&combine, grid, &args);
+            let c = ops::attention::CombineArgs {
+                out: out.ptr,
+                q8: t,
+                counters,
+            };
+            list.extend(c.values().into_iter().map(arg));
+            return self.launch(combine, grid, &list);
         }
-        self.launch(&name, grid, &args)?;
+        self.launch(name, grid, &list)?;
         let l = ops::attention::reduce_launch(q.rows, p.n_head, p.head_dim);
         match tiles {
             // The combine also writes the q8_1 tiles the output projection reads.
