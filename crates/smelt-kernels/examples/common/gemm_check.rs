@@ -8,7 +8,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use rand::{Rng, SeedableRng};
 use smelt_kernels::gemm::{self, ArgValue, Args};
 use smelt_kernels::gemv::Config;
-use smelt_kernels::{act, catalog, gemv, GgmlType, TILE};
+use smelt_kernels::{act, catalog, GgmlType, TILE};
 
 use super::timing::time_launches;
 use super::{random_floats, random_weights, Gpu};
@@ -41,6 +41,28 @@ fn launch(
     for s in &scalars {
         b.arg(s);
     }
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
+/// Quantizes `ntok` rows of `k` floats into the GEMM's activation tiles (`gemm::act`).
+fn quantize(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    q: &mut CudaSlice<u8>,
+    k: usize,
+    ntok: usize,
+) -> Result<()> {
+    let f = gpu.module.load_function(gemm::act::QUANTIZE)?;
+    let l = gemm::act::quantize_launch(k, ntok);
+    let cfg = LaunchConfig {
+        grid_dim: l.grid,
+        block_dim: l.block,
+        shared_mem_bytes: 0,
+    };
+    let (len, ntiles) = (k as u32, k.div_ceil(TILE) as u32);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(x).arg(q).arg(&len).arg(&ntiles);
     unsafe { b.launch(cfg) }?;
     Ok(())
 }
@@ -82,13 +104,24 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
             let wd = gpu.stream.clone_htod(&packed)?;
             let x = random_floats(rng, k * ntok, 2.0);
             let xd = gpu.stream.clone_htod(&x)?;
-            let mut q = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)? * ntok)?;
-            gpu.quantize(&xd, &mut q, k, ntok)?;
+            let qbytes = gemm::act::row_bytes(k)? * ntok;
+            let mut q = gpu.stream.clone_htod(&vec![0xFFu8; qbytes])?;
+            quantize(gpu, &xd, &mut q, k, ntok)?;
             let qh = gpu.stream.clone_dtoh(&q)?;
+            // The quantizer: its twin's bytes exactly.
+            let want_q = gemm::act::quantize_cpu(&x, k)?;
+            let qdiff = qh.iter().zip(&want_q).filter(|(a, b)| a != b).count();
+            if qdiff != 0 {
+                failures += 1;
+                println!(
+                    "{} k={k} tokens={ntok}: FAIL {qdiff} of {qbytes} bytes differ",
+                    gemm::act::QUANTIZE
+                );
+            }
             let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
             launch(gpu, &f, &args(nrows, ntok, k, row_bytes), &wd, &q, &mut y)?;
             let got = gpu.stream.clone_dtoh(&y)?;
-            let (want, mag) = gemv::cpu_with_magnitude(ty, &ggml, nrows, k, &qh, ntok)?;
+            let (want, mag) = gemm::cpu_with_magnitude(ty, &ggml, nrows, k, &qh, ntok)?;
             let bound = got
                 .iter()
                 .zip(&want)
@@ -165,8 +198,13 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                 }
                 let x = random_floats(&mut rand::rngs::StdRng::seed_from_u64(3), k * ntok, 1.0);
                 let xd = gpu.stream.clone_htod(&x)?;
-                let mut q = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)? * ntok)?;
-                gpu.quantize(&xd, &mut q, k, ntok)?;
+                let mut q = gpu
+                    .stream
+                    .alloc_zeros::<u8>(gemm::act::row_bytes(k)? * ntok)?;
+                quantize(gpu, &xd, &mut q, k, ntok)?;
+                // The GEMV reads q8_1 tiles of the same values.
+                let mut q1 = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)? * ntok)?;
+                gpu.quantize(&xd, &mut q1, k, ntok)?;
                 let mut y = gpu.stream.alloc_zeros::<f32>(nrows * ntok)?;
                 let a = args(nrows, ntok, k, row_bytes);
                 let flops = 2.0 * (nrows * k * ntok) as f64;
@@ -178,7 +216,7 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                     let act_row = act::row_bytes(k)?;
                     let ms = time_launches(&gpu.stream, 5, 2, launches, |i| {
                         for t0 in (0..ntok).step_by(8) {
-                            let xs = q.slice(t0 * act_row..(t0 + 8) * act_row);
+                            let xs = q1.slice(t0 * act_row..(t0 + 8) * act_row);
                             let mut ys = y.slice_mut(t0 * nrows..(t0 + 8) * nrows);
                             let d = (
                                 nrows as u32,

@@ -193,6 +193,8 @@ pub struct Cuda {
     /// The last matmul input and its q8_1 tiles: Q, K and V (and gate and up) multiply the
     /// same activations, which are quantized once. Any other op forgets it.
     quantized: Mutex<Option<Quantized>>,
+    /// The same for the GEMM's activation tiles (`gemm::act`): the input and its tiles.
+    gemm_quantized: Mutex<Option<(CudaTensor, u64)>>,
     /// `x += y` not launched yet: when the next op is the norm of `x` (the residual stream
     /// then the next block's norm), both run as one fused kernel.
     pending_add: Mutex<Option<(CudaTensor, CudaTensor)>>,
@@ -315,6 +317,7 @@ impl Cuda {
             step: Mutex::new(None),
             error: Mutex::new(None),
             quantized: Mutex::new(None),
+            gemm_quantized: Mutex::new(None),
             pending_add: Mutex::new(None),
             pending_gemv: Mutex::new(None),
             pending_rope: Mutex::new(None),
@@ -473,6 +476,7 @@ impl Cuda {
     /// Forgets the cached matmul input; a split norm whose output no GEMV wrote yet writes
     /// it now (with the plain norm kernel: the residual is already updated).
     fn forget_quantized(&self) -> Result<(), CudaError> {
+        *lock(&self.gemm_quantized) = None;
         let cached = lock(&self.quantized).take();
         if let Some(Quantized {
             rms:
@@ -615,6 +619,7 @@ impl Cuda {
         drop(step);
         // Nothing of the last step's scratch is read again: forget what pointed into it.
         *lock(&self.quantized) = None;
+        *lock(&self.gemm_quantized) = None;
         *lock(&self.pending_add) = None;
         *lock(&self.pending_gemv) = None;
         *lock(&self.pending_rope) = None;
@@ -806,6 +811,39 @@ impl Cuda {
             return Ok(());
         }
         self.flush_gemv()?;
+        // Many tokens: the tensor-core GEMM, on its own activation tiles (a split norm's
+        // q8_1 tiles stand for an output not written yet: those stay on the GEMV).
+        if n >= self.gemm_min_tokens {
+            if let Some(name) = gemm::name(ty) {
+                let split = matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
+                if !split {
+                    let q = self.gemm_tiles(x)?;
+                    let a = gemm::Args {
+                        w: wp,
+                        x: q,
+                        y: out.ptr,
+                        nrows: rows as u32,
+                        ntok: n as u32,
+                        ntiles: cols.div_ceil(TILE) as u32,
+                        row_bytes: row_bytes as u32,
+                    };
+                    let args = a.values().map(Arg::from);
+                    self.launch(name, a.launch(), &args)?;
+                    // The output must not be a cached input.
+                    let overlaps = |c: &CudaTensor| {
+                        out.ptr < c.ptr + (c.cap * 4) as u64
+                            && c.ptr < out.ptr + (out.cap * 4) as u64
+                    };
+                    if lock(&self.gemm_quantized).is_some_and(|(c, _)| overlaps(&c)) {
+                        *lock(&self.gemm_quantized) = None;
+                    }
+                    if lock(&self.quantized).is_some_and(|c| overlaps(&c.x)) {
+                        *lock(&self.quantized) = None;
+                    }
+                    return Ok(());
+                }
+            }
+        }
         let act_row = act::row_bytes(cols)?;
         let cached = *lock(&self.quantized);
         let (q, rms) = match cached {
@@ -847,22 +885,6 @@ impl Cuda {
                 rms,
             });
             return Ok(());
-        }
-        // Many tokens: the tensor-core GEMM reads the weights once per 64 tokens.
-        if n >= self.gemm_min_tokens && rms.is_none() {
-            if let Some(name) = gemm::name(ty) {
-                let a = gemm::Args {
-                    w: wp,
-                    x: q,
-                    y: out.ptr,
-                    nrows: rows as u32,
-                    ntok: n as u32,
-                    ntiles: cols.div_ceil(TILE) as u32,
-                    row_bytes: row_bytes as u32,
-                };
-                let args = a.values().map(Arg::from);
-                return self.launch(name, a.launch(), &args);
-            }
         }
         let mut t0 = 0;
         while t0 < n {
@@ -1070,6 +1092,25 @@ impl Cuda {
             }),
         });
         Ok(true)
+    }
+
+    /// The GEMM's activation tiles of `x` (`gemm::act`): quantized once for all the matmuls
+    /// of the same activations (Q, K and V; gate and up), until another op runs.
+    fn gemm_tiles(&self, x: &CudaTensor) -> Result<u64, CudaError> {
+        if let Some((c, q)) = *lock(&self.gemm_quantized) {
+            if c == *x {
+                return Ok(q);
+            }
+        }
+        let q = self.scratch(gemm::act::row_bytes(x.cols)? * x.rows)?;
+        let (len, ntiles) = (x.cols as u32, x.cols.div_ceil(TILE) as u32);
+        self.launch(
+            gemm::act::QUANTIZE,
+            gemm::act::quantize_launch(x.cols, x.rows),
+            &[Arg::P(x.ptr), Arg::P(q), Arg::U(len), Arg::U(ntiles)],
+        )?;
+        *lock(&self.gemm_quantized) = Some((*x, q));
+        Ok(q)
     }
 
     /// `q = quantize_q8_1(x)` for `n` rows of `k` floats.

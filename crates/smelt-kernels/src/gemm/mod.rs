@@ -1,0 +1,613 @@
+//! Many-token matrix multiply of quantized weights on the tensor cores: `y[t][r] = W[r] ·
+//! x[t]` for prompt chunks and batched decode, where the GEMV would read the weights again
+//! for every eight tokens. The idea is ggml's MMQ (int8 `mma.sync` on unpacked weights and
+//! int8 activations); the layout and the scale handling are ours.
+//!
+//! A block of [`THREADS`] threads owns [`BM`] rows x [`BN`] tokens. For each 256-weight
+//! tile it stages into shared memory the rows' weights unpacked to int8 plus their scales
+//! ([`GemmFormat::stage`]) and the tokens' quants as they are (`cp.async`, [`act`]: one f32
+//! scale per tile). Each of its eight warps computes 32 rows x 16 tokens with int8
+//! `mma.sync` (m16n8k32 for 32-weight groups, m16n8k16 for 16) and sums a tile in integers:
+//!
+//! - integer group scales (K-quants): `I += sc_g * isum_g` per group (one `mad` per
+//!   product), and for formats with minima `M = sum_g m_g * qsum_g` as a second `mma`
+//!   chained over the groups, whose A operand is each row's 6-bit minimum repeated over the
+//!   group; once per tile `acc += D_t * (d_r * I + (-dmin_r) * M)`;
+//! - float group scales (Q8_0): `T += dA_g * isum_g` per group, `acc += D_t * T` per tile.
+//!
+//! Every output is summed in one fixed order whatever else shares its launch, so a
+//! sequence's results do not depend on the other tokens of its step.
+//!
+//! CPU twin: [`cpu_with_magnitude`] (f64, from ggml's dequantized weights and the
+//! activation tiles).
+
+pub mod act;
+mod formats;
+
+use smelt_ptx::{CpAsyncCache, Kernel, Load, Pred, Reg, Store, B32, F32, S32, U32, U64};
+
+use crate::formats::{GpuFormat, Q4K, Q6K, Q8_0};
+use crate::{padded_tiles, GgmlType, KernelError, TILE};
+
+/// Rows of W per block.
+pub const BM: u32 = 64;
+/// Tokens per block.
+pub const BN: u32 = 64;
+/// Threads per block: eight warps, each 32 rows x 16 tokens.
+pub const THREADS: u32 = 256;
+/// Bytes of one row's 256 int8 weights in shared memory: 16 more than 256, so the eight
+/// rows an `mma` fragment load touches fall in different banks.
+const A_STRIDE: u32 = TILE as u32 + 16;
+/// Bytes of one token's 256 int8 quants in shared memory (padded as [`A_STRIDE`]).
+const B_STRIDE: u32 = TILE as u32 + 16;
+/// Bytes of one row's group scales in shared memory ([`Scales`]).
+const SC_STRIDE: u32 = 64;
+/// Bytes of one row's per-tile floats (`d`, `-dmin`).
+const ROWF_STRIDE: u32 = 8;
+
+/// Static shared memory of a GEMM block (over the decode kernels' 32 KB carveout: the
+/// GEMMs get a carveout of their own, `smelt_cuda`).
+pub const SHARED_BYTES: usize =
+    (BM * A_STRIDE + BN * B_STRIDE + BM * SC_STRIDE + BM * ROWF_STRIDE + BN * 4) as usize;
+
+/// Fewest tokens for which a matmul takes the GEMM instead of the GEMV (which reads the
+/// weights once per eight tokens). A first guess until measured on the card
+/// (`SMELT_CUDA_GEMM_MIN` moves it for that measurement).
+pub const MIN_TOKENS: usize = 16;
+
+/// The kernel parameters, in order: the kernel declares them from this list and the host
+/// packs [`Args`] in the same order, so the two cannot drift apart.
+pub const PARAMS: [&str; 7] = ["w", "x", "y", "nrows", "ntok", "ntiles", "row_bytes"];
+
+/// A kernel argument value, as the host passes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ArgValue {
+    /// A device address.
+    Ptr(u64),
+    /// A `u32` scalar.
+    U32(u32),
+}
+
+/// One GEMM launch: weights `w` (`nrows` rows of `row_bytes` in the GPU layout), activation
+/// tiles `x` ([`act`], `ntok` rows of `ntiles` tiles), output `y` (`ntok x nrows` f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Args {
+    pub w: u64,
+    pub x: u64,
+    pub y: u64,
+    pub nrows: u32,
+    pub ntok: u32,
+    pub ntiles: u32,
+    pub row_bytes: u32,
+}
+
+impl Args {
+    /// The values in [`PARAMS`] order.
+    pub fn values(&self) -> [ArgValue; 7] {
+        [
+            ArgValue::Ptr(self.w),
+            ArgValue::Ptr(self.x),
+            ArgValue::Ptr(self.y),
+            ArgValue::U32(self.nrows),
+            ArgValue::U32(self.ntok),
+            ArgValue::U32(self.ntiles),
+            ArgValue::U32(self.row_bytes),
+        ]
+    }
+
+    /// Grid (token blocks fastest, so the blocks that share rows run together and read the
+    /// weights from L2) and block size.
+    pub fn launch(&self) -> crate::ops::Launch {
+        crate::ops::Launch::new(
+            (
+                self.ntok.div_ceil(BN).max(1),
+                self.nrows.div_ceil(BM).max(1),
+                1,
+            ),
+            (THREADS, 1, 1),
+        )
+    }
+}
+
+/// How a format's group scales sit in shared memory ([`SC_STRIDE`] bytes a row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scales {
+    /// Integer scales, one `s32` per group; with `min`, after the eight scales (32-weight
+    /// groups) one `u32` per group holding the group's minimum in all four bytes. The row's
+    /// `d` and `-dmin` go to the per-tile floats.
+    Int { min: bool },
+    /// One f32 per group.
+    Float,
+}
+
+/// What a format's staging code works with: the block's rows, the tile, the thread index
+/// and where in shared memory the unpacked weights and scales go.
+#[derive(Clone, Copy)]
+pub struct Stage {
+    /// Thread index in the block (0..[`THREADS`]).
+    pub tid: Reg<U32>,
+    /// Tile index (256 weights) along the rows.
+    pub tile: Reg<U32>,
+    /// Tiles per row.
+    pub ntiles: Reg<U32>,
+    /// Shared address of row 0's int8 weights (rows [`A_STRIDE`] bytes apart, weight `i`
+    /// of the tile at byte `i`).
+    pub aq: Reg<U32>,
+    /// Shared address of row 0's group scales ([`SC_STRIDE`] bytes a row, [`Scales`]).
+    pub asc: Reg<U32>,
+    /// Shared address of row 0's per-tile floats (`d`, `-dmin`; [`ROWF_STRIDE`] bytes).
+    pub rowf: Reg<U32>,
+    w: Reg<U64>,
+    row0: Reg<U32>,
+    last_row: Reg<U32>,
+    row_bytes: Reg<U32>,
+}
+
+impl Stage {
+    /// Global address of the block's row `local` (clamped to the last row: rows past the
+    /// end are read again and never stored).
+    pub fn row(&self, k: &Kernel, local: Reg<U32>) -> Reg<U64> {
+        let r = k.add(k.reg(), self.row0, local);
+        k.min(r, r, self.last_row);
+        k.add(
+            k.reg(),
+            self.w,
+            k.mul_wide(k.reg::<U64>(), r, self.row_bytes),
+        )
+    }
+
+    /// Shared address of byte `col` of row `local`'s weights.
+    pub fn aq_at(&self, k: &Kernel, local: Reg<U32>, col: Reg<U32>) -> Reg<U32> {
+        let a = k.mad(k.reg(), local, A_STRIDE, self.aq);
+        k.add(a, a, col)
+    }
+
+    /// Shared address of row `local`'s group scales.
+    pub fn asc_at(&self, k: &Kernel, local: Reg<U32>) -> Reg<U32> {
+        k.mad(k.reg(), local, SC_STRIDE, self.asc)
+    }
+
+    /// Shared address of row `local`'s per-tile floats.
+    pub fn rowf_at(&self, k: &Kernel, local: Reg<U32>) -> Reg<U32> {
+        k.mad(k.reg(), local, ROWF_STRIDE, self.rowf)
+    }
+}
+
+/// A weight format the GEMM reads: how a tile of [`BM`] rows becomes int8 weights and
+/// group scales in shared memory.
+pub trait GemmFormat: GpuFormat {
+    /// The kernel's name.
+    const GEMM_NAME: &'static str;
+    /// Weights per scale group: 32, or 16 for formats with 16-weight scales.
+    const GROUP: u32;
+    /// How the group scales are kept.
+    const SCALES: Scales;
+    /// Stages tile `s.tile` of the block's rows (all [`THREADS`] threads take part).
+    fn stage(k: &Kernel, s: &Stage);
+}
+
+/// `y = W x` for `ntok` tokens: see the module doc. Parameters [`PARAMS`]; launch
+/// [`Args::launch`].
+pub fn kernel<F: GemmFormat>(k: &Kernel) {
+    k.max_threads(THREADS, 1, 1);
+    let [w, x, y] = [PARAMS[0], PARAMS[1], PARAMS[2]].map(|n| k.param_ptr(n));
+    let [nrows, ntok, ntiles, row_bytes] =
+        [PARAMS[3], PARAMS[4], PARAMS[5], PARAMS[6]].map(|n| k.param_u32(n));
+    let aq_s = k.shared::<U32>("gemm_aq", BM * A_STRIDE / 4, 16);
+    let bq_s = k.shared::<U32>("gemm_bq", BN * B_STRIDE / 4, 16);
+    let asc_s = k.shared::<U32>("gemm_asc", BM * SC_STRIDE / 4, 16);
+    let rowf_s = k.shared::<F32>("gemm_rowf", BM * ROWF_STRIDE / 4, 16);
+    let bd_s = k.shared::<F32>("gemm_bd", BN, 16);
+    let aq = k.shared_base(&aq_s);
+    let bq = k.shared_base(&bq_s);
+    let asc = k.shared_base(&asc_s);
+    let rowf = k.shared_base(&rowf_s);
+    let bd = k.shared_base(&bd_s);
+
+    let tid = k.tid_x();
+    let tok0 = k.mul(k.reg(), k.ctaid_x(), BN);
+    let row0 = k.mul(k.reg(), k.ctaid_y(), BM);
+    let last_row = k.sub(k.reg(), nrows, 1u32);
+    let last_tok = k.sub(k.reg(), ntok, 1u32);
+    let tok_stride = k.mul(k.reg(), ntiles, act::TILE_BYTES as u32);
+    // The address of token `tok0 + local` (clamped: tokens past the end are read again and
+    // never stored).
+    let token = |local: Reg<U32>| {
+        let t = k.add(k.reg(), tok0, local);
+        k.min(t, t, last_tok);
+        k.add(k.reg(), x, k.mul_wide(k.reg::<U64>(), t, tok_stride))
+    };
+    // Token quants: thread copies 16-byte chunk `tid % 16` of tokens `tid / 16 + 16 i`.
+    let bch = k.and(k.reg(), tid, 15u32);
+    let bt0 = k.shr(k.reg(), tid, 4u32);
+    let bsrc: Vec<Reg<U64>> = (0..BN / 16)
+        .map(|i| {
+            let src = token(k.add(k.reg(), bt0, 16 * i));
+            k.add(src, src, k.mul_wide(k.reg::<U64>(), bch, 16u32))
+        })
+        .collect();
+    let bdst = k.mad(k.reg(), bt0, B_STRIDE, bq);
+    k.mad(bdst, bch, 16u32, bdst);
+    // Token scales: thread `tid < BN` loads token `tid`'s.
+    let scale_thread = k.lt(tid, BN);
+    let ssrc = token(tid);
+    k.add(ssrc, ssrc, act::D_OFFSET as u64);
+    let sdst = k.mad(k.reg(), tid, 4u32, bd);
+
+    // Warp geometry: warp (wm, wn) computes rows 32 wm.. and tokens 16 wn..; lane (g, t).
+    let warp = k.shr(k.reg(), tid, 5u32);
+    let lane = k.and(k.reg(), tid, 31u32);
+    let g = k.shr(k.reg(), lane, 2u32);
+    let t = k.and(k.reg(), lane, 3u32);
+    let wm = k.and(k.reg(), warp, 1u32);
+    let wn = k.shr(k.reg(), warp, 1u32);
+    let arow = k.mad(k.reg(), wm, 32u32, g);
+    let btok = k.mad(k.reg(), wn, 16u32, g);
+    let frags = Frags {
+        a: {
+            let a = k.mad(k.reg(), arow, A_STRIDE, aq);
+            k.mad(a, t, 4u32, a)
+        },
+        b: {
+            let b = k.mad(k.reg(), btok, B_STRIDE, bq);
+            k.mad(b, t, 4u32, b)
+        },
+        asc: k.mad(k.reg(), arow, SC_STRIDE, asc),
+        rowf: k.mad(k.reg(), arow, ROWF_STRIDE, rowf),
+        // Tokens 2t, 2t + 1 of each n-tile are the thread's accumulator columns.
+        bd: {
+            let c = k.mad(k.reg(), wn, 16u32, k.shl(k.reg(), t, 1u32));
+            k.mad(c, c, 4u32, bd)
+        },
+    };
+    let ctok = k.mad(k.reg(), wn, 16u32, k.shl(k.reg(), t, 1u32));
+
+    let stage = Stage {
+        tid,
+        tile: k.u32(0),
+        ntiles,
+        aq,
+        asc,
+        rowf,
+        w,
+        row0,
+        last_row,
+        row_bytes,
+    };
+    let acc: Acc<F32> =
+        std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
+
+    k.grid_dep_wait();
+    k.for_count(ntiles, |k, tile| {
+        let stage = Stage { tile, ..stage };
+        // Every warp is done with the previous tile's shared memory.
+        k.bar_sync();
+        let toff = k.mul_wide(k.reg::<U64>(), tile, act::TILE_BYTES as u32);
+        for (i, &src) in bsrc.iter().enumerate() {
+            let src = k.add(k.reg(), src, toff);
+            k.cp_async(
+                CpAsyncCache::Cg,
+                bdst.at(i as i64 * 16 * B_STRIDE as i64),
+                src,
+                16,
+            );
+        }
+        let dsrc = k.add(k.reg(), ssrc, toff);
+        let dval = k.f32(0.0);
+        k.guarded(scale_thread, |k| {
+            k.ld(Load::GLOBAL_NC, dval, dsrc);
+            k.st(Store::SHARED, sdst, dval);
+        });
+        F::stage(k, &stage);
+        // One group for the token quants and any weight copies the format issued.
+        k.cp_async_commit();
+        k.cp_async_wait(0);
+        k.bar_sync();
+        compute_tile::<F>(k, &frags, &acc);
+    });
+
+    // Outputs: accumulator e of (mi, ni) is row arow + 16 mi + 8 (e / 2), token
+    // ctok + 8 ni + e % 2.
+    for (mi, per_n) in acc.iter().enumerate() {
+        for h in 0..2u32 {
+            let row = k.add(k.reg(), row0, arow);
+            k.add(row, row, 16 * mi as u32 + 8 * h);
+            let row_ok = k.lt(row, nrows);
+            for (ni, c) in per_n.iter().enumerate() {
+                for j in 0..2u32 {
+                    let tok = k.add(k.reg(), tok0, ctok);
+                    k.add(tok, tok, 8 * ni as u32 + j);
+                    let ok = k.reg::<Pred>();
+                    k.raw(format!("setp.lt.and.u32 {ok}, {tok}, {ntok}, {row_ok}"));
+                    let idx = k.mad(k.reg(), tok, nrows, row);
+                    let at = k.elem_addr(y, idx, 4);
+                    k.guarded(ok, |k| {
+                        k.st(Store::GLOBAL, at, c[(2 * h + j) as usize]);
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// A warp's accumulators: 2 m-tiles x 2 n-tiles x 4 values.
+type Acc<T> = [[[Reg<T>; 4]; 2]; 2];
+
+/// A thread's shared-memory addresses for one warp tile.
+struct Frags {
+    /// Its A fragment bytes (row `g`, byte `4t`) of m-tile 0.
+    a: Reg<U32>,
+    /// Its B fragment bytes (token `g`, byte `4t`) of n-tile 0.
+    b: Reg<U32>,
+    /// Group scales of its row `g` of m-tile 0.
+    asc: Reg<U32>,
+    /// Per-tile floats of its row `g` of m-tile 0.
+    rowf: Reg<U32>,
+    /// Scale of its token `2t` of n-tile 0.
+    bd: Reg<U32>,
+}
+
+/// The dot products of one staged tile into `acc` (see the module doc).
+fn compute_tile<F: GemmFormat>(k: &Kernel, fr: &Frags, acc: &Acc<F32>) {
+    let zero: [Reg<S32>; 4] = std::array::from_fn(|_| k.s32(0));
+    let isum: Acc<S32> =
+        std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.s32(0))));
+    let msum: Acc<S32> =
+        std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.s32(0))));
+    let fsum: Acc<F32> =
+        std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
+    let lds = |at: smelt_ptx::Addr| k.ld(Load::SHARED, k.reg::<B32>(), at);
+    // Row offsets of rows g and g + 8 of each m-tile, in units of a row stride.
+    let rows = |mi: usize, h: usize| (16 * mi + 8 * h) as i64;
+    let groups = TILE as u32 / F::GROUP;
+    for grp in 0..groups {
+        let kb = i64::from(grp * F::GROUP);
+        let a: Vec<Vec<Reg<B32>>> = (0..2)
+            .map(|mi| {
+                let at = |h: usize, off: i64| fr.a.at(rows(mi, h) * A_STRIDE as i64 + kb + off);
+                let mut v = vec![lds(at(0, 0)), lds(at(1, 0))];
+                if F::GROUP == 32 {
+                    v.push(lds(at(0, 16)));
+                    v.push(lds(at(1, 16)));
+                }
+                v
+            })
+            .collect();
+        let b: Vec<Vec<Reg<B32>>> = (0..2i64)
+            .map(|ni| {
+                let base = ni * 8 * B_STRIDE as i64 + kb;
+                let mut v = vec![lds(fr.b.at(base))];
+                if F::GROUP == 32 {
+                    v.push(lds(fr.b.at(base + 16)));
+                }
+                v
+            })
+            .collect();
+        let sc_at = |mi: usize, h: usize, off: i64| {
+            fr.asc
+                .at(rows(mi, h) * SC_STRIDE as i64 + off + 4 * i64::from(grp))
+        };
+        for mi in 0..2 {
+            let sc: [Reg<B32>; 2] = std::array::from_fn(|h| lds(sc_at(mi, h, 0)));
+            let mins = match F::SCALES {
+                Scales::Int { min: true } => Some([lds(sc_at(mi, 0, 32)), lds(sc_at(mi, 1, 32))]),
+                _ => None,
+            };
+            for ni in 0..2 {
+                let c = k.regs::<S32, 4>();
+                if F::GROUP == 32 {
+                    k.mma_m16n8k32_s8(
+                        c,
+                        [a[mi][0], a[mi][1], a[mi][2], a[mi][3]],
+                        [b[ni][0], b[ni][1]],
+                        zero,
+                    );
+                } else {
+                    k.mma_m16n8k16_s8(c, [a[mi][0], a[mi][1]], b[ni][0], zero);
+                }
+                for e in 0..4 {
+                    match F::SCALES {
+                        Scales::Int { .. } => {
+                            let s = isum[mi][ni][e];
+                            k.mad(s, c[e], sc[e / 2].cast::<S32>(), s);
+                        }
+                        Scales::Float => {
+                            let f = fsum[mi][ni][e];
+                            let cf = k.cvt(k.reg::<F32>(), c[e], smelt_ptx::FloatRound::Rn);
+                            k.fma(f, cf, sc[e / 2].cast::<F32>(), f);
+                        }
+                    }
+                }
+                if let Some([m0, m1]) = mins {
+                    let m = msum[mi][ni];
+                    k.mma_m16n8k32_s8(m, [m0, m1, m0, m1], [b[ni][0], b[ni][1]], m);
+                }
+            }
+        }
+    }
+    // Once per tile: acc += D_t * (d_r * I + (-dmin_r) * M), or acc += D_t * T.
+    let dtok: [[Reg<F32>; 2]; 2] = std::array::from_fn(|ni| {
+        std::array::from_fn(|j| {
+            k.ld(
+                Load::SHARED,
+                k.reg::<F32>(),
+                fr.bd.at(4 * (8 * ni + j) as i64),
+            )
+        })
+    });
+    for mi in 0..2 {
+        let rf: [[Reg<F32>; 2]; 2] = std::array::from_fn(|h| {
+            let v = k.regs::<F32, 2>();
+            k.ld_v2(
+                Load::SHARED,
+                v,
+                fr.rowf.at(rows(mi, h) * ROWF_STRIDE as i64),
+            );
+            v
+        });
+        for ni in 0..2 {
+            for e in 0..4 {
+                let (h, j) = (e / 2, e % 2);
+                let tsum = match F::SCALES {
+                    Scales::Int { min } => {
+                        let v = k.cvt(k.reg::<F32>(), isum[mi][ni][e], smelt_ptx::FloatRound::Rn);
+                        k.mul(v, v, rf[h][0]);
+                        if min {
+                            let m =
+                                k.cvt(k.reg::<F32>(), msum[mi][ni][e], smelt_ptx::FloatRound::Rn);
+                            k.fma(v, m, rf[h][1], v);
+                        }
+                        v
+                    }
+                    Scales::Float => fsum[mi][ni][e],
+                };
+                let a = acc[mi][ni][e];
+                k.fma(a, tsum, dtok[ni][j], a);
+            }
+        }
+    }
+}
+
+/// Weight types with a GEMM, and their kernel names.
+pub const TYPES: [(GgmlType, &str); 3] = [
+    (GgmlType::Q4_K, Q4K::GEMM_NAME),
+    (GgmlType::Q6_K, Q6K::GEMM_NAME),
+    (GgmlType::Q8_0, Q8_0::GEMM_NAME),
+];
+
+/// The GEMM kernel's name for `ty`, if it has one.
+pub fn name(ty: GgmlType) -> Option<&'static str> {
+    TYPES.iter().find(|(t, _)| *t == ty).map(|(_, n)| *n)
+}
+
+/// Every GEMM kernel and the activation quantize kernel, for the catalog.
+pub fn catalog() -> Vec<crate::catalog::Entry> {
+    vec![
+        (act::QUANTIZE.to_string(), Box::new(act::quantize_kernel)),
+        (Q4K::GEMM_NAME.to_string(), Box::new(kernel::<Q4K>)),
+        (Q6K::GEMM_NAME.to_string(), Box::new(kernel::<Q6K>)),
+        (Q8_0::GEMM_NAME.to_string(), Box::new(kernel::<Q8_0>)),
+    ]
+}
+
+/// CPU twin of the GEMM: `y[t][r] = sum_i W[r][i] * x[t][i]` in f64, with `W` dequantized
+/// from its ggml bytes by `smelt_quant` and `x` from the [`act`] tiles; also each output's
+/// `sum_i |W[r][i] * x[t][i]|`, the scale its float rounding error grows with.
+pub fn cpu_with_magnitude(
+    ty: GgmlType,
+    ggml: &[u8],
+    nrows: usize,
+    k: usize,
+    x: &[u8],
+    ntok: usize,
+) -> Result<(Vec<f32>, Vec<f64>), KernelError> {
+    let ntiles = padded_tiles(k, "GEMM")?;
+    let want_x = ntok * ntiles * act::TILE_BYTES;
+    if x.len() != want_x {
+        return Err(KernelError::BadLength {
+            what: "quantized activations",
+            got: x.len(),
+            want: want_x,
+        });
+    }
+    let row_ggml = k / ty.block_size() * ty.type_size();
+    if ggml.len() != nrows * row_ggml {
+        return Err(KernelError::BadLength {
+            what: "ggml weights",
+            got: ggml.len(),
+            want: nrows * row_ggml,
+        });
+    }
+    let xs: Vec<f64> = x
+        .chunks_exact(act::TILE_BYTES)
+        .flat_map(act::dequantize_tile)
+        .collect();
+    let mut y = vec![0f32; ntok * nrows];
+    let mut mag = vec![0f64; ntok * nrows];
+    let mut w = vec![0f32; k];
+    for r in 0..nrows {
+        smelt_quant::dequantize_row(ty, &ggml[r * row_ggml..(r + 1) * row_ggml], &mut w)?;
+        for t in 0..ntok {
+            let xt = &xs[t * ntiles * TILE..t * ntiles * TILE + k];
+            let (mut dot, mut abs) = (0f64, 0f64);
+            for (&a, &b) in w.iter().zip(xt) {
+                let p = f64::from(a) * b;
+                dot += p;
+                abs += p.abs();
+            }
+            y[t * nrows + r] = dot as f32;
+            mag[t * nrows + r] = abs;
+        }
+    }
+    Ok((y, mag))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smelt_ptx::{Module, Target};
+
+    #[test]
+    fn every_gemm_builds_and_fits_static_shared_memory() {
+        assert!(SHARED_BYTES <= 48 * 1024, "{SHARED_BYTES}");
+        for target in [Target::Sm80, Target::Sm90] {
+            let mut m = Module::new(target);
+            for (name, build) in catalog() {
+                m.kernel(&name, |k| build(k)).unwrap();
+            }
+            let ptx = m.to_ptx();
+            for (_, name) in TYPES {
+                assert!(ptx.contains(&format!(".entry {name}(")), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn launch_covers_ragged_shapes() {
+        let a = Args {
+            w: 0,
+            x: 0,
+            y: 0,
+            nrows: 65,
+            ntok: 3,
+            ntiles: 1,
+            row_bytes: 144,
+        };
+        let l = a.launch();
+        assert_eq!(l.grid, (1, 2, 1));
+        assert_eq!(l.block, (THREADS, 1, 1));
+        assert_eq!(a.values().len(), PARAMS.len());
+    }
+
+    #[test]
+    fn types_have_gemv_layouts() {
+        for (ty, name) in TYPES {
+            assert!(crate::catalog::row_bytes(ty, 256).is_ok(), "{name}");
+            assert_eq!(super::name(ty), Some(name));
+        }
+        assert_eq!(super::name(GgmlType::Q4_0), None);
+    }
+
+    #[test]
+    fn the_twin_is_the_dequantized_product() {
+        // One Q8_0 row of ones-ish weights against a known activation row.
+        let k = 64;
+        let w: Vec<f32> = (0..k).map(|i| (i % 7) as f32 - 3.0).collect();
+        let mut ggml = vec![0u8; k / 32 * 34];
+        smelt_quant::quantize_row(GgmlType::Q8_0, &w, &mut ggml).unwrap();
+        let x: Vec<f32> = (0..k).map(|i| ((i * 5) % 11) as f32 * 0.25 - 1.0).collect();
+        let xq = act::quantize_cpu(&x, k).unwrap();
+        let (y, mag) = cpu_with_magnitude(GgmlType::Q8_0, &ggml, 1, k, &xq, 1).unwrap();
+        let exact: f64 = w
+            .iter()
+            .zip(&x)
+            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+            .sum();
+        assert!(
+            (f64::from(y[0]) - exact).abs() < 0.02 * mag[0],
+            "{} vs {exact}",
+            y[0]
+        );
+        assert!(cpu_with_magnitude(GgmlType::Q8_0, &ggml, 2, k, &xq, 1).is_err());
+    }
+}
