@@ -81,3 +81,76 @@ fn bench_kernels_needs_a_gpu_and_bad_devices_are_refused() {
         "{stderr}"
     );
 }
+
+/// `smelt bench --json` on the CPU with `args` added; the parsed JSON line.
+fn bench_json(m: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = vec![
+        "bench",
+        "--model",
+        m,
+        "--device",
+        "cpu",
+        "--reps",
+        "1",
+        "--threads",
+        "2",
+        "--json",
+    ];
+    all.extend(args);
+    let out = smelt(&all);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "smelt {all:?}: {stderr}");
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON line")
+}
+
+#[test]
+fn bench_batch_decodes_every_sequence_and_matches_one_alone() {
+    let m = model(SMOLLM);
+    let m = m.to_str().expect("UTF-8 path");
+    // Three 20-token prompts in steps of at most 8 tokens (shared and cut), 5 steps of 3 rows.
+    let many = bench_json(
+        m,
+        &[
+            "--batch", "3", "--prompt", "20", "--gen", "5", "--ubatch", "8",
+        ],
+    );
+    assert_eq!(many["batch"], 3);
+    assert_eq!(many["ubatch"], 8);
+    let agg = many["decode_tok_s"].as_f64().unwrap();
+    assert!(agg > 0.0 && many["prompt_tok_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(many["batch_decode_tok_s"].as_f64().unwrap(), agg);
+    let per_seq = many["seq_decode_tok_s"].as_f64().unwrap();
+    assert!((per_seq * 3.0 - agg).abs() < 1e-6 * agg, "{many}");
+    assert!(many["ttft_ms"].as_f64().unwrap() > 0.0);
+    let digests = many["seq_token_digests"].as_array().unwrap();
+    assert_eq!(digests.len(), 3, "{many}");
+    assert_ne!(
+        digests[0], digests[1],
+        "sequences got the same prompt: {many}"
+    );
+
+    // Sequence 0 alone, its prompt in one step: the same greedy tokens (the CPU computes each
+    // row on its own, whatever else is in the step and however the prompt was cut).
+    let one = bench_json(m, &["--prompt", "20", "--gen", "5"]);
+    assert_eq!(one["batch"], 1);
+    assert_eq!(one["seq_token_digests"][0], digests[0], "{one}\n{many}");
+}
+
+#[test]
+fn bench_refuses_empty_batches_and_steps() {
+    let m = model(SMOLLM);
+    for flag in ["--batch", "--ubatch"] {
+        let out = smelt(&[
+            "bench",
+            "--model",
+            m.to_str().expect("UTF-8 path"),
+            "--device",
+            "cpu",
+            flag,
+            "0",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} 0 was accepted");
+        assert!(stderr.contains("must be at least 1"), "{flag}: {stderr}");
+    }
+}

@@ -2,20 +2,27 @@
 //! `--kernels`, each GEMV's bandwidth at real shapes against a device copy measured in the
 //! same run.
 //!
-//! Prompt: one forward over `--prompt` tokens from an empty cache. Decode: `--gen`
-//! single-token steps after it, each feeding back the greedy token chosen as greedy
-//! generation chooses it (`Engine::forward_greedy`: on the GPU inside the step, 4 bytes
-//! back), or with `--host-logits` from the logits copied to the host every step (what a
-//! sampler needs; llama-bench's tg copies them too). A warm-up sequence runs first
-//! (weights touched, kernels loaded, the decode step's CUDA graph captured) and is freed.
+//! Prompt: `--prompt` tokens from an empty cache, fed in steps of at most `--ubatch` tokens
+//! (llama.cpp's n_ubatch), so a 32k-token prompt needs activations for one step only; its
+//! time is the time to first token. Decode: `--gen` steps after it, each feeding back the
+//! greedy token chosen as greedy generation chooses it (`Engine::forward_greedy`: on the GPU
+//! inside the step, 4 bytes back), or with `--host-logits` from the logits copied to the
+//! host every step (what a sampler needs; llama-bench's tg copies them too). With `--batch
+//! N`, N sequences each get their own prompt (prompts share prefill steps) and every decode
+//! step runs all N in one forward: the aggregate tokens/s a server's batch reaches (see
+//! `batch.rs`). A warm-up run of the same shape goes first (weights touched, kernels
+//! loaded, the decode step's CUDA graph captured) and is freed.
 
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use smelt_engine::{argmax, Device, Engine, EngineOptions, Logits, SeqId, SeqInput};
+use smelt_engine::generate::DEFAULT_PREFILL_CHUNK;
+use smelt_engine::{Device, Engine, EngineOptions};
 
 use super::model_ref;
+
+mod batch;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -25,12 +32,20 @@ pub struct BenchArgs {
     /// auto (the GPU when one is usable, and says so), cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: String,
-    /// Prompt tokens (one forward).
+    /// Prompt tokens per sequence.
     #[arg(long, default_value_t = 512)]
     pub prompt: usize,
     /// Decode steps after the prompt.
     #[arg(long, default_value_t = 128)]
     pub gen: usize,
+    /// Sequences decoding together: each gets its own prompt, then every decode step runs
+    /// all N in one forward; tokens/s are the aggregate of all N.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub batch: usize,
+    /// Most tokens in one prefill step (llama.cpp's n_ubatch): longer prompts are fed in
+    /// chunks, so activation memory depends on this, not on the prompt's length.
+    #[arg(long, value_name = "TOKENS", default_value_t = DEFAULT_PREFILL_CHUNK)]
+    pub ubatch: usize,
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
@@ -56,14 +71,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let Some(model) = &args.model else {
         bail!("--model is required (or --kernels)");
     };
-    if args.prompt == 0 || args.gen == 0 || args.reps == 0 {
-        bail!("--prompt, --gen and --reps must be at least 1");
+    if args.prompt == 0 || args.gen == 0 || args.reps == 0 || args.batch == 0 || args.ubatch == 0 {
+        bail!("--prompt, --gen, --reps, --batch and --ubatch must be at least 1");
     }
     let device = model_ref::check_device(&args.device)?;
     let path = model_ref::resolve(model)?;
     let opts = EngineOptions {
         threads: args.threads,
-        kv_tokens: 2 * (args.prompt + args.gen) + 64,
+        kv_tokens: kv_tokens(args, EngineOptions::default().block_size)?,
         device,
         ..EngineOptions::default()
     };
@@ -72,23 +87,41 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Engine::load(&path, &opts).with_context(|| format!("cannot load {}", path.display()))?;
     let load_s = t.elapsed().as_secs_f64();
     let n_vocab = e.info().n_vocab;
-    // Deterministic ordinary tokens (speed does not depend on which).
-    let prompt: Vec<u32> = (0..args.prompt)
-        .map(|i| ((i * 7919 + 1000) % n_vocab.max(1)) as u32)
+    let prompts: Vec<Vec<u32>> = (0..args.batch)
+        .map(|i| batch::prompt(i, args.prompt, n_vocab))
         .collect();
 
-    // Warm-up at the measured sizes: scratch sized by the prompt, kernels loaded, and the
-    // decode step run eagerly, captured, then replayed.
+    // Warm-up at the measured sizes: scratch sized by the largest step, kernels loaded, and
+    // the decode step run eagerly, captured, then replayed.
     let host = args.host_logits;
-    run_once(&mut e, &prompt, 4, host)?;
-    let mut pp = Vec::new();
-    let mut tg = Vec::new();
+    batch::run_once(&mut e, &prompts, WARMUP_GEN, args.ubatch, host)?;
+    let mut runs = Vec::new();
     for _ in 0..args.reps {
-        let (p, g) = run_once(&mut e, &prompt, args.gen, host)?;
-        pp.push(args.prompt as f64 / p);
-        tg.push(args.gen as f64 / g);
+        runs.push(batch::run_once(
+            &mut e,
+            &prompts,
+            args.gen,
+            args.ubatch,
+            host,
+        )?);
     }
-    let (pp, tg) = (median(pp), median(tg));
+    let n = args.batch as f64;
+    let pp = median(
+        runs.iter()
+            .map(|r| n * args.prompt as f64 / r.timing.prompt_s)
+            .collect(),
+    );
+    let tg = median(
+        runs.iter()
+            .map(|r| n * args.gen as f64 / r.timing.decode_s)
+            .collect(),
+    );
+    let ttft_ms = median(runs.iter().map(|r| 1e3 * r.timing.prompt_s).collect());
+    // Every repetition computes the same tokens; the last one's stand for all.
+    let digests: Vec<String> = runs
+        .last()
+        .map(|r| r.tokens.iter().map(|t| batch::digest(t)).collect())
+        .unwrap_or_default();
     let name = path
         .file_name()
         .map_or_else(|| model.clone(), |n| n.to_string_lossy().into_owned());
@@ -98,11 +131,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "device": e.device_name(),
             "prompt_tokens": args.prompt,
             "gen_tokens": args.gen,
+            "batch": args.batch,
+            "ubatch": args.ubatch,
             "reps": args.reps,
             "prompt_tok_s": pp,
+            "ttft_ms": ttft_ms,
             "decode_tok_s": tg,
-            "decode_ms_per_token": 1e3 / tg,
+            "batch_decode_tok_s": tg,
+            "seq_decode_tok_s": tg / n,
+            "decode_ms_per_token": 1e3 * n / tg,
             "decode_token_from": if host { "host logits" } else { "engine greedy" },
+            "seq_token_digests": digests,
             "load_s": load_s,
         });
         println!("{j}");
@@ -110,45 +149,53 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("model   {name}");
         println!("device  {}", e.device_name());
         println!("load    {load_s:.2} s");
+        if args.batch > 1 {
+            println!(
+                "batch   {} sequences; tokens/s are the aggregate of all of them",
+                args.batch
+            );
+        }
+        let x = if args.batch > 1 {
+            format!(" x{}", args.batch)
+        } else {
+            String::new()
+        };
         println!("| test | tokens/s |");
         println!("|---|---|");
-        println!("| pp{} | {pp:.1} |", args.prompt);
-        println!("| tg{} | {tg:.1} |", args.gen);
+        println!("| pp{}{x} | {pp:.1} |", args.prompt);
+        println!("| tg{}{x} | {tg:.1} |", args.gen);
+        if args.batch > 1 {
+            println!(
+                "prompts {ttft_ms:.1} ms until every sequence had its first token (steps of at \
+                 most {} tokens)",
+                args.ubatch
+            );
+            println!(
+                "decode step {:.2} ms ({:.1} tokens/s per sequence)",
+                1e3 * n / tg,
+                tg / n
+            );
+        } else {
+            println!(
+                "time to first token {ttft_ms:.1} ms (prompt in steps of at most {} tokens)",
+                args.ubatch
+            );
+        }
     }
     Ok(())
 }
 
-/// The greedy token after `tokens` of `seq`: from the logits on the host (`host`), or
-/// the engine's greedy path.
-fn greedy_step(e: &mut Engine, seq: SeqId, tokens: Vec<u32>, host: bool) -> Result<u32> {
-    let input = [SeqInput {
-        seq,
-        tokens,
-        logits: Logits::Last,
-    }];
-    Ok(if host {
-        let out = e.forward(&input)?;
-        argmax(out[0].first().map_or(&[][..], |r| &r[..]))
-    } else {
-        e.forward_greedy(&input)?.pop().flatten().unwrap_or(0)
-    })
-}
+/// Decode steps of the warm-up run.
+const WARMUP_GEN: usize = 4;
 
-/// One prompt forward and `gen` decode steps on a fresh sequence: (prompt s, decode s).
-fn run_once(e: &mut Engine, prompt: &[u32], gen: usize, host: bool) -> Result<(f64, f64)> {
-    let seq = e.new_sequence();
-    let r = (|| {
-        let t = Instant::now();
-        let mut next = greedy_step(e, seq, prompt.to_vec(), host)?;
-        let p = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        for _ in 0..gen {
-            next = greedy_step(e, seq, vec![next], host)?;
-        }
-        Ok::<_, anyhow::Error>((p, t.elapsed().as_secs_f64()))
-    })();
-    e.free_sequence(seq);
-    r
+/// KV cache room for `--batch` sequences of `--prompt` + `--gen` tokens (or the warm-up's,
+/// when more), each rounded up to whole blocks of `block_size`.
+fn kv_tokens(args: &BenchArgs, block_size: usize) -> Result<usize> {
+    args.prompt
+        .checked_add(args.gen.max(WARMUP_GEN))
+        .and_then(|t| t.checked_next_multiple_of(block_size))
+        .and_then(|t| t.checked_mul(args.batch))
+        .context("--batch x (--prompt + --gen) is too large")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
