@@ -190,6 +190,12 @@ pub trait GemmFormat: GpuFormat {
 /// [`Args::launch`].
 pub fn kernel<F: GemmFormat>(k: &Kernel) {
     k.max_threads(THREADS, 1, 1);
+    // Two blocks per SM (at most 128 registers a thread): one block's staging overlaps the
+    // other's tensor-core work. sm_80's ptxas spills at 128 (16-40 bytes), so there the
+    // register budget is its own.
+    if matches!(k.target(), smelt_ptx::Target::Sm90 | smelt_ptx::Target::Sm90a) {
+        k.min_blocks_per_sm(2);
+    }
     let [w, x, y] = [PARAMS[0], PARAMS[1], PARAMS[2]].map(|n| k.param_ptr(n));
     let [nrows, ntok, ntiles, row_bytes] =
         [PARAMS[3], PARAMS[4], PARAMS[5], PARAMS[6]].map(|n| k.param_u32(n));
