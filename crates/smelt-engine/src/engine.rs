@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use smelt_gguf::Gguf;
 
-use crate::backend::cpu::spin_pool::SpinPool;
+use crate::backend::cpu::spin_pool::CpuPool;
 use crate::backend::cpu::{Cpu, CpuKv};
 use crate::backend::cuda::runner::StepOut;
 use crate::backend::cuda::CudaEngine;
@@ -20,7 +20,8 @@ use crate::EngineError;
 /// How to size and run an engine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineOptions {
-    /// Worker threads; `None` uses every core.
+    /// Worker threads; `None` uses every core this process may run on (affinity mask and
+    /// cgroup quota). Engines with the same count share one pool of threads.
     pub threads: Option<usize>,
     /// KV cache capacity in tokens, shared by all sequences.
     pub kv_tokens: usize,
@@ -74,9 +75,8 @@ enum Inner {
         backend: Cpu,
         model: Box<Model<Cpu>>,
         kv: CpuKv,
-        pool: rayon::ThreadPool,
-        /// Decode's parallel regions (spinning workers; see `spin_pool`).
-        spin: SpinPool,
+        /// Threads shared with every engine of the same thread count (see `spin_pool`).
+        pool: Arc<CpuPool>,
     },
     Cuda(Box<CudaEngine>),
 }
@@ -103,14 +103,7 @@ impl Engine {
                 device: opts.device,
             });
         }
-        let mut pool = rayon::ThreadPoolBuilder::new();
-        if let Some(t) = opts.threads {
-            pool = pool.num_threads(t.max(1));
-        }
-        let pool = pool
-            .build()
-            .map_err(|e| EngineError::BadOptions(format!("thread pool: {e}")))?;
-        let spin = SpinPool::new(pool.current_num_threads())
+        let pool = CpuPool::shared(opts.threads)
             .map_err(|e| EngineError::BadOptions(format!("thread pool: {e}")))?;
         let backend = Cpu;
         let model = Model::load(&backend, &gguf)?;
@@ -128,7 +121,6 @@ impl Engine {
                 model: Box::new(model),
                 kv,
                 pool,
-                spin,
             },
             table: BlockTable::new(n_blocks, opts.block_size),
             device: Device::Cpu,
@@ -152,6 +144,14 @@ impl Engine {
         match &self.inner {
             Inner::Cpu { .. } => "cpu".into(),
             Inner::Cuda(c) => format!("{} ({})", self.device, c.backend().gpu().name()),
+        }
+    }
+
+    /// CPU threads this engine computes on (`None` on a GPU).
+    pub fn cpu_threads(&self) -> Option<usize> {
+        match &self.inner {
+            Inner::Cpu { pool, .. } => Some(pool.threads()),
+            Inner::Cuda(_) => None,
         }
     }
 
@@ -296,11 +296,10 @@ impl Engine {
                 model,
                 kv,
                 pool,
-                spin,
             } => {
                 let backend = &*backend;
-                let logits = pool.install(|| {
-                    spin.install(|| {
+                let logits = pool.rayon.install(|| {
+                    pool.spin.install(|| {
                         model.forward(backend, kv, &tokens, &positions, &seqs, &out_rows)
                     })
                 })?;
