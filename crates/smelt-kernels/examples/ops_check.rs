@@ -10,6 +10,10 @@
 //!    heads, head_dim 128) at contexts 512 and 4096, in GB/s of KV bytes read, rotating
 //!    over enough KV copies that L2 cannot serve them; and the other ops at 8B shapes.
 //!
+//! `--attention` runs only the attention checks (the split kernels for every head size, the
+//! generic kernel, the tensor-core prompt attention) and times the prompt attention against
+//! the split kernel at Llama-3-8B shape; `--parity-only` skips every timing.
+//!
 //! Exit status 1 when any parity check fails. No CUDA toolkit: PTX from `smelt-ptx`,
 //! loaded by the driver through cudarc.
 
@@ -28,7 +32,9 @@ use half::f16;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use smelt_kernels::ops::{self, attention, elementwise, embed, kv, norm, rope, sample, Launch};
+use smelt_kernels::ops::{
+    self, attention, elementwise, embed, flash, kv, norm, rope, sample, Launch,
+};
 use smelt_kernels::GgmlType;
 use smelt_ptx::{Module, Target};
 use timing::{time_graph, time_launches};
@@ -1084,6 +1090,166 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
     Ok(())
 }
 
+/// The tensor-core prompt attention (`ops::flash`) for every head size against the
+/// attention twin: prompt chunks after cached blocks, several sequences of different
+/// lengths in one launch (rows a block leaves empty), grouped-query heads packed into a
+/// block's rows, sliding windows, block sizes that are not powers of two.
+fn check_prefill(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
+    let mut c = Check::default();
+    // (seqs as (start_pos, new tokens), n_head, n_head_kv, head_dim, block size, window)
+    type Case = (Vec<(usize, usize)>, usize, usize, usize, usize, usize);
+    let mut cases: Vec<Case> = vec![
+        (vec![(0, 100)], 8, 2, 128, 16, 0),
+        (vec![(37, 64), (0, 5), (300, 33)], 8, 2, 64, 16, 0),
+        (vec![(200, 70)], 4, 4, 80, 16, 50),
+        (vec![(5, 40)], 16, 2, 96, 12, 0),
+        (vec![(1000, 48), (7, 1)], 4, 1, 112, 32, 0),
+        (vec![(0, 1)], 2, 1, 128, 16, 0),
+    ];
+    for (i, hd) in (144..=256).step_by(16).enumerate() {
+        let window = [0, 20, 0, 45][i % 4];
+        cases.push((vec![(10 + 17 * i, 37), (0, 20)], 4, 2, hd, 16, window));
+    }
+    for (shape, n_head, n_head_kv, hd, bs, window) in cases {
+        let p = paged(rng, &shape, bs);
+        let kv_dim = n_head_kv * hd;
+        let cache_len = p.n_blocks * bs * kv_dim;
+        let (kc, vc) = (f16_bits(rng, cache_len), f16_bits(rng, cache_len));
+        let q = floats(rng, p.rows * n_head * hd, 1.0);
+        let s = attention::AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            block_size: bs,
+            window,
+            scale: 1.0 / (hd as f32).sqrt() * 2.0,
+        };
+        let mut want = vec![0f32; p.rows * n_head * hd];
+        attention::attention_cpu(&q, &kc, &vc, &p.seqs, &p.tables, &s, &mut want);
+        let (kcd, vcd) = (gpu.stream.clone_htod(&kc)?, gpu.stream.clone_htod(&vc)?);
+        let words: Vec<u32> = p.seqs.iter().flat_map(|s| s.words()).collect();
+        let (sd, td) = (
+            gpu.stream.clone_htod(&words)?,
+            gpu.stream.clone_htod(&p.tables)?,
+        );
+        let qd = gpu.stream.clone_htod(&q)?;
+        let out = gpu.stream.clone_htod(&nan(p.rows * n_head * hd))?;
+        let a = flash::Args {
+            q: ptr(gpu, &qd),
+            k_cache: ptr(gpu, &kcd),
+            v_cache: ptr(gpu, &vcd),
+            seqs: ptr(gpu, &sd),
+            block_tables: ptr(gpu, &td),
+            out: ptr(gpu, &out),
+            n_head: n_head as u32,
+            n_head_kv: n_head_kv as u32,
+            block_size: bs as u32,
+            window: window as u32,
+            scale: s.scale,
+        };
+        let name = flash::name(hd).context("prefill head_dim")?;
+        let l = flash::launch(p.seqs.len(), p.max_tokens, n_head, n_head_kv);
+        launch_values(gpu, name, l, &a.values())?;
+        let case =
+            format!("seqs {shape:?} heads {n_head}/{n_head_kv} hd {hd} bs {bs} window {window}");
+        c.add(&case, &gpu.stream.clone_dtoh(&out)?, &want, 6e-4, 1e-3);
+    }
+    rep.push("attention_prefill_hd*", c, "6e-4 + 1e-3|r| (f16 P)");
+    Ok(())
+}
+
+/// Prompt attention at Llama-3-8B shape: the tensor-core kernel against the split kernel +
+/// reduce the engine runs below `flash::MIN_TOKENS`, for a whole prompt and for a chunk
+/// after a cached prefix: what the threshold is to be chosen from.
+fn prefill_speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
+    println!("\n== speed: prompt attention at Llama-3-8B shape (32 heads, 8 KV heads, head_dim 128, block 16) ==");
+    let mut table = vec![
+        "| prompt attention | tokens | cached | tensor cores us | split + reduce us | split/tensor |".to_string(),
+        "|---|---|---|---|---|---|".to_string(),
+    ];
+    let (n_head, n_head_kv, hd, bs) = (32usize, 8usize, 128usize, 16usize);
+    for (start, n) in [
+        (0usize, 32usize),
+        (0, 128),
+        (0, 512),
+        (3584, 512),
+        (0, 2048),
+    ] {
+        let p = paged(rng, &[(start, n)], bs);
+        let cache_len = p.n_blocks * bs * n_head_kv * hd;
+        let kcd = gpu.stream.clone_htod(&f16_bits(rng, cache_len))?;
+        let vcd = gpu.stream.clone_htod(&f16_bits(rng, cache_len))?;
+        let words: Vec<u32> = p.seqs.iter().flat_map(|s| s.words()).collect();
+        let (sd, td) = (
+            gpu.stream.clone_htod(&words)?,
+            gpu.stream.clone_htod(&p.tables)?,
+        );
+        let qd = gpu
+            .stream
+            .clone_htod(&floats(rng, p.rows * n_head * hd, 1.0))?;
+        let mut out = gpu.stream.alloc_zeros::<f32>(p.rows * n_head * hd)?;
+        let s = attention::AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            block_size: bs,
+            window: 0,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let a = flash::Args {
+            q: ptr(gpu, &qd),
+            k_cache: ptr(gpu, &kcd),
+            v_cache: ptr(gpu, &vcd),
+            seqs: ptr(gpu, &sd),
+            block_tables: ptr(gpu, &td),
+            out: ptr(gpu, &out),
+            n_head: n_head as u32,
+            n_head_kv: n_head_kv as u32,
+            block_size: bs as u32,
+            window: 0,
+            scale: s.scale,
+        };
+        let name = flash::name(hd).context("head_dim")?;
+        let l = flash::launch(1, n, n_head, n_head_kv);
+        let values = a.values();
+        let reps = if n >= 2048 { 5 } else { 20 };
+        let tc = time_launches(&gpu.stream, 5, 2, reps, |_| {
+            launch_values(gpu, name, l, &values)
+        })? * 1e3;
+        // The split kernel as the engine launches it for one sequence: 16 splits on 132 SMs.
+        let n_splits = (gpu.sms / n_head_kv).clamp(4, 64);
+        let (al, mll) = attention::partial_lens(p.rows, n_head, n_splits, hd);
+        let mut acc = gpu.stream.alloc_zeros::<f32>(al)?;
+        let mut ml = gpu.stream.alloc_zeros::<f32>(mll)?;
+        let split = time_launches(&gpu.stream, 5, 2, reps, |_| {
+            run_attention(
+                gpu,
+                &p,
+                &s,
+                n_splits,
+                &qd,
+                &kcd,
+                &vcd,
+                &sd,
+                &td,
+                &mut acc,
+                &mut ml,
+                &mut out,
+                Which::Both,
+                None,
+                32,
+            )
+        })? * 1e3;
+        let line = format!(
+            "| attention_prefill_hd128 | {n} | {start} | {tc:.1} | {split:.1} | {:.2} |",
+            split / tc
+        );
+        println!("{line}");
+        table.push(line);
+    }
+    Ok(table)
+}
+
 fn check_rows(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
     let (mut cs, mut ca, mut csplit) = (Check::default(), Check::default(), Check::default());
     for (rows, cols) in [
@@ -1522,17 +1688,25 @@ fn main() -> Result<()> {
     // A check that errors (a launch refused, say) is a failure of its own; the others
     // still run, so one bad kernel does not hide the rest of the report.
     type CheckFn = fn(&Gpu, &mut StdRng, &mut Report) -> Result<()>;
-    let checks: [(&str, CheckFn); 8] = [
+    let checks: [(&str, CheckFn); 9] = [
         ("norms", check_norms),
         ("rope", check_rope),
         ("rope + kv append", check_rope_kv),
         ("elementwise", check_elementwise),
         ("embed", check_embed),
         ("kv + attention", check_kv_attention),
+        ("prompt attention", check_prefill),
         ("argmax + softmax", check_rows),
         ("sample", check_sample),
     ];
+    // `--attention`: the attention checks and the prompt attention's timings only (about
+    // a minute with the build's PTX load).
+    let only_attention = std::env::args().any(|a| a == "--attention");
+    let attention_checks = ["kv + attention", "prompt attention"];
     for (name, check) in checks {
+        if only_attention && !attention_checks.contains(&name) {
+            continue;
+        }
         if let Err(e) = check(&gpu, &mut rng, &mut rep) {
             println!("{name}: ERROR {e:#}");
             let c = Check {
@@ -1545,6 +1719,11 @@ fn main() -> Result<()> {
     }
     let table = if std::env::args().any(|a| a == "--parity-only") {
         Vec::new()
+    } else if only_attention {
+        prefill_speed(&gpu, &mut rng).unwrap_or_else(|e| {
+            println!("prefill speed: ERROR {e:#}");
+            vec![format!("prefill speed measurement failed: {e:#}")]
+        })
     } else {
         speed(&gpu, &mut rng).unwrap_or_else(|e| {
             println!("speed: ERROR {e:#}");

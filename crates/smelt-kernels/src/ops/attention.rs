@@ -874,12 +874,6 @@ fn last_block(k: &Kernel, counters: Reg<U64>, group: Reg<U32>, n_splits: Reg<U32
 /// One warp combines the `n_splits` partials of one (row, head) as [`reduce_body`] does
 /// (weights `2^(m_s - max m)`, normalizer `sum l_s w_s`; here warp reductions), writes the
 /// row's `head_dim` outputs and quantizes them, one q8_1 block per 32 values. Partials
-/// are read through L2 (`.cg`): other blocks wrote them during this launch.
-#[allow(clippy::too_many_arguments)]
-
-/// One warp combines the `n_splits` partials of one (row, head) as [`reduce_body`] does
-/// (weights `2^(m_s - max m)`, normalizer `sum l_s w_s`; here warp reductions), writes the
-/// row's `head_dim` outputs and quantizes them, one q8_1 block per 32 values. Partials
 /// are read through L2 (`.cg`): other blocks wrote them during this launch. `f32s`: where
 /// the lane's values are in an f32 row of the head.
 #[allow(clippy::too_many_arguments)]

@@ -27,6 +27,7 @@
 pub mod attention;
 pub mod elementwise;
 pub mod embed;
+pub mod flash;
 pub mod kv;
 pub mod norm;
 pub mod rope;
@@ -146,6 +147,7 @@ pub fn catalog() -> Vec<Entry> {
     v.extend(embed::catalog());
     v.extend(kv::catalog());
     v.extend(attention::catalog());
+    v.extend(flash::catalog());
     v.extend(sample::catalog());
     v
 }

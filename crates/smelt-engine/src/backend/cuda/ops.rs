@@ -643,6 +643,30 @@ impl Cuda {
                 None => Ok(()),
             };
         };
+        // Prompt chunks: the tensor-core kernel, whole rows at once (no partials).
+        if s.max_tokens >= ops::flash::MIN_TOKENS {
+            if let Some(flash) = ops::flash::name(p.head_dim) {
+                let a = ops::flash::Args {
+                    q: q.ptr,
+                    k_cache: kc,
+                    v_cache: vc,
+                    seqs: s.descs,
+                    block_tables: s.block_tables,
+                    out: out.ptr,
+                    n_head: p.n_head as u32,
+                    n_head_kv: p.n_head_kv as u32,
+                    block_size: kv.block_size as u32,
+                    window,
+                    scale: p.scale,
+                };
+                let l = ops::flash::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv);
+                self.launch(flash, l, &args(&a.values()))?;
+                return match tiles {
+                    Some(t) => self.quantize_q8_1(out.ptr, t, out.cols, out.rows),
+                    None => Ok(()),
+                };
+            }
+        }
         let splits = self.splits(s.n_seqs, p.n_head_kv);
         let (acc_len, ml_len) = ops::attention::partial_lens(q.rows, p.n_head, splits, p.head_dim);
         let acc = self.scratch(acc_len * 4)?;
