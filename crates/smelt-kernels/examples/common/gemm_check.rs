@@ -13,7 +13,8 @@ use smelt_kernels::{act, catalog, GgmlType, TILE};
 use super::timing::time_launches;
 use super::{random_floats, random_weights, Gpu};
 
-/// Launches GEMM `f` with `a` (its pointers replaced by the slices').
+/// Launches GEMM `f` with `a` (its pointers replaced by the slices'), into the split
+/// workspace `ws` then reduced into `y` when `a` has more than one split.
 fn launch(
     gpu: &Gpu,
     f: &CudaFunction,
@@ -21,6 +22,7 @@ fn launch(
     w: &CudaSlice<u8>,
     x: &CudaSlice<u8>,
     y: &mut CudaSlice<f32>,
+    ws: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let l = a.launch();
     let cfg = LaunchConfig {
@@ -28,8 +30,14 @@ fn launch(
         block_dim: l.block,
         shared_mem_bytes: 0,
     };
+    let split = a.workspace_floats() > 0;
     let mut b = gpu.stream.launch_builder(f);
-    b.arg(w).arg(x).arg(y);
+    b.arg(w).arg(x);
+    if split {
+        b.arg(&mut *ws);
+    } else {
+        b.arg(&mut *y);
+    }
     let scalars: Vec<u32> = a
         .values()
         .iter()
@@ -42,7 +50,26 @@ fn launch(
         b.arg(s);
     }
     unsafe { b.launch(cfg) }?;
+    if let Some((vals, l)) = a.reduce(0) {
+        let f = gpu.module.load_function(gemm::REDUCE)?;
+        let (ArgValue::U32(n), ArgValue::U32(splits)) = (vals[2], vals[3]) else {
+            anyhow::bail!("reduce parameters out of order");
+        };
+        let cfg = LaunchConfig {
+            grid_dim: l.grid,
+            block_dim: l.block,
+            shared_mem_bytes: 0,
+        };
+        let mut b = gpu.stream.launch_builder(&f);
+        b.arg(&*ws).arg(&mut *y).arg(&n).arg(&splits);
+        unsafe { b.launch(cfg) }?;
+    }
     Ok(())
+}
+
+/// A split workspace for `a` (one float when it needs none).
+fn workspace(gpu: &Gpu, a: &Args) -> Result<CudaSlice<f32>> {
+    Ok(gpu.stream.alloc_zeros::<f32>(a.workspace_floats().max(1))?)
 }
 
 /// Quantizes `ntok` rows of `k` floats into the GEMM's activation tiles (`gemm::act`).
@@ -67,7 +94,10 @@ fn quantize(
     Ok(())
 }
 
-fn args(nrows: usize, ntok: usize, k: usize, row_bytes: usize) -> Args {
+/// The H100/H200's multiprocessors, for the split count the engine would choose there.
+const SMS: usize = 132;
+
+fn args(nrows: usize, ntok: usize, k: usize, row_bytes: usize, splits: usize) -> Args {
     Args {
         w: 0,
         x: 0,
@@ -76,6 +106,7 @@ fn args(nrows: usize, ntok: usize, k: usize, row_bytes: usize) -> Args {
         ntok: ntok as u32,
         ntiles: k.div_ceil(TILE) as u32,
         row_bytes: row_bytes as u32,
+        splits: splits as u32,
     }
 }
 
@@ -118,38 +149,46 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                     gemm::act::QUANTIZE
                 );
             }
-            let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
-            launch(gpu, &f, &args(nrows, ntok, k, row_bytes), &wd, &q, &mut y)?;
-            let got = gpu.stream.clone_dtoh(&y)?;
             let (want, mag) = gemm::cpu_with_magnitude(ty, &ggml, nrows, k, &qh, ntok)?;
-            let bound = got
-                .iter()
-                .zip(&want)
-                .zip(&mag)
-                .map(|((&g, &w), &m)| (f64::from(g) - f64::from(w)).abs() / m.max(1e-30))
-                .fold(0f64, |a, e| {
-                    if e.is_nan() || a.is_nan() {
-                        f64::NAN
-                    } else {
-                        a.max(e)
-                    }
-                });
-            cases += 1;
-            worst = worst.max(if bound.is_nan() { f64::INFINITY } else { bound });
-            if bound.is_nan() || bound >= 1e-5 {
-                failures += 1;
-                let bad = got
+            // One split, and the split count the engine picks (a K range in slices).
+            let ntiles = k.div_ceil(TILE);
+            for splits in [1, gemm::splits(nrows, ntiles, SMS).max(ntiles.min(3))] {
+                let a = args(nrows, ntok, k, row_bytes, splits);
+                let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
+                let mut ws = gpu
+                    .stream
+                    .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
+                launch(gpu, &f, &a, &wd, &q, &mut y, &mut ws)?;
+                let got = gpu.stream.clone_dtoh(&y)?;
+                let bound = got
                     .iter()
                     .zip(&want)
-                    .position(|(a, b)| a.is_nan() || (a - b).abs() > 1e-4 * b.abs().max(1.0))
-                    .unwrap_or(0);
-                println!(
-                    "{name} {nrows}x{k} x {ntok} tokens: FAIL error/magnitude {bound:.3e}; output {bad} (token {}, row {}): gpu {} cpu {}",
+                    .zip(&mag)
+                    .map(|((&g, &w), &m)| (f64::from(g) - f64::from(w)).abs() / m.max(1e-30))
+                    .fold(0f64, |a, e| {
+                        if e.is_nan() || a.is_nan() {
+                            f64::NAN
+                        } else {
+                            a.max(e)
+                        }
+                    });
+                cases += 1;
+                worst = worst.max(if bound.is_nan() { f64::INFINITY } else { bound });
+                if bound.is_nan() || bound >= 1e-5 {
+                    failures += 1;
+                    let bad = got
+                        .iter()
+                        .zip(&want)
+                        .position(|(a, b)| a.is_nan() || (a - b).abs() > 1e-4 * b.abs().max(1.0))
+                        .unwrap_or(0);
+                    println!(
+                    "{name} {nrows}x{k} x {ntok} tokens, {splits} splits: FAIL error/magnitude {bound:.3e}; output {bad} (token {}, row {}): gpu {} cpu {}",
                     bad / nrows,
                     bad % nrows,
                     got[bad],
                     want[bad]
                 );
+                }
             }
         }
         println!("{name}: {cases} cases, worst |y - ref| / sum|w x| {worst:.2e}");
@@ -206,11 +245,18 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                 let mut q1 = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)? * ntok)?;
                 gpu.quantize(&xd, &mut q1, k, ntok)?;
                 let mut y = gpu.stream.alloc_zeros::<f32>(nrows * ntok)?;
-                let a = args(nrows, ntok, k, row_bytes);
+                let a = args(
+                    nrows,
+                    ntok,
+                    k,
+                    row_bytes,
+                    gemm::splits(nrows, k / TILE, SMS),
+                );
+                let mut wsp = workspace(gpu, &a)?;
                 let flops = 2.0 * (nrows * k * ntok) as f64;
                 let launches = ((2e11 / flops) as usize).clamp(3, 200);
                 let ms = time_launches(&gpu.stream, 5, 2, launches, |i| {
-                    launch(gpu, &f, &a, &ws[i % copies], &q, &mut y)
+                    launch(gpu, &f, &a, &ws[i % copies], &q, &mut y, &mut wsp)
                 })?;
                 let gemv_us = if ntok <= 64 {
                     let act_row = act::row_bytes(k)?;

@@ -57,7 +57,27 @@ pub const MIN_TOKENS: usize = 16;
 
 /// The kernel parameters, in order: the kernel declares them from this list and the host
 /// packs [`Args`] in the same order, so the two cannot drift apart.
-pub const PARAMS: [&str; 7] = ["w", "x", "y", "nrows", "ntok", "ntiles", "row_bytes"];
+pub const PARAMS: [&str; 8] = [
+    "w",
+    "x",
+    "y",
+    "nrows",
+    "ntok",
+    "ntiles",
+    "row_bytes",
+    "kslice",
+];
+
+/// Splits of the K range (`Args::splits`) for a matrix of `nrows` rows and `ntiles` tiles
+/// on a GPU of `sm_count` multiprocessors: enough row blocks x splits to fill every SM
+/// twice even for one token block (batched decode), each split at least four tiles. It
+/// depends on the matrix and the GPU only, never on the token count, so an output is summed
+/// in the same order however many tokens share the launch.
+pub fn splits(nrows: usize, ntiles: usize, sm_count: usize) -> usize {
+    let blocks = nrows.div_ceil(BM as usize).max(1);
+    let want = (2 * sm_count).div_ceil(blocks);
+    want.clamp(1, (ntiles / 4).max(1))
+}
 
 /// A kernel argument value, as the host passes it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -69,7 +89,10 @@ pub enum ArgValue {
 }
 
 /// One GEMM launch: weights `w` (`nrows` rows of `row_bytes` in the GPU layout), activation
-/// tiles `x` ([`act`], `ntok` rows of `ntiles` tiles), output `y` (`ntok x nrows` f32).
+/// tiles `x` ([`act`], `ntok` rows of `ntiles` tiles), output `y` (`ntok x nrows` f32), the
+/// K range cut into `splits` slices of `ceil(ntiles / splits)` tiles. With more than one
+/// split, `y` is a workspace of `splits` outputs that [`reduce_kernel`] sums, in split order,
+/// into the real output ([`Args::reduce`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Args {
     pub w: u64,
@@ -79,11 +102,17 @@ pub struct Args {
     pub ntok: u32,
     pub ntiles: u32,
     pub row_bytes: u32,
+    pub splits: u32,
 }
 
 impl Args {
+    /// Tiles per split.
+    pub fn kslice(&self) -> u32 {
+        self.ntiles.div_ceil(self.splits.max(1)).max(1)
+    }
+
     /// The values in [`PARAMS`] order.
-    pub fn values(&self) -> [ArgValue; 7] {
+    pub fn values(&self) -> [ArgValue; 8] {
         [
             ArgValue::Ptr(self.w),
             ArgValue::Ptr(self.x),
@@ -92,21 +121,82 @@ impl Args {
             ArgValue::U32(self.ntok),
             ArgValue::U32(self.ntiles),
             ArgValue::U32(self.row_bytes),
+            ArgValue::U32(self.kslice()),
         ]
     }
 
     /// Grid (token blocks fastest, so the blocks that share rows run together and read the
-    /// weights from L2) and block size.
+    /// weights from L2; splits last) and block size.
     pub fn launch(&self) -> crate::ops::Launch {
         crate::ops::Launch::new(
             (
                 self.ntok.div_ceil(BN).max(1),
                 self.nrows.div_ceil(BM).max(1),
-                1,
+                self.ntiles.div_ceil(self.kslice()).max(1),
             ),
             (THREADS, 1, 1),
         )
     }
+
+    /// Floats of the split workspace (0 with one split: the GEMM writes `y` itself).
+    pub fn workspace_floats(&self) -> usize {
+        let splits = self.launch().grid.2 as usize;
+        if splits > 1 {
+            splits * self.ntok as usize * self.nrows as usize
+        } else {
+            0
+        }
+    }
+
+    /// The reduce launch that sums the workspace `y` into `out`, if there is more than one
+    /// split: its parameter values ([`REDUCE_PARAMS`]) and launch shape.
+    pub fn reduce(&self, out: u64) -> Option<([ArgValue; 4], crate::ops::Launch)> {
+        let splits = self.launch().grid.2;
+        if splits <= 1 {
+            return None;
+        }
+        let n = self.ntok * self.nrows;
+        Some((
+            [
+                ArgValue::Ptr(self.y),
+                ArgValue::Ptr(out),
+                ArgValue::U32(n),
+                ArgValue::U32(splits),
+            ],
+            crate::ops::Launch::new(
+                (n.div_ceil(REDUCE_THREADS).max(1), 1, 1),
+                (REDUCE_THREADS, 1, 1),
+            ),
+        ))
+    }
+}
+
+/// Name of the split reduce kernel.
+pub const REDUCE: &str = "gemm_reduce";
+/// Its parameters, in order.
+pub const REDUCE_PARAMS: [&str; 4] = ["part", "y", "n", "splits"];
+/// Threads per block of [`reduce_kernel`].
+pub const REDUCE_THREADS: u32 = 256;
+
+/// `y[i] = sum_z part[z][i]` for `i < n`, `z = 0..splits` in order (a fixed summation
+/// order, so the result is the same for any batch). Parameters [`REDUCE_PARAMS`].
+pub fn reduce_kernel(k: &Kernel) {
+    let part = k.param_ptr(REDUCE_PARAMS[0]);
+    let y = k.param_ptr(REDUCE_PARAMS[1]);
+    let n = k.param_u32(REDUCE_PARAMS[2]);
+    let splits = k.param_u32(REDUCE_PARAMS[3]);
+    let i = k.global_id_x();
+    k.grid_dep_wait();
+    k.exit_if(k.ge(i, n));
+    let at = k.elem_addr(part, i, 4);
+    let stride = k.mul_wide(k.reg::<U64>(), n, 4u32);
+    let sum = k.ld(Load::GLOBAL, k.reg::<F32>(), at);
+    k.for_count(k.sub(k.reg(), splits, 1u32), |k, _| {
+        k.add(at, at, stride);
+        let v = k.ld(Load::GLOBAL, k.reg::<F32>(), at);
+        k.add(sum, sum, v);
+    });
+    k.st(Store::GLOBAL, k.elem_addr(y, i, 4), sum);
 }
 
 /// How a format's group scales sit in shared memory ([`SC_STRIDE`] bytes a row).
@@ -193,12 +283,15 @@ pub fn kernel<F: GemmFormat>(k: &Kernel) {
     // Two blocks per SM (at most 128 registers a thread): one block's staging overlaps the
     // other's tensor-core work. sm_80's ptxas spills at 128 (16-40 bytes), so there the
     // register budget is its own.
-    if matches!(k.target(), smelt_ptx::Target::Sm90 | smelt_ptx::Target::Sm90a) {
+    if matches!(
+        k.target(),
+        smelt_ptx::Target::Sm90 | smelt_ptx::Target::Sm90a
+    ) {
         k.min_blocks_per_sm(2);
     }
     let [w, x, y] = [PARAMS[0], PARAMS[1], PARAMS[2]].map(|n| k.param_ptr(n));
-    let [nrows, ntok, ntiles, row_bytes] =
-        [PARAMS[3], PARAMS[4], PARAMS[5], PARAMS[6]].map(|n| k.param_u32(n));
+    let [nrows, ntok, ntiles, row_bytes, kslice] =
+        [PARAMS[3], PARAMS[4], PARAMS[5], PARAMS[6], PARAMS[7]].map(|n| k.param_u32(n));
     let aq_s = k.shared::<U32>("gemm_aq", BM * A_STRIDE / 4, 16);
     let bq_s = k.shared::<U32>("gemm_bq", BN * B_STRIDE / 4, 16);
     let asc_s = k.shared::<U32>("gemm_asc", BM * SC_STRIDE / 4, 16);
@@ -283,8 +376,17 @@ pub fn kernel<F: GemmFormat>(k: &Kernel) {
     let acc: Acc<F32> =
         std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
 
+    // This block's split: tiles [first, end); its outputs go to split z of the workspace.
+    let z = k.special(smelt_ptx::Special::Ctaid(smelt_ptx::Dim::Z));
+    let first = k.mul(k.reg(), z, kslice);
+    let end = k.add(k.reg(), first, kslice);
+    k.min(end, end, ntiles);
+    let zoff = k.mul(k.reg(), ntok, nrows);
+    k.mul(zoff, zoff, z);
+    let y = k.add(k.reg(), y, k.mul_wide(k.reg::<U64>(), zoff, 4u32));
+
     k.grid_dep_wait();
-    k.for_count(ntiles, |k, tile| {
+    k.stride_loop(first, end, 1u32, |k, tile| {
         let stage = Stage { tile, ..stage };
         // Every warp is done with the previous tile's shared memory.
         k.bar_sync();
@@ -490,6 +592,7 @@ pub fn name(ty: GgmlType) -> Option<&'static str> {
 pub fn catalog() -> Vec<crate::catalog::Entry> {
     vec![
         (act::QUANTIZE.to_string(), Box::new(act::quantize_kernel)),
+        (REDUCE.to_string(), Box::new(reduce_kernel)),
         (Q4K::GEMM_NAME.to_string(), Box::new(kernel::<Q4K>)),
         (Q6K::GEMM_NAME.to_string(), Box::new(kernel::<Q6K>)),
         (Q8_0::GEMM_NAME.to_string(), Box::new(kernel::<Q8_0>)),
@@ -578,11 +681,43 @@ mod tests {
             ntok: 3,
             ntiles: 1,
             row_bytes: 144,
+            splits: 1,
         };
         let l = a.launch();
         assert_eq!(l.grid, (1, 2, 1));
         assert_eq!(l.block, (THREADS, 1, 1));
         assert_eq!(a.values().len(), PARAMS.len());
+        assert_eq!(a.workspace_floats(), 0);
+        assert!(a.reduce(0).is_none());
+        // 56 tiles in 5 splits: 12 tiles each, the last 8; a workspace of 5 outputs.
+        let b = Args {
+            ntiles: 56,
+            splits: 5,
+            ..a
+        };
+        assert_eq!(b.kslice(), 12);
+        assert_eq!(b.launch().grid.2, 5);
+        assert_eq!(b.workspace_floats(), 5 * 3 * 65);
+        let (vals, l) = b.reduce(7).unwrap();
+        assert_eq!(vals[3], ArgValue::U32(5));
+        assert_eq!(l.grid.0, 1);
+        // 16 tiles in 5 asked splits: 4 tiles each, so 4 splits.
+        let c = Args {
+            ntiles: 16,
+            splits: 5,
+            ..a
+        };
+        assert_eq!(c.launch().grid.2, 4);
+    }
+
+    #[test]
+    fn splits_fill_the_gpu_from_the_shape_alone() {
+        // H100: 132 SMs. 4096 rows (64 blocks) x 56 tiles: 5 splits of >= 4 tiles.
+        assert_eq!(splits(4096, 56, 132), 5);
+        assert_eq!(splits(4096, 16, 132), 4);
+        assert_eq!(splits(14336, 16, 132), 2);
+        assert_eq!(splits(128256, 16, 132), 1);
+        assert_eq!(splits(64, 2, 132), 1);
     }
 
     #[test]

@@ -243,6 +243,8 @@ pub struct Cuda {
     attn_stage: u32,
     /// Weight memory: chunks bump-allocated in load order; (chunks, next free, end).
     weights: Mutex<(Vec<CudaSlice<u8>>, u64, u64)>,
+    /// `SMELT_CUDA_PROFILE=all`: prompt steps are profiled too.
+    profile_all: bool,
     /// GPU time per kernel of eager decode steps (`SMELT_CUDA_PROFILE=1`).
     profile: Option<Mutex<profile::Profile>>,
     /// Block timestamps of decode steps as their graphs run (`SMELT_CUDA_TIMELINE=1`).
@@ -341,7 +343,8 @@ impl Cuda {
                 && std::env::var("SMELT_CUDA_ROPE_KV").map_or(true, |v| v != "0"),
             gemv_rope_kv: std::env::var("SMELT_CUDA_GEMV_ROPE").map_or(true, |v| v != "0"),
             weights: Mutex::new((Vec::new(), 0, 0)),
-            profile: (std::env::var("SMELT_CUDA_PROFILE").is_ok_and(|v| v == "1"))
+            profile_all: std::env::var("SMELT_CUDA_PROFILE").is_ok_and(|v| v == "all"),
+            profile: (std::env::var("SMELT_CUDA_PROFILE").is_ok_and(|v| v == "1" || v == "all"))
                 .then(|| Mutex::new(profile::Profile::default())),
             timeline,
             digest: (std::env::var("SMELT_CUDA_DIGEST").is_ok_and(|v| v == "1"))
@@ -355,6 +358,11 @@ impl Cuda {
         self.skip
             .iter()
             .any(|p| p == "all" || name.starts_with(p.as_str()))
+    }
+
+    /// Whether prompt steps are profiled too (`SMELT_CUDA_PROFILE=all`).
+    pub fn profiling_all_steps(&self) -> bool {
+        self.profile_all
     }
 
     /// Whether kernels are being timed one by one (graphs are then off).
@@ -818,17 +826,26 @@ impl Cuda {
                 let split = matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
                 if !split {
                     let q = self.gemm_tiles(x)?;
-                    let a = gemm::Args {
+                    let ntiles = cols.div_ceil(TILE);
+                    let mut a = gemm::Args {
                         w: wp,
                         x: q,
                         y: out.ptr,
                         nrows: rows as u32,
                         ntok: n as u32,
-                        ntiles: cols.div_ceil(TILE) as u32,
+                        ntiles: ntiles as u32,
                         row_bytes: row_bytes as u32,
+                        splits: gemm::splits(rows, ntiles, self.gpu.sm_count()) as u32,
                     };
+                    // Split K: the slices' sums go to a workspace, reduced in split order.
+                    if a.workspace_floats() > 0 {
+                        a.y = self.scratch(a.workspace_floats() * 4)?;
+                    }
                     let args = a.values().map(Arg::from);
                     self.launch(name, a.launch(), &args)?;
+                    if let Some((vals, l)) = a.reduce(out.ptr) {
+                        self.launch(gemm::REDUCE, l, &vals.map(Arg::from))?;
+                    }
                     // The output must not be a cached input.
                     let overlaps = |c: &CudaTensor| {
                         out.ptr < c.ptr + (c.cap * 4) as u64
