@@ -825,6 +825,7 @@ fn run_attention(
     what: Which,
     combine: Option<Combine<'_>>,
     stage: u32,
+    skip_tokens: u32,
 ) -> Result<()> {
     let name = match combine {
         Some(_) => attention::combine_name(shape.head_dim),
@@ -850,6 +851,7 @@ fn run_attention(
             window: shape.window as u32,
             scale: shape.scale,
             stage_blocks: stage,
+            skip_tokens,
         };
         let mut values = a.values();
         // The combining kernel also writes the output, its tiles and its counters.
@@ -1008,6 +1010,7 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
                 Which::Both,
                 combine,
                 stage,
+                0,
             )?;
             Ok(gpu.stream.clone_dtoh(&out)?)
         };
@@ -1095,7 +1098,7 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
 /// lengths in one launch (rows a block leaves empty), grouped-query heads packed into a
 /// block's rows, sliding windows, block sizes that are not powers of two.
 fn check_prefill(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
-    let mut c = Check::default();
+    let (mut c, mut cmix) = (Check::default(), Check::default());
     // (seqs as (start_pos, new tokens), n_head, n_head_kv, head_dim, block size, window)
     type Case = (Vec<(usize, usize)>, usize, usize, usize, usize, usize);
     let mut cases: Vec<Case> = vec![
@@ -1105,6 +1108,8 @@ fn check_prefill(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> 
         (vec![(5, 40)], 16, 2, 96, 12, 0),
         (vec![(1000, 48), (7, 1)], 4, 1, 112, 32, 0),
         (vec![(0, 1)], 2, 1, 128, 16, 0),
+        // A prompt chunk beside decode rows of a long context (a mixed step).
+        (vec![(0, 64), (2000, 1), (90, 1)], 8, 2, 128, 16, 0),
     ];
     for (i, hd) in (144..=256).step_by(16).enumerate() {
         let window = [0, 20, 0, 45][i % 4];
@@ -1146,6 +1151,7 @@ fn check_prefill(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> 
             block_size: bs as u32,
             window: window as u32,
             scale: s.scale,
+            min_tokens: 0,
         };
         let name = flash::name(hd).context("prefill head_dim")?;
         let l = flash::launch(p.seqs.len(), p.max_tokens, n_head, n_head_kv);
@@ -1153,8 +1159,44 @@ fn check_prefill(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> 
         let case =
             format!("seqs {shape:?} heads {n_head}/{n_head_kv} hd {hd} bs {bs} window {window}");
         c.add(&case, &gpu.stream.clone_dtoh(&out)?, &want, 6e-4, 1e-3);
+        // A mixed step as the CUDA backend runs it: the split kernel and its reduce for
+        // the short sequences (all rows), then the prompt kernel over the long ones' rows.
+        let min = flash::MIN_TOKENS;
+        if shape.iter().any(|x| x.1 < min) && shape.iter().any(|x| x.1 >= min) {
+            let n_splits = 4;
+            let (al, mll) = attention::partial_lens(p.rows, n_head, n_splits, hd);
+            let mut acc = gpu.stream.clone_htod(&nan(al))?;
+            let mut ml = gpu.stream.clone_htod(&nan(mll))?;
+            let mut out = gpu.stream.clone_htod(&nan(p.rows * n_head * hd))?;
+            run_attention(
+                gpu,
+                &p,
+                &s,
+                n_splits,
+                &qd,
+                &kcd,
+                &vcd,
+                &sd,
+                &td,
+                &mut acc,
+                &mut ml,
+                &mut out,
+                Which::Both,
+                None,
+                32,
+                min as u32,
+            )?;
+            let a = flash::Args {
+                out: ptr(gpu, &out),
+                min_tokens: min as u32,
+                ..a
+            };
+            launch_values(gpu, name, l, &a.values())?;
+            cmix.add(&case, &gpu.stream.clone_dtoh(&out)?, &want, 6e-4, 1e-3);
+        }
     }
     rep.push("attention_prefill_hd*", c, "6e-4 + 1e-3|r| (f16 P)");
+    rep.push("split (short) + prefill (long)", cmix, "6e-4 + 1e-3|r|");
     Ok(())
 }
 
@@ -1208,6 +1250,7 @@ fn prefill_speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
             block_size: bs as u32,
             window: 0,
             scale: s.scale,
+            min_tokens: 0,
         };
         let name = flash::name(hd).context("head_dim")?;
         let l = flash::launch(1, n, n_head, n_head_kv);
@@ -1238,6 +1281,7 @@ fn prefill_speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
                 Which::Both,
                 None,
                 32,
+                0,
             )
         })? * 1e3;
         let line = format!(
@@ -1493,6 +1537,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
                         which,
                         None,
                         32,
+                        0,
                     )
                 })? * 1e3;
             }
@@ -1514,6 +1559,7 @@ fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
                     Which::Both,
                     None,
                     32,
+                    0,
                 )
             })? * 1e3;
             let gbs = |us: f64| kv_bytes as f64 / (us * 1e-6) / 1e9;

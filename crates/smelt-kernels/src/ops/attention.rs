@@ -225,7 +225,9 @@ kernel_params! {
     /// [`q_tiles`]; `window`: 0 none, else keys at least `window` positions behind the
     /// query are masked; `stage_blocks`: most KV blocks of its split a block copies into
     /// shared memory before its key loop (at most 32 and what 24 KB hold; 0: none, every
-    /// key read from the cache in the loop).
+    /// key read from the cache in the loop); `skip_tokens`: 0 none, else the sequences of
+    /// at least this many query tokens are left to the prompt kernel ([`super::flash`],
+    /// launched after the reduce): their blocks do nothing.
     Args, ArgRegs {
         q: Ptr,
         k_cache: Ptr,
@@ -242,6 +244,7 @@ kernel_params! {
         window: U32,
         scale: F32,
         stage_blocks: U32,
+        skip_tokens: U32,
     }
 }
 
@@ -495,6 +498,7 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
         window,
         scale,
         stage_blocks,
+        skip_tokens,
     } = ArgRegs::declare(k);
     let fused = combine.then(|| CombineRegs::declare(k));
 
@@ -508,6 +512,12 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
     let dw = k.regs::<U32, 4>();
     k.ld_v4(Load::GLOBAL_NC, dw, k.elem_addr(seqs, seq, 16));
     let [row0, n_tokens, start, bto] = dw;
+    // A sequence the prompt kernel takes: every block of it leaves (so no group counter
+    // of the combine moves either).
+    let skip = k.ge(n_tokens, skip_tokens);
+    let on = k.cmp(Cmp::Ne, skip_tokens, 0u32);
+    k.and(skip, skip, on);
+    k.exit_if(skip);
     let group = k.div_int(k.reg(), n_head, n_head_kv);
     let item = k.mad(k.reg(), tile, WARPS, warp);
     let t = k.div_int(k.reg(), item, group);

@@ -100,7 +100,9 @@ kernel_params! {
     /// [`super::kv`]), `seqs: *const SeqDesc, block_tables: *const u32`, `out: *mut f32
     /// ([rows][n_head * head_dim])`; `window`: 0
     /// none, else keys at least `window` positions behind the query are masked; `scale`:
-    /// the multiplier of `q·k`.
+    /// the multiplier of `q·k`; `min_tokens`: the sequences of fewer query tokens are left
+    /// to the split kernel (`attention::Args::skip_tokens`, a mixed step's decode rows):
+    /// their blocks do nothing.
     Args, ArgRegs {
         q: Ptr,
         k_cache: Ptr,
@@ -113,6 +115,7 @@ kernel_params! {
         block_size: U32,
         window: U32,
         scale: F32,
+        min_tokens: U32,
     }
 }
 
@@ -174,6 +177,7 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
         block_size: bs,
         window,
         scale,
+        min_tokens,
     } = ArgRegs::declare(k);
     let lane = k.tid_x();
     let warp = k.tid_y();
@@ -186,8 +190,10 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
     let group = k.div_int(k.reg(), n_head, n_head_kv);
     let items = k.mul(k.reg(), n_tokens, group);
     let item0 = k.mul(k.reg(), k.ctaid_x(), ROWS);
-    // Whole blocks past the sequence's rows leave before any barrier.
+    // Whole blocks past the sequence's rows, or of a sequence left to the split kernel,
+    // leave before any barrier.
     k.exit_if(k.ge(item0, items));
+    k.exit_if(k.lt(n_tokens, min_tokens));
     let last_t = k.sub(k.reg(), n_tokens, 1u32);
     let kv_len = k.add(k.reg(), start, n_tokens);
 

@@ -1565,7 +1565,10 @@ impl Backend for Cuda {
             } else {
                 None
             };
-            self.op_attention(q, kv, layer, &s, p, out, tiles)?;
+            let short = seqs
+                .iter()
+                .any(|x| x.n_tokens < smelt_kernels::ops::flash::MIN_TOKENS);
+            self.op_attention(q, kv, layer, &s, p, out, tiles, short)?;
             if let Some(t) = tiles {
                 *lock(&self.quantized) = Some(Quantized {
                     x: *out,

@@ -595,6 +595,7 @@ impl Cuda {
         p: &AttnParams,
         out: &CudaTensor,
         tiles: Option<u64>,
+        short_seqs: bool,
     ) -> Result<(), CudaError> {
         let (kc, vc) = self.kv_layer(kv, layer, "attention")?;
         if p.n_head_kv == 0
@@ -646,6 +647,15 @@ impl Cuda {
         // Prompt chunks: the tensor-core kernel, whole rows at once (no partials).
         if s.max_tokens >= ops::flash::MIN_TOKENS {
             if let Some(flash) = ops::flash::name(p.head_dim) {
+                let min = ops::flash::MIN_TOKENS as u32;
+                // A mixed step (decode rows beside prompt chunks): the split kernel takes
+                // the short sequences first (it spreads a long context over many blocks,
+                // where the prompt kernel would give it one), its reduce writes every row,
+                // and the prompt kernel then writes the long sequences' rows over those
+                // (it waits for the reduce at entry).
+                if short_seqs {
+                    self.split_attention(q, kc, vc, kv.block_size, s, p, name, out, None, min)?;
+                }
                 let a = ops::flash::Args {
                     q: q.ptr,
                     k_cache: kc,
@@ -658,6 +668,7 @@ impl Cuda {
                     block_size: kv.block_size as u32,
                     window,
                     scale: p.scale,
+                    min_tokens: if short_seqs { min } else { 0 },
                 };
                 let l = ops::flash::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv);
                 self.launch(flash, l, &args(&a.values()))?;
@@ -667,6 +678,28 @@ impl Cuda {
                 };
             }
         }
+        self.split_attention(q, kc, vc, kv.block_size, s, p, name, out, tiles, 0)
+    }
+
+    /// The split attention (`name`, one of `attention::name`'s) and its combine: in one
+    /// launch when `tiles` are wanted and the combining kernel takes the shape, else the
+    /// attention then the reduce (writing the tiles too when wanted). `skip_tokens`: the
+    /// split kernel's (sequences of at least that many tokens left to the prompt kernel,
+    /// whose rows the reduce then fills from stale partials until it overwrites them).
+    #[allow(clippy::too_many_arguments)]
+    fn split_attention(
+        &self,
+        q: &CudaTensor,
+        kc: u64,
+        vc: u64,
+        block_size: usize,
+        s: &StepPtrs,
+        p: &AttnParams,
+        name: &str,
+        out: &CudaTensor,
+        tiles: Option<u64>,
+        skip_tokens: u32,
+    ) -> Result<(), CudaError> {
         let splits = self.splits(s.n_seqs, p.n_head_kv);
         let (acc_len, ml_len) = ops::attention::partial_lens(q.rows, p.n_head, splits, p.head_dim);
         let acc = self.scratch(acc_len * 4)?;
@@ -682,12 +715,13 @@ impl Cuda {
             part_ml: ml,
             n_head: p.n_head as u32,
             n_head_kv: p.n_head_kv as u32,
-            block_size: kv.block_size as u32,
+            block_size: block_size as u32,
             n_splits: splits as u32,
             q_tiles: u32_of(q_tiles, "attention q tiles")?,
-            window,
+            window: u32_of(p.window.unwrap_or(0), "attention window")?,
             scale: p.scale,
             stage_blocks: self.attn_stage,
+            skip_tokens,
         };
         let mut list = args(&a.values());
         let grid = ops::attention::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv, splits);
