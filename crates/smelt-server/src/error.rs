@@ -66,7 +66,8 @@ impl ApiError {
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 format!(
-                    "the model `{model}` does not exist (GET /v1/models lists the served ones)"
+                    "the model `{}` does not exist (GET /v1/models lists the served ones)",
+                    crate::guard::clip(model, 100)
                 ),
             )
         }

@@ -16,7 +16,9 @@
 //! ```
 
 mod assets;
+mod conn;
 pub mod error;
+mod guard;
 pub mod metrics;
 pub mod models;
 pub mod openai;
@@ -33,7 +35,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+pub use conn::raise_fd_limit;
 pub use error::ApiError;
+pub use guard::HostPolicy;
 pub use models::{gguf_loader, model_id, LoadedModel, Loader};
 pub use scheduler::SchedulerConfig;
 
@@ -42,13 +46,43 @@ pub use scheduler::SchedulerConfig;
 pub struct ServerConfig {
     /// `host:port`; port 0 picks a free one (see [`Server::local_addr`]).
     pub addr: String,
-    /// When set, `/v1/*` and `/admin/*` need `Authorization: Bearer <key>`.
+    /// When set, `/v1/*` needs `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
+    /// When set, `/admin/*` needs `Authorization: Bearer <admin key>` (and only it). Without
+    /// it, admin is open on a loopback-bound server with no `api_key`, and disabled otherwise.
+    pub admin_key: Option<String>,
+    /// When set, `/metrics` needs `Authorization: Bearer <metrics key>` (or the admin key).
+    pub metrics_key: Option<String>,
     pub scheduler: SchedulerConfig,
     /// Most tokens one sequence may hold (prompt and generation).
     pub ctx: usize,
     /// After a shutdown request, how long in-flight requests may run before they are ended.
     pub grace: Duration,
+    /// A request's headers must arrive within this long of the connection opening or of the
+    /// previous response (so it is also the keep-alive idle timeout).
+    pub header_timeout: Duration,
+    /// A request's whole body must arrive within this long of its headers.
+    pub body_timeout: Duration,
+    /// A response write that makes no progress for this long ends the connection.
+    pub idle_timeout: Duration,
+    /// Connections served at once; one more closes the oldest as soon as it is idle.
+    /// Lowered to what the open-file limit allows.
+    pub max_connections: usize,
+    /// Host names the server answers to besides the localhost names (`*`: any); see
+    /// [`HostPolicy::new`].
+    pub allowed_hosts: Vec<String>,
+    /// Origins whose cross-origin browser requests are allowed (CORS; `*`: any).
+    pub cors: Vec<String>,
+    /// Folders `/admin/models` may load models from (besides `aliases` and the models the
+    /// server started with).
+    pub models_dirs: Vec<std::path::PathBuf>,
+    /// Model references `/admin/models` may load as they are (the built-in aliases).
+    pub aliases: Vec<String>,
+    /// Most bytes all loaded models may take (weights and KV cache); `None`: no limit.
+    pub max_models_bytes: Option<u64>,
+    /// Text of special tokens in chat message content becomes those tokens (it is tokenized
+    /// as plain text otherwise, so a user cannot forge a system turn).
+    pub allow_special_in_content: bool,
 }
 
 impl Default for ServerConfig {
@@ -56,9 +90,21 @@ impl Default for ServerConfig {
         ServerConfig {
             addr: "127.0.0.1:8080".into(),
             api_key: None,
+            admin_key: None,
+            metrics_key: None,
             scheduler: SchedulerConfig::default(),
             ctx: 4096,
             grace: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 4096,
+            allowed_hosts: Vec::new(),
+            cors: Vec::new(),
+            models_dirs: Vec::new(),
+            aliases: Vec::new(),
+            max_models_bytes: None,
+            allow_special_in_content: false,
         }
     }
 }
@@ -84,6 +130,14 @@ pub(crate) struct AppState {
     pub stats: metrics::ServerStats,
     /// Set once shutdown starts: new requests get 503.
     pub shutting_down: AtomicBool,
+    /// The `Host` values answered (from the bound address and `allowed_hosts`).
+    pub hosts: HostPolicy,
+    /// Admin endpoints without an admin key: loopback-bound, no API key.
+    pub admin_open: bool,
+    /// What `/admin/models` may load.
+    pub confine: models::Confinement,
+    /// One admin load at a time, so the memory limit is checked against settled totals.
+    pub loading: tokio::sync::Mutex<()>,
 }
 
 /// Ends a running [`Server`] gracefully: it stops accepting, lets in-flight requests finish
@@ -111,13 +165,6 @@ impl Server {
         loader: Loader,
         models: &[String],
     ) -> Result<Server, ServerError> {
-        let state = Arc::new(AppState {
-            config: config.clone(),
-            models: models::Registry::default(),
-            loader,
-            stats: metrics::ServerStats::default(),
-            shutting_down: AtomicBool::new(false),
-        });
         // The port first: one in use is reported at once, not after minutes of loading.
         let listener =
             TcpListener::bind(&config.addr)
@@ -126,6 +173,18 @@ impl Server {
                     addr: config.addr.clone(),
                     source,
                 })?;
+        let loopback = listener.local_addr()?.ip().is_loopback();
+        let state = Arc::new(AppState {
+            config: config.clone(),
+            models: models::Registry::default(),
+            loader,
+            stats: metrics::ServerStats::default(),
+            shutting_down: AtomicBool::new(false),
+            hosts: HostPolicy::new(loopback, &config.allowed_hosts),
+            admin_open: loopback && config.api_key.is_none(),
+            confine: models::Confinement::new(&config.models_dirs, &config.aliases, models),
+            loading: tokio::sync::Mutex::new(()),
+        });
         for reference in models {
             routes::load_model(&state, reference, None)
                 .await
@@ -153,12 +212,23 @@ impl Server {
     /// Serves until shut down.
     pub async fn run(self) -> Result<(), ServerError> {
         let app = routes::router(Arc::clone(&self.state));
-        let mut stop = self.shutdown.subscribe();
         let mut stop2 = self.shutdown.subscribe();
-        let serve = axum::serve(self.listener, app).with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|s| *s).await;
-        });
-        let serve = std::future::IntoFuture::into_future(serve);
+        let c = &self.state.config;
+        // A quarter above the limit is the hard ceiling (see `conn`), and some descriptors
+        // are the process's own (model files, the listener).
+        let max_connections = match raise_fd_limit() {
+            Some(fds) => c
+                .max_connections
+                .min((fds.saturating_sub(64) * 4 / 5) as usize)
+                .max(1),
+            None => c.max_connections,
+        };
+        let limits = conn::ConnLimits {
+            header_timeout: c.header_timeout,
+            idle_timeout: c.idle_timeout,
+            max_connections,
+        };
+        let serve = conn::serve(self.listener, app, limits, self.shutdown.subscribe());
         tokio::pin!(serve);
         tokio::select! {
             r = &mut serve => return Ok(r?),

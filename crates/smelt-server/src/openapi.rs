@@ -7,7 +7,7 @@ pub(crate) const SPEC: &str = r##"{
   "info": {
     "title": "smelt",
     "version": "0.1.0",
-    "description": "OpenAI-compatible inference server for GGUF models. When the server has an API key, /v1/* and /admin/* need `Authorization: Bearer <key>`. Errors are {\"error\": {\"message\", \"type\", \"param\", \"code\"}}."
+    "description": "OpenAI-compatible inference server for GGUF models. When the server has an API key, /v1/* needs `Authorization: Bearer <key>`; /admin/* needs the admin key (--admin-key), and /metrics the metrics key when one is set. Request bodies must be `application/json` (415 otherwise); cross-origin browser requests are refused (403) unless --cors allows their origin, as are Host names the server does not answer to. Errors are {\"error\": {\"message\", \"type\", \"param\", \"code\"}}."
   },
   "components": {
     "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -117,8 +117,10 @@ pub(crate) const SPEC: &str = r##"{
     "/v1/models/{id}": {"get": {"summary": "One served model", "security": [{"bearer": []}],
       "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
       "responses": {"200": {"description": "the model"}, "404": {"$ref": "#/components/responses/NotFound"}}}},
-    "/health": {"get": {"summary": "Liveness: 200 with the model ids, 503 while shutting down",
-      "responses": {"200": {"description": "serving"}, "503": {"description": "shutting down"}}}},
+    "/health": {"get": {"summary": "Readiness: 200 with the model ids while a model can serve; 503 with no model loaded or while shutting down",
+      "responses": {"200": {"description": "serving"}, "503": {"description": "no model, or shutting down"}}}},
+    "/live": {"get": {"summary": "Liveness: 200 while the process answers, whatever its models",
+      "responses": {"200": {"description": "alive"}}}},
     "/metrics": {"get": {"summary": "Prometheus text: requests by status, prompt/generated tokens, time to first token and inter-token latency histograms, queue depth, running sequences, KV blocks used/free",
       "responses": {"200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
     "/openapi.json": {"get": {"summary": "This description", "responses": {"200": {"description": "OpenAPI 3.1"}}}},
@@ -131,7 +133,9 @@ pub(crate) const SPEC: &str = r##"{
           "action": {"enum": ["load", "unload"]}, "model": {"type": "string"}, "id": {"type": "string"}}}}}},
         "responses": {"200": {"description": "{\"loaded\": model} or {\"unloaded\": id}"},
           "400": {"$ref": "#/components/responses/BadRequest"}, "401": {"$ref": "#/components/responses/Unauthorized"},
-          "404": {"$ref": "#/components/responses/NotFound"}}}},
+          "403": {"description": "admin disabled, or a model outside --models-dir and the aliases"},
+          "404": {"$ref": "#/components/responses/NotFound"},
+          "409": {"description": "the models' memory limit would be exceeded"}}}},
     "/": {"get": {"summary": "The chat page (embedded static files: /, /app.js, /style.css)",
       "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}}}}
   }
@@ -149,6 +153,7 @@ mod tests {
             "/v1/models",
             "/v1/models/{id}",
             "/health",
+            "/live",
             "/metrics",
             "/openapi.json",
             "/admin/models",

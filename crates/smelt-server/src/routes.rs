@@ -25,28 +25,49 @@ use crate::models::{self, ModelEntry};
 use crate::openai::{self, ChatRequest, CompletionRequest, GenParams, PromptInput};
 use crate::reply::{collect, next_id, stream, Kind, Reply};
 use crate::scheduler::{Job, SubmitError};
-use crate::{assets, openapi, AppState};
+use crate::{assets, guard, openapi, AppState};
 
 type St = State<Arc<AppState>>;
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
-    let protected = Router::new()
+    let api = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            guard::api_auth,
+        ));
+    let admin = Router::new()
         .route("/admin/models", get(admin_list).post(admin_post))
-        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            guard::admin_auth,
+        ));
+    let metrics =
+        Router::new()
+            .route("/metrics", get(metrics))
+            .route_layer(middleware::from_fn_with_state(
+                Arc::clone(&state),
+                guard::metrics_auth,
+            ));
     Router::new()
-        .merge(protected)
+        .merge(api)
+        .merge(admin)
+        .merge(metrics)
         .route("/health", get(health))
-        .route("/metrics", get(metrics))
+        .route("/live", get(live))
         .route("/openapi.json", get(openapi_json))
         .merge(assets::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Inside the counter, so a caught panic is counted as the 500 it becomes.
         .layer(CatchPanicLayer::custom(panic_response))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            guard::guard,
+        ))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count))
         .with_state(state)
 }
@@ -82,27 +103,6 @@ async fn count(State(st): St, req: Request, next: Next) -> Response {
     resp
 }
 
-/// `Authorization: Bearer <key>` when the server has a key.
-async fn auth(State(st): St, req: Request, next: Next) -> Response {
-    if let Some(key) = &st.config.api_key {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
-            return ApiError::unauthorized().into_response();
-        }
-    }
-    next.run(req).await
-}
-
-/// Compares without stopping at the first difference, so timing does not leak the key.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!(
         "no route for {} {} (GET /openapi.json lists the endpoints)",
@@ -121,16 +121,26 @@ async fn method_not_allowed(req: Request) -> Response {
     e.into_response()
 }
 
+/// 200 only while a model can serve: 503 when shutting down or with no model loaded.
 async fn health(State(st): St) -> Response {
     let ids: Vec<String> = st.models.list().iter().map(|m| m.id.clone()).collect();
-    if st.shutting_down.load(Ordering::SeqCst) {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "shutting_down", "models": ids})),
-        )
-            .into_response();
-    }
-    Json(json!({"status": "ok", "models": ids})).into_response()
+    let status = if st.shutting_down.load(Ordering::SeqCst) {
+        "shutting_down"
+    } else if ids.is_empty() {
+        "no_model"
+    } else {
+        return Json(json!({"status": "ok", "models": ids})).into_response();
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"status": status, "models": ids})),
+    )
+        .into_response()
+}
+
+/// Liveness: the process answers, whatever its models.
+async fn live() -> Json<Value> {
+    Json(json!({"status": "alive"}))
 }
 
 async fn metrics(State(st): St) -> Response {
@@ -216,7 +226,7 @@ async fn admin_post(State(st): St, body: Body) -> Result<Json<Value>, ApiError> 
             let model = model.ok_or_else(|| {
                 ApiError::invalid_param("model", "load needs `model`: a GGUF path or an alias")
             })?;
-            let m = load_model(&st, &model, id).await?;
+            let m = admin_load(&st, &model, id).await?;
             Ok(Json(json!({"loaded": admin_json(&m)})))
         }
         "unload" => {
@@ -234,9 +244,90 @@ async fn admin_post(State(st): St, body: Body) -> Result<Json<Value>, ApiError> 
     }
 }
 
+/// A load asked for through `/admin/models`: a checked id, a reference inside the allowed
+/// places, one load at a time within the memory limit, and errors that say what failed but
+/// never quote the file (the server log has the loader's own words).
+async fn admin_load(
+    st: &Arc<AppState>,
+    reference: &str,
+    id: Option<String>,
+) -> Result<Arc<ModelEntry>, ApiError> {
+    if let Some(id) = &id {
+        models::check_id(id).map_err(|e| ApiError::invalid_param("id", e))?;
+    }
+    let target = st.confine.check(reference)?;
+    let _one = st.loading.lock().await;
+    let used = || st.models.list().iter().map(|m| m.bytes).sum::<u64>();
+    let over = |need: u64| -> Option<ApiError> {
+        let cap = st.config.max_models_bytes?;
+        let used = used();
+        (used.saturating_add(need) > cap).then(|| ApiError {
+            status: StatusCode::CONFLICT,
+            code: Some("memory_limit"),
+            ..ApiError::invalid_param(
+                "model",
+                format!(
+                    "loading `{}` would take the models' memory past the server's limit \
+                     ({} MiB used of {} MiB, about {} MiB more needed): unload a model first",
+                    guard::clip(reference, 100),
+                    used >> 20,
+                    cap >> 20,
+                    need >> 20
+                ),
+            )
+        })
+    };
+    // Before loading, the file's size (weights); after, the model's own estimate with its KV
+    // cache.
+    let on_disk = std::fs::metadata(&target)
+        .ok()
+        .filter(|m| m.is_file())
+        .map_or(0, |m| m.len());
+    if let Some(e) = over(on_disk) {
+        return Err(e);
+    }
+    let m = load_inner(st, &target, reference, id).await.map_err(|e| {
+        if e.status != StatusCode::BAD_REQUEST || e.code == Some("model_exists") {
+            return e;
+        }
+        tracing::warn!(model = %reference, "admin load failed: {}", e.message);
+        ApiError::invalid_param(
+            "model",
+            format!(
+                "cannot load `{}`: it is not a model this server can load (the server log \
+                 says why)",
+                guard::clip(reference, 100)
+            ),
+        )
+    })?;
+    let others = used().saturating_sub(m.bytes);
+    if let Some(cap) = st.config.max_models_bytes {
+        if others.saturating_add(m.bytes) > cap {
+            st.models.remove(&m.id);
+            return Err(over(m.bytes).unwrap_or_else(|| ApiError {
+                status: StatusCode::CONFLICT,
+                code: Some("memory_limit"),
+                ..ApiError::invalid_param("model", "the models' memory limit is reached")
+            }));
+        }
+    }
+    Ok(m)
+}
+
 /// Loads a model on its own scheduler thread and starts serving it.
 pub(crate) async fn load_model(
     st: &Arc<AppState>,
+    reference: &str,
+    id: Option<String>,
+) -> Result<Arc<ModelEntry>, ApiError> {
+    load_inner(st, reference, reference, id).await
+}
+
+/// Loads `target` (what `reference` resolved to), serving it under `id` or the reference's
+/// default id.
+async fn load_inner(
+    st: &Arc<AppState>,
+    target: &str,
     reference: &str,
     id: Option<String>,
 ) -> Result<Arc<ModelEntry>, ApiError> {
@@ -249,7 +340,7 @@ pub(crate) async fn load_model(
     }
     let (loader, r, ctx, cfg) = (
         Arc::clone(&st.loader),
-        reference.to_string(),
+        target.to_string(),
         st.config.ctx,
         st.config.scheduler,
     );
@@ -280,10 +371,14 @@ fn model_for(st: &AppState, id: Option<&str>) -> Result<Arc<ModelEntry>, ApiErro
 }
 
 /// llama.cpp's tokenization of a prompt, as `smelt run` does it: BOS as the GGUF says; a
-/// chat prompt has its special tokens parsed and keeps one BOS when the template already
-/// wrote its text.
-fn tokenize(tok: &Tokenizer, text: &str, chat: bool) -> Vec<u32> {
-    let mut ids = tok.encode(text, true, chat);
+/// chat prompt has its special tokens parsed (except in the `plain` ranges: message content)
+/// and keeps one BOS when the template already wrote its text.
+fn tokenize(tok: &Tokenizer, text: &str, chat: bool, plain: &[std::ops::Range<usize>]) -> Vec<u32> {
+    let mut ids = if chat {
+        tok.encode_with_plain(text, true, plain)
+    } else {
+        tok.encode(text, true, false)
+    };
     if chat {
         if let Some(bos) = tok.bos() {
             if ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
@@ -354,10 +449,32 @@ async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError
         };
         msgs.push(ChatMessage::new(role, m.text(i)?));
     }
-    let text = template
-        .render(&msgs, true)
-        .map_err(|e| ApiError::bad_request(format!("the chat template failed: {e}")))?;
-    let ids = tokenize(&model.tokenizer, &text, true);
+    let failed = |e| ApiError::bad_request(format!("the chat template failed: {e}"));
+    let ids = if st.config.allow_special_in_content {
+        let text = template.render(&msgs, true).map_err(failed)?;
+        tokenize(&model.tokenizer, &text, true, &[])
+    } else {
+        match template.render_marked(&msgs, true).map_err(failed)? {
+            Some((text, content)) => tokenize(&model.tokenizer, &text, true, &content),
+            None => {
+                // The template cuts content apart, so where it lands is unknown: served only
+                // when no message holds special-token text.
+                if let Some(i) = msgs
+                    .iter()
+                    .position(|m| model.tokenizer.has_special_text(&m.content))
+                {
+                    return Err(ApiError::invalid_param(
+                        &format!("messages[{i}].content"),
+                        "this model's chat template rearranges message content, so special-token \
+                         text in it cannot be kept as plain text: remove it (or start the server \
+                         with --allow-special-in-content)",
+                    ));
+                }
+                let text = template.render(&msgs, true).map_err(failed)?;
+                tokenize(&model.tokenizer, &text, true, &[])
+            }
+        }
+    };
     run(&model, ids, p, logprobs, Kind::Chat, arrived).await
 }
 
@@ -386,7 +503,7 @@ async fn completions_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, A
     let prompt = req.prompt.single()?;
     let model = model_for(&st, p.model.as_deref())?;
     let ids = match prompt {
-        PromptInput::Text(t) => tokenize(&model.tokenizer, &t, false),
+        PromptInput::Text(t) => tokenize(&model.tokenizer, &t, false, &[]),
         PromptInput::Ids(ids) => {
             let n = model.tokenizer.n_vocab();
             if let Some(bad) = ids.iter().find(|&&t| t as usize >= n) {

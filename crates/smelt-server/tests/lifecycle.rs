@@ -53,7 +53,11 @@ async fn admin_loads_and_unloads_models() {
     let r = s
         .post("/admin/models", &json!({"model": "/no/such/model.gguf"}))
         .await;
-    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.status(),
+        403,
+        "outside the start-up models and --models-dir"
+    );
     let r = s
         .post("/admin/models", &json!({"action": "explode", "id": "x"}))
         .await;

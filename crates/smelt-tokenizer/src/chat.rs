@@ -2,6 +2,7 @@
 //! environment Hugging Face and llama.cpp give it, or llama.cpp's built-in format for the
 //! architecture when the GGUF has none.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use minijinja::syntax::SyntaxConfig;
@@ -111,6 +112,40 @@ impl BuiltinTemplate {
     }
 }
 
+/// Marks where message content starts and ends in a rendering (Unicode noncharacters,
+/// meant for a program's internal use).
+const OPEN: char = '\u{FDD0}';
+const CLOSE: char = '\u{FDD1}';
+
+/// The text without its markers and the ranges they enclosed, or `None` when a marker is
+/// unpaired.
+fn unmark(marked: &str) -> Option<Marked> {
+    let mut out = String::with_capacity(marked.len());
+    let mut spans = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for c in marked.chars() {
+        match c {
+            OPEN => {
+                if depth == 0 {
+                    start = out.len();
+                }
+                depth += 1;
+            }
+            CLOSE => {
+                if depth == 0 {
+                    return None;
+                }
+                if depth == 1 && out.len() > start {
+                    spans.push(start..out.len());
+                }
+                depth -= 1;
+            }
+            c => out.push(c),
+        }
+    }
+    (depth == 0).then_some((out, spans))
+}
+
 /// C's `isspace` trim, as llama-chat.cpp's `trim`.
 fn trim(s: &str) -> &str {
     s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r'))
@@ -140,6 +175,9 @@ impl Source {
         Ok(Source::Jinja(src.to_string(), Arc::new(env)))
     }
 }
+
+/// A rendered chat prompt and the byte ranges of it that are message content.
+pub type Marked = (String, Vec<Range<usize>>);
 
 /// A model's chat template.
 #[derive(Clone, Debug)]
@@ -221,6 +259,59 @@ impl ChatTemplate {
             out.truncate(out.len() - self.eos_token.len());
         }
         Ok(out)
+    }
+
+    /// [`render`](Self::render), and the byte ranges of the prompt that are message content,
+    /// for [`Tokenizer::encode_with_plain`]: special-token text a user wrote stays text.
+    ///
+    /// Each non-empty content is wrapped in two Unicode noncharacters before rendering and
+    /// the ranges are read off where they land, when the markers change nothing else: tried
+    /// with the content as it is, then trimmed (for templates that trim it). `None` when
+    /// neither gives the unmarked rendering with every marker paired (a template that cuts
+    /// content apart): the caller decides. Noncharacters in the content are dropped.
+    pub fn render_marked(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Option<Marked>, TokenizerError> {
+        let clean: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| ChatMessage {
+                role: m.role.clone(),
+                content: m.content.replace([OPEN, CLOSE], ""),
+            })
+            .collect();
+        let plain = self.render(&clean, add_generation_prompt)?;
+        let mark = |trimmed: bool| -> Result<Option<Marked>, TokenizerError> {
+            let marked: Vec<ChatMessage> = clean
+                .iter()
+                .map(|m| {
+                    let c = if trimmed {
+                        trim(&m.content)
+                    } else {
+                        &m.content
+                    };
+                    let content = if c.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{OPEN}{c}{CLOSE}")
+                    };
+                    ChatMessage {
+                        role: m.role.clone(),
+                        content,
+                    }
+                })
+                .collect();
+            Ok(unmark(&self.render(&marked, add_generation_prompt)?))
+        };
+        for trimmed in [false, true] {
+            if let Ok(Some((text, spans))) = mark(trimmed) {
+                if text == plain {
+                    return Ok(Some((text, spans)));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Exactly what the template writes (Jinja's output, BOS text included).

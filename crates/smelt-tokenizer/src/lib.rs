@@ -31,7 +31,7 @@ mod tokenizer;
 mod unicode;
 mod vocab;
 
-pub use chat::{BuiltinTemplate, ChatMessage, ChatTemplate};
+pub use chat::{BuiltinTemplate, ChatMessage, ChatTemplate, Marked};
 pub use error::TokenizerError;
 pub use stream::DecodeStream;
 pub use tokenizer::Tokenizer;

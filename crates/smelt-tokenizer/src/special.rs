@@ -1,7 +1,9 @@
 //! Special-token partitioning (llama.cpp's `tokenizer_st_partition`): before any merging, the
 //! text of control, user-defined and unknown tokens is cut out of the raw text, longest token
 //! first, each occurrence becoming that token. Control and unknown tokens are only looked for
-//! when the caller asks to parse special tokens; user-defined ones always are.
+//! when the caller asks to parse special tokens; user-defined ones always are. Byte ranges
+//! the caller marks as plain (a chat message's content inside a rendered template) never
+//! become control or unknown tokens, so text there cannot forge a turn.
 
 use aho_corasick::AhoCorasick;
 
@@ -30,12 +32,14 @@ impl SpecialMatcher {
         SpecialMatcher { automaton, ids }
     }
 
-    /// The fragments of `text`.
+    /// The fragments of `text`; no control or unknown token is matched where it overlaps one
+    /// of the `plain` byte ranges.
     pub(crate) fn partition(
         &self,
         vocab: &Vocab,
         text: &str,
         parse_special: bool,
+        plain: &[std::ops::Range<usize>],
     ) -> Vec<Fragment> {
         let mut frags = Vec::new();
         if text.is_empty() {
@@ -70,8 +74,18 @@ impl SpecialMatcher {
                     continue;
                 };
                 let a = vocab.attr(id);
-                while let Some(at) = find(&bytes[start..end], needle) {
-                    let m = start + at;
+                let guarded = a & (attr::CONTROL | attr::UNKNOWN) != 0 && !plain.is_empty();
+                let mut from = start;
+                while let Some(at) = find(&bytes[from..end], needle) {
+                    let m = from + at;
+                    if guarded
+                        && plain
+                            .iter()
+                            .any(|r| r.start < m + needle.len() && m < r.end)
+                    {
+                        from = m + 1;
+                        continue;
+                    }
                     let mut left_end = m;
                     if a & attr::LSTRIP != 0 {
                         while left_end > start && is_c_space(bytes[left_end - 1]) {
@@ -88,6 +102,7 @@ impl SpecialMatcher {
                             start += 1;
                         }
                     }
+                    from = start;
                 }
                 if start < end {
                     next.push(Fragment::Text(start, end));

@@ -44,12 +44,43 @@ impl Tokenizer {
     /// as the GGUF's add_bos_token/add_eos_token say; `parse_special` turns the text of control
     /// tokens into their ids (user-defined tokens are always matched).
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        self.encode_parts(text, add_special, parse_special, &[])
+    }
+
+    /// [`encode`](Self::encode) with special tokens parsed, except inside the `plain` byte
+    /// ranges, where the text of control tokens stays text (a chat message's content, as
+    /// [`ChatTemplate::render_marked`](crate::ChatTemplate::render_marked) gives the ranges).
+    /// With no ranges it is `encode(text, add_special, true)`.
+    pub fn encode_with_plain(
+        &self,
+        text: &str,
+        add_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Vec<u32> {
+        self.encode_parts(text, add_special, true, plain)
+    }
+
+    /// Whether `text` holds the text of a control or unknown token (what `encode` with
+    /// `parse_special` would turn into that token).
+    pub fn has_special_text(&self, text: &str) -> bool {
+        self.special.partition(&self.vocab, text, true, &[]).iter().any(|f| {
+            matches!(f, Fragment::Token(id) if self.vocab.attr(*id) & (attr::CONTROL | attr::UNKNOWN) != 0)
+        })
+    }
+
+    fn encode_parts(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Vec<u32> {
         let v = &self.vocab;
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && v.add_bos {
             out.extend(v.bos);
         }
-        let frags = self.special.partition(v, text, parse_special);
+        let frags = self.special.partition(v, text, parse_special, plain);
         match v.kind {
             VocabKind::Spm => {
                 let mut prev_special = true;

@@ -9,6 +9,7 @@ pub mod perplexity;
 pub mod quantize;
 pub mod run;
 pub mod serve;
+pub mod serve_limits;
 pub mod synth;
 
 /// Sizes rayon's global pool (all cores when `None`). Every parallel step splits work by

@@ -13,6 +13,11 @@ const ALIASES: &[(&str, &str)] = &[
     ("gemma3-270m", "gemma-3-270m-q4_k_m.gguf"),
 ];
 
+/// The aliases' names (what `smelt serve` lets `/admin/models` load besides its folders).
+pub fn alias_names() -> Vec<String> {
+    ALIASES.iter().map(|(a, _)| a.to_string()).collect()
+}
+
 /// The GGUF file (or Hugging Face model folder) `model` names: an existing path as it is;
 /// an alias found in `$SMELT_MODELS` or the repository's `.models/`; else fetched by the
 /// repository's script when there is one. Anything else is an error that says how to get

@@ -31,7 +31,7 @@ pub struct ServeArgs {
     /// cpu (auto: the best available device).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Require `Authorization: Bearer <KEY>` on /v1/* and /admin/*.
+    /// Require `Authorization: Bearer <KEY>` on /v1/* (/admin/* then needs --admin-key).
     #[arg(long)]
     pub api_key: Option<String>,
     /// Requests waiting for a place in a model's batch; more get 429 with Retry-After.
@@ -59,6 +59,8 @@ pub struct ServeArgs {
     /// quantize`'s per-tensor rules. A model may also be a Hugging Face folder.
     #[arg(long, value_name = "TYPE")]
     pub isq: Option<String>,
+    #[command(flatten)]
+    pub limits: super::serve_limits::LimitArgs,
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
@@ -74,7 +76,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         .kv_tokens
         .unwrap_or(args.ctx.saturating_mul(4))
         .max(args.ctx);
-    let config = ServerConfig {
+    let mut config = ServerConfig {
         addr: format!("{}:{}", args.host, args.port),
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         scheduler: SchedulerConfig {
@@ -84,7 +86,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         },
         ctx: args.ctx,
         grace: Duration::from_secs_f64(args.grace),
+        ..ServerConfig::default()
     };
+    args.limits.apply(&mut config, model_ref::alias_names())?;
     let models = if args.model.is_empty() {
         vec![DEFAULT_MODEL.to_string()]
     } else {
