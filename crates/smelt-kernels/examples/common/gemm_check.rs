@@ -152,7 +152,7 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
             let (want, mag) = gemm::cpu_with_magnitude(ty, &ggml, nrows, k, &qh, ntok)?;
             // One split, and the split count the engine picks (a K range in slices).
             let ntiles = k.div_ceil(TILE);
-            for splits in [1, gemm::splits(nrows, ntiles, SMS).max(ntiles.min(3))] {
+            for splits in [1, gemm::splits(nrows, ntiles, None, SMS).max(ntiles.min(3))] {
                 let a = args(nrows, ntok, k, row_bytes, splits);
                 let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
                 let mut ws = gpu
@@ -250,7 +250,7 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                     ntok,
                     k,
                     row_bytes,
-                    gemm::splits(nrows, k / TILE, SMS),
+                    gemm::splits(nrows, k / TILE, Some(ntok), SMS),
                 );
                 let mut wsp = workspace(gpu, &a)?;
                 let flops = 2.0 * (nrows * k * ntok) as f64;

@@ -69,12 +69,15 @@ pub const PARAMS: [&str; 8] = [
 ];
 
 /// Splits of the K range (`Args::splits`) for a matrix of `nrows` rows and `ntiles` tiles
-/// on a GPU of `sm_count` multiprocessors: enough row blocks x splits to fill every SM
-/// twice even for one token block (batched decode), each split at least four tiles. It
-/// depends on the matrix and the GPU only, never on the token count, so an output is summed
-/// in the same order however many tokens share the launch.
-pub fn splits(nrows: usize, ntiles: usize, sm_count: usize) -> usize {
-    let blocks = nrows.div_ceil(BM as usize).max(1);
+/// and `ntok` tokens on a GPU of `sm_count` multiprocessors: enough blocks x splits to fill
+/// every SM twice, each split at least four tiles. With `ntok` None the count is that of
+/// one token block whatever the batch: it then depends on the matrix and the GPU only, so
+/// an output is summed in the same order however many tokens share the launch
+/// (`--batch-invariant`); with the token count, large batches skip the split workspace and
+/// its reduce (8% of a 512-token prompt's GPU time on an H100).
+pub fn splits(nrows: usize, ntiles: usize, ntok: Option<usize>, sm_count: usize) -> usize {
+    let token_blocks = ntok.map_or(1, |n| n.div_ceil(BN as usize).max(1));
+    let blocks = nrows.div_ceil(BM as usize).max(1) * token_blocks;
     let want = (2 * sm_count).div_ceil(blocks);
     want.clamp(1, (ntiles / 4).max(1))
 }
@@ -325,10 +328,24 @@ pub fn kernel<F: GemmFormat>(k: &Kernel) {
             k.add(src, src, k.mul_wide(k.reg::<U64>(), bch, 16u32))
         })
         .collect();
+    // Tokens past the end are not copied (their outputs are never stored): every block
+    // reading the last token for them made one L2 line a hot spot, which cost batches
+    // under 64 tokens half their speed.
+    let bvalid: Vec<Reg<Pred>> = (0..BN / 16)
+        .map(|i| {
+            let t = k.add(k.reg(), tok0, bt0);
+            k.add(t, t, 16 * i);
+            k.lt(t, ntok)
+        })
+        .collect();
     let bdst = k.mad(k.reg(), bt0, B_STRIDE, bq);
     k.mad(bdst, bch, 16u32, bdst);
-    // Token scales: thread `tid < BN` loads token `tid`'s.
+    // Token scales: thread `tid < BN` loads token `tid`'s (0 past the end).
     let scale_thread = k.lt(tid, BN);
+    let scale_valid = {
+        let t = k.add(k.reg(), tok0, tid);
+        k.lt(t, ntok)
+    };
     let ssrc = token(tid);
     k.add(ssrc, ssrc, act::D_OFFSET as u64);
     let sdst = k.mad(k.reg(), tid, 4u32, bd);
@@ -393,17 +410,21 @@ pub fn kernel<F: GemmFormat>(k: &Kernel) {
         let toff = k.mul_wide(k.reg::<U64>(), tile, act::TILE_BYTES as u32);
         for (i, &src) in bsrc.iter().enumerate() {
             let src = k.add(k.reg(), src, toff);
-            k.cp_async(
-                CpAsyncCache::Cg,
-                bdst.at(i as i64 * 16 * B_STRIDE as i64),
-                src,
-                16,
-            );
+            k.guarded(bvalid[i], |k| {
+                k.cp_async(
+                    CpAsyncCache::Cg,
+                    bdst.at(i as i64 * 16 * B_STRIDE as i64),
+                    src,
+                    16,
+                );
+            });
         }
         let dsrc = k.add(k.reg(), ssrc, toff);
         let dval = k.f32(0.0);
-        k.guarded(scale_thread, |k| {
+        k.guarded(scale_valid, |k| {
             k.ld(Load::GLOBAL_NC, dval, dsrc);
+        });
+        k.guarded(scale_thread, |k| {
             k.st(Store::SHARED, sdst, dval);
         });
         F::stage(k, &stage);
@@ -713,11 +734,15 @@ mod tests {
     #[test]
     fn splits_fill_the_gpu_from_the_shape_alone() {
         // H100: 132 SMs. 4096 rows (64 blocks) x 56 tiles: 5 splits of >= 4 tiles.
-        assert_eq!(splits(4096, 56, 132), 5);
-        assert_eq!(splits(4096, 16, 132), 4);
-        assert_eq!(splits(14336, 16, 132), 2);
-        assert_eq!(splits(128256, 16, 132), 1);
-        assert_eq!(splits(64, 2, 132), 1);
+        assert_eq!(splits(4096, 56, None, 132), 5);
+        assert_eq!(splits(4096, 16, None, 132), 4);
+        assert_eq!(splits(14336, 16, None, 132), 2);
+        assert_eq!(splits(128256, 16, None, 132), 1);
+        assert_eq!(splits(64, 2, None, 132), 1);
+        // By token count: one block of 64 tokens as None; 512 tokens fill the GPU unsplit.
+        assert_eq!(splits(4096, 56, Some(64), 132), 5);
+        assert_eq!(splits(4096, 56, Some(512), 132), 1);
+        assert_eq!(splits(4096, 56, Some(128), 132), 3);
     }
 
     #[test]

@@ -235,6 +235,10 @@ pub struct Cuda {
     /// type has one (`smelt_kernels::gemm::MIN_TOKENS`; `SMELT_CUDA_GEMM_MIN` to measure
     /// the crossover, `0` or a huge number to force one path).
     gemm_min_tokens: usize,
+    /// Every matmul on the GEMM with K split by the matrix shape alone, so a sequence's
+    /// results do not depend on how many others share its steps or how its prompt was cut
+    /// (`SMELT_CUDA_BATCH_INVARIANT=1`, `--batch-invariant`).
+    batch_invariant: bool,
     /// Key splits per (sequence, KV head) of the decode attention, `SMELT_CUDA_SPLITS`
     /// (tuning only): fixed instead of one block per multiprocessor.
     attn_splits: Option<usize>,
@@ -309,6 +313,7 @@ impl Cuda {
     /// Opens CUDA device `ordinal` (a missing driver or device is an error, never a panic).
     pub fn open(ordinal: usize) -> Result<Cuda, EngineError> {
         let gpu = Gpu::open(ordinal)?;
+        let batch_invariant = std::env::var("SMELT_CUDA_BATCH_INVARIANT").is_ok_and(|v| v == "1");
         let timeline = match gpu.timeline() {
             true => Some(Mutex::new(timeline::Timeline::new(&gpu)?)),
             false => None,
@@ -336,7 +341,12 @@ impl Cuda {
             attn_counters: Mutex::new(None),
             split_argmax: std::env::var("SMELT_CUDA_ARGMAX_SPLIT").map_or(true, |v| v != "0"),
             argmax_state: Mutex::new(None),
-            gemm_min_tokens: env_usize("SMELT_CUDA_GEMM_MIN").unwrap_or(gemm::MIN_TOKENS),
+            gemm_min_tokens: if batch_invariant {
+                1
+            } else {
+                env_usize("SMELT_CUDA_GEMM_MIN").unwrap_or(gemm::MIN_TOKENS)
+            },
+            batch_invariant,
             attn_splits: env_usize("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
             attn_stage: env_usize("SMELT_CUDA_ATTN_STAGE").map_or(32, |n| n.min(32) as u32),
             fuse_rope_kv: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
@@ -835,7 +845,12 @@ impl Cuda {
                         ntok: n as u32,
                         ntiles: ntiles as u32,
                         row_bytes: row_bytes as u32,
-                        splits: gemm::splits(rows, ntiles, self.gpu.sm_count()) as u32,
+                        splits: gemm::splits(
+                            rows,
+                            ntiles,
+                            (!self.batch_invariant).then_some(n),
+                            self.gpu.sm_count(),
+                        ) as u32,
                     };
                     // Split K: the slices' sums go to a workspace, reduced in split order.
                     if a.workspace_floats() > 0 {
