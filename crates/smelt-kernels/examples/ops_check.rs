@@ -1099,6 +1099,7 @@ fn check_kv_attention(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result
 /// block's rows, sliding windows, block sizes that are not powers of two.
 fn check_prefill(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
     let (mut c, mut cmix) = (Check::default(), Check::default());
+    let mut cserial = Check::default();
     // (seqs as (start_pos, new tokens), n_head, n_head_kv, head_dim, block size, window)
     type Case = (Vec<(usize, usize)>, usize, usize, usize, usize, usize);
     let mut cases: Vec<Case> = vec![
@@ -1154,11 +1155,19 @@ fn check_prefill(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> 
             min_tokens: 0,
         };
         let name = flash::name(hd).context("prefill head_dim")?;
+        let serial = flash::serial_name(hd).context("prefill head_dim")?;
         let l = flash::launch(p.seqs.len(), p.max_tokens, n_head, n_head_kv);
-        launch_values(gpu, name, l, &a.values())?;
         let case =
             format!("seqs {shape:?} heads {n_head}/{n_head_kv} hd {hd} bs {bs} window {window}");
+        launch_values(gpu, name, l, &a.values())?;
         c.add(&case, &gpu.stream.clone_dtoh(&out)?, &want, 6e-4, 1e-3);
+        let out2 = gpu.stream.clone_htod(&nan(p.rows * n_head * hd))?;
+        let a2 = flash::Args {
+            out: ptr(gpu, &out2),
+            ..a
+        };
+        launch_values(gpu, serial, l, &a2.values())?;
+        cserial.add(&case, &gpu.stream.clone_dtoh(&out2)?, &want, 6e-4, 1e-3);
         // A mixed step as the CUDA backend runs it: the split kernel and its reduce for
         // the short sequences (all rows), then the prompt kernel over the long ones' rows.
         let min = flash::MIN_TOKENS;
@@ -1196,6 +1205,11 @@ fn check_prefill(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> 
         }
     }
     rep.push("attention_prefill_hd*", c, "6e-4 + 1e-3|r| (f16 P)");
+    rep.push(
+        "attention_prefill_serial_hd*",
+        cserial,
+        "6e-4 + 1e-3|r| (f16 P)",
+    );
     rep.push("split (short) + prefill (long)", cmix, "6e-4 + 1e-3|r|");
     Ok(())
 }
@@ -1206,8 +1220,9 @@ fn check_prefill(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> 
 fn prefill_speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
     println!("\n== speed: prompt attention at Llama-3-8B shape (32 heads, 8 KV heads, head_dim 128, block 16) ==");
     let mut table = vec![
-        "| prompt attention | tokens | cached | tensor cores us | split + reduce us | split/tensor |".to_string(),
-        "|---|---|---|---|---|---|".to_string(),
+        "| prompt attention | tokens | cached | tensor cores us | tensor cores, serial us | split + reduce us | split/tensor |"
+            .to_string(),
+        "|---|---|---|---|---|---|---|".to_string(),
     ];
     let (n_head, n_head_kv, hd, bs) = (32usize, 8usize, 128usize, 16usize);
     for (start, n) in [
@@ -1259,6 +1274,10 @@ fn prefill_speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
         let tc = time_launches(&gpu.stream, 5, 2, reps, |_| {
             launch_values(gpu, name, l, &values)
         })? * 1e3;
+        let serial = flash::serial_name(hd).context("head_dim")?;
+        let ts = time_launches(&gpu.stream, 5, 2, reps, |_| {
+            launch_values(gpu, serial, l, &values)
+        })? * 1e3;
         // The split kernel as the engine launches it for one sequence: 16 splits on 132 SMs.
         let n_splits = (gpu.sms / n_head_kv).clamp(4, 64);
         let (al, mll) = attention::partial_lens(p.rows, n_head, n_splits, hd);
@@ -1285,7 +1304,7 @@ fn prefill_speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
             )
         })? * 1e3;
         let line = format!(
-            "| attention_prefill_hd128 | {n} | {start} | {tc:.1} | {split:.1} | {:.2} |",
+            "| attention_prefill_hd128 | {n} | {start} | {tc:.1} | {ts:.1} | {split:.1} | {:.2} |",
             split / tc
         );
         println!("{line}");

@@ -43,22 +43,75 @@ pub const ROWS: u32 = WARPS * WARP_ROWS;
 /// spreads a long context over more blocks.
 pub const MIN_TOKENS: usize = 32;
 
-/// The kernel of each head size (every multiple of 16 from 64 to 256: the `mma` K step is
-/// 16 values of a head, the `P·V` N step 8).
-const KERNELS: [(usize, &str); 13] = [
-    (64, "attention_prefill_hd64"),
-    (80, "attention_prefill_hd80"),
-    (96, "attention_prefill_hd96"),
-    (112, "attention_prefill_hd112"),
-    (128, "attention_prefill_hd128"),
-    (144, "attention_prefill_hd144"),
-    (160, "attention_prefill_hd160"),
-    (176, "attention_prefill_hd176"),
-    (192, "attention_prefill_hd192"),
-    (208, "attention_prefill_hd208"),
-    (224, "attention_prefill_hd224"),
-    (240, "attention_prefill_hd240"),
-    (256, "attention_prefill_hd256"),
+/// The kernels of each head size (every multiple of 16 from 64 to 256: the `mma` K step is
+/// 16 values of a head, the `P·V` N step 8): pipelined (the one the backend runs) and
+/// serial (each tile's K and V copied, then used: the first version, kept to compare).
+const KERNELS: [(usize, &str, &str); 13] = [
+    (
+        64,
+        "attention_prefill_hd64",
+        "attention_prefill_serial_hd64",
+    ),
+    (
+        80,
+        "attention_prefill_hd80",
+        "attention_prefill_serial_hd80",
+    ),
+    (
+        96,
+        "attention_prefill_hd96",
+        "attention_prefill_serial_hd96",
+    ),
+    (
+        112,
+        "attention_prefill_hd112",
+        "attention_prefill_serial_hd112",
+    ),
+    (
+        128,
+        "attention_prefill_hd128",
+        "attention_prefill_serial_hd128",
+    ),
+    (
+        144,
+        "attention_prefill_hd144",
+        "attention_prefill_serial_hd144",
+    ),
+    (
+        160,
+        "attention_prefill_hd160",
+        "attention_prefill_serial_hd160",
+    ),
+    (
+        176,
+        "attention_prefill_hd176",
+        "attention_prefill_serial_hd176",
+    ),
+    (
+        192,
+        "attention_prefill_hd192",
+        "attention_prefill_serial_hd192",
+    ),
+    (
+        208,
+        "attention_prefill_hd208",
+        "attention_prefill_serial_hd208",
+    ),
+    (
+        224,
+        "attention_prefill_hd224",
+        "attention_prefill_serial_hd224",
+    ),
+    (
+        240,
+        "attention_prefill_hd240",
+        "attention_prefill_serial_hd240",
+    ),
+    (
+        256,
+        "attention_prefill_hd256",
+        "attention_prefill_serial_hd256",
+    ),
 ];
 
 /// Name of the prompt attention kernel for heads of `head_dim`, if there is one.
@@ -66,12 +119,25 @@ pub fn name(head_dim: usize) -> Option<&'static str> {
     KERNELS.iter().find(|e| e.0 == head_dim).map(|e| e.1)
 }
 
+/// Name of the serial variant of [`name`]'s kernel (`kernel(k, head_dim, false)`).
+pub fn serial_name(head_dim: usize) -> Option<&'static str> {
+    KERNELS.iter().find(|e| e.0 == head_dim).map(|e| e.2)
+}
+
 /// Every kernel of this module.
 pub fn catalog() -> Vec<Entry> {
-    KERNELS
-        .iter()
-        .map(|&(hd, n)| -> Entry { (n.to_string(), Box::new(move |k: &Kernel| kernel(k, hd))) })
-        .collect()
+    let mut v: Vec<Entry> = Vec::new();
+    for &(hd, n, serial) in &KERNELS {
+        v.push((
+            n.to_string(),
+            Box::new(move |k: &Kernel| kernel(k, hd, true)),
+        ));
+        v.push((
+            serial.to_string(),
+            Box::new(move |k: &Kernel| kernel(k, hd, false)),
+        ));
+    }
+    v
 }
 
 /// Bytes of shared memory the K and V tiles may take: with the 1 KB the hardware keeps per
@@ -147,10 +213,12 @@ struct Row {
     lo: Reg<U32>,
 }
 
-/// The prompt attention kernel for heads of `head_dim` values (see the module doc).
-/// Parameters: [`Args`]. Launch: [`launch`]. Writes `out` rows of every sequence's
-/// tokens, all heads; nothing else.
-pub fn kernel(k: &Kernel, head_dim: usize) {
+/// The prompt attention kernel for heads of `head_dim` values (see the module doc);
+/// `pipelined`: each tile's V copied while its scores are computed and the next tile's K
+/// while its values are weighted, in the same shared memory (else each tile is copied
+/// whole, then used). Parameters: [`Args`]. Launch: [`launch`]. Writes `out` rows of
+/// every sequence's tokens, all heads; nothing else.
+pub fn kernel(k: &Kernel, head_dim: usize, pipelined: bool) {
     if name(head_dim).is_none() {
         k.reject(format!(
             "no prompt attention kernel for head_dim {head_dim}"
@@ -305,31 +373,29 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
         .collect();
     let n_key_tiles = (bk / 8) as usize;
 
-    k.stride_loop(key_lo, key_hi, bk, |k, j0| {
-        // Stage the tile: this thread's key (clamped to the sequence: keys past its end
-        // load its last one and are masked below) and its pieces of the K and V rows.
+    // This thread's key of the tile at `j0`, clamped to the sequence (keys past its end
+    // load its last one and are masked below): its block number's table index and its
+    // place in the block.
+    let key_of = |k: &Kernel, j0: Reg<U32>| {
         let j = k.add(k.reg(), j0, my_key);
         k.min(j, j, last_key);
         let nth = k.div_int(k.reg(), j, bs);
         let within = k.rem(k.reg(), j, bs);
-        let ti = k.add(k.reg(), bto, nth);
-        let block = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(tables, ti, 4));
-        let slot = k.mad(k.reg(), block, bs, within);
+        (k.add(k.reg(), bto, nth), within)
+    };
+    let block_at =
+        |k: &Kernel, ti: Reg<U32>| k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(tables, ti, 4));
+    // Copies this thread's pieces of the K (or V) row of cache slot `slot` into the tile.
+    let copy_row = |k: &Kernel, slot: Reg<U32>, v: bool| {
         let off = k.mul_wide(k.reg::<U64>(), slot, kv_dim);
         k.shl(off, off, 1u32);
         k.add(off, off, src_part);
-        let ksrc = k.add(k.reg(), kc, off);
-        let vsrc = k.add(k.reg(), vc, off);
+        let src = k.add(k.reg(), if v { vc } else { kc }, off);
+        let dst = if v { (bk * stride) as i64 } else { 0 };
         for i in 0..pieces.div_ceil(tpk) {
             let copy = |k: &Kernel| {
                 let d = (16 * tpk * i) as i64;
-                k.cp_async(CpAsyncCache::Cg, dst_row.at(d), ksrc.at(d), 16);
-                k.cp_async(
-                    CpAsyncCache::Cg,
-                    dst_row.at(d + (bk * stride) as i64),
-                    vsrc.at(d),
-                    16,
-                );
+                k.cp_async(CpAsyncCache::Cg, dst_row.at(dst + d), src.at(d), 16);
             };
             if (i + 1) * tpk <= pieces {
                 copy(k);
@@ -338,10 +404,10 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
                 k.if_(has, copy);
             }
         }
-        k.cp_async_commit();
-        k.cp_async_wait(0);
-        k.bar_sync();
-
+    };
+    // The tile's scores, masked and folded into the rows' softmax (the powers replace
+    // the scores), and the output rescaled: reads the K tile.
+    let scores = |k: &Kernel, j0: Reg<U32>| -> Vec<[Reg<F32>; 4]> {
         // S = Q·K over the head, 16 values a step, two 8-key tiles a `ldmatrix`.
         let s: Vec<[Reg<F32>; 4]> = (0..n_key_tiles)
             .map(|_| [0; 4].map(|_| k.f32(0.0)))
@@ -405,6 +471,10 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
                 k.mul(*v, *v, corr[e / 2]);
             }
         }
+        s
+    };
+    // The tile's weighted values added to the output: reads the V tile.
+    let weights = |k: &Kernel, s: &[[Reg<F32>; 4]]| {
         // O += P·V: P's fragments are the score tiles' accumulators, paired into halves.
         for step in 0..n_key_tiles / 2 {
             let (s0, s1) = (s[2 * step], s[2 * step + 1]);
@@ -423,9 +493,60 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
                 }
             }
         }
-        // Before the next tile overwrites this one.
-        k.bar_sync();
-    });
+    };
+
+    if pipelined {
+        // K of the first tile before the loop; then in each tile V is copied while the
+        // scores are computed, and the next tile's K while the values are weighted (the
+        // two halves of the staging take turns, four barriers a tile).
+        let slot = k.reg::<U32>();
+        let (ti, within) = key_of(k, key_lo);
+        let block = block_at(k, ti);
+        k.mad(slot, block, bs, within);
+        copy_row(k, slot, false);
+        k.cp_async_commit();
+        k.stride_loop(key_lo, key_hi, bk, |k, j0| {
+            // Every warp is done with the last tile's V.
+            k.bar_sync();
+            copy_row(k, slot, true);
+            k.cp_async_commit();
+            // The next tile's block number, wanted after the scores.
+            let next = k.add(k.reg(), j0, bk);
+            let (ti, within_next) = key_of(k, next);
+            let block_next = block_at(k, ti);
+            k.cp_async_wait(1);
+            k.bar_sync();
+            let s = scores(k, j0);
+            // Every warp is done with this tile's K.
+            k.bar_sync();
+            let more = k.lt(next, key_hi);
+            k.if_(more, |k| {
+                k.mad(slot, block_next, bs, within_next);
+                copy_row(k, slot, false);
+            });
+            // (An empty group when there is no next tile: the waits count groups.)
+            k.cp_async_commit();
+            k.cp_async_wait(1);
+            k.bar_sync();
+            weights(k, &s);
+        });
+        k.cp_async_wait(0);
+    } else {
+        k.stride_loop(key_lo, key_hi, bk, |k, j0| {
+            let (ti, within) = key_of(k, j0);
+            let block = block_at(k, ti);
+            let slot = k.mad(k.reg(), block, bs, within);
+            copy_row(k, slot, false);
+            copy_row(k, slot, true);
+            k.cp_async_commit();
+            k.cp_async_wait(0);
+            k.bar_sync();
+            let s = scores(k, j0);
+            weights(k, &s);
+            // Before the next tile overwrites this one.
+            k.bar_sync();
+        });
+    }
 
     // Each row's sum over its quad, then the normalized rows.
     for (r, row) in rows.iter().enumerate() {
@@ -463,6 +584,7 @@ mod tests {
             let ptx = m.to_ptx();
             for hd in (64..=256).step_by(16) {
                 assert!(ptx.contains(&format!(".entry attention_prefill_hd{hd}(")));
+                assert!(ptx.contains(&format!(".entry attention_prefill_serial_hd{hd}(")));
                 assert!(2 * keys_per_tile(hd) * row_stride(hd) <= TILE_BYTES, "{hd}");
                 // Rows of 4 (mod 8) words: an 8-row ldmatrix touches 8 bank groups.
                 assert_eq!(row_stride(hd) / 4 % 8, 4, "{hd}");
@@ -472,7 +594,8 @@ mod tests {
             assert!(ptx.contains("cvt.rn.f16x2.f32"));
         }
         let mut m = Module::new(Target::Sm80);
-        assert!(m.kernel("bad", |k| kernel(k, 72)).is_err());
+        assert!(m.kernel("bad", |k| kernel(k, 72, true)).is_err());
+        assert_eq!(serial_name(80), Some("attention_prefill_serial_hd80"));
     }
 
     #[test]
