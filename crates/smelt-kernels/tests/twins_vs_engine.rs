@@ -116,10 +116,14 @@ fn silu_argmax_and_attention_agree_with_the_backend() {
     let want: Vec<u32> = x.chunks(1000).map(smelt_engine::argmax).collect();
     assert_eq!(sample::argmax_cpu(&x, 1000), want);
 
-    // Paged KV write and attention: two sequences at different positions, GQA, a window.
-    let (n_head, n_head_kv, hd, bs) = (8usize, 2usize, 64usize, 16usize);
-    let kv_dim = n_head_kv * hd;
-    for window in [0usize, 24] {
+    // Paged KV write and attention: two sequences at different positions, GQA, a window,
+    // head sizes with and without a GPU kernel layout of whole warps (80, 112, 144).
+    let (n_head, n_head_kv, bs) = (8usize, 2usize, 16usize);
+    for (hd, window) in [64usize, 80, 112, 144, 256]
+        .into_iter()
+        .flat_map(|hd| [(hd, 0usize), (hd, 24)])
+    {
+        let kv_dim = n_head_kv * hd;
         let shape = [(0usize, 20usize), (45, 3)];
         let mut tables: Vec<u32> = Vec::new();
         let mut descs = Vec::new();
@@ -231,7 +235,7 @@ fn silu_argmax_and_attention_agree_with_the_backend() {
         // The backend rounds each probability to f16 (relative 2^-11) before weighting V.
         assert!(
             worst < 2e-3,
-            "window {window}: max |twin - backend| {worst}"
+            "head_dim {hd} window {window}: max |twin - backend| {worst}"
         );
     }
 }
