@@ -1,6 +1,7 @@
 //! The non-GEMV operations of a transformer step on the GPU: norms, rope, the gated
 //! activation and element-wise ops, embedding lookup and dequantization, the paged KV
-//! cache append, flash-decoding attention, and the per-row softmax / argmax / sampling.
+//! cache append, flash-decoding attention (`attention`) and tensor-core prompt attention
+//! (`flash`), and the per-row softmax / argmax / sampling.
 //!
 //! Every kernel here has, in its own module:
 //! - a name constant (or a name function for families generated per type or shape);
