@@ -370,6 +370,18 @@ impl Cuda {
             .any(|p| p == "all" || name.starts_with(p.as_str()))
     }
 
+    /// Fewest query tokens of a sequence for the tensor-core prompt attention: every
+    /// sequence in batch-invariant mode, whose attention must not depend on how a prompt was
+    /// cut (the prompt kernel walks a query's keys in fixed tiles from position 0, so a
+    /// query's result is the same in any chunk; the split kernel's partition is not).
+    pub(crate) fn flash_min_tokens(&self) -> usize {
+        if self.batch_invariant {
+            1
+        } else {
+            smelt_kernels::ops::flash::MIN_TOKENS
+        }
+    }
+
     /// Whether prompt steps are profiled too (`SMELT_CUDA_PROFILE=all`).
     pub fn profiling_all_steps(&self) -> bool {
         self.profile_all
@@ -1580,9 +1592,7 @@ impl Backend for Cuda {
             } else {
                 None
             };
-            let short = seqs
-                .iter()
-                .any(|x| x.n_tokens < smelt_kernels::ops::flash::MIN_TOKENS);
+            let short = seqs.iter().any(|x| x.n_tokens < self.flash_min_tokens());
             self.op_attention(q, kv, layer, &s, p, out, tiles, short)?;
             if let Some(t) = tiles {
                 *lock(&self.quantized) = Some(Quantized {

@@ -645,9 +645,9 @@ impl Cuda {
             };
         };
         // Prompt chunks: the tensor-core kernel, whole rows at once (no partials).
-        if s.max_tokens >= ops::flash::MIN_TOKENS {
+        if s.max_tokens >= self.flash_min_tokens() {
             if let Some(flash) = ops::flash::name(p.head_dim) {
-                let min = ops::flash::MIN_TOKENS as u32;
+                let min = self.flash_min_tokens() as u32;
                 // A mixed step (decode rows beside prompt chunks): the split kernel takes
                 // the short sequences first (it spreads a long context over many blocks,
                 // where the prompt kernel would give it one), its reduce writes every row,
@@ -808,6 +808,8 @@ impl Cuda {
         if let Some(n) = self.attn_splits {
             return n.clamp(1, ops::attention::MAX_SPLITS);
         }
+        // Batch-invariant: as many splits as for one sequence, whatever the batch.
+        let n_seqs = if self.batch_invariant { 1 } else { n_seqs };
         (self.gpu.sm_count() / (n_seqs * n_head_kv).max(1)).clamp(4, 64)
     }
 }
