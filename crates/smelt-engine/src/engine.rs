@@ -9,10 +9,11 @@ use smelt_gguf::Gguf;
 
 use crate::backend::cpu::spin_pool::CpuPool;
 use crate::backend::cpu::{Cpu, CpuKv};
-use crate::backend::cuda::runner::StepOut;
+use crate::backend::cuda::runner::{KvPlan, StepOut};
 use crate::backend::cuda::CudaEngine;
 use crate::backend::{AttnSeq, Backend};
 use crate::device::Device;
+use crate::gpu_memory::GpuMemory;
 use crate::kv_cache::{BlockTable, SeqId};
 use crate::model::{Model, ModelInfo};
 use crate::EngineError;
@@ -23,12 +24,20 @@ pub struct EngineOptions {
     /// Worker threads; `None` uses every core this process may run on (affinity mask and
     /// cgroup quota). Engines with the same count share one pool of threads.
     pub threads: Option<usize>,
-    /// KV cache capacity in tokens, shared by all sequences.
+    /// KV cache capacity in tokens, shared by all sequences (with `gpu_memory` on a GPU:
+    /// the least it must hold).
     pub kv_tokens: usize,
     /// Tokens per KV block.
     pub block_size: usize,
     /// Where to compute (resolve `auto` with [`Device::select`] first).
     pub device: Device,
+    /// On a GPU: the KV cache fills this fraction of the device's memory, less what the
+    /// weights and one step of `step_tokens` tokens take (see [`crate::gpu_memory`]);
+    /// `None`: exactly `kv_tokens`. The CPU ignores it.
+    pub gpu_memory: Option<GpuMemory>,
+    /// The most tokens one step will carry: the step run to measure activation memory
+    /// before the KV cache is sized from `gpu_memory`.
+    pub step_tokens: usize,
 }
 
 impl Default for EngineOptions {
@@ -38,6 +47,8 @@ impl Default for EngineOptions {
             kv_tokens: 4096,
             block_size: 16,
             device: Device::Cpu,
+            gpu_memory: None,
+            step_tokens: crate::generate::DEFAULT_PREFILL_CHUNK,
         }
     }
 }
@@ -95,7 +106,13 @@ impl Engine {
         }
         let n_blocks = opts.kv_tokens.div_ceil(opts.block_size);
         if let Device::Cuda(ordinal) = opts.device {
-            let cuda = CudaEngine::load(&gguf, ordinal, n_blocks, opts.block_size)?;
+            let kv = KvPlan {
+                min_blocks: n_blocks,
+                block_size: opts.block_size,
+                fill: opts.gpu_memory.map(|f| (f, opts.step_tokens.max(1))),
+            };
+            let cuda = CudaEngine::load(&gguf, ordinal, &kv)?;
+            let n_blocks = cuda.kv_blocks();
             return Ok(Engine {
                 gguf,
                 inner: Inner::Cuda(Box::new(cuda)),
@@ -181,6 +198,22 @@ impl Engine {
     /// KV blocks in all.
     pub fn total_blocks(&self) -> usize {
         self.table.n_blocks()
+    }
+
+    /// Tokens the KV cache holds in all (every sequence's together).
+    pub fn kv_tokens(&self) -> usize {
+        self.table.n_blocks() * self.table.block_size()
+    }
+
+    /// Device memory the KV cache takes, in bytes.
+    pub fn kv_bytes(&self) -> usize {
+        let i = self.info();
+        self.table.n_blocks()
+            * crate::gpu_memory::block_bytes(
+                i.n_layer,
+                self.table.block_size(),
+                i.n_head_kv * i.head_dim,
+            )
     }
 
     /// One step over a batch of sequences at different positions. Returns, per input in

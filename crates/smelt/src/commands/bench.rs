@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use smelt_engine::generate::DEFAULT_PREFILL_CHUNK;
-use smelt_engine::{Device, Engine, EngineOptions};
+use smelt_engine::{Device, Engine, EngineOptions, GpuMemory};
 
 use super::model_ref;
 
@@ -46,6 +46,11 @@ pub struct BenchArgs {
     /// chunks, so activation memory depends on this, not on the prompt's length.
     #[arg(long, value_name = "TOKENS", default_value_t = DEFAULT_PREFILL_CHUNK)]
     pub ubatch: usize,
+    /// On a GPU, size the KV cache as `smelt serve` does: fill this fraction of the device's
+    /// memory after the weights and one step's activations (at least what the run needs)
+    /// [default: exactly what the run needs]
+    #[arg(long, value_name = "FRACTION")]
+    pub gpu_memory: Option<GpuMemory>,
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
@@ -80,6 +85,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         threads: args.threads,
         kv_tokens: kv_tokens(args, EngineOptions::default().block_size)?,
         device,
+        gpu_memory: args.gpu_memory,
+        // The largest step: a prompt chunk, or a decode step of every sequence.
+        step_tokens: args.ubatch.max(args.batch),
         ..EngineOptions::default()
     };
     let t = Instant::now();
@@ -134,6 +142,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "batch": args.batch,
             "ubatch": args.ubatch,
             "reps": args.reps,
+            "kv_tokens": e.kv_tokens(),
             "prompt_tok_s": pp,
             "ttft_ms": ttft_ms,
             "decode_tok_s": tg,
@@ -149,6 +158,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("model   {name}");
         println!("device  {}", e.device_name());
         println!("load    {load_s:.2} s");
+        println!(
+            "kv      {} tokens ({})",
+            e.kv_tokens(),
+            smelt_engine::gpu_memory::human(e.kv_bytes())
+        );
         if args.batch > 1 {
             println!(
                 "batch   {} sequences; tokens/s are the aggregate of all of them",

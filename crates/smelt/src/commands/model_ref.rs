@@ -2,7 +2,7 @@
 //! loading shared by the commands that run a model (`run`, `chat`, `perplexity`).
 
 use anyhow::{bail, Context, Result};
-use smelt_engine::{Device, Engine, EngineOptions};
+use smelt_engine::{Device, Engine, EngineOptions, GpuMemory};
 use smelt_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -131,6 +131,43 @@ pub fn load_isq(
     kv_tokens: usize,
     isq: Option<&str>,
 ) -> Result<Loaded> {
+    let kv = KvArgs {
+        tokens: kv_tokens,
+        ..KvArgs::default()
+    };
+    load_kv(model, device, threads, &kv, isq)
+}
+
+/// How big a KV cache to give a model (`--ctx`/`--kv-tokens`, `--gpu-memory`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvArgs {
+    /// Tokens it holds; with `gpu_memory` on a GPU, the least it must hold.
+    pub tokens: usize,
+    /// On a GPU: fill this fraction of its memory (see `smelt_engine::gpu_memory`).
+    pub gpu_memory: Option<GpuMemory>,
+    /// The most tokens one step carries (measured before the cache is sized from memory).
+    pub step_tokens: usize,
+}
+
+impl Default for KvArgs {
+    fn default() -> Self {
+        let d = EngineOptions::default();
+        KvArgs {
+            tokens: d.kv_tokens,
+            gpu_memory: d.gpu_memory,
+            step_tokens: d.step_tokens,
+        }
+    }
+}
+
+/// [`load_isq`] with the KV cache sized by `kv`.
+pub fn load_kv(
+    model: &str,
+    device: &str,
+    threads: Option<usize>,
+    kv: &KvArgs,
+    isq: Option<&str>,
+) -> Result<Loaded> {
     let device = check_device(device)?;
     if threads == Some(0) {
         bail!("--threads must be at least 1");
@@ -138,8 +175,10 @@ pub fn load_isq(
     let path = resolve(model)?;
     let opts = EngineOptions {
         threads,
-        kv_tokens,
+        kv_tokens: kv.tokens,
         device,
+        gpu_memory: kv.gpu_memory,
+        step_tokens: kv.step_tokens,
         ..EngineOptions::default()
     };
     let gguf = super::isq::open(&path, isq, device)?;

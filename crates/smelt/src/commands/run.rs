@@ -3,8 +3,9 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use smelt_engine::generate::{generate, GenerateParams, Generation};
+use smelt_engine::generate::{generate, GenerateParams, Generation, DEFAULT_PREFILL_CHUNK};
 use smelt_engine::sampler::SamplingParams;
+use smelt_engine::GpuMemory;
 use smelt_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -99,6 +100,15 @@ pub struct RunArgs {
     /// KV cache room in tokens (prompt plus generation).
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
+    /// Most prompt tokens in one step (llama.cpp's n_ubatch): a longer prompt is fed in
+    /// chunks, so activation memory depends on this, not on the prompt's length.
+    #[arg(long, value_name = "TOKENS", default_value_t = DEFAULT_PREFILL_CHUNK)]
+    pub ubatch: usize,
+    /// On a GPU, the KV cache fills this fraction of its memory after the weights and one
+    /// step's activations, holding at least --ctx tokens (vLLM's gpu_memory_utilization)
+    /// [default: it holds exactly --ctx]. The CPU ignores it
+    #[arg(long, value_name = "FRACTION")]
+    pub gpu_memory: Option<GpuMemory>,
     /// After the text, print one JSON object on the last line: prompt_tokens, tokens, text,
     /// finish_reason, timings.
     #[arg(long)]
@@ -109,11 +119,19 @@ pub struct RunArgs {
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
-    let mut m = model_ref::load_isq(
+    if args.ubatch == 0 {
+        bail!("--ubatch must be at least 1");
+    }
+    let kv = model_ref::KvArgs {
+        tokens: args.ctx,
+        gpu_memory: args.gpu_memory,
+        step_tokens: args.ubatch,
+    };
+    let mut m = model_ref::load_kv(
         &args.model,
         &args.device,
         args.threads,
-        args.ctx,
+        &kv,
         args.isq.as_deref(),
     )?;
     let template = if args.chat {
@@ -129,6 +147,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         stop: args.stop.clone(),
         sampling: args.sampling.params(),
         ignore_eog: args.ignore_eog,
+        prefill_chunk: args.ubatch,
         ..GenerateParams::default()
     };
     let prompts = match &args.prompts_file {

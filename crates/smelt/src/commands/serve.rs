@@ -11,6 +11,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use smelt_server::{LoadedModel, Loader, SchedulerConfig, Server, ServerConfig};
 
+use smelt_engine::GpuMemory;
+
 use super::model_ref;
 
 /// The model served when no `--model` is given.
@@ -46,9 +48,16 @@ pub struct ServeArgs {
     /// Most tokens in one sequence (prompt plus generation); longer prompts get 400.
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
-    /// KV cache room in tokens per model, shared by all its sequences (default: 4 x --ctx).
+    /// KV cache room in tokens per model, shared by all its sequences [default: on a GPU,
+    /// what --gpu-memory leaves; on the CPU, 4 x --ctx]
     #[arg(long)]
     pub kv_tokens: Option<usize>,
+    /// On a GPU, the fraction of its memory smelt may take: after the weights and one
+    /// step's activations, the KV cache fills the rest (vLLM's gpu_memory_utilization); the
+    /// log says how many tokens it holds [default: 0.9 when one model is served and no
+    /// --kv-tokens is given; otherwise the cache holds exactly --kv-tokens]. The CPU ignores it
+    #[arg(long, value_name = "FRACTION")]
+    pub gpu_memory: Option<GpuMemory>,
     /// Compute threads per model (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -72,10 +81,6 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if !(args.grace.is_finite() && args.grace >= 0.0) {
         bail!("--grace must be a number of seconds, 0 or more");
     }
-    let kv_tokens = args
-        .kv_tokens
-        .unwrap_or(args.ctx.saturating_mul(4))
-        .max(args.ctx);
     let mut config = ServerConfig {
         addr: format!("{}:{}", args.host, args.port),
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
@@ -94,12 +99,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     } else {
         args.model.clone()
     };
-    let loader = loader(
-        args.device.clone(),
-        args.threads,
-        kv_tokens,
-        args.isq.clone(),
-    );
+    let kv = kv_args(args, models.len());
+    let loader = loader(args.device.clone(), args.threads, kv, args.isq.clone());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -126,11 +127,51 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// The KV cache each model gets. Filling the GPU (`--gpu-memory`, 0.9 by default) is for a
+/// GPU that serves one model: with several, or an explicit `--kv-tokens`, each holds exactly
+/// `--kv-tokens` unless `--gpu-memory` is given too. Filled, the cache holds at least one
+/// `--ctx` sequence (the CPU ignores the fraction and holds `--kv-tokens`, 4 x `--ctx`).
+fn kv_args(args: &ServeArgs, n_models: usize) -> model_ref::KvArgs {
+    let gpu_memory = args
+        .gpu_memory
+        .or_else(|| (args.kv_tokens.is_none() && n_models <= 1).then(GpuMemory::default));
+    let tokens = args
+        .kv_tokens
+        .unwrap_or(args.ctx.saturating_mul(4))
+        .max(args.ctx);
+    model_ref::KvArgs {
+        // Filling the GPU, the least the cache may hold is what was asked for, or one context.
+        tokens: match (gpu_memory, args.kv_tokens) {
+            (Some(_), None) => args.ctx,
+            _ => tokens,
+        },
+        gpu_memory,
+        // A step carries every running sequence's token, or the token budget.
+        step_tokens: args.step_tokens.max(args.max_batch),
+    }
+}
+
 /// Models load through `model_ref`, so aliases resolve (and fetch) as in `smelt run`.
-fn loader(device: String, threads: Option<usize>, kv_tokens: usize, isq: Option<String>) -> Loader {
+fn loader(
+    device: String,
+    threads: Option<usize>,
+    kv: model_ref::KvArgs,
+    isq: Option<String>,
+) -> Loader {
     Arc::new(move |reference: &str| {
-        let m = model_ref::load_isq(reference, &device, threads, kv_tokens, isq.as_deref())
+        let m = model_ref::load_kv(reference, &device, threads, &kv, isq.as_deref())
             .map_err(|e| format!("{e:#}"))?;
+        let e = &m.engine;
+        let sized = match (e.device(), kv.gpu_memory) {
+            (smelt_engine::Device::Cuda(_), Some(f)) => format!(", filling --gpu-memory {f}"),
+            _ => String::new(),
+        };
+        tracing::info!(
+            "{reference}: the KV cache holds {} tokens ({} on {}{sized})",
+            e.kv_tokens(),
+            smelt_engine::gpu_memory::human(e.kv_bytes()),
+            e.device_name(),
+        );
         Ok(LoadedModel {
             path: m.path,
             engine: m.engine,

@@ -5,6 +5,10 @@
 //! (the first time a decode shape repeats: the graph is kept), or as a replay of the graph
 //! captured for its shape, after the host has rewritten the pinned step buffer. A replay
 //! costs one graph launch instead of hundreds of kernel launches.
+//!
+//! The KV cache is sized at load ([`KvPlan`]): a fixed number of blocks, or what fits in a
+//! fraction of the device's memory once the weights are loaded and one step of the largest
+//! size has run (its activations measured, as vLLM's profile run measures them).
 
 use std::sync::Arc;
 
@@ -14,8 +18,19 @@ use smelt_gguf::Gguf;
 use super::step::{GraphCache, GraphKey, Plan};
 use super::{Cuda, CudaKv, CudaTensor};
 use crate::backend::{AttnSeq, Backend};
+use crate::gpu_memory::{self, GpuMemory};
 use crate::model::Model;
 use crate::EngineError;
+
+/// How big a KV cache [`CudaEngine::load`] allocates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvPlan {
+    /// The least blocks it must hold (all of it without `fill`).
+    pub min_blocks: usize,
+    pub block_size: usize,
+    /// Fill this fraction of the device's memory, measured after a step of this many tokens.
+    pub fill: Option<(GpuMemory, usize)>,
+}
 
 /// Graphs kept at once (one per decode batch size in use).
 const MAX_GRAPHS: usize = 32;
@@ -57,32 +72,90 @@ pub struct CudaEngine {
 }
 
 impl CudaEngine {
-    /// Uploads the model in `gguf` to CUDA device `ordinal` with a KV cache of `n_blocks`
-    /// blocks of `block_size` tokens.
-    pub fn load(
-        gguf: &Arc<Gguf>,
-        ordinal: usize,
-        n_blocks: usize,
-        block_size: usize,
-    ) -> Result<CudaEngine, EngineError> {
+    /// Uploads the model in `gguf` to CUDA device `ordinal` with the KV cache `kv` plans.
+    pub fn load(gguf: &Arc<Gguf>, ordinal: usize, kv: &KvPlan) -> Result<CudaEngine, EngineError> {
         let backend = Cuda::open(ordinal)?;
         let model = Model::load(&backend, gguf)?;
         let i = &model.info;
-        let kv = backend.kv_alloc(i.n_layer, n_blocks, block_size, i.n_head_kv * i.head_dim);
+        let kv_dim = i.n_head_kv * i.head_dim;
+        let (n_layer, block_size) = (i.n_layer, kv.block_size);
+        // Measuring needs a cache of one step's blocks first.
+        let first = match kv.fill {
+            Some((_, step)) => step.div_ceil(block_size).max(1),
+            None => kv.min_blocks,
+        };
+        let cache = backend.kv_alloc(n_layer, first, block_size, kv_dim);
         backend.take_error()?;
         backend.gpu().synchronize()?;
         let use_graphs =
             std::env::var("SMELT_CUDA_GRAPHS").map_or(true, |v| v != "0") && !backend.profiling();
-        Ok(CudaEngine {
+        let mut e = CudaEngine {
             backend,
             model,
-            kv,
+            kv: cache,
             graphs: GraphCache::new(MAX_GRAPHS),
             // SMELT_CUDA_GRAPHS=0 runs every step eagerly (to compare, or to debug);
             // profiling times eager steps.
             use_graphs,
             replays: 0,
-        })
+        };
+        if let Some((fraction, step)) = kv.fill {
+            let n_blocks = e.blocks_that_fit(fraction, step, kv.min_blocks)?;
+            e.kv = e.backend.kv_alloc(n_layer, n_blocks, block_size, kv_dim);
+            e.backend.take_error()?;
+            e.backend.gpu().synchronize()?;
+        }
+        Ok(e)
+    }
+
+    /// Runs one step of `step` tokens on the small cache `load` made (so the weights, the
+    /// kernels and that step's activations are all in memory), frees that cache, and returns
+    /// how many blocks fill `fraction` of the device's memory; at least `min_blocks`, else
+    /// an error that says what would fit.
+    fn blocks_that_fit(
+        &mut self,
+        fraction: GpuMemory,
+        step: usize,
+        min_blocks: usize,
+    ) -> Result<usize, EngineError> {
+        let info = &self.model.info;
+        let step = step.min(info.n_ctx_train.max(1)).max(1);
+        let (block_size, kv_dim) = (self.kv.block_size, self.kv.kv_dim);
+        let block_bytes = gpu_memory::block_bytes(info.n_layer, block_size, kv_dim);
+        let tokens = vec![0u32; step];
+        let positions: Vec<u32> = (0..step as u32).collect();
+        let blocks: Vec<u32> = (0..self.kv.n_blocks as u32).collect();
+        let seqs = [AttnSeq {
+            row: 0,
+            n_tokens: step,
+            start_pos: 0,
+            blocks: &blocks,
+        }];
+        self.forward(&tokens, &positions, &seqs, &[step - 1], true)?;
+        // The measuring cache goes before the real one comes.
+        self.kv.k.clear();
+        self.kv.v.clear();
+        self.backend.gpu().synchronize()?;
+        let (free, total) = self.backend.gpu().mem_info()?;
+        let used = total.saturating_sub(free);
+        let n = gpu_memory::kv_blocks(total, used, fraction, block_bytes);
+        if n < min_blocks {
+            return Err(EngineError::BadOptions(format!(
+                "--gpu-memory {fraction} leaves room for {} tokens of KV cache ({:.1} of {:.1} GiB \
+                 in use after the weights and a {step}-token step), fewer than the {} needed: \
+                 raise --gpu-memory, or ask for fewer tokens (--ctx, --kv-tokens)",
+                n * block_size,
+                gpu_memory::gib(used),
+                gpu_memory::gib(total),
+                min_blocks * block_size,
+            )));
+        }
+        Ok(n)
+    }
+
+    /// KV blocks the cache holds.
+    pub fn kv_blocks(&self) -> usize {
+        self.kv.n_blocks
     }
 
     pub fn model(&self) -> &Model<Cuda> {
