@@ -31,6 +31,7 @@ lc_pp512=$(grep "RESULT" "$log" | tail -1 | sed -n 's/.*pp512: \([0-9.]*\) tok\/
 lc_tg=$(grep "RESULT" "$log" | tail -1 | sed -n 's/.*tg128: \([0-9.]*\) tok\/s.*/\1/p')
 lc_pp4096=$(python3 .peer/llamacpp_bench.py $m 4096 16 2 2>/dev/null | tee -a "$log" | grep RESULT | sed -n 's/.*pp4096: \([0-9.]*\) tok\/s.*/\1/p')
 row() { # name llama smelt
+  local r
   r=$(python3 -c "a,b='$2','$3'; print(f'{float(b)/float(a):.2f}x' if a and b else '-')" 2>/dev/null)
   echo "| $1 | $2 | $3 | $r |" | tee -a "$table"
 }

@@ -153,6 +153,11 @@ struct Staging {
 // SAFETY: `ptr` points into `_buf`, owned alongside; used under the backend's mutex.
 unsafe impl Send for Staging {}
 
+/// Decode steps of at least this many sequences use the tensor-core attention for every
+/// row. H100, 2026-11-26 (bench/RESULTS.md): 64 sequences decoded 6,109 tok/s with it (and the
+/// GEMM for every matmul) against 4,938 with the split attention.
+pub const FLASH_DECODE_SEQS: usize = 16;
+
 /// Weight chunks of this many bytes (a larger tensor gets a chunk of its own).
 const WEIGHT_CHUNK: usize = 256 << 20;
 
@@ -239,6 +244,9 @@ pub struct Cuda {
     /// results do not depend on how many others share its steps or how its prompt was cut
     /// (`SMELT_CUDA_BATCH_INVARIANT=1`, `--batch-invariant`).
     batch_invariant: bool,
+    /// Steps of at least this many sequences run their decode rows on the prompt attention
+    /// too ([`FLASH_DECODE_SEQS`]; `SMELT_CUDA_FLASH_SEQS` to measure it).
+    flash_decode_seqs: usize,
     /// Key splits per (sequence, KV head) of the decode attention, `SMELT_CUDA_SPLITS`
     /// (tuning only): fixed instead of one block per multiprocessor.
     attn_splits: Option<usize>,
@@ -347,6 +355,7 @@ impl Cuda {
                 env_usize("SMELT_CUDA_GEMM_MIN").unwrap_or(gemm::MIN_TOKENS)
             },
             batch_invariant,
+            flash_decode_seqs: env_usize("SMELT_CUDA_FLASH_SEQS").unwrap_or(FLASH_DECODE_SEQS),
             attn_splits: env_usize("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
             attn_stage: env_usize("SMELT_CUDA_ATTN_STAGE").map_or(32, |n| n.min(32) as u32),
             fuse_rope_kv: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
@@ -370,12 +379,14 @@ impl Cuda {
             .any(|p| p == "all" || name.starts_with(p.as_str()))
     }
 
-    /// Fewest query tokens of a sequence for the tensor-core prompt attention: every
-    /// sequence in batch-invariant mode, whose attention must not depend on how a prompt was
-    /// cut (the prompt kernel walks a query's keys in fixed tiles from position 0, so a
-    /// query's result is the same in any chunk; the split kernel's partition is not).
-    pub(crate) fn flash_min_tokens(&self) -> usize {
-        if self.batch_invariant {
+    /// Fewest query tokens of a sequence for the tensor-core prompt attention in a step of
+    /// `n_seqs` sequences: every sequence in batch-invariant mode, whose attention must not
+    /// depend on how a prompt was cut (the prompt kernel walks a query's keys in fixed tiles
+    /// from position 0, so a query's result is the same in any chunk; the split kernel's
+    /// partition is not), and in steps of at least [`FLASH_DECODE_SEQS`] sequences, where
+    /// one block per sequence and head group already fills the GPU.
+    pub(crate) fn flash_min_tokens(&self, n_seqs: usize) -> usize {
+        if self.batch_invariant || n_seqs >= self.flash_decode_seqs {
             1
         } else {
             smelt_kernels::ops::flash::MIN_TOKENS
@@ -1592,7 +1603,8 @@ impl Backend for Cuda {
             } else {
                 None
             };
-            let short = seqs.iter().any(|x| x.n_tokens < self.flash_min_tokens());
+            let min = self.flash_min_tokens(seqs.len());
+            let short = seqs.iter().any(|x| x.n_tokens < min);
             self.op_attention(q, kv, layer, &s, p, out, tiles, short)?;
             if let Some(t) = tiles {
                 *lock(&self.quantized) = Some(Quantized {

@@ -645,9 +645,9 @@ impl Cuda {
             };
         };
         // Prompt chunks: the tensor-core kernel, whole rows at once (no partials).
-        if s.max_tokens >= self.flash_min_tokens() {
+        if s.max_tokens >= self.flash_min_tokens(s.n_seqs) {
             if let Some(flash) = ops::flash::name(p.head_dim) {
-                let min = self.flash_min_tokens() as u32;
+                let min = self.flash_min_tokens(s.n_seqs) as u32;
                 // A mixed step (decode rows beside prompt chunks): the split kernel takes
                 // the short sequences first (it spreads a long context over many blocks,
                 // where the prompt kernel would give it one), its reduce writes every row,

@@ -179,8 +179,10 @@ impl CudaEngine {
         out_rows: &[usize],
     ) -> Result<CudaTensor, EngineError> {
         self.backend.upload_step()?;
-        // Only decode steps (one token per sequence) are timed.
-        let timed = self.backend.profiling() && tokens.len() == seqs.len();
+        // Only decode steps (one token per sequence) are timed, unless every step is asked
+        // for (`SMELT_CUDA_PROFILE=all`: prompt steps too).
+        let timed = self.backend.profiling()
+            && (tokens.len() == seqs.len() || self.backend.profiling_all_steps());
         if timed {
             self.backend.profile_begin()?;
         }
