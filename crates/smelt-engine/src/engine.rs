@@ -38,6 +38,11 @@ pub struct EngineOptions {
     /// The most tokens one step will carry: the step run to measure activation memory
     /// before the KV cache is sized from `gpu_memory`.
     pub step_tokens: usize,
+    /// On a GPU: a sequence's results never depend on the other sequences of its steps or
+    /// on how its prompt was cut into chunks (every matmul on the tensor-core GEMM with K
+    /// split by the matrix shape alone, every attention on the tiled prompt kernel).
+    /// Slower decode of one sequence; the CPU is batch-invariant already.
+    pub batch_invariant: bool,
 }
 
 impl Default for EngineOptions {
@@ -49,6 +54,7 @@ impl Default for EngineOptions {
             device: Device::Cpu,
             gpu_memory: None,
             step_tokens: crate::generate::DEFAULT_PREFILL_CHUNK,
+            batch_invariant: false,
         }
     }
 }
@@ -111,7 +117,7 @@ impl Engine {
                 block_size: opts.block_size,
                 fill: opts.gpu_memory.map(|f| (f, opts.step_tokens.max(1))),
             };
-            let cuda = CudaEngine::load(&gguf, ordinal, &kv)?;
+            let cuda = CudaEngine::load(&gguf, ordinal, &kv, opts.batch_invariant)?;
             let n_blocks = cuda.kv_blocks();
             return Ok(Engine {
                 gguf,

@@ -319,9 +319,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Cuda {
     /// Opens CUDA device `ordinal` (a missing driver or device is an error, never a panic).
-    pub fn open(ordinal: usize) -> Result<Cuda, EngineError> {
+    /// With `batch_invariant` (or `SMELT_CUDA_BATCH_INVARIANT=1`, for measurement scripts),
+    /// results do not depend on the batch (`EngineOptions::batch_invariant`).
+    pub fn open(ordinal: usize, batch_invariant: bool) -> Result<Cuda, EngineError> {
         let gpu = Gpu::open(ordinal)?;
-        let batch_invariant = std::env::var("SMELT_CUDA_BATCH_INVARIANT").is_ok_and(|v| v == "1");
+        let batch_invariant =
+            batch_invariant || std::env::var("SMELT_CUDA_BATCH_INVARIANT").is_ok_and(|v| v == "1");
         let timeline = match gpu.timeline() {
             true => Some(Mutex::new(timeline::Timeline::new(&gpu)?)),
             false => None,

@@ -73,8 +73,14 @@ pub struct CudaEngine {
 
 impl CudaEngine {
     /// Uploads the model in `gguf` to CUDA device `ordinal` with the KV cache `kv` plans.
-    pub fn load(gguf: &Arc<Gguf>, ordinal: usize, kv: &KvPlan) -> Result<CudaEngine, EngineError> {
-        let backend = Cuda::open(ordinal)?;
+    /// `batch_invariant`: see `EngineOptions::batch_invariant`.
+    pub fn load(
+        gguf: &Arc<Gguf>,
+        ordinal: usize,
+        kv: &KvPlan,
+        batch_invariant: bool,
+    ) -> Result<CudaEngine, EngineError> {
+        let backend = Cuda::open(ordinal, batch_invariant)?;
         let model = Model::load(&backend, gguf)?;
         let i = &model.info;
         let kv_dim = i.n_head_kv * i.head_dim;
