@@ -22,6 +22,7 @@
 
 mod arena;
 mod ops;
+pub mod options;
 mod profile;
 pub mod runner;
 pub mod step;
@@ -38,6 +39,7 @@ use smelt_kernels::{act, catalog, gemm, gemv, TILE};
 
 use self::arena::Arena;
 use self::ops::Arg;
+use self::options::CudaOptions;
 use self::step::StepLayout;
 use self::weights::{Role, WeightPlan};
 use super::{AttnParams, AttnSeq, Backend, Glu, RopeParams, RopeStyle};
@@ -206,57 +208,16 @@ pub struct Cuda {
     pending_gemv: Mutex<Option<PendingGemv>>,
     pending_rope: Mutex<Option<PendingRope>>,
     staging: Mutex<Option<Staging>>,
-    /// Whole-row norms write the q8_1 tiles of their output too (`SMELT_CUDA_FUSED=0`
-    /// turns it off, to measure it).
-    fuse_quantize: bool,
-    /// A decode row's residual add and RMS norm run inside the GEMVs before and after them
-    /// (`gemv::Fuse`; `SMELT_CUDA_SPLIT_NORM=0` or `SMELT_CUDA_FUSED=0` turn it off).
-    split_norm: bool,
-    /// A decode row's rope of Q|K and its KV append run as one kernel (`rope_kv_*`;
-    /// `SMELT_CUDA_ROPE_KV=0` or `SMELT_CUDA_FUSED=0` turn it off, to measure it).
-    fuse_rope_kv: bool,
-    /// With `fuse_rope_kv`, a decode row's Q|K|V GEMV does the rope and the KV append in
-    /// its epilogue instead (`gemv::Config::rope_kv`; normal rope only: a pair is two rows
-    /// of one warp): one launch a layer less (`SMELT_CUDA_GEMV_ROPE=0` turns it off).
-    gemv_rope_kv: bool,
-    /// The attention's last block per group combines the splits and writes the q8_1 tiles
-    /// (`attention_hd*_combine_q8_1`; `SMELT_CUDA_ATTN_COMBINE=0` or `SMELT_CUDA_FUSED=0`
-    /// turn it off).
-    fuse_attn_combine: bool,
+    /// Every setting, read once at open ([`options`]).
+    opts: CudaOptions,
     /// The combining attention's counters: zero between launches (each launch leaves them
     /// so), allocated once and never moved (graphs hold the address).
     attn_counters: Mutex<Option<CudaSlice<u32>>>,
-    /// The greedy token's argmax splits each row over many blocks (`argmax_rows_split`;
-    /// `SMELT_CUDA_ARGMAX_SPLIT=0` turns it off, to measure it).
-    split_argmax: bool,
     /// The split argmax's per-row words and counters (zero between launches; graphs hold
     /// the address).
     argmax_state: Mutex<Option<CudaSlice<u64>>>,
-    /// Single-token GEMVs of at most `.0` rows run one row per warp, of at least `.1`
-    /// rows four (catalog variants; the default is two): `SMELT_CUDA_GEMV_R1_ROWS` and
-    /// `SMELT_CUDA_GEMV_R4_ROWS`, to measure them. Off by default.
-    gemv_rows: (usize, usize),
-    /// Matmuls of at least this many tokens run on the tensor-core GEMM when their weight
-    /// type has one (`smelt_kernels::gemm::MIN_TOKENS`; `SMELT_CUDA_GEMM_MIN` to measure
-    /// the crossover, `0` or a huge number to force one path).
-    gemm_min_tokens: usize,
-    /// Every matmul on the GEMM with K split by the matrix shape alone, so a sequence's
-    /// results do not depend on how many others share its steps or how its prompt was cut
-    /// (`SMELT_CUDA_BATCH_INVARIANT=1`, `--batch-invariant`).
-    batch_invariant: bool,
-    /// Steps of at least this many sequences run their decode rows on the prompt attention
-    /// too ([`FLASH_DECODE_SEQS`]; `SMELT_CUDA_FLASH_SEQS` to measure it).
-    flash_decode_seqs: usize,
-    /// Key splits per (sequence, KV head) of the decode attention, `SMELT_CUDA_SPLITS`
-    /// (tuning only): fixed instead of one block per multiprocessor.
-    attn_splits: Option<usize>,
-    /// Most KV blocks of its split an attention block stages in shared memory before its
-    /// key loop (`SMELT_CUDA_ATTN_STAGE`, to measure it; 0: none).
-    attn_stage: u32,
     /// Weight memory: chunks bump-allocated in load order; (chunks, next free, end).
     weights: Mutex<(Vec<CudaSlice<u8>>, u64, u64)>,
-    /// `SMELT_CUDA_PROFILE=all`: prompt steps are profiled too.
-    profile_all: bool,
     /// GPU time per kernel of eager decode steps (`SMELT_CUDA_PROFILE=1`).
     profile: Option<Mutex<profile::Profile>>,
     /// Block timestamps of decode steps as their graphs run (`SMELT_CUDA_TIMELINE=1`).
@@ -266,12 +227,6 @@ pub struct Cuda {
     /// under different launch settings can be shown to compute the same bits (a race
     /// between kernels would change them).
     digest: Option<Mutex<(u64, u64)>>,
-    /// `SMELT_CUDA_SKIP=prefix+prefix...` (`+` or `,` between them): kernels whose names
-    /// start with one of these (`all`: every kernel; `gemv<rows>x<cols>`: the GEMVs of that
-    /// shape) are not launched. An ablation for timing only (what a class of kernels costs inside the
-    /// graph, where per-kernel timers would break the programmatic overlap): the results
-    /// are garbage, and a warning says so when the backend opens.
-    skip: Vec<String>,
 }
 
 impl Drop for Cuda {
@@ -292,27 +247,6 @@ impl Drop for Cuda {
     }
 }
 
-/// The kernel-name prefixes of `SMELT_CUDA_SKIP` (see [`Cuda`]'s `skip`).
-fn skip_from_env() -> Vec<String> {
-    let skip: Vec<String> = std::env::var("SMELT_CUDA_SKIP")
-        .unwrap_or_default()
-        .split([',', '+'])
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(String::from)
-        .collect();
-    if !skip.is_empty() {
-        eprintln!(
-            "smelt: SMELT_CUDA_SKIP leaves out kernels starting with {skip:?}: outputs are wrong, for timing only"
-        );
-    }
-    skip
-}
-
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok()?.parse().ok()
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -323,8 +257,13 @@ impl Cuda {
     /// results do not depend on the batch (`EngineOptions::batch_invariant`).
     pub fn open(ordinal: usize, batch_invariant: bool) -> Result<Cuda, EngineError> {
         let gpu = Gpu::open(ordinal)?;
-        let batch_invariant =
-            batch_invariant || std::env::var("SMELT_CUDA_BATCH_INVARIANT").is_ok_and(|v| v == "1");
+        let opts = CudaOptions::from_env(batch_invariant);
+        if !opts.skip.is_empty() {
+            eprintln!(
+                "smelt: SMELT_CUDA_SKIP leaves out kernels starting with {:?}: outputs are wrong, for timing only",
+                opts.skip
+            );
+        }
         let timeline = match gpu.timeline() {
             true => Some(Mutex::new(timeline::Timeline::new(&gpu)?)),
             false => None,
@@ -340,44 +279,21 @@ impl Cuda {
             pending_gemv: Mutex::new(None),
             pending_rope: Mutex::new(None),
             staging: Mutex::new(None),
-            fuse_quantize: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0"),
-            gemv_rows: (
-                env_usize("SMELT_CUDA_GEMV_R1_ROWS").unwrap_or(0),
-                env_usize("SMELT_CUDA_GEMV_R4_ROWS").unwrap_or(usize::MAX),
-            ),
-            split_norm: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
-                && std::env::var("SMELT_CUDA_SPLIT_NORM").map_or(true, |v| v != "0"),
-            fuse_attn_combine: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
-                && std::env::var("SMELT_CUDA_ATTN_COMBINE").map_or(true, |v| v != "0"),
             attn_counters: Mutex::new(None),
-            split_argmax: std::env::var("SMELT_CUDA_ARGMAX_SPLIT").map_or(true, |v| v != "0"),
             argmax_state: Mutex::new(None),
-            gemm_min_tokens: if batch_invariant {
-                1
-            } else {
-                env_usize("SMELT_CUDA_GEMM_MIN").unwrap_or(gemm::MIN_TOKENS)
-            },
-            batch_invariant,
-            flash_decode_seqs: env_usize("SMELT_CUDA_FLASH_SEQS").unwrap_or(FLASH_DECODE_SEQS),
-            attn_splits: env_usize("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
-            attn_stage: env_usize("SMELT_CUDA_ATTN_STAGE").map_or(32, |n| n.min(32) as u32),
-            fuse_rope_kv: std::env::var("SMELT_CUDA_FUSED").map_or(true, |v| v != "0")
-                && std::env::var("SMELT_CUDA_ROPE_KV").map_or(true, |v| v != "0"),
-            gemv_rope_kv: std::env::var("SMELT_CUDA_GEMV_ROPE").map_or(true, |v| v != "0"),
             weights: Mutex::new((Vec::new(), 0, 0)),
-            profile_all: std::env::var("SMELT_CUDA_PROFILE").is_ok_and(|v| v == "all"),
-            profile: (std::env::var("SMELT_CUDA_PROFILE").is_ok_and(|v| v == "1" || v == "all"))
+            profile: (opts.profile != options::Profile::Off)
                 .then(|| Mutex::new(profile::Profile::default())),
             timeline,
-            digest: (std::env::var("SMELT_CUDA_DIGEST").is_ok_and(|v| v == "1"))
-                .then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
-            skip: skip_from_env(),
+            digest: opts.digest.then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
+            opts,
         })
     }
 
     /// Whether kernel `name` is left out by `SMELT_CUDA_SKIP` (timing ablations).
     pub(crate) fn skipped(&self, name: &str) -> bool {
-        self.skip
+        self.opts
+            .skip
             .iter()
             .any(|p| p == "all" || name.starts_with(p.as_str()))
     }
@@ -389,7 +305,7 @@ impl Cuda {
     /// partition is not), and in steps of at least [`FLASH_DECODE_SEQS`] sequences, where
     /// one block per sequence and head group already fills the GPU.
     pub(crate) fn flash_min_tokens(&self, n_seqs: usize) -> usize {
-        if self.batch_invariant || n_seqs >= self.flash_decode_seqs {
+        if self.opts.batch_invariant || n_seqs >= self.opts.flash_decode_seqs {
             1
         } else {
             smelt_kernels::ops::flash::MIN_TOKENS
@@ -398,7 +314,12 @@ impl Cuda {
 
     /// Whether prompt steps are profiled too (`SMELT_CUDA_PROFILE=all`).
     pub fn profiling_all_steps(&self) -> bool {
-        self.profile_all
+        self.opts.profile == options::Profile::All
+    }
+
+    /// Whether decode steps are captured and replayed as CUDA graphs.
+    pub fn graphs(&self) -> bool {
+        self.opts.graphs
     }
 
     /// Whether kernels are being timed one by one (graphs are then off).
@@ -857,7 +778,7 @@ impl Cuda {
         self.flush_gemv()?;
         // Many tokens: the tensor-core GEMM, on its own activation tiles (a split norm's
         // q8_1 tiles stand for an output not written yet: those stay on the GEMV).
-        if n >= self.gemm_min_tokens {
+        if n >= self.opts.gemm_min_tokens {
             if let Some(name) = gemm::name(ty) {
                 let split = matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
                 if !split {
@@ -874,7 +795,7 @@ impl Cuda {
                         splits: gemm::splits(
                             rows,
                             ntiles,
-                            (!self.batch_invariant).then_some(n),
+                            (!self.opts.batch_invariant).then_some(n),
                             self.gpu.sm_count(),
                         ) as u32,
                     };
@@ -974,9 +895,9 @@ impl Cuda {
         rope: Option<&[Arg]>,
     ) -> Result<(), CudaError> {
         let mut cfg = gemv::Config::new(ntok);
-        if ntok == 1 && rows <= self.gemv_rows.0 {
+        if ntok == 1 && rows <= self.opts.gemv_rows.0 {
             cfg.rows_per_warp = 1;
-        } else if ntok == 1 && rows >= self.gemv_rows.1 {
+        } else if ntok == 1 && rows >= self.opts.gemv_rows.1 {
             cfg.rows_per_warp = 4;
         }
         if let Some(r) = rms {
@@ -1049,8 +970,8 @@ impl Cuda {
         let (Some(r), Some(p)) = (*lock(&self.pending_rope), *lock(&self.pending_gemv)) else {
             return Ok(false);
         };
-        let fits = self.fuse_rope_kv
-            && self.gemv_rope_kv
+        let fits = self.opts.fuse_rope_kv
+            && self.opts.gemv_rope_kv
             && r.p.style == RopeStyle::Normal
             && r.head_dim.is_multiple_of(2)
             && lock(&self.pending_add).is_none()
@@ -1090,7 +1011,7 @@ impl Cuda {
         let apart =
             out.ptr + (out.cap * 4) as u64 <= x.ptr || x.ptr + (x.cap * 4) as u64 <= out.ptr;
         let nparts = n / gemv::NORM_ROWS_PER_CTA as usize;
-        let fits = self.split_norm
+        let fits = self.opts.split_norm
             && px.ptr == x.ptr
             && x.rows == 1
             && x.cols == n
@@ -1320,7 +1241,7 @@ impl Backend for Cuda {
                 .filter(|(px, y)| px.ptr == x.ptr && self.can_fuse_add_norm(x, y, w, out))
                 .map(|&(_, y)| y);
             // A whole-row norm feeds matmuls: write its q8_1 tiles in the same kernel.
-            if self.fuse_quantize && self.can_norm_quantize(x, w, out) {
+            if self.opts.fuse_quantize && self.can_norm_quantize(x, w, out) {
                 if pending.is_some() && fusable.is_none() {
                     if let Some((px, y)) = pending {
                         self.op_add(&px, &y)?;
@@ -1359,7 +1280,7 @@ impl Backend for Cuda {
         // deferred GEMV that writes `y` stays deferred too: with the norm, the two may run
         // as one (`split_norm`); any other op launches the GEMV, then the add.
         self.run_raw(|| {
-            let keep = self.split_norm
+            let keep = self.opts.split_norm
                 && lock(&self.pending_add).is_none()
                 && matches!(*lock(&self.pending_gemv), Some(p) if p.out == y.ptr && y.rows == 1);
             if keep {
@@ -1378,7 +1299,7 @@ impl Backend for Cuda {
         self.run(|| {
             // The GLU's output feeds the down projection: write its q8_1 tiles in the same
             // kernel (one launch per layer less at decode).
-            if self.fuse_quantize && self.can_glu_quantize(gate, up) {
+            if self.opts.fuse_quantize && self.can_glu_quantize(gate, up) {
                 let q = self.scratch(act::row_bytes(gate.cols)? * gate.rows)?;
                 self.op_glu_q8(gate, up, act, q)?;
                 *lock(&self.quantized) = Some(Quantized {
@@ -1403,8 +1324,8 @@ impl Backend for Cuda {
         self.run_raw(|| {
             // A decode row of the deferred Q|K|V GEMV's output stays deferred with it: the
             // GEMV may do this rope (and the KV append after it) in its epilogue.
-            let keep_gemv = self.fuse_rope_kv
-                && self.gemv_rope_kv
+            let keep_gemv = self.opts.fuse_rope_kv
+                && self.opts.gemv_rope_kv
                 && p.style == RopeStyle::Normal
                 && x.rows == 1
                 && lock(&self.pending_add).is_none()
@@ -1569,7 +1490,7 @@ impl Backend for Cuda {
             // launch.
             let pending = lock(&self.pending_rope).take();
             if let Some(r) = pending {
-                if self.fuse_rope_kv && self.can_rope_kv(&r, kv, k, v, &s) {
+                if self.opts.fuse_rope_kv && self.can_rope_kv(&r, kv, k, v, &s) {
                     return self.op_rope_kv(&r, kv, layer, v, &s);
                 }
                 self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors)?;
@@ -1599,7 +1520,7 @@ impl Backend for Cuda {
             }
             // The output feeds the output projection: the combine writes its q8_1 tiles
             // too when the shape allows (one launch per layer less at decode).
-            let tiles = if self.fuse_quantize
+            let tiles = if self.opts.fuse_quantize
                 && smelt_kernels::ops::attention::reduce_q8_fits(p.n_head, p.head_dim)
             {
                 Some(self.scratch(act::row_bytes(out.cols)? * out.rows)?)

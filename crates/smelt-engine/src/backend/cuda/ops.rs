@@ -511,7 +511,7 @@ impl Cuda {
     /// The split argmax's per-row words and counters (`ARGMAX_ROWS` of each, allocated
     /// once, zero between launches), or None when it is off or `rows` do not fit.
     fn argmax_state(&self, rows: usize) -> Result<Option<u64>, CudaError> {
-        if !self.split_argmax || rows > ARGMAX_ROWS {
+        if !self.opts.split_argmax || rows > ARGMAX_ROWS {
             return Ok(None);
         }
         let mut st = super::lock(&self.argmax_state);
@@ -720,7 +720,7 @@ impl Cuda {
             q_tiles: u32_of(q_tiles, "attention q tiles")?,
             window: u32_of(p.window.unwrap_or(0), "attention window")?,
             scale: p.scale,
-            stage_blocks: self.attn_stage,
+            stage_blocks: self.opts.attn_stage,
             skip_tokens,
         };
         let mut list = args(&a.values());
@@ -784,7 +784,7 @@ impl Cuda {
         const COUNTERS: usize = 1 << 16;
         let groups =
             ops::attention::combine_counters(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv);
-        if !self.fuse_attn_combine
+        if !self.opts.fuse_attn_combine
             || !ops::attention::combine_fits(p.n_head, p.head_dim, splits)
             || groups > COUNTERS
         {
@@ -805,11 +805,11 @@ impl Cuda {
     /// splits). Rounded down: a block's staged keys leave room for one block per SM in the
     /// kernels' carveout, and 17 x 8 blocks on 132 SMs ran four of them after the rest.
     fn splits(&self, n_seqs: usize, n_head_kv: usize) -> usize {
-        if let Some(n) = self.attn_splits {
+        if let Some(n) = self.opts.attn_splits {
             return n.clamp(1, ops::attention::MAX_SPLITS);
         }
         // Batch-invariant: as many splits as for one sequence, whatever the batch.
-        let n_seqs = if self.batch_invariant { 1 } else { n_seqs };
+        let n_seqs = if self.opts.batch_invariant { 1 } else { n_seqs };
         (self.gpu.sm_count() / (n_seqs * n_head_kv).max(1)).clamp(4, 64)
     }
 }

@@ -93,8 +93,7 @@ impl CudaEngine {
         let cache = backend.kv_alloc(n_layer, first, block_size, kv_dim);
         backend.take_error()?;
         backend.gpu().synchronize()?;
-        let use_graphs =
-            std::env::var("SMELT_CUDA_GRAPHS").map_or(true, |v| v != "0") && !backend.profiling();
+        let use_graphs = backend.graphs();
         let mut e = CudaEngine {
             backend,
             model,

@@ -1,0 +1,198 @@
+//! Every setting of the CUDA backend, read once when it opens, in one documented place.
+//!
+//! Most of them are measurement switches (a fusion off, a crossover moved) that the
+//! benchmark scripts under `bench/gpu/` flip to time one change against another in a
+//! single device call; the defaults are what those measurements chose (`bench/RESULTS.md`).
+//! The one a user sets, `batch_invariant`, arrives through `EngineOptions`.
+//!
+//! | variable | field | default |
+//! |---|---|---|
+//! | `SMELT_CUDA_FUSED=0` | every fusion below off | on |
+//! | `SMELT_CUDA_SPLIT_NORM=0` | `split_norm` | on |
+//! | `SMELT_CUDA_ATTN_COMBINE=0` | `fuse_attn_combine` | on |
+//! | `SMELT_CUDA_ROPE_KV=0` | `fuse_rope_kv` | on |
+//! | `SMELT_CUDA_GEMV_ROPE=0` | `gemv_rope_kv` | on |
+//! | `SMELT_CUDA_ARGMAX_SPLIT=0` | `split_argmax` | on |
+//! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `gemv_rows` | off |
+//! | `SMELT_CUDA_GEMM_MIN` | `gemm_min_tokens` | `gemm::MIN_TOKENS` |
+//! | `SMELT_CUDA_FLASH_SEQS` | `flash_decode_seqs` | [`super::FLASH_DECODE_SEQS`] |
+//! | `SMELT_CUDA_BATCH_INVARIANT=1` | `batch_invariant` | off |
+//! | `SMELT_CUDA_SPLITS` | `attn_splits` | one block per SM |
+//! | `SMELT_CUDA_ATTN_STAGE` | `attn_stage` | 32 |
+//! | `SMELT_CUDA_PROFILE=1` / `all` | `profile` | off |
+//! | `SMELT_CUDA_DIGEST=1` | `digest` | off |
+//! | `SMELT_CUDA_GRAPHS=0` | `graphs` | on |
+//! | `SMELT_CUDA_SKIP` | `skip` | none |
+//!
+//! (`SMELT_CUDA_PDL`, `SMELT_CUDA_TIMELINE` and `SMELT_CUDA_CARVEOUT` shape the kernel
+//! module and are read by `smelt_cuda::Gpu::open`.)
+
+use smelt_kernels::gemm;
+
+/// Which steps `SMELT_CUDA_PROFILE` times kernel by kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    Off,
+    /// Decode steps (one token per sequence).
+    Decode,
+    /// Every step, prompt chunks too.
+    All,
+}
+
+/// The CUDA backend's settings (see the module doc for the variables).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// Whole-row norms write the q8_1 tiles of their output too.
+    pub fuse_quantize: bool,
+    /// A decode row's residual add and RMS norm run inside the GEMVs around them.
+    pub split_norm: bool,
+    /// The attention's last block per group combines the splits and writes q8_1 tiles.
+    pub fuse_attn_combine: bool,
+    /// A decode row's rope of Q|K and its KV append run as one kernel.
+    pub fuse_rope_kv: bool,
+    /// With `fuse_rope_kv`, the Q|K|V GEMV does them in its epilogue.
+    pub gemv_rope_kv: bool,
+    /// The greedy argmax splits each row over many blocks.
+    pub split_argmax: bool,
+    /// Single-token GEMVs of at most `.0` rows run one row per warp, of at least `.1` four.
+    pub gemv_rows: (usize, usize),
+    /// Matmuls of at least this many tokens run on the tensor-core GEMM.
+    pub gemm_min_tokens: usize,
+    /// Steps of at least this many sequences run every attention row on the prompt kernel.
+    pub flash_decode_seqs: usize,
+    /// Results independent of the batch (`EngineOptions::batch_invariant`): every matmul on
+    /// the GEMM split by shape alone, every attention on the prompt kernel.
+    pub batch_invariant: bool,
+    /// Fixed key splits of the decode attention (tuning only).
+    pub attn_splits: Option<usize>,
+    /// Most KV blocks of its split an attention block stages in shared memory.
+    pub attn_stage: u32,
+    pub profile: Profile,
+    /// Hash every host copy, printed at drop (launch settings must not change a bit).
+    pub digest: bool,
+    /// Decode steps captured and replayed as CUDA graphs.
+    pub graphs: bool,
+    /// Kernel-name prefixes not launched (timing ablations; outputs are wrong).
+    pub skip: Vec<String>,
+}
+
+impl CudaOptions {
+    /// The settings from the process environment, with `batch_invariant` asked for by the
+    /// caller (or by `SMELT_CUDA_BATCH_INVARIANT=1`).
+    pub fn from_env(batch_invariant: bool) -> Self {
+        Self::from_vars(|name| std::env::var(name).ok(), batch_invariant)
+    }
+
+    /// The settings from `var` (a variable's value, if set).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>, batch_invariant: bool) -> Self {
+        let on = |name: &str| var(name).is_none_or(|v| v != "0");
+        let set = |name: &str| var(name).is_some_and(|v| v == "1");
+        let num = |name: &str| var(name).and_then(|v| v.trim().parse::<usize>().ok());
+        let fused = on("SMELT_CUDA_FUSED");
+        let batch_invariant = batch_invariant || set("SMELT_CUDA_BATCH_INVARIANT");
+        let profile = match var("SMELT_CUDA_PROFILE").as_deref() {
+            Some("1") => Profile::Decode,
+            Some("all") => Profile::All,
+            _ => Profile::Off,
+        };
+        Self {
+            fuse_quantize: fused,
+            split_norm: fused && on("SMELT_CUDA_SPLIT_NORM"),
+            fuse_attn_combine: fused && on("SMELT_CUDA_ATTN_COMBINE"),
+            fuse_rope_kv: fused && on("SMELT_CUDA_ROPE_KV"),
+            gemv_rope_kv: on("SMELT_CUDA_GEMV_ROPE"),
+            split_argmax: on("SMELT_CUDA_ARGMAX_SPLIT"),
+            gemv_rows: (
+                num("SMELT_CUDA_GEMV_R1_ROWS").unwrap_or(0),
+                num("SMELT_CUDA_GEMV_R4_ROWS").unwrap_or(usize::MAX),
+            ),
+            gemm_min_tokens: if batch_invariant {
+                1
+            } else {
+                num("SMELT_CUDA_GEMM_MIN").unwrap_or(gemm::MIN_TOKENS)
+            },
+            flash_decode_seqs: num("SMELT_CUDA_FLASH_SEQS").unwrap_or(super::FLASH_DECODE_SEQS),
+            batch_invariant,
+            attn_splits: num("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
+            attn_stage: num("SMELT_CUDA_ATTN_STAGE").map_or(32, |n| n.min(32) as u32),
+            profile,
+            digest: set("SMELT_CUDA_DIGEST"),
+            graphs: on("SMELT_CUDA_GRAPHS") && profile == Profile::Off,
+            skip: var("SMELT_CUDA_SKIP")
+                .unwrap_or_default()
+                .split([',', '+'])
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(String::from)
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(pairs: &[(&str, &str)], invariant: bool) -> CudaOptions {
+        let vars: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        CudaOptions::from_vars(|n| vars.get(n).cloned(), invariant)
+    }
+
+    #[test]
+    fn defaults_are_the_measured_choices() {
+        let o = with(&[], false);
+        assert!(o.fuse_quantize && o.split_norm && o.fuse_attn_combine && o.fuse_rope_kv);
+        assert!(o.gemv_rope_kv && o.split_argmax && o.graphs && !o.digest);
+        assert_eq!(o.gemm_min_tokens, gemm::MIN_TOKENS);
+        assert_eq!(o.flash_decode_seqs, super::super::FLASH_DECODE_SEQS);
+        assert_eq!(o.profile, Profile::Off);
+        assert_eq!(o.gemv_rows, (0, usize::MAX));
+        assert!(o.skip.is_empty() && o.attn_splits.is_none() && !o.batch_invariant);
+    }
+
+    #[test]
+    fn fused_off_turns_every_fusion_off() {
+        let o = with(&[("SMELT_CUDA_FUSED", "0")], false);
+        assert!(!o.fuse_quantize && !o.split_norm && !o.fuse_attn_combine && !o.fuse_rope_kv);
+        let o = with(&[("SMELT_CUDA_SPLIT_NORM", "0")], false);
+        assert!(o.fuse_quantize && !o.split_norm);
+    }
+
+    #[test]
+    fn batch_invariance_puts_every_matmul_on_the_gemm() {
+        for o in [
+            with(&[("SMELT_CUDA_GEMM_MIN", "64")], true),
+            with(&[("SMELT_CUDA_BATCH_INVARIANT", "1")], false),
+        ] {
+            assert!(o.batch_invariant);
+            assert_eq!(o.gemm_min_tokens, 1);
+        }
+        assert_eq!(
+            with(&[("SMELT_CUDA_GEMM_MIN", "64")], false).gemm_min_tokens,
+            64
+        );
+    }
+
+    #[test]
+    fn profiling_turns_graphs_off_and_lists_parse() {
+        let o = with(
+            &[
+                ("SMELT_CUDA_PROFILE", "all"),
+                ("SMELT_CUDA_SKIP", "gemv_+ attention ,"),
+            ],
+            false,
+        );
+        assert_eq!(o.profile, Profile::All);
+        assert!(!o.graphs);
+        assert_eq!(o.skip, ["gemv_", "attention"]);
+        assert_eq!(with(&[("SMELT_CUDA_SPLITS", "0")], false).attn_splits, None);
+        assert_eq!(
+            with(&[("SMELT_CUDA_ATTN_STAGE", "99")], false).attn_stage,
+            32
+        );
+    }
+}
