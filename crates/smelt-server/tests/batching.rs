@@ -230,3 +230,71 @@ async fn a_full_kv_cache_preempts_and_recomputes_and_an_impossible_request_gets_
         .await;
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_kv_cache_and_a_full_queue_together_corrupt_no_answer() {
+    // 96 tokens of KV (6 blocks of 16) for a batch of up to 4 sequences of ~20 tokens
+    // (3 blocks each once generating), and 2 places in the queue: some requests wait for the
+    // cache, the ones past the queue get 429, and every answer equals its answer alone.
+    let s = start(
+        ServerConfig {
+            scheduler: SchedulerConfig {
+                max_batch: 4,
+                max_queue: 2,
+                ..SchedulerConfig::default()
+            },
+            ..ServerConfig::default()
+        },
+        96,
+    )
+    .await;
+    let prompts = [
+        "The weather today is",
+        "Once upon a time",
+        "The capital of France",
+        "My favourite food is",
+        "In the year 2000,",
+    ];
+    let body = |p: &str| json!({"prompt": p, "max_tokens": 16, "temperature": 0});
+    let mut alone = Vec::new();
+    for p in prompts {
+        let v = s.ok("/v1/completions", &body(p)).await;
+        alone.push(v["choices"][0]["text"].clone());
+    }
+    let server = &s;
+    let answers = join_all((0..12).map(|i| async move {
+        let r = server
+            .post("/v1/completions", &body(prompts[i % prompts.len()]))
+            .await;
+        let status = r.status().as_u16();
+        (i, status, r.json::<Value>().await.unwrap())
+    }))
+    .await;
+    let (mut ok, mut busy) = (0, 0);
+    for (i, status, v) in &answers {
+        match status {
+            200 => {
+                ok += 1;
+                assert_eq!(
+                    v["choices"][0]["text"],
+                    alone[i % prompts.len()],
+                    "request {i}"
+                );
+            }
+            429 => busy += 1,
+            other => panic!("request {i}: unexpected status {other}: {v}"),
+        }
+    }
+    assert!(ok >= 4, "only {ok} of 12 answered");
+    assert!(
+        busy >= 1,
+        "no 429 among 12 requests for 4 places and a queue of 2"
+    );
+    assert!(
+        s.metric("smelt_preemptions_total").await >= 1.0,
+        "the cache was never full"
+    );
+    s.wait_metric("smelt_kv_blocks_used", 0.0, Duration::from_secs(5))
+        .await;
+    s.shutdown().await;
+}
