@@ -1,10 +1,12 @@
 //! The generation loop: a prompt in, tokens and streamed text out, until a token budget, an
-//! end-of-generation token, or a stop string ends it.
+//! end-of-generation token, a stop string or the caller's [`Cancel`] ends it.
 //!
 //! Text is streamed in deltas that never take anything back: bytes that do not yet form
 //! complete UTF-8 are held, and so is any tail of the text that could still grow into a stop
 //! string. A stop string itself is never emitted, nor anything after it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::sampler::{Sampler, SamplingParams};
@@ -31,6 +33,23 @@ impl TokenText for smelt_tokenizer::Tokenizer {
 /// activations of one step stay small.
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 
+/// A flag another thread (a Ctrl-C handler) raises to end a generation early; two are equal
+/// when they are the same flag.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(pub Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl PartialEq for Cancel {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerateParams {
     pub max_tokens: usize,
@@ -40,6 +59,9 @@ pub struct GenerateParams {
     pub prefill_chunk: usize,
     /// Keep going past end-of-generation tokens (benchmarks that need exactly max_tokens).
     pub ignore_eog: bool,
+    /// Raised, it ends generation after the token being produced, as
+    /// [`FinishReason::Stop`] (the prompt is always fed whole).
+    pub cancel: Option<Cancel>,
 }
 
 impl Default for GenerateParams {
@@ -50,6 +72,7 @@ impl Default for GenerateParams {
             sampling: SamplingParams::default(),
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             ignore_eog: false,
+            cancel: None,
         }
     }
 }
@@ -201,6 +224,9 @@ pub fn generate(
         }
         if tokens.len() >= params.max_tokens {
             break FinishReason::Length;
+        }
+        if params.cancel.as_ref().is_some_and(Cancel::is_set) {
+            break FinishReason::Stop;
         }
         next_of = step(vec![next], Logits::Last)?;
         timings.decode_tokens += 1;

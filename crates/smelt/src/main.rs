@@ -7,16 +7,27 @@ mod plan;
 mod progress;
 mod shapes;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use commands::{bench, chat, inspect, perplexity, quantize, run, serve, synth};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 /// smelt: a Rust LLM inference server for GGUF models.
 #[derive(Parser, Debug)]
-#[command(name = "smelt", version, about, long_about = None)]
+#[command(name = "smelt", about, long_about = None)]
 struct Cli {
+    /// How log lines look on stderr: text (coloured only on a terminal) or json (one object
+    /// a line, for log collectors). RUST_LOG picks the level (default: info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -39,8 +50,53 @@ enum Command {
     Serve(serve::ServeArgs),
 }
 
+/// What `smelt --version` says: the version, the commit it was built from (when built from a
+/// git checkout), and the GPU kernels in the binary.
+fn version() -> String {
+    let commit = match (env!("SMELT_GIT_COMMIT"), env!("SMELT_GIT_DATE")) {
+        ("", _) => "commit unknown: built outside git".to_string(),
+        (c, d) => format!("commit {c}, {d}"),
+    };
+    let gemv: Vec<String> = smelt_kernels::catalog::GEMV_TYPES
+        .iter()
+        .map(|t| t.name().to_ascii_lowercase())
+        .collect();
+    format!(
+        "{} ({commit})\nGPU kernels: {} CUDA kernels, emitted as PTX for sm_80 and sm_90 at first use \
+         and compiled by the NVIDIA driver (no CUDA toolkit); GEMVs for {}",
+        env!("CARGO_PKG_VERSION"),
+        smelt_kernels::catalog::all().len(),
+        gemv.join(" ")
+    )
+}
+
+/// Log lines on stderr, as `--log-format` says; colour only when stderr is a terminal (and
+/// `NO_COLOR` is unset), so a log written to a file has no escape codes.
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .try_init(),
+    };
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let v = version();
+    let matches = Cli::command()
+        .version(v.clone())
+        .long_version(v)
+        .get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    init_logging(cli.log_format);
     let result = match &cli.command {
         Command::Inspect(a) => inspect::run(a),
         Command::Quantize(a) => quantize::run(a),
@@ -70,4 +126,83 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain()
         .filter_map(|c| c.downcast_ref::<std::io::Error>())
         .any(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every option of every command says what it does, and one that takes a value without
+    /// a default says what happens without it.
+    #[test]
+    fn every_flag_has_help_and_its_default() {
+        let mut cli = Cli::command();
+        // Built, so each argument knows how many values it takes.
+        cli.build();
+        let mut missing = Vec::new();
+        let mut checked = 0;
+        for sub in cli.get_subcommands() {
+            for a in sub.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let help = a
+                    .get_help()
+                    .or(a.get_long_help())
+                    .map(|h| h.to_string())
+                    .unwrap_or_default();
+                let name = format!("{} --{}", sub.get_name(), id);
+                if help.trim().is_empty() {
+                    missing.push(format!("{name}: no help"));
+                    continue;
+                }
+                let takes_value = a.get_num_args().is_some_and(|n| n.takes_values());
+                let flag_only = matches!(
+                    a.get_action(),
+                    clap::ArgAction::SetTrue | clap::ArgAction::Count
+                );
+                let says_default = !a.get_default_values().is_empty()
+                    || help.contains("default")
+                    || help.contains("required")
+                    || help.to_lowercase().contains("without it")
+                    || a.is_required_set()
+                    || matches!(a.get_action(), clap::ArgAction::Append);
+                if takes_value && !flag_only {
+                    checked += 1;
+                    if !says_default {
+                        missing.push(format!("{name}: no default in {help:?}"));
+                    }
+                }
+            }
+        }
+        assert!(checked > 50, "only {checked} options take a value");
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
+
+    #[test]
+    fn the_version_names_the_build_and_the_gpu_kernels() {
+        let v = version();
+        assert!(v.starts_with(env!("CARGO_PKG_VERSION")), "{v}");
+        assert!(v.contains("commit "), "{v}");
+        assert!(v.contains("GPU kernels:") && v.contains("q4_k"), "{v}");
+    }
+
+    #[test]
+    fn every_model_command_defaults_to_one_model_and_takes_dash_m() {
+        for cmd in ["run", "chat", "perplexity", "bench", "serve", "inspect"] {
+            let sub = Cli::command();
+            let sub = sub.find_subcommand(cmd).expect("a command");
+            let m = sub
+                .get_arguments()
+                .find(|a| a.get_long() == Some("model"))
+                .unwrap_or_else(|| panic!("{cmd} has --model"));
+            assert_eq!(m.get_short(), Some('m'), "{cmd}");
+        }
+        let cli = Cli::try_parse_from(["smelt", "run", "--prompt", "hi"]).expect("parses");
+        let Command::Run(r) = cli.command else {
+            panic!("run")
+        };
+        assert_eq!(r.model, commands::model_ref::DEFAULT_MODEL);
+    }
 }

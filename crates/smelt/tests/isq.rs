@@ -14,6 +14,7 @@ fn run_json(model: &str, extra: &[&str]) -> Value {
         "run",
         "--model",
         model,
+        "--raw",
         "--prompt",
         "The three primary colors are",
         "--max-tokens",

@@ -45,9 +45,8 @@ fn smelt_batch(model: &Path, chat: bool) -> Vec<Value> {
         "2",
         "--json",
     ];
-    if chat {
-        args.push("--chat");
-    }
+    // Raw prompts get no template (plain completion is not the default for a model with one).
+    args.push(if chat { "--chat" } else { "--raw" });
     let out = smelt_ok(&args);
     let v: Vec<Value> = out
         .lines()
@@ -189,6 +188,7 @@ fn stop_strings_end_generation_and_are_not_printed() {
         "run",
         "--model",
         m,
+        "--raw",
         "--prompt",
         "Count: 1, 2, 3, 4,",
         "--threads",
@@ -223,6 +223,7 @@ fn seeded_sampling_is_reproducible() {
             "run",
             "--model",
             m,
+            "--raw",
             "--prompt",
             "My favourite animal is",
             "--max-tokens",
@@ -262,6 +263,7 @@ fn max_tokens_and_finish_reason() {
         "run",
         "--model",
         m.to_str().expect("UTF-8 path"),
+        "--raw",
         "--prompt",
         "Hello",
         "--max-tokens",

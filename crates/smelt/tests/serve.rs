@@ -77,6 +77,7 @@ fn serve_answers_like_run_and_exits_0_on_sigterm() {
         "run",
         "--model",
         "smollm2-135m",
+        "--raw",
         "--prompt",
         prompt,
         "--max-tokens",

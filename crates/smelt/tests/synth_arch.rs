@@ -82,6 +82,7 @@ fn smelt_greedy(model: &Path, prompts_jsonl: &Path) -> Vec<(Vec<u64>, Vec<u64>)>
         "run",
         "--model",
         model.to_str().expect("UTF-8 path"),
+        "--raw",
         "--prompts-file",
         prompts_jsonl.to_str().expect("UTF-8 path"),
         "--max-tokens",

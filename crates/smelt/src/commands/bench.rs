@@ -26,11 +26,10 @@ mod batch;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// A GGUF path or an alias (smollm2-135m, gemma3-270m).
-    #[arg(long, required_unless_present = "kernels")]
-    pub model: Option<String>,
-    /// auto (the GPU when one is usable, and says so), cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, short = 'm', value_name = "MODEL", default_value = model_ref::DEFAULT_MODEL,
+          help = model_ref::MODEL_HELP)]
+    pub model: String,
+    #[arg(long, default_value = "auto", help = model_ref::DEVICE_HELP)]
     pub device: String,
     /// Prompt tokens per sequence.
     #[arg(long, default_value_t = 512)]
@@ -54,8 +53,7 @@ pub struct BenchArgs {
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
-    /// CPU threads (CPU device).
-    #[arg(long)]
+    #[arg(long, value_name = "N", help = model_ref::THREADS_HELP)]
     pub threads: Option<usize>,
     /// Time the GEMV kernels at Llama-3-8B shapes instead of a model (needs a GPU).
     #[arg(long)]
@@ -73,9 +71,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.kernels {
         return kernels(args);
     }
-    let Some(model) = &args.model else {
-        bail!("--model is required (or --kernels)");
-    };
+    let model = &args.model;
     if args.prompt == 0 || args.gen == 0 || args.reps == 0 || args.batch == 0 || args.ubatch == 0 {
         bail!("--prompt, --gen, --reps, --batch and --ubatch must be at least 1");
     }
@@ -137,6 +133,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let j = serde_json::json!({
             "model": name,
             "device": e.device_name(),
+            "threads": e.cpu_threads(),
             "prompt_tokens": args.prompt,
             "gen_tokens": args.gen,
             "batch": args.batch,
@@ -156,7 +153,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("{j}");
     } else {
         println!("model   {name}");
-        println!("device  {}", e.device_name());
+        match e.cpu_threads() {
+            Some(t) => println!("device  {} ({t} threads)", e.device_name()),
+            None => println!("device  {}", e.device_name()),
+        }
         println!("load    {load_s:.2} s");
         println!(
             "kv      {} tokens ({})",

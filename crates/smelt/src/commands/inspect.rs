@@ -26,8 +26,13 @@ macro_rules! line {
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// The GGUF file to read (or a Hugging Face model folder, shown as the GGUF it converts to).
-    pub file: PathBuf,
+    /// The model to read, as -m/--model takes it (a Hugging Face folder shows as the GGUF it
+    /// converts to) [default: smollm2-135m]
+    #[arg(value_name = "MODEL", conflicts_with = "model")]
+    pub file: Option<String>,
+    /// The same as MODEL, as every command takes it [default: smollm2-135m]
+    #[arg(long, short = 'm', value_name = "MODEL")]
+    pub model: Option<String>,
     /// Print one JSON object (version, alignment, metadata, tensors, totals) instead of tables.
     /// Long arrays become {"type", "len", "first"}.
     #[arg(long)]
@@ -35,12 +40,18 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: &InspectArgs) -> Result<()> {
+    let reference = args
+        .file
+        .as_deref()
+        .or(args.model.as_deref())
+        .unwrap_or(super::model_ref::DEFAULT_MODEL);
+    let file: PathBuf = super::model_ref::resolve(reference)?;
     // A Hugging Face folder shows as the GGUF it converts to (smelt-load).
-    let g = if args.file.is_dir() {
-        super::isq::open(&args.file, None, smelt_engine::Device::Cpu)?
+    let g = if file.is_dir() {
+        super::isq::open(&file, None, smelt_engine::Device::Cpu)?
     } else {
-        Gguf::open(&args.file)
-            .with_context(|| format!("cannot read {} as a GGUF file", args.file.display()))?
+        Gguf::open(&file)
+            .with_context(|| format!("cannot read {} as a GGUF file", file.display()))?
     };
     let totals = Totals::of(g.tensors());
     let text = if args.json {
@@ -48,7 +59,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         s.push('\n');
         s
     } else {
-        text(&args.file, &g, &totals)
+        text(&file, &g, &totals)
     };
     // One write, so a closed pipe is one error the caller can recognise, not a panic.
     std::io::stdout().lock().write_all(text.as_bytes())?;

@@ -1,11 +1,30 @@
-//! `--model`: a GGUF path or a short alias of a model the project knows how to fetch, and the
-//! loading shared by the commands that run a model (`run`, `chat`, `perplexity`).
+//! `-m/--model`: a GGUF path, a Hugging Face folder or a short alias of a model the project
+//! knows how to fetch, the same for every command (with one default model), and the loading
+//! shared by the commands that run a model (`run`, `chat`, `perplexity`, `bench`, `serve`).
+//! The help texts of the flags those commands share live here too, so they read the same.
 
 use anyhow::{bail, Context, Result};
 use smelt_engine::{Device, Engine, EngineOptions, GpuMemory};
 use smelt_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The model a command uses when none is given (SmolLM2-135M-Instruct, 93 MB).
+pub const DEFAULT_MODEL: &str = "smollm2-135m";
+
+/// `-m/--model`'s help, for every command.
+pub const MODEL_HELP: &str = "A GGUF file, a Hugging Face model folder (config.json, \
+tokenizer.json, safetensors) or an alias (smollm2-135m, gemma3-270m), fetched once into \
+.models/";
+
+/// `--device`'s help, for every command that runs a model.
+pub const DEVICE_HELP: &str = "Where to compute: cpu; cuda (the first NVIDIA GPU) or cuda:N \
+(GPU N), which need only the NVIDIA driver; auto: the GPU when one is usable, else the CPU, \
+and says which";
+
+/// `--threads`' help, for every command that computes on the CPU.
+pub const THREADS_HELP: &str = "CPU threads [default: the cores this process may use: its \
+CPU affinity and cgroup quota]. Results are the same for any count";
 
 /// Aliases and the file `scripts/fetch-models.sh` writes for each.
 const ALIASES: &[(&str, &str)] = &[
@@ -25,7 +44,7 @@ pub fn alias_names() -> Vec<String> {
 pub fn resolve(model: &str) -> Result<PathBuf> {
     let as_path = Path::new(model);
     if as_path.is_file() || as_path.is_dir() {
-        return Ok(as_path.to_path_buf());
+        return Ok(clean(as_path));
     }
     let Some(&(alias, file)) = ALIASES.iter().find(|(a, _)| *a == model) else {
         let known: Vec<&str> = ALIASES.iter().map(|(a, _)| *a).collect();
@@ -37,7 +56,7 @@ pub fn resolve(model: &str) -> Result<PathBuf> {
     for dir in cache_dirs() {
         let p = dir.join(file);
         if p.is_file() {
-            return Ok(p);
+            return Ok(clean(&p));
         }
     }
     let Some(script) = fetch_script() else {
@@ -64,7 +83,7 @@ pub fn resolve(model: &str) -> Result<PathBuf> {
             script.display()
         );
     }
-    Ok(PathBuf::from(path))
+    Ok(clean(Path::new(path)))
 }
 
 /// Where fetched models live: `$SMELT_MODELS`, then `.models/` of the checkout this binary
@@ -90,10 +109,30 @@ fn fetch_script() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The checkout this binary was built from, when it is still there.
+/// The checkout this binary was built from, when it is still there (as a clean absolute
+/// path: it shows in messages and logs).
 fn repo_root() -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root = std::fs::canonicalize(root).ok()?;
     root.join("Cargo.toml").is_file().then_some(root)
+}
+
+/// `path` as an absolute path without `.` and `..` parts, for messages and logs. The file
+/// name stays as given (a symlink is not resolved: the served model name comes from it).
+pub fn clean(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `--device`: `auto`, `cpu`, `cuda` or `cuda:N`. `auto` says on stderr what it picked; an
@@ -202,6 +241,17 @@ mod tests {
         let e = resolve("no-such-model-xyz").unwrap_err().to_string();
         assert!(e.contains("neither a file nor a known alias"), "{e}");
         assert!(e.contains("smollm2-135m"), "{e}");
+    }
+
+    #[test]
+    fn paths_print_absolute_and_without_dot_dot() {
+        let p = clean(Path::new("crates/smelt/../../.models/m.gguf"));
+        assert!(p.is_absolute(), "{}", p.display());
+        assert!(p.ends_with(".models/m.gguf"), "{}", p.display());
+        assert!(!p.to_string_lossy().contains(".."), "{}", p.display());
+        assert_eq!(clean(Path::new("/a/./b/../c")), PathBuf::from("/a/c"));
+        let root = repo_root().expect("tests run in the checkout");
+        assert!(!root.to_string_lossy().contains(".."), "{}", root.display());
     }
 
     #[test]

@@ -20,8 +20,8 @@ const PREFILL_CHUNK: usize = 512;
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
-    /// A GGUF path or an alias (smollm2-135m, gemma3-270m).
-    #[arg(long)]
+    #[arg(long, short = 'm', value_name = "MODEL", default_value = model_ref::DEFAULT_MODEL,
+          help = model_ref::MODEL_HELP)]
     pub model: String,
     /// The text to score (UTF-8).
     #[arg(long)]
@@ -29,10 +29,9 @@ pub struct PerplexityArgs {
     /// Tokens per window; the text needs at least two windows.
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
-    /// auto (the GPU when one is usable, and says so), cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
+    #[arg(long, default_value = "cpu", help = model_ref::DEVICE_HELP)]
     pub device: String,
-    #[arg(long)]
+    #[arg(long, value_name = "N", help = model_ref::THREADS_HELP)]
     pub threads: Option<usize>,
 }
 

@@ -16,8 +16,9 @@ use crate::{output, progress};
 
 #[derive(Args, Debug)]
 pub struct QuantizeArgs {
-    /// Input GGUF (tensors in F32, F16 or BF16; quantized tensors are dequantized first), or
-    /// a Hugging Face model folder (converted as llama.cpp's convert_hf_to_gguf.py would).
+    /// Input GGUF (tensors in F32, F16 or BF16; quantized tensors are dequantized first), a
+    /// Hugging Face model folder (converted as llama.cpp's convert_hf_to_gguf.py would), or
+    /// an alias (smollm2-135m, gemma3-270m).
     pub input: PathBuf,
     /// Output GGUF to write (overwritten if it exists).
     pub output: PathBuf,
@@ -35,9 +36,7 @@ pub struct QuantizeArgs {
     /// (q4_k_m...) need no flag.
     #[arg(long)]
     pub preset: bool,
-    /// Worker threads for quantization (default: all cores). The output is byte-identical
-    /// whatever the count.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help = super::model_ref::THREADS_HELP)]
     pub threads: Option<usize>,
     /// Where to quantize: `cpu`, or `cuda`/`cuda:N` (`auto` takes a GPU when there is one).
     /// On a GPU, F32/F16/BF16 tensors go through smelt's quantize kernels, byte-identical
@@ -48,6 +47,15 @@ pub struct QuantizeArgs {
 
 pub fn run(args: &QuantizeArgs) -> Result<()> {
     let start = Instant::now();
+    let input = super::model_ref::resolve(&args.input.to_string_lossy())?;
+    let args = &QuantizeArgs {
+        input,
+        output: args.output.clone(),
+        ty: args.ty.clone(),
+        preset: args.preset,
+        threads: args.threads,
+        device: args.device.clone(),
+    };
     super::use_threads(args.threads)?;
     let target = Target::parse(&args.ty, args.preset).map_err(anyhow::Error::msg)?;
     let same_file = args.output.exists()

@@ -1,4 +1,6 @@
-//! `smelt run`: generate from one prompt (or a file of prompts), streaming the text.
+//! `smelt run`: generate from one prompt (or a file of prompts), streaming the text. The
+//! prompt goes through the model's chat template when the model has one (an instruct model
+//! answers a question rather than continuing it); `--raw` gives plain completion.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -15,7 +17,7 @@ use super::model_ref;
 /// How tokens are picked; shared with `smelt chat`.
 #[derive(Args, Debug, Clone)]
 pub struct SamplingArgs {
-    /// 0 or less: greedy.
+    /// Sampling temperature; 0 or less: greedy (the most likely token every time).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
     /// Keep the k most likely tokens (0: all).
@@ -27,15 +29,22 @@ pub struct SamplingArgs {
     /// Drop tokens less likely than this fraction of the best one (0: off).
     #[arg(long, default_value_t = 0.0)]
     pub min_p: f32,
-    /// Penalise tokens seen in the last --penalty-last-n (1: off).
+    /// Make tokens seen in the last --penalty-last-n less likely by this factor, as
+    /// llama.cpp does (1: off).
     #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
+    /// Subtract this from the logit of every token seen in the last --penalty-last-n
+    /// (0: off).
     #[arg(long, default_value_t = 0.0)]
     pub presence_penalty: f32,
+    /// Subtract this times its count from the logit of every token seen in the last
+    /// --penalty-last-n (0: off).
     #[arg(long, default_value_t = 0.0)]
     pub frequency_penalty: f32,
+    /// How many of the latest tokens the penalties look at.
     #[arg(long, default_value_t = 64)]
     pub penalty_last_n: usize,
+    /// Seed of the sampler's random numbers: the same seed gives the same text.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
@@ -58,27 +67,31 @@ impl SamplingArgs {
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// A GGUF path, a Hugging Face model folder, or an alias (smollm2-135m, gemma3-270m).
-    #[arg(long)]
+    #[arg(long, short = 'm', value_name = "MODEL", default_value = model_ref::DEFAULT_MODEL,
+          help = model_ref::MODEL_HELP)]
     pub model: String,
     /// Quantize the weights as they load (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k ... q6_k, or a
-    /// llama.cpp preset such as q4_k_m), with `smelt quantize`'s per-tensor rules.
+    /// llama.cpp preset such as q4_k_m), with `smelt quantize`'s per-tensor rules
+    /// [default: none: the weights as stored]
     #[arg(long, value_name = "TYPE")]
     pub isq: Option<String>,
-    /// The prompt text.
+    /// The prompt text (this, --prompt-ids or --prompts-file is required).
     #[arg(
         long,
         required_unless_present_any = ["prompts_file", "prompt_ids"],
         conflicts_with_all = ["prompts_file", "prompt_ids"]
     )]
     pub prompt: Option<String>,
-    /// The prompt as token ids, comma-separated, used as they are (benchmarks, tests).
-    #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompts_file", "chat"])]
+    /// The prompt as token ids, comma-separated, used as they are (benchmarks, tests;
+    /// no chat template) [default: none: --prompt is tokenized]
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompts_file", "chat", "system"])]
     pub prompt_ids: Option<Vec<u32>>,
     /// Many prompts, one JSON string per line, each generated from a fresh sequence; prints
-    /// one JSON object per prompt (implies --json). Loads the model once for all of them.
+    /// one JSON object per prompt (implies --json). Loads the model once for all of them
+    /// [default: none: one --prompt]
     #[arg(long)]
     pub prompts_file: Option<PathBuf>,
+    /// The most tokens to generate.
     #[arg(long, default_value_t = 128)]
     pub max_tokens: usize,
     #[command(flatten)]
@@ -86,16 +99,21 @@ pub struct RunArgs {
     /// Stop before this text (repeatable); it is not printed.
     #[arg(long)]
     pub stop: Vec<String>,
-    /// Wrap the prompt as one user message through the model's chat template.
+    /// Plain completion: the prompt as it is, without the chat template (what a model
+    /// without a template always gets).
+    #[arg(long, conflicts_with_all = ["chat", "system"])]
+    pub raw: bool,
+    /// Wrap the prompt as one user message in a chat template even when the model has none
+    /// (llama.cpp's built-in format for its architecture). A model with one uses it anyway.
     #[arg(long)]
     pub chat: bool,
-    /// A system message for --chat.
-    #[arg(long, requires = "chat")]
-    pub system: Option<String>,
-    /// auto (the GPU when one is usable, and says so), cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    /// A system message before the prompt, through the chat template [default: none, or
+    /// the template's own]
     #[arg(long)]
+    pub system: Option<String>,
+    #[arg(long, default_value = "cpu", help = model_ref::DEVICE_HELP)]
+    pub device: String,
+    #[arg(long, value_name = "N", help = model_ref::THREADS_HELP)]
     pub threads: Option<usize>,
     /// KV cache room in tokens (prompt plus generation).
     #[arg(long, default_value_t = 4096)]
@@ -134,7 +152,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
         &kv,
         args.isq.as_deref(),
     )?;
-    let template = if args.chat {
+    let templated = !args.raw
+        && args.prompt_ids.is_none()
+        && (args.chat || args.system.is_some() || has_template(&m));
+    let template = if templated {
         Some(
             ChatTemplate::from_gguf(m.engine.gguf().metadata(), &m.tokenizer)
                 .context("the model's chat template")?,
@@ -163,7 +184,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         };
         let ids = match &args.prompt_ids {
             Some(ids) => ids.clone(),
-            None => tokenize_prompt(&m.tokenizer, &prompt_text, args.chat),
+            None => tokenize_prompt(&m.tokenizer, &prompt_text, templated),
         };
         if ids.is_empty() {
             bail!("the prompt tokenizes to nothing: give some text");
@@ -192,6 +213,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether the model's GGUF carries a chat template of its own.
+fn has_template(m: &model_ref::Loaded) -> bool {
+    m.engine
+        .gguf()
+        .metadata()
+        .get_str("tokenizer.chat_template")
+        .is_some()
 }
 
 /// One user message (after an optional system one), rendered to end where the assistant's

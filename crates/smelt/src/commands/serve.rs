@@ -15,13 +15,11 @@ use smelt_engine::GpuMemory;
 
 use super::model_ref;
 
-/// The model served when no `--model` is given.
-const DEFAULT_MODEL: &str = "smollm2-135m";
-
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// A GGUF path or an alias (smollm2-135m, gemma3-270m); repeat to serve several models.
-    /// Each is served under its file stem (or its alias). Default: smollm2-135m.
+    /// A GGUF file, a Hugging Face model folder or an alias (smollm2-135m, gemma3-270m),
+    /// fetched once into .models/; repeat to serve several models (they share the CPU
+    /// threads). Each is served under its file stem (or its alias) [default: smollm2-135m]
     #[arg(long, short = 'm', value_name = "MODEL")]
     pub model: Vec<String>,
     /// Address to listen on (0.0.0.0 for every interface).
@@ -30,10 +28,10 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free one; the address is printed).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// cpu (auto: the best available device).
-    #[arg(long, default_value = "cpu")]
+    #[arg(long, default_value = "cpu", help = model_ref::DEVICE_HELP)]
     pub device: String,
-    /// Require `Authorization: Bearer <KEY>` on /v1/* (/admin/* then needs --admin-key).
+    /// Require `Authorization: Bearer <KEY>` on /v1/* (/admin/* then needs --admin-key)
+    /// [default: none: no key]
     #[arg(long)]
     pub api_key: Option<String>,
     /// Requests waiting for a place in a model's batch; more get 429 with Retry-After.
@@ -58,14 +56,16 @@ pub struct ServeArgs {
     /// --kv-tokens is given; otherwise the cache holds exactly --kv-tokens]. The CPU ignores it
     #[arg(long, value_name = "FRACTION")]
     pub gpu_memory: Option<GpuMemory>,
-    /// Compute threads per model (default: all cores).
-    #[arg(long)]
+    /// CPU threads, shared by all the models served [default: the cores this process may
+    /// use: its CPU affinity and cgroup quota]
+    #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 10.0)]
     pub grace: f64,
     /// Quantize every model's weights as it loads (q8_0, q4_k, q4_k_m ...), with `smelt
-    /// quantize`'s per-tensor rules. A model may also be a Hugging Face folder.
+    /// quantize`'s per-tensor rules. A model may also be a Hugging Face folder [default:
+    /// none: the weights as stored]
     #[arg(long, value_name = "TYPE")]
     pub isq: Option<String>,
     #[command(flatten)]
@@ -73,7 +73,6 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
-    init_logging();
     model_ref::check_device(&args.device)?;
     if args.ctx == 0 || args.max_batch == 0 || args.step_tokens == 0 {
         bail!("--ctx, --max-batch and --step-tokens must be at least 1");
@@ -95,7 +94,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     args.limits.apply(&mut config, model_ref::alias_names())?;
     let models = if args.model.is_empty() {
-        vec![DEFAULT_MODEL.to_string()]
+        vec![model_ref::DEFAULT_MODEL.to_string()]
     } else {
         args.model.clone()
     };
@@ -200,14 +199,4 @@ async fn wait_for_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
-}
-
-/// Logs to stderr; `RUST_LOG` picks the level (default info).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }

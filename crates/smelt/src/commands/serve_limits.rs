@@ -18,7 +18,8 @@ pub struct LimitArgs {
     /// a localhost-bound server with no --api-key, and disabled otherwise.
     #[arg(long, value_name = "KEY")]
     pub admin_key: Option<String>,
-    /// Require `Authorization: Bearer <KEY>` on /metrics (the admin key works too).
+    /// Require `Authorization: Bearer <KEY>` on /metrics (the admin key works too)
+    /// [default: none: /metrics needs no key]
     #[arg(long, value_name = "KEY")]
     pub metrics_key: Option<String>,
     /// Also answer requests for this host name (repeat for several; `*`: any). A server bound

@@ -40,12 +40,12 @@ pub struct SynthArgs {
     /// Where to write the GGUF.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
-    /// Override the layer count (tiny models for tests).
+    /// Override the layer count (tiny models for tests) [default: the shape's]
     #[arg(long, value_name = "N")]
     pub layers: Option<u64>,
     /// Copy the tokenizer (every tokenizer.* key) of this GGUF and take its vocabulary size,
     /// so llama.cpp can tokenize text. Without it the tokenizer model is "none": llama.cpp
-    /// loads the file and runs token ids, but cannot tokenize.
+    /// loads the file and runs token ids, but cannot tokenize [default: none]
     #[arg(long, value_name = "GGUF")]
     pub tokenizer_from: Option<PathBuf>,
     /// Random seed; the same seed gives the same file whatever the thread count.
