@@ -9,7 +9,9 @@
 #        ../shared/peer/prepare.sh .peer  # once, only for --peer
 # There: bash bench/gpu/gemm.sh run [--peer]   carry [".gpu-lead"] (+ ".peer")
 # Environment there: PROMPTS (default "512 4096"), MINS (SMELT_CUDA_GEMM_MIN values to time,
-# default "default"), PROFILE=0, SKIP_KERNELS=1, SKIP_PARITY=1, BATCHES
+# default "default"), PROFILE=0, SKIP_KERNELS=1, SKIP_PARITY=1, FLASH_SEQS (SMELT_CUDA_FLASH_SEQS
+# values for the batches), LONG (long prompts, e.g. 32000: time to first token), QUANTS (other
+# weight types of the same shape, e.g. q8_0), BATCHES
 # (aggregate decode with `smelt bench --batch N` when the binary has it, default "8 32 64").
 # Log: $OUT/gemm.log (or bench/out), the table last.
 set -uo pipefail
@@ -75,11 +77,29 @@ case "${1:-run}" in
     fi
     if $B/smelt bench --help 2>/dev/null | grep -q -- '--batch'; then
       for n in ${BATCHES:-8 32 64}; do
-        r=$($B/smelt bench --model $m --device cuda --prompt 128 --gen 128 --reps 1 --batch $n --json 2>/tmp/b.err | tr -d '\n')
-        echo "bench batch=$n: ${r:-FAILED $(tail -3 /tmp/b.err)}" | tee -a "$log"
-        echo "| smelt batch $n | $r |" >> "$table"
+        for f in ${FLASH_SEQS:-default}; do
+          r=$(env $( [ $f = default ] || echo SMELT_CUDA_FLASH_SEQS=$f ) \
+            $B/smelt bench --model $m --device cuda --prompt 128 --gen 128 --reps 1 --batch $n --json 2>/tmp/b.err | tr -d '\n')
+          echo "bench batch=$n flash_seqs=$f: ${r:-FAILED $(tail -3 /tmp/b.err)}" | tee -a "$log"
+          echo "| smelt batch $n flash_seqs=$f | $(echo "$r" | grep -o '"batch_decode_tok_s":[0-9.]*') |" >> "$table"
+        done
       done
     fi
+    for p in ${LONG:-}; do
+      r=$($B/smelt bench --model $m --device cuda --prompt $p --gen 8 --reps 1 --json 2>/tmp/b.err | tr -d '\n')
+      echo "bench long prompt=$p: ${r:-FAILED $(tail -3 /tmp/b.err)}" | tee -a "$log"
+      echo "| smelt pp$p | $(echo "$r" | grep -o '"prompt_tok_s":[0-9.]*') $(echo "$r" | grep -o '"ttft_ms":[0-9.]*') |" >> "$table"
+    done
+    for qt in ${QUANTS:-}; do
+      mq=/tmp/llama3-8b-$qt.gguf
+      $B/smelt synth --shape llama3-8b --quant $qt -o $mq > /dev/null
+      r=$($B/smelt bench --model $mq --device cuda --prompt 512 --gen 64 --reps 2 --json 2>/tmp/b.err | tr -d '\n')
+      echo "bench $qt: ${r:-FAILED $(tail -3 /tmp/b.err)}" | tee -a "$log"
+      echo "| smelt $qt pp512/tg64 | $(echo "$r" | grep -o '"prompt_tok_s":[0-9.]*') $(echo "$r" | grep -o '"decode_tok_s":[0-9.]*') |" >> "$table"
+      r=$($B/smelt bench --model $mq --device cuda --prompt 128 --gen 64 --reps 1 --batch 32 --json 2>/tmp/b.err | tr -d '\n')
+      echo "| smelt $qt batch 32 | $(echo "$r" | grep -o '"batch_decode_tok_s":[0-9.]*') |" >> "$table"
+      rm -f $mq
+    done
     echo "== table" | tee -a "$log"
     grep -A40 "summary: GEMM" "$log" | grep "^|" | tee -a "$log" || true
     tee -a "$log" < "$table"
