@@ -87,7 +87,8 @@ impl CudaEngine {
         let (n_layer, block_size) = (i.n_layer, kv.block_size);
         // Measuring needs a cache of one step's blocks first.
         let first = match kv.fill {
-            Some((_, step)) => step.div_ceil(block_size).max(1),
+            // Room for the measuring step's two sequences (see `blocks_that_fit`).
+            Some((_, step)) => step.div_ceil(block_size) + 1,
             None => kv.min_blocks,
         };
         let cache = backend.kv_alloc(n_layer, first, block_size, kv_dim);
@@ -116,7 +117,10 @@ impl CudaEngine {
     /// Runs one step of `step` tokens on the small cache `load` made (so the weights, the
     /// kernels and that step's activations are all in memory), frees that cache, and returns
     /// how many blocks fill `fraction` of the device's memory; at least `min_blocks`, else
-    /// an error that says what would fit.
+    /// an error that says what would fit. The step is a mixed one, as a server runs: one
+    /// decode-like row beside a prompt chunk of the rest, which takes more scratch than a
+    /// prompt chunk alone (the split attention's partials for every row, besides the
+    /// prompt kernel).
     fn blocks_that_fit(
         &mut self,
         fraction: GpuMemory,
@@ -128,15 +132,30 @@ impl CudaEngine {
         let (block_size, kv_dim) = (self.kv.block_size, self.kv.kv_dim);
         let block_bytes = gpu_memory::block_bytes(info.n_layer, block_size, kv_dim);
         let tokens = vec![0u32; step];
-        let positions: Vec<u32> = (0..step as u32).collect();
+        // Sequence 0: one token in block 0; sequence 1: the other `step - 1` tokens.
+        let positions: Vec<u32> = std::iter::once(0).chain(0..step as u32 - 1).collect();
         let blocks: Vec<u32> = (0..self.kv.n_blocks as u32).collect();
-        let seqs = [AttnSeq {
+        let mut seqs = vec![AttnSeq {
             row: 0,
-            n_tokens: step,
+            n_tokens: 1,
             start_pos: 0,
-            blocks: &blocks,
+            blocks: &blocks[..1],
         }];
-        self.forward(&tokens, &positions, &seqs, &[step - 1], true)?;
+        let mut out_rows = vec![0];
+        if step > 1 {
+            seqs.push(AttnSeq {
+                row: 1,
+                n_tokens: step - 1,
+                start_pos: 0,
+                blocks: &blocks[1..],
+            });
+            out_rows.push(step - 1);
+        }
+        // Eager: a graph captured now would keep the measuring cache's addresses.
+        let use_graphs = std::mem::replace(&mut self.use_graphs, false);
+        let ran = self.forward(&tokens, &positions, &seqs, &out_rows, true);
+        self.use_graphs = use_graphs;
+        ran?;
         // The measuring cache goes before the real one comes.
         self.kv.k.clear();
         self.kv.v.clear();
