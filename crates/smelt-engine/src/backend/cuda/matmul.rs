@@ -1,0 +1,408 @@
+//! The backend's matmul: the tensor-core GEMM for many tokens (`smelt_kernels::gemm`, on
+//! its own activation tiles), the GEMV for few, and the single-token GEMV's fusions with
+//! its neighbours at decode (a deferred GEMV joined by the next one of the same activations,
+//! the split residual norm around it, rope and KV append in the Q|K|V GEMV's epilogue).
+
+use smelt_cuda::CudaError;
+use smelt_gguf::GgmlType;
+use smelt_kernels::{act, catalog, gemm, gemv, TILE};
+
+use super::ops::Arg;
+use super::{
+    lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingGemv, Quantized, SplitNorm, StepPtrs,
+};
+use crate::backend::RopeStyle;
+
+impl Cuda {
+    /// `out = W x`: activations quantized to q8_1 tiles, then the GEMV over at most
+    /// [`gemv::MAX_TOKENS`] tokens per launch.
+    pub(super) fn matmul_inner(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), CudaError> {
+        let CudaWeight::Matrix {
+            ptr: wp,
+            ty,
+            rows,
+            cols,
+            row_bytes,
+        } = *w
+        else {
+            return Err(CudaError::Init(
+                "matmul of a weight that is not a matrix".into(),
+            ));
+        };
+        if x.cols != cols {
+            return Err(CudaError::BadLength {
+                what: "matmul input row",
+                got: x.cols,
+                want: cols,
+            });
+        }
+        let n = x.rows;
+        self.ensure(out, n, rows)?;
+        if n == 0 {
+            return Ok(());
+        }
+        // One token: join the deferred GEMV when this one continues it in memory.
+        let joined = {
+            let mut pending = lock(&self.pending_gemv);
+            match pending.as_mut() {
+                Some(p)
+                    if n == 1
+                        && p.x == *x
+                        && p.ty == ty
+                        && p.cols == cols
+                        && p.row_bytes == row_bytes
+                        && p.w + (p.rows * p.row_bytes) as u64 == wp
+                        && p.out + (p.rows * 4) as u64 == out.ptr =>
+                {
+                    p.rows += rows;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if joined {
+            return Ok(());
+        }
+        self.flush_gemv()?;
+        // Many tokens: the tensor-core GEMM, on its own activation tiles (a split norm's
+        // q8_1 tiles stand for an output not written yet: those stay on the GEMV).
+        if n >= self.opts.gemm_min_tokens {
+            if let Some(name) = gemm::name(ty) {
+                let split = matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
+                if !split {
+                    let q = self.gemm_tiles(x)?;
+                    let ntiles = cols.div_ceil(TILE);
+                    let mut a = gemm::Args {
+                        w: wp,
+                        x: q,
+                        y: out.ptr,
+                        nrows: rows as u32,
+                        ntok: n as u32,
+                        ntiles: ntiles as u32,
+                        row_bytes: row_bytes as u32,
+                        splits: gemm::splits(
+                            rows,
+                            ntiles,
+                            (!self.opts.batch_invariant).then_some(n),
+                            self.gpu.sm_count(),
+                        ) as u32,
+                    };
+                    // Split K: the slices' sums go to a workspace, reduced in split order.
+                    if a.workspace_floats() > 0 {
+                        a.y = self.scratch(a.workspace_floats() * 4)?;
+                    }
+                    let args = a.values().map(Arg::from);
+                    self.launch(name, a.launch(), &args)?;
+                    if let Some((vals, l)) = a.reduce(out.ptr) {
+                        self.launch(gemm::REDUCE, l, &vals.map(Arg::from))?;
+                    }
+                    // The output must not be a cached input.
+                    let overlaps = |c: &CudaTensor| {
+                        out.ptr < c.ptr + (c.cap * 4) as u64
+                            && c.ptr < out.ptr + (out.cap * 4) as u64
+                    };
+                    if lock(&self.gemm_quantized).is_some_and(|(c, _)| overlaps(&c)) {
+                        *lock(&self.gemm_quantized) = None;
+                    }
+                    if lock(&self.quantized).is_some_and(|c| overlaps(&c.x)) {
+                        *lock(&self.quantized) = None;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        let act_row = act::row_bytes(cols)?;
+        let cached = *lock(&self.quantized);
+        let (q, rms) = match cached {
+            Some(c) if c.x.ptr == x.ptr && c.x.rows == x.rows && c.x.cols == x.cols => (c.q, c.rms),
+            _ => {
+                self.forget_quantized()?;
+                let q = self.scratch(act_row * n)?;
+                self.quantize_q8_1(x.ptr, q, cols, n)?;
+                (q, None)
+            }
+        };
+        // The output is written below: it must not be the cached input.
+        let overlaps =
+            out.ptr < x.ptr + (x.cap * 4) as u64 && x.ptr < out.ptr + (out.cap * 4) as u64;
+        // This GEMV writes a split norm's output; later ones only read the tiles.
+        let later = rms.map(|r| SplitNorm {
+            out_pending: false,
+            ..r
+        });
+        *lock(&self.quantized) = if overlaps {
+            None
+        } else {
+            Some(Quantized {
+                x: *x,
+                q,
+                rms: later,
+            })
+        };
+        if n == 1 && !overlaps {
+            *lock(&self.pending_gemv) = Some(PendingGemv {
+                w: wp,
+                ty,
+                rows,
+                cols,
+                row_bytes,
+                x: *x,
+                q,
+                out: out.ptr,
+                rms,
+            });
+            return Ok(());
+        }
+        let mut t0 = 0;
+        while t0 < n {
+            let t = (n - t0).min(gemv::MAX_TOKENS);
+            let xq = q + (t0 * act_row) as u64;
+            let y = out.ptr + (t0 * rows * 4) as u64;
+            self.launch_gemv(wp, ty, rows, cols, row_bytes, xq, y, t, rms.as_ref(), None)?;
+            t0 += t;
+        }
+        Ok(())
+    }
+
+    /// `y[t][r] = W[r] . xq[t]` for `t < ntok` (at most [`gemv::MAX_TOKENS`]); with `rms`,
+    /// `xq` are a split norm's unscaled tiles (one token) and `y` is scaled by `1 / rms`;
+    /// with `rope`, the rows are one token's Q|K|V and `rope` the rope + KV-append
+    /// parameters ([`Cuda::rope_kv_gemv_args`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_gemv(
+        &self,
+        w: u64,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        row_bytes: usize,
+        xq: u64,
+        y: u64,
+        ntok: usize,
+        rms: Option<&SplitNorm>,
+        rope: Option<&[Arg]>,
+    ) -> Result<(), CudaError> {
+        let mut cfg = gemv::Config::new(ntok);
+        if ntok == 1 && rows <= self.opts.gemv_rows.0 {
+            cfg.rows_per_warp = 1;
+        } else if ntok == 1 && rows >= self.opts.gemv_rows.1 {
+            cfg.rows_per_warp = 4;
+        }
+        if let Some(r) = rms {
+            if ntok != 1 || r.res.cols != cols {
+                return Err(CudaError::Init(format!(
+                    "split norm tiles of {} values for a GEMV of {ntok} tokens x {cols}",
+                    r.res.cols
+                )));
+            }
+            cfg = gemv::Config::rms_input();
+        }
+        if rope.is_some() {
+            if ntok != 1 {
+                return Err(CudaError::Init(format!(
+                    "rope + KV append in a GEMV of {ntok} tokens"
+                )));
+            }
+            cfg = gemv::Config {
+                rows_per_warp: 2,
+                ..cfg
+            }
+            .with_rope_kv();
+        }
+        let name = catalog::gemv_config_name(ty, cfg)?;
+        let nrows = rows as u32;
+        let l = smelt_kernels::ops::Launch::new(
+            (nrows.div_ceil(cfg.rows_per_cta()), 1, 1),
+            cfg.block(),
+        );
+        // Parameters in the order `gemv::kernel` documents; `w` holds `rows` rows of
+        // `row_bytes`, `xq` `ntok` rows of q8_1 tiles, `y` `ntok x rows` floats.
+        let mut args = vec![
+            Arg::P(w),
+            Arg::P(xq),
+            Arg::P(y),
+            Arg::U(nrows),
+            Arg::U(cols.div_ceil(TILE) as u32),
+            Arg::U(row_bytes as u32),
+            Arg::U(0),
+        ];
+        if let Some(r) = rms {
+            args.extend([
+                Arg::P(r.partials),
+                Arg::U(r.nparts as u32),
+                Arg::U(cols as u32),
+                Arg::F(r.eps),
+                Arg::P(r.res.ptr),
+                Arg::P(r.g),
+                Arg::P(if r.out_pending { r.out.ptr } else { 0 }),
+            ]);
+        }
+        args.extend(rope.unwrap_or_default());
+        if self.skipped(&format!("gemv{rows}x{cols}")) {
+            return Ok(());
+        }
+        self.launch(&name, l, &args)
+    }
+
+    /// The deferred rope of a decode row's Q|K and the KV write of its K and `v`, done by
+    /// the deferred GEMV that computes that Q|K|V row (`gemv::Config::rope_kv`). False when
+    /// they are not one such row (nothing launched then).
+    pub(super) fn rope_kv_in_gemv(
+        &self,
+        kv: &CudaKv,
+        layer: usize,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        s: &StepPtrs,
+    ) -> Result<bool, CudaError> {
+        let (Some(r), Some(p)) = (*lock(&self.pending_rope), *lock(&self.pending_gemv)) else {
+            return Ok(false);
+        };
+        let fits = self.opts.fuse_rope_kv
+            && self.opts.gemv_rope_kv
+            && r.p.style == RopeStyle::Normal
+            && r.head_dim.is_multiple_of(2)
+            && lock(&self.pending_add).is_none()
+            && self.can_rope_kv(&r, kv, k, v, s)
+            && p.out == r.x.ptr
+            && v.ptr == r.x.ptr + (r.x.cols * 4) as u64
+            && p.rows == r.x.cols + v.cols;
+        if !fits {
+            return Ok(false);
+        }
+        *lock(&self.pending_rope) = None;
+        *lock(&self.pending_gemv) = None;
+        let rope = self.rope_kv_gemv_args(&r, kv, layer)?;
+        self.launch_pending_gemv(&p, Some(&rope))?;
+        Ok(true)
+    }
+
+    /// `rms_norm(x += y) -> out` for a decode row whose `y` is the output of the deferred
+    /// GEMV: that GEMV runs as the producer half of a split norm (`gemv::Fuse`) and the
+    /// tiles it writes wait in the cache for the next matmul. False when the shapes do not
+    /// allow it (nothing launched then).
+    pub(super) fn split_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+        out: &CudaTensor,
+    ) -> Result<bool, CudaError> {
+        let CudaWeight::Vector { ptr: g, len: n } = *w else {
+            return Ok(false);
+        };
+        let pending_add = *lock(&self.pending_add);
+        let pending_gemv = *lock(&self.pending_gemv);
+        let (Some((px, y)), Some(p)) = (pending_add, pending_gemv) else {
+            return Ok(false);
+        };
+        let apart =
+            out.ptr + (out.cap * 4) as u64 <= x.ptr || x.ptr + (x.cap * 4) as u64 <= out.ptr;
+        let nparts = n / gemv::NORM_ROWS_PER_CTA as usize;
+        let fits = self.opts.split_norm
+            && px.ptr == x.ptr
+            && x.rows == 1
+            && x.cols == n
+            && y.rows == 1
+            && y.cols == n
+            && p.out == y.ptr
+            && p.rows == n
+            && p.rms.is_none()
+            && n.is_multiple_of(gemv::NORM_ROWS_PER_CTA as usize)
+            && nparts <= gemv::MAX_PARTS as usize
+            && out.rows == 1
+            && out.cols == n
+            && apart;
+        if !fits {
+            return Ok(false);
+        }
+        *lock(&self.pending_add) = None;
+        *lock(&self.pending_gemv) = None;
+        let q = self.scratch(act::row_bytes(n)?)?;
+        let partials = self.scratch(nparts * 4)?;
+        let cfg = gemv::Config::residual_norm();
+        let l = smelt_kernels::ops::Launch::new(
+            ((n as u32).div_ceil(cfg.rows_per_cta()), 1, 1),
+            cfg.block(),
+        );
+        // Parameters in the order `gemv::kernel` documents for `Fuse::ResidualNorm`.
+        if !self.skipped(&format!("gemv{n}x{}", p.cols)) {
+            self.launch(
+                &catalog::gemv_config_name(p.ty, cfg)?,
+                l,
+                &[
+                    Arg::P(p.w),
+                    Arg::P(p.q),
+                    Arg::P(p.out),
+                    Arg::U(n as u32),
+                    Arg::U(p.cols.div_ceil(TILE) as u32),
+                    Arg::U(p.row_bytes as u32),
+                    Arg::U(0),
+                    Arg::P(x.ptr),
+                    Arg::P(g),
+                    Arg::P(q),
+                    Arg::P(partials),
+                ],
+            )?;
+        }
+        *lock(&self.quantized) = Some(Quantized {
+            x: *out,
+            q,
+            rms: Some(SplitNorm {
+                partials,
+                nparts,
+                eps,
+                res: *x,
+                g,
+                out: *out,
+                out_pending: true,
+            }),
+        });
+        Ok(true)
+    }
+
+    /// The GEMM's activation tiles of `x` (`gemm::act`): quantized once for all the matmuls
+    /// of the same activations (Q, K and V; gate and up), until another op runs.
+    fn gemm_tiles(&self, x: &CudaTensor) -> Result<u64, CudaError> {
+        if let Some((c, q)) = *lock(&self.gemm_quantized) {
+            if c == *x {
+                return Ok(q);
+            }
+        }
+        let q = self.scratch(gemm::act::row_bytes(x.cols)? * x.rows)?;
+        let (len, ntiles) = (x.cols as u32, x.cols.div_ceil(TILE) as u32);
+        self.launch(
+            gemm::act::QUANTIZE,
+            gemm::act::quantize_launch(x.cols, x.rows),
+            &[Arg::P(x.ptr), Arg::P(q), Arg::U(len), Arg::U(ntiles)],
+        )?;
+        *lock(&self.gemm_quantized) = Some((*x, q));
+        Ok(q)
+    }
+
+    /// `q = quantize_q8_1(x)` for `n` rows of `k` floats.
+    pub(super) fn quantize_q8_1(
+        &self,
+        x: u64,
+        q: u64,
+        k: usize,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let (len, ntiles) = (k as u32, k.div_ceil(TILE) as u32);
+        let l = smelt_kernels::ops::Launch::new(
+            (ntiles.div_ceil(act::QUANTIZE_WARPS), n as u32, 1),
+            (32, act::QUANTIZE_WARPS, 1),
+        );
+        // Parameters as `act::quantize_kernel` documents; `q` holds n rows of tiles.
+        self.launch(
+            catalog::QUANTIZE,
+            l,
+            &[Arg::P(x), Arg::P(q), Arg::U(len), Arg::U(ntiles)],
+        )
+    }
+}
