@@ -58,6 +58,22 @@ pub struct SynthArgs {
     /// Worker threads (default: all cores); the file is the same whatever the count.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Override the width of one attention head (queries and keys become `n_head` and
+    /// `n_head_kv` heads of this many values, as Qwen3 decouples them from the embedding):
+    /// test models of any head size, e.g. 80, 96 or 112 for the GPU attention kernels. An
+    /// even number; with a K-quant `--quant` the heads must fill whole 256-value blocks
+    /// [default: the shape's]
+    #[arg(long, value_name = "N")]
+    pub head_dim: Option<u64>,
+}
+
+/// `shape` with heads of `head_dim` values (see `SynthArgs::head_dim`).
+fn with_head_dim(shape: &mut ModelShape, head_dim: u64) -> Result<()> {
+    if head_dim == 0 || head_dim % 2 != 0 {
+        bail!("--head-dim must be a positive even number (rope turns pairs), not {head_dim}");
+    }
+    shape.head_dim = head_dim;
+    Ok(())
 }
 
 pub fn run(args: &SynthArgs) -> Result<()> {
@@ -77,6 +93,9 @@ pub fn run(args: &SynthArgs) -> Result<()> {
             bail!("--layers must be at least 1");
         }
         shape.n_layer = n;
+    }
+    if let Some(h) = args.head_dim {
+        with_head_dim(&mut shape, h)?;
     }
     if let Some(std) = args.weight_std {
         if !(std.is_finite() && std > 0.0) {
@@ -505,6 +524,27 @@ mod tests {
             assert!(mean.abs() < 0.005, "{ty}: mean {mean}");
             assert!((0.01..0.04).contains(&std), "{ty}: std {std}");
         }
+    }
+
+    #[test]
+    fn a_head_size_override_shapes_the_attention_tensors() {
+        let mut shape = shapes::find("qwen3-tiny").expect("shape exists").clone();
+        with_head_dim(&mut shape, 80).expect("80");
+        let dims = |name: &str| {
+            shape
+                .tensors()
+                .into_iter()
+                .find(|t| t.0 == name)
+                .map(|t| t.1)
+                .expect(name)
+        };
+        let (q, kv) = (shape.n_head * 80, shape.n_head_kv * 80);
+        assert_eq!(dims("blk.0.attn_q.weight"), vec![shape.n_embd, q]);
+        assert_eq!(dims("blk.0.attn_k.weight"), vec![shape.n_embd, kv]);
+        assert_eq!(dims("blk.0.attn_output.weight"), vec![q, shape.n_embd]);
+        assert_eq!(dims("blk.0.attn_q_norm.weight"), vec![80]);
+        assert!(with_head_dim(&mut shape, 81).is_err());
+        assert!(with_head_dim(&mut shape, 0).is_err());
     }
 
     #[test]
