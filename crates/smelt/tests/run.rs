@@ -283,6 +283,34 @@ fn max_tokens_and_finish_reason() {
     );
 }
 
+/// `--batch-invariant` is accepted on the CPU, which is batch-invariant already: the same
+/// tokens with it as without (on a GPU it changes the kernels; bench/gpu/peer.sh checks
+/// there that a sequence's tokens are the same alone, among 8 and among 64).
+#[test]
+fn batch_invariant_is_accepted_and_changes_nothing_on_the_cpu() {
+    let m = model(SMOLLM);
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            m.to_str().expect("UTF-8 path"),
+            "--raw",
+            "--prompt",
+            "The capital of France is",
+            "--max-tokens",
+            "8",
+            "--threads",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        ids(&last_json(&smelt_ok(&args))["tokens"])
+    };
+    let plain = run(&[]);
+    assert_eq!(plain.len(), 8);
+    assert_eq!(run(&["--batch-invariant"]), plain);
+}
+
 #[test]
 fn bad_devices_and_models_are_clear_errors() {
     let m = model(SMOLLM);

@@ -50,6 +50,13 @@ pub struct BenchArgs {
     /// [default: exactly what the run needs]
     #[arg(long, value_name = "FRACTION")]
     pub gpu_memory: Option<GpuMemory>,
+    /// On a GPU, make every sequence's output independent of the others in its steps and
+    /// of how its prompt is cut into chunks (same tokens alone or among 64): every matmul
+    /// on the tensor-core GEMM and every attention on the tiled prompt kernel. Costs single-
+    /// stream decode speed (about a quarter of it on an H100); the CPU is batch-invariant
+    /// already [default: off]
+    #[arg(long)]
+    pub batch_invariant: bool,
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
@@ -82,6 +89,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         kv_tokens: kv_tokens(args, EngineOptions::default().block_size)?,
         device,
         gpu_memory: args.gpu_memory,
+        batch_invariant: args.batch_invariant,
         // The largest step: a prompt chunk, or a decode step of every sequence.
         step_tokens: args.ubatch.max(args.batch),
         ..EngineOptions::default()

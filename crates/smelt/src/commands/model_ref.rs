@@ -184,6 +184,8 @@ pub struct KvArgs {
     pub tokens: usize,
     /// On a GPU: fill this fraction of its memory (see `smelt_engine::gpu_memory`).
     pub gpu_memory: Option<GpuMemory>,
+    /// Results independent of the batch (`EngineOptions::batch_invariant`).
+    pub batch_invariant: bool,
     /// The most tokens one step carries (measured before the cache is sized from memory).
     pub step_tokens: usize,
 }
@@ -194,6 +196,7 @@ impl Default for KvArgs {
         KvArgs {
             tokens: d.kv_tokens,
             gpu_memory: d.gpu_memory,
+            batch_invariant: d.batch_invariant,
             step_tokens: d.step_tokens,
         }
     }
@@ -217,6 +220,7 @@ pub fn load_kv(
         kv_tokens: kv.tokens,
         device,
         gpu_memory: kv.gpu_memory,
+        batch_invariant: kv.batch_invariant,
         step_tokens: kv.step_tokens,
         ..EngineOptions::default()
     };

@@ -127,6 +127,13 @@ pub struct RunArgs {
     /// [default: it holds exactly --ctx]. The CPU ignores it
     #[arg(long, value_name = "FRACTION")]
     pub gpu_memory: Option<GpuMemory>,
+    /// On a GPU, make every sequence's output independent of the others in its steps and
+    /// of how its prompt is cut into chunks (same tokens alone or among 64): every matmul
+    /// on the tensor-core GEMM and every attention on the tiled prompt kernel. Costs single-
+    /// stream decode speed (about a quarter of it on an H100); the CPU is batch-invariant
+    /// already [default: off]
+    #[arg(long)]
+    pub batch_invariant: bool,
     /// After the text, print one JSON object on the last line: prompt_tokens, tokens, text,
     /// finish_reason, timings.
     #[arg(long)]
@@ -143,6 +150,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let kv = model_ref::KvArgs {
         tokens: args.ctx,
         gpu_memory: args.gpu_memory,
+        batch_invariant: args.batch_invariant,
         step_tokens: args.ubatch,
     };
     let mut m = model_ref::load_kv(

@@ -56,6 +56,13 @@ pub struct ServeArgs {
     /// --kv-tokens is given; otherwise the cache holds exactly --kv-tokens]. The CPU ignores it
     #[arg(long, value_name = "FRACTION")]
     pub gpu_memory: Option<GpuMemory>,
+    /// On a GPU, make every sequence's output independent of the others in its steps and
+    /// of how its prompt is cut into chunks (same tokens alone or among 64): every matmul
+    /// on the tensor-core GEMM and every attention on the tiled prompt kernel. Costs single-
+    /// stream decode speed (about a quarter of it on an H100); the CPU is batch-invariant
+    /// already [default: off]
+    #[arg(long)]
+    pub batch_invariant: bool,
     /// CPU threads, shared by all the models served [default: the cores this process may
     /// use: its CPU affinity and cgroup quota]
     #[arg(long, value_name = "N")]
@@ -145,6 +152,7 @@ fn kv_args(args: &ServeArgs, n_models: usize) -> model_ref::KvArgs {
             _ => tokens,
         },
         gpu_memory,
+        batch_invariant: args.batch_invariant,
         // A step carries every running sequence's token, or the token budget.
         step_tokens: args.step_tokens.max(args.max_batch),
     }
