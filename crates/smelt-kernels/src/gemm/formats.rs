@@ -5,15 +5,59 @@
 use smelt_ptx::{CpAsyncCache, Exact, Kernel, Load, Narrow, Reg, Store, S32, U32, U64};
 
 use super::{GemmFormat, Scales, Stage, A_STRIDE, THREADS};
-use crate::formats::{halves_to_f32, Q4K, Q6K, Q8_0};
+use crate::act::and_or;
+use crate::formats::{halves_to_f32, Q4K, Q5K, Q6K, Q8_0};
 
 /// `x & mask` of each word.
 fn masked<const N: usize>(k: &Kernel, v: [Reg<U32>; N], mask: u32) -> [Reg<U32>; N] {
     v.map(|w| k.and(k.reg(), w, mask))
 }
 
+/// Four words of a 16-byte load.
+type Words = [Reg<U32>; 4];
+
 /// Threads that stage the scales: two per row, each taking half of the row's groups.
 const SCALE_THREADS: u32 = 2 * super::BM;
+
+/// Stages the scales, minima and `d`, `-dmin` of a Q4_K/Q5_K super-block header (the
+/// block's first 16 bytes, at `tile_off` from the row start): threads below
+/// [`SCALE_THREADS`], row `tid % 64`, groups `4 (tid / 64) .. +4`.
+fn stage_k_header(k: &Kernel, s: &Stage, tile_off: Reg<U64>) {
+    k.if_(k.lt(s.tid, SCALE_THREADS), |k| {
+        let hr = k.and(k.reg(), s.tid, 63u32);
+        let upper = k.shr(k.reg(), s.tid, 6u32);
+        let hsrc = k.add(k.reg(), s.row(k, hr), tile_off);
+        let h = k.regs::<U32, 4>();
+        k.ld_v4(Load::GLOBAL_NC, h, hsrc);
+        // Groups 0..4: bytes 0..4 & 63 (minima 4..8); 4..8: the low (minima: high)
+        // nibble of bytes 8..12 with the top two bits of bytes 0..4 (minima 4..8).
+        let sc_lo = k.and(k.reg(), h[1], 0x3F3F_3F3Fu32);
+        let m_lo = k.and(k.reg(), h[2], 0x3F3F_3F3Fu32);
+        let top = |w: Reg<U32>| {
+            let t = k.shr(k.reg(), w, 2u32);
+            k.and(t, t, 0x3030_3030u32)
+        };
+        let sc_hi = k.and(k.reg(), h[3], 0x0F0F_0F0Fu32);
+        k.or(sc_hi, sc_hi, top(h[1]));
+        let m_hi = k.shr(k.reg(), h[3], 4u32);
+        k.and(m_hi, m_hi, 0x0F0F_0F0Fu32);
+        k.or(m_hi, m_hi, top(h[2]));
+        let up = k.cmp(smelt_ptx::Cmp::Ne, upper, 0u32);
+        let sc = k.selp(k.reg::<U32>(), sc_hi, sc_lo, up);
+        let m = k.selp(k.reg::<U32>(), m_hi, m_lo, up);
+        let scs: [Reg<U32>; 4] = std::array::from_fn(|i| k.bfe(k.reg(), sc, 8 * i as u32, 8u32));
+        // Each minimum in all four bytes: the A operand of the minima's `mma`.
+        let mins: [Reg<U32>; 4] =
+            std::array::from_fn(|i| k.prmt(k.reg(), m, 0u32, 0x1111 * i as u32));
+        let sdst = s.asc_at(k, hr);
+        k.mad(sdst, upper, 16u32, sdst);
+        k.st_v4(Store::SHARED, sdst, scs);
+        k.st_v4(Store::SHARED, sdst.at(32), mins);
+        let [d, dmin] = halves_to_f32(k, h[0]);
+        let neg_dmin = k.neg(k.reg(), dmin);
+        k.st_v2(Store::SHARED, s.rowf_at(k, hr), [d, neg_dmin]);
+    });
+}
 
 impl GemmFormat for Q4K {
     const GEMM_NAME: &'static str = "gemm_q4_k";
@@ -47,47 +91,73 @@ impl GemmFormat for Q4K {
                 q
             })
             .collect();
-        // Scales: threads below SCALE_THREADS, row `tid % 64`, groups 4 (tid / 64) .. +4.
-        k.if_(k.lt(s.tid, SCALE_THREADS), |k| {
-            let hr = k.and(k.reg(), s.tid, 63u32);
-            let upper = k.shr(k.reg(), s.tid, 6u32);
-            let hsrc = k.add(k.reg(), s.row(k, hr), tile_off);
-            let h = k.regs::<U32, 4>();
-            k.ld_v4(Load::GLOBAL_NC, h, hsrc);
-            // Groups 0..4: bytes 0..4 & 63 (minima 4..8); 4..8: the low (minima: high)
-            // nibble of bytes 8..12 with the top two bits of bytes 0..4 (minima 4..8).
-            let sc_lo = k.and(k.reg(), h[1], 0x3F3F_3F3Fu32);
-            let m_lo = k.and(k.reg(), h[2], 0x3F3F_3F3Fu32);
-            let top = |w: Reg<U32>| {
-                let t = k.shr(k.reg(), w, 2u32);
-                k.and(t, t, 0x3030_3030u32)
-            };
-            let sc_hi = k.and(k.reg(), h[3], 0x0F0F_0F0Fu32);
-            k.or(sc_hi, sc_hi, top(h[1]));
-            let m_hi = k.shr(k.reg(), h[3], 4u32);
-            k.and(m_hi, m_hi, 0x0F0F_0F0Fu32);
-            k.or(m_hi, m_hi, top(h[2]));
-            let up = k.cmp(smelt_ptx::Cmp::Ne, upper, 0u32);
-            let sc = k.selp(k.reg::<U32>(), sc_hi, sc_lo, up);
-            let m = k.selp(k.reg::<U32>(), m_hi, m_lo, up);
-            let scs: [Reg<U32>; 4] =
-                std::array::from_fn(|i| k.bfe(k.reg(), sc, 8 * i as u32, 8u32));
-            // Each minimum in all four bytes: the A operand of the minima's `mma`.
-            let mins: [Reg<U32>; 4] =
-                std::array::from_fn(|i| k.prmt(k.reg(), m, 0u32, 0x1111 * i as u32));
-            let sdst = s.asc_at(k, hr);
-            k.mad(sdst, upper, 16u32, sdst);
-            k.st_v4(Store::SHARED, sdst, scs);
-            k.st_v4(Store::SHARED, sdst.at(32), mins);
-            let [d, dmin] = halves_to_f32(k, h[0]);
-            let neg_dmin = k.neg(k.reg(), dmin);
-            k.st_v2(Store::SHARED, s.rowf_at(k, hr), [d, neg_dmin]);
-        });
+        stage_k_header(k, s, tile_off);
         for (i, q) in loads.iter().enumerate() {
             let down = i as i64 * (THREADS / 8) as i64 * A_STRIDE as i64;
             k.st_v4(Store::SHARED, dst.at(down), masked(k, *q, 0x0F0F_0F0F));
             let hi = q.map(|w| k.shr(k.reg(), w, 4u32));
             k.st_v4(Store::SHARED, dst.at(down + 32), masked(k, hi, 0x0F0F_0F0F));
+        }
+    }
+}
+
+impl GemmFormat for Q5K {
+    const GEMM_NAME: &'static str = "gemm_q5_k";
+    const GROUP: u32 = 32;
+    const SCALES: Scales = Scales::Int { min: true };
+
+    /// ggml's 176-byte super-blocks: Q4_K's 16-byte header, 32 bytes of fifth bits `qh`,
+    /// 128 bytes of nibbles as Q4_K's. Weight `64j + l` is the low nibble of byte `32j + l`
+    /// with bit `2j` of `qh[l]` as its fifth bit, weight `64j + 32 + l` the high nibble
+    /// with bit `2j + 1`: 0..32, as int8.
+    fn stage(k: &Kernel, s: &Stage) {
+        // Quants: thread takes 16-byte chunk `tid % 8` of rows `tid / 8 + 32 i` (bytes
+        // `16 ch..`, weights `64 j + 16 (ch % 2)..` and 32 further) and `qh` bytes
+        // `16 (ch % 2)..+16`.
+        let ch = k.and(k.reg(), s.tid, 7u32);
+        let r0 = k.shr(k.reg(), s.tid, 3u32);
+        let tile_off = k.mul_wide(k.reg::<U64>(), s.tile, 176u32);
+        let qoff = k.mul_wide(k.reg::<U64>(), ch, 16u32);
+        k.add(qoff, qoff, tile_off);
+        k.add(qoff, qoff, 48u64);
+        let j = k.shr(k.reg(), ch, 1u32);
+        let col = k.and(k.reg(), ch, 1u32);
+        k.shl(col, col, 4u32);
+        let hoff = k.cvt(k.reg::<U64>(), col, Exact);
+        k.add(hoff, hoff, tile_off);
+        k.add(hoff, hoff, 16u64);
+        k.mad(col, j, 64u32, col);
+        let dst = s.aq_at(k, r0, col);
+        // `qh` bit 2j at bit 0 of each byte (bit 2j + 1 at bit 1).
+        let shift = k.shl(k.reg(), j, 1u32);
+        let per = super::BM * 8 / THREADS;
+        let loads: Vec<(Words, Words)> = (0..per)
+            .map(|i| {
+                let r = k.add(k.reg(), r0, THREADS / 8 * i);
+                let row = s.row(k, r);
+                let (q, h) = (k.regs::<U32, 4>(), k.regs::<U32, 4>());
+                k.ld_v4(Load::GLOBAL_NC, q, k.add(k.reg(), row, qoff));
+                k.ld_v4(Load::GLOBAL_NC, h, k.add(k.reg(), row, hoff));
+                (q, h)
+            })
+            .collect();
+        stage_k_header(k, s, tile_off);
+        for (i, (q, h)) in loads.iter().enumerate() {
+            let down = i as i64 * (THREADS / 8) as i64 * A_STRIDE as i64;
+            let bits = h.map(|w| k.shr(k.reg(), w, shift));
+            let lo: [Reg<U32>; 4] = std::array::from_fn(|w| {
+                let top = k.and(k.reg(), bits[w], 0x0101_0101u32);
+                k.shl(top, top, 4u32);
+                k.lop3(k.reg(), q[w], 0x0F0F_0F0Fu32, top, and_or())
+            });
+            k.st_v4(Store::SHARED, dst.at(down), lo);
+            let hi: [Reg<U32>; 4] = std::array::from_fn(|w| {
+                let top = k.and(k.reg(), bits[w], 0x0202_0202u32);
+                k.shl(top, top, 3u32);
+                let nib = k.shr(k.reg(), q[w], 4u32);
+                k.lop3(k.reg(), nib, 0x0F0F_0F0Fu32, top, and_or())
+            });
+            k.st_v4(Store::SHARED, dst.at(down + 32), hi);
         }
     }
 }

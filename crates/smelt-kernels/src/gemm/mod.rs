@@ -13,7 +13,10 @@
 //!   product), and for formats with minima `M = sum_g m_g * qsum_g` as a second `mma`
 //!   chained over the groups, whose A operand is each row's 6-bit minimum repeated over the
 //!   group; once per tile `acc += D_t * (d_r * I + (-dmin_r) * M)`;
-//! - float group scales (Q8_0): `T += dA_g * isum_g` per group, `acc += D_t * T` per tile.
+//! - float group scales (Q8_0, Q4_0, Q5_0, IQ4_NL): `T += dA_g * isum_g` per group,
+//!   `acc += D_t * T` per tile; with float minima (Q4_1, Q5_1: `w = d q + m`) also
+//!   `T += m_g * qsum_g`, the token's quant sum over the group from an `mma` whose A
+//!   operand is all ones (one per token n-tile and group, shared by the m-tiles).
 //!
 //! Every output is summed in one fixed order whatever else shares its launch, so a
 //! sequence's results do not depend on the other tokens of its step.
@@ -23,10 +26,16 @@
 
 pub mod act;
 mod formats;
+mod legacy;
+mod lowbit;
+#[cfg(test)]
+mod staging_model;
 
 use smelt_ptx::{CpAsyncCache, Kernel, Load, Pred, Reg, Store, B32, F32, S32, U32, U64};
 
-use crate::formats::{GpuFormat, Q4K, Q6K, Q8_0};
+use crate::formats::{
+    GpuFormat, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+};
 use crate::{padded_tiles, GgmlType, KernelError, TILE};
 
 /// Rows of W per block.
@@ -40,15 +49,27 @@ pub const THREADS: u32 = 256;
 const A_STRIDE: u32 = TILE as u32 + 16;
 /// Bytes of one token's 256 int8 quants in shared memory (padded as [`A_STRIDE`]).
 const B_STRIDE: u32 = TILE as u32 + 16;
-/// Bytes of one row's group scales in shared memory ([`Scales`]).
+/// Bytes of one row's group scales in shared memory ([`Scales`]), for every format but
+/// those with 16-weight groups and minima ([`sc_stride`]).
 const SC_STRIDE: u32 = 64;
+/// The same for 16-weight groups with minima (Q2_K): sixteen scales, sixteen minima.
+const SC_STRIDE_WIDE: u32 = 128;
+
+/// Bytes of one row's group scales in shared memory for format `F`.
+const fn sc_stride<F: GemmFormat>() -> u32 {
+    match (F::GROUP, F::SCALES) {
+        (16, Scales::Int { min: true }) => SC_STRIDE_WIDE,
+        _ => SC_STRIDE,
+    }
+}
 /// Bytes of one row's per-tile floats (`d`, `-dmin`).
 const ROWF_STRIDE: u32 = 8;
 
 /// Static shared memory of a GEMM block (over the decode kernels' 32 KB carveout: the
-/// GEMMs get a carveout of their own, `smelt_cuda`).
+/// GEMMs get a carveout of their own, `smelt_cuda`): the most any format declares, that of
+/// formats with [`SC_STRIDE_WIDE`] scales.
 pub const SHARED_BYTES: usize =
-    (BM * A_STRIDE + BN * B_STRIDE + BM * SC_STRIDE + BM * ROWF_STRIDE + BN * 4) as usize;
+    (BM * A_STRIDE + BN * B_STRIDE + BM * SC_STRIDE_WIDE + BM * ROWF_STRIDE + BN * 4) as usize;
 
 // Static shared memory is capped at 48 KB a block.
 const _: () = assert!(SHARED_BYTES <= 48 * 1024);
@@ -205,15 +226,19 @@ pub fn reduce_kernel(k: &Kernel) {
     k.st(Store::GLOBAL, k.elem_addr(y, i, 4), sum);
 }
 
-/// How a format's group scales sit in shared memory ([`SC_STRIDE`] bytes a row).
+/// How a format's group scales sit in shared memory ([`sc_stride`] bytes a row).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scales {
-    /// Integer scales, one `s32` per group; with `min`, after the eight scales (32-weight
-    /// groups) one `u32` per group holding the group's minimum in all four bytes. The row's
-    /// `d` and `-dmin` go to the per-tile floats.
+    /// Integer scales, one `s32` per group; with `min`, after the scales (8 for 32-weight
+    /// groups, 16 for 16-weight groups, whose rows are [`SC_STRIDE_WIDE`] bytes) one `u32`
+    /// per group holding the group's minimum in all four bytes. The row's `d` and `-dmin`
+    /// go to the per-tile floats.
     Int { min: bool },
-    /// One f32 per group.
+    /// One f32 per group (32-weight groups).
     Float,
+    /// One f32 `d` per group, then (byte 32) one f32 minimum `m` per group: `w = d q + m`
+    /// (32-weight groups).
+    FloatMin,
 }
 
 /// What a format's staging code works with: the block's rows, the tile, the thread index
@@ -229,8 +254,11 @@ pub struct Stage {
     /// Shared address of row 0's int8 weights (rows [`A_STRIDE`] bytes apart, weight `i`
     /// of the tile at byte `i`).
     pub aq: Reg<U32>,
-    /// Shared address of row 0's group scales ([`SC_STRIDE`] bytes a row, [`Scales`]).
+    /// Shared address of row 0's group scales ([`Stage::sc_stride`] bytes a row,
+    /// [`Scales`]).
     pub asc: Reg<U32>,
+    /// Bytes of one row's group scales ([`SC_STRIDE`], or [`SC_STRIDE_WIDE`]).
+    pub sc_stride: u32,
     /// Shared address of row 0's per-tile floats (`d`, `-dmin`; [`ROWF_STRIDE`] bytes).
     pub rowf: Reg<U32>,
     w: Reg<U64>,
@@ -260,7 +288,7 @@ impl Stage {
 
     /// Shared address of row `local`'s group scales.
     pub fn asc_at(&self, k: &Kernel, local: Reg<U32>) -> Reg<U32> {
-        k.mad(k.reg(), local, SC_STRIDE, self.asc)
+        k.mad(k.reg(), local, self.sc_stride, self.asc)
     }
 
     /// Shared address of row `local`'s per-tile floats.
@@ -300,7 +328,8 @@ pub fn kernel<F: GemmFormat>(k: &Kernel) {
         [PARAMS[3], PARAMS[4], PARAMS[5], PARAMS[6], PARAMS[7]].map(|n| k.param_u32(n));
     let aq_s = k.shared::<U32>("gemm_aq", BM * A_STRIDE / 4, 16);
     let bq_s = k.shared::<U32>("gemm_bq", BN * B_STRIDE / 4, 16);
-    let asc_s = k.shared::<U32>("gemm_asc", BM * SC_STRIDE / 4, 16);
+    let sc_stride = sc_stride::<F>();
+    let asc_s = k.shared::<U32>("gemm_asc", BM * sc_stride / 4, 16);
     let rowf_s = k.shared::<F32>("gemm_rowf", BM * ROWF_STRIDE / 4, 16);
     let bd_s = k.shared::<F32>("gemm_bd", BN, 16);
     let aq = k.shared_base(&aq_s);
@@ -371,7 +400,7 @@ pub fn kernel<F: GemmFormat>(k: &Kernel) {
             let b = k.mad(k.reg(), btok, B_STRIDE, bq);
             k.mad(b, t, 4u32, b)
         },
-        asc: k.mad(k.reg(), arow, SC_STRIDE, asc),
+        asc: k.mad(k.reg(), arow, sc_stride, asc),
         rowf: k.mad(k.reg(), arow, ROWF_STRIDE, rowf),
         // Tokens 2t, 2t + 1 of each n-tile are the thread's accumulator columns.
         bd: {
@@ -387,6 +416,7 @@ pub fn kernel<F: GemmFormat>(k: &Kernel) {
         ntiles,
         aq,
         asc,
+        sc_stride,
         rowf,
         w,
         row0,
@@ -515,14 +545,32 @@ fn compute_tile<F: GemmFormat>(k: &Kernel, fr: &Frags, acc: &Acc<F32>) {
                 v
             })
             .collect();
+        let sc_stride = i64::from(sc_stride::<F>());
         let sc_at = |mi: usize, h: usize, off: i64| {
             fr.asc
-                .at(rows(mi, h) * SC_STRIDE as i64 + off + 4 * i64::from(grp))
+                .at(rows(mi, h) * sc_stride + off + 4 * i64::from(grp))
+        };
+        // The minima follow the scales: 4 bytes for each of the tile's groups.
+        let min_off = 4 * i64::from(groups);
+        // Float minima: each token's quant sum over the group (an all-ones A operand; every
+        // row of the result is the same, so elements 0 and 1 are the n-tile's two tokens).
+        let qsums: Vec<[Reg<F32>; 2]> = match F::SCALES {
+            Scales::FloatMin => (0..2)
+                .map(|ni| {
+                    let ones = k.u32(0x0101_0101).cast::<B32>();
+                    let c = k.regs::<S32, 4>();
+                    k.mma_m16n8k32_s8(c, [ones; 4], [b[ni][0], b[ni][1]], zero);
+                    std::array::from_fn(|j| k.cvt(k.reg::<F32>(), c[j], smelt_ptx::FloatRound::Rn))
+                })
+                .collect(),
+            _ => Vec::new(),
         };
         for mi in 0..2 {
             let sc: [Reg<B32>; 2] = std::array::from_fn(|h| lds(sc_at(mi, h, 0)));
             let mins = match F::SCALES {
-                Scales::Int { min: true } => Some([lds(sc_at(mi, 0, 32)), lds(sc_at(mi, 1, 32))]),
+                Scales::Int { min: true } | Scales::FloatMin => {
+                    Some([lds(sc_at(mi, 0, min_off)), lds(sc_at(mi, 1, min_off))])
+                }
                 _ => None,
             };
             for ni in 0..2 {
@@ -543,16 +591,23 @@ fn compute_tile<F: GemmFormat>(k: &Kernel, fr: &Frags, acc: &Acc<F32>) {
                             let s = isum[mi][ni][e];
                             k.mad(s, c[e], sc[e / 2].cast::<S32>(), s);
                         }
-                        Scales::Float => {
+                        Scales::Float | Scales::FloatMin => {
                             let f = fsum[mi][ni][e];
                             let cf = k.cvt(k.reg::<F32>(), c[e], smelt_ptx::FloatRound::Rn);
                             k.fma(f, cf, sc[e / 2].cast::<F32>(), f);
+                            if let (Scales::FloatMin, Some(m)) = (F::SCALES, mins) {
+                                k.fma(f, qsums[ni][e % 2], m[e / 2].cast::<F32>(), f);
+                            }
                         }
                     }
                 }
-                if let Some([m0, m1]) = mins {
+                if let (Scales::Int { min: true }, Some([m0, m1])) = (F::SCALES, mins) {
                     let m = msum[mi][ni];
-                    k.mma_m16n8k32_s8(m, [m0, m1, m0, m1], [b[ni][0], b[ni][1]], m);
+                    if F::GROUP == 32 {
+                        k.mma_m16n8k32_s8(m, [m0, m1, m0, m1], [b[ni][0], b[ni][1]], m);
+                    } else {
+                        k.mma_m16n8k16_s8(m, [m0, m1], b[ni][0], m);
+                    }
                 }
             }
         }
@@ -591,7 +646,7 @@ fn compute_tile<F: GemmFormat>(k: &Kernel, fr: &Frags, acc: &Acc<F32>) {
                         }
                         v
                     }
-                    Scales::Float => fsum[mi][ni][e],
+                    Scales::Float | Scales::FloatMin => fsum[mi][ni][e],
                 };
                 let a = acc[mi][ni][e];
                 k.fma(a, tsum, dtok[ni][j], a);
@@ -601,10 +656,19 @@ fn compute_tile<F: GemmFormat>(k: &Kernel, fr: &Frags, acc: &Acc<F32>) {
 }
 
 /// Weight types with a GEMM, and their kernel names.
-pub const TYPES: [(GgmlType, &str); 3] = [
+pub const TYPES: [(GgmlType, &str); 12] = [
     (GgmlType::Q4_K, Q4K::GEMM_NAME),
+    (GgmlType::Q5_K, Q5K::GEMM_NAME),
     (GgmlType::Q6_K, Q6K::GEMM_NAME),
     (GgmlType::Q8_0, Q8_0::GEMM_NAME),
+    (GgmlType::Q4_0, Q4_0::GEMM_NAME),
+    (GgmlType::Q5_0, Q5_0::GEMM_NAME),
+    (GgmlType::Q4_1, Q4_1::GEMM_NAME),
+    (GgmlType::Q5_1, Q5_1::GEMM_NAME),
+    (GgmlType::IQ4_NL, IQ4NL::GEMM_NAME),
+    (GgmlType::IQ4_XS, IQ4XS::GEMM_NAME),
+    (GgmlType::Q3_K, Q3K::GEMM_NAME),
+    (GgmlType::Q2_K, Q2K::GEMM_NAME),
 ];
 
 /// The GEMM kernel's name for `ty`, if it has one.
@@ -618,8 +682,17 @@ pub fn catalog() -> Vec<crate::catalog::Entry> {
         (act::QUANTIZE.to_string(), Box::new(act::quantize_kernel)),
         (REDUCE.to_string(), Box::new(reduce_kernel)),
         (Q4K::GEMM_NAME.to_string(), Box::new(kernel::<Q4K>)),
+        (Q5K::GEMM_NAME.to_string(), Box::new(kernel::<Q5K>)),
         (Q6K::GEMM_NAME.to_string(), Box::new(kernel::<Q6K>)),
         (Q8_0::GEMM_NAME.to_string(), Box::new(kernel::<Q8_0>)),
+        (Q4_0::GEMM_NAME.to_string(), Box::new(kernel::<Q4_0>)),
+        (Q5_0::GEMM_NAME.to_string(), Box::new(kernel::<Q5_0>)),
+        (Q4_1::GEMM_NAME.to_string(), Box::new(kernel::<Q4_1>)),
+        (Q5_1::GEMM_NAME.to_string(), Box::new(kernel::<Q5_1>)),
+        (IQ4NL::GEMM_NAME.to_string(), Box::new(kernel::<IQ4NL>)),
+        (IQ4XS::GEMM_NAME.to_string(), Box::new(kernel::<IQ4XS>)),
+        (Q3K::GEMM_NAME.to_string(), Box::new(kernel::<Q3K>)),
+        (Q2K::GEMM_NAME.to_string(), Box::new(kernel::<Q2K>)),
     ]
 }
 
@@ -753,7 +826,7 @@ mod tests {
             assert!(crate::catalog::row_bytes(ty, 256).is_ok(), "{name}");
             assert_eq!(super::name(ty), Some(name));
         }
-        assert_eq!(super::name(GgmlType::Q4_0), None);
+        assert_eq!(super::name(GgmlType::Q8_K), None);
     }
 
     #[test]
