@@ -190,6 +190,8 @@ impl<const HIGH: bool, const MIN: bool> GemmFormat for Legacy<HIGH, MIN> {
     };
     const GROUP: u32 = 32;
     const SCALES: Scales = if MIN { Scales::FloatMin } else { Scales::Float };
+    /// ptxas (13.0) otherwise gives Q4_0 and Q5_0 80 registers and a 4-byte spill.
+    const SM80_MIN_BLOCKS: u32 = if MIN { 0 } else { 1 };
 
     /// Per tile: 128 bytes of nibbles, 32 of `qh` (5-bit formats), 16 of `d`, 16 of `m`
     /// (formats with a minimum), each field an array over the row's tiles.
@@ -216,6 +218,8 @@ impl GemmFormat for IQ4NL {
     const GEMM_NAME: &'static str = "gemm_iq4_nl";
     const GROUP: u32 = 32;
     const SCALES: Scales = Scales::Float;
+    /// As Q4_0's.
+    const SM80_MIN_BLOCKS: u32 = 1;
 
     /// Q4_0's repacked rows, the nibbles indexing the table.
     fn stage(k: &Kernel, s: &Stage) {

@@ -306,6 +306,9 @@ pub trait GemmFormat: GpuFormat {
     const GROUP: u32;
     /// How the group scales are kept.
     const SCALES: Scales;
+    /// Blocks per SM asked of ptxas on sm_80 (`.minnctapersm`), 0 to leave the register
+    /// budget to ptxas: for some formats its occupancy guess (80 registers) spills.
+    const SM80_MIN_BLOCKS: u32 = 0;
     /// Stages tile `s.tile` of the block's rows (all [`THREADS`] threads take part).
     fn stage(k: &Kernel, s: &Stage);
 }
@@ -322,6 +325,8 @@ pub fn kernel<F: GemmFormat>(k: &Kernel) {
         smelt_ptx::Target::Sm90 | smelt_ptx::Target::Sm90a
     ) {
         k.min_blocks_per_sm(2);
+    } else if F::SM80_MIN_BLOCKS > 0 {
+        k.min_blocks_per_sm(F::SM80_MIN_BLOCKS);
     }
     let [w, x, y] = [PARAMS[0], PARAMS[1], PARAMS[2]].map(|n| k.param_ptr(n));
     let [nrows, ntok, ntiles, row_bytes, kslice] =
