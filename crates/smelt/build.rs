@@ -6,21 +6,6 @@ use std::process::Command;
 
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    // Rebuild when HEAD moves (a commit or a checkout). Only paths that exist are named: a
-    // missing one would rerun this script on every build.
-    println!("cargo:rerun-if-changed=build.rs");
-    let head = root.join(".git/HEAD");
-    let branch = std::fs::read_to_string(&head)
-        .ok()
-        .and_then(|h| Some(root.join(".git").join(h.strip_prefix("ref: ")?.trim())));
-    for p in [Some(head), branch, Some(root.join(".git/packed-refs"))]
-        .into_iter()
-        .flatten()
-    {
-        if p.exists() {
-            println!("cargo:rerun-if-changed={}", p.display());
-        }
-    }
     let git = |args: &[&str]| -> Option<String> {
         let out = Command::new("git")
             .args(args)
@@ -30,6 +15,23 @@ fn main() {
         let s = String::from_utf8(out.stdout).ok()?.trim().to_string();
         (out.status.success() && !s.is_empty()).then_some(s)
     };
+    // Rebuild when HEAD moves (a commit or a checkout): git names the files, which also
+    // finds them in a worktree (where .git is a file). Only paths that exist are named: a
+    // missing one would rerun this script on every build.
+    println!("cargo:rerun-if-changed=build.rs");
+    let branch = git(&["symbolic-ref", "-q", "HEAD"]);
+    for what in ["HEAD", "packed-refs"]
+        .into_iter()
+        .map(str::to_string)
+        .chain(branch)
+    {
+        if let Some(p) = git(&["rev-parse", "--git-path", &what]) {
+            let p = root.join(p);
+            if p.exists() {
+                println!("cargo:rerun-if-changed={}", p.display());
+            }
+        }
+    }
     let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_default();
     let date = git(&["log", "-1", "--format=%cs"]).unwrap_or_default();
     println!("cargo:rustc-env=SMELT_GIT_COMMIT={commit}");
