@@ -791,8 +791,41 @@ pub fn cpu_with_magnitude(
     x: &[u8],
     ntok: usize,
 ) -> Result<(Vec<f32>, Vec<f64>), KernelError> {
-    let ntiles = padded_tiles(k, "GEMV")?;
-    let want_x = ntok * ntiles * act::TILE_BYTES;
+    let tiles = TwinTiles {
+        tile_bytes: act::TILE_BYTES,
+        dequantize: act::dequantize_tile,
+        // The Q4_1/Q5_1 minimum term as ggml-cpu rounds it (`m * s`).
+        shift: &|row: &[u8], tiles: &[u8]| {
+            crate::formats::legacy::cpu_min_term_shift(ty, row, tiles, k)
+        },
+    };
+    dot_twin(ty, ggml, nrows, k, x, ntok, &tiles)
+}
+
+/// How a twin reads one token's activation tiles.
+pub(crate) struct TwinTiles<'a> {
+    /// Bytes of one tile.
+    pub tile_bytes: usize,
+    /// The tile's 256 values.
+    pub dequantize: fn(&[u8]) -> [f64; TILE],
+    /// What to add to a row's product with one token's tiles (`ggml` row, tiles).
+    pub shift: &'a dyn Fn(&[u8], &[u8]) -> f64,
+}
+
+/// `y[t][r] = sum_i W[r][i] * x[t][i]` in f64 and each output's `sum_i |W[r][i] x[t][i]|`,
+/// `W` dequantized from its ggml bytes by `smelt_quant`, `x` from `ntok` rows of tiles: the
+/// CPU twin of the GEMV and of the GEMM (which differ in their activation tiles).
+pub(crate) fn dot_twin(
+    ty: GgmlType,
+    ggml: &[u8],
+    nrows: usize,
+    k: usize,
+    x: &[u8],
+    ntok: usize,
+    tiles: &TwinTiles<'_>,
+) -> Result<(Vec<f32>, Vec<f64>), KernelError> {
+    let ntiles = padded_tiles(k, "matmul twin")?;
+    let want_x = ntok * ntiles * tiles.tile_bytes;
     if x.len() != want_x {
         return Err(KernelError::BadLength {
             what: "quantized activations",
@@ -809,14 +842,15 @@ pub fn cpu_with_magnitude(
         });
     }
     let xs: Vec<f64> = x
-        .chunks_exact(act::TILE_BYTES)
-        .flat_map(act::dequantize_tile)
+        .chunks_exact(tiles.tile_bytes)
+        .flat_map(tiles.dequantize)
         .collect();
     let mut y = vec![0f32; ntok * nrows];
     let mut mag = vec![0f64; ntok * nrows];
     let mut w = vec![0f32; k];
     for r in 0..nrows {
-        smelt_quant::dequantize_row(ty, &ggml[r * row_ggml..(r + 1) * row_ggml], &mut w)?;
+        let row = &ggml[r * row_ggml..(r + 1) * row_ggml];
+        smelt_quant::dequantize_row(ty, row, &mut w)?;
         for t in 0..ntok {
             let xt = &xs[t * ntiles * TILE..t * ntiles * TILE + k];
             let (mut dot, mut abs) = (0f64, 0f64);
@@ -825,14 +859,8 @@ pub fn cpu_with_magnitude(
                 dot += p;
                 abs += p.abs();
             }
-            let tiles = &x[t * ntiles * act::TILE_BYTES..(t + 1) * ntiles * act::TILE_BYTES];
-            let shift = crate::formats::legacy::cpu_min_term_shift(
-                ty,
-                &ggml[r * row_ggml..(r + 1) * row_ggml],
-                tiles,
-                k,
-            );
-            y[t * nrows + r] = (dot + shift) as f32;
+            let own = &x[t * ntiles * tiles.tile_bytes..(t + 1) * ntiles * tiles.tile_bytes];
+            y[t * nrows + r] = (dot + (tiles.shift)(row, own)) as f32;
             mag[t * nrows + r] = abs;
         }
     }

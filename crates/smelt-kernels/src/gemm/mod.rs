@@ -36,7 +36,7 @@ use smelt_ptx::{CpAsyncCache, Kernel, Load, Pred, Reg, Store, B32, F32, S32, U32
 use crate::formats::{
     GpuFormat, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
-use crate::{padded_tiles, GgmlType, KernelError, TILE};
+use crate::{GgmlType, KernelError, TILE};
 
 /// Rows of W per block.
 pub const BM: u32 = 64;
@@ -712,45 +712,12 @@ pub fn cpu_with_magnitude(
     x: &[u8],
     ntok: usize,
 ) -> Result<(Vec<f32>, Vec<f64>), KernelError> {
-    let ntiles = padded_tiles(k, "GEMM")?;
-    let want_x = ntok * ntiles * act::TILE_BYTES;
-    if x.len() != want_x {
-        return Err(KernelError::BadLength {
-            what: "quantized activations",
-            got: x.len(),
-            want: want_x,
-        });
-    }
-    let row_ggml = k / ty.block_size() * ty.type_size();
-    if ggml.len() != nrows * row_ggml {
-        return Err(KernelError::BadLength {
-            what: "ggml weights",
-            got: ggml.len(),
-            want: nrows * row_ggml,
-        });
-    }
-    let xs: Vec<f64> = x
-        .chunks_exact(act::TILE_BYTES)
-        .flat_map(act::dequantize_tile)
-        .collect();
-    let mut y = vec![0f32; ntok * nrows];
-    let mut mag = vec![0f64; ntok * nrows];
-    let mut w = vec![0f32; k];
-    for r in 0..nrows {
-        smelt_quant::dequantize_row(ty, &ggml[r * row_ggml..(r + 1) * row_ggml], &mut w)?;
-        for t in 0..ntok {
-            let xt = &xs[t * ntiles * TILE..t * ntiles * TILE + k];
-            let (mut dot, mut abs) = (0f64, 0f64);
-            for (&a, &b) in w.iter().zip(xt) {
-                let p = f64::from(a) * b;
-                dot += p;
-                abs += p.abs();
-            }
-            y[t * nrows + r] = dot as f32;
-            mag[t * nrows + r] = abs;
-        }
-    }
-    Ok((y, mag))
+    let tiles = crate::gemv::TwinTiles {
+        tile_bytes: act::TILE_BYTES,
+        dequantize: act::dequantize_tile,
+        shift: &|_: &[u8], _: &[u8]| 0.0,
+    };
+    crate::gemv::dot_twin(ty, ggml, nrows, k, x, ntok, &tiles)
 }
 
 #[cfg(test)]
