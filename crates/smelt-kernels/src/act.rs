@@ -108,17 +108,12 @@ pub fn quantize_kernel(k: &Kernel) {
     let q = k.param_ptr("q");
     let len = k.param_u32("k");
     let ntiles = k.param_u32("ntiles");
-    let lane = k.tid_x();
-    let tile = k.mad(k.reg(), k.ctaid_x(), QUANTIZE_WARPS, k.tid_y());
-    k.exit_if(k.ge(tile, ntiles));
-    let tok = k.ctaid_y();
-    let index = k.mad(k.reg(), tok, ntiles, tile);
-    let dst = k.elem_addr(q, index, TILE_BYTES as u32);
-    // This lane's eight floats: all inside the row or all past it (k is a multiple of 32).
-    let col = k.shl(k.reg(), lane, 3u32);
-    k.mad(col, tile, TILE as u32, col);
-    let inside = k.lt(col, len);
-    let first = k.mad(k.reg(), tok, len, col);
+    let LaneTile {
+        lane,
+        dst,
+        inside,
+        first,
+    } = lane_tile(k, q, len, ntiles, TILE_BYTES as u32);
     let src = k.elem_addr(x, first, 4);
 
     let load = Load::GLOBAL_NC.prefetch(L2Prefetch::B256);
@@ -159,7 +154,60 @@ pub(crate) fn quantize_lane(k: &Kernel, v: &[Reg<F32>; 8], lane: Reg<U32>, dst: 
         let other = k.shfl_sync(Shfl::Bfly, k.reg(), sum, offset, FULL_WARP);
         k.add(sum, sum, other);
     }
-    let words: [Reg<U32>; 2] = std::array::from_fn(|w| {
+    let words = pack_quants(k, &quants);
+    let qdst = k.add(k.reg(), dst, k.mul_wide(k.reg::<U64>(), lane, 8u32));
+    k.st_v2(Store::GLOBAL, qdst, words);
+
+    let slot = k.shr(k.reg(), lane, 2u32);
+    let first = k.cmp(Cmp::Eq, k.and(k.reg(), lane, 3u32), 0u32);
+    let hdst = k.add(k.reg(), dst, k.mul_wide(k.reg::<U64>(), slot, 2u32));
+    store_header(k, first, hdst, d, sum);
+}
+
+/// What a lane of a tile-quantizing kernel (one warp a 256-value tile, eight values a lane,
+/// blocks of `(32, QUANTIZE_WARPS)`, grid `(ceil(ntiles / QUANTIZE_WARPS), ntok)`) works on.
+pub(crate) struct LaneTile {
+    pub lane: Reg<U32>,
+    /// The tile's address in the output (`tile_bytes` a tile).
+    pub dst: Reg<U64>,
+    /// Whether the lane's eight values are inside the row (all or none: rows are whole
+    /// blocks of 32).
+    pub inside: Reg<Pred>,
+    /// Index of the lane's first value in the input rows (`len` apart).
+    pub first: Reg<U32>,
+}
+
+/// The lane's tile, for the q8_1 quantizer, the fused GLU and the GEMM's tile quantizer;
+/// warps past the last tile exit.
+pub(crate) fn lane_tile(
+    k: &Kernel,
+    q: Reg<U64>,
+    len: Reg<U32>,
+    ntiles: Reg<U32>,
+    tile_bytes: u32,
+) -> LaneTile {
+    let lane = k.tid_x();
+    let tile = k.mad(k.reg(), k.ctaid_x(), QUANTIZE_WARPS, k.tid_y());
+    k.exit_if(k.ge(tile, ntiles));
+    let tok = k.ctaid_y();
+    let index = k.mad(k.reg(), tok, ntiles, tile);
+    let dst = k.elem_addr(q, index, tile_bytes);
+    let col = k.shl(k.reg(), lane, 3u32);
+    k.mad(col, tile, TILE as u32, col);
+    let inside = k.lt(col, len);
+    let first = k.mad(k.reg(), tok, len, col);
+    LaneTile {
+        lane,
+        dst,
+        inside,
+        first,
+    }
+}
+
+/// A lane's eight quants (each in the low byte of its register) as two words, first quant
+/// in the lowest byte.
+pub(crate) fn pack_quants(k: &Kernel, quants: &[Reg<S32>; 8]) -> [Reg<U32>; 2] {
+    std::array::from_fn(|w| {
         let q4 = &quants[4 * w..4 * w + 4];
         let lo = k.prmt(
             k.reg::<U32>(),
@@ -174,14 +222,7 @@ pub(crate) fn quantize_lane(k: &Kernel, v: &[Reg<F32>; 8], lane: Reg<U32>, dst: 
             0x0040u32,
         );
         k.prmt(k.reg::<U32>(), lo, hi, 0x5410u32)
-    });
-    let qdst = k.add(k.reg(), dst, k.mul_wide(k.reg::<U64>(), lane, 8u32));
-    k.st_v2(Store::GLOBAL, qdst, words);
-
-    let slot = k.shr(k.reg(), lane, 2u32);
-    let first = k.cmp(Cmp::Eq, k.and(k.reg(), lane, 3u32), 0u32);
-    let hdst = k.add(k.reg(), dst, k.mul_wide(k.reg::<U64>(), slot, 2u32));
-    store_header(k, first, hdst, d, sum);
+    })
 }
 
 /// Stores a block's header at `hdst` (the tile's address plus twice the block's slot) from

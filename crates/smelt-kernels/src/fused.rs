@@ -179,17 +179,12 @@ pub fn glu_q8_kernel(k: &Kernel, act: Glu) {
     let q = k.param_ptr("q");
     let len = k.param_u32("k");
     let ntiles = k.param_u32("ntiles");
-    let lane = k.tid_x();
-    let tile = k.mad(k.reg(), k.ctaid_x(), act::QUANTIZE_WARPS, k.tid_y());
-    k.exit_if(k.ge(tile, ntiles));
-    let tok = k.ctaid_y();
-    let index = k.mad(k.reg(), tok, ntiles, tile);
-    let dst = k.elem_addr(q, index, TILE_BYTES as u32);
-    // This lane's eight values: all inside the row or all past it (k is a multiple of 32).
-    let col = k.shl(k.reg(), lane, 3u32);
-    k.mad(col, tile, TILE as u32, col);
-    let inside = k.lt(col, len);
-    let first = k.mad(k.reg(), tok, len, col);
+    let act::LaneTile {
+        lane,
+        dst,
+        inside,
+        first,
+    } = act::lane_tile(k, q, len, ntiles, TILE_BYTES as u32);
     let ga = k.elem_addr(gate, first, 4);
     let ua = k.elem_addr(up, first, 4);
     let v: [Reg<F32>; 8] = std::array::from_fn(|_| k.f32(0.0));

@@ -16,7 +16,7 @@
 //! their bytes are equal. A row of `k` values (a multiple of 32) is `ceil(k / 256)` tiles,
 //! the last one padded with zeros.
 
-use smelt_ptx::{Cmp, Kernel, L2Prefetch, Load, Reg, Shfl, Store, F32, FULL_WARP, S32, U32, U64};
+use smelt_ptx::{Cmp, Kernel, L2Prefetch, Load, Reg, Shfl, Store, F32, FULL_WARP, S32, U64};
 
 use crate::{padded_tiles, KernelError, TILE};
 
@@ -91,17 +91,12 @@ pub fn quantize_kernel(k: &Kernel) {
     let q = k.param_ptr("q");
     let len = k.param_u32("k");
     let ntiles = k.param_u32("ntiles");
-    let lane = k.tid_x();
-    let tile = k.mad(k.reg(), k.ctaid_x(), QUANTIZE_WARPS, k.tid_y());
-    k.exit_if(k.ge(tile, ntiles));
-    let tok = k.ctaid_y();
-    let index = k.mad(k.reg(), tok, ntiles, tile);
-    let dst = k.elem_addr(q, index, TILE_BYTES as u32);
-    // This lane's eight values: all inside the row or all past it (k is a multiple of 32).
-    let col = k.shl(k.reg(), lane, 3u32);
-    k.mad(col, tile, TILE as u32, col);
-    let inside = k.lt(col, len);
-    let first = k.mad(k.reg(), tok, len, col);
+    let crate::act::LaneTile {
+        lane,
+        dst,
+        inside,
+        first,
+    } = crate::act::lane_tile(k, q, len, ntiles, TILE_BYTES as u32);
     let src = k.elem_addr(x, first, 4);
     let load = Load::GLOBAL_NC.prefetch(L2Prefetch::B256);
     let v: [Reg<F32>; 8] = std::array::from_fn(|_| k.f32(0.0));
@@ -125,22 +120,7 @@ pub fn quantize_kernel(k: &Kernel) {
     k.selp(id, 0.0f32, id, zero);
     let quants: [Reg<S32>; 8] =
         std::array::from_fn(|i| crate::act::round_away(k, k.mul(k.reg(), v[i], id)));
-    let words: [Reg<U32>; 2] = std::array::from_fn(|w| {
-        let q4 = &quants[4 * w..4 * w + 4];
-        let lo = k.prmt(
-            k.reg::<U32>(),
-            q4[0].cast::<U32>(),
-            q4[1].cast::<U32>(),
-            0x0040u32,
-        );
-        let hi = k.prmt(
-            k.reg::<U32>(),
-            q4[2].cast::<U32>(),
-            q4[3].cast::<U32>(),
-            0x0040u32,
-        );
-        k.prmt(k.reg::<U32>(), lo, hi, 0x5410u32)
-    });
+    let words = crate::act::pack_quants(k, &quants);
     let qdst = k.add(k.reg(), dst, k.mul_wide(k.reg::<U64>(), lane, 8u32));
     k.st_v2(Store::GLOBAL, qdst, words);
     // The scale and the tile's zero padding, so the tile's bytes are all defined.
