@@ -20,7 +20,7 @@ use crate::act::ActRegs;
 use crate::{padded_tiles, tiles, GgmlType, KernelError};
 
 /// The table as four little-endian words, entries `4w..4w + 4` in word `w`.
-fn table_words() -> [u32; 4] {
+pub(crate) fn table_words() -> [u32; 4] {
     std::array::from_fn(|w| {
         u32::from_le_bytes(std::array::from_fn(|b| KVALUES_IQ4NL[4 * w + b] as u8))
     })
@@ -31,12 +31,12 @@ fn table_words() -> [u32; 4] {
 pub struct Table([Reg<U32>; 4]);
 
 impl Table {
-    fn new(k: &Kernel) -> Self {
+    pub(crate) fn new(k: &Kernel) -> Self {
         Self(table_words().map(|w| k.u32(w)))
     }
 
     /// Levels of the eight nibbles of `q`: (low nibbles, high nibbles), four int8 each.
-    fn lookup(&self, k: &Kernel, q: Reg<U32>) -> [Reg<U32>; 2] {
+    pub(crate) fn lookup(&self, k: &Kernel, q: Reg<U32>) -> [Reg<U32>; 2] {
         let [t0, t1, t2, t3] = self.0;
         let index = k.and(k.reg::<U32>(), q, 0x7777_7777u32);
         let upper = k.and(k.reg::<U32>(), q, 0x8888_8888u32);

@@ -10,10 +10,10 @@
 //! 6-bit integer group scales and one `d` per tile, [`Scales::Int`]).
 
 use smelt_ptx::{Exact, Kernel, Load, Narrow, Reg, Store, S32, U32, U64};
-use smelt_quant::iq4::KVALUES_IQ4NL;
 
 use super::{GemmFormat, Scales, Stage, A_STRIDE, BM, THREADS};
 use crate::act::and_or;
+use crate::formats::iq4::Table;
 use crate::formats::legacy::Legacy;
 use crate::formats::{halves_to_f32, IQ4NL, IQ4XS};
 
@@ -52,41 +52,6 @@ fn centered(k: &Kernel, q: Reg<U32>, offset: u32) -> Reg<U32> {
     k.xor(v, v, 0x8080_8080u32)
 }
 
-/// The IQ4_NL table as four little-endian words, entries `4w..4w + 4` in word `w`.
-fn table_words() -> [u32; 4] {
-    std::array::from_fn(|w| {
-        u32::from_le_bytes(std::array::from_fn(|b| KVALUES_IQ4NL[4 * w + b] as u8))
-    })
-}
-
-/// The table values of the eight nibbles of `q` (as `crate::formats::iq4`'s lookup: `prmt`
-/// over both halves of the table by the low three bits, then per byte by the fourth): the
-/// low nibbles' four int8 values and the high nibbles'.
-fn lookup(k: &Kernel, table: [Reg<U32>; 4], q: Reg<U32>) -> [Reg<U32>; 2] {
-    let [t0, t1, t2, t3] = table;
-    let index = k.and(k.reg::<U32>(), q, 0x7777_7777u32);
-    let upper = k.and(k.reg::<U32>(), q, 0x8888_8888u32);
-    k.shr(upper, upper, 1u32);
-    let pick = k.or(upper, upper, 0x3210_3210u32);
-    let halves: [Reg<U32>; 2] = std::array::from_fn(|i| {
-        let (index, pick) = if i == 0 {
-            (index, pick)
-        } else {
-            (
-                k.shr(k.reg::<U32>(), index, 16u32),
-                k.shr(k.reg::<U32>(), pick, 16u32),
-            )
-        };
-        let low = k.prmt(k.reg::<U32>(), t0, t1, index);
-        let high = k.prmt(k.reg::<U32>(), t2, t3, index);
-        k.prmt(k.reg::<U32>(), low, high, pick)
-    });
-    [
-        k.prmt(k.reg::<U32>(), halves[0], halves[1], 0x6420u32),
-        k.prmt(k.reg::<U32>(), halves[0], halves[1], 0x7531u32),
-    ]
-}
-
 /// A tile's 128 bytes of nibbles (at `tile * 128` of the row), with the fifth bits of a
 /// `qh` array at `qh_base + tile * 32` when `qh_base` is given: each thread takes block
 /// `tid % 8` of rows `tid / 8 + 32 i`. `scales` stages the scales between the loads and the
@@ -121,13 +86,13 @@ fn stage_nibbles(
         .collect();
     scales(k);
     let table = match values {
-        Values::Table => Some(table_words().map(|w| k.u32(w))),
+        Values::Table => Some(Table::new(k)),
         _ => None,
     };
     for (i, (q, h)) in loads.iter().enumerate() {
         let down = i as i64 * (THREADS / 8) as i64 * A_STRIDE as i64;
         let (lo, hi): (Vec<Reg<U32>>, Vec<Reg<U32>>) = match table {
-            Some(table) => q.iter().map(|&w| lookup(k, table, w).into()).unzip(),
+            Some(table) => q.iter().map(|&w| table.lookup(k, w).into()).unzip(),
             None => q
                 .iter()
                 .enumerate()
@@ -278,6 +243,8 @@ impl GemmFormat for IQ4XS {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formats::iq4::table_words;
+    use smelt_quant::iq4::KVALUES_IQ4NL;
 
     /// `centered`'s arithmetic on whole words, for every pair of quants it is used on.
     #[test]
