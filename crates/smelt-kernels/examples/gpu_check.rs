@@ -376,18 +376,7 @@ fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                 let err = rel_error(&got, &want);
                 // Each output within 1e-5 of the sum of the magnitudes of its products
                 // (f32 accumulation in another order than the f64 twin), none unwritten.
-                let bound = got
-                    .iter()
-                    .zip(&want)
-                    .zip(&mag)
-                    .map(|((&g, &w), &m)| (f64::from(g) - f64::from(w)).abs() / m.max(1e-30))
-                    .fold(0f64, |a, e| {
-                        if e.is_nan() || a.is_nan() {
-                            f64::NAN
-                        } else {
-                            a.max(e)
-                        }
-                    });
+                let bound = worst_over_magnitude(&got, &want, &mag);
                 worst_bound = worst_bound.max(if bound.is_nan() { f64::INFINITY } else { bound });
                 cases += 1;
                 if bound.is_nan() || bound >= 1e-5 {
@@ -407,6 +396,23 @@ fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
         println!("gemv {ty:?}: {cases} cases (shapes {shapes:?}, tokens 1..8 and the tuning variants): worst |y - ref| / sum|w x| {worst_bound:.2e}, worst rel L2 err {worst:.2e}");
     }
     Ok(failures)
+}
+
+/// The largest `|got - want| / mag` of a matmul's outputs (`mag`: each output's sum of
+/// the magnitudes of its products, what float rounding grows with); NaN when any output is
+/// NaN (unwritten: the outputs were poisoned).
+fn worst_over_magnitude(got: &[f32], want: &[f32], mag: &[f64]) -> f64 {
+    got.iter()
+        .zip(want)
+        .zip(mag)
+        .map(|((&g, &w), &m)| (f64::from(g) - f64::from(w)).abs() / m.max(1e-30))
+        .fold(0f64, |a, e| {
+            if e.is_nan() || a.is_nan() {
+                f64::NAN
+            } else {
+                a.max(e)
+            }
+        })
 }
 
 /// The largest `|got - want| / scale` (NaN when any `got` is not finite).

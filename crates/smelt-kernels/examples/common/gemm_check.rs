@@ -11,7 +11,7 @@ use smelt_kernels::gemv::Config;
 use smelt_kernels::{act, catalog, GgmlType, TILE};
 
 use super::timing::time_launches;
-use super::{random_floats, random_weights, Gpu};
+use super::{random_floats, random_weights, worst_over_magnitude, Gpu};
 
 /// Launches GEMM `f` with `a` (its pointers replaced by the slices'), into the split
 /// workspace `ws` then reduced into `y` when `a` has more than one split.
@@ -160,18 +160,7 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                     .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
                 launch(gpu, &f, &a, &wd, &q, &mut y, &mut ws)?;
                 let got = gpu.stream.clone_dtoh(&y)?;
-                let bound = got
-                    .iter()
-                    .zip(&want)
-                    .zip(&mag)
-                    .map(|((&g, &w), &m)| (f64::from(g) - f64::from(w)).abs() / m.max(1e-30))
-                    .fold(0f64, |a, e| {
-                        if e.is_nan() || a.is_nan() {
-                            f64::NAN
-                        } else {
-                            a.max(e)
-                        }
-                    });
+                let bound = worst_over_magnitude(&got, &want, &mag);
                 cases += 1;
                 worst = worst.max(if bound.is_nan() { f64::INFINITY } else { bound });
                 if bound.is_nan() || bound >= 1e-5 {
