@@ -9,7 +9,9 @@
 //!    the same run (read + write bytes over time).
 //!
 //! 3. the tensor-core GEMMs (`--gemm` runs only these): parity against the same twins on
-//!    ragged shapes, and speed beside the GEMV path (`common/gemm_check.rs`).
+//!    ragged shapes, and speed beside the GEMV path (`common/gemm_check.rs`);
+//!    `--gemm-variants` times the GEMM's build-time choices (`gemm::Variant`) against each
+//!    other and checks they give byte-identical outputs.
 //!
 //! The PTX is generated here and loaded through the driver; no CUDA toolkit is involved.
 //! Exit status 1 when any parity check fails.
@@ -873,6 +875,14 @@ fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     let gpu = Gpu::new()?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    if std::env::args().any(|a| a == "--gemm-variants") {
+        let differ = gemm_check::variants(&gpu)?;
+        println!("GEMM variant outputs that differ: {differ}");
+        if differ > 0 {
+            bail!("{differ} GEMM variants changed a result");
+        }
+        return Ok(());
+    }
     if std::env::args().any(|a| a == "--gemm") {
         let failures = gemm_check::parity(&gpu, &mut rng)?;
         let rows = gemm_check::speed(&gpu)?;

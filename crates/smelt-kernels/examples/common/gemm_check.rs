@@ -299,3 +299,169 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
     }
     Ok(rows)
 }
+
+/// The GEMM variants `--gemm-variants` times: the build-time choices of
+/// [`gemm::Variant`], each against the catalog's [`gemm::VARIANT`].
+const VARIANTS: [(&str, gemm::Variant); 6] = [
+    (
+        "base",
+        gemm::Variant {
+            prefetch_tiles: 0,
+            ldmatrix: false,
+        },
+    ),
+    (
+        "pf1",
+        gemm::Variant {
+            prefetch_tiles: 1,
+            ldmatrix: false,
+        },
+    ),
+    (
+        "pf2",
+        gemm::Variant {
+            prefetch_tiles: 2,
+            ldmatrix: false,
+        },
+    ),
+    (
+        "ldm",
+        gemm::Variant {
+            prefetch_tiles: 0,
+            ldmatrix: true,
+        },
+    ),
+    (
+        "pf2+ldm",
+        gemm::Variant {
+            prefetch_tiles: 2,
+            ldmatrix: true,
+        },
+    ),
+    (
+        "pf4+ldm",
+        gemm::Variant {
+            prefetch_tiles: 4,
+            ldmatrix: true,
+        },
+    ),
+];
+
+/// Builds one GEMM kernel of `ty` as variant `v` into `m` under `name`.
+fn build_variant(
+    m: &mut smelt_ptx::Module,
+    ty: GgmlType,
+    name: &str,
+    v: gemm::Variant,
+) -> Result<()> {
+    use smelt_kernels::formats::{Q4K, Q4_0, Q5K, Q6K, Q8_0};
+    let r = match ty {
+        GgmlType::Q4_K => m.kernel(name, |k| gemm::kernel_variant::<Q4K>(k, v)),
+        GgmlType::Q5_K => m.kernel(name, |k| gemm::kernel_variant::<Q5K>(k, v)),
+        GgmlType::Q6_K => m.kernel(name, |k| gemm::kernel_variant::<Q6K>(k, v)),
+        GgmlType::Q8_0 => m.kernel(name, |k| gemm::kernel_variant::<Q8_0>(k, v)),
+        GgmlType::Q4_0 => m.kernel(name, |k| gemm::kernel_variant::<Q4_0>(k, v)),
+        other => anyhow::bail!("no variant build for {other:?}"),
+    };
+    r.map(|_| ()).map_err(|e| anyhow::anyhow!("{name}: {e}"))
+}
+
+/// Times every [`VARIANTS`] entry of five formats at Llama-3-8B shapes, and the catalog's
+/// variant with half and twice the engine's split count; checks every variant's output is
+/// byte-identical to the first's (none of the choices may change a sum). Returns the
+/// number of outputs that differ.
+pub fn variants(gpu: &Gpu) -> Result<usize> {
+    let types = [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::Q5_K,
+        GgmlType::Q4_0,
+    ];
+    let mut m = smelt_ptx::Module::new(smelt_ptx::Target::Sm90);
+    let mut names = Vec::new();
+    for ty in types {
+        for (vi, (_, v)) in VARIANTS.iter().enumerate() {
+            let name = format!("variant_{}_{vi}", gemm::name(ty).unwrap_or("gemm"));
+            build_variant(&mut m, ty, &name, *v)?;
+            names.push(name);
+        }
+    }
+    let module = gpu
+        .stream
+        .context()
+        .load_module(cudarc::nvrtc::Ptx::from_src(m.to_ptx()))?;
+    println!("\n== GEMM variants: microseconds a launch (H100 split counts) ==");
+    let mut head = String::from("| kernel | rows x k | tokens |");
+    for (n, _) in VARIANTS {
+        head += &format!(" {n} |");
+    }
+    head += " splits/2 | splits*2 |";
+    println!("{head}");
+    println!("|{}", "---|".repeat(VARIANTS.len() + 5));
+    let mut differ = 0;
+    for (ti, ty) in types.into_iter().enumerate() {
+        for (nrows, k) in [(4096usize, 4096usize), (14336, 4096), (4096, 14336)] {
+            let row_bytes = catalog::row_bytes(ty, k)?;
+            let wbytes = nrows * row_bytes;
+            let copies = (300_000_000usize.div_ceil(wbytes)).clamp(2, 16);
+            let ws: Vec<_> = (0..copies)
+                .map(|c| gpu.random_bytes(wbytes, 191 + c as u32))
+                .collect::<Result<_>>()?;
+            for ntok in [16usize, 32, 64, 128, 512, 2048] {
+                if ntok > 512 && nrows != 14336 {
+                    continue;
+                }
+                let x = random_floats(&mut rand::rngs::StdRng::seed_from_u64(5), k * ntok, 1.0);
+                let xd = gpu.stream.clone_htod(&x)?;
+                let mut q = gpu
+                    .stream
+                    .alloc_zeros::<u8>(gemm::act::row_bytes(k)? * ntok)?;
+                quantize(gpu, &xd, &mut q, k, ntok)?;
+                let mut y = gpu.stream.alloc_zeros::<f32>(nrows * ntok)?;
+                let splits = gemm::splits(nrows, k / TILE, Some(ntok), SMS);
+                let flops = 2.0 * (nrows * k * ntok) as f64;
+                let launches = ((2e11 / flops) as usize).clamp(3, 200);
+                let mut line = format!(
+                    "| {} | {nrows}x{k} | {ntok} |",
+                    gemm::name(ty).unwrap_or("?")
+                );
+                let mut first: Option<Vec<f32>> = None;
+                let time = |f: &CudaFunction, splits: usize, y: &mut CudaSlice<f32>| {
+                    let a = args(nrows, ntok, k, row_bytes, splits);
+                    let mut wsp = workspace(gpu, &a)?;
+                    let ms = time_launches(&gpu.stream, 5, 2, launches, |i| {
+                        launch(gpu, f, &a, &ws[i % copies], &q, y, &mut wsp)
+                    })?;
+                    // The last launch read copy (launches - 1) % copies: recompute on copy 0
+                    // for the comparison.
+                    launch(gpu, f, &a, &ws[0], &q, y, &mut wsp)?;
+                    anyhow::Ok(ms * 1e3)
+                };
+                for vi in 0..VARIANTS.len() {
+                    let f = module.load_function(&names[ti * VARIANTS.len() + vi])?;
+                    let us = time(&f, splits, &mut y)?;
+                    line += &format!(" {us:.1} |");
+                    if ntok <= 512 {
+                        let out = gpu.stream.clone_dtoh(&y)?;
+                        match &first {
+                            None => first = Some(out),
+                            Some(f0) => {
+                                if f0.iter().zip(&out).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                                    println!("  {} differs from {}", VARIANTS[vi].0, VARIANTS[0].0);
+                                    differ += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+                let f = gpu.module.load_function(gemm::name(ty).unwrap_or("?"))?;
+                for s in [(splits / 2).max(1), splits * 2] {
+                    line += &format!(" {:.1} |", time(&f, s, &mut y)?);
+                }
+                println!("{line}");
+            }
+        }
+    }
+    Ok(differ)
+}

@@ -79,6 +79,25 @@ const _: () = assert!(SHARED_BYTES <= 48 * 1024);
 /// (`SMELT_CUDA_GEMM_MIN` moves it for that measurement).
 pub const MIN_TOKENS: usize = 16;
 
+/// Build-time choices of the GEMM kernel that only speed decides, so `gpu_check
+/// --gemm-variants` can time each against [`VARIANT`] on the card.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    /// Tiles ahead whose weights each block asks L2 to fetch while it works on the current
+    /// one (`prefetch.global.L2`; the first ones before the grid-dependency wait, since
+    /// weights never depend on the previous kernel). 0: none.
+    pub prefetch_tiles: u32,
+    /// Fragments loaded with `ldmatrix` (one instruction for an m-tile's A fragment, one
+    /// for both n-tiles' B) instead of one 32-bit shared load per register.
+    pub ldmatrix: bool,
+}
+
+/// The variant the catalog builds.
+pub const VARIANT: Variant = Variant {
+    prefetch_tiles: 0,
+    ldmatrix: false,
+};
+
 /// The kernel parameters, in order: the kernel declares them from this list and the host
 /// packs [`Args`] in the same order, so the two cannot drift apart.
 pub const PARAMS: [&str; 8] = [
@@ -316,6 +335,11 @@ pub trait GemmFormat: GpuFormat {
 /// `y = W x` for `ntok` tokens: see the module doc. Parameters [`PARAMS`]; launch
 /// [`Args::launch`].
 pub fn kernel<F: GemmFormat>(k: &Kernel) {
+    kernel_variant::<F>(k, VARIANT)
+}
+
+/// [`kernel`] built as variant `v`.
+pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
     k.max_threads(THREADS, 1, 1);
     // Two blocks per SM (at most 128 registers a thread): one block's staging overlaps the
     // other's tensor-core work. sm_80's ptxas spills at 128 (16-40 bytes), so there the
@@ -396,6 +420,29 @@ pub fn kernel<F: GemmFormat>(k: &Kernel) {
     let wn = k.shr(k.reg(), warp, 1u32);
     let arow = k.mad(k.reg(), wm, 32u32, g);
     let btok = k.mad(k.reg(), wn, 16u32, g);
+    // `ldmatrix` rows: lane `8 m + r` gives row `r` of matrix `m`. A: matrices (rows 0-7,
+    // bytes 0-15), (8-15, 0-15), (0-7, 16-31), (8-15, 16-31) are a0..a3. B with 32-weight
+    // groups: (tokens 0-7, bytes 0-15), (0-7, 16-31) for n-tile 0, then n-tile 1's; with
+    // 16-weight groups (x2): tokens 0-7, then 8-15.
+    let lm = v.ldmatrix.then(|| {
+        let r = k.and(k.reg(), lane, 7u32);
+        let lo = k.bfe(k.reg(), lane, 3u32, 1u32);
+        let hi = k.shr(k.reg(), lane, 4u32);
+        let row = k.mad(k.reg(), wm, 32u32, r);
+        k.mad(row, lo, 8u32, row);
+        let a = k.mad(k.reg(), row, A_STRIDE, aq);
+        k.mad(a, hi, 16u32, a);
+        let (tile8, kbyte) = if F::GROUP == 32 {
+            (hi, lo)
+        } else {
+            (lo, k.u32(0))
+        };
+        let tok = k.mad(k.reg(), wn, 16u32, r);
+        k.mad(tok, tile8, 8u32, tok);
+        let b = k.mad(k.reg(), tok, B_STRIDE, bq);
+        k.mad(b, kbyte, 16u32, b);
+        (a, b)
+    });
     let frags = Frags {
         a: {
             let a = k.mad(k.reg(), arow, A_STRIDE, aq);
@@ -407,6 +454,7 @@ pub fn kernel<F: GemmFormat>(k: &Kernel) {
         },
         asc: k.mad(k.reg(), arow, sc_stride, asc),
         rowf: k.mad(k.reg(), arow, ROWF_STRIDE, rowf),
+        lm,
         // Tokens 2t, 2t + 1 of each n-tile are the thread's accumulator columns.
         bd: {
             let c = k.mad(k.reg(), wn, 16u32, k.shl(k.reg(), t, 1u32));
@@ -440,11 +488,37 @@ pub fn kernel<F: GemmFormat>(k: &Kernel) {
     k.mul(zoff, zoff, z);
     let y = k.add(k.reg(), y, k.mul_wide(k.reg::<U64>(), zoff, 4u32));
 
+    // L2 prefetch of tiles ahead: thread `tid` asks for row `tid % 64`'s line at byte
+    // `128 (tid / 64)` of the tile (the last for the fourth), which covers a tile of up to
+    // 384 bytes at any alignment.
+    let tile_bytes = F::row_bytes(TILE).map_or(0, |b| b as u32);
+    let prefetch = (v.prefetch_tiles > 0 && tile_bytes > 0).then(|| {
+        let row = k.and(k.reg(), tid, BM - 1);
+        let off = k.shr(k.reg(), tid, BM.trailing_zeros());
+        k.mul(off, off, 128u32);
+        k.min(off, off, tile_bytes - 1);
+        let at = stage.row(k, row);
+        k.add(at, at, k.cvt(k.reg::<U64>(), off, smelt_ptx::Exact));
+        at
+    });
+    let prefetch_tile = |k: &Kernel, tile: Reg<U32>| {
+        if let Some(at) = prefetch {
+            let a = k.add(k.reg(), at, k.mul_wide(k.reg::<U64>(), tile, tile_bytes));
+            k.guarded(k.lt(tile, end), |k| k.prefetch_l2(a));
+        }
+    };
+    for d in 0..v.prefetch_tiles {
+        prefetch_tile(k, k.add(k.reg(), first, d));
+    }
+
     k.grid_dep_wait();
     k.stride_loop(first, end, 1u32, |k, tile| {
         let stage = Stage { tile, ..stage };
         // Every warp is done with the previous tile's shared memory.
         k.bar_sync();
+        if v.prefetch_tiles > 0 {
+            prefetch_tile(k, k.add(k.reg(), tile, v.prefetch_tiles));
+        }
         let toff = k.mul_wide(k.reg::<U64>(), tile, act::TILE_BYTES as u32);
         for (i, &src) in bsrc.iter().enumerate() {
             let src = k.add(k.reg(), src, toff);
@@ -506,6 +580,9 @@ struct Frags {
     a: Reg<U32>,
     /// Its B fragment bytes (token `g`, byte `4t`) of n-tile 0.
     b: Reg<U32>,
+    /// With [`Variant::ldmatrix`], its `ldmatrix` row addresses: m-tile 0's A fragment,
+    /// and both n-tiles' B fragments.
+    lm: Option<(Reg<U32>, Reg<U32>)>,
     /// Group scales of its row `g` of m-tile 0.
     asc: Reg<U32>,
     /// Per-tile floats of its row `g` of m-tile 0.
@@ -531,6 +608,18 @@ fn compute_tile<F: GemmFormat>(k: &Kernel, fr: &Frags, acc: &Acc<F32>) {
         let kb = i64::from(grp * F::GROUP);
         let a: Vec<Vec<Reg<B32>>> = (0..2)
             .map(|mi| {
+                if let Some((a_lm, _)) = fr.lm {
+                    let at = a_lm.at(rows(mi, 0) * A_STRIDE as i64 + kb);
+                    return if F::GROUP == 32 {
+                        let r = k.regs::<B32, 4>();
+                        k.ldmatrix(r, at, false);
+                        r.to_vec()
+                    } else {
+                        let r = k.regs::<B32, 2>();
+                        k.ldmatrix(r, at, false);
+                        r.to_vec()
+                    };
+                }
                 let at = |h: usize, off: i64| fr.a.at(rows(mi, h) * A_STRIDE as i64 + kb + off);
                 let mut v = vec![lds(at(0, 0)), lds(at(1, 0))];
                 if F::GROUP == 32 {
@@ -540,16 +629,28 @@ fn compute_tile<F: GemmFormat>(k: &Kernel, fr: &Frags, acc: &Acc<F32>) {
                 v
             })
             .collect();
-        let b: Vec<Vec<Reg<B32>>> = (0..2i64)
-            .map(|ni| {
-                let base = ni * 8 * B_STRIDE as i64 + kb;
-                let mut v = vec![lds(fr.b.at(base))];
-                if F::GROUP == 32 {
-                    v.push(lds(fr.b.at(base + 16)));
-                }
-                v
-            })
-            .collect();
+        let b: Vec<Vec<Reg<B32>>> = if let Some((_, b_lm)) = fr.lm {
+            if F::GROUP == 32 {
+                let r = k.regs::<B32, 4>();
+                k.ldmatrix(r, b_lm.at(kb), false);
+                vec![vec![r[0], r[1]], vec![r[2], r[3]]]
+            } else {
+                let r = k.regs::<B32, 2>();
+                k.ldmatrix(r, b_lm.at(kb), false);
+                vec![vec![r[0]], vec![r[1]]]
+            }
+        } else {
+            (0..2i64)
+                .map(|ni| {
+                    let base = ni * 8 * B_STRIDE as i64 + kb;
+                    let mut v = vec![lds(fr.b.at(base))];
+                    if F::GROUP == 32 {
+                        v.push(lds(fr.b.at(base + 16)));
+                    }
+                    v
+                })
+                .collect()
+        };
         let sc_stride = i64::from(sc_stride::<F>());
         let sc_at = |mi: usize, h: usize, off: i64| {
             fr.asc
