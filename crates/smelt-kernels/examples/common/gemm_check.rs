@@ -94,6 +94,37 @@ fn quantize(
     Ok(())
 }
 
+/// Copies of `nrows` random weight rows of `row_bytes`, enough (at least 300 MB, 2..16)
+/// that rotating over them keeps L2 from serving a launch.
+fn weight_copies(
+    gpu: &Gpu,
+    nrows: usize,
+    row_bytes: usize,
+    seed: u32,
+) -> Result<Vec<CudaSlice<u8>>> {
+    let wbytes = nrows * row_bytes;
+    let copies = (300_000_000usize.div_ceil(wbytes)).clamp(2, 16);
+    (0..copies)
+        .map(|c| gpu.random_bytes(wbytes, seed + c as u32))
+        .collect()
+}
+
+/// `ntok` rows of `k` random activations (seeded), on the GPU and as GEMM tiles.
+fn activations(
+    gpu: &Gpu,
+    k: usize,
+    ntok: usize,
+    seed: u64,
+) -> Result<(CudaSlice<f32>, CudaSlice<u8>)> {
+    let x = random_floats(&mut rand::rngs::StdRng::seed_from_u64(seed), k * ntok, 1.0);
+    let xd = gpu.stream.clone_htod(&x)?;
+    let mut q = gpu
+        .stream
+        .alloc_zeros::<u8>(gemm::act::row_bytes(k)? * ntok)?;
+    quantize(gpu, &xd, &mut q, k, ntok)?;
+    Ok((xd, q))
+}
+
 /// The H100/H200's multiprocessors, for the split count the engine would choose there.
 const SMS: usize = 132;
 
@@ -215,21 +246,13 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                 continue;
             }
             let row_bytes = catalog::row_bytes(ty, k)?;
-            let wbytes = nrows * row_bytes;
-            let copies = (300_000_000usize.div_ceil(wbytes)).clamp(2, 16);
-            let ws: Vec<_> = (0..copies)
-                .map(|c| gpu.random_bytes(wbytes, 91 + c as u32))
-                .collect::<Result<_>>()?;
+            let ws = weight_copies(gpu, nrows, row_bytes, 91)?;
+            let copies = ws.len();
             for ntok in [8usize, 16, 32, 64, 128, 512, 2048] {
                 if ntok > 512 && (nrows != 14336 || ty != GgmlType::Q4_K) {
                     continue;
                 }
-                let x = random_floats(&mut rand::rngs::StdRng::seed_from_u64(3), k * ntok, 1.0);
-                let xd = gpu.stream.clone_htod(&x)?;
-                let mut q = gpu
-                    .stream
-                    .alloc_zeros::<u8>(gemm::act::row_bytes(k)? * ntok)?;
-                quantize(gpu, &xd, &mut q, k, ntok)?;
+                let (xd, q) = activations(gpu, k, ntok, 3)?;
                 // The GEMV reads q8_1 tiles of the same values.
                 let mut q1 = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)? * ntok)?;
                 gpu.quantize(&xd, &mut q1, k, ntok)?;
@@ -403,21 +426,13 @@ pub fn variants(gpu: &Gpu) -> Result<usize> {
     for (ti, ty) in types.into_iter().enumerate() {
         for (nrows, k) in [(4096usize, 4096usize), (14336, 4096), (4096, 14336)] {
             let row_bytes = catalog::row_bytes(ty, k)?;
-            let wbytes = nrows * row_bytes;
-            let copies = (300_000_000usize.div_ceil(wbytes)).clamp(2, 16);
-            let ws: Vec<_> = (0..copies)
-                .map(|c| gpu.random_bytes(wbytes, 191 + c as u32))
-                .collect::<Result<_>>()?;
+            let ws = weight_copies(gpu, nrows, row_bytes, 191)?;
+            let copies = ws.len();
             for ntok in [16usize, 32, 64, 128, 512, 2048] {
                 if ntok > 512 && nrows != 14336 {
                     continue;
                 }
-                let x = random_floats(&mut rand::rngs::StdRng::seed_from_u64(5), k * ntok, 1.0);
-                let xd = gpu.stream.clone_htod(&x)?;
-                let mut q = gpu
-                    .stream
-                    .alloc_zeros::<u8>(gemm::act::row_bytes(k)? * ntok)?;
-                quantize(gpu, &xd, &mut q, k, ntok)?;
+                let (_, q) = activations(gpu, k, ntok, 5)?;
                 let mut y = gpu.stream.alloc_zeros::<f32>(nrows * ntok)?;
                 let splits = gemm::splits(nrows, k / TILE, Some(ntok), SMS);
                 let flops = 2.0 * (nrows * k * ntok) as f64;
