@@ -54,11 +54,12 @@ pub enum KernelParam {
     F(f32),
 }
 
-impl From<smelt_kernels::gemm::ArgValue> for KernelParam {
-    fn from(v: smelt_kernels::gemm::ArgValue) -> Self {
+impl From<smelt_kernels::ops::ArgValue> for KernelParam {
+    fn from(v: smelt_kernels::ops::ArgValue) -> Self {
         match v {
-            smelt_kernels::gemm::ArgValue::Ptr(p) => KernelParam::P(p),
-            smelt_kernels::gemm::ArgValue::U32(u) => KernelParam::U(u),
+            smelt_kernels::ops::ArgValue::Ptr(p) => KernelParam::P(p),
+            smelt_kernels::ops::ArgValue::U32(u) => KernelParam::U(u),
+            smelt_kernels::ops::ArgValue::F32(f) => KernelParam::F(f),
         }
     }
 }

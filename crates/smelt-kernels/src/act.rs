@@ -19,6 +19,7 @@
 //! `dp4a` for the same reason. A row of `k` activations (k a multiple of 256) is `k / 256`
 //! tiles; 304 bytes keep every tile 16-byte aligned.
 
+use crate::ops::kernel_params;
 use smelt_ptx::{
     Cmp, FloatRound, IntRound, Kernel, L2Prefetch, Load, Lut, Narrow, Pred, Reg, Shfl, Store, F16,
     F32, FULL_WARP, S32, U32, U64,
@@ -95,6 +96,16 @@ pub const GGML_TYPE: GgmlType = GgmlType::Q8_1;
 /// Threads per block of [`quantize_kernel`] along y: one warp quantizes one tile.
 pub const QUANTIZE_WARPS: u32 = 4;
 
+kernel_params! {
+    /// Arguments of [`quantize_kernel`].
+    QuantizeArgs, QuantizeRegs {
+        x: Ptr,
+        q: Ptr,
+        k: U32,
+        ntiles: U32,
+    }
+}
+
 /// `q = quantize(x)` for `ntok` rows of `k` floats (`k` a multiple of 32, `ntiles =
 /// ceil(k / 256)`; a partial last tile is written as zero blocks). Launch with blocks of
 /// `(32, QUANTIZE_WARPS)` and a grid of `(ceil(ntiles / QUANTIZE_WARPS), ntok)`.
@@ -104,10 +115,12 @@ pub const QUANTIZE_WARPS: u32 = 4;
 /// divisions, `x * id` rounded half away from zero (truncate, then step by one when the
 /// exact remainder is at least a half, as `smelt_quant` does), so the bytes match.
 pub fn quantize_kernel(k: &Kernel) {
-    let x = k.param_ptr("x");
-    let q = k.param_ptr("q");
-    let len = k.param_u32("k");
-    let ntiles = k.param_u32("ntiles");
+    let QuantizeRegs {
+        x,
+        q,
+        k: len,
+        ntiles,
+    } = QuantizeRegs::declare(k);
     let LaneTile {
         lane,
         dst,

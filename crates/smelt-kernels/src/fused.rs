@@ -9,6 +9,7 @@
 //! the q8_1 tiles exactly as [`crate::act::quantize_kernel`] writes them, so the twin is
 //! the two kernels' twins one after the other.
 
+use crate::ops::kernel_params;
 use smelt_ptx::{
     Cmp, FloatRound, Kernel, Load, Narrow, Reg, Shfl, Store, F32, FULL_WARP, U32, U64,
 };
@@ -66,20 +67,46 @@ pub fn q_row_bytes(n: usize) -> Result<usize, KernelError> {
     act::row_bytes(n)
 }
 
+kernel_params! {
+    /// Arguments of the norm + quantize [`kernel`] without the add.
+    NormQ8Args, NormQ8Regs {
+        x: Ptr,
+        w: Ptr,
+        out: Ptr,
+        q: Ptr,
+        n: U32,
+        ntiles: U32,
+        eps: F32,
+    }
+}
+
+kernel_params! {
+    /// Arguments of the add + norm + quantize [`kernel`].
+    AddNormQ8Args, AddNormQ8Regs {
+        x: Ptr,
+        y: Ptr,
+        w: Ptr,
+        out: Ptr,
+        q: Ptr,
+        n: U32,
+        ntiles: U32,
+        eps: F32,
+    }
+}
+
 /// `[x += y;] out = x / sqrt(mean(x²) + eps) * w; q = quantize_q8_1(out)` per row.
 ///
 /// Parameters: `x: *mut f32, y: *const f32 (add variant only), w: *const f32, out: *mut f32,
 /// q: *mut u8 (ntiles tiles of q8_1 per row), n: u32 (a multiple of 32), ntiles: u32
 /// (ceil(n / 256)), eps: f32`. Launch: [`launch`]. `out` must not alias `x` or `y`.
 pub fn kernel(k: &Kernel, add: bool) {
-    let x = k.param_ptr("x");
-    let y = add.then(|| k.param_ptr("y"));
-    let w = k.param_ptr("w");
-    let out = k.param_ptr("out");
-    let q = k.param_ptr("q");
-    let n = k.param_u32("n");
-    let ntiles = k.param_u32("ntiles");
-    let eps = k.param::<F32>("eps");
+    let (x, y, w, out, q, n, ntiles, eps) = if add {
+        let r = AddNormQ8Regs::declare(k);
+        (r.x, Some(r.y), r.w, r.out, r.q, r.n, r.ntiles, r.eps)
+    } else {
+        let r = NormQ8Regs::declare(k);
+        (r.x, None, r.w, r.out, r.q, r.n, r.ntiles, r.eps)
+    };
 
     // Phase 1, as `ops::norm`: [x += y], sum of squares, block reduction, scale.
     let scratch = reduce_scratch(k, "fnorm_red");
@@ -166,6 +193,17 @@ pub fn glu_q8_launch(rows: usize, n: usize) -> Launch {
     )
 }
 
+kernel_params! {
+    /// Arguments of [`glu_q8_kernel`] (every activation).
+    GluQ8Args, GluQ8Regs {
+        gate: Ptr,
+        up: Ptr,
+        q: Ptr,
+        k: U32,
+        ntiles: U32,
+    }
+}
+
 /// `gate = act(gate) * up; q = quantize_q8_1(gate)` per row: the GLU kernel of
 /// [`crate::ops::elementwise`] (same float operations, so the same floats) and
 /// `act::quantize_kernel`'s tiles, in one launch instead of two.
@@ -174,11 +212,13 @@ pub fn glu_q8_launch(rows: usize, n: usize) -> Launch {
 /// (row length, a multiple of 32), ntiles: u32 (ceil(k / 256))`. Rows are `k` apart in
 /// `gate` and `up`. Launch: [`glu_q8_launch`].
 pub fn glu_q8_kernel(k: &Kernel, act: Glu) {
-    let gate = k.param_ptr("gate");
-    let up = k.param_ptr("up");
-    let q = k.param_ptr("q");
-    let len = k.param_u32("k");
-    let ntiles = k.param_u32("ntiles");
+    let GluQ8Regs {
+        gate,
+        up,
+        q,
+        k: len,
+        ntiles,
+    } = GluQ8Regs::declare(k);
     let act::LaneTile {
         lane,
         dst,

@@ -14,6 +14,7 @@ use smelt_ptx::{
 use crate::act::{self, ActSlots};
 use crate::formats::{GpuFormat, WeightLoad};
 use crate::fused::quantize_warp_block;
+use crate::ops::kernel_params;
 use crate::{padded_tiles, GgmlType, KernelError, TILE};
 
 /// Warps per block of the default configurations: blocks are `(32, warps_per_cta)` threads.
@@ -186,6 +187,60 @@ pub fn name<F: GpuFormat>(ntok: usize) -> String {
     Config::new(ntok).name::<F>()
 }
 
+kernel_params! {
+    /// The arguments every GEMV takes first ([`kernel`]).
+    GemvArgs, GemvRegs {
+        w: Ptr,
+        x: Ptr,
+        y: Ptr,
+        nrows: U32,
+        ntiles: U32,
+        row_bytes: U32,
+        never: U32,
+    }
+}
+
+kernel_params! {
+    /// Then those of a [`Fuse::ResidualNorm`] GEMV.
+    ResNormArgs, ResNormRegs {
+        res: Ptr,
+        g: Ptr,
+        q: Ptr,
+        partials: Ptr,
+    }
+}
+
+kernel_params! {
+    /// Or those of a [`Fuse::RmsInput`] GEMV.
+    RmsInputArgs, RmsInputRegs {
+        partials: Ptr,
+        nparts: U32,
+        n: U32,
+        eps: F32,
+        res: Ptr,
+        g: Ptr,
+        out: Ptr,
+    }
+}
+
+kernel_params! {
+    /// Then, with [`Config::rope_kv`], the rope and KV append's.
+    RopeKvArgs, RopeKvRegs {
+        pos: Ptr,
+        freq_factors: MaybePtr,
+        k_cache: Ptr,
+        v_cache: Ptr,
+        seqs: Ptr,
+        block_tables: Ptr,
+        q_rows: U32,
+        kv_dim: U32,
+        head_dim: U32,
+        block_size: U32,
+        theta_scale: F32,
+        freq_scale: F32,
+    }
+}
+
 /// Emits the GEMV. Parameters, in order: `w` (rows in `F`'s GPU layout), `x` (`ntok` rows
 /// of quantized activations), `y` (`ntok x nrows` floats), `nrows`, `ntiles` (`ceil(k / 256)`),
 /// `row_bytes` (`F::row_bytes(k)`), `never` (0: the pinning branch's operand); then for
@@ -247,30 +302,51 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         // 2026-11-25). Other formats, and these for sm_80, would spill at 64.
         k.min_blocks_per_sm(2);
     }
-    let w = k.param_ptr("w");
-    let x = k.param_ptr("x");
-    let y = k.param_ptr("y");
-    let nrows = k.param_u32("nrows");
-    let ntiles = k.param_u32("ntiles");
-    let row_bytes = k.param_u32("row_bytes");
-    let never = k.param_u32("never");
+    let GemvRegs {
+        w,
+        x,
+        y,
+        nrows,
+        ntiles,
+        row_bytes,
+        never,
+    } = GemvRegs::declare(k);
     let fused = match cfg.fuse {
         Fuse::None => Fused::None,
-        Fuse::ResidualNorm => Fused::ResidualNorm {
-            res: k.param_ptr("res"),
-            g: k.param_ptr("g"),
-            q: k.param_ptr("q"),
-            partials: k.param_ptr("partials"),
-        },
-        Fuse::RmsInput => Fused::RmsInput {
-            partials: k.param_ptr("partials"),
-            nparts: k.param_u32("nparts"),
-            n: k.param_u32("n"),
-            eps: k.param::<F32>("eps"),
-            res: k.param_ptr("res"),
-            g: k.param_ptr("g"),
-            out: k.param_ptr("out"),
-        },
+        Fuse::ResidualNorm => {
+            let ResNormRegs {
+                res,
+                g,
+                q,
+                partials,
+            } = ResNormRegs::declare(k);
+            Fused::ResidualNorm {
+                res,
+                g,
+                q,
+                partials,
+            }
+        }
+        Fuse::RmsInput => {
+            let RmsInputRegs {
+                partials,
+                nparts,
+                n,
+                eps,
+                res,
+                g,
+                out,
+            } = RmsInputRegs::declare(k);
+            Fused::RmsInput {
+                partials,
+                nparts,
+                n,
+                eps,
+                res,
+                g,
+                out,
+            }
+        }
     };
 
     let rope = cfg.rope_kv.then(|| RopeKv::params(k));
@@ -491,20 +567,20 @@ struct RopeSlot {
 
 impl RopeKv {
     fn params(k: &Kernel) -> Self {
+        let r = RopeKvRegs::declare(k);
         Self {
-            pos: k.param_ptr("pos"),
-            // Raw: `ops::rope` converts it to a global address only when it is not 0.
-            freq_factors: k.param::<U64>("freq_factors"),
-            k_cache: k.param_ptr("k_cache"),
-            v_cache: k.param_ptr("v_cache"),
-            seqs: k.param_ptr("seqs"),
-            tables: k.param_ptr("block_tables"),
-            q_rows: k.param_u32("q_rows"),
-            kv_dim: k.param_u32("kv_dim"),
-            head_dim: k.param_u32("head_dim"),
-            block_size: k.param_u32("block_size"),
-            theta_scale: k.param::<F32>("theta_scale"),
-            freq_scale: k.param::<F32>("freq_scale"),
+            pos: r.pos,
+            freq_factors: r.freq_factors,
+            k_cache: r.k_cache,
+            v_cache: r.v_cache,
+            seqs: r.seqs,
+            tables: r.block_tables,
+            q_rows: r.q_rows,
+            kv_dim: r.kv_dim,
+            head_dim: r.head_dim,
+            block_size: r.block_size,
+            theta_scale: r.theta_scale,
+            freq_scale: r.freq_scale,
         }
     }
 

@@ -6,8 +6,9 @@
 use anyhow::Result;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use rand::{Rng, SeedableRng};
-use smelt_kernels::gemm::{self, ArgValue, Args};
+use smelt_kernels::gemm::{self, Args};
 use smelt_kernels::gemv::Config;
+use smelt_kernels::ops::ArgValue;
 use smelt_kernels::{act, catalog, GgmlType, TILE};
 
 use super::timing::time_launches;
@@ -43,25 +44,22 @@ fn launch(
         .iter()
         .filter_map(|v| match v {
             ArgValue::U32(u) => Some(*u),
-            ArgValue::Ptr(_) => None,
+            ArgValue::Ptr(_) | ArgValue::F32(_) => None,
         })
         .collect();
     for s in &scalars {
         b.arg(s);
     }
     unsafe { b.launch(cfg) }?;
-    if let Some((vals, l)) = a.reduce(0) {
+    if let Some((r, l)) = a.reduce(0) {
         let f = gpu.module.load_function(gemm::REDUCE)?;
-        let (ArgValue::U32(n), ArgValue::U32(splits)) = (vals[2], vals[3]) else {
-            anyhow::bail!("reduce parameters out of order");
-        };
         let cfg = LaunchConfig {
             grid_dim: l.grid,
             block_dim: l.block,
             shared_mem_bytes: 0,
         };
         let mut b = gpu.stream.launch_builder(&f);
-        b.arg(&*ws).arg(&mut *y).arg(&n).arg(&splits);
+        b.arg(&*ws).arg(&mut *y).arg(&r.n).arg(&r.splits);
         unsafe { b.launch(cfg) }?;
     }
     Ok(())

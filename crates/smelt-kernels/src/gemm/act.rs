@@ -16,6 +16,7 @@
 //! their bytes are equal. A row of `k` values (a multiple of 32) is `ceil(k / 256)` tiles,
 //! the last one padded with zeros.
 
+use crate::ops::kernel_params;
 use smelt_ptx::{Cmp, Kernel, L2Prefetch, Load, Reg, Shfl, Store, F32, FULL_WARP, S32, U64};
 
 use crate::{padded_tiles, KernelError, TILE};
@@ -84,13 +85,25 @@ pub fn dequantize_tile(tile: &[u8]) -> [f64; TILE] {
     std::array::from_fn(|i| f64::from(d) * f64::from(tile[i] as i8))
 }
 
+kernel_params! {
+    /// Arguments of [`quantize_kernel`].
+    QuantizeArgs, QuantizeRegs {
+        x: Ptr,
+        q: Ptr,
+        k: U32,
+        ntiles: U32,
+    }
+}
+
 /// `q = quantize(x)` for `ntok` rows of `k` floats (`k` a multiple of 32). Parameters `x`,
 /// `q`, `k`, `ntiles`; launch [`quantize_launch`]. One warp per tile, eight values a lane.
 pub fn quantize_kernel(k: &Kernel) {
-    let x = k.param_ptr("x");
-    let q = k.param_ptr("q");
-    let len = k.param_u32("k");
-    let ntiles = k.param_u32("ntiles");
+    let QuantizeRegs {
+        x,
+        q,
+        k: len,
+        ntiles,
+    } = QuantizeRegs::declare(k);
     let crate::act::LaneTile {
         lane,
         dst,

@@ -36,6 +36,7 @@ use smelt_ptx::{CpAsyncCache, Kernel, Load, Pred, Reg, Store, B32, F32, S32, U32
 use crate::formats::{
     GpuFormat, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
+use crate::ops::{kernel_params, ArgValue};
 use crate::{GgmlType, KernelError, TILE};
 
 /// Rows of W per block.
@@ -98,18 +99,19 @@ pub const VARIANT: Variant = Variant {
     ldmatrix: false,
 };
 
-/// The kernel parameters, in order: the kernel declares them from this list and the host
-/// packs [`Args`] in the same order, so the two cannot drift apart.
-pub const PARAMS: [&str; 8] = [
-    "w",
-    "x",
-    "y",
-    "nrows",
-    "ntok",
-    "ntiles",
-    "row_bytes",
-    "kslice",
-];
+kernel_params! {
+    /// The kernel's parameters, declared once for [`kernel`] and packed by [`Args::values`].
+    GemmArgs, GemmRegs {
+        w: Ptr,
+        x: Ptr,
+        y: Ptr,
+        nrows: U32,
+        ntok: U32,
+        ntiles: U32,
+        row_bytes: U32,
+        kslice: U32,
+    }
+}
 
 /// Splits of the K range (`Args::splits`) for a matrix of `nrows` rows and `ntiles` tiles
 /// and `ntok` tokens on a GPU of `sm_count` multiprocessors: enough blocks x splits to fill
@@ -123,15 +125,6 @@ pub fn splits(nrows: usize, ntiles: usize, ntok: Option<usize>, sm_count: usize)
     let blocks = nrows.div_ceil(BM as usize).max(1) * token_blocks;
     let want = (2 * sm_count).div_ceil(blocks);
     want.clamp(1, (ntiles / 4).max(1))
-}
-
-/// A kernel argument value, as the host passes it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum ArgValue {
-    /// A device address.
-    Ptr(u64),
-    /// A `u32` scalar.
-    U32(u32),
 }
 
 /// One GEMM launch: weights `w` (`nrows` rows of `row_bytes` in the GPU layout), activation
@@ -157,18 +150,19 @@ impl Args {
         self.ntiles.div_ceil(self.splits.max(1)).max(1)
     }
 
-    /// The values in [`PARAMS`] order.
-    pub fn values(&self) -> [ArgValue; 8] {
-        [
-            ArgValue::Ptr(self.w),
-            ArgValue::Ptr(self.x),
-            ArgValue::Ptr(self.y),
-            ArgValue::U32(self.nrows),
-            ArgValue::U32(self.ntok),
-            ArgValue::U32(self.ntiles),
-            ArgValue::U32(self.row_bytes),
-            ArgValue::U32(self.kslice()),
-        ]
+    /// The kernel's arguments ([`GemmArgs`]), in its order.
+    pub fn values(&self) -> Vec<ArgValue> {
+        GemmArgs {
+            w: self.w,
+            x: self.x,
+            y: self.y,
+            nrows: self.nrows,
+            ntok: self.ntok,
+            ntiles: self.ntiles,
+            row_bytes: self.row_bytes,
+            kslice: self.kslice(),
+        }
+        .values()
     }
 
     /// Grid (token blocks fastest, so the blocks that share rows run together and read the
@@ -195,20 +189,20 @@ impl Args {
     }
 
     /// The reduce launch that sums the workspace `y` into `out`, if there is more than one
-    /// split: its parameter values ([`REDUCE_PARAMS`]) and launch shape.
-    pub fn reduce(&self, out: u64) -> Option<([ArgValue; 4], crate::ops::Launch)> {
+    /// split: its arguments and launch shape.
+    pub fn reduce(&self, out: u64) -> Option<(ReduceArgs, crate::ops::Launch)> {
         let splits = self.launch().grid.2;
         if splits <= 1 {
             return None;
         }
         let n = self.ntok * self.nrows;
         Some((
-            [
-                ArgValue::Ptr(self.y),
-                ArgValue::Ptr(out),
-                ArgValue::U32(n),
-                ArgValue::U32(splits),
-            ],
+            ReduceArgs {
+                part: self.y,
+                y: out,
+                n,
+                splits,
+            },
             crate::ops::Launch::new(
                 (n.div_ceil(REDUCE_THREADS).max(1), 1, 1),
                 (REDUCE_THREADS, 1, 1),
@@ -219,18 +213,22 @@ impl Args {
 
 /// Name of the split reduce kernel.
 pub const REDUCE: &str = "gemm_reduce";
-/// Its parameters, in order.
-pub const REDUCE_PARAMS: [&str; 4] = ["part", "y", "n", "splits"];
+kernel_params! {
+    /// Arguments of [`reduce_kernel`].
+    ReduceArgs, ReduceRegs {
+        part: Ptr,
+        y: Ptr,
+        n: U32,
+        splits: U32,
+    }
+}
 /// Threads per block of [`reduce_kernel`].
 pub const REDUCE_THREADS: u32 = 256;
 
 /// `y[i] = sum_z part[z][i]` for `i < n`, `z = 0..splits` in order (a fixed summation
-/// order, so the result is the same for any batch). Parameters [`REDUCE_PARAMS`].
+/// order, so the result is the same for any batch). Parameters [`ReduceArgs`].
 pub fn reduce_kernel(k: &Kernel) {
-    let part = k.param_ptr(REDUCE_PARAMS[0]);
-    let y = k.param_ptr(REDUCE_PARAMS[1]);
-    let n = k.param_u32(REDUCE_PARAMS[2]);
-    let splits = k.param_u32(REDUCE_PARAMS[3]);
+    let ReduceRegs { part, y, n, splits } = ReduceRegs::declare(k);
     let i = k.global_id_x();
     k.grid_dep_wait();
     k.exit_if(k.ge(i, n));
@@ -332,7 +330,7 @@ pub trait GemmFormat: GpuFormat {
     fn stage(k: &Kernel, s: &Stage);
 }
 
-/// `y = W x` for `ntok` tokens: see the module doc. Parameters [`PARAMS`]; launch
+/// `y = W x` for `ntok` tokens: see the module doc. Parameters [`GemmArgs`]; launch
 /// [`Args::launch`].
 pub fn kernel<F: GemmFormat>(k: &Kernel) {
     kernel_variant::<F>(k, VARIANT)
@@ -352,9 +350,16 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
     } else if F::SM80_MIN_BLOCKS > 0 {
         k.min_blocks_per_sm(F::SM80_MIN_BLOCKS);
     }
-    let [w, x, y] = [PARAMS[0], PARAMS[1], PARAMS[2]].map(|n| k.param_ptr(n));
-    let [nrows, ntok, ntiles, row_bytes, kslice] =
-        [PARAMS[3], PARAMS[4], PARAMS[5], PARAMS[6], PARAMS[7]].map(|n| k.param_u32(n));
+    let GemmRegs {
+        w,
+        x,
+        y,
+        nrows,
+        ntok,
+        ntiles,
+        row_bytes,
+        kslice,
+    } = GemmRegs::declare(k);
     let aq_s = k.shared::<U32>("gemm_aq", BM * A_STRIDE / 4, 16);
     let bq_s = k.shared::<U32>("gemm_bq", BN * B_STRIDE / 4, 16);
     let sc_stride = sc_stride::<F>();
@@ -855,7 +860,7 @@ mod tests {
         let l = a.launch();
         assert_eq!(l.grid, (1, 2, 1));
         assert_eq!(l.block, (THREADS, 1, 1));
-        assert_eq!(a.values().len(), PARAMS.len());
+        assert_eq!(a.values().len(), GemmArgs::NAMES.len());
         assert_eq!(a.workspace_floats(), 0);
         assert!(a.reduce(0).is_none());
         // 56 tiles in 5 splits: 12 tiles each, the last 8; a workspace of 5 outputs.
@@ -868,7 +873,7 @@ mod tests {
         assert_eq!(b.launch().grid.2, 5);
         assert_eq!(b.workspace_floats(), 5 * 3 * 65);
         let (vals, l) = b.reduce(7).unwrap();
-        assert_eq!(vals[3], ArgValue::U32(5));
+        assert_eq!(vals.splits, 5);
         assert_eq!(l.grid.0, 1);
         // 16 tiles in 5 asked splits: 4 tiles each, so 4 splits.
         let c = Args {

@@ -1246,16 +1246,47 @@ pub fn reduce_q8_kernel(k: &Kernel) {
     reduce_body(k, true);
 }
 
+kernel_params! {
+    /// Arguments of [`reduce_kernel`].
+    ReduceArgs, ReduceRegs {
+        part_acc: Ptr,
+        part_ml: Ptr,
+        out: Ptr,
+        n_splits: U32,
+        head_dim: U32,
+    }
+}
+
+kernel_params! {
+    /// Arguments of [`reduce_q8_kernel`].
+    ReduceQ8Args, ReduceQ8Regs {
+        part_acc: Ptr,
+        part_ml: Ptr,
+        out: Ptr,
+        q: Ptr,
+        n_splits: U32,
+        head_dim: U32,
+    }
+}
+
 fn reduce_body(k: &Kernel, quant: bool) {
     // Heads have at most 256 values (HEAD_DIMS), and the cap leaves room for the
     // sixteen loads in flight.
     k.max_threads(REDUCE_THREADS, 1, 1);
-    let part_acc = k.param_ptr("part_acc");
-    let part_ml = k.param_ptr("part_ml");
-    let out = k.param_ptr("out");
-    let q = quant.then(|| k.param_ptr("q"));
-    let n_splits = k.param_u32("n_splits");
-    let head_dim = k.param_u32("head_dim");
+    let (part_acc, part_ml, out, q, n_splits, head_dim) = if quant {
+        let r = ReduceQ8Regs::declare(k);
+        (
+            r.part_acc,
+            r.part_ml,
+            r.out,
+            Some(r.q),
+            r.n_splits,
+            r.head_dim,
+        )
+    } else {
+        let r = ReduceRegs::declare(k);
+        (r.part_acc, r.part_ml, r.out, None, r.n_splits, r.head_dim)
+    };
     let wsh = k.shared::<F32>("reduce_w", MAX_SPLITS as u32, 16);
     let red = super::reduce_scratch(k, "reduce_red");
     let wb = k.shared_base(&wsh);

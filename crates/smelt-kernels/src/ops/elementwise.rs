@@ -3,7 +3,7 @@
 
 use smelt_ptx::{Cmp, FloatRound, Kernel, Load, Reg, Store, F16, F32, U32};
 
-use super::{dim, Launch, LOG2E};
+use super::{dim, kernel_params, Launch, LOG2E};
 use crate::catalog::Entry;
 
 /// The gated activation `gate = act(gate) * up` (the engine's `Glu`).
@@ -70,6 +70,15 @@ fn grid_stride(k: &Kernel, n: Reg<U32>, body: impl FnOnce(&Kernel, Reg<U32>)) {
     k.stride_loop(k.global_id_x(), n, k.grid_size_x(), body);
 }
 
+kernel_params! {
+    /// Arguments of [`glu_kernel`] (every activation).
+    GluArgs, GluRegs {
+        gate: Ptr,
+        up: Ptr,
+        n: U32,
+    }
+}
+
 /// `gate[i] = act(gate[i]) * up[i]` for `i < n`.
 ///
 /// Parameters: `gate: *mut f32, up: *const f32, n: u32`. Launch: [`launch`].
@@ -80,9 +89,7 @@ fn grid_stride(k: &Kernel, n: Reg<U32>, body: impl FnOnce(&Kernel, Reg<U32>)) {
 /// computed as `x / (1 + e^(-2u))`, the same function).
 pub fn glu_kernel(k: &Kernel, act: Glu) {
     k.max_threads(THREADS, 1, 1);
-    let gate = k.param_ptr("gate");
-    let up = k.param_ptr("up");
-    let n = k.param_u32("n");
+    let GluRegs { gate, up, n } = GluRegs::declare(k);
     grid_stride(k, n, |k, i| {
         let ga = k.elem_addr(gate, i, 4);
         let x = k.load::<F32>(Load::GLOBAL, ga);
@@ -126,14 +133,21 @@ pub(crate) fn gelu(k: &Kernel, x: Reg<F32>) -> Reg<F32> {
     y
 }
 
+kernel_params! {
+    /// Arguments of [`add_kernel`].
+    AddArgs, AddRegs {
+        x: Ptr,
+        y: Ptr,
+        n: U32,
+    }
+}
+
 /// `x[i] += y[i]` for `i < n`.
 ///
 /// Parameters: `x: *mut f32, y: *const f32, n: u32`. Launch: [`launch`].
 pub fn add_kernel(k: &Kernel) {
     k.max_threads(THREADS, 1, 1);
-    let x = k.param_ptr("x");
-    let y = k.param_ptr("y");
-    let n = k.param_u32("n");
+    let AddRegs { x, y, n } = AddRegs::declare(k);
     grid_stride(k, n, |k, i| {
         let xa = k.elem_addr(x, i, 4);
         let a = k.load::<F32>(Load::GLOBAL, xa);
@@ -143,14 +157,21 @@ pub fn add_kernel(k: &Kernel) {
     });
 }
 
+kernel_params! {
+    /// Arguments of [`scale_kernel`].
+    ScaleArgs, ScaleRegs {
+        x: Ptr,
+        n: U32,
+        s: F32,
+    }
+}
+
 /// `x[i] *= s` for `i < n`.
 ///
 /// Parameters: `x: *mut f32, n: u32, s: f32`. Launch: [`launch`].
 pub fn scale_kernel(k: &Kernel) {
     k.max_threads(THREADS, 1, 1);
-    let x = k.param_ptr("x");
-    let n = k.param_u32("n");
-    let s = k.param::<F32>("s");
+    let ScaleRegs { x, n, s } = ScaleRegs::declare(k);
     grid_stride(k, n, |k, i| {
         let xa = k.elem_addr(x, i, 4);
         let a = k.load::<F32>(Load::GLOBAL, xa);
@@ -159,15 +180,22 @@ pub fn scale_kernel(k: &Kernel) {
     });
 }
 
+kernel_params! {
+    /// Arguments of [`add_bias_kernel`].
+    AddBiasArgs, AddBiasRegs {
+        x: Ptr,
+        bias: Ptr,
+        cols: U32,
+    }
+}
+
 /// `x[r][c] += bias[c]` for every row.
 ///
 /// Parameters: `x: *mut f32, bias: *const f32, cols: u32`. Launch: [`launch_bias`]
 /// (grid y = rows).
 pub fn add_bias_kernel(k: &Kernel) {
     k.max_threads(THREADS, 1, 1);
-    let x = k.param_ptr("x");
-    let bias = k.param_ptr("bias");
-    let cols = k.param_u32("cols");
+    let AddBiasRegs { x, bias, cols } = AddBiasRegs::declare(k);
     let c = k.global_id_x();
     k.exit_if(k.ge(c, cols));
     let row = k.ctaid_y();

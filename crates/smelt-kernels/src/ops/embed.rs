@@ -11,7 +11,7 @@
 use smelt_ptx::{Exact, FloatRound, Kernel, Load, Narrow, Reg, Store, F16, F32, S32, U32, U64};
 use smelt_quant::fp::f32_to_f16;
 
-use super::{dim, Launch};
+use super::{dim, kernel_params, Launch};
 use crate::catalog::Entry;
 use crate::{GgmlType, KernelError};
 
@@ -113,6 +113,28 @@ pub fn row_bytes(ty: GgmlType, cols: usize) -> Result<usize, KernelError> {
     Ok(cols / ty.block_size() * ty.type_size())
 }
 
+kernel_params! {
+    /// Arguments of an embedding kernel ([`embed_name`]).
+    EmbedArgs, EmbedRegs {
+        table: Ptr,
+        tokens: Ptr,
+        out: Ptr,
+        cols: U32,
+        row_bytes: U32,
+        n_vocab: U32,
+    }
+}
+
+kernel_params! {
+    /// Arguments of a dequantize kernel ([`dequantize_name`]).
+    DequantizeArgs, DequantizeRegs {
+        src: Ptr,
+        out: Ptr,
+        cols: U32,
+        row_bytes: U32,
+    }
+}
+
 /// The embedding kernel (`Mode::Embed`) or the dequantize kernel (`Mode::Rows`).
 ///
 /// Embedding parameters: `table: *const u8, tokens: *const u32 (one per output row),
@@ -125,16 +147,17 @@ pub fn row_bytes(ty: GgmlType, cols: usize) -> Result<usize, KernelError> {
 /// Launch: [`launch`] (grid x = rows, grid y = column blocks of [`THREADS`]).
 fn kernel(k: &Kernel, ty: GgmlType, mode: Mode) {
     k.max_threads(THREADS, 1, 1);
-    let src = k.param_ptr(if matches!(mode, Mode::Embed) {
-        "table"
-    } else {
-        "src"
-    });
-    let tokens = matches!(mode, Mode::Embed).then(|| k.param_ptr("tokens"));
-    let out = k.param_ptr("out");
-    let cols = k.param_u32("cols");
-    let row_bytes = k.param_u32("row_bytes");
-    let n_vocab = matches!(mode, Mode::Embed).then(|| k.param_u32("n_vocab"));
+    let (src, tokens, out, cols, row_bytes, n_vocab) = match mode {
+        Mode::Embed => {
+            let r = EmbedRegs::declare(k);
+            let (t, o, c, b, v) = (r.tokens, r.out, r.cols, r.row_bytes, r.n_vocab);
+            (r.table, Some(t), o, c, b, Some(v))
+        }
+        Mode::Rows(_) => {
+            let r = DequantizeRegs::declare(k);
+            (r.src, None, r.out, r.cols, r.row_bytes, None)
+        }
+    };
     let c = k.mad(k.reg(), k.ctaid_y(), THREADS, k.tid_x());
     k.exit_if(k.ge(c, cols));
     let row = k.ctaid_x();

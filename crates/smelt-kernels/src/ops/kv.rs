@@ -6,7 +6,7 @@
 
 use smelt_ptx::{Exact, FloatRound, Kernel, Load, Store, F16, F32, U32, U64};
 
-use super::{dim, Launch};
+use super::{dim, kernel_params, Launch};
 use crate::catalog::Entry;
 
 /// Name of [`kv_append_kernel`].
@@ -61,6 +61,20 @@ pub fn launch(n_seqs: usize, max_tokens: usize, kv_dim: usize) -> Launch {
     )
 }
 
+kernel_params! {
+    /// Arguments of [`kv_append_kernel`].
+    KvAppendArgs, KvAppendRegs {
+        k: Ptr,
+        v: Ptr,
+        k_cache: Ptr,
+        v_cache: Ptr,
+        seqs: Ptr,
+        block_tables: Ptr,
+        kv_dim: U32,
+        block_size: U32,
+    }
+}
+
 /// Stores row `seq.row + t` of `k` and `v` at position `seq.start_pos + t` for every
 /// sequence and `t < seq.n_tokens`, rounded to f16 to nearest even (ggml's conversion).
 ///
@@ -69,14 +83,16 @@ pub fn launch(n_seqs: usize, max_tokens: usize, kv_dim: usize) -> Launch {
 /// Launch: [`launch`] (grid x = column blocks, y = sequences, z strides over tokens).
 pub fn kv_append_kernel(k: &Kernel) {
     k.max_threads(THREADS, 1, 1);
-    let kin = k.param_ptr("k");
-    let vin = k.param_ptr("v");
-    let kc = k.param_ptr("k_cache");
-    let vc = k.param_ptr("v_cache");
-    let seqs = k.param_ptr("seqs");
-    let tables = k.param_ptr("block_tables");
-    let kv_dim = k.param_u32("kv_dim");
-    let block_size = k.param_u32("block_size");
+    let KvAppendRegs {
+        k: kin,
+        v: vin,
+        k_cache: kc,
+        v_cache: vc,
+        seqs,
+        block_tables: tables,
+        kv_dim,
+        block_size,
+    } = KvAppendRegs::declare(k);
     let d = k.mad(k.reg(), k.ctaid_x(), THREADS, k.tid_x());
     k.exit_if(k.ge(d, kv_dim));
     let desc = k.elem_addr(seqs, k.ctaid_y(), 16);

@@ -76,7 +76,8 @@ pub enum ArgValue {
 /// Declares a kernel's parameters once, for both sides of a launch: a host struct
 /// (`$args`, public fields) whose `values()` are the arguments in order, and a kernel-side
 /// struct (`$regs`) whose `declare` emits the `.param`s in that same order and holds their
-/// registers. Kinds: `Ptr` (a device address, `u64`), `U32`, `F32`. Adding, removing or
+/// registers. Kinds: `Ptr` (a device address, `u64`), `MaybePtr` (an address that may be 0,
+/// kept as the raw parameter for the kernel to test), `U32`, `F32`. Adding, removing or
 /// reordering a field changes both sides together, so the host's packing and the kernel's
 /// declaration cannot drift apart.
 macro_rules! kernel_params {
@@ -116,15 +117,19 @@ macro_rules! kernel_params {
         }
     };
     (@host Ptr) => { u64 };
+    (@host MaybePtr) => { u64 };
     (@host U32) => { u32 };
     (@host F32) => { f32 };
     (@reg Ptr) => { smelt_ptx::Reg<smelt_ptx::U64> };
+    (@reg MaybePtr) => { smelt_ptx::Reg<smelt_ptx::U64> };
     (@reg U32) => { smelt_ptx::Reg<smelt_ptx::U32> };
     (@reg F32) => { smelt_ptx::Reg<smelt_ptx::F32> };
     (@value Ptr, $v:expr) => { $crate::ops::ArgValue::Ptr($v) };
+    (@value MaybePtr, $v:expr) => { $crate::ops::ArgValue::Ptr($v) };
     (@value U32, $v:expr) => { $crate::ops::ArgValue::U32($v) };
     (@value F32, $v:expr) => { $crate::ops::ArgValue::F32($v) };
     (@declare Ptr, $k:expr, $n:expr) => { $k.param_ptr($n) };
+    (@declare MaybePtr, $k:expr, $n:expr) => { $k.param::<smelt_ptx::U64>($n) };
     (@declare U32, $k:expr, $n:expr) => { $k.param_u32($n) };
     (@declare F32, $k:expr, $n:expr) => { $k.param::<smelt_ptx::F32>($n) };
 }

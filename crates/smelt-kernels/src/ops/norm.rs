@@ -3,7 +3,7 @@
 
 use smelt_ptx::{Kernel, Load, Pred, Reg, Store, F32, U32};
 
-use super::{block_sum, dim, reduce_scratch, Launch};
+use super::{block_sum, dim, kernel_params, reduce_scratch, Launch};
 use crate::catalog::Entry;
 
 /// Name of [`rms_norm_kernel`].
@@ -33,6 +33,17 @@ pub fn launch(n_chunks: usize, n: usize) -> Launch {
     Launch::new((dim(n_chunks), 1, 1), (threads(n), 1, 1))
 }
 
+kernel_params! {
+    /// Arguments of [`rms_norm_kernel`].
+    RmsNormArgs, RmsNormRegs {
+        x: Ptr,
+        w: Ptr,
+        out: Ptr,
+        n: U32,
+        eps: F32,
+    }
+}
+
 /// `out = x / sqrt(mean(x²) + eps) * w` for each chunk of `n = len(w)` consecutive values.
 ///
 /// Parameters: `x: *const f32, w: *const f32, out: *mut f32, n: u32, eps: f32`.
@@ -41,13 +52,21 @@ pub fn launch(n_chunks: usize, n: usize) -> Launch {
 /// The sum of squares is an f32 block reduction in a fixed order; the scale is
 /// `1 / sqrt_rn(mean + eps)` with an IEEE division, as the CPU backend computes it.
 pub fn rms_norm_kernel(k: &Kernel) {
-    let x = k.param_ptr("x");
-    let w = k.param_ptr("w");
-    let out = k.param_ptr("out");
-    let n = k.param_u32("n");
-    let eps = k.param::<F32>("eps");
+    let RmsNormRegs { x, w, out, n, eps } = RmsNormRegs::declare(k);
     k.max_threads(1024, 1, 1);
     norm_body(k, x, None, w, out, n, eps);
+}
+
+kernel_params! {
+    /// Arguments of [`add_rms_norm_kernel`].
+    AddRmsNormArgs, AddRmsNormRegs {
+        x: Ptr,
+        y: Ptr,
+        w: Ptr,
+        out: Ptr,
+        n: U32,
+        eps: F32,
+    }
 }
 
 /// `x += y; out = rms_norm(x) * w` in one pass over `x` and `y`: the residual stream is
@@ -56,12 +75,14 @@ pub fn rms_norm_kernel(k: &Kernel) {
 /// Parameters: `x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, n: u32,
 /// eps: f32`. Launch as [`rms_norm_kernel`].
 pub fn add_rms_norm_kernel(k: &Kernel) {
-    let x = k.param_ptr("x");
-    let y = k.param_ptr("y");
-    let w = k.param_ptr("w");
-    let out = k.param_ptr("out");
-    let n = k.param_u32("n");
-    let eps = k.param::<F32>("eps");
+    let AddRmsNormRegs {
+        x,
+        y,
+        w,
+        out,
+        n,
+        eps,
+    } = AddRmsNormRegs::declare(k);
     k.max_threads(1024, 1, 1);
     norm_body(k, x, Some(y), w, out, n, eps);
 }

@@ -9,7 +9,7 @@
 
 use smelt_ptx::{FloatRound, IntRound, Kernel, Load, Store, F32, F64, U32, U64};
 
-use super::{dim, Launch};
+use super::{dim, kernel_params, Launch};
 use crate::catalog::Entry;
 
 /// How rope pairs the dimensions of a head (the engine's `RopeStyle`).
@@ -121,6 +121,26 @@ pub(crate) fn rotate(
     (y0, y1)
 }
 
+kernel_params! {
+    /// Arguments of [`rope_kv_kernel`] (either rope style).
+    RopeKvArgs, RopeKvRegs {
+        x: Ptr,
+        pos: Ptr,
+        freq_factors: MaybePtr,
+        v: Ptr,
+        k_cache: Ptr,
+        v_cache: Ptr,
+        seqs: Ptr,
+        block_tables: Ptr,
+        n_head: U32,
+        n_head_kv: U32,
+        head_dim: U32,
+        block_size: U32,
+        theta_scale: F32,
+        freq_scale: F32,
+    }
+}
+
 /// One decode row's rope of Q and K and its KV-cache append in one launch (instead of
 /// [`kernel`] then `kv::kv_append_kernel`): `x` holds the row's Q heads then its K heads
 /// (`n_head + n_head_kv` heads of `head_dim`, rotated in place as [`kernel`] rotates them,
@@ -133,20 +153,22 @@ pub(crate) fn rotate(
 /// block_size: u32, theta_scale: f32, freq_scale: f32`. Launch: [`kv_launch`].
 pub fn rope_kv_kernel(k: &Kernel, style: RopeStyle) {
     k.max_threads(1024, 1, 1);
-    let x = k.param_ptr("x");
-    let pos = k.param_ptr("pos");
-    let ff_raw = k.param::<U64>("freq_factors");
-    let v = k.param_ptr("v");
-    let kc = k.param_ptr("k_cache");
-    let vc = k.param_ptr("v_cache");
-    let seqs = k.param_ptr("seqs");
-    let tables = k.param_ptr("block_tables");
-    let n_head = k.param_u32("n_head");
-    let n_head_kv = k.param_u32("n_head_kv");
-    let head_dim = k.param_u32("head_dim");
-    let block_size = k.param_u32("block_size");
-    let theta_scale = k.param::<F32>("theta_scale");
-    let freq_scale = k.param::<F32>("freq_scale");
+    let RopeKvRegs {
+        x,
+        pos,
+        freq_factors: ff_raw,
+        v,
+        k_cache: kc,
+        v_cache: vc,
+        seqs,
+        block_tables: tables,
+        n_head,
+        n_head_kv,
+        head_dim,
+        block_size,
+        theta_scale,
+        freq_scale,
+    } = RopeKvRegs::declare(k);
     let half = k.shr(k.reg(), head_dim, 1u32);
     let i = k.tid_x();
     k.exit_if(k.ge(i, half));
@@ -261,6 +283,20 @@ pub fn rope_kv_cpu(
     );
 }
 
+kernel_params! {
+    /// Arguments of the rope [`kernel`] (either style).
+    RopeArgs, RopeRegs {
+        x: Ptr,
+        pos: Ptr,
+        freq_factors: MaybePtr,
+        cols: U32,
+        head_dim: U32,
+        n_rot: U32,
+        theta_scale: F32,
+        freq_scale: F32,
+    }
+}
+
 /// Rotates every head of every row of `x` by the row's position.
 ///
 /// Parameters: `x: *mut f32, pos: *const u32 (one per row), freq_factors: *const f32
@@ -268,14 +304,16 @@ pub fn rope_kv_cpu(
 /// head_dim), theta_scale: f32 ([`theta_scale`]), freq_scale: f32`. Launch: [`launch`].
 pub fn kernel(k: &Kernel, style: RopeStyle) {
     k.max_threads(1024, 1, 1);
-    let x = k.param_ptr("x");
-    let pos = k.param_ptr("pos");
-    let ff_raw = k.param::<U64>("freq_factors");
-    let cols = k.param_u32("cols");
-    let head_dim = k.param_u32("head_dim");
-    let n_rot = k.param_u32("n_rot");
-    let theta_scale = k.param::<F32>("theta_scale");
-    let freq_scale = k.param::<F32>("freq_scale");
+    let RopeRegs {
+        x,
+        pos,
+        freq_factors: ff_raw,
+        cols,
+        head_dim,
+        n_rot,
+        theta_scale,
+        freq_scale,
+    } = RopeRegs::declare(k);
     let half = k.shr(k.reg(), n_rot, 1u32);
     let i = k.tid_x();
     k.exit_if(k.ge(i, half));

@@ -3,7 +3,7 @@
 
 use smelt_ptx::{Cmp, Kernel, Load, Reg, Shfl, Store, F32, FULL_WARP, U32};
 
-use super::{block_max, block_sum, dim, reduce_scratch, Launch, LOG2E};
+use super::{block_max, block_sum, dim, kernel_params, reduce_scratch, Launch, LOG2E};
 use crate::catalog::Entry;
 
 /// Name of [`softmax_kernel`].
@@ -130,6 +130,15 @@ fn scan_row(
     });
 }
 
+kernel_params! {
+    /// Arguments of [`softmax_kernel`].
+    SoftmaxArgs, SoftmaxRegs {
+        x: Ptr,
+        out: Ptr,
+        cols: U32,
+    }
+}
+
 /// `out[r] = softmax(x[r])` over rows of `cols` values.
 ///
 /// Parameters: `x: *const f32, out: *mut f32, cols: u32`. Launch: [`launch`]. `out` may
@@ -137,9 +146,7 @@ fn scan_row(
 /// block reduction and the output is `e * (1 / sum)`.
 pub fn softmax_kernel(k: &Kernel) {
     k.max_threads(ROW_THREADS, 1, 1);
-    let x = k.param_ptr("x");
-    let out = k.param_ptr("out");
-    let cols = k.param_u32("cols");
+    let SoftmaxRegs { x, out, cols } = SoftmaxRegs::declare(k);
     let scratch = reduce_scratch(k, "softmax_red");
     let base = k.mul_wide(k.reg(), k.ctaid_x(), cols);
     k.shl(base, base, 2u32);
@@ -171,6 +178,15 @@ pub fn softmax_kernel(k: &Kernel) {
     });
 }
 
+kernel_params! {
+    /// Arguments of [`argmax_kernel`].
+    ArgmaxArgs, ArgmaxRegs {
+        x: Ptr,
+        out: Ptr,
+        cols: U32,
+    }
+}
+
 /// Index of the largest value of each row: the first one on ties; NaN is never chosen;
 /// a row of only NaN gives 0.
 ///
@@ -178,9 +194,7 @@ pub fn softmax_kernel(k: &Kernel) {
 /// [`launch`].
 pub fn argmax_kernel(k: &Kernel) {
     k.max_threads(ROW_THREADS, 1, 1);
-    let x = k.param_ptr("x");
-    let out = k.param_ptr("out");
-    let cols = k.param_u32("cols");
+    let ArgmaxRegs { x, out, cols } = ArgmaxRegs::declare(k);
     let base = k.mul_wide(k.reg(), k.ctaid_x(), cols);
     k.shl(base, base, 2u32);
     let xs = k.add(k.reg(), x, base);
@@ -191,6 +205,17 @@ pub fn argmax_kernel(k: &Kernel) {
     k.guarded(first, |k| {
         k.st(Store::GLOBAL, k.elem_addr(out, k.ctaid_x(), 4), bi)
     });
+}
+
+kernel_params! {
+    /// Arguments of [`argmax_split_kernel`].
+    ArgmaxSplitArgs, ArgmaxSplitRegs {
+        x: Ptr,
+        out: Ptr,
+        cols: U32,
+        best: Ptr,
+        counters: Ptr,
+    }
 }
 
 /// [`argmax_kernel`] with each row split over [`split_parts`] blocks (one block reading a
@@ -206,11 +231,13 @@ pub fn argmax_kernel(k: &Kernel) {
 /// the first launch, and every launch leaves them so. Launch: [`split_launch`].
 pub fn argmax_split_kernel(k: &Kernel) {
     k.max_threads(SPLIT_THREADS, 1, 1);
-    let x = k.param_ptr("x");
-    let out = k.param_ptr("out");
-    let cols = k.param_u32("cols");
-    let best = k.param_ptr("best");
-    let counters = k.param_ptr("counters");
+    let ArgmaxSplitRegs {
+        x,
+        out,
+        cols,
+        best,
+        counters,
+    } = ArgmaxSplitRegs::declare(k);
     let row = k.ctaid_y();
     let part = k.ctaid_x();
     let parts = k.special(smelt_ptx::Special::Nctaid(smelt_ptx::Dim::X));
@@ -392,6 +419,16 @@ fn order_key(k: &Kernel, v: Reg<F32>) -> Reg<U32> {
     key
 }
 
+kernel_params! {
+    /// Arguments of [`sample_kernel`].
+    SampleArgs, SampleRegs {
+        logits: Ptr,
+        out: Ptr,
+        params: Ptr,
+        cols: U32,
+    }
+}
+
 /// `top_k` → `temperature` → `top_p` sampling of each row, from the row's uniform number.
 ///
 /// Parameters: `logits: *const f32, out: *mut u32 (one token per row), params: *const
@@ -409,10 +446,12 @@ pub fn sample_kernel(k: &Kernel) {
     // block of 1024 threads can have, which failed at launch (LAUNCH_OUT_OF_RESOURCES on
     // an H100), hence also the smaller block.
     k.max_threads(SAMPLE_THREADS, 1, 1);
-    let logits = k.param_ptr("logits");
-    let out = k.param_ptr("out");
-    let params = k.param_ptr("params");
-    let cols = k.param_u32("cols");
+    let SampleRegs {
+        logits,
+        out,
+        params,
+        cols,
+    } = SampleRegs::declare(k);
     let hist = k.shared::<U32>("sample_hist", 256, 16);
     // 0: prefix / threshold key, 1: remaining rank, 2: count at the chosen bin,
     // 3: candidate counter, 4: index threshold.

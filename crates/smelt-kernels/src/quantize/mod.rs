@@ -27,6 +27,7 @@ pub mod kquants;
 pub mod legacy;
 mod search;
 
+use crate::ops::kernel_params;
 use smelt_ptx::{
     Cmp, Exact, FloatRound, IntRound, Kernel, Load, Pred, Reg, Store, F16, F32, S32, U16, U32, U64,
 };
@@ -174,6 +175,17 @@ pub fn kernel_name(ty: GgmlType, input: Input) -> Result<String, KernelError> {
     ))
 }
 
+kernel_params! {
+    /// Arguments of every quantize [`kernel`].
+    QuantizeArgs, QuantizeRegs {
+        src: Ptr,
+        dst: Ptr,
+        flags: Ptr,
+        blocks: U32,
+        blocks_per_row: U32,
+    }
+}
+
 /// Emits the kernel quantizing `input` rows to `ty`. Parameters, in order: `src` (the
 /// rows), `dst` (the blocks), `flags` (one zeroed u32 per row), `blocks` (u32, blocks in
 /// the tensor) and `blocks_per_row` (u32). Launch with [`plan`].
@@ -311,11 +323,13 @@ pub(crate) struct Thread {
 
 /// Loads this thread's weights and raises its row's flag for non-finite values.
 pub(crate) fn prologue(k: &Kernel, input: Input, s: Shape) -> Thread {
-    let src = k.param_ptr("src");
-    let dst = k.param_ptr("dst");
-    let flags = k.param_ptr("flags");
-    let blocks = k.param_u32("blocks");
-    let per_row = k.param_u32("blocks_per_row");
+    let QuantizeRegs {
+        src,
+        dst,
+        flags,
+        blocks,
+        blocks_per_row: per_row,
+    } = QuantizeRegs::declare(k);
     k.max_threads(BLOCK_THREADS, 1, 1);
     let tid = k.tid_x();
     let gid = k.global_id_x();

@@ -7,7 +7,7 @@ use smelt_cuda::CudaError;
 use smelt_gguf::GgmlType;
 use smelt_kernels::{act, catalog, gemm, gemv, TILE};
 
-use super::ops::Arg;
+use super::ops::args;
 use super::{
     lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingGemv, Quantized, SplitNorm, StepPtrs,
 };
@@ -96,10 +96,9 @@ impl Cuda {
                     if a.workspace_floats() > 0 {
                         a.y = self.scratch(a.workspace_floats() * 4)?;
                     }
-                    let args = a.values().map(Arg::from);
-                    self.launch(name, a.launch(), &args)?;
+                    self.launch(name, a.launch(), &args(&a.values()))?;
                     if let Some((vals, l)) = a.reduce(out.ptr) {
-                        self.launch(gemm::REDUCE, l, &vals.map(Arg::from))?;
+                        self.launch(gemm::REDUCE, l, &args(&vals.values()))?;
                     }
                     // The output must not be a cached input.
                     let overlaps = |c: &CudaTensor| {
@@ -185,7 +184,7 @@ impl Cuda {
         y: u64,
         ntok: usize,
         rms: Option<&SplitNorm>,
-        rope: Option<&[Arg]>,
+        rope: Option<&gemv::RopeKvArgs>,
     ) -> Result<(), CudaError> {
         let mut cfg = gemv::Config::new(ntok);
         if ntok == 1 && rows <= self.opts.gemv_rows.0 {
@@ -222,27 +221,34 @@ impl Cuda {
         );
         // Parameters in the order `gemv::kernel` documents; `w` holds `rows` rows of
         // `row_bytes`, `xq` `ntok` rows of q8_1 tiles, `y` `ntok x rows` floats.
-        let mut args = vec![
-            Arg::P(w),
-            Arg::P(xq),
-            Arg::P(y),
-            Arg::U(nrows),
-            Arg::U(cols.div_ceil(TILE) as u32),
-            Arg::U(row_bytes as u32),
-            Arg::U(0),
-        ];
-        if let Some(r) = rms {
-            args.extend([
-                Arg::P(r.partials),
-                Arg::U(r.nparts as u32),
-                Arg::U(cols as u32),
-                Arg::F(r.eps),
-                Arg::P(r.res.ptr),
-                Arg::P(r.g),
-                Arg::P(if r.out_pending { r.out.ptr } else { 0 }),
-            ]);
+        let mut values = gemv::GemvArgs {
+            w,
+            x: xq,
+            y,
+            nrows,
+            ntiles: cols.div_ceil(TILE) as u32,
+            row_bytes: row_bytes as u32,
+            never: 0,
         }
-        args.extend(rope.unwrap_or_default());
+        .values();
+        if let Some(r) = rms {
+            values.extend(
+                gemv::RmsInputArgs {
+                    partials: r.partials,
+                    nparts: r.nparts as u32,
+                    n: cols as u32,
+                    eps: r.eps,
+                    res: r.res.ptr,
+                    g: r.g,
+                    out: if r.out_pending { r.out.ptr } else { 0 },
+                }
+                .values(),
+            );
+        }
+        if let Some(r) = rope {
+            values.extend(r.values());
+        }
+        let args = args(&values);
         if self.skipped(&format!("gemv{rows}x{cols}")) {
             return Ok(());
         }
@@ -335,19 +341,28 @@ impl Cuda {
             self.launch(
                 &catalog::gemv_config_name(p.ty, cfg)?,
                 l,
-                &[
-                    Arg::P(p.w),
-                    Arg::P(p.q),
-                    Arg::P(p.out),
-                    Arg::U(n as u32),
-                    Arg::U(p.cols.div_ceil(TILE) as u32),
-                    Arg::U(p.row_bytes as u32),
-                    Arg::U(0),
-                    Arg::P(x.ptr),
-                    Arg::P(g),
-                    Arg::P(q),
-                    Arg::P(partials),
-                ],
+                &args(
+                    &[
+                        gemv::GemvArgs {
+                            w: p.w,
+                            x: p.q,
+                            y: p.out,
+                            nrows: n as u32,
+                            ntiles: p.cols.div_ceil(TILE) as u32,
+                            row_bytes: p.row_bytes as u32,
+                            never: 0,
+                        }
+                        .values(),
+                        gemv::ResNormArgs {
+                            res: x.ptr,
+                            g,
+                            q,
+                            partials,
+                        }
+                        .values(),
+                    ]
+                    .concat(),
+                ),
             )?;
         }
         *lock(&self.quantized) = Some(Quantized {
@@ -379,7 +394,15 @@ impl Cuda {
         self.launch(
             gemm::act::QUANTIZE,
             gemm::act::quantize_launch(x.cols, x.rows),
-            &[Arg::P(x.ptr), Arg::P(q), Arg::U(len), Arg::U(ntiles)],
+            &args(
+                &gemm::act::QuantizeArgs {
+                    x: x.ptr,
+                    q,
+                    k: len,
+                    ntiles,
+                }
+                .values(),
+            ),
         )?;
         *lock(&self.gemm_quantized) = Some((*x, q));
         Ok(q)
@@ -402,7 +425,15 @@ impl Cuda {
         self.launch(
             catalog::QUANTIZE,
             l,
-            &[Arg::P(x), Arg::P(q), Arg::U(len), Arg::U(ntiles)],
+            &args(
+                &act::QuantizeArgs {
+                    x,
+                    q,
+                    k: len,
+                    ntiles,
+                }
+                .values(),
+            ),
         )
     }
 }

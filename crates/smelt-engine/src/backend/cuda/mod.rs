@@ -39,7 +39,6 @@ use smelt_gguf::{GgmlType, Gguf};
 use smelt_kernels::{act, catalog};
 
 use self::arena::Arena;
-use self::ops::Arg;
 use self::options::CudaOptions;
 use self::step::StepLayout;
 use self::weights::{Role, WeightPlan};
@@ -488,7 +487,11 @@ impl Cuda {
 
     /// Launches the deferred single-token GEMV `p` (with the rope + KV-append epilogue's
     /// parameters `rope`, see [`Cuda::launch_gemv`]).
-    fn launch_pending_gemv(&self, p: &PendingGemv, rope: Option<&[Arg]>) -> Result<(), CudaError> {
+    fn launch_pending_gemv(
+        &self,
+        p: &PendingGemv,
+        rope: Option<&smelt_kernels::gemv::RopeKvArgs>,
+    ) -> Result<(), CudaError> {
         self.launch_gemv(
             p.w,
             p.ty,

@@ -15,18 +15,10 @@ pub(crate) use smelt_cuda::KernelParam as Arg;
 /// kernel.
 const ARGMAX_ROWS: usize = 4096;
 
-/// A kernel argument declared through `ops::kernel_params!` as the launch takes it.
-fn arg(v: ops::ArgValue) -> Arg {
-    match v {
-        ops::ArgValue::Ptr(p) => Arg::P(p),
-        ops::ArgValue::U32(u) => Arg::U(u),
-        ops::ArgValue::F32(f) => Arg::F(f),
-    }
-}
-
-/// The arguments of a kernel declared through `ops::kernel_params!`, in its order.
-fn args(values: &[ops::ArgValue]) -> Vec<Arg> {
-    values.iter().copied().map(arg).collect()
+/// The arguments of a kernel declared through `ops::kernel_params!`, in its order, as the
+/// launch takes them.
+pub(super) fn args(values: &[ops::ArgValue]) -> Vec<Arg> {
+    values.iter().copied().map(Arg::from).collect()
 }
 
 fn u32_of(n: usize, what: &'static str) -> Result<u32, CudaError> {
@@ -109,13 +101,16 @@ impl Cuda {
         self.launch(
             ops::norm::RMS_NORM,
             norm_launch(total / n, n),
-            &[
-                Arg::P(x.ptr),
-                Arg::P(wp),
-                Arg::P(out.ptr),
-                Arg::U(n as u32),
-                Arg::F(eps),
-            ],
+            &args(
+                &ops::norm::RmsNormArgs {
+                    x: x.ptr,
+                    w: wp,
+                    out: out.ptr,
+                    n: n as u32,
+                    eps,
+                }
+                .values(),
+            ),
         )
     }
 
@@ -171,29 +166,35 @@ impl Cuda {
             Some(y) => self.launch(
                 smelt_kernels::fused::ADD_RMS_NORM_Q8,
                 l,
-                &[
-                    Arg::P(x.ptr),
-                    Arg::P(y.ptr),
-                    Arg::P(wp),
-                    Arg::P(out.ptr),
-                    Arg::P(q),
-                    Arg::U(n as u32),
-                    Arg::U(ntiles),
-                    Arg::F(eps),
-                ],
+                &args(
+                    &smelt_kernels::fused::AddNormQ8Args {
+                        x: x.ptr,
+                        y: y.ptr,
+                        w: wp,
+                        out: out.ptr,
+                        q,
+                        n: n as u32,
+                        ntiles,
+                        eps,
+                    }
+                    .values(),
+                ),
             ),
             None => self.launch(
                 smelt_kernels::fused::RMS_NORM_Q8,
                 l,
-                &[
-                    Arg::P(x.ptr),
-                    Arg::P(wp),
-                    Arg::P(out.ptr),
-                    Arg::P(q),
-                    Arg::U(n as u32),
-                    Arg::U(ntiles),
-                    Arg::F(eps),
-                ],
+                &args(
+                    &smelt_kernels::fused::NormQ8Args {
+                        x: x.ptr,
+                        w: wp,
+                        out: out.ptr,
+                        q,
+                        n: n as u32,
+                        ntiles,
+                        eps,
+                    }
+                    .values(),
+                ),
             ),
         }
     }
@@ -210,14 +211,17 @@ impl Cuda {
         self.launch(
             ops::norm::ADD_RMS_NORM,
             norm_launch(x.rows, n),
-            &[
-                Arg::P(x.ptr),
-                Arg::P(y.ptr),
-                Arg::P(wp),
-                Arg::P(out.ptr),
-                Arg::U(n as u32),
-                Arg::F(eps),
-            ],
+            &args(
+                &ops::norm::AddRmsNormArgs {
+                    x: x.ptr,
+                    y: y.ptr,
+                    w: wp,
+                    out: out.ptr,
+                    n: n as u32,
+                    eps,
+                }
+                .values(),
+            ),
         )
     }
 
@@ -233,7 +237,14 @@ impl Cuda {
         self.launch(
             ops::elementwise::ADD_BIAS,
             ops::elementwise::launch_bias(x.rows, x.cols),
-            &[Arg::P(x.ptr), Arg::P(bp), Arg::U(u32_of(x.cols, "cols")?)],
+            &args(
+                &ops::elementwise::AddBiasArgs {
+                    x: x.ptr,
+                    bias: bp,
+                    cols: u32_of(x.cols, "cols")?,
+                }
+                .values(),
+            ),
         )
     }
 
@@ -242,7 +253,14 @@ impl Cuda {
         self.launch(
             ops::elementwise::SCALE,
             ops::elementwise::launch(n),
-            &[Arg::P(x.ptr), Arg::U(u32_of(n, "scale length")?), Arg::F(s)],
+            &args(
+                &ops::elementwise::ScaleArgs {
+                    x: x.ptr,
+                    n: u32_of(n, "scale length")?,
+                    s,
+                }
+                .values(),
+            ),
         )
     }
 
@@ -258,11 +276,14 @@ impl Cuda {
         self.launch(
             ops::elementwise::ADD,
             ops::elementwise::launch(n),
-            &[
-                Arg::P(x.ptr),
-                Arg::P(y.ptr),
-                Arg::U(u32_of(n, "add length")?),
-            ],
+            &args(
+                &ops::elementwise::AddArgs {
+                    x: x.ptr,
+                    y: y.ptr,
+                    n: u32_of(n, "add length")?,
+                }
+                .values(),
+            ),
         )
     }
 
@@ -287,11 +308,14 @@ impl Cuda {
         self.launch(
             ops::elementwise::glu_name(act),
             ops::elementwise::launch(n),
-            &[
-                Arg::P(gate.ptr),
-                Arg::P(up.ptr),
-                Arg::U(u32_of(n, "glu length")?),
-            ],
+            &args(
+                &ops::elementwise::GluArgs {
+                    gate: gate.ptr,
+                    up: up.ptr,
+                    n: u32_of(n, "glu length")?,
+                }
+                .values(),
+            ),
         )
     }
 
@@ -323,13 +347,16 @@ impl Cuda {
         self.launch(
             smelt_kernels::fused::glu_q8_name(act),
             smelt_kernels::fused::glu_q8_launch(gate.rows, k),
-            &[
-                Arg::P(gate.ptr),
-                Arg::P(up.ptr),
-                Arg::P(q),
-                Arg::U(u32_of(k, "glu length")?),
-                Arg::U(u32_of(k.div_ceil(smelt_kernels::TILE), "glu tiles")?),
-            ],
+            &args(
+                &smelt_kernels::fused::GluQ8Args {
+                    gate: gate.ptr,
+                    up: up.ptr,
+                    q,
+                    k: u32_of(k, "glu length")?,
+                    ntiles: u32_of(k.div_ceil(smelt_kernels::TILE), "glu tiles")?,
+                }
+                .values(),
+            ),
         )
     }
 
@@ -357,16 +384,19 @@ impl Cuda {
         self.launch(
             ops::rope::name(style),
             ops::rope::launch(x.rows, x.cols, head_dim, n_rot),
-            &[
-                Arg::P(x.ptr),
-                Arg::P(positions),
-                Arg::P(ff),
-                Arg::U(x.cols as u32),
-                Arg::U(head_dim as u32),
-                Arg::U(n_rot as u32),
-                Arg::F(ops::rope::theta_scale(p.freq_base, n_rot)),
-                Arg::F(p.freq_scale),
-            ],
+            &args(
+                &ops::rope::RopeArgs {
+                    x: x.ptr,
+                    pos: positions,
+                    freq_factors: ff,
+                    cols: x.cols as u32,
+                    head_dim: head_dim as u32,
+                    n_rot: n_rot as u32,
+                    theta_scale: ops::rope::theta_scale(p.freq_base, n_rot),
+                    freq_scale: p.freq_scale,
+                }
+                .values(),
+            ),
         )
     }
 
@@ -418,22 +448,25 @@ impl Cuda {
         self.launch(
             ops::rope::kv_name(style),
             ops::rope::kv_launch(n_head, n_head_kv, hd),
-            &[
-                Arg::P(r.x.ptr),
-                Arg::P(r.positions),
-                Arg::P(r.freq_factors),
-                Arg::P(v.ptr),
-                Arg::P(kc),
-                Arg::P(vc),
-                Arg::P(s.descs),
-                Arg::P(s.block_tables),
-                Arg::U(u32_of(n_head, "rope_kv heads")?),
-                Arg::U(u32_of(n_head_kv, "rope_kv kv heads")?),
-                Arg::U(u32_of(hd, "rope_kv head_dim")?),
-                Arg::U(u32_of(kv.block_size, "rope_kv block size")?),
-                Arg::F(ops::rope::theta_scale(r.p.freq_base, hd)),
-                Arg::F(r.p.freq_scale),
-            ],
+            &args(
+                &ops::rope::RopeKvArgs {
+                    x: r.x.ptr,
+                    pos: r.positions,
+                    freq_factors: r.freq_factors,
+                    v: v.ptr,
+                    k_cache: kc,
+                    v_cache: vc,
+                    seqs: s.descs,
+                    block_tables: s.block_tables,
+                    n_head: u32_of(n_head, "rope_kv heads")?,
+                    n_head_kv: u32_of(n_head_kv, "rope_kv kv heads")?,
+                    head_dim: u32_of(hd, "rope_kv head_dim")?,
+                    block_size: u32_of(kv.block_size, "rope_kv block size")?,
+                    theta_scale: ops::rope::theta_scale(r.p.freq_base, hd),
+                    freq_scale: r.p.freq_scale,
+                }
+                .values(),
+            ),
         )
     }
 
@@ -455,24 +488,24 @@ impl Cuda {
         r: &PendingRope,
         kv: &CudaKv,
         layer: usize,
-    ) -> Result<Vec<Arg>, CudaError> {
+    ) -> Result<smelt_kernels::gemv::RopeKvArgs, CudaError> {
         let (kc, vc) = self.kv_layer(kv, layer, "rope_kv")?;
         let s = self.step_ptrs()?;
         let hd = r.head_dim;
-        Ok(vec![
-            Arg::P(r.positions),
-            Arg::P(r.freq_factors),
-            Arg::P(kc),
-            Arg::P(vc),
-            Arg::P(s.descs),
-            Arg::P(s.block_tables),
-            Arg::U(u32_of(r.x.cols - kv.kv_dim, "rope_kv Q rows")?),
-            Arg::U(u32_of(kv.kv_dim, "rope_kv kv_dim")?),
-            Arg::U(u32_of(hd, "rope_kv head_dim")?),
-            Arg::U(u32_of(kv.block_size, "rope_kv block size")?),
-            Arg::F(ops::rope::theta_scale(r.p.freq_base, hd)),
-            Arg::F(r.p.freq_scale),
-        ])
+        Ok(smelt_kernels::gemv::RopeKvArgs {
+            pos: r.positions,
+            freq_factors: r.freq_factors,
+            k_cache: kc,
+            v_cache: vc,
+            seqs: s.descs,
+            block_tables: s.block_tables,
+            q_rows: u32_of(r.x.cols - kv.kv_dim, "rope_kv Q rows")?,
+            kv_dim: u32_of(kv.kv_dim, "rope_kv kv_dim")?,
+            head_dim: u32_of(hd, "rope_kv head_dim")?,
+            block_size: u32_of(kv.block_size, "rope_kv block size")?,
+            theta_scale: ops::rope::theta_scale(r.p.freq_base, hd),
+            freq_scale: r.p.freq_scale,
+        })
     }
 
     /// The greedy token of each row of `logits` (`argmax_rows`: the first largest value,
@@ -492,19 +525,29 @@ impl Cuda {
             return self.launch(
                 ops::sample::ARGMAX_SPLIT,
                 ops::sample::split_launch(logits.rows, logits.cols),
-                &[
-                    Arg::P(logits.ptr),
-                    Arg::P(out.ptr),
-                    Arg::U(cols),
-                    Arg::P(state),
-                    Arg::P(state + (ARGMAX_ROWS * 8) as u64),
-                ],
+                &args(
+                    &ops::sample::ArgmaxSplitArgs {
+                        x: logits.ptr,
+                        out: out.ptr,
+                        cols,
+                        best: state,
+                        counters: state + (ARGMAX_ROWS * 8) as u64,
+                    }
+                    .values(),
+                ),
             );
         }
         self.launch(
             ops::sample::ARGMAX,
             ops::sample::launch(logits.rows),
-            &[Arg::P(logits.ptr), Arg::P(out.ptr), Arg::U(cols)],
+            &args(
+                &ops::sample::ArgmaxArgs {
+                    x: logits.ptr,
+                    out: out.ptr,
+                    cols,
+                }
+                .values(),
+            ),
         )
     }
 
@@ -542,14 +585,17 @@ impl Cuda {
         self.launch(
             &ops::embed::embed_name(*ty)?,
             ops::embed::launch(out.rows, *cols),
-            &[
-                Arg::P(table.ptr()),
-                Arg::P(tokens),
-                Arg::P(out.ptr),
-                Arg::U(u32_of(*cols, "embedding cols")?),
-                Arg::U(u32_of(row_bytes, "embedding row bytes")?),
-                Arg::U(u32_of(*rows, "vocabulary")?),
-            ],
+            &args(
+                &ops::embed::EmbedArgs {
+                    table: table.ptr(),
+                    tokens,
+                    out: out.ptr,
+                    cols: u32_of(*cols, "embedding cols")?,
+                    row_bytes: u32_of(row_bytes, "embedding row bytes")?,
+                    n_vocab: u32_of(*rows, "vocabulary")?,
+                }
+                .values(),
+            ),
         )
     }
 
@@ -572,16 +618,19 @@ impl Cuda {
         self.launch(
             ops::kv::KV_APPEND,
             ops::kv::launch(s.n_seqs, s.max_tokens, kv.kv_dim),
-            &[
-                Arg::P(k.ptr),
-                Arg::P(v.ptr),
-                Arg::P(kc),
-                Arg::P(vc),
-                Arg::P(s.descs),
-                Arg::P(s.block_tables),
-                Arg::U(kv.kv_dim as u32),
-                Arg::U(kv.block_size as u32),
-            ],
+            &args(
+                &ops::kv::KvAppendArgs {
+                    k: k.ptr,
+                    v: v.ptr,
+                    k_cache: kc,
+                    v_cache: vc,
+                    seqs: s.descs,
+                    block_tables: s.block_tables,
+                    kv_dim: kv.kv_dim as u32,
+                    block_size: kv.block_size as u32,
+                }
+                .values(),
+            ),
         )
     }
 
@@ -735,7 +784,7 @@ impl Cuda {
                 q8: t,
                 counters,
             };
-            list.extend(c.values().into_iter().map(arg));
+            list.extend(c.values().into_iter().map(Arg::from));
             return self.launch(combine, grid, &list);
         }
         self.launch(name, grid, &list)?;
@@ -745,14 +794,17 @@ impl Cuda {
             Some(t) if ops::attention::reduce_q8_fits(p.n_head, p.head_dim) => self.launch(
                 ops::attention::REDUCE_Q8,
                 l,
-                &[
-                    Arg::P(acc),
-                    Arg::P(ml),
-                    Arg::P(out.ptr),
-                    Arg::P(t),
-                    Arg::U(splits as u32),
-                    Arg::U(p.head_dim as u32),
-                ],
+                &args(
+                    &ops::attention::ReduceQ8Args {
+                        part_acc: acc,
+                        part_ml: ml,
+                        out: out.ptr,
+                        q: t,
+                        n_splits: splits as u32,
+                        head_dim: p.head_dim as u32,
+                    }
+                    .values(),
+                ),
             ),
             Some(_) => Err(CudaError::Init(format!(
                 "attention_reduce_q8_1 does not take {} heads of {}",
@@ -761,13 +813,16 @@ impl Cuda {
             None => self.launch(
                 ops::attention::REDUCE,
                 l,
-                &[
-                    Arg::P(acc),
-                    Arg::P(ml),
-                    Arg::P(out.ptr),
-                    Arg::U(splits as u32),
-                    Arg::U(p.head_dim as u32),
-                ],
+                &args(
+                    &ops::attention::ReduceArgs {
+                        part_acc: acc,
+                        part_ml: ml,
+                        out: out.ptr,
+                        n_splits: splits as u32,
+                        head_dim: p.head_dim as u32,
+                    }
+                    .values(),
+                ),
             ),
         }
     }
