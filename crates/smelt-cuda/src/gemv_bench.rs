@@ -1,11 +1,11 @@
 //! GEMV bandwidth at real shapes against the device copy measured in the same run: the
 //! timing part of `smelt-kernels`' GPU check, shared with `smelt bench --kernels`.
 
-use smelt_kernels::gemv::{Config, Fuse};
+use smelt_kernels::gemv::{self, Config, Fuse};
 use smelt_kernels::{act, catalog, GgmlType, TILE};
 
 use crate::timing::{copy_bandwidth, time_graph, time_launches};
-use crate::{CudaError, CudaSlice, Gpu, LaunchConfig, PushKernelArg};
+use crate::{CudaError, CudaSlice, Gpu, LaunchConfig};
 
 /// The matrix shapes of Llama-3-8B's decode GEMVs: FFN up/gate, FFN down, attention.
 pub const SHAPES: [(usize, usize); 3] = [(14336, 4096), (4096, 14336), (4096, 4096)];
@@ -87,31 +87,42 @@ fn launch_gemv(
         block_dim: cfg.block(),
         shared_mem_bytes: 0,
     };
-    let never = 0u32;
-    let mut l = gpu.stream().launch_builder(f);
-    l.arg(w)
-        .arg(xq)
-        .arg(y)
-        .arg(&nrows)
-        .arg(&ntiles)
-        .arg(&row_bytes)
-        .arg(&never);
-    let (eps, null) = (1e-5f32, 0u64);
+    let mut values = gemv::GemvArgs {
+        w: gpu.ptr(w),
+        x: gpu.ptr(xq),
+        y: gpu.ptr(y),
+        nrows,
+        ntiles,
+        row_bytes,
+        never: 0,
+    }
+    .values();
     match extras {
         Extras::None => {}
-        Extras::ResidualNorm([res, g, q, parts]) => {
-            l.arg(res).arg(g).arg(q).arg(parts);
-        }
-        Extras::RmsInput(parts, nparts, n, res, g) => {
-            l.arg(parts)
-                .arg(&*nparts)
-                .arg(&*n)
-                .arg(&eps)
-                .arg(res)
-                .arg(g)
-                .arg(&null);
-        }
+        Extras::ResidualNorm([res, g, q, parts]) => values.extend(
+            gemv::ResNormArgs {
+                res: gpu.ptr(res),
+                g: gpu.ptr(g),
+                q: gpu.ptr(q),
+                partials: gpu.ptr(parts),
+            }
+            .values(),
+        ),
+        Extras::RmsInput(parts, nparts, n, res, g) => values.extend(
+            gemv::RmsInputArgs {
+                partials: gpu.ptr(parts),
+                nparts: *nparts,
+                n: *n,
+                eps: 1e-5,
+                res: gpu.ptr(res),
+                g: gpu.ptr(g),
+                out: 0,
+            }
+            .values(),
+        ),
     }
+    let mut l = gpu.stream().launch_builder(f);
+    crate::gpu::push_args(&mut l, &values);
     gpu.no_timeline(&mut l);
     // SAFETY: parameters in the order `gemv::kernel` documents, buffers sized by the caller.
     unsafe { l.launch(lc) }?;

@@ -54,6 +54,22 @@ pub enum KernelParam {
     F(f32),
 }
 
+/// Pushes a typed kernel's arguments (the `values()` of its `ops::kernel_params!` struct)
+/// onto a cudarc launch, in the kernel's order.
+pub fn push_args<'a>(
+    l: &mut cudarc::driver::LaunchArgs<'a>,
+    values: &'a [smelt_kernels::ops::ArgValue],
+) {
+    use cudarc::driver::PushKernelArg;
+    for v in values {
+        match v {
+            smelt_kernels::ops::ArgValue::Ptr(p) => l.arg(p),
+            smelt_kernels::ops::ArgValue::U32(u) => l.arg(u),
+            smelt_kernels::ops::ArgValue::F32(f) => l.arg(f),
+        };
+    }
+}
+
 impl From<smelt_kernels::ops::ArgValue> for KernelParam {
     fn from(v: smelt_kernels::ops::ArgValue) -> Self {
         match v {

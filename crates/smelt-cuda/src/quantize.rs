@@ -7,7 +7,7 @@
 //! whole model goes through with memory for one source tensor and its output at a time.
 //! Non-finite input is an error naming the first bad row and column, as on the CPU.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use smelt_kernels::quantize::{self, Input};
 use smelt_kernels::{GgmlType, KernelError};
 
@@ -56,12 +56,16 @@ pub fn quantize_device(
         block_dim: (p.block, 1, 1),
         shared_mem_bytes: 0,
     };
+    let values = quantize::QuantizeArgs {
+        src: gpu.ptr(src),
+        dst: gpu.ptr(dst),
+        flags: gpu.ptr(flags),
+        blocks: p.blocks,
+        blocks_per_row: p.blocks_per_row,
+    }
+    .values();
     let mut l = gpu.stream().launch_builder(&f);
-    l.arg(src)
-        .arg(dst)
-        .arg(flags)
-        .arg(&p.blocks)
-        .arg(&p.blocks_per_row);
+    crate::gpu::push_args(&mut l, &values);
     gpu.no_timeline(&mut l);
     // SAFETY: the kernel reads `blocks * weights` elements of `src` and writes
     // `out_bytes` of `dst` and `rows` words of `flags`, all checked above.
