@@ -9,28 +9,39 @@
 #        gzipped, as .gpu-old/smelt.gz
 # There: bash bench/gpu/gemm_ab.sh    carry [".gpu-lead", ".gpu-old"]
 # Environment there: ROUNDS (default 2), SKIP_KERNELS=1, SKIP_PARITY=1, CASES (default
-# "pp512 pp4096 b32 b64"). Log: $OUT/gemm_ab.log (or bench/out), the table last.
+# "pp512 pp4096 b32 b64"), QUANT (the model's weight type, default q4_k), GEMM=1 (also
+# gpu_check --gemm's parity and speed table), VARIANTS=0 (skip --gemm-variants). smelt and
+# cuda_parity may be gzipped. Log: $OUT/gemm_ab.log (or bench/out), the table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-bench/out}
 mkdir -p "$out"
 log="$out/gemm_ab.log"
 B=.gpu-lead
+for f in smelt cuda_parity; do
+  [ -f $B/$f.gz ] && { gunzip -c $B/$f.gz > /tmp/$f-new; chmod +x /tmp/$f-new; } || cp $B/$f /tmp/$f-new
+done
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true; } | tee "$log"
 [ -f .gpu-old/smelt.gz ] && { gunzip -c .gpu-old/smelt.gz > /tmp/smelt-old; chmod +x /tmp/smelt-old; }
 status=0
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then
-  echo "== gpu_check --gemm-variants" | tee -a "$log"
-  $B/gpu_check --gemm-variants 2>&1 | tee -a "$log" || status=1
+  if [ "${VARIANTS:-1}" = 1 ]; then
+    echo "== gpu_check --gemm-variants" | tee -a "$log"
+    $B/gpu_check --gemm-variants 2>&1 | tee -a "$log" || status=1
+  fi
+  if [ "${GEMM:-0}" = 1 ]; then
+    echo "== gpu_check --gemm" | tee -a "$log"
+    $B/gpu_check --gemm 2>&1 | tee -a "$log" | grep -E "cases|FAIL|failures" || status=1
+  fi
   echo "== gpu_check --parity-only (the GEMVs and the GEMMs)" | tee -a "$log"
   $B/gpu_check --parity-only 2>&1 | tee -a "$log" | tail -3 || status=1
 fi
 if [ "${SKIP_PARITY:-0}" != 1 ]; then
   echo "== cuda_parity" | tee -a "$log"
-  $B/cuda_parity check $(ls $B/*.gguf) 2>&1 | tee -a "$log" | tail -8 || status=1
+  /tmp/cuda_parity-new check $(ls $B/*.gguf) 2>&1 | tee -a "$log" | grep -E "spread ids|FAIL|PASS" | cut -c1-200 || status=1
 fi
-m=/tmp/llama3-8b-q4_k.gguf
-$B/smelt synth --shape llama3-8b --quant q4_k -o $m > /dev/null
+m=/tmp/llama3-8b-${QUANT:-q4_k}.gguf
+/tmp/smelt-new synth --shape llama3-8b --quant ${QUANT:-q4_k} -o $m > /dev/null
 bench() { # bin case -> number
   case $2 in
     pp*) $1 bench --model $m --device cuda --prompt ${2#pp} --gen 1 --reps 2 --json 2>/dev/null | tr -d '\n' | grep -o '"prompt_tok_s":[0-9.]*' | cut -d: -f2 ;;
@@ -43,7 +54,7 @@ echo "|---|---|---|---|---|" >> "$table"
 for r in $(seq ${ROUNDS:-2}); do
   for c in ${CASES:-pp512 pp4096 b32 b64}; do
     a=$( [ -x /tmp/smelt-old ] && bench /tmp/smelt-old $c || echo nan)
-    b=$(bench $B/smelt $c)
+    b=$(bench /tmp/smelt-new $c)
     ratio=$(python3 -c "print(f'{float(\"${b:-nan}\")/float(\"${a:-nan}\"):.3f}')" 2>/dev/null || echo nan)
     echo "| $c | $r | ${a:-FAILED} | ${b:-FAILED} | $ratio |" | tee -a "$log" >> "$table"
   done

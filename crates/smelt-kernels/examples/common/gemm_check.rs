@@ -107,9 +107,28 @@ fn weight_copies(
         .collect()
 }
 
-/// `ntok` rows of `k` random activations (seeded), on the GPU and as GEMM tiles.
+/// Quantizes `ntok` rows of `k` floats into the tiles the GEMM for `ty` reads
+/// (`gemm::act`, or the GEMV's q8_1 for `gemm::reads_q8_1_tiles`).
+fn quantize_for(
+    gpu: &Gpu,
+    ty: GgmlType,
+    x: &CudaSlice<f32>,
+    q: &mut CudaSlice<u8>,
+    k: usize,
+    ntok: usize,
+) -> Result<()> {
+    if gemm::reads_q8_1_tiles(ty) {
+        gpu.quantize(x, q, k, ntok)
+    } else {
+        quantize(gpu, x, q, k, ntok)
+    }
+}
+
+/// `ntok` rows of `k` random activations (seeded), on the GPU and as the tiles the GEMM
+/// for `ty` reads.
 fn activations(
     gpu: &Gpu,
+    ty: GgmlType,
     k: usize,
     ntok: usize,
     seed: u64,
@@ -118,8 +137,8 @@ fn activations(
     let xd = gpu.stream.clone_htod(&x)?;
     let mut q = gpu
         .stream
-        .alloc_zeros::<u8>(gemm::act::row_bytes(k)? * ntok)?;
-    quantize(gpu, &xd, &mut q, k, ntok)?;
+        .alloc_zeros::<u8>(gemm::activation_row_bytes(ty, k)? * ntok)?;
+    quantize_for(gpu, ty, &xd, &mut q, k, ntok)?;
     Ok((xd, q))
 }
 
@@ -164,12 +183,16 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
             let wd = gpu.stream.clone_htod(&packed)?;
             let x = random_floats(rng, k * ntok, 2.0);
             let xd = gpu.stream.clone_htod(&x)?;
-            let qbytes = gemm::act::row_bytes(k)? * ntok;
+            let qbytes = gemm::activation_row_bytes(ty, k)? * ntok;
             let mut q = gpu.stream.clone_htod(&vec![0xFFu8; qbytes])?;
-            quantize(gpu, &xd, &mut q, k, ntok)?;
+            quantize_for(gpu, ty, &xd, &mut q, k, ntok)?;
             let qh = gpu.stream.clone_dtoh(&q)?;
             // The quantizer: its twin's bytes exactly.
-            let want_q = gemm::act::quantize_cpu(&x, k)?;
+            let want_q = if gemm::reads_q8_1_tiles(ty) {
+                act::quantize_cpu(&x, k)?
+            } else {
+                gemm::act::quantize_cpu(&x, k)?
+            };
             let qdiff = qh.iter().zip(&want_q).filter(|(a, b)| a != b).count();
             if qdiff != 0 {
                 failures += 1;
@@ -250,7 +273,7 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                 if ntok > 512 && (nrows != 14336 || ty != GgmlType::Q4_K) {
                     continue;
                 }
-                let (xd, q) = activations(gpu, k, ntok, 3)?;
+                let (xd, q) = activations(gpu, ty, k, ntok, 3)?;
                 // The GEMV reads q8_1 tiles of the same values.
                 let mut q1 = gpu.stream.alloc_zeros::<u8>(act::row_bytes(k)? * ntok)?;
                 gpu.quantize(&xd, &mut q1, k, ntok)?;
@@ -430,7 +453,7 @@ pub fn variants(gpu: &Gpu) -> Result<usize> {
                 if ntok > 512 && nrows != 14336 {
                     continue;
                 }
-                let (_, q) = activations(gpu, k, ntok, 5)?;
+                let (_, q) = activations(gpu, ty, k, ntok, 5)?;
                 let mut y = gpu.stream.alloc_zeros::<f32>(nrows * ntok)?;
                 let splits = gemm::splits(nrows, k / TILE, Some(ntok), SMS);
                 let flops = 2.0 * (nrows * k * ntok) as f64;

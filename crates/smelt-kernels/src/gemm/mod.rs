@@ -63,14 +63,58 @@ const fn sc_stride<F: GemmFormat>() -> u32 {
         _ => SC_STRIDE,
     }
 }
+/// Whether format `F`'s GEMM reads the GEMV's q8_1 activation tiles (`crate::act`: a
+/// scale per 32 values, and `s = d * sum(q)`) instead of this module's [`act`] tiles (one
+/// scale per 256): the formats with float group scales, whose products take a float per
+/// group anyway, as ggml-cpu's dot products for them take Q8_0/Q8_1 (the K-quants take
+/// Q8_K, a scale per 256, as [`act`] is). With one scale per 256 their prompt logits had
+/// twice the CPU's error (bench/RESULTS.md, 2026-11-26 14:40).
+pub const fn reads_q8_1<F: GemmFormat>() -> bool {
+    matches!(F::SCALES, Scales::Float | Scales::FloatMin)
+}
+
+/// Whether the GEMM for `ty` reads q8_1 tiles ([`reads_q8_1`]); false for a type with no
+/// GEMM.
+pub fn reads_q8_1_tiles(ty: GgmlType) -> bool {
+    match ty {
+        GgmlType::Q8_0 => reads_q8_1::<Q8_0>(),
+        GgmlType::Q4_0 => reads_q8_1::<Q4_0>(),
+        GgmlType::Q5_0 => reads_q8_1::<Q5_0>(),
+        GgmlType::Q4_1 => reads_q8_1::<Q4_1>(),
+        GgmlType::Q5_1 => reads_q8_1::<Q5_1>(),
+        GgmlType::IQ4_NL => reads_q8_1::<IQ4NL>(),
+        GgmlType::IQ4_XS => reads_q8_1::<IQ4XS>(),
+        GgmlType::Q4_K => reads_q8_1::<Q4K>(),
+        GgmlType::Q5_K => reads_q8_1::<Q5K>(),
+        GgmlType::Q6_K => reads_q8_1::<Q6K>(),
+        GgmlType::Q3_K => reads_q8_1::<Q3K>(),
+        GgmlType::Q2_K => reads_q8_1::<Q2K>(),
+        _ => false,
+    }
+}
+
+/// Bytes of one token's activation row of `k` values in the tiles the GEMM for `ty` reads.
+pub fn activation_row_bytes(ty: GgmlType, k: usize) -> Result<usize, KernelError> {
+    if reads_q8_1_tiles(ty) {
+        crate::act::row_bytes(k)
+    } else {
+        act::row_bytes(k)
+    }
+}
+
 /// Bytes of one row's per-tile floats (`d`, `-dmin`).
 const ROWF_STRIDE: u32 = 8;
 
 /// Static shared memory of a GEMM block (over the decode kernels' 32 KB carveout: the
 /// GEMMs get a carveout of their own, `smelt_cuda`): the most any format declares, that of
-/// formats with [`SC_STRIDE_WIDE`] scales.
-pub const SHARED_BYTES: usize =
-    (BM * A_STRIDE + BN * B_STRIDE + BM * SC_STRIDE_WIDE + BM * ROWF_STRIDE + BN * 4) as usize;
+/// formats with [`SC_STRIDE_WIDE`] scales (one token scale a tile) or that of q8_1 readers
+/// with float minima (sixteen token floats a token).
+pub const SHARED_BYTES: usize = {
+    let common = BM * A_STRIDE + BN * B_STRIDE + BM * ROWF_STRIDE;
+    let wide = common + BM * SC_STRIDE_WIDE + BN * 4;
+    let q8_1 = common + BM * SC_STRIDE + BN * 16 * 4;
+    (if wide > q8_1 { wide } else { q8_1 }) as usize
+};
 
 // Static shared memory is capped at 48 KB a block.
 const _: () = assert!(SHARED_BYTES <= 48 * 1024);
@@ -365,7 +409,17 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
     let sc_stride = sc_stride::<F>();
     let asc_s = k.shared::<U32>("gemm_asc", BM * sc_stride / 4, 16);
     let rowf_s = k.shared::<F32>("gemm_rowf", BM * ROWF_STRIDE / 4, 16);
-    let bd_s = k.shared::<F32>("gemm_bd", BN, 16);
+    // Token scales: one a tile, or with q8_1 tiles eight `d` (and, with float minima,
+    // eight `s` after them) a token.
+    let q8_1 = reads_q8_1::<F>();
+    let per_token = if !q8_1 {
+        1
+    } else if F::SCALES == Scales::FloatMin {
+        16
+    } else {
+        8
+    };
+    let bd_s = k.shared::<F32>("gemm_bd", BN * per_token, 16);
     let aq = k.shared_base(&aq_s);
     let bq = k.shared_base(&bq_s);
     let asc = k.shared_base(&asc_s);
@@ -377,7 +431,12 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
     let row0 = k.mul(k.reg(), k.ctaid_y(), BM);
     let last_row = k.sub(k.reg(), nrows, 1u32);
     let last_tok = k.sub(k.reg(), ntok, 1u32);
-    let tok_stride = k.mul(k.reg(), ntiles, act::TILE_BYTES as u32);
+    let tile_bytes_x = if q8_1 {
+        crate::act::TILE_BYTES
+    } else {
+        act::TILE_BYTES
+    } as u32;
+    let tok_stride = k.mul(k.reg(), ntiles, tile_bytes_x);
     // The address of token `tok0 + local` (clamped: tokens past the end are read again and
     // never stored).
     let token = |local: Reg<U32>| {
@@ -407,14 +466,36 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
     let bdst = k.mad(k.reg(), bt0, B_STRIDE, bq);
     k.mad(bdst, bch, 16u32, bdst);
     // Token scales: thread `tid < BN` loads token `tid`'s (0 past the end).
-    let scale_thread = k.lt(tid, BN);
+    // With q8_1 tiles: thread `tid < BN` loads token `tid`'s eight f16 `d`, and with float
+    // minima thread `BN + i` token `i`'s eight f16 `s`, as f32 into `bd[token][0..8]`
+    // (`[8..16]`).
+    let scale_threads = if F::SCALES == Scales::FloatMin && q8_1 {
+        2 * BN
+    } else {
+        BN
+    };
+    let scale_thread = k.lt(tid, scale_threads);
+    let stok = k.and(k.reg(), tid, BN - 1);
     let scale_valid = {
-        let t = k.add(k.reg(), tok0, tid);
+        let t = k.add(k.reg(), tok0, stok);
         k.lt(t, ntok)
     };
-    let ssrc = token(tid);
-    k.add(ssrc, ssrc, act::D_OFFSET as u64);
-    let sdst = k.mad(k.reg(), tid, 4u32, bd);
+    let ssrc = token(stok);
+    let sdst = k.mad(k.reg(), stok, 4 * per_token, bd);
+    if q8_1 {
+        // The upper threads take `s`, 16 bytes further in the tile and 32 in shared.
+        let upper = k.shr(k.reg(), tid, BN.trailing_zeros());
+        let off = k.mad(
+            k.reg(),
+            upper,
+            (crate::act::S_OFFSET - crate::act::D_OFFSET) as u32,
+            crate::act::D_OFFSET as u32,
+        );
+        k.add(ssrc, ssrc, k.cvt(k.reg::<U64>(), off, smelt_ptx::Exact));
+        k.mad(sdst, upper, 32u32, sdst);
+    } else {
+        k.add(ssrc, ssrc, act::D_OFFSET as u64);
+    }
 
     // Warp geometry: warp (wm, wn) computes rows 32 wm.. and tokens 16 wn..; lane (g, t).
     let warp = k.shr(k.reg(), tid, 5u32);
@@ -460,10 +541,11 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
         asc: k.mad(k.reg(), arow, sc_stride, asc),
         rowf: k.mad(k.reg(), arow, ROWF_STRIDE, rowf),
         lm,
+        per_token,
         // Tokens 2t, 2t + 1 of each n-tile are the thread's accumulator columns.
         bd: {
             let c = k.mad(k.reg(), wn, 16u32, k.shl(k.reg(), t, 1u32));
-            k.mad(c, c, 4u32, bd)
+            k.mad(c, c, 4 * per_token, bd)
         },
     };
     let ctok = k.mad(k.reg(), wn, 16u32, k.shl(k.reg(), t, 1u32));
@@ -524,7 +606,7 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
         if v.prefetch_tiles > 0 {
             prefetch_tile(k, k.add(k.reg(), tile, v.prefetch_tiles));
         }
-        let toff = k.mul_wide(k.reg::<U64>(), tile, act::TILE_BYTES as u32);
+        let toff = k.mul_wide(k.reg::<U64>(), tile, tile_bytes_x);
         for (i, &src) in bsrc.iter().enumerate() {
             let src = k.add(k.reg(), src, toff);
             k.guarded(bvalid[i], |k| {
@@ -537,13 +619,28 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
             });
         }
         let dsrc = k.add(k.reg(), ssrc, toff);
-        let dval = k.f32(0.0);
-        k.guarded(scale_valid, |k| {
-            k.ld(Load::GLOBAL_NC, dval, dsrc);
-        });
-        k.guarded(scale_thread, |k| {
-            k.st(Store::SHARED, sdst, dval);
-        });
+        if q8_1 {
+            let h: [Reg<U32>; 4] = std::array::from_fn(|_| k.u32(0));
+            k.guarded(scale_valid, |k| {
+                k.ld_v4(Load::GLOBAL_NC, h, dsrc);
+            });
+            let f: Vec<Reg<F32>> = h
+                .iter()
+                .flat_map(|&w| crate::formats::halves_to_f32(k, w))
+                .collect();
+            k.guarded(scale_thread, |k| {
+                k.st_v4(Store::SHARED, sdst, [f[0], f[1], f[2], f[3]]);
+                k.st_v4(Store::SHARED, sdst.at(16), [f[4], f[5], f[6], f[7]]);
+            });
+        } else {
+            let dval = k.f32(0.0);
+            k.guarded(scale_valid, |k| {
+                k.ld(Load::GLOBAL_NC, dval, dsrc);
+            });
+            k.guarded(scale_thread, |k| {
+                k.st(Store::SHARED, sdst, dval);
+            });
+        }
         F::stage(k, &stage);
         // One group for the token quants and any weight copies the format issued.
         k.cp_async_commit();
@@ -592,7 +689,10 @@ struct Frags {
     asc: Reg<U32>,
     /// Per-tile floats of its row `g` of m-tile 0.
     rowf: Reg<U32>,
-    /// Scale of its token `2t` of n-tile 0.
+    /// Floats of token scales a token keeps in shared memory (1, 8 or 16).
+    per_token: u32,
+    /// Scale of its token `2t` of n-tile 0 (with q8_1 tiles: its eight group scales, then
+    /// with float minima its eight `s`; tokens `4 per_token` bytes apart).
     bd: Reg<U32>,
 }
 
@@ -665,16 +765,32 @@ fn compute_tile<F: GemmFormat>(k: &Kernel, fr: &Frags, acc: &Acc<F32>) {
         let min_off = 4 * i64::from(groups);
         // Float minima: each token's quant sum over the group (an all-ones A operand; every
         // row of the result is the same, so elements 0 and 1 are the n-tile's two tokens).
-        let qsums: Vec<[Reg<F32>; 2]> = match F::SCALES {
-            Scales::FloatMin => (0..2)
-                .map(|ni| {
-                    let ones = k.u32(0x0101_0101).cast::<B32>();
-                    let c = k.regs::<S32, 4>();
-                    k.mma_m16n8k32_s8(c, [ones; 4], [b[ni][0], b[ni][1]], zero);
-                    std::array::from_fn(|j| k.cvt(k.reg::<F32>(), c[j], smelt_ptx::FloatRound::Rn))
-                })
-                .collect(),
-            _ => Vec::new(),
+        // Float group scales read q8_1 tiles ([`reads_q8_1`]): the group's scale `d` of
+        // each of the thread's tokens (2t, 2t + 1 of each n-tile), and with float minima
+        // its `s = d * sum(q)`.
+        let per_token = i64::from(fr.per_token);
+        let token_f = |ni: usize, j: usize, off: i64| {
+            k.ld(
+                Load::SHARED,
+                k.reg::<F32>(),
+                fr.bd
+                    .at(4 * per_token * (8 * ni + j) as i64 + off + 4 * i64::from(grp)),
+            )
+        };
+        let float = matches!(F::SCALES, Scales::Float | Scales::FloatMin);
+        let dtok_g: Vec<[Reg<F32>; 2]> = if float {
+            (0..2)
+                .map(|ni| std::array::from_fn(|j| token_f(ni, j, 0)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let stok_g: Vec<[Reg<F32>; 2]> = if F::SCALES == Scales::FloatMin {
+            (0..2)
+                .map(|ni| std::array::from_fn(|j| token_f(ni, j, 32)))
+                .collect()
+        } else {
+            Vec::new()
         };
         for mi in 0..2 {
             let sc: [Reg<B32>; 2] = std::array::from_fn(|h| lds(sc_at(mi, h, 0)));
@@ -705,9 +821,10 @@ fn compute_tile<F: GemmFormat>(k: &Kernel, fr: &Frags, acc: &Acc<F32>) {
                         Scales::Float | Scales::FloatMin => {
                             let f = fsum[mi][ni][e];
                             let cf = k.cvt(k.reg::<F32>(), c[e], smelt_ptx::FloatRound::Rn);
+                            k.mul(cf, cf, dtok_g[ni][e % 2]);
                             k.fma(f, cf, sc[e / 2].cast::<F32>(), f);
                             if let (Scales::FloatMin, Some(m)) = (F::SCALES, mins) {
-                                k.fma(f, qsums[ni][e % 2], m[e / 2].cast::<F32>(), f);
+                                k.fma(f, stok_g[ni][e % 2], m[e / 2].cast::<F32>(), f);
                             }
                         }
                     }
@@ -723,7 +840,19 @@ fn compute_tile<F: GemmFormat>(k: &Kernel, fr: &Frags, acc: &Acc<F32>) {
             }
         }
     }
-    // Once per tile: acc += D_t * (d_r * I + (-dmin_r) * M), or acc += D_t * T.
+    // Once per tile: acc += D_t * (d_r * I + (-dmin_r) * M), or with float group scales
+    // (token scales already applied per group) acc += T.
+    if matches!(F::SCALES, Scales::Float | Scales::FloatMin) {
+        for (a, f) in acc
+            .iter()
+            .flatten()
+            .flatten()
+            .zip(fsum.iter().flatten().flatten())
+        {
+            k.add(*a, *a, *f);
+        }
+        return;
+    }
     let dtok: [[Reg<F32>; 2]; 2] = std::array::from_fn(|ni| {
         std::array::from_fn(|j| {
             k.ld(
@@ -746,19 +875,12 @@ fn compute_tile<F: GemmFormat>(k: &Kernel, fr: &Frags, acc: &Acc<F32>) {
         for ni in 0..2 {
             for e in 0..4 {
                 let (h, j) = (e / 2, e % 2);
-                let tsum = match F::SCALES {
-                    Scales::Int { min } => {
-                        let v = k.cvt(k.reg::<F32>(), isum[mi][ni][e], smelt_ptx::FloatRound::Rn);
-                        k.mul(v, v, rf[h][0]);
-                        if min {
-                            let m =
-                                k.cvt(k.reg::<F32>(), msum[mi][ni][e], smelt_ptx::FloatRound::Rn);
-                            k.fma(v, m, rf[h][1], v);
-                        }
-                        v
-                    }
-                    Scales::Float | Scales::FloatMin => fsum[mi][ni][e],
-                };
+                let tsum = k.cvt(k.reg::<F32>(), isum[mi][ni][e], smelt_ptx::FloatRound::Rn);
+                k.mul(tsum, tsum, rf[h][0]);
+                if F::SCALES == (Scales::Int { min: true }) {
+                    let m = k.cvt(k.reg::<F32>(), msum[mi][ni][e], smelt_ptx::FloatRound::Rn);
+                    k.fma(tsum, m, rf[h][1], tsum);
+                }
                 let a = acc[mi][ni][e];
                 k.fma(a, tsum, dtok[ni][j], a);
             }
@@ -808,7 +930,8 @@ pub fn catalog() -> Vec<crate::catalog::Entry> {
 }
 
 /// CPU twin of the GEMM: `y[t][r] = sum_i W[r][i] * x[t][i]` in f64, with `W` dequantized
-/// from its ggml bytes by `smelt_quant` and `x` from the [`act`] tiles; also each output's
+/// from its ggml bytes by `smelt_quant` and `x` from the tiles the GEMM for `ty` reads
+/// ([`act`], or q8_1 for [`reads_q8_1_tiles`]); also each output's
 /// `sum_i |W[r][i] * x[t][i]|`, the scale its float rounding error grows with.
 pub fn cpu_with_magnitude(
     ty: GgmlType,
@@ -818,6 +941,10 @@ pub fn cpu_with_magnitude(
     x: &[u8],
     ntok: usize,
 ) -> Result<(Vec<f32>, Vec<f64>), KernelError> {
+    if reads_q8_1_tiles(ty) {
+        // The GEMV's tiles, and so the GEMV's twin.
+        return crate::gemv::cpu_with_magnitude(ty, ggml, nrows, k, x, ntok);
+    }
     let tiles = crate::gemv::TwinTiles {
         tile_bytes: act::TILE_BYTES,
         dequantize: act::dequantize_tile,
@@ -899,6 +1026,35 @@ mod tests {
     }
 
     #[test]
+    fn float_scale_formats_read_q8_1_tiles_and_k_quants_read_tiles_of_256() {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_1,
+        ] {
+            assert!(reads_q8_1_tiles(ty), "{ty:?}");
+            assert_eq!(
+                activation_row_bytes(ty, 512).unwrap(),
+                crate::act::row_bytes(512).unwrap()
+            );
+        }
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q2_K,
+            GgmlType::IQ4_XS,
+        ] {
+            assert!(!reads_q8_1_tiles(ty), "{ty:?}");
+            assert_eq!(
+                activation_row_bytes(ty, 512).unwrap(),
+                act::row_bytes(512).unwrap()
+            );
+        }
+        assert!(reads_q8_1_tiles(GgmlType::Q5_1) && reads_q8_1_tiles(GgmlType::IQ4_NL));
+    }
+
+    #[test]
     fn types_have_gemv_layouts() {
         for (ty, name) in TYPES {
             assert!(crate::catalog::row_bytes(ty, 256).is_ok(), "{name}");
@@ -915,7 +1071,10 @@ mod tests {
         let mut ggml = vec![0u8; k / 32 * 34];
         smelt_quant::quantize_row(GgmlType::Q8_0, &w, &mut ggml).unwrap();
         let x: Vec<f32> = (0..k).map(|i| ((i * 5) % 11) as f32 * 0.25 - 1.0).collect();
-        let xq = act::quantize_cpu(&x, k).unwrap();
+        // Q8_0's GEMM reads the GEMV's q8_1 tiles.
+        assert!(reads_q8_1_tiles(GgmlType::Q8_0));
+        let xq = crate::act::quantize_cpu(&x, k).unwrap();
+        assert_eq!(xq.len(), activation_row_bytes(GgmlType::Q8_0, k).unwrap());
         let (y, mag) = cpu_with_magnitude(GgmlType::Q8_0, &ggml, 1, k, &xq, 1).unwrap();
         let exact: f64 = w
             .iter()

@@ -75,7 +75,14 @@ impl Cuda {
             if let Some(name) = gemm::name(ty) {
                 let split = matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
                 if !split {
-                    let q = self.gemm_tiles(x)?;
+                    // Float group scales read the GEMV's q8_1 tiles (a scale per 32, as
+                    // ggml-cpu's dot products for those formats take), the K-quants the
+                    // GEMM's own (a scale per 256, as ggml-cpu's Q8_K).
+                    let q = if gemm::reads_q8_1_tiles(ty) {
+                        self.q8_1_tiles(x)?
+                    } else {
+                        self.gemm_tiles(x)?
+                    };
                     let ntiles = cols.div_ceil(TILE);
                     let mut a = gemm::Args {
                         w: wp,
@@ -379,6 +386,25 @@ impl Cuda {
             }),
         });
         Ok(true)
+    }
+
+    /// The q8_1 tiles of `x` (`act`) for a GEMM that reads them: the cached ones when they
+    /// are `x`'s (and no split norm's), else quantized now and cached, as the GEMV's.
+    fn q8_1_tiles(&self, x: &CudaTensor) -> Result<u64, CudaError> {
+        if let Some(c) = *lock(&self.quantized) {
+            if c.x == *x && c.rms.is_none() {
+                return Ok(c.q);
+            }
+        }
+        self.forget_quantized()?;
+        let q = self.scratch(act::row_bytes(x.cols)? * x.rows)?;
+        self.quantize_q8_1(x.ptr, q, x.cols, x.rows)?;
+        *lock(&self.quantized) = Some(Quantized {
+            x: *x,
+            q,
+            rms: None,
+        });
+        Ok(q)
     }
 
     /// The GEMM's activation tiles of `x` (`gemm::act`): quantized once for all the matmuls
