@@ -13,10 +13,11 @@
 //!   product), and for formats with minima `M = sum_g m_g * qsum_g` as a second `mma`
 //!   chained over the groups, whose A operand is each row's 6-bit minimum repeated over the
 //!   group; once per tile `acc += D_t * (d_r * I + (-dmin_r) * M)`;
-//! - float group scales (Q8_0, Q4_0, Q5_0, IQ4_NL): `T += dA_g * isum_g` per group,
-//!   `acc += D_t * T` per tile; with float minima (Q4_1, Q5_1: `w = d q + m`) also
-//!   `T += m_g * qsum_g`, the token's quant sum over the group from an `mma` whose A
-//!   operand is all ones (one per token n-tile and group, shared by the m-tiles).
+//! - float group scales (Q8_0, Q4_0, Q5_0, IQ4_NL) read the GEMV's q8_1 tiles instead
+//!   ([`reads_q8_1`]: a scale `D_tg` per 32 values, as ggml-cpu's Q8_0/Q8_1 dot products
+//!   for these formats take; one per 256 doubled their prompt logits' error):
+//!   `acc += dA_g * (D_tg * isum_g)` per group; with float minima (Q4_1, Q5_1:
+//!   `w = d q + m`) also `acc += m_g * s_tg`, the tile's `s = D * sum(q)` of the group.
 //!
 //! Every output is summed in one fixed order whatever else shares its launch, so a
 //! sequence's results do not depend on the other tokens of its step.
