@@ -112,6 +112,12 @@ impl Engine {
         }
         let n_blocks = opts.kv_tokens.div_ceil(opts.block_size);
         if let Device::Cuda(ordinal) = opts.device {
+            // The GPU backend has no kernels for these yet: say so before loading anything.
+            if let Some(what) = ModelInfo::from_gguf(&gguf)?.cpu_only() {
+                return Err(EngineError::NotSupported(format!(
+                    "{what} is not yet supported on cuda; use --device cpu"
+                )));
+            }
             let kv = KvPlan {
                 min_blocks: n_blocks,
                 block_size: opts.block_size,

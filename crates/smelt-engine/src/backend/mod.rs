@@ -43,6 +43,34 @@ pub enum Glu {
     Gelu,
 }
 
+/// How a mixture-of-experts router turns its logits into probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts (Qwen3-MoE, Mixtral).
+    Softmax,
+    /// Sigmoid of each logit.
+    Sigmoid,
+}
+
+/// A router's choice rule: the `k` most probable experts, their probabilities optionally
+/// divided by their sum, then optionally scaled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeRouting {
+    pub gating: Gating,
+    /// Experts per token.
+    pub k: usize,
+    pub norm: bool,
+    /// Multiplier of the weights (0 or 1: none, as llama.cpp).
+    pub scale: f32,
+}
+
+/// The error of an op a backend does not implement yet.
+pub fn not_supported(backend: &str, op: &str) -> EngineError {
+    EngineError::NotSupported(format!(
+        "{op} is not yet supported on {backend}; use --device cpu"
+    ))
+}
+
 /// One sequence's share of a batch in an attention call.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnSeq<'a> {
@@ -155,4 +183,53 @@ pub trait Backend: Send + Sync {
         p: &AttnParams,
         out: &mut Self::Tensor,
     );
+
+    /// Short name for messages ("cpu", "cuda").
+    fn name(&self) -> &'static str {
+        "this device"
+    }
+
+    /// Makes the named 3D tensor (`[n_expert][rows][cols]`) usable by [`Backend::matmul_id`].
+    fn load_experts(&self, gguf: &Arc<Gguf>, name: &str) -> Result<Self::Weight, EngineError> {
+        let _ = (gguf, name);
+        Err(not_supported(self.name(), "mixture-of-experts weights"))
+    }
+
+    /// Routes each row of router `logits` (`[n, n_expert]`) to its experts: `route` becomes
+    /// `[n, 2k]`, the chosen expert ids (as f32, most probable first) then their weights.
+    fn moe_route(
+        &self,
+        logits: &Self::Tensor,
+        p: &MoeRouting,
+        route: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let _ = (logits, p, route);
+        Err(not_supported(self.name(), "moe_route"))
+    }
+
+    /// `out[t*k + i] = W[id(t, i)] x[t or t*k + i]` for every token `t` and chosen expert `i`
+    /// of `route`: every selected expert of the step, grouped by expert. `x` has one row per
+    /// token (shared by its experts) or one per (token, expert).
+    fn matmul_id(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Tensor,
+        route: &Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let _ = (w, x, route, out);
+        Err(not_supported(self.name(), "matmul_id"))
+    }
+
+    /// `out[t] = sum_i weight(t, i) * y[t*k + i]`, products rounded then added in expert
+    /// order (llama.cpp's `ggml_mul` then chain of `ggml_add`).
+    fn moe_combine(
+        &self,
+        y: &Self::Tensor,
+        route: &Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let _ = (y, route, out);
+        Err(not_supported(self.name(), "moe_combine"))
+    }
 }

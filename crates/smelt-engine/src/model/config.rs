@@ -16,6 +16,8 @@ pub enum Arch {
     Qwen3,
     /// Gemma 3: sandwich norms, GeGLU, scaled embeddings, local/global attention.
     Gemma3,
+    /// Qwen3-MoE: Qwen3's attention with a routed mixture of experts for every FFN.
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -25,6 +27,7 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "gemma3" => Arch::Gemma3,
+            "qwen3moe" => Arch::Qwen3Moe,
             other => return Err(EngineError::UnknownArchitecture(other.into())),
         })
     }
@@ -35,6 +38,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 }
@@ -71,6 +75,26 @@ pub struct ModelInfo {
     pub q_scale: f32,
     /// Multiplier of the token embeddings (Gemma: sqrt(n_embd)).
     pub embd_scale: Option<f32>,
+    /// The routed experts of a mixture-of-experts FFN, `None` for a dense FFN.
+    pub moe: Option<MoeInfo>,
+}
+
+/// How a mixture-of-experts layer routes a token (`{arch}.expert_*` metadata).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeInfo {
+    /// Experts per layer (`expert_count`).
+    pub n_expert: usize,
+    /// Experts each token runs (`expert_used_count`).
+    pub n_expert_used: usize,
+    /// Hidden size of one expert (`expert_feed_forward_length`, else `feed_forward_length`).
+    pub n_ff_exp: usize,
+    /// Router probabilities: softmax or sigmoid of the router logits (`expert_gating_func`).
+    pub gating: crate::backend::Gating,
+    /// Whether the chosen experts' weights are divided by their sum (`expert_weights_norm`;
+    /// llama.cpp normalises for `qwen3moe` and Mixtral-style `llama`).
+    pub norm_weights: bool,
+    /// Multiplier of the expert weights (`expert_weights_scale`; 0 or 1: none).
+    pub weights_scale: f32,
 }
 
 fn req_u64(m: &Metadata, key: &str) -> Result<usize, EngineError> {
@@ -103,8 +127,12 @@ impl ModelInfo {
         let n_head = u64_or_first(m, &k("attention.head_count"))
             .ok_or_else(|| EngineError::MissingKey(k("attention.head_count")))?;
         let n_head_kv = u64_or_first(m, &k("attention.head_count_kv")).unwrap_or(n_head);
-        let n_ff = u64_or_first(m, &k("feed_forward_length"))
-            .ok_or_else(|| EngineError::MissingKey(k("feed_forward_length")))?;
+        let moe = moe_info(m, arch_name)?;
+        let n_ff = match (u64_or_first(m, &k("feed_forward_length")), &moe) {
+            (Some(v), _) => v,
+            (None, Some(moe)) => moe.n_ff_exp,
+            (None, None) => return Err(EngineError::MissingKey(k("feed_forward_length"))),
+        };
         if n_head == 0 || n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
             return Err(EngineError::BadMetadata {
                 key: k("attention.head_count_kv"),
@@ -175,10 +203,17 @@ impl ModelInfo {
             kq_scale: 1.0 / (head_dim as f32).sqrt(),
             q_scale: 1.0,
             embd_scale: None,
+            moe,
         };
         match arch {
             Arch::Llama => {}
             Arch::Qwen2 | Arch::Qwen3 => info.rope_style = RopeStyle::Neox,
+            Arch::Qwen3Moe => {
+                info.rope_style = RopeStyle::Neox;
+                if info.moe.is_none() {
+                    return Err(EngineError::MissingKey(k("expert_count")));
+                }
+            }
             Arch::Gemma3 => {
                 info.rope_style = RopeStyle::Neox;
                 // llama.cpp: local layers use base 10000 unscaled; every 6th layer is global.
@@ -204,6 +239,15 @@ impl ModelInfo {
         Ok(info)
     }
 
+    /// What of this model only the CPU backend runs (a name for the error), if anything.
+    pub fn cpu_only(&self) -> Option<String> {
+        match (self.arch, &self.moe) {
+            (_, None) => None,
+            (Arch::Llama, Some(_)) => Some("llama with experts (Mixtral)".into()),
+            (arch, Some(_)) => Some(arch.name().into()),
+        }
+    }
+
     /// Rope base and scale of layer `il`.
     pub fn rope_for_layer(&self, il: usize) -> (f32, f32) {
         if self.swa_layers.get(il).copied().unwrap_or(false) {
@@ -221,6 +265,47 @@ impl ModelInfo {
             None
         }
     }
+}
+
+/// The `expert_*` keys: `None` without experts (no `expert_count`, or one expert, which
+/// llama.cpp treats as a dense model).
+fn moe_info(m: &Metadata, arch: &str) -> Result<Option<MoeInfo>, EngineError> {
+    let k = |s: &str| format!("{arch}.{s}");
+    let n_expert = m.get_u64(&k("expert_count")).unwrap_or(0) as usize;
+    if n_expert <= 1 {
+        return Ok(None);
+    }
+    let n_expert_used = u64_or_first(m, &k("expert_used_count"))
+        .ok_or_else(|| EngineError::MissingKey(k("expert_used_count")))?;
+    if n_expert_used == 0 || n_expert_used > n_expert {
+        return Err(EngineError::BadMetadata {
+            key: k("expert_used_count"),
+            why: format!("{n_expert_used} of {n_expert} experts per token"),
+        });
+    }
+    let n_ff_exp = u64_or_first(m, &k("expert_feed_forward_length"))
+        .or_else(|| u64_or_first(m, &k("feed_forward_length")))
+        .ok_or_else(|| EngineError::MissingKey(k("expert_feed_forward_length")))?;
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*: 1 softmax, 2 sigmoid.
+    let gating = match m.get_u64(&k("expert_gating_func")).unwrap_or(1) {
+        1 => crate::backend::Gating::Softmax,
+        2 => crate::backend::Gating::Sigmoid,
+        other => {
+            return Err(EngineError::BadMetadata {
+                key: k("expert_gating_func"),
+                why: format!("gating function {other} is not supported yet"),
+            })
+        }
+    };
+    let norm_weights = m.get_bool(&k("expert_weights_norm")).unwrap_or(true);
+    Ok(Some(MoeInfo {
+        n_expert,
+        n_expert_used,
+        n_ff_exp,
+        gating,
+        norm_weights,
+        weights_scale: m.get_f32(&k("expert_weights_scale")).unwrap_or(0.0),
+    }))
 }
 
 /// `rope.scaling.*` as llama.cpp reads it: the linear factor (`rope.scale_linear`, else

@@ -2,8 +2,11 @@
 //! Qwen3) and Gemma 3 differ only in which optional tensors a layer has and in a few
 //! hyperparameters, so one forward pass covers them all, following llama.cpp's graphs
 //! (`llm_build_llama`, `llm_build_qwen2`, `llm_build_qwen3`, `llm_build_gemma3_iswa`).
+//! Qwen3-MoE (`qwen3moe`) is Qwen3's attention over the shared mixture-of-experts block
+//! ([`moe`]); a `llama` file with `expert_count` (Mixtral) takes the same block.
 
 pub mod config;
+pub mod moe;
 
 use std::sync::Arc;
 
@@ -11,7 +14,20 @@ use smelt_gguf::Gguf;
 
 use crate::backend::{AttnParams, AttnSeq, Backend, Glu, RopeParams};
 use crate::EngineError;
-pub use config::{Arch, ModelInfo};
+pub use config::{Arch, ModelInfo, MoeInfo};
+use moe::MoeFfn;
+
+/// A layer's feed-forward block.
+enum Ffn<B: Backend> {
+    /// `down(act(gate x) * up x)`.
+    Dense {
+        gate: B::Weight,
+        up: B::Weight,
+        down: B::Weight,
+    },
+    /// Routed experts.
+    Moe(MoeFfn<B>),
+}
 
 struct Layer<B: Backend> {
     attn_norm: B::Weight,
@@ -26,9 +42,7 @@ struct Layer<B: Backend> {
     k_norm: Option<B::Weight>,
     post_attn_norm: Option<B::Weight>,
     ffn_norm: B::Weight,
-    gate: B::Weight,
-    up: B::Weight,
-    down: B::Weight,
+    ffn: Ffn<B>,
     post_ffn_norm: Option<B::Weight>,
 }
 
@@ -85,7 +99,7 @@ impl<B: Backend> Model<B> {
             }
         };
         let gemma = info.arch == Arch::Gemma3;
-        let qk_norm = matches!(info.arch, Arch::Qwen3 | Arch::Gemma3);
+        let qk_norm = matches!(info.arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3);
         let mut layers = Vec::with_capacity(info.n_layer);
         for il in 0..info.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
@@ -111,9 +125,14 @@ impl<B: Backend> Model<B> {
                 k_norm: req_if(qk_norm, n("attn_k_norm"), (1, hd))?,
                 post_attn_norm: req_if(gemma, n("post_attention_norm"), (1, e))?,
                 ffn_norm: need(&n("ffn_norm"), (1, e))?,
-                gate: need(&n("ffn_gate"), (ff, e))?,
-                up: need(&n("ffn_up"), (ff, e))?,
-                down: need(&n("ffn_down"), (e, ff))?,
+                ffn: match &info.moe {
+                    Some(m) => Ffn::Moe(MoeFfn::load(b, gguf, il, e, m)?),
+                    None => Ffn::Dense {
+                        gate: need(&n("ffn_gate"), (ff, e))?,
+                        up: need(&n("ffn_up"), (ff, e))?,
+                        down: need(&n("ffn_down"), (e, ff))?,
+                    },
+                },
                 post_ffn_norm: req_if(gemma, n("post_ffw_norm"), (1, e))?,
             });
         }
@@ -253,10 +272,15 @@ impl<B: Backend> Model<B> {
             b.add(&mut x, &s.o);
 
             b.rms_norm(&x, &l.ffn_norm, i.rms_eps, &mut s.h);
-            b.matmul(&l.gate, &s.h, &mut s.gate)?;
-            b.matmul(&l.up, &s.h, &mut s.up)?;
-            b.glu(&mut s.gate, &s.up, glu);
-            b.matmul(&l.down, &s.gate, &mut s.o)?;
+            match &l.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    b.matmul(gate, &s.h, &mut s.gate)?;
+                    b.matmul(up, &s.h, &mut s.up)?;
+                    b.glu(&mut s.gate, &s.up, glu);
+                    b.matmul(down, &s.gate, &mut s.o)?;
+                }
+                Ffn::Moe(moe) => moe.forward(b, &s.h, &mut s.o)?,
+            }
             if let Some(w) = &l.post_ffn_norm {
                 b.rms_norm(&s.o, w, i.rms_eps, &mut s.tmp);
                 std::mem::swap(&mut s.o, &mut s.tmp);

@@ -9,6 +9,7 @@ pub mod ggml_dot;
 pub mod ggml_math;
 pub(crate) mod ggml_simd;
 pub mod matmul;
+pub mod moe;
 pub mod spin_pool;
 
 use std::sync::{Arc, OnceLock};
@@ -19,7 +20,7 @@ use smelt_quant::fp::{f16_to_f32, f32_to_f16};
 
 pub use attention::CpuKv;
 
-use super::{AttnParams, AttnSeq, Backend, Glu, RopeParams, RopeStyle};
+use super::{AttnParams, AttnSeq, Backend, Glu, MoeRouting, RopeParams, RopeStyle};
 use crate::EngineError;
 
 /// The CPU backend (stateless: threads come from the caller's rayon pool).
@@ -47,6 +48,14 @@ pub enum CpuWeight {
         stride: usize,
     },
     Vector(Vec<f32>),
+    /// `n_expert` matrices of `rows` x `cols` back to back (a MoE layer's `*_exps`).
+    Experts {
+        bytes: WeightBytes,
+        ty: GgmlType,
+        n_expert: usize,
+        rows: usize,
+        cols: usize,
+    },
 }
 
 /// Where a matrix's bytes live.
@@ -89,7 +98,7 @@ impl CpuWeight {
     fn vector(&self) -> &[f32] {
         match self {
             CpuWeight::Vector(v) => v,
-            CpuWeight::Matrix { .. } => &[],
+            CpuWeight::Matrix { .. } | CpuWeight::Experts { .. } => &[],
         }
     }
 }
@@ -109,7 +118,9 @@ impl Backend for Cpu {
 
     fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
         match w {
-            CpuWeight::Matrix { rows, cols, .. } => (*rows, *cols),
+            CpuWeight::Matrix { rows, cols, .. } | CpuWeight::Experts { rows, cols, .. } => {
+                (*rows, *cols)
+            }
             CpuWeight::Vector(v) => (1, v.len()),
         }
     }
@@ -345,6 +356,117 @@ impl Backend for Cpu {
         out.cols = p.n_head * p.head_dim;
         out.data.resize(out.rows * out.cols, 0.0);
         kv.attend(&q.data, layer, seqs, p, &mut out.data);
+    }
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn load_experts(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CpuWeight, EngineError> {
+        let index = gguf
+            .tensors()
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
+        let info = &gguf.tensors()[index];
+        if info.shape.len() != 3 {
+            return Err(EngineError::BadShape {
+                name: name.into(),
+                got: info.shape.clone(),
+                want: vec![0, 0, 0],
+            });
+        }
+        if !matmul::supported(info.ty) {
+            return Err(EngineError::UnsupportedType {
+                name: name.into(),
+                ty: info.ty,
+            });
+        }
+        Ok(CpuWeight::Experts {
+            bytes: WeightBytes::Mapped {
+                gguf: gguf.clone(),
+                index,
+            },
+            ty: info.ty,
+            n_expert: info.shape[2] as usize,
+            rows: info.shape[1] as usize,
+            cols: info.shape[0] as usize,
+        })
+    }
+
+    fn moe_route(
+        &self,
+        logits: &CpuTensor,
+        p: &MoeRouting,
+        route: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        if p.k == 0 || p.k > logits.cols {
+            return Err(EngineError::BadOptions(format!(
+                "{} experts of {} per token",
+                p.k, logits.cols
+            )));
+        }
+        route.rows = logits.rows;
+        route.cols = 2 * p.k;
+        route.data.resize(route.rows * route.cols, 0.0);
+        moe::route(&logits.data, logits.cols, p, &mut route.data);
+        Ok(())
+    }
+
+    fn matmul_id(
+        &self,
+        w: &CpuWeight,
+        x: &CpuTensor,
+        route: &CpuTensor,
+        out: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        let CpuWeight::Experts {
+            bytes,
+            ty,
+            n_expert,
+            rows,
+            cols,
+        } = w
+        else {
+            return Err(EngineError::BadMetadata {
+                key: "matmul_id".into(),
+                why: "weight is not a stack of experts".into(),
+            });
+        };
+        let k = route.cols / 2;
+        let ids: Vec<usize> = route
+            .data
+            .chunks(route.cols.max(1))
+            .flat_map(|r| r[..k].iter().map(|&e| e as usize))
+            .collect();
+        out.rows = ids.len();
+        out.cols = *rows;
+        out.data.resize(out.rows * out.cols, 0.0);
+        matmul::matmul_id(
+            *ty,
+            bytes.get(),
+            *n_expert,
+            *rows,
+            *cols,
+            &x.data[..x.rows * x.cols],
+            &ids,
+            k,
+            &mut out.data,
+        )
+    }
+
+    fn moe_combine(
+        &self,
+        y: &CpuTensor,
+        route: &CpuTensor,
+        out: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        let k = route.cols / 2;
+        out.rows = route.rows;
+        out.cols = y.cols;
+        out.data.resize(out.rows * out.cols, 0.0);
+        moe::combine(&y.data, &route.data, k, &mut out.data);
+        Ok(())
     }
 }
 
