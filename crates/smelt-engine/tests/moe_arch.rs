@@ -191,3 +191,10 @@ fn same_as_llama_cpp(arch: &str, want_arch: &str) {
 fn qwen3moe_equals_llama_cpp() {
     same_as_llama_cpp("qwen3moe", "qwen3moe");
 }
+
+/// Mixtral: a `llama` file with `expert_count`, the same MoE block under Llama's attention
+/// (adjacent-pair rope, no Q/K norms), expert size from `feed_forward_length`.
+#[test]
+fn mixtral_equals_llama_cpp() {
+    same_as_llama_cpp("mixtral", "llama");
+}
