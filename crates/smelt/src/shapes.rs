@@ -33,6 +33,18 @@ pub struct ModelShape {
     /// Norm weights are 1 plus N(0, norm_std): 0 for real shapes; the tiny ones jitter them
     /// so a norm weight applied to the wrong tensor shows in the output.
     pub norm_std: f32,
+    /// A routed mixture of experts in place of every dense FFN (`n_ff` then only goes to
+    /// the metadata, as in the published files).
+    pub moe: Option<MoeShape>,
+}
+
+/// The experts of a MoE model (`{arch}.expert_*` metadata and the `*_exps` tensors).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeShape {
+    pub n_expert: u64,
+    pub n_expert_used: u64,
+    /// Hidden size of one expert.
+    pub n_ff_exp: u64,
 }
 
 /// Llama 3.1's `rope_scaling` (`rope_type: llama3`): long wavelengths are divided by
@@ -110,6 +122,7 @@ const fn llama(
         rope_llama3: None,
         weight_std: 0.02,
         norm_std: 0.0,
+        moe: None,
     }
 }
 
@@ -124,7 +137,7 @@ const fn tiny(name: &'static str, n_head: u64, n_head_kv: u64) -> ModelShape {
     }
 }
 
-pub const SHAPES: [ModelShape; 10] = [
+pub const SHAPES: [ModelShape; 12] = [
     // Llama 3.0: no rope scaling (3.1 added it).
     llama("llama3-8b", 32, 4096, 14336, 32, 8),
     // Llama 3.2 1B: rope scaling factor 32.
@@ -146,6 +159,22 @@ pub const SHAPES: [ModelShape; 10] = [
         rms_eps: 1e-6,
         qk_norm: true,
         ..llama("qwen3-32b", 64, 5120, 25600, 64, 8)
+    },
+    // Qwen3-30B-A3B (config.json): 48 layers, heads of 128, 128 experts of 768, 8 per token.
+    ModelShape {
+        arch: "qwen3moe",
+        head_dim: 128,
+        n_vocab: 151936,
+        n_ctx_train: 40960,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        moe: Some(MoeShape {
+            n_expert: 128,
+            n_expert_used: 8,
+            n_ff_exp: 768,
+        }),
+        ..llama("qwen3-30b-a3b", 48, 2048, 6144, 32, 4)
     },
     ModelShape {
         arch: "qwen2",
@@ -201,6 +230,20 @@ pub const SHAPES: [ModelShape; 10] = [
         qk_norm: true,
         ..tiny("qwen3-tiny", 4, 2)
     },
+    // Qwen3-MoE: Qwen3's attention, 16 experts of 256 (K-quant rows), 4 per token.
+    ModelShape {
+        arch: "qwen3moe",
+        head_dim: 128,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        moe: Some(MoeShape {
+            n_expert: 16,
+            n_expert_used: 4,
+            n_ff_exp: 256,
+        }),
+        ..tiny("qwen3moe-tiny", 4, 2)
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static ModelShape> {
@@ -244,9 +287,20 @@ impl ModelShape {
             }
             push("attn_output.weight", vec![q, e]);
             push("ffn_norm.weight", vec![e]);
-            push("ffn_gate.weight", vec![e, f]);
-            push("ffn_up.weight", vec![e, f]);
-            push("ffn_down.weight", vec![f, e]);
+            match self.moe {
+                Some(m) => {
+                    let (ne, fe) = (m.n_expert, m.n_ff_exp);
+                    push("ffn_gate_inp.weight", vec![e, ne]);
+                    push("ffn_gate_exps.weight", vec![e, fe, ne]);
+                    push("ffn_up_exps.weight", vec![e, fe, ne]);
+                    push("ffn_down_exps.weight", vec![fe, e, ne]);
+                }
+                None => {
+                    push("ffn_gate.weight", vec![e, f]);
+                    push("ffn_up.weight", vec![e, f]);
+                    push("ffn_down.weight", vec![f, e]);
+                }
+            }
         }
         out
     }
@@ -294,6 +348,12 @@ mod tests {
             (billions("llama2-7b") - 6.74).abs() < 0.02,
             "{}",
             billions("llama2-7b")
+        );
+        // Qwen3-30B-A3B: 30.5B in all.
+        assert!(
+            (billions("qwen3-30b-a3b") - 30.5).abs() < 0.1,
+            "{}",
+            billions("qwen3-30b-a3b")
         );
     }
 

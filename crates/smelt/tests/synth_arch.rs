@@ -1,4 +1,5 @@
-//! Architectures with no real model here (Llama 3 with rope scaling, Mistral, Qwen2, Qwen3):
+//! Architectures with no real model here (Llama 3 with rope scaling, Mistral, Qwen2, Qwen3,
+//! Qwen3-MoE):
 //! a two-layer random-weight model of each, written by `smelt synth` with SmolLM2's
 //! tokenizer, generates the same greedy tokens in smelt and in llama.cpp.
 //!
@@ -237,5 +238,22 @@ fn qwen3_qk_norm_equals_llama_cpp() {
             ("attention.key_length", 128),
             ("attention.head_count_kv", 2),
         ],
+    );
+}
+
+/// Qwen3-MoE: the router (F32, as llama.cpp's quantizer keeps it) and 3D expert tensors in
+/// each type, K-quant experts included (llama.cpp runs repacked Q4_K experts through its gemv
+/// and Q6_K ones tiled from 8 rows per expert).
+#[test]
+fn qwen3moe_experts_equal_llama_cpp() {
+    same_tokens_as_llama_cpp(
+        "qwen3moe-tiny",
+        "qwen3moe",
+        &[
+            "blk.0.ffn_gate_inp.weight",
+            "blk.1.ffn_down_exps.weight",
+            "blk.1.attn_k_norm.weight",
+        ],
+        &[("expert_count", 16), ("expert_used_count", 4)],
     );
 }

@@ -256,6 +256,11 @@ fn metadata(s: &ModelShape, target: Target, tokenizer: Option<Vec<(String, Value
         Value::F32(s.rms_eps),
     );
     md.insert(format!("{a}.vocab_size"), u32v(s.n_vocab));
+    if let Some(m) = &s.moe {
+        md.insert(format!("{a}.expert_count"), u32v(m.n_expert));
+        md.insert(format!("{a}.expert_used_count"), u32v(m.n_expert_used));
+        md.insert(format!("{a}.expert_feed_forward_length"), u32v(m.n_ff_exp));
+    }
     if let Some(r) = &s.rope_llama3 {
         // What llama.cpp's converter records next to rope_freqs.weight (informational:
         // llama.cpp scales by the tensor alone).
