@@ -64,6 +64,37 @@ pub struct MoeRouting {
     pub scale: f32,
 }
 
+/// One sequence's recurrent state in one Gated DeltaNet layer, owned by the sequence.
+pub struct DeltaState<T> {
+    /// The last `conv_kernel - 1` inputs of the convolution, `[kernel - 1, channels]`.
+    pub conv: T,
+    /// The delta-rule matrices, `[n_v_heads * head_dim, head_dim]`.
+    pub ssm: T,
+}
+
+/// Shape of a Gated DeltaNet layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaParams {
+    pub conv_kernel: usize,
+    pub head_dim: usize,
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    /// Epsilon of the q/k L2 norms and of the output norm.
+    pub eps: f32,
+}
+
+/// The small weights of a Gated DeltaNet layer (the projections are plain matmuls).
+pub struct DeltaWeights<'a, W> {
+    /// `ssm_conv1d`: `[channels, kernel]`.
+    pub conv: &'a W,
+    /// `ssm_dt.bias`: added to the gate logits, `[n_v_heads]`.
+    pub dt_bias: &'a W,
+    /// `ssm_a`: `-exp(A_log)`, `[n_v_heads]`.
+    pub a: &'a W,
+    /// `ssm_norm`: the output norm, `[head_dim]`.
+    pub norm: &'a W,
+}
+
 /// The error of an op a backend does not implement yet.
 pub fn not_supported(backend: &str, op: &str) -> EngineError {
     EngineError::NotSupported(format!(
@@ -231,5 +262,45 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), EngineError> {
         let _ = (y, route, out);
         Err(not_supported(self.name(), "moe_combine"))
+    }
+
+    /// Splits rows of interleaved `[q (hd), gate (hd)]` heads into `q` and `gate`.
+    fn split_gated_q(
+        &self,
+        x: &Self::Tensor,
+        head_dim: usize,
+        q: &mut Self::Tensor,
+        gate: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let _ = (x, head_dim, q, gate);
+        Err(not_supported(self.name(), "gated attention"))
+    }
+
+    /// `x *= sigmoid(gate)`.
+    fn mul_sigmoid(&self, x: &mut Self::Tensor, gate: &Self::Tensor) -> Result<(), EngineError> {
+        let _ = (x, gate);
+        Err(not_supported(self.name(), "gated attention"))
+    }
+
+    /// A Gated DeltaNet layer between its projections, per sequence of `seqs` (with
+    /// `states` in the same order, advanced): causal conv1d of `qkv` with the window, SiLU,
+    /// q/k L2 norms, gates `g = softplus(alpha + dt_bias) * a` and `beta = sigmoid(beta)`,
+    /// the delta rule (token by token for one token, in chunks for a prompt), then
+    /// `rms_norm(o) * norm * silu(z)` into `out` (`[rows, n_v_heads * head_dim]`).
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net(
+        &self,
+        p: &DeltaParams,
+        w: &DeltaWeights<'_, Self::Weight>,
+        qkv: &Self::Tensor,
+        z: &Self::Tensor,
+        alpha: &Self::Tensor,
+        beta: &Self::Tensor,
+        seqs: &[AttnSeq<'_>],
+        states: &mut [&mut DeltaState<Self::Tensor>],
+        out: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let _ = (p, w, qkv, z, alpha, beta, seqs, states, out);
+        Err(not_supported(self.name(), "gated delta-net"))
     }
 }

@@ -18,6 +18,9 @@ pub enum Arch {
     Gemma3,
     /// Qwen3-MoE: Qwen3's attention with a routed mixture of experts for every FFN.
     Qwen3Moe,
+    /// Qwen3.5/3.6 dense hybrids: Gated DeltaNet layers with a gated full-attention layer
+    /// every few (`full_attention_interval` or `attention.recurrent_layers`).
+    Qwen35,
 }
 
 impl Arch {
@@ -28,6 +31,7 @@ impl Arch {
             "qwen3" => Arch::Qwen3,
             "gemma3" => Arch::Gemma3,
             "qwen3moe" => Arch::Qwen3Moe,
+            "qwen35" => Arch::Qwen35,
             other => return Err(EngineError::UnknownArchitecture(other.into())),
         })
     }
@@ -39,6 +43,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Qwen35 => "qwen35",
         }
     }
 }
@@ -77,6 +82,38 @@ pub struct ModelInfo {
     pub embd_scale: Option<f32>,
     /// The routed experts of a mixture-of-experts FFN, `None` for a dense FFN.
     pub moe: Option<MoeInfo>,
+    /// Gated DeltaNet layers of a hybrid model, `None` when every layer is attention.
+    pub delta: Option<DeltaInfo>,
+    /// Attention layers whose query projection also yields a sigmoid gate per head
+    /// (Qwen3-Next, Qwen3.5: `[q, gate]` interleaved per head).
+    pub attn_gate: bool,
+}
+
+/// The Gated DeltaNet layers of a hybrid (`{arch}.ssm.*` metadata).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeltaInfo {
+    /// Causal convolution taps (`ssm.conv_kernel`).
+    pub conv_kernel: usize,
+    /// Size of each key/query/value head (`ssm.state_size`).
+    pub head_dim: usize,
+    /// Key/query heads (`ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`).
+    pub n_v_heads: usize,
+    /// Which layers are delta-net (the rest attention).
+    pub recurrent: Vec<bool>,
+}
+
+impl DeltaInfo {
+    /// Channels of the convolution: queries, keys and values side by side.
+    pub fn conv_channels(&self) -> usize {
+        (2 * self.n_k_heads + self.n_v_heads) * self.head_dim
+    }
+
+    /// Width of the values (and of the output gate `z`).
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.head_dim
+    }
 }
 
 /// How a mixture-of-experts layer routes a token (`{arch}.expert_*` metadata).
@@ -204,6 +241,8 @@ impl ModelInfo {
             q_scale: 1.0,
             embd_scale: None,
             moe,
+            delta: None,
+            attn_gate: false,
         };
         match arch {
             Arch::Llama => {}
@@ -213,6 +252,12 @@ impl ModelInfo {
                 if info.moe.is_none() {
                     return Err(EngineError::MissingKey(k("expert_count")));
                 }
+            }
+            Arch::Qwen35 => {
+                info.rope_style = RopeStyle::Neox;
+                info.attn_gate = true;
+                info.delta = Some(delta_info(m, arch_name, n_layer)?);
+                check_text_mrope(m, arch_name, n_rot)?;
             }
             Arch::Gemma3 => {
                 info.rope_style = RopeStyle::Neox;
@@ -241,6 +286,9 @@ impl ModelInfo {
 
     /// What of this model only the CPU backend runs (a name for the error), if anything.
     pub fn cpu_only(&self) -> Option<String> {
+        if self.delta.is_some() {
+            return Some(self.arch.name().into());
+        }
         match (self.arch, &self.moe) {
             (_, None) => None,
             (Arch::Llama, Some(_)) => Some("llama with experts (Mixtral)".into()),
@@ -265,6 +313,80 @@ impl ModelInfo {
             None
         }
     }
+}
+
+/// The `ssm.*` keys and the layer pattern: `attention.recurrent_layers` (one flag per layer)
+/// when present, else every `full_attention_interval`-th layer (default 4) is attention.
+fn delta_info(m: &Metadata, arch: &str, n_layer: usize) -> Result<DeltaInfo, EngineError> {
+    let k = |s: &str| format!("{arch}.{s}");
+    let req = |s: &str| req_u64(m, &k(s));
+    let info = DeltaInfo {
+        conv_kernel: req("ssm.conv_kernel")?,
+        head_dim: req("ssm.state_size")?,
+        n_k_heads: req("ssm.group_count")?,
+        n_v_heads: req("ssm.time_step_rank")?,
+        recurrent: match m.get_array(&k("attention.recurrent_layers")) {
+            Some(smelt_gguf::Array::Bool(v)) if v.len() >= n_layer => v[..n_layer].to_vec(),
+            Some(_) => {
+                return Err(EngineError::BadMetadata {
+                    key: k("attention.recurrent_layers"),
+                    why: format!("expected {n_layer} booleans"),
+                })
+            }
+            None => {
+                let every = m.get_u64(&k("full_attention_interval")).unwrap_or(4) as usize;
+                if every == 0 {
+                    return Err(EngineError::BadMetadata {
+                        key: k("full_attention_interval"),
+                        why: "0".into(),
+                    });
+                }
+                (0..n_layer).map(|i| (i + 1) % every != 0).collect()
+            }
+        },
+    };
+    let inner = req("ssm.inner_size")?;
+    if info.conv_kernel < 1
+        || info.n_k_heads == 0
+        || !info.n_v_heads.is_multiple_of(info.n_k_heads)
+        || inner != info.value_dim()
+    {
+        return Err(EngineError::BadMetadata {
+            key: k("ssm.inner_size"),
+            why: format!(
+                "{} key heads, {} value heads of {}, inner size {inner}",
+                info.n_k_heads, info.n_v_heads, info.head_dim
+            ),
+        });
+    }
+    Ok(info)
+}
+
+/// Qwen3.5's rope is llama.cpp's interleaved M-RoPE; for text every section turns with the
+/// token's position, which is NeoX rope over `rope.dimension_count` dimensions, as long as
+/// no rotated pair falls to the fourth section (whose position is 0 for text).
+fn check_text_mrope(m: &Metadata, arch: &str, n_rot: usize) -> Result<(), EngineError> {
+    let key = format!("{arch}.rope.dimension_sections");
+    let sec: Vec<usize> = match m.get_array(&key) {
+        Some(smelt_gguf::Array::I32(v)) => v.iter().map(|&x| x.max(0) as usize).collect(),
+        Some(smelt_gguf::Array::U32(v)) => v.iter().map(|&x| x as usize).collect(),
+        _ => return Ok(()),
+    };
+    let s = |i: usize| sec.get(i).copied().unwrap_or(0);
+    let total: usize = (0..4).map(s).sum();
+    let fourth = (0..n_rot / 2).any(|i| {
+        let sector = if total == 0 { 0 } else { i % total };
+        !((sector % 3 == 1 && sector < 3 * s(1))
+            || (sector % 3 == 2 && sector < 3 * s(2))
+            || (sector % 3 == 0 && sector < 3 * s(0)))
+    });
+    if total == 0 || fourth {
+        return Err(EngineError::BadMetadata {
+            key,
+            why: format!("sections {sec:?} rotate text dimensions by the extra position"),
+        });
+    }
+    Ok(())
 }
 
 /// The `expert_*` keys: `None` without experts (no `expert_count`, or one expert, which

@@ -5,6 +5,7 @@
 
 pub mod act_quant;
 mod attention;
+pub mod delta_net;
 pub mod ggml_dot;
 pub mod ggml_math;
 pub(crate) mod ggml_simd;
@@ -20,7 +21,10 @@ use smelt_quant::fp::{f16_to_f32, f32_to_f16};
 
 pub use attention::CpuKv;
 
-use super::{AttnParams, AttnSeq, Backend, Glu, MoeRouting, RopeParams, RopeStyle};
+use super::{
+    AttnParams, AttnSeq, Backend, DeltaParams, DeltaState, DeltaWeights, Glu, MoeRouting,
+    RopeParams, RopeStyle,
+};
 use crate::EngineError;
 
 /// The CPU backend (stateless: threads come from the caller's rayon pool).
@@ -95,6 +99,31 @@ pub fn padded_cols(ty: GgmlType, cols: usize) -> usize {
 }
 
 impl CpuWeight {
+    /// Every value as f32 (a vector as it is, a matrix dequantized row by row).
+    fn to_f32(&self) -> Result<Vec<f32>, EngineError> {
+        match self {
+            CpuWeight::Vector(v) => Ok(v.clone()),
+            CpuWeight::Matrix {
+                bytes,
+                ty,
+                rows,
+                cols,
+                stride,
+            } => {
+                let rb = ty.type_size() * stride / ty.block_size();
+                let used = ty.type_size() * cols / ty.block_size();
+                let mut out = vec![0f32; rows * cols];
+                for (r, o) in out.chunks_mut(*cols).enumerate() {
+                    smelt_quant::dequantize_row(*ty, &bytes.get()[r * rb..r * rb + used], o)?;
+                }
+                Ok(out)
+            }
+            CpuWeight::Experts { .. } => Err(EngineError::BadOptions(
+                "a stack of experts is not a small weight".into(),
+            )),
+        }
+    }
+
     fn vector(&self) -> &[f32] {
         match self {
             CpuWeight::Vector(v) => v,
@@ -453,6 +482,93 @@ impl Backend for Cpu {
             k,
             &mut out.data,
         )
+    }
+
+    fn split_gated_q(
+        &self,
+        x: &CpuTensor,
+        head_dim: usize,
+        q: &mut CpuTensor,
+        gate: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        let half = x.cols / 2;
+        for t in [&mut *q, &mut *gate] {
+            t.rows = x.rows;
+            t.cols = half;
+            t.data.resize(x.rows * half, 0.0);
+        }
+        for (r, (qr, gr)) in x
+            .data
+            .chunks(x.cols)
+            .zip(q.data.chunks_mut(half).zip(gate.data.chunks_mut(half)))
+        {
+            for (h, pair) in r.chunks(2 * head_dim).enumerate() {
+                qr[h * head_dim..(h + 1) * head_dim].copy_from_slice(&pair[..head_dim]);
+                gr[h * head_dim..(h + 1) * head_dim].copy_from_slice(&pair[head_dim..]);
+            }
+        }
+        Ok(())
+    }
+
+    fn mul_sigmoid(&self, x: &mut CpuTensor, gate: &CpuTensor) -> Result<(), EngineError> {
+        // ggml_sigmoid then ggml_mul.
+        x.data
+            .iter_mut()
+            .zip(&gate.data)
+            .for_each(|(v, &g)| *v *= 1.0 / (1.0 + (-g).exp()));
+        Ok(())
+    }
+
+    fn delta_net(
+        &self,
+        p: &DeltaParams,
+        w: &DeltaWeights<'_, CpuWeight>,
+        qkv: &CpuTensor,
+        z: &CpuTensor,
+        alpha: &CpuTensor,
+        beta: &CpuTensor,
+        seqs: &[AttnSeq<'_>],
+        states: &mut [&mut DeltaState<CpuTensor>],
+        out: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        let (conv, dt_bias, a, norm) = (
+            w.conv.to_f32()?,
+            w.dt_bias.to_f32()?,
+            w.a.to_f32()?,
+            w.norm.to_f32()?,
+        );
+        let lw = delta_net::LayerWeights {
+            conv: &conv,
+            dt_bias: &dt_bias,
+            a: &a,
+            norm: &norm,
+        };
+        let vd = p.n_v_heads * p.head_dim;
+        out.rows = qkv.rows;
+        out.cols = vd;
+        out.data.resize(out.rows * vd, 0.0);
+        if states.len() != seqs.len() {
+            return Err(EngineError::BadOptions(format!(
+                "{} delta-net states for {} sequences",
+                states.len(),
+                seqs.len()
+            )));
+        }
+        let rows = |t: &CpuTensor, s: &AttnSeq<'_>| -> std::ops::Range<usize> {
+            s.row * t.cols..(s.row + s.n_tokens) * t.cols
+        };
+        for (s, st) in seqs.iter().zip(states.iter_mut()) {
+            let x = delta_net::SeqInputs {
+                qkv: &qkv.data[rows(qkv, s)],
+                z: &z.data[rows(z, s)],
+                alpha: &alpha.data[rows(alpha, s)],
+                beta: &beta.data[rows(beta, s)],
+            };
+            let o = &mut out.data[s.row * vd..(s.row + s.n_tokens) * vd];
+            let DeltaState { conv, ssm } = &mut **st;
+            delta_net::layer(p, &lw, &x, &mut conv.data, &mut ssm.data, o);
+        }
+        Ok(())
     }
 
     fn moe_combine(
