@@ -36,6 +36,29 @@ pub struct ModelShape {
     /// A routed mixture of experts in place of every dense FFN (`n_ff` then only goes to
     /// the metadata, as in the published files).
     pub moe: Option<MoeShape>,
+    /// Gated DeltaNet layers with gated attention every few (Qwen3.5/3.6).
+    pub hybrid: Option<HybridShape>,
+}
+
+/// The linear-attention side of a hybrid (`{arch}.ssm.*`, `full_attention_interval`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HybridShape {
+    /// Every this-many-th layer is attention, the others Gated DeltaNet.
+    pub full_attention_interval: u64,
+    pub conv_kernel: u64,
+    /// Size of each delta-net head.
+    pub head_dim: u64,
+    pub n_k_heads: u64,
+    pub n_v_heads: u64,
+    /// Rotated dimensions of each attention head (partial rope) and their M-RoPE sections.
+    pub n_rot: u64,
+    pub rope_sections: [i32; 4],
+}
+
+impl HybridShape {
+    pub fn is_recurrent(&self, il: u64) -> bool {
+        (il + 1) % self.full_attention_interval != 0
+    }
 }
 
 /// The experts of a MoE model (`{arch}.expert_*` metadata and the `*_exps` tensors).
@@ -123,6 +146,7 @@ const fn llama(
         weight_std: 0.02,
         norm_std: 0.0,
         moe: None,
+        hybrid: None,
     }
 }
 
@@ -137,7 +161,7 @@ const fn tiny(name: &'static str, n_head: u64, n_head_kv: u64) -> ModelShape {
     }
 }
 
-pub const SHAPES: [ModelShape; 12] = [
+pub const SHAPES: [ModelShape; 14] = [
     // Llama 3.0: no rope scaling (3.1 added it).
     llama("llama3-8b", 32, 4096, 14336, 32, 8),
     // Llama 3.2 1B: rope scaling factor 32.
@@ -175,6 +199,28 @@ pub const SHAPES: [ModelShape; 12] = [
             n_ff_exp: 768,
         }),
         ..llama("qwen3-30b-a3b", 48, 2048, 6144, 32, 4)
+    },
+    // Qwen3.6-27B (and Qwen3.5-27B; model card and config.json): 64 layers, 16 x (3 Gated
+    // DeltaNet + 1 gated attention), delta-net heads of 128 (48 value over 16 key heads),
+    // attention 24 query / 4 KV heads of 256 with 64 rotated dimensions.
+    ModelShape {
+        arch: "qwen35",
+        head_dim: 256,
+        n_vocab: 248320,
+        n_ctx_train: 262144,
+        rope_freq_base: 10_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        hybrid: Some(HybridShape {
+            full_attention_interval: 4,
+            conv_kernel: 4,
+            head_dim: 128,
+            n_k_heads: 16,
+            n_v_heads: 48,
+            n_rot: 64,
+            rope_sections: [11, 11, 10, 0],
+        }),
+        ..llama("qwen3.6-27b", 64, 5120, 17408, 24, 4)
     },
     ModelShape {
         arch: "qwen2",
@@ -244,6 +290,25 @@ pub const SHAPES: [ModelShape; 12] = [
         }),
         ..tiny("qwen3moe-tiny", 4, 2)
     },
+    // Qwen3.5 hybrid: delta, delta, attention; 4 value heads of 64 over 2 key heads.
+    ModelShape {
+        arch: "qwen35",
+        n_layer: 3,
+        head_dim: 128,
+        rope_freq_base: 10_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        hybrid: Some(HybridShape {
+            full_attention_interval: 3,
+            conv_kernel: 4,
+            head_dim: 64,
+            n_k_heads: 2,
+            n_v_heads: 4,
+            n_rot: 32,
+            rope_sections: [6, 5, 5, 0],
+        }),
+        ..tiny("qwen35-tiny", 4, 2)
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static ModelShape> {
@@ -272,6 +337,33 @@ impl ModelShape {
         }
         for i in 0..self.n_layer {
             let mut push = |n: &str, s: Vec<u64>| out.push((format!("blk.{i}.{n}"), s));
+            if let Some(h) = &self.hybrid {
+                push("attn_norm.weight", vec![e]);
+                push("post_attention_norm.weight", vec![e]);
+                if h.is_recurrent(i) {
+                    let (kd, vd) = (h.n_k_heads * h.head_dim, h.n_v_heads * h.head_dim);
+                    push("attn_qkv.weight", vec![e, 2 * kd + vd]);
+                    push("attn_gate.weight", vec![e, vd]);
+                    push("ssm_conv1d.weight", vec![h.conv_kernel, 2 * kd + vd]);
+                    push("ssm_dt.bias", vec![h.n_v_heads]);
+                    push("ssm_a", vec![h.n_v_heads]);
+                    push("ssm_beta.weight", vec![e, h.n_v_heads]);
+                    push("ssm_alpha.weight", vec![e, h.n_v_heads]);
+                    push("ssm_norm.weight", vec![h.head_dim]);
+                    push("ssm_out.weight", vec![vd, e]);
+                } else {
+                    push("attn_q.weight", vec![e, 2 * q]);
+                    push("attn_k.weight", vec![e, kv]);
+                    push("attn_v.weight", vec![e, kv]);
+                    push("attn_output.weight", vec![q, e]);
+                    push("attn_q_norm.weight", vec![self.head_dim]);
+                    push("attn_k_norm.weight", vec![self.head_dim]);
+                }
+                push("ffn_gate.weight", vec![e, f]);
+                push("ffn_up.weight", vec![e, f]);
+                push("ffn_down.weight", vec![f, e]);
+                continue;
+            }
             push("attn_norm.weight", vec![e]);
             push("attn_q.weight", vec![e, q]);
             push("attn_k.weight", vec![e, kv]);
@@ -348,6 +440,13 @@ mod tests {
             (billions("llama2-7b") - 6.74).abs() < 0.02,
             "{}",
             billions("llama2-7b")
+        );
+        // Qwen3.6-27B's text model: 26.9B (the checkpoint's 27.8B adds the vision encoder
+        // and the multi-token-prediction layer).
+        assert!(
+            (billions("qwen3.6-27b") - 26.9).abs() < 0.1,
+            "{}",
+            billions("qwen3.6-27b")
         );
         // Qwen3-30B-A3B: 30.5B in all.
         assert!(

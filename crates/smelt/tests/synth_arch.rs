@@ -257,3 +257,22 @@ fn qwen3moe_experts_equal_llama_cpp() {
         &[("expert_count", 16), ("expert_used_count", 4)],
     );
 }
+
+/// Qwen3.5 hybrid: two Gated DeltaNet layers (conv window and delta-rule state carried
+/// through decode; prompts in one step take smelt's chunked form, llama.cpp's recurrence)
+/// then a gated attention layer with partial M-RoPE, in f32, q8_0 and K-quants.
+#[test]
+fn qwen35_hybrid_equals_llama_cpp() {
+    same_tokens_as_llama_cpp(
+        "qwen35-tiny",
+        "qwen35",
+        &[
+            "blk.0.attn_qkv.weight",
+            "blk.1.ssm_conv1d.weight",
+            "blk.1.ssm_a",
+            "blk.2.attn_q_norm.weight",
+            "blk.2.post_attention_norm.weight",
+        ],
+        &[("full_attention_interval", 3), ("ssm.time_step_rank", 4)],
+    );
+}
