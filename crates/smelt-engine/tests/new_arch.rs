@@ -304,3 +304,14 @@ fn qwen35_state_is_per_sequence() {
     assert_eq!(both[0][0], whole, "sequence a in a batch of two");
     assert_eq!(both[1][0], alone_b, "sequence b in a batch of two");
 }
+
+/// Qwen3.5-MoE: the hybrid's layers with routed experts (gate and up fused in one
+/// `ffn_gate_up_exps` tensor) plus a shared expert scaled by `sigmoid(x . ffn_gate_inp_shexp)`.
+#[test]
+fn qwen35moe_equals_llama_cpp() {
+    same_as_llama_cpp(
+        "qwen35moe",
+        "qwen35moe",
+        &[("f32", 2e-3), ("f16", 2e-2), ("q8_0", 2e-3)],
+    );
+}

@@ -21,6 +21,9 @@ pub enum Arch {
     /// Qwen3.5/3.6 dense hybrids: Gated DeltaNet layers with a gated full-attention layer
     /// every few (`full_attention_interval` or `attention.recurrent_layers`).
     Qwen35,
+    /// Qwen3.5/3.6 MoE hybrids: Qwen35's layers with routed experts and a gated shared
+    /// expert in every FFN.
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -32,6 +35,7 @@ impl Arch {
             "gemma3" => Arch::Gemma3,
             "qwen3moe" => Arch::Qwen3Moe,
             "qwen35" => Arch::Qwen35,
+            "qwen35moe" => Arch::Qwen35Moe,
             other => return Err(EngineError::UnknownArchitecture(other.into())),
         })
     }
@@ -44,6 +48,7 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
         }
     }
 }
@@ -132,6 +137,9 @@ pub struct MoeInfo {
     pub norm_weights: bool,
     /// Multiplier of the expert weights (`expert_weights_scale`; 0 or 1: none).
     pub weights_scale: f32,
+    /// Hidden size of the shared expert (`expert_shared_feed_forward_length`), 0 when the
+    /// metadata does not say (its tensors then give it).
+    pub n_ff_shared: usize,
 }
 
 fn req_u64(m: &Metadata, key: &str) -> Result<usize, EngineError> {
@@ -253,7 +261,10 @@ impl ModelInfo {
                     return Err(EngineError::MissingKey(k("expert_count")));
                 }
             }
-            Arch::Qwen35 => {
+            Arch::Qwen35 | Arch::Qwen35Moe => {
+                if arch == Arch::Qwen35Moe && info.moe.is_none() {
+                    return Err(EngineError::MissingKey(k("expert_count")));
+                }
                 info.rope_style = RopeStyle::Neox;
                 info.attn_gate = true;
                 info.delta = Some(delta_info(m, arch_name, n_layer)?);
@@ -427,6 +438,7 @@ fn moe_info(m: &Metadata, arch: &str) -> Result<Option<MoeInfo>, EngineError> {
         gating,
         norm_weights,
         weights_scale: m.get_f32(&k("expert_weights_scale")).unwrap_or(0.0),
+        n_ff_shared: u64_or_first(m, &k("expert_shared_feed_forward_length")).unwrap_or(0),
     }))
 }
 

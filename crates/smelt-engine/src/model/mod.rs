@@ -117,7 +117,7 @@ impl<B: Backend> Model<B> {
         let gemma = info.arch == Arch::Gemma3;
         let qk_norm = matches!(
             info.arch,
-            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Gemma3
+            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe | Arch::Gemma3
         );
         let q_rows = if info.attn_gate { 2 * nh * hd } else { nh * hd };
         let mut layers = Vec::with_capacity(info.n_layer);
@@ -161,7 +161,8 @@ impl<B: Backend> Model<B> {
             };
             // Qwen3.5 names its pre-FFN norm `post_attention_norm`; Gemma's is a sandwich
             // norm on the attention output.
-            let ffn_norm_name = if info.arch == Arch::Qwen35 {
+            let hybrid = matches!(info.arch, Arch::Qwen35 | Arch::Qwen35Moe);
+            let ffn_norm_name = if hybrid {
                 "post_attention_norm"
             } else {
                 "ffn_norm"
@@ -169,7 +170,7 @@ impl<B: Backend> Model<B> {
             layers.push(Layer {
                 attn_norm: need(&n("attn_norm"), (1, e))?,
                 mixer,
-                post_attn_norm: if info.arch == Arch::Qwen35 {
+                post_attn_norm: if hybrid {
                     None
                 } else {
                     req_if(gemma, n("post_attention_norm"), (1, e))?

@@ -3,6 +3,8 @@ gguf-py (0.19.0), for the llama.cpp parity tests (tests/moe_arch.rs).
 
 usage: tiny_arch.py ARCH TYPE OUT
   ARCH: qwen3moe | mixtral (a `llama` file with experts) | qwen35 (Gated DeltaNet hybrid)
+        | qwen35moe (the hybrid with 20 routed experts in fused ffn_gate_up_exps, 4 per
+        token, and a gated shared expert)
   TYPE: f32 | f16 | q8_0 (the matrices' type; norms and the router stay f32, as llama.cpp's
         quantizer keeps them)
 
@@ -61,7 +63,7 @@ def tensor_writer(w, rng, qtype):
     return mat, vec
 
 
-def hybrid(gguf_arch, ty, out):
+def hybrid(gguf_arch, ty, out, moe=False):
     S, HK, HV, KERNEL, LAYERS_H, EVERY, FF = 16, 2, 4, 4, 4, 3, 96
     rng = np.random.default_rng(35)
     w = gguf.GGUFWriter(out, gguf_arch)
@@ -84,6 +86,11 @@ def hybrid(gguf_arch, ty, out):
     w.add_ssm_time_step_rank(HV)
     w.add_ssm_group_count(HK)
     w.add_full_attention_interval(EVERY)
+    if moe:
+        w.add_expert_count(N_EXPERT)
+        w.add_expert_used_count(N_USED)
+        w.add_expert_feed_forward_length(FF_EXP)
+        w.add_expert_shared_feed_forward_length(FF)
     vocab(w)
     mat, vec = tensor_writer(w, rng, QTYPES[ty])
     mat("token_embd.weight", VOCAB, E, std=1.0)
@@ -113,9 +120,19 @@ def hybrid(gguf_arch, ty, out):
             mat(b + "ssm_alpha.weight", HV, E, std=1.0 / np.sqrt(E), quant=False)
             vec(b + "ssm_norm.weight", S, 0.8, 1.2)
             mat(b + "ssm_out.weight", E, HV * S, std=1.0 / np.sqrt(HV * S))
-        mat(b + "ffn_gate.weight", FF, E, std=1.0 / np.sqrt(E))
-        mat(b + "ffn_up.weight", FF, E, std=1.0 / np.sqrt(E))
-        mat(b + "ffn_down.weight", E, FF, std=1.0 / np.sqrt(FF))
+        if moe:
+            mat(b + "ffn_gate_inp.weight", N_EXPERT, E, std=2.0 / np.sqrt(E), quant=False)
+            # Gate rows then up rows of each expert in one tensor.
+            mat(b + "ffn_gate_up_exps.weight", N_EXPERT, 2 * FF_EXP, E, std=1.0 / np.sqrt(E))
+            mat(b + "ffn_down_exps.weight", N_EXPERT, E, FF_EXP, std=1.5 / np.sqrt(FF_EXP))
+            vec(b + "ffn_gate_inp_shexp.weight", E, -0.3, 0.3)
+            mat(b + "ffn_gate_shexp.weight", FF, E, std=1.0 / np.sqrt(E))
+            mat(b + "ffn_up_shexp.weight", FF, E, std=1.0 / np.sqrt(E))
+            mat(b + "ffn_down_shexp.weight", E, FF, std=1.0 / np.sqrt(FF))
+        else:
+            mat(b + "ffn_gate.weight", FF, E, std=1.0 / np.sqrt(E))
+            mat(b + "ffn_up.weight", FF, E, std=1.0 / np.sqrt(E))
+            mat(b + "ffn_down.weight", E, FF, std=1.0 / np.sqrt(FF))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -124,9 +141,10 @@ def hybrid(gguf_arch, ty, out):
 
 def main():
     arch, ty, out = sys.argv[1], sys.argv[2], sys.argv[3]
-    gguf_arch = {"qwen3moe": "qwen3moe", "mixtral": "llama", "qwen35": "qwen35"}[arch]
-    if arch == "qwen35":
-        return hybrid(gguf_arch, ty, out)
+    gguf_arch = {"qwen3moe": "qwen3moe", "mixtral": "llama", "qwen35": "qwen35",
+                 "qwen35moe": "qwen35moe"}[arch]
+    if arch.startswith("qwen35"):
+        return hybrid(gguf_arch, ty, out, moe=arch == "qwen35moe")
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
              "q8_0": gguf.GGMLQuantizationType.Q8_0}[ty]
     rng = np.random.default_rng(16)

@@ -202,6 +202,21 @@ impl Backend for Cpu {
     }
 
     fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), EngineError> {
+        // A vector weight is a one-row F32 matrix (a shared expert's gate: one logit a row).
+        if let CpuWeight::Vector(v) = w {
+            out.rows = x.rows;
+            out.cols = 1;
+            out.data.resize(x.rows, 0.0);
+            return matmul::matmul(
+                GgmlType::F32,
+                bytemuck::cast_slice(v),
+                1,
+                v.len(),
+                v.len(),
+                &x.data[..x.rows * x.cols],
+                &mut out.data,
+            );
+        }
         let CpuWeight::Matrix {
             bytes,
             ty,
@@ -511,11 +526,19 @@ impl Backend for Cpu {
     }
 
     fn mul_sigmoid(&self, x: &mut CpuTensor, gate: &CpuTensor) -> Result<(), EngineError> {
-        // ggml_sigmoid then ggml_mul.
-        x.data
-            .iter_mut()
-            .zip(&gate.data)
-            .for_each(|(v, &g)| *v *= 1.0 / (1.0 + (-g).exp()));
+        // ggml_sigmoid then ggml_mul; a one-column gate scales its whole row.
+        let sig = |g: f32| 1.0 / (1.0 + (-g).exp());
+        if gate.cols == 1 && x.cols != 1 {
+            for (r, &g) in x.data.chunks_mut(x.cols.max(1)).zip(&gate.data) {
+                let s = sig(g);
+                r.iter_mut().for_each(|v| *v *= s);
+            }
+        } else {
+            x.data
+                .iter_mut()
+                .zip(&gate.data)
+                .for_each(|(v, &g)| *v *= sig(g));
+        }
         Ok(())
     }
 
