@@ -315,3 +315,24 @@ fn qwen35moe_equals_llama_cpp() {
         &[("f32", 2e-3), ("f16", 2e-2), ("q8_0", 2e-3)],
     );
 }
+
+/// Qwen3-Next, split layout (`attn_qkv`, `attn_gate`): NeoX partial rope, value heads
+/// grouped under their key head (repeat-interleave), fused `ssm_ba`, routed experts in
+/// separate gate/up tensors and a shared expert. At q8_0 the 100-token prompt's last row
+/// differs by 0.15: the chunked delta rule's last-bit differences move one token's router
+/// logits across a near-tie between two experts (greedy tokens and perplexity still agree).
+#[test]
+fn qwen3next_equals_llama_cpp() {
+    same_as_llama_cpp("qwen3next", "qwen3next", &[("f32", 2e-3), ("q8_0", 0.2)]);
+}
+
+/// Qwen3-Next as older converters wrote it: `ssm_in` holds q, k, v and z per key-head
+/// group, gathered into the split layout after one matmul.
+#[test]
+fn qwen3next_fused_ssm_in_equals_llama_cpp() {
+    same_as_llama_cpp(
+        "qwen3next-fused",
+        "qwen3next",
+        &[("f32", 2e-3), ("q8_0", 2e-3)],
+    );
+}

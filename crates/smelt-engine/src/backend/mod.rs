@@ -81,6 +81,8 @@ pub struct DeltaParams {
     pub n_v_heads: usize,
     /// Epsilon of the q/k L2 norms and of the output norm.
     pub eps: f32,
+    /// Value head `h` reads key head `h / (n_v_heads / n_k_heads)`, else `h % n_k_heads`.
+    pub grouped_heads: bool,
 }
 
 /// The small weights of a Gated DeltaNet layer (the projections are plain matmuls).
@@ -262,6 +264,17 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), EngineError> {
         let _ = (y, route, out);
         Err(not_supported(self.name(), "moe_combine"))
+    }
+
+    /// `out[t][j] = x[t][cols[j]]`: columns picked (and reordered) from each row.
+    fn gather_cols(
+        &self,
+        x: &Self::Tensor,
+        cols: &[u32],
+        out: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let _ = (x, cols, out);
+        Err(not_supported(self.name(), "gather_cols"))
     }
 
     /// Splits rows of interleaved `[q (hd), gate (hd)]` heads into `q` and `gate`.

@@ -24,6 +24,9 @@ pub enum Arch {
     /// Qwen3.5/3.6 MoE hybrids: Qwen35's layers with routed experts and a gated shared
     /// expert in every FFN.
     Qwen35Moe,
+    /// Qwen3-Next: the MoE hybrid before Qwen3.5 (NeoX rope, value heads grouped under
+    /// their key head, fused `ssm_ba` and, from older converters, fused `ssm_in`).
+    Qwen3Next,
 }
 
 impl Arch {
@@ -36,6 +39,7 @@ impl Arch {
             "qwen3moe" => Arch::Qwen3Moe,
             "qwen35" => Arch::Qwen35,
             "qwen35moe" => Arch::Qwen35Moe,
+            "qwen3next" => Arch::Qwen3Next,
             other => return Err(EngineError::UnknownArchitecture(other.into())),
         })
     }
@@ -49,6 +53,7 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
+            Arch::Qwen3Next => "qwen3next",
         }
     }
 }
@@ -107,6 +112,10 @@ pub struct DeltaInfo {
     pub n_v_heads: usize,
     /// Which layers are delta-net (the rest attention).
     pub recurrent: Vec<bool>,
+    /// Value head `h` reads key/query head `h / (n_v_heads / n_k_heads)` (Qwen3-Next's
+    /// repeat-interleave) rather than `h % n_k_heads` (Qwen3.5, whose converter orders the
+    /// value heads for ggml's tiling broadcast).
+    pub grouped_heads: bool,
 }
 
 impl DeltaInfo {
@@ -261,6 +270,16 @@ impl ModelInfo {
                     return Err(EngineError::MissingKey(k("expert_count")));
                 }
             }
+            Arch::Qwen3Next => {
+                if info.moe.is_none() {
+                    return Err(EngineError::MissingKey(k("expert_count")));
+                }
+                info.rope_style = RopeStyle::Neox;
+                info.attn_gate = true;
+                let mut d = delta_info(m, arch_name, n_layer)?;
+                d.grouped_heads = true;
+                info.delta = Some(d);
+            }
             Arch::Qwen35 | Arch::Qwen35Moe => {
                 if arch == Arch::Qwen35Moe && info.moe.is_none() {
                     return Err(EngineError::MissingKey(k("expert_count")));
@@ -355,6 +374,7 @@ fn delta_info(m: &Metadata, arch: &str, n_layer: usize) -> Result<DeltaInfo, Eng
                 (0..n_layer).map(|i| (i + 1) % every != 0).collect()
             }
         },
+        grouped_heads: false,
     };
     let inner = req("ssm.inner_size")?;
     if info.conv_kernel < 1

@@ -2,6 +2,11 @@
 //! llama.cpp's `build_layer_attn_linear`: projections to the convolution's q/k/v channels,
 //! the output gate `z` and the gate/update logits, then the backend's `delta_net` op (conv,
 //! norms, delta rule, gated norm) over each sequence's recurrent state, then `ssm_out`.
+//!
+//! Projections come split (`attn_qkv`, `attn_gate`, `ssm_beta`, `ssm_alpha`: Qwen3.5 and
+//! newer Qwen3-Next files) or fused per key-head group (`ssm_in` = `[q, k, v.., z..]` and
+//! `ssm_ba` = `[b.., a..]` for each key head: Qwen3-Next); the fused ones are multiplied once
+//! and their columns gathered into the split layout.
 
 use std::sync::Arc;
 
@@ -15,16 +20,75 @@ use crate::EngineError;
 pub struct DeltaBlock<B: Backend> {
     /// Which of a sequence's delta-net states is this layer's.
     pub index: usize,
-    wqkv: B::Weight,
-    wgate: B::Weight,
-    wbeta: B::Weight,
-    walpha: B::Weight,
+    qkvz: Proj<B::Weight>,
+    ba: Proj<B::Weight>,
     conv: B::Weight,
     dt_bias: B::Weight,
     a: B::Weight,
     norm: B::Weight,
     out: B::Weight,
     params: DeltaParams,
+}
+
+/// Two outputs of one input: two matrices, or one whose columns are gathered into each.
+enum Proj<W> {
+    Split(W, W),
+    Fused {
+        w: W,
+        first: Vec<u32>,
+        second: Vec<u32>,
+    },
+}
+
+impl<W> Proj<W> {
+    fn forward<B: Backend<Weight = W>>(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        widths: (usize, usize),
+    ) -> Result<(B::Tensor, B::Tensor), EngineError> {
+        let n = b.shape(x).0;
+        let (mut p, mut q) = (b.alloc(n, widths.0), b.alloc(n, widths.1));
+        match self {
+            Proj::Split(w1, w2) => {
+                b.matmul(w1, x, &mut p)?;
+                b.matmul(w2, x, &mut q)?;
+            }
+            Proj::Fused { w, first, second } => {
+                let mut all = b.alloc(n, first.len() + second.len());
+                b.matmul(w, x, &mut all)?;
+                b.gather_cols(&all, first, &mut p)?;
+                b.gather_cols(&all, second, &mut q)?;
+            }
+        }
+        Ok((p, q))
+    }
+}
+
+/// Columns of Qwen3-Next's fused projections, per key-head group `g` of `r = h_v / h_k`
+/// value heads: `ssm_in` holds `[q_g, k_g, v_g (r heads), z_g (r heads)]`, `ssm_ba` holds
+/// `[b_g (r), a_g (r)]`. Returns (q, k, v in order; z) and (b; a) column lists.
+fn fused_columns(d: &DeltaInfo) -> ((Vec<u32>, Vec<u32>), (Vec<u32>, Vec<u32>)) {
+    let (s, hk, r) = (d.head_dim, d.n_k_heads, d.n_v_heads / d.n_k_heads);
+    let group = 2 * s + 2 * r * s;
+    let span = |g: usize, off: usize, len: usize| g * group + off..g * group + off + len;
+    let mut qkv: Vec<u32> = Vec::new();
+    for part in 0..3 {
+        for g in 0..hk {
+            let (off, len) = [(0, s), (s, s), (2 * s, r * s)][part];
+            qkv.extend(span(g, off, len).map(|c| c as u32));
+        }
+    }
+    let z: Vec<u32> = (0..hk)
+        .flat_map(|g| span(g, 2 * s + r * s, r * s).map(|c| c as u32))
+        .collect();
+    let beta: Vec<u32> = (0..hk)
+        .flat_map(|g| (g * 2 * r..g * 2 * r + r).map(|c| c as u32))
+        .collect();
+    let alpha: Vec<u32> = (0..hk)
+        .flat_map(|g| (g * 2 * r + r..g * 2 * r + 2 * r).map(|c| c as u32))
+        .collect();
+    ((qkv, z), (beta, alpha))
 }
 
 impl<B: Backend> DeltaBlock<B> {
@@ -59,12 +123,35 @@ impl<B: Backend> DeltaBlock<B> {
             d.value_dim() as u64,
             d.n_v_heads as u64,
         );
+        let ((qkv_cols, z_cols), (b_cols, a_cols)) = fused_columns(d);
+        let qkvz = if gguf.tensor(&n("ssm_in")).is_some() {
+            Proj::Fused {
+                w: need(n("ssm_in"), vec![e, ch + vd])?,
+                first: qkv_cols,
+                second: z_cols,
+            }
+        } else {
+            Proj::Split(
+                need(n("attn_qkv"), vec![e, ch])?,
+                need(n("attn_gate"), vec![e, vd])?,
+            )
+        };
+        let ba = if gguf.tensor(&n("ssm_ba")).is_some() {
+            Proj::Fused {
+                w: need(n("ssm_ba"), vec![e, 2 * hv])?,
+                first: b_cols,
+                second: a_cols,
+            }
+        } else {
+            Proj::Split(
+                need(n("ssm_beta"), vec![e, hv])?,
+                need(n("ssm_alpha"), vec![e, hv])?,
+            )
+        };
         Ok(DeltaBlock {
             index,
-            wqkv: need(n("attn_qkv"), vec![e, ch])?,
-            wgate: need(n("attn_gate"), vec![e, vd])?,
-            wbeta: need(n("ssm_beta"), vec![e, hv])?,
-            walpha: need(n("ssm_alpha"), vec![e, hv])?,
+            qkvz,
+            ba,
             conv: need(n("ssm_conv1d"), vec![d.conv_kernel as u64, ch])?,
             dt_bias: need(format!("blk.{il}.ssm_dt.bias"), vec![hv])?,
             a: need(format!("blk.{il}.ssm_a"), vec![hv])?,
@@ -76,6 +163,7 @@ impl<B: Backend> DeltaBlock<B> {
                 n_k_heads: d.n_k_heads,
                 n_v_heads: d.n_v_heads,
                 eps,
+                grouped_heads: d.grouped_heads,
             },
         })
     }
@@ -101,14 +189,8 @@ impl<B: Backend> DeltaBlock<B> {
         let p = &self.params;
         let ch = (2 * p.n_k_heads + p.n_v_heads) * p.head_dim;
         let vd = p.n_v_heads * p.head_dim;
-        let mut qkv = b.alloc(n, ch);
-        let mut z = b.alloc(n, vd);
-        let mut beta = b.alloc(n, p.n_v_heads);
-        let mut alpha = b.alloc(n, p.n_v_heads);
-        b.matmul(&self.wqkv, x, &mut qkv)?;
-        b.matmul(&self.wgate, x, &mut z)?;
-        b.matmul(&self.wbeta, x, &mut beta)?;
-        b.matmul(&self.walpha, x, &mut alpha)?;
+        let (qkv, z) = self.qkvz.forward(b, x, (ch, vd))?;
+        let (beta, alpha) = self.ba.forward(b, x, (p.n_v_heads, p.n_v_heads))?;
         let w = DeltaWeights {
             conv: &self.conv,
             dt_bias: &self.dt_bias,

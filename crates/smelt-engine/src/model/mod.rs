@@ -117,7 +117,12 @@ impl<B: Backend> Model<B> {
         let gemma = info.arch == Arch::Gemma3;
         let qk_norm = matches!(
             info.arch,
-            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe | Arch::Gemma3
+            Arch::Qwen3
+                | Arch::Qwen3Moe
+                | Arch::Qwen35
+                | Arch::Qwen35Moe
+                | Arch::Qwen3Next
+                | Arch::Gemma3
         );
         let q_rows = if info.attn_gate { 2 * nh * hd } else { nh * hd };
         let mut layers = Vec::with_capacity(info.n_layer);
@@ -161,7 +166,7 @@ impl<B: Backend> Model<B> {
             };
             // Qwen3.5 names its pre-FFN norm `post_attention_norm`; Gemma's is a sandwich
             // norm on the attention output.
-            let hybrid = matches!(info.arch, Arch::Qwen35 | Arch::Qwen35Moe);
+            let hybrid = info.delta.is_some();
             let ffn_norm_name = if hybrid {
                 "post_attention_norm"
             } else {

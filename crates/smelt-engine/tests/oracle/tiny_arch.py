@@ -5,6 +5,8 @@ usage: tiny_arch.py ARCH TYPE OUT
   ARCH: qwen3moe | mixtral (a `llama` file with experts) | qwen35 (Gated DeltaNet hybrid)
         | qwen35moe (the hybrid with 20 routed experts in fused ffn_gate_up_exps, 4 per
         token, and a gated shared expert)
+        | qwen3next (Qwen3-Next: the MoE hybrid with NeoX rope, split attn_qkv/attn_gate
+        and fused ssm_ba) | qwen3next-fused (the same with the older fused ssm_in)
   TYPE: f32 | f16 | q8_0 (the matrices' type; norms and the router stay f32, as llama.cpp's
         quantizer keeps them)
 
@@ -63,7 +65,8 @@ def tensor_writer(w, rng, qtype):
     return mat, vec
 
 
-def hybrid(gguf_arch, ty, out, moe=False):
+def hybrid(gguf_arch, ty, out, moe=False, fused=False):
+    nxt = gguf_arch == "qwen3next"
     S, HK, HV, KERNEL, LAYERS_H, EVERY, FF = 16, 2, 4, 4, 4, 3, 96
     rng = np.random.default_rng(35)
     w = gguf.GGUFWriter(out, gguf_arch)
@@ -79,7 +82,8 @@ def hybrid(gguf_arch, ty, out, moe=False):
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000000.0)
     w.add_rope_dimension_count(16)
-    w.add_rope_dimension_sections([3, 3, 2, 0])
+    if not nxt:
+        w.add_rope_dimension_sections([3, 3, 2, 0])
     w.add_ssm_conv_kernel(KERNEL)
     w.add_ssm_inner_size(HV * S)
     w.add_ssm_state_size(S)
@@ -110,20 +114,31 @@ def hybrid(gguf_arch, ty, out, moe=False):
             vec(b + "attn_q_norm.weight", HD, 0.8, 1.2)
             vec(b + "attn_k_norm.weight", HD, 0.8, 1.2)
         else:
-            mat(b + "attn_qkv.weight", conv_ch, E, std=1.0 / np.sqrt(E))
-            mat(b + "attn_gate.weight", HV * S, E, std=1.0 / np.sqrt(E))
+            if fused:
+                # Per key head: q, k, its value heads, their z.
+                mat(b + "ssm_in.weight", conv_ch + HV * S, E, std=1.0 / np.sqrt(E))
+            else:
+                mat(b + "attn_qkv.weight", conv_ch, E, std=1.0 / np.sqrt(E))
+                mat(b + "attn_gate.weight", HV * S, E, std=1.0 / np.sqrt(E))
             mat(b + "ssm_conv1d.weight", conv_ch, KERNEL, std=0.5, quant=False)
             vec(b + "ssm_dt.bias", HV, -1.0, 1.0)
             # -exp(A_log): slow decays, so the state carries across many tokens.
             vec(b + "ssm_a", HV, -0.5, -0.05)
-            mat(b + "ssm_beta.weight", HV, E, std=1.0 / np.sqrt(E), quant=False)
-            mat(b + "ssm_alpha.weight", HV, E, std=1.0 / np.sqrt(E), quant=False)
+            if nxt:
+                mat(b + "ssm_ba.weight", 2 * HV, E, std=1.0 / np.sqrt(E), quant=False)
+            else:
+                mat(b + "ssm_beta.weight", HV, E, std=1.0 / np.sqrt(E), quant=False)
+                mat(b + "ssm_alpha.weight", HV, E, std=1.0 / np.sqrt(E), quant=False)
             vec(b + "ssm_norm.weight", S, 0.8, 1.2)
             mat(b + "ssm_out.weight", E, HV * S, std=1.0 / np.sqrt(HV * S))
         if moe:
             mat(b + "ffn_gate_inp.weight", N_EXPERT, E, std=2.0 / np.sqrt(E), quant=False)
-            # Gate rows then up rows of each expert in one tensor.
-            mat(b + "ffn_gate_up_exps.weight", N_EXPERT, 2 * FF_EXP, E, std=1.0 / np.sqrt(E))
+            if nxt:
+                mat(b + "ffn_gate_exps.weight", N_EXPERT, FF_EXP, E, std=1.0 / np.sqrt(E))
+                mat(b + "ffn_up_exps.weight", N_EXPERT, FF_EXP, E, std=1.0 / np.sqrt(E))
+            else:
+                # Gate rows then up rows of each expert in one tensor.
+                mat(b + "ffn_gate_up_exps.weight", N_EXPERT, 2 * FF_EXP, E, std=1.0 / np.sqrt(E))
             mat(b + "ffn_down_exps.weight", N_EXPERT, E, FF_EXP, std=1.5 / np.sqrt(FF_EXP))
             vec(b + "ffn_gate_inp_shexp.weight", E, -0.3, 0.3)
             mat(b + "ffn_gate_shexp.weight", FF, E, std=1.0 / np.sqrt(E))
@@ -142,9 +157,10 @@ def hybrid(gguf_arch, ty, out, moe=False):
 def main():
     arch, ty, out = sys.argv[1], sys.argv[2], sys.argv[3]
     gguf_arch = {"qwen3moe": "qwen3moe", "mixtral": "llama", "qwen35": "qwen35",
-                 "qwen35moe": "qwen35moe"}[arch]
-    if arch.startswith("qwen35"):
-        return hybrid(gguf_arch, ty, out, moe=arch == "qwen35moe")
+                 "qwen35moe": "qwen35moe", "qwen3next": "qwen3next",
+                 "qwen3next-fused": "qwen3next"}[arch]
+    if arch.startswith("qwen35") or arch.startswith("qwen3next"):
+        return hybrid(gguf_arch, ty, out, moe=arch != "qwen35", fused=arch.endswith("-fused"))
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
              "q8_0": gguf.GGMLQuantizationType.Q8_0}[ty]
     rng = np.random.default_rng(16)

@@ -13,7 +13,8 @@
 //!
 //! The state of one value head is `S_v x S_v`, stored as ggml stores it: row `j` (a value
 //! dimension) holds `S[.][j]` over the key dimensions. Value head `h` reads key/query head
-//! `h % h_k` (ggml broadcasts by tiling; converters order the heads for it).
+//! `h % h_k` (Qwen3.5: ggml broadcasts by tiling, converters order the heads for it) or
+//! `h / (h_v / h_k)` (Qwen3-Next's repeat-interleave), as [`DeltaShape::key_head`] says.
 
 use super::ggml_math;
 
@@ -29,12 +30,23 @@ pub struct DeltaShape {
     pub h_k: usize,
     /// Value heads (`ssm.time_step_rank`), a multiple of `h_k`.
     pub h_v: usize,
+    /// Value head `h` reads key head `h / (h_v / h_k)` (else `h % h_k`).
+    pub grouped: bool,
 }
 
 impl DeltaShape {
     /// Floats of one sequence's recurrent state.
     pub fn state_len(&self) -> usize {
         self.h_v * self.s * self.s
+    }
+
+    /// The key/query head value head `h` reads.
+    pub fn key_head(&self, h: usize) -> usize {
+        if self.grouped {
+            h / (self.h_v / self.h_k)
+        } else {
+            h % self.h_k
+        }
     }
 }
 
@@ -107,7 +119,7 @@ pub fn delta_rule(
     let mut delta = vec![0f32; s];
     for h in 0..hv {
         let m = &mut state[h * s * s..(h + 1) * s * s];
-        let kh = h % hk;
+        let kh = sh.key_head(h);
         for t in 0..n {
             let qd = &q[(t * hk + kh) * s..][..s];
             let kd = &k[(t * hk + kh) * s..][..s];
@@ -154,7 +166,7 @@ pub fn delta_rule_chunked(
     let n = g.len() / hv;
     let scale = 1.0 / (s as f32).sqrt();
     for h in 0..hv {
-        let kh = h % hk;
+        let kh = sh.key_head(h);
         // This head's state as S[i][j] (key i, value j), f32.
         let m = &mut state[h * s * s..(h + 1) * s * s];
         for c0 in (0..n).step_by(CHUNK) {
@@ -285,6 +297,7 @@ pub fn layer(
         s: p.head_dim,
         h_k: p.n_k_heads,
         h_v: p.n_v_heads,
+        grouped: p.grouped_heads,
     };
     let ch = (2 * sh.h_k + sh.h_v) * sh.s;
     let n = x.qkv.len() / ch;
@@ -356,17 +369,18 @@ mod tests {
     }
 
     /// The chunked form equals the recurrence within float rounding, across chunk edges
-    /// (a ragged last chunk), with more value heads than key heads, from a non-zero state,
-    /// and a prompt in two calls continues exactly where one call would.
+    /// (a ragged last chunk), with more value heads than key heads (both head mappings),
+    /// from a non-zero state.
     #[test]
     fn chunked_equals_recurrent() {
-        let sh = DeltaShape {
-            s: 16,
-            h_k: 2,
-            h_v: 4,
-        };
         let mut seed = 0x1234_5678_9abc_def1u64;
-        for n in [1, 7, 64, 65, 150] {
+        for (n, grouped) in [(1, false), (7, true), (64, false), (65, true), (150, false)] {
+            let sh = DeltaShape {
+                s: 16,
+                h_k: 2,
+                h_v: 4,
+                grouped,
+            };
             let [q, k, v, g, beta] = inputs(sh, n, &mut seed);
             let s0 = rand(sh.state_len(), &mut seed, 0.5);
             let (mut sa, mut sb) = (s0.clone(), s0.clone());

@@ -499,6 +499,30 @@ impl Backend for Cpu {
         )
     }
 
+    fn gather_cols(
+        &self,
+        x: &CpuTensor,
+        cols: &[u32],
+        out: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        if let Some(&c) = cols.iter().find(|&&c| c as usize >= x.cols) {
+            return Err(EngineError::BadOptions(format!("column {c} of {}", x.cols)));
+        }
+        out.rows = x.rows;
+        out.cols = cols.len();
+        out.data.resize(out.rows * out.cols, 0.0);
+        for (o, r) in out
+            .data
+            .chunks_mut(cols.len().max(1))
+            .zip(x.data.chunks(x.cols.max(1)))
+        {
+            for (o, &c) in o.iter_mut().zip(cols) {
+                *o = r[c as usize];
+            }
+        }
+        Ok(())
+    }
+
     fn split_gated_q(
         &self,
         x: &CpuTensor,
