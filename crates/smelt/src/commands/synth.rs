@@ -258,10 +258,12 @@ fn metadata(s: &ModelShape, target: Target, tokenizer: Option<Vec<(String, Value
     md.insert(format!("{a}.vocab_size"), u32v(s.n_vocab));
     if let Some(h) = &s.hybrid {
         md.insert(format!("{a}.rope.dimension_count"), u32v(h.n_rot));
-        md.insert(
-            format!("{a}.rope.dimension_sections"),
-            Value::Array(smelt_gguf::Array::I32(h.rope_sections.to_vec())),
-        );
+        if let Some(sections) = h.rope_sections {
+            md.insert(
+                format!("{a}.rope.dimension_sections"),
+                Value::Array(smelt_gguf::Array::I32(sections.to_vec())),
+            );
+        }
         md.insert(
             format!("{a}.full_attention_interval"),
             u32v(h.full_attention_interval),
@@ -279,6 +281,12 @@ fn metadata(s: &ModelShape, target: Target, tokenizer: Option<Vec<(String, Value
         md.insert(format!("{a}.expert_count"), u32v(m.n_expert));
         md.insert(format!("{a}.expert_used_count"), u32v(m.n_expert_used));
         md.insert(format!("{a}.expert_feed_forward_length"), u32v(m.n_ff_exp));
+        if m.n_ff_shared > 0 {
+            md.insert(
+                format!("{a}.expert_shared_feed_forward_length"),
+                u32v(m.n_ff_shared),
+            );
+        }
     }
     if let Some(r) = &s.rope_llama3 {
         // What llama.cpp's converter records next to rope_freqs.weight (informational:
