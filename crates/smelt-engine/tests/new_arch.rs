@@ -336,3 +336,29 @@ fn qwen3next_fused_ssm_in_equals_llama_cpp() {
         &[("f32", 2e-3), ("q8_0", 2e-3)],
     );
 }
+
+/// The GPU backend has no kernels for these yet: asking for one is a clear error before
+/// anything is loaded (no GPU needed to check it), naming the model and the way out.
+#[test]
+fn new_architectures_refuse_cuda_with_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (arch, name) in [
+        ("qwen3moe", "qwen3moe"),
+        ("mixtral", "llama with experts (Mixtral)"),
+        ("qwen35", "qwen35"),
+        ("qwen3next", "qwen3next"),
+    ] {
+        let file = dir.path().join(format!("{arch}.gguf"));
+        write_tiny(arch, "q8_0", &file);
+        let gguf = Arc::new(Gguf::open(&file).expect("open tiny model"));
+        let opts = EngineOptions {
+            device: smelt_engine::Device::Cuda(0),
+            ..EngineOptions::default()
+        };
+        let err = Engine::from_gguf(gguf, &opts).err().expect("refused");
+        assert_eq!(
+            err.to_string(),
+            format!("{name} is not yet supported on cuda; use --device cpu")
+        );
+    }
+}

@@ -65,10 +65,13 @@ impl<W> Proj<W> {
     }
 }
 
+/// Two column lists: the first and second output of a fused projection.
+type ColumnPair = (Vec<u32>, Vec<u32>);
+
 /// Columns of Qwen3-Next's fused projections, per key-head group `g` of `r = h_v / h_k`
 /// value heads: `ssm_in` holds `[q_g, k_g, v_g (r heads), z_g (r heads)]`, `ssm_ba` holds
 /// `[b_g (r), a_g (r)]`. Returns (q, k, v in order; z) and (b; a) column lists.
-fn fused_columns(d: &DeltaInfo) -> ((Vec<u32>, Vec<u32>), (Vec<u32>, Vec<u32>)) {
+fn fused_columns(d: &DeltaInfo) -> (ColumnPair, ColumnPair) {
     let (s, hk, r) = (d.head_dim, d.n_k_heads, d.n_v_heads / d.n_k_heads);
     let group = 2 * s + 2 * r * s;
     let span = |g: usize, off: usize, len: usize| g * group + off..g * group + off + len;
