@@ -1,17 +1,17 @@
 //! The engine: a model on a backend, its paged KV cache, and a forward step over a batch
 //! of sequences at different positions (what a continuous-batching scheduler drives).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
 use smelt_gguf::Gguf;
 
 use crate::backend::cpu::spin_pool::CpuPool;
-use crate::backend::cpu::{Cpu, CpuKv};
+use crate::backend::cpu::{Cpu, CpuKv, CpuTensor};
 use crate::backend::cuda::runner::{KvPlan, StepOut};
 use crate::backend::cuda::CudaEngine;
-use crate::backend::{AttnSeq, Backend};
+use crate::backend::{AttnSeq, Backend, DeltaState};
 use crate::device::Device;
 use crate::gpu_memory::GpuMemory;
 use crate::kv_cache::{BlockTable, SeqId};
@@ -94,6 +94,9 @@ enum Inner {
         kv: CpuKv,
         /// Threads shared with every engine of the same thread count (see `spin_pool`).
         pool: Arc<CpuPool>,
+        /// Each sequence's recurrent state (hybrid models' delta-net layers), made with the
+        /// sequence and dropped with it.
+        states: HashMap<SeqId, Vec<DeltaState<CpuTensor>>>,
     },
     Cuda(Box<CudaEngine>),
 }
@@ -112,6 +115,12 @@ impl Engine {
         }
         let n_blocks = opts.kv_tokens.div_ceil(opts.block_size);
         if let Device::Cuda(ordinal) = opts.device {
+            // The GPU backend has no kernels for these yet: say so before loading anything.
+            if let Some(what) = ModelInfo::from_gguf(&gguf)?.cpu_only() {
+                return Err(EngineError::NotSupported(format!(
+                    "{what} is not yet supported on cuda; use --device cpu"
+                )));
+            }
             let kv = KvPlan {
                 min_blocks: n_blocks,
                 block_size: opts.block_size,
@@ -144,6 +153,7 @@ impl Engine {
                 model: Box::new(model),
                 kv,
                 pool,
+                states: HashMap::new(),
             },
             table: BlockTable::new(n_blocks, opts.block_size),
             device: Device::Cpu,
@@ -183,12 +193,27 @@ impl Engine {
     }
 
     pub fn new_sequence(&mut self) -> SeqId {
-        self.table.new_sequence()
+        let id = self.table.new_sequence();
+        if let Inner::Cpu {
+            backend,
+            model,
+            states,
+            ..
+        } = &mut self.inner
+        {
+            if model.info.delta.is_some() {
+                states.insert(id, model.new_state(backend));
+            }
+        }
+        id
     }
 
-    /// Drops a sequence and returns its KV blocks to the free list at once.
+    /// Drops a sequence and returns its KV blocks (and its recurrent state) at once.
     pub fn free_sequence(&mut self, seq: SeqId) {
         self.table.free_sequence(seq);
+        if let Inner::Cpu { states, .. } = &mut self.inner {
+            states.remove(&seq);
+        }
     }
 
     /// Tokens cached for `seq` (0 for an unknown sequence).
@@ -307,6 +332,7 @@ impl Engine {
         let mut positions = Vec::new();
         let mut out_rows = Vec::new();
         let mut seqs = Vec::with_capacity(batch.len());
+        let mut seq_ids = Vec::with_capacity(batch.len());
         for (inp, &start) in batch.iter().zip(&starts) {
             let row = tokens.len();
             let n = inp.tokens.len();
@@ -318,6 +344,7 @@ impl Engine {
                 _ => {}
             }
             if n > 0 {
+                seq_ids.push(inp.seq);
                 seqs.push(AttnSeq {
                     row,
                     n_tokens: n,
@@ -335,13 +362,36 @@ impl Engine {
                 model,
                 kv,
                 pool,
+                states,
             } => {
                 let backend = &*backend;
-                let logits = pool.rayon.install(|| {
+                // The batch's recurrent states, in `seqs` order, out of the map for the step
+                // (a failed step leaves them where it stopped).
+                let mut taken: Vec<Vec<DeltaState<CpuTensor>>> = if model.info.delta.is_some() {
+                    seq_ids
+                        .iter()
+                        .map(|id| {
+                            states
+                                .remove(id)
+                                .unwrap_or_else(|| model.new_state(backend))
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                let mut refs: Vec<&mut Vec<DeltaState<CpuTensor>>> = taken.iter_mut().collect();
+                let ran = pool.rayon.install(|| {
                     pool.spin.install(|| {
-                        model.forward(backend, kv, &tokens, &positions, &seqs, &out_rows)
+                        model.forward_with_state(
+                            backend, kv, &mut refs, &tokens, &positions, &seqs, &out_rows,
+                        )
                     })
-                })?;
+                });
+                drop(refs);
+                for (id, st) in seq_ids.iter().zip(taken) {
+                    states.insert(*id, st);
+                }
+                let logits = ran?;
                 StepOut::Logits(if out_rows.is_empty() {
                     Vec::new()
                 } else {

@@ -6,7 +6,7 @@ use smelt_gguf::{GgmlType, GgufError};
 pub enum EngineError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture {0:?} (smelt knows llama, qwen2, qwen3, gemma3)")]
+    #[error("unsupported architecture {0:?} (smelt knows llama, qwen2, qwen3, qwen3moe, gemma3)")]
     UnknownArchitecture(String),
     #[error("the GGUF has no general.architecture key")]
     NoArchitecture,
@@ -34,6 +34,9 @@ pub enum EngineError {
     OutOfKvBlocks { need: usize, free: usize },
     #[error("sequence would reach {len} tokens, past the model's context of {max}")]
     ContextOverflow { len: usize, max: usize },
+    /// A model or op this device cannot run yet (the message says which and what to use).
+    #[error("{0}")]
+    NotSupported(String),
     #[error("bad engine options: {0}")]
     BadOptions(String),
     #[error("quantization: {0}")]

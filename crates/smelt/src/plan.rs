@@ -300,6 +300,10 @@ fn plan_exact(ty: GgmlType, t: &TensorIn) -> Planned {
     let row = t.shape.first().copied().unwrap_or(1);
     let want = if n_dims(&t.shape) < 2 {
         GgmlType::F32
+    } else if !allows_quantization(&t.name, &t.shape) {
+        // As llama.cpp's quantizer: the router, the delta-net convolution (ggml's ssm_conv
+        // takes only f32) and their kind keep their type.
+        t.ty
     } else {
         ty
     };

@@ -33,6 +33,44 @@ pub struct ModelShape {
     /// Norm weights are 1 plus N(0, norm_std): 0 for real shapes; the tiny ones jitter them
     /// so a norm weight applied to the wrong tensor shows in the output.
     pub norm_std: f32,
+    /// A routed mixture of experts in place of every dense FFN (`n_ff` then only goes to
+    /// the metadata, as in the published files).
+    pub moe: Option<MoeShape>,
+    /// Gated DeltaNet layers with gated attention every few (Qwen3.5/3.6).
+    pub hybrid: Option<HybridShape>,
+}
+
+/// The linear-attention side of a hybrid (`{arch}.ssm.*`, `full_attention_interval`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HybridShape {
+    /// Every this-many-th layer is attention, the others Gated DeltaNet.
+    pub full_attention_interval: u64,
+    pub conv_kernel: u64,
+    /// Size of each delta-net head.
+    pub head_dim: u64,
+    pub n_k_heads: u64,
+    pub n_v_heads: u64,
+    /// Rotated dimensions of each attention head (partial rope) and their M-RoPE sections
+    /// (Qwen3.5; Qwen3-Next has plain NeoX rope).
+    pub n_rot: u64,
+    pub rope_sections: Option<[i32; 4]>,
+}
+
+impl HybridShape {
+    pub fn is_recurrent(&self, il: u64) -> bool {
+        (il + 1) % self.full_attention_interval != 0
+    }
+}
+
+/// The experts of a MoE model (`{arch}.expert_*` metadata and the `*_exps` tensors).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeShape {
+    pub n_expert: u64,
+    pub n_expert_used: u64,
+    /// Hidden size of one expert.
+    pub n_ff_exp: u64,
+    /// Hidden size of the always-on shared expert (0: none).
+    pub n_ff_shared: u64,
 }
 
 /// Llama 3.1's `rope_scaling` (`rope_type: llama3`): long wavelengths are divided by
@@ -110,6 +148,8 @@ const fn llama(
         rope_llama3: None,
         weight_std: 0.02,
         norm_std: 0.0,
+        moe: None,
+        hybrid: None,
     }
 }
 
@@ -124,7 +164,7 @@ const fn tiny(name: &'static str, n_head: u64, n_head_kv: u64) -> ModelShape {
     }
 }
 
-pub const SHAPES: [ModelShape; 10] = [
+pub const SHAPES: [ModelShape; 16] = [
     // Llama 3.0: no rope scaling (3.1 added it).
     llama("llama3-8b", 32, 4096, 14336, 32, 8),
     // Llama 3.2 1B: rope scaling factor 32.
@@ -146,6 +186,74 @@ pub const SHAPES: [ModelShape; 10] = [
         rms_eps: 1e-6,
         qk_norm: true,
         ..llama("qwen3-32b", 64, 5120, 25600, 64, 8)
+    },
+    // Qwen3-30B-A3B (config.json): 48 layers, heads of 128, 128 experts of 768, 8 per token.
+    ModelShape {
+        arch: "qwen3moe",
+        head_dim: 128,
+        n_vocab: 151936,
+        n_ctx_train: 40960,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        moe: Some(MoeShape {
+            n_expert: 128,
+            n_expert_used: 8,
+            n_ff_exp: 768,
+            n_ff_shared: 0,
+        }),
+        ..llama("qwen3-30b-a3b", 48, 2048, 6144, 32, 4)
+    },
+    // Qwen3.6-27B (and Qwen3.5-27B; model card and config.json): 64 layers, 16 x (3 Gated
+    // DeltaNet + 1 gated attention), delta-net heads of 128 (48 value over 16 key heads),
+    // attention 24 query / 4 KV heads of 256 with 64 rotated dimensions.
+    ModelShape {
+        arch: "qwen35",
+        head_dim: 256,
+        n_vocab: 248320,
+        n_ctx_train: 262144,
+        rope_freq_base: 10_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        hybrid: Some(HybridShape {
+            full_attention_interval: 4,
+            conv_kernel: 4,
+            head_dim: 128,
+            n_k_heads: 16,
+            n_v_heads: 48,
+            n_rot: 64,
+            rope_sections: Some([11, 11, 10, 0]),
+        }),
+        ..llama("qwen3.6-27b", 64, 5120, 17408, 24, 4)
+    },
+    // Qwen3-Next-80B-A3B (config.json): 48 layers, 12 x (3 Gated DeltaNet + 1 gated
+    // attention), delta-net heads of 128 (32 value over 16 key heads), attention 16 query /
+    // 2 KV heads of 256 with 64 rotated dimensions, 512 experts of 512 (10 per token) and a
+    // shared expert of 512.
+    ModelShape {
+        arch: "qwen3next",
+        head_dim: 256,
+        n_vocab: 151936,
+        n_ctx_train: 262144,
+        rope_freq_base: 10_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        moe: Some(MoeShape {
+            n_expert: 512,
+            n_expert_used: 10,
+            n_ff_exp: 512,
+            n_ff_shared: 512,
+        }),
+        hybrid: Some(HybridShape {
+            full_attention_interval: 4,
+            conv_kernel: 4,
+            head_dim: 128,
+            n_k_heads: 16,
+            n_v_heads: 32,
+            n_rot: 64,
+            rope_sections: None,
+        }),
+        ..llama("qwen3-next-80b-a3b", 48, 2048, 5120, 16, 2)
     },
     ModelShape {
         arch: "qwen2",
@@ -201,6 +309,65 @@ pub const SHAPES: [ModelShape; 10] = [
         qk_norm: true,
         ..tiny("qwen3-tiny", 4, 2)
     },
+    // Qwen3-MoE: Qwen3's attention, 16 experts of 256 (K-quant rows), 4 per token.
+    ModelShape {
+        arch: "qwen3moe",
+        head_dim: 128,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        moe: Some(MoeShape {
+            n_expert: 16,
+            n_expert_used: 4,
+            n_ff_exp: 256,
+            n_ff_shared: 0,
+        }),
+        ..tiny("qwen3moe-tiny", 4, 2)
+    },
+    // Qwen3.5 hybrid: delta, delta, attention; 4 value heads of 64 over 2 key heads.
+    ModelShape {
+        arch: "qwen35",
+        n_layer: 3,
+        head_dim: 128,
+        rope_freq_base: 10_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        hybrid: Some(HybridShape {
+            full_attention_interval: 3,
+            conv_kernel: 4,
+            head_dim: 64,
+            n_k_heads: 2,
+            n_v_heads: 4,
+            n_rot: 32,
+            rope_sections: Some([6, 5, 5, 0]),
+        }),
+        ..tiny("qwen35-tiny", 4, 2)
+    },
+    // Qwen3-Next: delta, delta, attention; 16 experts of 256 (4 per token) and a shared one.
+    ModelShape {
+        arch: "qwen3next",
+        n_layer: 3,
+        head_dim: 128,
+        rope_freq_base: 10_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        moe: Some(MoeShape {
+            n_expert: 16,
+            n_expert_used: 4,
+            n_ff_exp: 256,
+            n_ff_shared: 256,
+        }),
+        hybrid: Some(HybridShape {
+            full_attention_interval: 3,
+            conv_kernel: 4,
+            head_dim: 64,
+            n_k_heads: 2,
+            n_v_heads: 4,
+            n_rot: 32,
+            rope_sections: None,
+        }),
+        ..tiny("qwen3next-tiny", 4, 2)
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static ModelShape> {
@@ -229,6 +396,54 @@ impl ModelShape {
         }
         for i in 0..self.n_layer {
             let mut push = |n: &str, s: Vec<u64>| out.push((format!("blk.{i}.{n}"), s));
+            if let Some(h) = &self.hybrid {
+                push("attn_norm.weight", vec![e]);
+                push("post_attention_norm.weight", vec![e]);
+                if h.is_recurrent(i) {
+                    let (kd, vd) = (h.n_k_heads * h.head_dim, h.n_v_heads * h.head_dim);
+                    push("attn_qkv.weight", vec![e, 2 * kd + vd]);
+                    push("attn_gate.weight", vec![e, vd]);
+                    push("ssm_conv1d.weight", vec![h.conv_kernel, 2 * kd + vd]);
+                    push("ssm_dt.bias", vec![h.n_v_heads]);
+                    push("ssm_a", vec![h.n_v_heads]);
+                    if self.arch == "qwen3next" {
+                        push("ssm_ba.weight", vec![e, 2 * h.n_v_heads]);
+                    } else {
+                        push("ssm_beta.weight", vec![e, h.n_v_heads]);
+                        push("ssm_alpha.weight", vec![e, h.n_v_heads]);
+                    }
+                    push("ssm_norm.weight", vec![h.head_dim]);
+                    push("ssm_out.weight", vec![vd, e]);
+                } else {
+                    push("attn_q.weight", vec![e, 2 * q]);
+                    push("attn_k.weight", vec![e, kv]);
+                    push("attn_v.weight", vec![e, kv]);
+                    push("attn_output.weight", vec![q, e]);
+                    push("attn_q_norm.weight", vec![self.head_dim]);
+                    push("attn_k_norm.weight", vec![self.head_dim]);
+                }
+                match self.moe {
+                    Some(m) => {
+                        let (ne, fe, fs) = (m.n_expert, m.n_ff_exp, m.n_ff_shared);
+                        push("ffn_gate_inp.weight", vec![e, ne]);
+                        push("ffn_gate_exps.weight", vec![e, fe, ne]);
+                        push("ffn_up_exps.weight", vec![e, fe, ne]);
+                        push("ffn_down_exps.weight", vec![fe, e, ne]);
+                        if fs > 0 {
+                            push("ffn_gate_inp_shexp.weight", vec![e]);
+                            push("ffn_gate_shexp.weight", vec![e, fs]);
+                            push("ffn_up_shexp.weight", vec![e, fs]);
+                            push("ffn_down_shexp.weight", vec![fs, e]);
+                        }
+                    }
+                    None => {
+                        push("ffn_gate.weight", vec![e, f]);
+                        push("ffn_up.weight", vec![e, f]);
+                        push("ffn_down.weight", vec![f, e]);
+                    }
+                }
+                continue;
+            }
             push("attn_norm.weight", vec![e]);
             push("attn_q.weight", vec![e, q]);
             push("attn_k.weight", vec![e, kv]);
@@ -244,9 +459,20 @@ impl ModelShape {
             }
             push("attn_output.weight", vec![q, e]);
             push("ffn_norm.weight", vec![e]);
-            push("ffn_gate.weight", vec![e, f]);
-            push("ffn_up.weight", vec![e, f]);
-            push("ffn_down.weight", vec![f, e]);
+            match self.moe {
+                Some(m) => {
+                    let (ne, fe) = (m.n_expert, m.n_ff_exp);
+                    push("ffn_gate_inp.weight", vec![e, ne]);
+                    push("ffn_gate_exps.weight", vec![e, fe, ne]);
+                    push("ffn_up_exps.weight", vec![e, fe, ne]);
+                    push("ffn_down_exps.weight", vec![fe, e, ne]);
+                }
+                None => {
+                    push("ffn_gate.weight", vec![e, f]);
+                    push("ffn_up.weight", vec![e, f]);
+                    push("ffn_down.weight", vec![f, e]);
+                }
+            }
         }
         out
     }
@@ -294,6 +520,25 @@ mod tests {
             (billions("llama2-7b") - 6.74).abs() < 0.02,
             "{}",
             billions("llama2-7b")
+        );
+        // Qwen3.6-27B's text model: 26.9B (the checkpoint's 27.8B adds the vision encoder
+        // and the multi-token-prediction layer).
+        assert!(
+            (billions("qwen3.6-27b") - 26.9).abs() < 0.1,
+            "{}",
+            billions("qwen3.6-27b")
+        );
+        // Qwen3-Next-80B-A3B: 80B in all.
+        assert!(
+            (billions("qwen3-next-80b-a3b") - 79.7).abs() < 0.5,
+            "{}",
+            billions("qwen3-next-80b-a3b")
+        );
+        // Qwen3-30B-A3B: 30.5B in all.
+        assert!(
+            (billions("qwen3-30b-a3b") - 30.5).abs() < 0.1,
+            "{}",
+            billions("qwen3-30b-a3b")
         );
     }
 

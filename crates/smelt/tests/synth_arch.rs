@@ -1,4 +1,5 @@
-//! Architectures with no real model here (Llama 3 with rope scaling, Mistral, Qwen2, Qwen3):
+//! Architectures with no real model here (Llama 3 with rope scaling, Mistral, Qwen2, Qwen3,
+//! Qwen3-MoE):
 //! a two-layer random-weight model of each, written by `smelt synth` with SmolLM2's
 //! tokenizer, generates the same greedy tokens in smelt and in llama.cpp.
 //!
@@ -98,10 +99,26 @@ fn smelt_greedy(model: &Path, prompts_jsonl: &Path) -> Vec<(Vec<u64>, Vec<u64>)>
         .collect()
 }
 
+/// Tokens that must agree for the hybrids (the issue's 32): their prompts take smelt's
+/// chunked delta rule where llama.cpp runs the recurrence, equal only to float rounding, so a
+/// near-tie late in a long continuation may go either way (reported, not failed).
+const HYBRID_MUST_AGREE: usize = 32;
+
 /// Synthesizes `shape` in every type of [`TYPES`], checks the file carries `must_have`
 /// (the tensors and keys that make the architecture what it is), and requires smelt's
 /// greedy tokens to equal llama.cpp's on every prompt.
 fn same_tokens_as_llama_cpp(shape: &str, arch: &str, must_have: &[&str], keys: &[(&str, u64)]) {
+    same_tokens_within(shape, arch, must_have, keys, N)
+}
+
+/// [`same_tokens_as_llama_cpp`] requiring only the first `must_agree` tokens to agree.
+fn same_tokens_within(
+    shape: &str,
+    arch: &str,
+    must_have: &[&str],
+    keys: &[(&str, u64)],
+    must_agree: usize,
+) {
     let dir = tempfile::tempdir().expect("tempdir");
     let prompts_json = dir.path().join("prompts.json");
     let prompts_jsonl = dir.path().join("prompts.jsonl");
@@ -171,6 +188,12 @@ fn same_tokens_as_llama_cpp(shape: &str, arch: &str, must_have: &[&str], keys: &
                 .take_while(|(a, b)| a == b)
                 .count();
             if same < N {
+                eprintln!(
+                    "{shape} {ty} {text:?}: first {same}/{N} tokens agree (margin there {:.4})",
+                    r.margins[same]
+                );
+            }
+            if same < must_agree {
                 failures.push(format!(
                     "{shape} {ty} {text:?}: first {same}/{N} tokens agree; then llama.cpp {} \
                      (its top-1 margin {:.4}), smelt {:?}",
@@ -237,5 +260,59 @@ fn qwen3_qk_norm_equals_llama_cpp() {
             ("attention.key_length", 128),
             ("attention.head_count_kv", 2),
         ],
+    );
+}
+
+/// Qwen3-MoE: the router (F32, as llama.cpp's quantizer keeps it) and 3D expert tensors in
+/// each type, K-quant experts included (llama.cpp runs repacked Q4_K experts through its gemv
+/// and Q6_K ones tiled from 8 rows per expert).
+#[test]
+fn qwen3moe_experts_equal_llama_cpp() {
+    same_tokens_as_llama_cpp(
+        "qwen3moe-tiny",
+        "qwen3moe",
+        &[
+            "blk.0.ffn_gate_inp.weight",
+            "blk.1.ffn_down_exps.weight",
+            "blk.1.attn_k_norm.weight",
+        ],
+        &[("expert_count", 16), ("expert_used_count", 4)],
+    );
+}
+
+/// Qwen3.5 hybrid: two Gated DeltaNet layers (conv window and delta-rule state carried
+/// through decode; prompts in one step take smelt's chunked form, llama.cpp's recurrence)
+/// then a gated attention layer with partial M-RoPE, in f32, q8_0 and K-quants.
+#[test]
+fn qwen35_hybrid_equals_llama_cpp() {
+    same_tokens_within(
+        "qwen35-tiny",
+        "qwen35",
+        &[
+            "blk.0.attn_qkv.weight",
+            "blk.1.ssm_conv1d.weight",
+            "blk.1.ssm_a",
+            "blk.2.attn_q_norm.weight",
+            "blk.2.post_attention_norm.weight",
+        ],
+        &[("full_attention_interval", 3), ("ssm.time_step_rank", 4)],
+        HYBRID_MUST_AGREE,
+    );
+}
+
+/// Qwen3-Next: the MoE hybrid with NeoX rope, grouped value heads, fused `ssm_ba`, routed
+/// experts and a gated shared expert.
+#[test]
+fn qwen3next_equals_llama_cpp() {
+    same_tokens_within(
+        "qwen3next-tiny",
+        "qwen3next",
+        &[
+            "blk.0.ssm_ba.weight",
+            "blk.1.ffn_gate_inp_shexp.weight",
+            "blk.2.ffn_down_exps.weight",
+        ],
+        &[("expert_count", 16), ("ssm.group_count", 2)],
+        HYBRID_MUST_AGREE,
     );
 }

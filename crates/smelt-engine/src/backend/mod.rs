@@ -43,6 +43,67 @@ pub enum Glu {
     Gelu,
 }
 
+/// How a mixture-of-experts router turns its logits into probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts (Qwen3-MoE, Mixtral).
+    Softmax,
+    /// Sigmoid of each logit.
+    Sigmoid,
+}
+
+/// A router's choice rule: the `k` most probable experts, their probabilities optionally
+/// divided by their sum, then optionally scaled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeRouting {
+    pub gating: Gating,
+    /// Experts per token.
+    pub k: usize,
+    pub norm: bool,
+    /// Multiplier of the weights (0 or 1: none, as llama.cpp).
+    pub scale: f32,
+}
+
+/// One sequence's recurrent state in one Gated DeltaNet layer, owned by the sequence.
+pub struct DeltaState<T> {
+    /// The last `conv_kernel - 1` inputs of the convolution, `[kernel - 1, channels]`.
+    pub conv: T,
+    /// The delta-rule matrices, `[n_v_heads * head_dim, head_dim]`.
+    pub ssm: T,
+}
+
+/// Shape of a Gated DeltaNet layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaParams {
+    pub conv_kernel: usize,
+    pub head_dim: usize,
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    /// Epsilon of the q/k L2 norms and of the output norm.
+    pub eps: f32,
+    /// Value head `h` reads key head `h / (n_v_heads / n_k_heads)`, else `h % n_k_heads`.
+    pub grouped_heads: bool,
+}
+
+/// The small weights of a Gated DeltaNet layer (the projections are plain matmuls).
+pub struct DeltaWeights<'a, W> {
+    /// `ssm_conv1d`: `[channels, kernel]`.
+    pub conv: &'a W,
+    /// `ssm_dt.bias`: added to the gate logits, `[n_v_heads]`.
+    pub dt_bias: &'a W,
+    /// `ssm_a`: `-exp(A_log)`, `[n_v_heads]`.
+    pub a: &'a W,
+    /// `ssm_norm`: the output norm, `[head_dim]`.
+    pub norm: &'a W,
+}
+
+/// The error of an op a backend does not implement yet.
+pub fn not_supported(backend: &str, op: &str) -> EngineError {
+    EngineError::NotSupported(format!(
+        "{op} is not yet supported on {backend}; use --device cpu"
+    ))
+}
+
 /// One sequence's share of a batch in an attention call.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnSeq<'a> {
@@ -155,4 +216,104 @@ pub trait Backend: Send + Sync {
         p: &AttnParams,
         out: &mut Self::Tensor,
     );
+
+    /// Short name for messages ("cpu", "cuda").
+    fn name(&self) -> &'static str {
+        "this device"
+    }
+
+    /// Makes the named 3D tensor (`[n_expert][rows][cols]`) usable by [`Backend::matmul_id`].
+    fn load_experts(&self, gguf: &Arc<Gguf>, name: &str) -> Result<Self::Weight, EngineError> {
+        let _ = (gguf, name);
+        Err(not_supported(self.name(), "mixture-of-experts weights"))
+    }
+
+    /// Routes each row of router `logits` (`[n, n_expert]`) to its experts: `route` becomes
+    /// `[n, 2k]`, the chosen expert ids (as f32, most probable first) then their weights.
+    fn moe_route(
+        &self,
+        logits: &Self::Tensor,
+        p: &MoeRouting,
+        route: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let _ = (logits, p, route);
+        Err(not_supported(self.name(), "moe_route"))
+    }
+
+    /// `out[t*k + i] = W[id(t, i)] x[t or t*k + i]` for every token `t` and chosen expert `i`
+    /// of `route`: every selected expert of the step, grouped by expert. `x` has one row per
+    /// token (shared by its experts) or one per (token, expert).
+    fn matmul_id(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Tensor,
+        route: &Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let _ = (w, x, route, out);
+        Err(not_supported(self.name(), "matmul_id"))
+    }
+
+    /// `out[t] = sum_i weight(t, i) * y[t*k + i]`, products rounded then added in expert
+    /// order (llama.cpp's `ggml_mul` then chain of `ggml_add`).
+    fn moe_combine(
+        &self,
+        y: &Self::Tensor,
+        route: &Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let _ = (y, route, out);
+        Err(not_supported(self.name(), "moe_combine"))
+    }
+
+    /// `out[t][j] = x[t][cols[j]]`: columns picked (and reordered) from each row.
+    fn gather_cols(
+        &self,
+        x: &Self::Tensor,
+        cols: &[u32],
+        out: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let _ = (x, cols, out);
+        Err(not_supported(self.name(), "gather_cols"))
+    }
+
+    /// Splits rows of interleaved `[q (hd), gate (hd)]` heads into `q` and `gate`.
+    fn split_gated_q(
+        &self,
+        x: &Self::Tensor,
+        head_dim: usize,
+        q: &mut Self::Tensor,
+        gate: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let _ = (x, head_dim, q, gate);
+        Err(not_supported(self.name(), "gated attention"))
+    }
+
+    /// `x *= sigmoid(gate)`.
+    fn mul_sigmoid(&self, x: &mut Self::Tensor, gate: &Self::Tensor) -> Result<(), EngineError> {
+        let _ = (x, gate);
+        Err(not_supported(self.name(), "gated attention"))
+    }
+
+    /// A Gated DeltaNet layer between its projections, per sequence of `seqs` (with
+    /// `states` in the same order, advanced): causal conv1d of `qkv` with the window, SiLU,
+    /// q/k L2 norms, gates `g = softplus(alpha + dt_bias) * a` and `beta = sigmoid(beta)`,
+    /// the delta rule (token by token for one token, in chunks for a prompt), then
+    /// `rms_norm(o) * norm * silu(z)` into `out` (`[rows, n_v_heads * head_dim]`).
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net(
+        &self,
+        p: &DeltaParams,
+        w: &DeltaWeights<'_, Self::Weight>,
+        qkv: &Self::Tensor,
+        z: &Self::Tensor,
+        alpha: &Self::Tensor,
+        beta: &Self::Tensor,
+        seqs: &[AttnSeq<'_>],
+        states: &mut [&mut DeltaState<Self::Tensor>],
+        out: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let _ = (p, w, qkv, z, alpha, beta, seqs, states, out);
+        Err(not_supported(self.name(), "gated delta-net"))
+    }
 }

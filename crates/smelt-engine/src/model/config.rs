@@ -16,6 +16,17 @@ pub enum Arch {
     Qwen3,
     /// Gemma 3: sandwich norms, GeGLU, scaled embeddings, local/global attention.
     Gemma3,
+    /// Qwen3-MoE: Qwen3's attention with a routed mixture of experts for every FFN.
+    Qwen3Moe,
+    /// Qwen3.5/3.6 dense hybrids: Gated DeltaNet layers with a gated full-attention layer
+    /// every few (`full_attention_interval` or `attention.recurrent_layers`).
+    Qwen35,
+    /// Qwen3.5/3.6 MoE hybrids: Qwen35's layers with routed experts and a gated shared
+    /// expert in every FFN.
+    Qwen35Moe,
+    /// Qwen3-Next: the MoE hybrid before Qwen3.5 (NeoX rope, value heads grouped under
+    /// their key head, fused `ssm_ba` and, from older converters, fused `ssm_in`).
+    Qwen3Next,
 }
 
 impl Arch {
@@ -25,6 +36,10 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "gemma3" => Arch::Gemma3,
+            "qwen3moe" => Arch::Qwen3Moe,
+            "qwen35" => Arch::Qwen35,
+            "qwen35moe" => Arch::Qwen35Moe,
+            "qwen3next" => Arch::Qwen3Next,
             other => return Err(EngineError::UnknownArchitecture(other.into())),
         })
     }
@@ -35,6 +50,10 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
+            Arch::Qwen3Next => "qwen3next",
         }
     }
 }
@@ -71,6 +90,65 @@ pub struct ModelInfo {
     pub q_scale: f32,
     /// Multiplier of the token embeddings (Gemma: sqrt(n_embd)).
     pub embd_scale: Option<f32>,
+    /// The routed experts of a mixture-of-experts FFN, `None` for a dense FFN.
+    pub moe: Option<MoeInfo>,
+    /// Gated DeltaNet layers of a hybrid model, `None` when every layer is attention.
+    pub delta: Option<DeltaInfo>,
+    /// Attention layers whose query projection also yields a sigmoid gate per head
+    /// (Qwen3-Next, Qwen3.5: `[q, gate]` interleaved per head).
+    pub attn_gate: bool,
+}
+
+/// The Gated DeltaNet layers of a hybrid (`{arch}.ssm.*` metadata).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeltaInfo {
+    /// Causal convolution taps (`ssm.conv_kernel`).
+    pub conv_kernel: usize,
+    /// Size of each key/query/value head (`ssm.state_size`).
+    pub head_dim: usize,
+    /// Key/query heads (`ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`).
+    pub n_v_heads: usize,
+    /// Which layers are delta-net (the rest attention).
+    pub recurrent: Vec<bool>,
+    /// Value head `h` reads key/query head `h / (n_v_heads / n_k_heads)` (Qwen3-Next's
+    /// repeat-interleave) rather than `h % n_k_heads` (Qwen3.5, whose converter orders the
+    /// value heads for ggml's tiling broadcast).
+    pub grouped_heads: bool,
+}
+
+impl DeltaInfo {
+    /// Channels of the convolution: queries, keys and values side by side.
+    pub fn conv_channels(&self) -> usize {
+        (2 * self.n_k_heads + self.n_v_heads) * self.head_dim
+    }
+
+    /// Width of the values (and of the output gate `z`).
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.head_dim
+    }
+}
+
+/// How a mixture-of-experts layer routes a token (`{arch}.expert_*` metadata).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeInfo {
+    /// Experts per layer (`expert_count`).
+    pub n_expert: usize,
+    /// Experts each token runs (`expert_used_count`).
+    pub n_expert_used: usize,
+    /// Hidden size of one expert (`expert_feed_forward_length`, else `feed_forward_length`).
+    pub n_ff_exp: usize,
+    /// Router probabilities: softmax or sigmoid of the router logits (`expert_gating_func`).
+    pub gating: crate::backend::Gating,
+    /// Whether the chosen experts' weights are divided by their sum (`expert_weights_norm`;
+    /// llama.cpp normalises for `qwen3moe` and Mixtral-style `llama`).
+    pub norm_weights: bool,
+    /// Multiplier of the expert weights (`expert_weights_scale`; 0 or 1: none).
+    pub weights_scale: f32,
+    /// Hidden size of the shared expert (`expert_shared_feed_forward_length`), 0 when the
+    /// metadata does not say (its tensors then give it).
+    pub n_ff_shared: usize,
 }
 
 fn req_u64(m: &Metadata, key: &str) -> Result<usize, EngineError> {
@@ -103,8 +181,12 @@ impl ModelInfo {
         let n_head = u64_or_first(m, &k("attention.head_count"))
             .ok_or_else(|| EngineError::MissingKey(k("attention.head_count")))?;
         let n_head_kv = u64_or_first(m, &k("attention.head_count_kv")).unwrap_or(n_head);
-        let n_ff = u64_or_first(m, &k("feed_forward_length"))
-            .ok_or_else(|| EngineError::MissingKey(k("feed_forward_length")))?;
+        let moe = moe_info(m, arch_name)?;
+        let n_ff = match (u64_or_first(m, &k("feed_forward_length")), &moe) {
+            (Some(v), _) => v,
+            (None, Some(moe)) => moe.n_ff_exp,
+            (None, None) => return Err(EngineError::MissingKey(k("feed_forward_length"))),
+        };
         if n_head == 0 || n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
             return Err(EngineError::BadMetadata {
                 key: k("attention.head_count_kv"),
@@ -175,10 +257,38 @@ impl ModelInfo {
             kq_scale: 1.0 / (head_dim as f32).sqrt(),
             q_scale: 1.0,
             embd_scale: None,
+            moe,
+            delta: None,
+            attn_gate: false,
         };
         match arch {
             Arch::Llama => {}
             Arch::Qwen2 | Arch::Qwen3 => info.rope_style = RopeStyle::Neox,
+            Arch::Qwen3Moe => {
+                info.rope_style = RopeStyle::Neox;
+                if info.moe.is_none() {
+                    return Err(EngineError::MissingKey(k("expert_count")));
+                }
+            }
+            Arch::Qwen3Next => {
+                if info.moe.is_none() {
+                    return Err(EngineError::MissingKey(k("expert_count")));
+                }
+                info.rope_style = RopeStyle::Neox;
+                info.attn_gate = true;
+                let mut d = delta_info(m, arch_name, n_layer)?;
+                d.grouped_heads = true;
+                info.delta = Some(d);
+            }
+            Arch::Qwen35 | Arch::Qwen35Moe => {
+                if arch == Arch::Qwen35Moe && info.moe.is_none() {
+                    return Err(EngineError::MissingKey(k("expert_count")));
+                }
+                info.rope_style = RopeStyle::Neox;
+                info.attn_gate = true;
+                info.delta = Some(delta_info(m, arch_name, n_layer)?);
+                check_text_mrope(m, arch_name, n_rot)?;
+            }
             Arch::Gemma3 => {
                 info.rope_style = RopeStyle::Neox;
                 // llama.cpp: local layers use base 10000 unscaled; every 6th layer is global.
@@ -204,6 +314,18 @@ impl ModelInfo {
         Ok(info)
     }
 
+    /// What of this model only the CPU backend runs (a name for the error), if anything.
+    pub fn cpu_only(&self) -> Option<String> {
+        if self.delta.is_some() {
+            return Some(self.arch.name().into());
+        }
+        match (self.arch, &self.moe) {
+            (_, None) => None,
+            (Arch::Llama, Some(_)) => Some("llama with experts (Mixtral)".into()),
+            (arch, Some(_)) => Some(arch.name().into()),
+        }
+    }
+
     /// Rope base and scale of layer `il`.
     pub fn rope_for_layer(&self, il: usize) -> (f32, f32) {
         if self.swa_layers.get(il).copied().unwrap_or(false) {
@@ -221,6 +343,123 @@ impl ModelInfo {
             None
         }
     }
+}
+
+/// The `ssm.*` keys and the layer pattern: `attention.recurrent_layers` (one flag per layer)
+/// when present, else every `full_attention_interval`-th layer (default 4) is attention.
+fn delta_info(m: &Metadata, arch: &str, n_layer: usize) -> Result<DeltaInfo, EngineError> {
+    let k = |s: &str| format!("{arch}.{s}");
+    let req = |s: &str| req_u64(m, &k(s));
+    let info = DeltaInfo {
+        conv_kernel: req("ssm.conv_kernel")?,
+        head_dim: req("ssm.state_size")?,
+        n_k_heads: req("ssm.group_count")?,
+        n_v_heads: req("ssm.time_step_rank")?,
+        recurrent: match m.get_array(&k("attention.recurrent_layers")) {
+            Some(smelt_gguf::Array::Bool(v)) if v.len() >= n_layer => v[..n_layer].to_vec(),
+            Some(_) => {
+                return Err(EngineError::BadMetadata {
+                    key: k("attention.recurrent_layers"),
+                    why: format!("expected {n_layer} booleans"),
+                })
+            }
+            None => {
+                let every = m.get_u64(&k("full_attention_interval")).unwrap_or(4) as usize;
+                if every == 0 {
+                    return Err(EngineError::BadMetadata {
+                        key: k("full_attention_interval"),
+                        why: "0".into(),
+                    });
+                }
+                (0..n_layer).map(|i| (i + 1) % every != 0).collect()
+            }
+        },
+        grouped_heads: false,
+    };
+    let inner = req("ssm.inner_size")?;
+    if info.conv_kernel < 1
+        || info.n_k_heads == 0
+        || !info.n_v_heads.is_multiple_of(info.n_k_heads)
+        || inner != info.value_dim()
+    {
+        return Err(EngineError::BadMetadata {
+            key: k("ssm.inner_size"),
+            why: format!(
+                "{} key heads, {} value heads of {}, inner size {inner}",
+                info.n_k_heads, info.n_v_heads, info.head_dim
+            ),
+        });
+    }
+    Ok(info)
+}
+
+/// Qwen3.5's rope is llama.cpp's interleaved M-RoPE; for text every section turns with the
+/// token's position, which is NeoX rope over `rope.dimension_count` dimensions, as long as
+/// no rotated pair falls to the fourth section (whose position is 0 for text).
+fn check_text_mrope(m: &Metadata, arch: &str, n_rot: usize) -> Result<(), EngineError> {
+    let key = format!("{arch}.rope.dimension_sections");
+    let sec: Vec<usize> = match m.get_array(&key) {
+        Some(smelt_gguf::Array::I32(v)) => v.iter().map(|&x| x.max(0) as usize).collect(),
+        Some(smelt_gguf::Array::U32(v)) => v.iter().map(|&x| x as usize).collect(),
+        _ => return Ok(()),
+    };
+    let s = |i: usize| sec.get(i).copied().unwrap_or(0);
+    let total: usize = (0..4).map(s).sum();
+    let fourth = (0..n_rot / 2).any(|i| {
+        let sector = if total == 0 { 0 } else { i % total };
+        !((sector % 3 == 1 && sector < 3 * s(1))
+            || (sector % 3 == 2 && sector < 3 * s(2))
+            || (sector % 3 == 0 && sector < 3 * s(0)))
+    });
+    if total == 0 || fourth {
+        return Err(EngineError::BadMetadata {
+            key,
+            why: format!("sections {sec:?} rotate text dimensions by the extra position"),
+        });
+    }
+    Ok(())
+}
+
+/// The `expert_*` keys: `None` without experts (no `expert_count`, or one expert, which
+/// llama.cpp treats as a dense model).
+fn moe_info(m: &Metadata, arch: &str) -> Result<Option<MoeInfo>, EngineError> {
+    let k = |s: &str| format!("{arch}.{s}");
+    let n_expert = m.get_u64(&k("expert_count")).unwrap_or(0) as usize;
+    if n_expert <= 1 {
+        return Ok(None);
+    }
+    let n_expert_used = u64_or_first(m, &k("expert_used_count"))
+        .ok_or_else(|| EngineError::MissingKey(k("expert_used_count")))?;
+    if n_expert_used == 0 || n_expert_used > n_expert {
+        return Err(EngineError::BadMetadata {
+            key: k("expert_used_count"),
+            why: format!("{n_expert_used} of {n_expert} experts per token"),
+        });
+    }
+    let n_ff_exp = u64_or_first(m, &k("expert_feed_forward_length"))
+        .or_else(|| u64_or_first(m, &k("feed_forward_length")))
+        .ok_or_else(|| EngineError::MissingKey(k("expert_feed_forward_length")))?;
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*: 1 softmax, 2 sigmoid.
+    let gating = match m.get_u64(&k("expert_gating_func")).unwrap_or(1) {
+        1 => crate::backend::Gating::Softmax,
+        2 => crate::backend::Gating::Sigmoid,
+        other => {
+            return Err(EngineError::BadMetadata {
+                key: k("expert_gating_func"),
+                why: format!("gating function {other} is not supported yet"),
+            })
+        }
+    };
+    let norm_weights = m.get_bool(&k("expert_weights_norm")).unwrap_or(true);
+    Ok(Some(MoeInfo {
+        n_expert,
+        n_expert_used,
+        n_ff_exp,
+        gating,
+        norm_weights,
+        weights_scale: m.get_f32(&k("expert_weights_scale")).unwrap_or(0.0),
+        n_ff_shared: u64_or_first(m, &k("expert_shared_feed_forward_length")).unwrap_or(0),
+    }))
 }
 
 /// `rope.scaling.*` as llama.cpp reads it: the linear factor (`rope.scale_linear`, else

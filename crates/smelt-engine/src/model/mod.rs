@@ -2,19 +2,34 @@
 //! Qwen3) and Gemma 3 differ only in which optional tensors a layer has and in a few
 //! hyperparameters, so one forward pass covers them all, following llama.cpp's graphs
 //! (`llm_build_llama`, `llm_build_qwen2`, `llm_build_qwen3`, `llm_build_gemma3_iswa`).
+//! Qwen3-MoE (`qwen3moe`) is Qwen3's attention over the shared mixture-of-experts block
+//! ([`moe`]); a `llama` file with `expert_count` (Mixtral) takes the same block. Qwen3.5
+//! (`qwen35`) mixes Gated DeltaNet layers ([`delta`], a recurrent state per sequence) with
+//! gated attention layers (a sigmoid gate per head on the attention output).
 
 pub mod config;
+pub mod delta;
+pub mod moe;
 
 use std::sync::Arc;
 
 use smelt_gguf::Gguf;
 
-use crate::backend::{AttnParams, AttnSeq, Backend, Glu, RopeParams};
+use crate::backend::{AttnParams, AttnSeq, Backend, DeltaState, Glu, RopeParams};
 use crate::EngineError;
-pub use config::{Arch, ModelInfo};
+pub use config::{Arch, DeltaInfo, ModelInfo, MoeInfo};
+use delta::DeltaBlock;
+use moe::MoeFfn;
 
-struct Layer<B: Backend> {
-    attn_norm: B::Weight,
+/// A layer's token mixer.
+enum Mixer<B: Backend> {
+    Attn(Attn<B>),
+    Delta(DeltaBlock<B>),
+}
+
+/// Self-attention weights.
+struct Attn<B: Backend> {
+    /// With `attn_gate`, rows of `[q, gate]` per head.
     wq: B::Weight,
     wk: B::Weight,
     wv: B::Weight,
@@ -24,11 +39,26 @@ struct Layer<B: Backend> {
     bv: Option<B::Weight>,
     q_norm: Option<B::Weight>,
     k_norm: Option<B::Weight>,
+}
+
+/// A layer's feed-forward block.
+enum Ffn<B: Backend> {
+    /// `down(act(gate x) * up x)`.
+    Dense {
+        gate: B::Weight,
+        up: B::Weight,
+        down: B::Weight,
+    },
+    /// Routed experts.
+    Moe(MoeFfn<B>),
+}
+
+struct Layer<B: Backend> {
+    attn_norm: B::Weight,
+    mixer: Mixer<B>,
     post_attn_norm: Option<B::Weight>,
     ffn_norm: B::Weight,
-    gate: B::Weight,
-    up: B::Weight,
-    down: B::Weight,
+    ffn: Ffn<B>,
     post_ffn_norm: Option<B::Weight>,
 }
 
@@ -85,8 +115,18 @@ impl<B: Backend> Model<B> {
             }
         };
         let gemma = info.arch == Arch::Gemma3;
-        let qk_norm = matches!(info.arch, Arch::Qwen3 | Arch::Gemma3);
+        let qk_norm = matches!(
+            info.arch,
+            Arch::Qwen3
+                | Arch::Qwen3Moe
+                | Arch::Qwen35
+                | Arch::Qwen35Moe
+                | Arch::Qwen3Next
+                | Arch::Gemma3
+        );
+        let q_rows = if info.attn_gate { 2 * nh * hd } else { nh * hd };
         let mut layers = Vec::with_capacity(info.n_layer);
+        let mut n_delta = 0;
         for il in 0..info.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
             let bias = |s: &str| format!("blk.{il}.{s}.bias");
@@ -98,22 +138,57 @@ impl<B: Backend> Model<B> {
                         opt(&name, shape)
                     }
                 };
+            let recurrent = info.delta.as_ref().filter(|d| d.recurrent[il]);
+            let mixer = match recurrent {
+                Some(d) => {
+                    n_delta += 1;
+                    Mixer::Delta(DeltaBlock::load(
+                        b,
+                        gguf,
+                        il,
+                        n_delta - 1,
+                        e,
+                        d,
+                        info.rms_eps,
+                    )?)
+                }
+                None => Mixer::Attn(Attn {
+                    wq: need(&n("attn_q"), (q_rows, e))?,
+                    wk: need(&n("attn_k"), (nkv * hd, e))?,
+                    wv: need(&n("attn_v"), (nkv * hd, e))?,
+                    wo: need(&n("attn_output"), (e, nh * hd))?,
+                    bq: req_if(info.arch == Arch::Qwen2, bias("attn_q"), (1, nh * hd))?,
+                    bk: req_if(info.arch == Arch::Qwen2, bias("attn_k"), (1, nkv * hd))?,
+                    bv: req_if(info.arch == Arch::Qwen2, bias("attn_v"), (1, nkv * hd))?,
+                    q_norm: req_if(qk_norm, n("attn_q_norm"), (1, hd))?,
+                    k_norm: req_if(qk_norm, n("attn_k_norm"), (1, hd))?,
+                }),
+            };
+            // Qwen3.5 names its pre-FFN norm `post_attention_norm`; Gemma's is a sandwich
+            // norm on the attention output.
+            let hybrid = info.delta.is_some();
+            let ffn_norm_name = if hybrid {
+                "post_attention_norm"
+            } else {
+                "ffn_norm"
+            };
             layers.push(Layer {
                 attn_norm: need(&n("attn_norm"), (1, e))?,
-                wq: need(&n("attn_q"), (nh * hd, e))?,
-                wk: need(&n("attn_k"), (nkv * hd, e))?,
-                wv: need(&n("attn_v"), (nkv * hd, e))?,
-                wo: need(&n("attn_output"), (e, nh * hd))?,
-                bq: req_if(info.arch == Arch::Qwen2, bias("attn_q"), (1, nh * hd))?,
-                bk: req_if(info.arch == Arch::Qwen2, bias("attn_k"), (1, nkv * hd))?,
-                bv: req_if(info.arch == Arch::Qwen2, bias("attn_v"), (1, nkv * hd))?,
-                q_norm: req_if(qk_norm, n("attn_q_norm"), (1, hd))?,
-                k_norm: req_if(qk_norm, n("attn_k_norm"), (1, hd))?,
-                post_attn_norm: req_if(gemma, n("post_attention_norm"), (1, e))?,
-                ffn_norm: need(&n("ffn_norm"), (1, e))?,
-                gate: need(&n("ffn_gate"), (ff, e))?,
-                up: need(&n("ffn_up"), (ff, e))?,
-                down: need(&n("ffn_down"), (e, ff))?,
+                mixer,
+                post_attn_norm: if hybrid {
+                    None
+                } else {
+                    req_if(gemma, n("post_attention_norm"), (1, e))?
+                },
+                ffn_norm: need(&n(ffn_norm_name), (1, e))?,
+                ffn: match &info.moe {
+                    Some(m) => Ffn::Moe(MoeFfn::load(b, gguf, il, e, m)?),
+                    None => Ffn::Dense {
+                        gate: need(&n("ffn_gate"), (ff, e))?,
+                        up: need(&n("ffn_up"), (ff, e))?,
+                        down: need(&n("ffn_down"), (e, ff))?,
+                    },
+                },
                 post_ffn_norm: req_if(gemma, n("post_ffw_norm"), (1, e))?,
             });
         }
@@ -154,6 +229,42 @@ impl<B: Backend> Model<B> {
         seqs: &[AttnSeq<'_>],
         out_rows: &[usize],
     ) -> Result<B::Tensor, EngineError> {
+        self.forward_with_state(b, kv, &mut [], tokens, positions, seqs, out_rows)
+    }
+
+    /// A fresh recurrent state for one sequence: one per delta-net layer (empty for models
+    /// without them).
+    pub fn new_state(&self, b: &B) -> Vec<DeltaState<B::Tensor>> {
+        let Some(d) = &self.info.delta else {
+            return Vec::new();
+        };
+        self.layers
+            .iter()
+            .filter(|l| matches!(l.mixer, Mixer::Delta(_)))
+            .map(|_| DeltaBlock::new_state(b, d))
+            .collect()
+    }
+
+    /// [`Model::forward`] with each sequence's recurrent state (`states`, in `seqs`
+    /// order), which delta-net layers read and advance.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with_state(
+        &self,
+        b: &B,
+        kv: &mut B::KvStore,
+        states: &mut [&mut Vec<DeltaState<B::Tensor>>],
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+    ) -> Result<B::Tensor, EngineError> {
+        if self.info.delta.is_some() && states.len() != seqs.len() {
+            return Err(EngineError::BadOptions(format!(
+                "{} recurrent states for {} sequences",
+                states.len(),
+                seqs.len()
+            )));
+        }
         let i = &self.info;
         let n = tokens.len();
         let (qd, kvd) = (i.n_head * i.head_dim, i.n_head_kv * i.head_dim);
@@ -181,60 +292,81 @@ impl<B: Backend> Model<B> {
         let mut gathered = false;
         for (il, l) in self.layers.iter().enumerate() {
             b.rms_norm(&x, &l.attn_norm, i.rms_eps, &mut s.h);
-            b.matmul(&l.wq, &s.h, &mut s.q)?;
-            b.matmul(&l.wk, &s.h, &mut s.k)?;
-            b.matmul(&l.wv, &s.h, &mut s.v)?;
-            if let Some(bq) = &l.bq {
-                b.add_bias(&mut s.q, bq);
+            match &l.mixer {
+                Mixer::Delta(d) => {
+                    let mut st: Vec<&mut DeltaState<B::Tensor>> =
+                        states.iter_mut().map(|v| &mut v[d.index]).collect();
+                    d.forward(b, &s.h, seqs, &mut st, &mut s.o)?;
+                }
+                Mixer::Attn(a) => {
+                    let gate = if i.attn_gate {
+                        let mut full = b.alloc(n, 2 * qd);
+                        b.matmul(&a.wq, &s.h, &mut full)?;
+                        let mut g = b.alloc(n, qd);
+                        b.split_gated_q(&full, i.head_dim, &mut s.q, &mut g)?;
+                        Some(g)
+                    } else {
+                        b.matmul(&a.wq, &s.h, &mut s.q)?;
+                        None
+                    };
+                    b.matmul(&a.wk, &s.h, &mut s.k)?;
+                    b.matmul(&a.wv, &s.h, &mut s.v)?;
+                    if let Some(bq) = &a.bq {
+                        b.add_bias(&mut s.q, bq);
+                    }
+                    if let Some(bk) = &a.bk {
+                        b.add_bias(&mut s.k, bk);
+                    }
+                    if let Some(bv) = &a.bv {
+                        b.add_bias(&mut s.v, bv);
+                    }
+                    if let Some(w) = &a.q_norm {
+                        b.rms_norm(&s.q, w, i.rms_eps, &mut s.tmp);
+                        std::mem::swap(&mut s.q, &mut s.tmp);
+                    }
+                    if let Some(w) = &a.k_norm {
+                        b.rms_norm(&s.k, w, i.rms_eps, &mut s.tmp);
+                        std::mem::swap(&mut s.k, &mut s.tmp);
+                    }
+                    let (freq_base, freq_scale) = i.rope_for_layer(il);
+                    let rope = RopeParams {
+                        style: i.rope_style,
+                        n_rot: i.n_rot,
+                        freq_base,
+                        freq_scale,
+                    };
+                    b.rope(
+                        &mut s.q,
+                        positions,
+                        i.head_dim,
+                        &rope,
+                        self.rope_freqs.as_ref(),
+                    );
+                    b.rope(
+                        &mut s.k,
+                        positions,
+                        i.head_dim,
+                        &rope,
+                        self.rope_freqs.as_ref(),
+                    );
+                    if i.q_scale != 1.0 {
+                        b.scale(&mut s.q, i.q_scale);
+                    }
+                    b.kv_write(kv, il, &s.k, &s.v, seqs);
+                    let p = AttnParams {
+                        n_head: i.n_head,
+                        n_head_kv: i.n_head_kv,
+                        head_dim: i.head_dim,
+                        scale: i.kq_scale,
+                        window: i.window_for_layer(il),
+                    };
+                    b.attention(&s.q, kv, il, seqs, &p, &mut s.att);
+                    if let Some(g) = &gate {
+                        b.mul_sigmoid(&mut s.att, g)?;
+                    }
+                    b.matmul(&a.wo, &s.att, &mut s.o)?;
+                }
             }
-            if let Some(bk) = &l.bk {
-                b.add_bias(&mut s.k, bk);
-            }
-            if let Some(bv) = &l.bv {
-                b.add_bias(&mut s.v, bv);
-            }
-            if let Some(w) = &l.q_norm {
-                b.rms_norm(&s.q, w, i.rms_eps, &mut s.tmp);
-                std::mem::swap(&mut s.q, &mut s.tmp);
-            }
-            if let Some(w) = &l.k_norm {
-                b.rms_norm(&s.k, w, i.rms_eps, &mut s.tmp);
-                std::mem::swap(&mut s.k, &mut s.tmp);
-            }
-            let (freq_base, freq_scale) = i.rope_for_layer(il);
-            let rope = RopeParams {
-                style: i.rope_style,
-                n_rot: i.n_rot,
-                freq_base,
-                freq_scale,
-            };
-            b.rope(
-                &mut s.q,
-                positions,
-                i.head_dim,
-                &rope,
-                self.rope_freqs.as_ref(),
-            );
-            b.rope(
-                &mut s.k,
-                positions,
-                i.head_dim,
-                &rope,
-                self.rope_freqs.as_ref(),
-            );
-            if i.q_scale != 1.0 {
-                b.scale(&mut s.q, i.q_scale);
-            }
-            b.kv_write(kv, il, &s.k, &s.v, seqs);
-            let p = AttnParams {
-                n_head: i.n_head,
-                n_head_kv: i.n_head_kv,
-                head_dim: i.head_dim,
-                scale: i.kq_scale,
-                window: i.window_for_layer(il),
-            };
-            b.attention(&s.q, kv, il, seqs, &p, &mut s.att);
-            b.matmul(&l.wo, &s.att, &mut s.o)?;
             // As llama.cpp (ggml_get_rows on inp_out_ids), the last layer keeps only the rows
             // whose logits are wanted after its attention: the FFN multiplies fewer rows, and
             // its batch-size-dependent kernels see the batch llama.cpp's see.
@@ -253,10 +385,15 @@ impl<B: Backend> Model<B> {
             b.add(&mut x, &s.o);
 
             b.rms_norm(&x, &l.ffn_norm, i.rms_eps, &mut s.h);
-            b.matmul(&l.gate, &s.h, &mut s.gate)?;
-            b.matmul(&l.up, &s.h, &mut s.up)?;
-            b.glu(&mut s.gate, &s.up, glu);
-            b.matmul(&l.down, &s.gate, &mut s.o)?;
+            match &l.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    b.matmul(gate, &s.h, &mut s.gate)?;
+                    b.matmul(up, &s.h, &mut s.up)?;
+                    b.glu(&mut s.gate, &s.up, glu);
+                    b.matmul(down, &s.gate, &mut s.o)?;
+                }
+                Ffn::Moe(moe) => moe.forward(b, &s.h, &mut s.o)?,
+            }
             if let Some(w) = &l.post_ffn_norm {
                 b.rms_norm(&s.o, w, i.rms_eps, &mut s.tmp);
                 std::mem::swap(&mut s.o, &mut s.tmp);

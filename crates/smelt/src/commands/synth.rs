@@ -256,6 +256,38 @@ fn metadata(s: &ModelShape, target: Target, tokenizer: Option<Vec<(String, Value
         Value::F32(s.rms_eps),
     );
     md.insert(format!("{a}.vocab_size"), u32v(s.n_vocab));
+    if let Some(h) = &s.hybrid {
+        md.insert(format!("{a}.rope.dimension_count"), u32v(h.n_rot));
+        if let Some(sections) = h.rope_sections {
+            md.insert(
+                format!("{a}.rope.dimension_sections"),
+                Value::Array(smelt_gguf::Array::I32(sections.to_vec())),
+            );
+        }
+        md.insert(
+            format!("{a}.full_attention_interval"),
+            u32v(h.full_attention_interval),
+        );
+        md.insert(format!("{a}.ssm.conv_kernel"), u32v(h.conv_kernel));
+        md.insert(format!("{a}.ssm.state_size"), u32v(h.head_dim));
+        md.insert(format!("{a}.ssm.group_count"), u32v(h.n_k_heads));
+        md.insert(format!("{a}.ssm.time_step_rank"), u32v(h.n_v_heads));
+        md.insert(
+            format!("{a}.ssm.inner_size"),
+            u32v(h.n_v_heads * h.head_dim),
+        );
+    }
+    if let Some(m) = &s.moe {
+        md.insert(format!("{a}.expert_count"), u32v(m.n_expert));
+        md.insert(format!("{a}.expert_used_count"), u32v(m.n_expert_used));
+        md.insert(format!("{a}.expert_feed_forward_length"), u32v(m.n_ff_exp));
+        if m.n_ff_shared > 0 {
+            md.insert(
+                format!("{a}.expert_shared_feed_forward_length"),
+                u32v(m.n_ff_shared),
+            );
+        }
+    }
     if let Some(r) = &s.rope_llama3 {
         // What llama.cpp's converter records next to rope_freqs.weight (informational:
         // llama.cpp scales by the tensor alone).
@@ -336,6 +368,11 @@ fn generate(
         }
         let v = normals(n, values.norm_std, rng_for)?;
         return float_bytes(ty, &v.iter().map(|x| 1.0 + x).collect::<Vec<_>>());
+    }
+    if name.ends_with(".ssm_a") {
+        // -exp(A_log): negative, so the delta-net state decays rather than grows.
+        let v = normals(n, 0.3, rng_for)?;
+        return float_bytes(ty, &v.iter().map(|x| -(0.05 + x.abs())).collect::<Vec<_>>());
     }
     if plan::n_dims(shape) < 2 && name.ends_with(".bias") {
         return float_bytes(ty, &normals(n, values.bias_std, rng_for)?);

@@ -62,7 +62,6 @@ macro_rules! own_order {
     )*};
 }
 own_order!(
-    fp::F32,
     fp::F16,
     fp::BF16,
     BlockQ4_0,
@@ -73,6 +72,27 @@ own_order!(
     BlockIQ4NL,
     BlockIQ4XS
 );
+
+/// F32 weights: `ggml_vec_dot_f32` for one token (and for every expert row of a
+/// `MUL_MAT_ID`), llamafile's tinyBLAS for batches of two or more when the row is whole
+/// 16-lane vectors (as a MoE router's logits need, to pick the same experts as llama.cpp).
+impl GgmlDot for fp::F32 {
+    const BATCH_IS_SINGLE: bool = false;
+
+    #[inline(always)]
+    fn ggml_dot(x: &[f32], y: &[f32]) -> f32 {
+        super::ggml_math::dot_vec_f32(x, y)
+    }
+
+    #[inline(always)]
+    fn ggml_dot_in_batch(x: &[f32], y: &[f32], _t: usize, n_tok: usize) -> f32 {
+        if n_tok >= 2 && x.len().is_multiple_of(16) {
+            super::ggml_math::dot_gemm(x, y)
+        } else {
+            Self::ggml_dot(x, y)
+        }
+    }
+}
 
 /// Q4_K weights are repacked by llama.cpp on x86 (`CPU_REPACK`, `block_q4_Kx8`) and
 /// multiplied by `ggml_gemv_q4_K_8x8_q8_K` (one token) or `ggml_gemm_q4_K_8x8_q8_K` (groups

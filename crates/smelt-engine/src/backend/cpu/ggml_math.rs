@@ -91,6 +91,31 @@ pub fn dot_vec(a: &[f32], b: &[f32]) -> f32 {
     sum as f32
 }
 
+/// `ggml_vec_dot_f32` of two rows: [`dot_vec`]'s four 16-lane accumulators over chunks of
+/// 64, but the leftovers accumulate in f32, each fused into the sum (GCC contracts
+/// `sumf += x[i]*y[i]`).
+#[inline(always)]
+pub fn dot_vec_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let np = n - n % 64;
+    let mut acc = [[0f32; 16]; 4];
+    for (ca, cb) in a[..np].chunks_exact(64).zip(b[..np].chunks_exact(64)) {
+        for (j, s) in acc.iter_mut().enumerate() {
+            for l in 0..16 {
+                s[l] = ca[16 * j + l].mul_add(cb[16 * j + l], s[l]);
+            }
+        }
+    }
+    let s02: [f32; 16] = std::array::from_fn(|l| acc[0][l] + acc[2][l]);
+    let s13: [f32; 16] = std::array::from_fn(|l| acc[1][l] + acc[3][l]);
+    let s: [f32; 16] = std::array::from_fn(|l| s02[l] + s13[l]);
+    let mut sum = reduce16(&s);
+    for i in np..n {
+        sum = a[i].mul_add(b[i], sum);
+    }
+    sum
+}
+
 /// tinyBLAS's F16 dot (AVX-512: `KN = 16`): element `i` into lane `i % 16` of one
 /// accumulator, then [`reduce16`]. Only for lengths that are a multiple of 16 (tinyBLAS
 /// declines others and ggml falls back to [`dot_vec`]).

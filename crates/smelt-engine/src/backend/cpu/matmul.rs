@@ -54,9 +54,27 @@ fn matmul_with(
     out: &mut [f32],
     tiles: bool,
 ) -> Result<(), EngineError> {
+    matmul_dispatch(ty, w, rows, cols, stride, x, out, tiles, false)
+}
+
+/// [`matmul_with`] for one expert of a `MUL_MAT_ID`: ggml computes it with the
+/// single-token order except where its tiled K-quant matmul takes the expert's rows
+/// (Q6_K from eight rows on); repacked Q4_K experts always take the gemv.
+#[allow(clippy::too_many_arguments)]
+fn matmul_dispatch(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    stride: usize,
+    x: &[f32],
+    out: &mut [f32],
+    tiles: bool,
+    id: bool,
+) -> Result<(), EngineError> {
     macro_rules! go {
         ($B:ty) => {
-            matmul_typed::<$B>(w, rows, cols, stride, x, out, tiles)
+            matmul_typed::<$B>(w, rows, cols, stride, x, out, tiles, id)
         };
     }
     match ty {
@@ -104,6 +122,58 @@ pub fn supported(ty: GgmlType) -> bool {
     )
 }
 
+/// `out[s] = W[ids[s]] x[row(s)]` for every slot `s` of a step's expert choices
+/// (`ids.len()` slots, `k` per token): `w` holds `n_expert` matrices of `rows` x `cols`,
+/// `x` has one row per token (`row(s) = s / k`) or one per slot (`row(s) = s`). As ggml's
+/// `MUL_MAT_ID`, the slots are grouped by expert and each expert multiplies its rows in one
+/// call (the weights read once per step), in ggml's per-expert order.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_id(
+    ty: GgmlType,
+    w: &[u8],
+    n_expert: usize,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    ids: &[usize],
+    k: usize,
+    out: &mut [f32],
+) -> Result<(), EngineError> {
+    let per_slot = x.len() == ids.len() * cols;
+    let expert_bytes = rows * ty.type_size() * cols / ty.block_size();
+    let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); n_expert];
+    for (s, &e) in ids.iter().enumerate() {
+        if e >= n_expert {
+            return Err(EngineError::BadMetadata {
+                key: "matmul_id".into(),
+                why: format!("expert {e} of {n_expert}"),
+            });
+        }
+        by_expert[e].push(s);
+    }
+    let mut xs = Vec::new();
+    let mut ys = Vec::new();
+    for (e, slots) in by_expert.iter().enumerate() {
+        if slots.is_empty() {
+            continue;
+        }
+        xs.clear();
+        for &s in slots {
+            let r = if per_slot { s } else { s / k.max(1) };
+            xs.extend_from_slice(&x[r * cols..(r + 1) * cols]);
+        }
+        ys.clear();
+        ys.resize(slots.len() * rows, 0.0);
+        let we = &w[e * expert_bytes..(e + 1) * expert_bytes];
+        matmul_dispatch(ty, we, rows, cols, cols, &xs, &mut ys, tiles_on(), true)?;
+        for (&s, y) in slots.iter().zip(ys.chunks(rows)) {
+            out[s * rows..(s + 1) * rows].copy_from_slice(y);
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
 fn matmul_typed<B: GgmlDot>(
     w: &[u8],
     rows: usize,
@@ -112,7 +182,11 @@ fn matmul_typed<B: GgmlDot>(
     x: &[f32],
     out: &mut [f32],
     tiles: bool,
+    id: bool,
 ) -> Result<(), EngineError> {
+    // ggml's MUL_MAT_ID runs repacked Q4_K experts through the gemv, and float experts
+    // through vec_dot (never tinyBLAS), for every row.
+    let single = id && matches!(B::TYPE, GgmlType::Q4_K | GgmlType::F32);
     let n_tok = x.len() / cols.max(1);
     if n_tok == 0 || rows == 0 {
         return Ok(());
@@ -157,7 +231,7 @@ fn matmul_typed<B: GgmlDot>(
         .for_each(|(a, x)| quantize_act::<B::Act>(x, &mut a[..a_used]));
 
     #[cfg(target_arch = "x86_64")]
-    if super::ggml_dot::simd() && tiles {
+    if super::ggml_dot::simd() && tiles && !single {
         let nb = a_used * <B::Act as Block>::WEIGHTS / B::WEIGHTS;
         // SAFETY: AVX2, FMA and F16C were detected at run time; the shapes are the ones
         // checked above (w: rows x w_per_row, act: n_tok x a_per_row, out: n_tok x rows).
@@ -175,6 +249,7 @@ fn matmul_typed<B: GgmlDot>(
         act: &act,
         a_per_row,
         n_tok,
+        single,
     };
     by_row
         .par_chunks_mut(ROWS_PER_TASK * n_tok)
@@ -286,6 +361,8 @@ struct BatchJob<'a, B: GgmlDot> {
     act: &'a [B::Act],
     a_per_row: usize,
     n_tok: usize,
+    /// Every output in the single-token order ([`GgmlDot::ggml_dot`]).
+    single: bool,
 }
 
 /// One task of the batched path: weight rows `r0..` against every token, into `o`
@@ -298,6 +375,7 @@ fn batch_rows<B: GgmlDot>(job: &BatchJob<'_, B>, o: &mut [f32], r0: usize) {
         act,
         a_per_row,
         n_tok,
+        single,
     } = *job;
     let nr = o.len() / n_tok;
     for t0 in (0..n_tok).step_by(TOKENS_PER_TILE) {
@@ -333,7 +411,11 @@ fn batch_rows<B: GgmlDot>(job: &BatchJob<'_, B>, o: &mut [f32], r0: usize) {
             let wr = &w[r * w_per_row..(r + 1) * w_per_row];
             for t in t0..t1 {
                 let a = &act[t * a_per_row..(t + 1) * a_per_row];
-                o[i * n_tok + t] = B::ggml_dot_in_batch(wr, a, t, n_tok);
+                o[i * n_tok + t] = if single {
+                    B::ggml_dot(wr, a)
+                } else {
+                    B::ggml_dot_in_batch(wr, a, t, n_tok)
+                };
             }
         }
     }
@@ -375,7 +457,6 @@ mod tests {
             GgmlType::Q4_1,
             GgmlType::Q8_0,
             GgmlType::F16,
-            GgmlType::F32,
         ] {
             let rb = ty.type_size() * cols / ty.block_size();
             let w = quantized_rows(ty, &wf, rows, cols);

@@ -5,10 +5,12 @@
 
 pub mod act_quant;
 mod attention;
+pub mod delta_net;
 pub mod ggml_dot;
 pub mod ggml_math;
 pub(crate) mod ggml_simd;
 pub mod matmul;
+pub mod moe;
 pub mod spin_pool;
 
 use std::sync::{Arc, OnceLock};
@@ -19,7 +21,10 @@ use smelt_quant::fp::{f16_to_f32, f32_to_f16};
 
 pub use attention::CpuKv;
 
-use super::{AttnParams, AttnSeq, Backend, Glu, RopeParams, RopeStyle};
+use super::{
+    AttnParams, AttnSeq, Backend, DeltaParams, DeltaState, DeltaWeights, Glu, MoeRouting,
+    RopeParams, RopeStyle,
+};
 use crate::EngineError;
 
 /// The CPU backend (stateless: threads come from the caller's rayon pool).
@@ -47,6 +52,14 @@ pub enum CpuWeight {
         stride: usize,
     },
     Vector(Vec<f32>),
+    /// `n_expert` matrices of `rows` x `cols` back to back (a MoE layer's `*_exps`).
+    Experts {
+        bytes: WeightBytes,
+        ty: GgmlType,
+        n_expert: usize,
+        rows: usize,
+        cols: usize,
+    },
 }
 
 /// Where a matrix's bytes live.
@@ -86,10 +99,35 @@ pub fn padded_cols(ty: GgmlType, cols: usize) -> usize {
 }
 
 impl CpuWeight {
+    /// Every value as f32 (a vector as it is, a matrix dequantized row by row).
+    fn to_f32(&self) -> Result<Vec<f32>, EngineError> {
+        match self {
+            CpuWeight::Vector(v) => Ok(v.clone()),
+            CpuWeight::Matrix {
+                bytes,
+                ty,
+                rows,
+                cols,
+                stride,
+            } => {
+                let rb = ty.type_size() * stride / ty.block_size();
+                let used = ty.type_size() * cols / ty.block_size();
+                let mut out = vec![0f32; rows * cols];
+                for (r, o) in out.chunks_mut(*cols).enumerate() {
+                    smelt_quant::dequantize_row(*ty, &bytes.get()[r * rb..r * rb + used], o)?;
+                }
+                Ok(out)
+            }
+            CpuWeight::Experts { .. } => Err(EngineError::BadOptions(
+                "a stack of experts is not a small weight".into(),
+            )),
+        }
+    }
+
     fn vector(&self) -> &[f32] {
         match self {
             CpuWeight::Vector(v) => v,
-            CpuWeight::Matrix { .. } => &[],
+            CpuWeight::Matrix { .. } | CpuWeight::Experts { .. } => &[],
         }
     }
 }
@@ -109,7 +147,9 @@ impl Backend for Cpu {
 
     fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
         match w {
-            CpuWeight::Matrix { rows, cols, .. } => (*rows, *cols),
+            CpuWeight::Matrix { rows, cols, .. } | CpuWeight::Experts { rows, cols, .. } => {
+                (*rows, *cols)
+            }
             CpuWeight::Vector(v) => (1, v.len()),
         }
     }
@@ -162,6 +202,21 @@ impl Backend for Cpu {
     }
 
     fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), EngineError> {
+        // A vector weight is a one-row F32 matrix (a shared expert's gate: one logit a row).
+        if let CpuWeight::Vector(v) = w {
+            out.rows = x.rows;
+            out.cols = 1;
+            out.data.resize(x.rows, 0.0);
+            return matmul::matmul(
+                GgmlType::F32,
+                bytemuck::cast_slice(v),
+                1,
+                v.len(),
+                v.len(),
+                &x.data[..x.rows * x.cols],
+                &mut out.data,
+            );
+        }
         let CpuWeight::Matrix {
             bytes,
             ty,
@@ -345,6 +400,236 @@ impl Backend for Cpu {
         out.cols = p.n_head * p.head_dim;
         out.data.resize(out.rows * out.cols, 0.0);
         kv.attend(&q.data, layer, seqs, p, &mut out.data);
+    }
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn load_experts(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CpuWeight, EngineError> {
+        let index = gguf
+            .tensors()
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
+        let info = &gguf.tensors()[index];
+        if info.shape.len() != 3 {
+            return Err(EngineError::BadShape {
+                name: name.into(),
+                got: info.shape.clone(),
+                want: vec![0, 0, 0],
+            });
+        }
+        if !matmul::supported(info.ty) {
+            return Err(EngineError::UnsupportedType {
+                name: name.into(),
+                ty: info.ty,
+            });
+        }
+        Ok(CpuWeight::Experts {
+            bytes: WeightBytes::Mapped {
+                gguf: gguf.clone(),
+                index,
+            },
+            ty: info.ty,
+            n_expert: info.shape[2] as usize,
+            rows: info.shape[1] as usize,
+            cols: info.shape[0] as usize,
+        })
+    }
+
+    fn moe_route(
+        &self,
+        logits: &CpuTensor,
+        p: &MoeRouting,
+        route: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        if p.k == 0 || p.k > logits.cols {
+            return Err(EngineError::BadOptions(format!(
+                "{} experts of {} per token",
+                p.k, logits.cols
+            )));
+        }
+        route.rows = logits.rows;
+        route.cols = 2 * p.k;
+        route.data.resize(route.rows * route.cols, 0.0);
+        moe::route(&logits.data, logits.cols, p, &mut route.data);
+        Ok(())
+    }
+
+    fn matmul_id(
+        &self,
+        w: &CpuWeight,
+        x: &CpuTensor,
+        route: &CpuTensor,
+        out: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        let CpuWeight::Experts {
+            bytes,
+            ty,
+            n_expert,
+            rows,
+            cols,
+        } = w
+        else {
+            return Err(EngineError::BadMetadata {
+                key: "matmul_id".into(),
+                why: "weight is not a stack of experts".into(),
+            });
+        };
+        let k = route.cols / 2;
+        let ids: Vec<usize> = route
+            .data
+            .chunks(route.cols.max(1))
+            .flat_map(|r| r[..k].iter().map(|&e| e as usize))
+            .collect();
+        out.rows = ids.len();
+        out.cols = *rows;
+        out.data.resize(out.rows * out.cols, 0.0);
+        matmul::matmul_id(
+            *ty,
+            bytes.get(),
+            *n_expert,
+            *rows,
+            *cols,
+            &x.data[..x.rows * x.cols],
+            &ids,
+            k,
+            &mut out.data,
+        )
+    }
+
+    fn gather_cols(
+        &self,
+        x: &CpuTensor,
+        cols: &[u32],
+        out: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        if let Some(&c) = cols.iter().find(|&&c| c as usize >= x.cols) {
+            return Err(EngineError::BadOptions(format!("column {c} of {}", x.cols)));
+        }
+        out.rows = x.rows;
+        out.cols = cols.len();
+        out.data.resize(out.rows * out.cols, 0.0);
+        for (o, r) in out
+            .data
+            .chunks_mut(cols.len().max(1))
+            .zip(x.data.chunks(x.cols.max(1)))
+        {
+            for (o, &c) in o.iter_mut().zip(cols) {
+                *o = r[c as usize];
+            }
+        }
+        Ok(())
+    }
+
+    fn split_gated_q(
+        &self,
+        x: &CpuTensor,
+        head_dim: usize,
+        q: &mut CpuTensor,
+        gate: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        let half = x.cols / 2;
+        for t in [&mut *q, &mut *gate] {
+            t.rows = x.rows;
+            t.cols = half;
+            t.data.resize(x.rows * half, 0.0);
+        }
+        for (r, (qr, gr)) in x
+            .data
+            .chunks(x.cols)
+            .zip(q.data.chunks_mut(half).zip(gate.data.chunks_mut(half)))
+        {
+            for (h, pair) in r.chunks(2 * head_dim).enumerate() {
+                qr[h * head_dim..(h + 1) * head_dim].copy_from_slice(&pair[..head_dim]);
+                gr[h * head_dim..(h + 1) * head_dim].copy_from_slice(&pair[head_dim..]);
+            }
+        }
+        Ok(())
+    }
+
+    fn mul_sigmoid(&self, x: &mut CpuTensor, gate: &CpuTensor) -> Result<(), EngineError> {
+        // ggml_sigmoid then ggml_mul; a one-column gate scales its whole row.
+        let sig = |g: f32| 1.0 / (1.0 + (-g).exp());
+        if gate.cols == 1 && x.cols != 1 {
+            for (r, &g) in x.data.chunks_mut(x.cols.max(1)).zip(&gate.data) {
+                let s = sig(g);
+                r.iter_mut().for_each(|v| *v *= s);
+            }
+        } else {
+            x.data
+                .iter_mut()
+                .zip(&gate.data)
+                .for_each(|(v, &g)| *v *= sig(g));
+        }
+        Ok(())
+    }
+
+    fn delta_net(
+        &self,
+        p: &DeltaParams,
+        w: &DeltaWeights<'_, CpuWeight>,
+        qkv: &CpuTensor,
+        z: &CpuTensor,
+        alpha: &CpuTensor,
+        beta: &CpuTensor,
+        seqs: &[AttnSeq<'_>],
+        states: &mut [&mut DeltaState<CpuTensor>],
+        out: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        let (conv, dt_bias, a, norm) = (
+            w.conv.to_f32()?,
+            w.dt_bias.to_f32()?,
+            w.a.to_f32()?,
+            w.norm.to_f32()?,
+        );
+        let lw = delta_net::LayerWeights {
+            conv: &conv,
+            dt_bias: &dt_bias,
+            a: &a,
+            norm: &norm,
+        };
+        let vd = p.n_v_heads * p.head_dim;
+        out.rows = qkv.rows;
+        out.cols = vd;
+        out.data.resize(out.rows * vd, 0.0);
+        if states.len() != seqs.len() {
+            return Err(EngineError::BadOptions(format!(
+                "{} delta-net states for {} sequences",
+                states.len(),
+                seqs.len()
+            )));
+        }
+        let rows = |t: &CpuTensor, s: &AttnSeq<'_>| -> std::ops::Range<usize> {
+            s.row * t.cols..(s.row + s.n_tokens) * t.cols
+        };
+        for (s, st) in seqs.iter().zip(states.iter_mut()) {
+            let x = delta_net::SeqInputs {
+                qkv: &qkv.data[rows(qkv, s)],
+                z: &z.data[rows(z, s)],
+                alpha: &alpha.data[rows(alpha, s)],
+                beta: &beta.data[rows(beta, s)],
+            };
+            let o = &mut out.data[s.row * vd..(s.row + s.n_tokens) * vd];
+            let DeltaState { conv, ssm } = &mut **st;
+            delta_net::layer(p, &lw, &x, &mut conv.data, &mut ssm.data, o);
+        }
+        Ok(())
+    }
+
+    fn moe_combine(
+        &self,
+        y: &CpuTensor,
+        route: &CpuTensor,
+        out: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        let k = route.cols / 2;
+        out.rows = route.rows;
+        out.cols = y.cols;
+        out.data.resize(out.rows * out.cols, 0.0);
+        moe::combine(&y.data, &route.data, k, &mut out.data);
+        Ok(())
     }
 }
 
