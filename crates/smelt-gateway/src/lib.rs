@@ -168,8 +168,14 @@ impl Gateway {
             nodes::spawn_poller(Arc::clone(&self.shared), i);
         }
         let app = routes::router(Arc::clone(&self.shared));
+        // Stream chunks are small writes: without TCP_NODELAY, Nagle's algorithm holds each
+        // one back until the client's (delayed) ACK of the previous one arrives.
+        use axum::serve::ListenerExt;
+        let listener = self.listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         axum::serve(
-            self.listener,
+            listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
         )
         .with_graceful_shutdown(shutdown)
