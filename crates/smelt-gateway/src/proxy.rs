@@ -156,7 +156,9 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
     let mut only_loaded = false;
     // The answer to give if no node does better: the last failure seen.
     let mut last: Option<(Response, String)> = None;
-    for attempt in 0..TRIES {
+    // The node whose failure (or 429) this try retries, counted once the retry is sent.
+    let mut retry_of: Option<String> = None;
+    for _ in 0..TRIES {
         let lease = match acquire(&sh, &model, &tried, only_loaded).await {
             Ok(l) => l,
             Err(e) => {
@@ -176,10 +178,10 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
             .body(body.clone())
             .send()
             .await;
-        let failed = |sh: &Shared, why: String| {
-            if attempt + 1 < TRIES {
-                sh.metrics.retry(&model, &name);
-            }
+        if let Some(prev) = retry_of.take() {
+            sh.metrics.retry(&model, &prev);
+        }
+        let failed = |why: String| {
             tracing::warn!(node = %name, model = %model, "request failed on the node: {why}");
             why
         };
@@ -188,7 +190,7 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
             Err(e) => {
                 sh.cluster().set_down(node);
                 sh.changed.notify_waiters();
-                let why = failed(&sh, format!("node `{name}` did not answer: {e}"));
+                let why = failed(format!("node `{name}` did not answer: {e}"));
                 last = Some((ApiError::bad_gateway(why).into_response(), name));
                 tried.push(node);
                 continue;
@@ -197,9 +199,7 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
         let status = resp.status();
         if status == StatusCode::TOO_MANY_REQUESTS {
             // Busy, not broken: another node with the model loaded, or this answer.
-            if attempt + 1 < TRIES {
-                sh.metrics.retry(&model, &name);
-            }
+            retry_of = Some(name.clone());
             last = Some((buffered(resp).await.0, name));
             tried.push(node);
             only_loaded = true;
@@ -207,7 +207,8 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
         }
         if status.is_server_error() {
             let r = buffered(resp).await;
-            failed(&sh, format!("node `{name}` answered {status}"));
+            failed(format!("node `{name}` answered {status}"));
+            retry_of = Some(name.clone());
             last = Some((r.0, name));
             tried.push(node);
             continue;
@@ -219,6 +220,7 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
             if r.1.get("error").and_then(|e| e.get("code")) == Some(&Value::from("model_not_found"))
             {
                 sh.cluster().nodes[node].models.remove(&model);
+                retry_of = Some(name.clone());
                 last = Some((r.0, name));
                 tried.push(node);
                 continue;
@@ -237,7 +239,8 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
                 Err(e) => {
                     sh.cluster().set_down(node);
                     sh.changed.notify_waiters();
-                    let why = failed(&sh, format!("node `{name}` failed mid-answer: {e}"));
+                    let why = failed(format!("node `{name}` failed mid-answer: {e}"));
+                    retry_of = Some(name.clone());
                     last = Some((ApiError::bad_gateway(why).into_response(), name));
                     tried.push(node);
                     continue;
@@ -256,7 +259,8 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
                     Some(Err(e)) => e.to_string(),
                     _ => "the stream ended before its first byte".into(),
                 };
-                let why = failed(&sh, format!("node `{name}` failed before streaming: {e}"));
+                let why = failed(format!("node `{name}` failed before streaming: {e}"));
+                retry_of = Some(name.clone());
                 last = Some((ApiError::bad_gateway(why).into_response(), name));
                 tried.push(node);
                 continue;
