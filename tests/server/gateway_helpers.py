@@ -128,10 +128,15 @@ class Gateway(Proc):
         self.config.close()
         super().__init__([smelt_bin, "gateway", "--config", self.config.name,
                           "--port", str(self.port)])
-        self.admin = httpx.Client(base_url=self.url, timeout=300,
-                                  headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        self.admin = self.admin_client()
+
+    def admin_client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=300,
+                            headers={"Authorization": f"Bearer {ADMIN_KEY}"})
 
     def start(self) -> None:
+        if self.admin.is_closed:
+            self.admin = self.admin_client()
         super().start()
         wait_for(f"smelt gateway on {self.url} saw its nodes up", self.all_up, 60, self.log)
 

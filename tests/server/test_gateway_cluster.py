@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from conftest import make_client, metric
-from gateway_helpers import Gateway, Node, wait_for
+from gateway_helpers import ADMIN_KEY, Gateway, Node, wait_for
 
 MB_NODE = 700  # two 300 MB models per node, not three
 CHAT = [{"role": "user", "content": "Say hi."}]
@@ -189,3 +189,45 @@ def test_kill_9_of_a_node_under_16_clients_loses_no_request(smelt_bin, model_pat
         gw.stop()
         for n in nodes.values():
             n.stop()
+
+
+def test_a_node_joins_by_itself_and_rejoins_a_restarted_gateway(smelt_bin, model_path) -> None:
+    """`smelt serve --gateway URL --name NAME --gateway-key K`: registration and heartbeats."""
+    gw = Gateway(smelt_bin, {}, [{"name": "smol", "source": "smollm2-135m"}])
+    node = None
+    try:
+        gw.start()
+        assert gw.node_states() == {}
+        node = Node(smelt_bin, models_dir(model_path), "--gateway", gw.url, "--name", "n1",
+                    "--gateway-key", ADMIN_KEY)
+        node.start()
+        wait_for("the node registered and is up",
+                 lambda: gw.node_states().get("n1", {}).get("state") == "up", 30, gw.log)
+        n1 = gw.node_states()["n1"]
+        assert n1["origin"] == "registered" and n1["url"] == node.url, n1
+        # Its room is what it reports; the model loads there on demand (no memory_mb given:
+        # the gateway learns the model's size from the node).
+        assert n1["room_bytes"] > 0
+        assert ask(make_client(gw.url), "smol")
+        assert gw.where("smol") == ["n1"]
+        assert gw.node_states()["n1"]["models"][0]["bytes"] > 0
+        # A gateway that restarts keeps nothing: the next heartbeat brings the node back.
+        gw.stop()
+        gw.start()
+        wait_for("the node rejoined the restarted gateway",
+                 lambda: gw.node_states().get("n1", {}).get("state") == "up", 30, gw.log)
+        assert gw.where("smol") == ["n1"], "what is loaded is rebuilt from the node"
+        # A wrong gateway key is refused (and the node says so in its log).
+        bad = Node(smelt_bin, models_dir(model_path), "--gateway", gw.url, "--name", "n2",
+                   "--gateway-key", "wrong")
+        bad.start()
+        try:
+            wait_for("the node logged its refused registration",
+                     lambda: "cannot register with the gateway" in bad.log(), 30, bad.log)
+            assert "n2" not in gw.node_states()
+        finally:
+            bad.stop()
+    finally:
+        gw.stop()
+        if node:
+            node.stop()
