@@ -48,7 +48,7 @@ fi
 
 step "cargo build --release -p smelt"
 cargo build --release -p smelt
-smelt_bin=$root/target/release/smelt
+smelt_bin=${CARGO_TARGET_DIR:-$root/target}/release/smelt
 [ -x "$smelt_bin" ] || die "$smelt_bin was not built"
 
 step "test models"

@@ -152,20 +152,16 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    let mut tried: Vec<usize> = Vec::new();
+    let mut tries = Tries::default();
     let mut only_loaded = false;
-    // The answer to give if no node does better: the last failure seen.
-    let mut last: Option<(Response, String)> = None;
-    // The node whose failure (or 429) this try retries, counted once the retry is sent.
-    let mut retry_of: Option<String> = None;
     for _ in 0..TRIES {
-        let lease = match acquire(&sh, &model, &tried, only_loaded).await {
+        let lease = match acquire(&sh, &model, &tries.tried, only_loaded).await {
             Ok(l) => l,
             Err(e) => {
                 // A node's own failure, when there is one, says more (a 429 with its
                 // Retry-After, a 5xx) than "no other node".
-                if last.is_none() {
-                    last = Some((e.into_response(), String::new()));
+                if tries.last.is_none() {
+                    tries.last = Some((e.into_response(), String::new()));
                 }
                 break;
             }
@@ -178,55 +174,41 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
             .body(body.clone())
             .send()
             .await;
-        if let Some(prev) = retry_of.take() {
+        if let Some(prev) = tries.retry_of.take() {
             sh.metrics.retry(&model, &prev);
         }
-        let failed = |why: String| {
-            tracing::warn!(node = %name, model = %model, "request failed on the node: {why}");
-            why
-        };
         let resp = match sent {
             Ok(r) => r,
             Err(e) => {
-                sh.cluster().set_down(node);
-                sh.changed.notify_waiters();
-                let why = failed(format!("node `{name}` did not answer: {e}"));
-                last = Some((ApiError::bad_gateway(why).into_response(), name));
-                tried.push(node);
+                let answer = broke(&sh, node, &name, &model, format!("did not answer: {e}"));
+                tries.failed(node, name, answer);
                 continue;
             }
         };
         let status = resp.status();
         if status == StatusCode::TOO_MANY_REQUESTS {
             // Busy, not broken: another node with the model loaded, or this answer.
-            retry_of = Some(name.clone());
-            last = Some((buffered(resp).await.0, name));
-            tried.push(node);
+            tries.failed(node, name, buffered(resp).await.0);
             only_loaded = true;
             continue;
         }
         if status.is_server_error() {
-            let r = buffered(resp).await;
-            failed(format!("node `{name}` answered {status}"));
-            retry_of = Some(name.clone());
-            last = Some((r.0, name));
-            tried.push(node);
+            // Retried elsewhere, but the node stays up: its /live decides that.
+            tracing::warn!(node = %name, model = %model, "the node answered {status}");
+            tries.failed(node, name, buffered(resp).await.0);
             continue;
         }
         if status == StatusCode::NOT_FOUND {
             // The node no longer has the model (unloaded behind the gateway's back): route
             // again; the next poll corrects the view.
-            let r = buffered(resp).await;
-            if r.1.get("error").and_then(|e| e.get("code")) == Some(&Value::from("model_not_found"))
-            {
+            let (answer, v) = buffered(resp).await;
+            if v["error"]["code"] == "model_not_found" {
                 sh.cluster().nodes[node].models.remove(&model);
-                retry_of = Some(name.clone());
-                last = Some((r.0, name));
-                tried.push(node);
+                tries.failed(node, name, answer);
                 continue;
             }
             sh.metrics.request(&model, &name, status.as_u16());
-            return r.0;
+            return answer;
         }
         if !streamed || !status.is_success() {
             let headers = resp.headers().clone();
@@ -237,12 +219,8 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
                     return with_headers(status, &headers, Body::from(b));
                 }
                 Err(e) => {
-                    sh.cluster().set_down(node);
-                    sh.changed.notify_waiters();
-                    let why = failed(format!("node `{name}` failed mid-answer: {e}"));
-                    retry_of = Some(name.clone());
-                    last = Some((ApiError::bad_gateway(why).into_response(), name));
-                    tried.push(node);
+                    let answer = broke(&sh, node, &name, &model, format!("failed mid-answer: {e}"));
+                    tries.failed(node, name, answer);
                     continue;
                 }
             }
@@ -253,16 +231,13 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
         let first = match upstream.next().await {
             Some(Ok(b)) => b,
             other => {
-                sh.cluster().set_down(node);
-                sh.changed.notify_waiters();
                 let e = match other {
                     Some(Err(e)) => e.to_string(),
                     _ => "the stream ended before its first byte".into(),
                 };
-                let why = failed(format!("node `{name}` failed before streaming: {e}"));
-                retry_of = Some(name.clone());
-                last = Some((ApiError::bad_gateway(why).into_response(), name));
-                tried.push(node);
+                let why = format!("failed before streaming: {e}");
+                let answer = broke(&sh, node, &name, &model, why);
+                tries.failed(node, name, answer);
                 continue;
             }
         };
@@ -294,13 +269,41 @@ pub async fn forward(sh: Arc<Shared>, path: &'static str, body: Bytes) -> Respon
             });
         return with_headers(status, &headers, Body::from_stream(body));
     }
-    match last {
+    match tries.last {
         Some((r, node)) => {
             sh.metrics.request(&model, &node, r.status().as_u16());
             r
         }
         None => unreachable!("the loop answers or leaves a last failure"),
     }
+}
+
+/// One request's tries so far.
+#[derive(Default)]
+struct Tries {
+    /// Nodes that failed it (or answered 429): not tried again.
+    tried: Vec<usize>,
+    /// The node whose failure the next try retries, counted once that try is sent.
+    retry_of: Option<String>,
+    /// The answer to give if no node does better: the last failure, and its node.
+    last: Option<(Response, String)>,
+}
+
+impl Tries {
+    fn failed(&mut self, node: usize, name: String, answer: Response) {
+        self.tried.push(node);
+        self.retry_of = Some(name.clone());
+        self.last = Some((answer, name));
+    }
+}
+
+/// A node broke (connection error, timeout, cut-off answer): it is marked down until it
+/// answers `/live` again, and the client would see a 502 if no other node serves.
+fn broke(sh: &Shared, node: usize, name: &str, model: &str, why: String) -> Response {
+    tracing::warn!(node = %name, model = %model, "request failed on the node: {why}");
+    sh.cluster().set_down(node);
+    sh.changed.notify_waiters();
+    ApiError::bad_gateway(format!("node `{name}` {why}")).into_response()
 }
 
 /// A node's answer read whole (an error: small), as a response and as JSON.
