@@ -50,7 +50,7 @@ pub struct Shared {
     pub metrics: metrics::Metrics,
     pub http: reqwest::Client,
     /// Per model: how many loads failed, and the last failure (for the requests that waited).
-    load_failures: Mutex<BTreeMap<String, (u64, String)>>,
+    load_failures: Mutex<BTreeMap<String, LoadFailures>>,
     /// Unix seconds at start (`created` in `/v1/models`).
     pub started: u64,
 }
@@ -106,21 +106,30 @@ impl Shared {
         self.cluster.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn failures(&self) -> MutexGuard<'_, BTreeMap<String, (u64, String)>> {
+    fn failures(&self) -> MutexGuard<'_, BTreeMap<String, LoadFailures>> {
         self.load_failures.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// How many loads of `model` failed so far, and the last reason.
-    pub fn load_failure(&self, model: &str) -> (u64, String) {
+    /// How loads of `model` failed so far.
+    pub fn load_failure(&self, model: &str) -> LoadFailures {
         self.failures().get(model).cloned().unwrap_or_default()
     }
 
-    fn note_load_failure(&self, model: &str, why: String) {
+    fn note_load_failure(&self, model: &str, node: usize, why: String) {
         let mut f = self.failures();
         let e = f.entry(model.to_string()).or_default();
-        e.0 += 1;
-        e.1 = why;
+        e.count += 1;
+        e.node = node;
+        e.why = why;
     }
+}
+
+/// Failed loads of one model: how many so far, and the last one's node and reason.
+#[derive(Debug, Clone, Default)]
+pub struct LoadFailures {
+    pub count: u64,
+    pub node: usize,
+    pub why: String,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -179,6 +179,7 @@ pub fn spawn_load(sh: Arc<Shared>, i: usize, model: String, evict: Vec<String>) 
                 tracing::warn!(node = %node, model = %model, "load failed: {why}");
                 sh.note_load_failure(
                     &model,
+                    i,
                     format!("loading `{model}` on node `{node}` failed: {why}"),
                 );
                 sh.cluster().finish_load(i, &model, None);

@@ -51,16 +51,29 @@ async fn acquire(
     only_loaded: bool,
 ) -> Result<Lease, ApiError> {
     let deadline = Instant::now() + LOAD_WAIT;
-    let failures_before = sh.load_failure(model).0;
+    // Loads of this model that failed while this request waited: their nodes are left out
+    // (a node that died mid-load), and after TRIES of them the last reason is the answer.
+    let mut failures_seen = sh.load_failure(model).count;
+    let mut load_failed: Vec<usize> = Vec::new();
+    let mut load_error: Option<String> = None;
     let mut pending: Option<Lease> = None;
     loop {
         let notified = sh.changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        let f = sh.load_failure(model);
+        if f.count > failures_seen {
+            failures_seen = f.count;
+            load_failed.push(f.node);
+            if load_failed.len() >= TRIES {
+                return Err(ApiError::unavailable(f.why));
+            }
+            load_error = Some(f.why);
+        }
         let (old, load) = {
             let mut c = sh.cluster();
-            let route = c.route(model, tried);
-            match route {
+            let exclude: Vec<usize> = tried.iter().chain(&load_failed).copied().collect();
+            match c.route(model, &exclude) {
                 Route::Serve(i) => {
                     c.start(i, model);
                     drop(c);
@@ -72,7 +85,9 @@ async fn acquire(
                     });
                 }
                 Route::Unknown => return Err(ApiError::model_not_found(model)),
-                Route::Unavailable(why) => return Err(ApiError::unavailable(why)),
+                Route::Unavailable(why) => {
+                    return Err(ApiError::unavailable(load_error.unwrap_or(why)))
+                }
                 _ if only_loaded => {
                     return Err(ApiError::unavailable(format!(
                         "no other node has model `{model}` loaded"
@@ -106,10 +121,6 @@ async fn acquire(
         drop(old);
         if let Some((node, evict)) = load {
             nodes::spawn_load(Arc::clone(sh), node, model.to_string(), evict);
-        }
-        let (failures, why) = sh.load_failure(model);
-        if failures > failures_before {
-            return Err(ApiError::unavailable(why));
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if tokio::time::timeout(left, notified).await.is_err() {

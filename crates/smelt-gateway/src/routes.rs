@@ -341,7 +341,7 @@ async fn admin_models_post(State(sh): St, body: Bytes) -> Result<Json<Value>, Ap
 
 /// Loads `model` on node `i` (evicting as the policy says) and waits until it is there.
 async fn load_by_hand(sh: &Arc<Shared>, i: usize, model: &str) -> Result<(), ApiError> {
-    let before = sh.load_failure(model).0;
+    let before = sh.load_failure(model).count;
     {
         let mut c = sh.cluster();
         if !c.nodes[i].up {
@@ -373,9 +373,9 @@ async fn load_by_hand(sh: &Arc<Shared>, i: usize, model: &str) -> Result<(), Api
         match phase {
             Some(Phase::Loaded) => return Ok(()),
             None | Some(Phase::Unloading) => {
-                let (n, why) = sh.load_failure(model);
-                return Err(ApiError::bad_gateway(if n > before {
-                    why
+                let f = sh.load_failure(model);
+                return Err(ApiError::bad_gateway(if f.count > before {
+                    f.why
                 } else {
                     format!("model `{model}` did not stay loaded")
                 }));

@@ -33,22 +33,38 @@ struct Mock {
     url: String,
     act: Arc<Mutex<Act>>,
     hits: Arc<Mutex<u32>>,
+    /// Whether `/admin/models` loads succeed here.
+    loads_ok: Arc<Mutex<bool>>,
 }
 
 async fn mock(name: &'static str, kv_free: u64) -> Mock {
     let act = Arc::new(Mutex::new(Act::Answer));
     let hits = Arc::new(Mutex::new(0));
     let (a, h) = (Arc::clone(&act), Arc::clone(&hits));
+    let loads_ok = Arc::new(Mutex::new(true));
+    let models = Arc::new(Mutex::new(vec!["m".to_string()]));
+    let (m1, m2, ok) = (
+        Arc::clone(&models),
+        Arc::clone(&models),
+        Arc::clone(&loads_ok),
+    );
+    let entry = move |id: &str| json!({"id": id, "bytes": 100, "kv_blocks_free": kv_free});
     let admin = move || async move {
-        Json(
-            json!({"object": "list", "max_models_bytes": 1u64 << 30, "data": [
-                {"id": "m", "bytes": 100, "kv_blocks_free": kv_free}
-            ]}),
-        )
+        let data: Vec<Value> = m1.lock().unwrap().iter().map(|id| entry(id)).collect();
+        Json(json!({"object": "list", "max_models_bytes": 1u64 << 30, "data": data}))
+    };
+    let load = move |body: Json<Value>| async move {
+        let id = body["id"].as_str().unwrap().to_string();
+        if !*ok.lock().unwrap() {
+            let e = json!({"error": {"message": "no such file", "type": "x", "param": null, "code": null}});
+            return (StatusCode::BAD_REQUEST, Json(e)).into_response();
+        }
+        m2.lock().unwrap().push(id.clone());
+        Json(json!({"loaded": entry(&id)})).into_response()
     };
     let app = Router::new()
         .route("/live", get(|| async { Json(json!({"status": "alive"})) }))
-        .route("/admin/models", get(admin))
+        .route("/admin/models", get(admin).post(load))
         .route(
             "/v1/chat/completions",
             post(move |body: Bytes| {
@@ -56,7 +72,10 @@ async fn mock(name: &'static str, kv_free: u64) -> Mock {
                 async move {
                     *h.lock().unwrap() += 1;
                     let req: Value = serde_json::from_slice(&body).unwrap();
-                    assert_eq!(req["model"], "m", "the body reaches the node unchanged");
+                    assert!(
+                        req["model"].is_string(),
+                        "the body reaches the node unchanged"
+                    );
                     let act = *a.lock().unwrap();
                     respond(act, name)
                 }
@@ -65,7 +84,12 @@ async fn mock(name: &'static str, kv_free: u64) -> Mock {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    Mock { url, act, hits }
+    Mock {
+        url,
+        act,
+        hits,
+        loads_ok,
+    }
 }
 
 fn respond(act: Act, name: &str) -> Response {
@@ -123,7 +147,8 @@ async fn setup() -> (String, Mock, Mock) {
     let config = Config::parse(&format!(
         "[gateway]\nadmin_key = \"adm\"\nhealth_interval_ms = 50\n\
          [[node]]\nname = \"a\"\nurl = \"{}\"\n[[node]]\nname = \"b\"\nurl = \"{}\"\n\
-         [[model]]\nname = \"m\"\nsource = \"m.gguf\"\n",
+         [[model]]\nname = \"m\"\nsource = \"m.gguf\"\n\
+         [[model]]\nname = \"x\"\nsource = \"x.gguf\"\n",
         a.url, b.url
     ))
     .unwrap();
@@ -149,9 +174,13 @@ async fn setup() -> (String, Mock, Mock) {
 }
 
 async fn chat(url: &str, stream: bool) -> reqwest::Response {
+    chat_with(url, "m", stream).await
+}
+
+async fn chat_with(url: &str, model: &str, stream: bool) -> reqwest::Response {
     reqwest::Client::new()
         .post(format!("{url}/v1/chat/completions"))
-        .json(&json!({"model": "m", "messages": [], "stream": stream}))
+        .json(&json!({"model": model, "messages": [], "stream": stream}))
         .send()
         .await
         .unwrap()
@@ -264,4 +293,34 @@ async fn a_stream_that_breaks_before_its_first_byte_is_retried_elsewhere() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap()["node"], "b");
     assert_eq!((hits(&a), hits(&b)), (1, 1));
+}
+
+#[tokio::test]
+async fn a_failed_load_moves_to_another_node_and_says_why_when_none_is_left() {
+    let (url, a, b) = setup().await;
+    // x is loaded nowhere: a (first in order) fails to load it, b loads it.
+    *a.loads_ok.lock().unwrap() = false;
+    let r = chat_with(&url, "x", false).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["node"], "b");
+    let v: Value = reqwest::get(format!("{url}/v1/models/x"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["loaded_on"], json!(["b"]));
+    // Another model nobody can load: 503 with the node's reason.
+    *b.loads_ok.lock().unwrap() = false;
+    let (url2, c, d) = setup().await;
+    *c.loads_ok.lock().unwrap() = false;
+    *d.loads_ok.lock().unwrap() = false;
+    let r = chat_with(&url2, "x", false).await;
+    assert_eq!(r.status(), 503);
+    let e: Value = r.json().await.unwrap();
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("loading `x`") && msg.contains("no such file"),
+        "{msg}"
+    );
 }
