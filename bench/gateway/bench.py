@@ -4,7 +4,7 @@ generation suppressed so every stream does the same work). Rounds alternate dire
 gateway so drift hits both alike. Per mode: aggregate generated tokens/s (tokens over the
 round's wall time) and the median time to first token over all streams; then one stream at a
 time (max_tokens 1) for the gateway's added latency per request without batching noise.
-Prints a table last; the bar is >= 95% of the node's throughput and < 1 ms added median TTFT.
+Also the CPU time the gateway process used. Prints a table last; the bar is >= 95% of the node's throughput and < 1 ms added median TTFT.
 
 Usage: bench.py SMELT_BIN MODEL [--streams 64] [--tokens 32] [--rounds 3] [--threads N]
 """
@@ -39,6 +39,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process so far (Linux /proc)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_ok(url: str, proc: subprocess.Popen, log: str, timeout: float = 120) -> None:
@@ -151,6 +157,7 @@ def main() -> None:
         round_(node_url, min(a.streams, 4), 2)
         round_(gw_url, min(a.streams, 4), 2)
 
+        cpu0 = {"node": cpu_seconds(node.pid), "gateway": cpu_seconds(gw.pid)}
         tps = {"node": [], "gateway": []}
         ttft = {"node": [], "gateway": []}
         for i in range(a.rounds):
@@ -160,6 +167,8 @@ def main() -> None:
                 ttft[mode].extend(f)
                 print(f"round {i} {mode:8s} {t:8.1f} tok/s  median TTFT "
                       f"{statistics.median(f) * 1e3:8.1f} ms", flush=True)
+        cpu = {k: cpu_seconds(p.pid) - cpu0[k] for k, p in (("node", node), ("gateway", gw))}
+        gw_tokens = a.rounds * a.streams * a.tokens
         one = {"node": [], "gateway": []}
         for i in range(a.singles):
             for mode, url in (("node", node_url), ("gateway", gw_url))[:: 1 if i % 2 == 0 else -1]:
@@ -177,6 +186,8 @@ def main() -> None:
               f"{med(ttft['gateway']):12.2f}{med(ttft['gateway']) - med(ttft['node']):+13.2f} ")
         print(f"{'median TTFT, 1 stream (ms)':28s}{med(one['node']):12.2f}"
               f"{med(one['gateway']):12.2f}{med(one['gateway']) - med(one['node']):+13.2f} ")
+        print(f"CPU over the C-stream rounds: node {cpu['node']:.2f} s (both modes), gateway "
+              f"{cpu['gateway']:.2f} s = {cpu['gateway'] / gw_tokens * 1e3:.3f} ms per streamed token")
     finally:
         for p in procs:
             p.terminate()
