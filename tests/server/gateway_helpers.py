@@ -155,7 +155,7 @@ class Gateway(Proc):
 
     def where(self, model: str) -> list[str]:
         """The nodes where `model` is loaded, as /v1/models says."""
-        r = httpx.get(f"{self.url}/v1/models/{model}", timeout=30)
+        r = self.admin.get(f"/v1/models/{model}")  # the admin key opens /v1/* too
         assert r.status_code == 200, r.text
         return sorted(r.json()["loaded_on"])
 

@@ -189,3 +189,21 @@ def test_a_client_that_leaves_a_non_streamed_request_cancels_it_on_the_node(clus
         while metric(h, "smelt_running_sequences", model=MODEL) != 0:
             assert time.monotonic() < deadline, "the node kept generating after the client left"
             time.sleep(0.1)
+
+
+def test_admin_loads_and_unloads_by_hand(cluster, via_gw) -> None:
+    _, gw = cluster
+    r = gw.admin.post("/admin/models", json={"action": "load", "model": "gemma", "node": "a"})
+    assert r.status_code == 200, r.text
+    assert gw.where("gemma") == ["a"]
+    assert via_gw.chat.completions.create(model="gemma", messages=CHAT, max_tokens=2).model == "gemma"
+    r = gw.admin.post("/admin/models", json={"action": "unload", "model": "gemma", "node": "a"})
+    assert r.status_code == 200, r.text
+    assert gw.where("gemma") == []
+    assert via_gw.models.retrieve("gemma").model_dump()["state"] == "unloaded"
+    for bad, param in [({"action": "load", "model": "nope", "node": "a"}, "model"),
+                       ({"action": "load", "model": "gemma", "node": "zz"}, "node"),
+                       ({"action": "dance", "model": "gemma", "node": "a"}, "action")]:
+        r = gw.admin.post("/admin/models", json=bad)
+        assert r.status_code in (400, 404), r.text
+        assert r.json()["error"]["param"] == param, r.text
