@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# End-to-end tests of `smelt serve` from the outside, as any client sees it: the official
+# End-to-end tests of `smelt serve` (and of `smelt gateway` in front of real nodes) from the
+# outside, as any client sees it: the official
 # `openai` Python package (tests/server/*.py, pytest) and the chat page in headless Chromium
 # (tests/server/browser, playwright-core). Installs what it needs through each project's own
 # client, once and cached: a venv with pinned openai + pytest, Debian's chromium (apt-get, as
 # root, only when missing) and playwright-core (npm ci from the committed lock file).
-# Builds smelt (or reuses the build), fetches the SmolLM2 test model, starts one server on a
+# Builds smelt (or reuses the build), fetches both test models, starts one server on a
 # free port, runs both suites, stops the server and exits non-zero on any failure. It ends with
 # a cargo-style `test result:` line so scripts/test.sh counts these tests in its summary.
 # Usage: scripts/server-tests.sh [extra pytest arguments, e.g. -k stream]
@@ -47,12 +48,15 @@ fi
 
 step "cargo build --release -p smelt"
 cargo build --release -p smelt
-smelt_bin=$root/target/release/smelt
+smelt_bin=${CARGO_TARGET_DIR:-$root/target}/release/smelt
 [ -x "$smelt_bin" ] || die "$smelt_bin was not built"
 
-step "test model"
+step "test models"
 model=$(scripts/fetch-models.sh smollm2-135m | tail -n1)
 [ -s "$model" ] || die "scripts/fetch-models.sh gave no model file ($model)"
+# The gateway tests' nodes load gemma3-270m by its alias from the same folder.
+gemma=$(scripts/fetch-models.sh gemma3-270m | tail -n1)
+[ "$(dirname "$gemma")" = "$(dirname "$model")" ] || die "the two test models are in different folders"
 
 free_port() { "$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

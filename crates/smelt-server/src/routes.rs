@@ -181,9 +181,14 @@ async fn get_model(State(st): St, Path(id): Path<String>) -> Result<Json<Value>,
     Ok(Json(model_json(&m)))
 }
 
+/// The loaded models, with the memory limit they share (what a gateway plans loads with).
 async fn admin_list(State(st): St) -> Json<Value> {
     let data: Vec<Value> = st.models.list().iter().map(|m| admin_json(m)).collect();
-    Json(json!({"object": "list", "data": data}))
+    Json(json!({
+        "object": "list",
+        "data": data,
+        "max_models_bytes": st.config.max_models_bytes,
+    }))
 }
 
 fn admin_json(m: &ModelEntry) -> Value {
@@ -197,6 +202,7 @@ fn admin_json(m: &ModelEntry) -> Value {
         "architecture": m.arch,
         "context": m.ctx,
         "chat_template": m.template.is_ok(),
+        "bytes": m.bytes,
         "kv_blocks_total": m.total_blocks,
         "kv_blocks_free": s.kv_blocks_free.load(Ordering::Relaxed),
         "running": s.running.load(Ordering::Relaxed),

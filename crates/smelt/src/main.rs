@@ -8,7 +8,7 @@ mod progress;
 mod shapes;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use commands::{bench, chat, inspect, perplexity, quantize, run, serve, synth};
+use commands::{bench, chat, gateway, inspect, perplexity, quantize, run, serve, synth};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
@@ -48,6 +48,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve models over an OpenAI-compatible API (continuous batching, SSE, metrics).
     Serve(serve::ServeArgs),
+    /// One OpenAI endpoint in front of many `smelt serve` nodes: routing by model, loading
+    /// on demand, LRU eviction with pins, failover.
+    Gateway(gateway::GatewayArgs),
 }
 
 /// What `smelt --version` says: the version, the commit it was built from (when built from a
@@ -102,6 +105,7 @@ fn main() -> ExitCode {
         Command::Quantize(a) => quantize::run(a),
         Command::Synth(a) => synth::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Gateway(a) => gateway::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Run(a) => run::run(a),
         Command::Chat(a) => chat::run(a),

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat;
+pub mod gateway;
 pub mod inspect;
 pub mod isq;
 pub mod model_ref;

@@ -20,8 +20,12 @@ pub struct ServeArgs {
     /// A GGUF file, a Hugging Face model folder or an alias (smollm2-135m, gemma3-270m),
     /// fetched once into .models/; repeat to serve several models (they share the CPU
     /// threads). Each is served under its file stem (or its alias) [default: smollm2-135m]
-    #[arg(long, short = 'm', value_name = "MODEL")]
+    #[arg(long, short = 'm', value_name = "MODEL", conflicts_with = "no_model")]
     pub model: Vec<String>,
+    /// Start with no model loaded: /live answers, /health says `no_model` until one is
+    /// loaded through /admin/models (a node a `smelt gateway` fills) [default: off]
+    #[arg(long)]
+    pub no_model: bool,
     /// Address to listen on (0.0.0.0 for every interface).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -77,6 +81,27 @@ pub struct ServeArgs {
     pub isq: Option<String>,
     #[command(flatten)]
     pub limits: super::serve_limits::LimitArgs,
+    /// Join the `smelt gateway` at this URL: register there and keep sending heartbeats, so
+    /// it routes requests here and loads and unloads models through /admin/models (with
+    /// --admin-key, which the node sends it) [default: none: no gateway]
+    #[arg(long, value_name = "URL", requires = "name", help_heading = "Gateway")]
+    pub gateway: Option<String>,
+    /// This node's name at the gateway (required with --gateway).
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "gateway",
+        help_heading = "Gateway"
+    )]
+    pub name: Option<String>,
+    /// The gateway's admin key, which registration needs [default: none: no key sent]
+    #[arg(
+        long,
+        value_name = "KEY",
+        requires = "gateway",
+        help_heading = "Gateway"
+    )]
+    pub gateway_key: Option<String>,
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
@@ -100,12 +125,19 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         ..ServerConfig::default()
     };
     args.limits.apply(&mut config, model_ref::alias_names())?;
-    let models = if args.model.is_empty() {
+    if let Some(g) = &args.gateway {
+        smelt_gateway::config::check_url(g).map_err(|e| anyhow::anyhow!("--gateway: {e}"))?;
+    }
+    let models = if args.no_model {
+        Vec::new()
+    } else if args.model.is_empty() {
         vec![model_ref::DEFAULT_MODEL.to_string()]
     } else {
         args.model.clone()
     };
-    let kv = kv_args(args, models.len());
+    // A node that starts empty will hold whatever models a gateway loads: each gets
+    // --kv-tokens, as with several models, rather than one filling the GPU.
+    let kv = kv_args(args, if args.no_model { 2 } else { models.len() });
     let loader = loader(args.device.clone(), args.threads, kv, args.isq.clone());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -124,6 +156,16 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             std::process::exit(130);
         });
         eprintln!("smelt serve: listening on http://{addr}");
+        if let (Some(gateway), Some(name)) = (&args.gateway, &args.name) {
+            let me = smelt_gateway::nodes::Registration {
+                name: name.clone(),
+                url: format!("http://{addr}"),
+                admin_key: args.limits.admin_key.clone().filter(|k| !k.is_empty()),
+                memory_mb: None,
+            };
+            let key = args.gateway_key.clone().filter(|k| !k.is_empty());
+            tokio::spawn(smelt_gateway::join::heartbeats(gateway.clone(), key, me));
+        }
         server.run().await?;
         eprintln!("smelt serve: stopped");
         anyhow::Ok(())
@@ -187,7 +229,7 @@ fn loader(
     })
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
