@@ -24,7 +24,7 @@ use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Instant;
 
 use smelt_engine::generate::{FinishReason, TextStream, TokenText};
-use smelt_engine::sampler::{Sampler, SamplingParams};
+use smelt_engine::sampler::{LogNorm, Sampler, SamplingParams};
 use smelt_engine::{Engine, EngineError, Logits, SeqId, SeqInput};
 use tokio::sync::mpsc;
 
@@ -112,6 +112,41 @@ pub struct Job {
     pub events: mpsc::UnboundedSender<Event>,
     /// When the request arrived (time to first token counts from here).
     pub arrived: Instant,
+    /// Logit biases, a grammar, prompt log-probabilities.
+    pub constraint: Constraint,
+}
+
+/// What a request asks beyond sampling parameters: each needs the step's logits (never the
+/// engine's greedy shortcut).
+#[derive(Default)]
+pub struct Constraint {
+    /// Added to these tokens' logits before sampling; -100 bans a token outright.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Only tokens this grammar allows are sampled (structured output, forced tool calls).
+    pub grammar: Option<Box<llguidance::Matcher>>,
+    /// `Some(top)`: report every prompt token's log-probability (completions' `echo`) with
+    /// `top` alternatives, as one [`Event::Prompt`] before the first token.
+    pub prompt_logprobs: Option<usize>,
+    /// The grammar's mask for the next token, computed while the step's forward ran, and
+    /// the microseconds that took.
+    pub(crate) mask: Option<Result<llguidance::toktrie::SimpleVob, String>>,
+    pub(crate) mask_us: u64,
+}
+
+impl Constraint {
+    fn active(&self) -> bool {
+        !self.logit_bias.is_empty() || self.grammar.is_some() || self.prompt_logprobs.is_some()
+    }
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("logit_bias", &self.logit_bias)
+            .field("grammar", &self.grammar.is_some())
+            .field("prompt_logprobs", &self.prompt_logprobs)
+            .finish()
+    }
 }
 
 /// A token's log-probability under the model (before penalties and temperature).
@@ -126,6 +161,9 @@ pub struct TokenLogprob {
 /// What the scheduler tells a request's handler.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// The prompt's tokens with their log-probabilities given what precedes them (the first
+    /// has none), when the job asked for them.
+    Prompt(Vec<(Vec<u8>, Option<TokenLogprob>)>),
     /// One generated token and the text it lets through (may be empty: held back while it
     /// could be the start of a stop string or of a multi-byte character).
     Token {
@@ -294,6 +332,10 @@ struct Active {
     text: TextStream,
     /// Still counted in the handle's `queued` (never admitted yet).
     counted_in_queue: bool,
+    /// Prompt log-probabilities gathered so far (reset when the sequence is preempted
+    /// before they were sent); `sent_prompt` once [`Event::Prompt`] went out.
+    prompt_lps: Vec<(Vec<u8>, Option<TokenLogprob>)>,
+    sent_prompt: bool,
     /// Admission order; the newest running sequence is the one preempted.
     order: u64,
     last_token_at: Option<Instant>,
@@ -309,6 +351,8 @@ impl Active {
             text: TextStream::new(&job.stop),
             seq: None,
             counted_in_queue: true,
+            prompt_lps: Vec::new(),
+            sent_prompt: false,
             order: 0,
             last_token_at: None,
             job,
@@ -463,16 +507,47 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             let greedy = inputs.iter().zip(&owners).all(|(inp, &i)| {
                 let a = &self.running[i];
                 inp.logits == Logits::None
-                    || (a.sampler.params().is_plain_greedy() && a.job.logprobs.is_none())
+                    || (a.sampler.params().is_plain_greedy()
+                        && a.job.logprobs.is_none()
+                        && !a.job.constraint.active())
             });
-            let engine = &mut self.engine;
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                if greedy {
-                    StepEngine::forward_greedy(engine, &inputs).map(StepOut::Tokens)
-                } else {
-                    StepEngine::forward(engine, &inputs).map(StepOut::Logits)
-                }
-            }));
+            // The grammar masks of the sequences that pick a token this step depend only on
+            // the tokens they have: they are computed on another thread while the forward
+            // runs (on a GPU, the CPU is otherwise idle then).
+            let mut picks = vec![false; self.running.len()];
+            for (inp, &i) in inputs.iter().zip(&owners) {
+                picks[i] =
+                    inp.logits != Logits::None && self.running[i].job.constraint.grammar.is_some();
+            }
+            let (engine, running) = (&mut self.engine, &mut self.running);
+            let mut forward = || {
+                catch_unwind(AssertUnwindSafe(|| {
+                    if greedy {
+                        StepEngine::forward_greedy(engine, &inputs).map(StepOut::Tokens)
+                    } else {
+                        StepEngine::forward(engine, &inputs).map(StepOut::Logits)
+                    }
+                }))
+            };
+            let result = if picks.iter().any(|&p| p) {
+                std::thread::scope(|sc| {
+                    let masks = sc.spawn(|| {
+                        for (a, _) in running.iter_mut().zip(&picks).filter(|(_, &p)| p) {
+                            let t0 = Instant::now();
+                            let c = &mut a.job.constraint;
+                            if let Some(g) = c.grammar.as_mut() {
+                                c.mask = Some(g.compute_mask_or_eos().map_err(|e| e.to_string()));
+                                c.mask_us = t0.elapsed().as_micros() as u64;
+                            }
+                        }
+                    });
+                    let result = forward();
+                    let _ = masks.join();
+                    result
+                })
+            } else {
+                forward()
+            };
             match result {
                 Ok(Ok(out)) => {
                     self.stats.steps.fetch_add(1, Ordering::Relaxed);
@@ -567,10 +642,17 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             }
             let n = a.remaining().min(budget);
             let last = a.fed + n == a.context.len();
+            let all = a.job.constraint.prompt_logprobs.is_some() && !a.sent_prompt;
             inputs.push(SeqInput {
                 seq,
                 tokens: a.context[a.fed..a.fed + n].to_vec(),
-                logits: if last { Logits::Last } else { Logits::None },
+                logits: if all {
+                    Logits::All
+                } else if last {
+                    Logits::Last
+                } else {
+                    Logits::None
+                },
             });
             owners.push(i);
             budget -= n;
@@ -583,7 +665,17 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
         let picks: Vec<Option<Pick>> = match out {
             StepOut::Logits(rows) => rows
                 .into_iter()
-                .map(|mut r| r.pop().map(Pick::Logits))
+                .zip(inputs.iter().zip(owners))
+                .map(|(mut r, (inp, &i))| {
+                    if inp.logits == Logits::All {
+                        self.prompt_logprobs(i, &r);
+                        // Only the prompt's last row picks a token.
+                        if self.running[i].fed + inp.tokens.len() < self.running[i].context.len() {
+                            return None;
+                        }
+                    }
+                    r.pop().map(Pick::Logits)
+                })
                 .collect(),
             StepOut::Tokens(t) => t.into_iter().map(|t| t.map(Pick::Token)).collect(),
         };
@@ -593,6 +685,19 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             let Some(pick) = pick else {
                 continue;
             };
+            if !a.sent_prompt && a.job.constraint.prompt_logprobs.is_some() {
+                a.sent_prompt = true;
+                let lps = std::mem::take(&mut a.prompt_lps);
+                if a.job.events.send(Event::Prompt(lps)).is_err() {
+                    done.push((i, End::Gone));
+                    continue;
+                }
+            }
+            if a.job.max_tokens == 0 {
+                // Scoring only (echo with max_tokens 0): the prompt was the answer.
+                done.push((i, End::Finished(FinishReason::Length)));
+                continue;
+            }
             if let Some(end) = self.next_token(i, &pick) {
                 done.push((i, end));
             }
@@ -619,6 +724,31 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                     self.release(a);
                 }
                 End::Gone => self.release_gone(a),
+                End::Failed(why) => {
+                    tracing::error!(model = %self.name, "constrained sampling failed: {why}");
+                    self.finish_err(a, ApiError::internal(why));
+                }
+            }
+        }
+    }
+
+    /// Scores the prompt tokens that `rows` (one per token just fed to running sequence `i`,
+    /// from `fed` on) predict, as `smelt perplexity` does.
+    fn prompt_logprobs(&mut self, i: usize, rows: &[Vec<f32>]) {
+        let tok = Arc::clone(&self.tok);
+        let a = &mut self.running[i];
+        let top = a.job.constraint.prompt_logprobs.unwrap_or(0);
+        if a.fed == 0 {
+            a.prompt_lps.clear();
+            if let Some(&first) = a.job.prompt.first() {
+                a.prompt_lps.push((tok.token_bytes(first), None));
+            }
+        }
+        for (j, row) in rows.iter().enumerate() {
+            let next = a.fed + j + 1;
+            if let Some(&t) = a.job.prompt.get(next) {
+                let lp = token_logprob(row, t, top, &*tok);
+                a.prompt_lps.push((lp.bytes.clone(), Some(lp)));
             }
         }
     }
@@ -631,6 +761,37 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
         let stats = Arc::clone(&self.stats);
         let a = &mut self.running[i];
         let (next, logits) = match pick {
+            Pick::Logits(l)
+                if a.job.constraint.grammar.is_some()
+                    || !a.job.constraint.logit_bias.is_empty() =>
+            {
+                let mut biased = l.clone();
+                let t0 = Instant::now();
+                if let Err(e) = constrain(&mut a.job.constraint, &mut biased) {
+                    return Some(End::Failed(e));
+                }
+                if a.job.constraint.grammar.is_some() {
+                    // The mask's own time (beside the forward) and applying it here.
+                    let us = t0.elapsed().as_micros() as u64
+                        + std::mem::take(&mut a.job.constraint.mask_us);
+                    stats.grammar_masks.fetch_add(1, Ordering::Relaxed);
+                    stats.grammar_mask_us.fetch_add(us, Ordering::Relaxed);
+                }
+                let next = a.sampler.sample(&biased, &a.context);
+                // An end-of-generation token ends the answer: the grammar need not see it.
+                if let Some(g) = a
+                    .job
+                    .constraint
+                    .grammar
+                    .as_mut()
+                    .filter(|_| !tok.is_eog(next))
+                {
+                    if let Err(e) = g.consume_token(next) {
+                        return Some(End::Failed(format!("the grammar rejected a token: {e}")));
+                    }
+                }
+                (next, Some(l.as_slice()))
+            }
             Pick::Logits(l) => (a.sampler.sample(l, &a.context), Some(l.as_slice())),
             Pick::Token(t) => (*t, None),
         };
@@ -691,6 +852,9 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             self.engine.free_sequence(seq);
         }
         a.fed = 0;
+        if !a.sent_prompt {
+            a.prompt_lps.clear();
+        }
         self.kv_full = true;
         self.stats.preemptions.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
@@ -760,28 +924,41 @@ enum End {
     Finished(FinishReason),
     /// The client went away while we sent.
     Gone,
+    /// Constrained sampling could not go on (a grammar error).
+    Failed(String),
+}
+
+/// Applies a job's logit biases and its grammar's mask of allowed tokens to `logits`.
+fn constrain(c: &mut Constraint, logits: &mut [f32]) -> Result<(), String> {
+    for &(id, b) in &c.logit_bias {
+        if let Some(l) = logits.get_mut(id as usize) {
+            *l = if b <= -100.0 {
+                f32::NEG_INFINITY
+            } else {
+                *l + b
+            };
+        }
+    }
+    if let Some(g) = c.grammar.as_mut() {
+        let mask = match c.mask.take() {
+            Some(m) => m,
+            None => g.compute_mask_or_eos().map_err(|e| e.to_string()),
+        }
+        .map_err(|e| format!("the grammar's token mask failed: {e}"))?;
+        for (id, l) in logits.iter_mut().enumerate() {
+            if id >= mask.len() || !mask.is_allowed(id as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The chosen token's log-probability under softmax(logits) and the `top` most likely
 /// tokens. Non-finite logits count as impossible.
 fn token_logprob(logits: &[f32], chosen: u32, top: usize, tok: &impl TokenText) -> TokenLogprob {
-    let max = logits
-        .iter()
-        .copied()
-        .filter(|l| l.is_finite())
-        .fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits
-        .iter()
-        .filter(|l| l.is_finite())
-        .map(|&l| f64::from(l - max).exp())
-        .sum();
-    let lse = f64::from(max) + sum.ln();
-    let lp = |id: u32| -> f32 {
-        match logits.get(id as usize) {
-            Some(&l) if l.is_finite() => (f64::from(l) - lse) as f32,
-            _ => f32::NEG_INFINITY,
-        }
-    };
+    let norm = LogNorm::of(logits);
+    let lp = |id: u32| -> f32 { norm.log_prob(logits, id as usize) as f32 };
     let mut best: Vec<u32> = Vec::new();
     if top > 0 {
         let mut ids: Vec<u32> = (0..logits.len() as u32)
