@@ -88,6 +88,8 @@ pub struct ServerConfig {
     /// Every model's chat template instead of its own: a built-in format's name (`chatml`,
     /// `llama3`, `gemma`) or Jinja source.
     pub chat_template: Option<String>,
+    /// Share the KV blocks of identical prompt prefixes between requests.
+    pub prefix_cache: bool,
 }
 
 impl Default for ServerConfig {
@@ -111,6 +113,7 @@ impl Default for ServerConfig {
             max_models_bytes: None,
             allow_special_in_content: false,
             chat_template: None,
+            prefix_cache: true,
         }
     }
 }

@@ -90,6 +90,10 @@ pub struct ModelStats {
     /// Grammar token masks computed (one per constrained token), and the time they took.
     pub grammar_masks: AtomicU64,
     pub grammar_mask_us: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache (whole blocks before the last token),
+    /// and those found there.
+    pub prefix_query_tokens: AtomicU64,
+    pub prefix_hit_tokens: AtomicU64,
     pub ttft: Histogram,
     pub itl: Histogram,
 }
@@ -107,6 +111,8 @@ impl Default for ModelStats {
             steps: AtomicU64::new(0),
             grammar_masks: AtomicU64::new(0),
             grammar_mask_us: AtomicU64::new(0),
+            prefix_query_tokens: AtomicU64::new(0),
+            prefix_hit_tokens: AtomicU64::new(0),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
         }
@@ -146,7 +152,7 @@ impl ServerStats {
         for (status, n) in &requests {
             let _ = writeln!(out, "smelt_requests_total{{status=\"{status}\"}} {n}");
         }
-        let counters: [Family<AtomicU64>; 6] = [
+        let counters: [Family<AtomicU64>; 8] = [
             (
                 "smelt_prompt_tokens_total",
                 "Prompt tokens of accepted requests.",
@@ -172,6 +178,16 @@ impl ServerStats {
                 "smelt_grammar_mask_microseconds_total",
                 "Time spent computing and applying those masks, in microseconds.",
                 |s| &s.grammar_mask_us,
+            ),
+            (
+                "smelt_prefix_cache_query_tokens_total",
+                "Prompt tokens looked up in the prefix cache (its hit rate: hits over these).",
+                |s| &s.prefix_query_tokens,
+            ),
+            (
+                "smelt_prefix_cache_hit_tokens_total",
+                "Prompt tokens found in the prefix cache (their KV blocks reused, not computed).",
+                |s| &s.prefix_hit_tokens,
             ),
         ];
         let gauges: [Family<AtomicU64>; 4] = [

@@ -334,13 +334,15 @@ pub fn load(
     ctx: usize,
     cfg: SchedulerConfig,
     chat_template: Option<String>,
+    prefix_cache: bool,
 ) -> Result<ModelEntry, String> {
     let loader = Arc::clone(loader);
     let r = reference.to_string();
     let started = scheduler::spawn(
         id.clone(),
         move || {
-            let m = loader(&r)?;
+            let mut m = loader(&r)?;
+            m.engine.set_prefix_cache(prefix_cache);
             let template = match &chat_template {
                 Some(spec) => ChatTemplate::from_spec(spec, &m.tokenizer)
                     .map_err(|e| format!("the --chat-template: {e}")),

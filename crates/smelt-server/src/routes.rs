@@ -339,19 +339,21 @@ async fn load_inner(
             ..ApiError::invalid_param("id", format!("a model with id `{id}` is already loaded"))
         });
     }
-    let (loader, r, ctx, cfg, tmpl) = (
+    let (loader, r, ctx, cfg, tmpl, prefix) = (
         Arc::clone(&st.loader),
         target.to_string(),
         st.config.ctx,
         st.config.scheduler,
         st.config.chat_template.clone(),
+        st.config.prefix_cache,
     );
     let id2 = id.clone();
     let t0 = Instant::now();
-    let entry = tokio::task::spawn_blocking(move || models::load(&loader, &r, id2, ctx, cfg, tmpl))
-        .await
-        .map_err(|e| ApiError::internal(format!("the loading task failed: {e}")))?
-        .map_err(|e| ApiError::invalid_param("model", e))?;
+    let entry =
+        tokio::task::spawn_blocking(move || models::load(&loader, &r, id2, ctx, cfg, tmpl, prefix))
+            .await
+            .map_err(|e| ApiError::internal(format!("the loading task failed: {e}")))?
+            .map_err(|e| ApiError::invalid_param("model", e))?;
     let e = st.models.insert(entry).map_err(ApiError::bad_request)?;
     tracing::info!(
         model = %e.id,

@@ -48,6 +48,15 @@ pub trait StepEngine {
     }
     fn free_blocks(&self) -> usize;
     fn total_blocks(&self) -> usize;
+    /// Starts a fresh sequence on cached KV blocks of `tokens`' prefix; the tokens they
+    /// hold (none for an engine without a prefix cache).
+    fn attach_prefix(&mut self, _seq: SeqId, _tokens: &[u32]) -> usize {
+        0
+    }
+    /// Prompt tokens looked up in the prefix cache and found there, since loading.
+    fn prefix_cache_stats(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 impl StepEngine for Engine {
@@ -73,6 +82,14 @@ impl StepEngine for Engine {
 
     fn total_blocks(&self) -> usize {
         Engine::total_blocks(self)
+    }
+
+    fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+        Engine::attach_prefix(self, seq, tokens)
+    }
+
+    fn prefix_cache_stats(&self) -> (u64, u64) {
+        Engine::prefix_cache_stats(self)
     }
 }
 
@@ -483,7 +500,13 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
                 a.counted_in_queue = false;
             }
-            a.seq = Some(self.engine.new_sequence());
+            let seq = self.engine.new_sequence();
+            a.seq = Some(seq);
+            // Prefix caching: what is cached of its tokens is not fed again (all of the
+            // prompt is, when its log-probabilities are asked for).
+            if a.job.constraint.prompt_logprobs.is_none() || a.sent_prompt {
+                a.fed = self.engine.attach_prefix(seq, &a.context);
+            }
             a.order = self.next_order;
             self.next_order += 1;
             self.running.push(a);
@@ -911,6 +934,9 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             (self.queued.load(Ordering::SeqCst) + preempted) as u64,
             Ordering::Relaxed,
         );
+        let (queried, hits) = self.engine.prefix_cache_stats();
+        s.prefix_query_tokens.store(queried, Ordering::Relaxed);
+        s.prefix_hit_tokens.store(hits, Ordering::Relaxed);
         let free = self.engine.free_blocks();
         s.kv_blocks_free.store(free as u64, Ordering::Relaxed);
         s.kv_blocks_used.store(

@@ -80,6 +80,10 @@ pub struct ServeArgs {
     /// Hermes <tool_call>, Llama 3.1 JSON, Mistral [TOOL_CALLS]) [default: the model's own]
     #[arg(long, value_name = "FILE|NAME")]
     pub chat_template: Option<String>,
+    /// Compute every prompt in full: no sharing of the KV blocks of prompt prefixes that
+    /// earlier requests computed (prefix caching is on by default; /metrics counts its hits)
+    #[arg(long)]
+    pub no_prefix_cache: bool,
     #[command(flatten)]
     pub limits: super::serve_limits::LimitArgs,
 }
@@ -111,6 +115,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             Some(t) => bail!("--chat-template {t}: neither a file nor chatml, llama3 or gemma"),
             None => None,
         },
+        prefix_cache: !args.no_prefix_cache,
         ..ServerConfig::default()
     };
     args.limits.apply(&mut config, model_ref::alias_names())?;
