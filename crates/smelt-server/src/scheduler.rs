@@ -24,74 +24,19 @@ use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Instant;
 
 use smelt_engine::generate::{FinishReason, TextStream, TokenText};
-use smelt_engine::sampler::{LogNorm, Sampler, SamplingParams};
-use smelt_engine::{Engine, EngineError, Logits, SeqId, SeqInput};
+use smelt_engine::sampler::{Sampler, SamplingParams};
+use smelt_engine::{EngineError, Logits, SeqId, SeqInput};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::metrics::ModelStats;
 
-/// What the scheduler needs from an engine: [`Engine`] is the real one; the unit tests drive
-/// the scheduler with a scripted fake (panics, errors, a tiny KV cache).
-pub trait StepEngine {
-    fn new_sequence(&mut self) -> SeqId;
-    fn free_sequence(&mut self, seq: SeqId);
-    fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError>;
-    /// Per input, the greedy token of its last row (`None` where it asked for no logits).
-    /// An engine that can choose it where the logits are (the GPU) overrides this.
-    fn forward_greedy(&mut self, batch: &[SeqInput]) -> Result<Vec<Option<u32>>, EngineError> {
-        Ok(self
-            .forward(batch)?
-            .iter()
-            .map(|rows| rows.last().map(|r| smelt_engine::argmax(r)))
-            .collect())
-    }
-    fn free_blocks(&self) -> usize;
-    fn total_blocks(&self) -> usize;
-    /// Starts a fresh sequence on cached KV blocks of `tokens`' prefix; the tokens they
-    /// hold (none for an engine without a prefix cache).
-    fn attach_prefix(&mut self, _seq: SeqId, _tokens: &[u32]) -> usize {
-        0
-    }
-    /// Prompt tokens looked up in the prefix cache and found there, since loading.
-    fn prefix_cache_stats(&self) -> (u64, u64) {
-        (0, 0)
-    }
-}
+mod constrain;
+mod step_engine;
 
-impl StepEngine for Engine {
-    fn new_sequence(&mut self) -> SeqId {
-        Engine::new_sequence(self)
-    }
-
-    fn free_sequence(&mut self, seq: SeqId) {
-        Engine::free_sequence(self, seq)
-    }
-
-    fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
-        Engine::forward(self, batch)
-    }
-
-    fn forward_greedy(&mut self, batch: &[SeqInput]) -> Result<Vec<Option<u32>>, EngineError> {
-        Engine::forward_greedy(self, batch)
-    }
-
-    fn free_blocks(&self) -> usize {
-        Engine::free_blocks(self)
-    }
-
-    fn total_blocks(&self) -> usize {
-        Engine::total_blocks(self)
-    }
-
-    fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
-        Engine::attach_prefix(self, seq, tokens)
-    }
-
-    fn prefix_cache_stats(&self) -> (u64, u64) {
-        Engine::prefix_cache_stats(self)
-    }
-}
+pub use constrain::Constraint;
+use constrain::{constrain, token_logprob};
+pub use step_engine::StepEngine;
 
 /// How a model's scheduler sizes its work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,39 +76,6 @@ pub struct Job {
     pub arrived: Instant,
     /// Logit biases, a grammar, prompt log-probabilities.
     pub constraint: Constraint,
-}
-
-/// What a request asks beyond sampling parameters: each needs the step's logits (never the
-/// engine's greedy shortcut).
-#[derive(Default)]
-pub struct Constraint {
-    /// Added to these tokens' logits before sampling; -100 bans a token outright.
-    pub logit_bias: Vec<(u32, f32)>,
-    /// Only tokens this grammar allows are sampled (structured output, forced tool calls).
-    pub grammar: Option<Box<llguidance::Matcher>>,
-    /// `Some(top)`: report every prompt token's log-probability (completions' `echo`) with
-    /// `top` alternatives, as one [`Event::Prompt`] before the first token.
-    pub prompt_logprobs: Option<usize>,
-    /// The grammar's mask for the next token, computed while the step's forward ran, and
-    /// the microseconds that took.
-    pub(crate) mask: Option<Result<llguidance::toktrie::SimpleVob, String>>,
-    pub(crate) mask_us: u64,
-}
-
-impl Constraint {
-    fn active(&self) -> bool {
-        !self.logit_bias.is_empty() || self.grammar.is_some() || self.prompt_logprobs.is_some()
-    }
-}
-
-impl std::fmt::Debug for Constraint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Constraint")
-            .field("logit_bias", &self.logit_bias)
-            .field("grammar", &self.grammar.is_some())
-            .field("prompt_logprobs", &self.prompt_logprobs)
-            .finish()
-    }
 }
 
 /// A token's log-probability under the model (before penalties and temperature).
@@ -952,62 +864,6 @@ enum End {
     Gone,
     /// Constrained sampling could not go on (a grammar error).
     Failed(String),
-}
-
-/// Applies a job's logit biases and its grammar's mask of allowed tokens to `logits`.
-fn constrain(c: &mut Constraint, logits: &mut [f32]) -> Result<(), String> {
-    for &(id, b) in &c.logit_bias {
-        if let Some(l) = logits.get_mut(id as usize) {
-            *l = if b <= -100.0 {
-                f32::NEG_INFINITY
-            } else {
-                *l + b
-            };
-        }
-    }
-    if let Some(g) = c.grammar.as_mut() {
-        let mask = match c.mask.take() {
-            Some(m) => m,
-            None => g.compute_mask_or_eos().map_err(|e| e.to_string()),
-        }
-        .map_err(|e| format!("the grammar's token mask failed: {e}"))?;
-        for (id, l) in logits.iter_mut().enumerate() {
-            if id >= mask.len() || !mask.is_allowed(id as u32) {
-                *l = f32::NEG_INFINITY;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The chosen token's log-probability under softmax(logits) and the `top` most likely
-/// tokens. Non-finite logits count as impossible.
-fn token_logprob(logits: &[f32], chosen: u32, top: usize, tok: &impl TokenText) -> TokenLogprob {
-    let norm = LogNorm::of(logits);
-    let lp = |id: u32| -> f32 { norm.log_prob(logits, id as usize) as f32 };
-    let mut best: Vec<u32> = Vec::new();
-    if top > 0 {
-        let mut ids: Vec<u32> = (0..logits.len() as u32)
-            .filter(|&i| logits[i as usize].is_finite())
-            .collect();
-        let k = top.min(ids.len());
-        if k > 0 && k < ids.len() {
-            ids.select_nth_unstable_by(k - 1, |&a, &b| {
-                logits[b as usize].total_cmp(&logits[a as usize])
-            });
-            ids.truncate(k);
-        }
-        ids.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
-        best = ids;
-    }
-    TokenLogprob {
-        bytes: tok.token_bytes(chosen),
-        logprob: lp(chosen),
-        top: best
-            .into_iter()
-            .map(|id| (tok.token_bytes(id), lp(id)))
-            .collect(),
-    }
 }
 
 #[cfg(test)]
