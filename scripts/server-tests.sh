@@ -15,17 +15,20 @@ cd "$root"
 
 OPENAI_VERSION=1.109.1
 PYTEST_VERSION=8.4.2
+# Validates structured outputs against their schemas (tests/server/test_structured.py).
+JSONSCHEMA_VERSION=4.23.0
 venv=${SMELT_SERVER_VENV:-$HOME/.cache/smelt/venv-server-openai$OPENAI_VERSION-pytest$PYTEST_VERSION}
 chromium=${SMELT_CHROMIUM:-/usr/bin/chromium}
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 die() { printf 'server-tests: %s\n' "$*" >&2; exit 1; }
 
-step "python venv with openai $OPENAI_VERSION and pytest $PYTEST_VERSION ($venv)"
-if ! "$venv/bin/python" -c "import openai, pytest, sys; sys.exit(not (openai.__version__ == '$OPENAI_VERSION' and pytest.__version__ == '$PYTEST_VERSION'))" 2>/dev/null; then
+step "python venv with openai $OPENAI_VERSION, pytest $PYTEST_VERSION, jsonschema $JSONSCHEMA_VERSION ($venv)"
+if ! "$venv/bin/python" -c "import openai, pytest, jsonschema, importlib.metadata as m, sys; sys.exit(not (openai.__version__ == '$OPENAI_VERSION' and pytest.__version__ == '$PYTEST_VERSION' and m.version('jsonschema') == '$JSONSCHEMA_VERSION'))" 2>/dev/null; then
   python3 -m venv "$venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-    "openai==$OPENAI_VERSION" "pytest==$PYTEST_VERSION" || die "pip install of openai/pytest failed"
+    "openai==$OPENAI_VERSION" "pytest==$PYTEST_VERSION" "jsonschema==$JSONSCHEMA_VERSION" ||
+    die "pip install of openai/pytest/jsonschema failed"
 fi
 
 step "chromium ($chromium)"

@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use smelt_server::openai::{parse, ChatRequest, CompletionRequest};
-use smelt_server::ApiError;
+use smelt_server::openai::{parse_chat, parse_completion};
+use smelt_server::{grammar, tools, ApiError};
 
 fn refused(e: &ApiError) {
     assert_eq!(e.status.as_u16(), 400, "{e:?}");
@@ -16,9 +16,21 @@ fn refused(e: &ApiError) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    match parse::<ChatRequest>(data) {
+    match parse_chat(data) {
         Ok(req) => {
-            if let Err(e) = req.common.params() {
+            if let Err(e) = req.common.params(false) {
+                refused(&e);
+            }
+            if let Some(rf) = &req.response_format {
+                if let Err(e) = grammar::response_format(rf) {
+                    refused(&e);
+                }
+            }
+            let list = req.tools.clone().unwrap_or_default();
+            if let Err(e) = tools::check(&list) {
+                refused(&e);
+            }
+            if let Err(e) = tools::choice(req.tool_choice.as_ref(), &list) {
                 refused(&e);
             }
             for i in 0..req.messages.len() {
@@ -29,9 +41,9 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(e) => refused(&e),
     }
-    match parse::<CompletionRequest>(data) {
+    match parse_completion(data) {
         Ok(req) => {
-            if let Err(e) = req.common.params() {
+            if let Err(e) = req.common.params(req.echo.unwrap_or(false)) {
                 refused(&e);
             }
             if let Err(e) = req.prompt.single() {

@@ -58,7 +58,10 @@ def test_bad_types_are_400(http: httpx.Client, model_id: str, field: dict) -> No
         {"presence_penalty": 5},
         {"frequency_penalty": -5},
         {"top_logprobs": 50, "logprobs": True},
-        {"n": 2},
+        {"n": 0},
+        {"n": 17},
+        {"logit_bias": {"1": 150}},
+        {"logit_bias": {"999999": 1}},
     ],
 )
 def test_out_of_range_is_400(client: openai.OpenAI, model_id: str, field: dict) -> None:

@@ -177,12 +177,23 @@ def test_multi_turn_with_system_and_assistant(client, model_id) -> None:
     assert r.choices[0].message.content
 
 
-def test_penalties_and_unknown_fields_accepted(client, model_id) -> None:
+def test_penalties_accepted_and_unknown_fields_refused(client, model_id) -> None:
+    """A field the server does not implement is a 400 naming it, never silently ignored."""
     r = client.chat.completions.create(
         model=model_id, messages=GREETING, max_tokens=4, temperature=0,
-        presence_penalty=0.5, frequency_penalty=0.5,
-        extra_body={"some_future_field": {"x": 1}, "user_tag": "e2e"})
+        presence_penalty=0.5, frequency_penalty=0.5, user="e2e",
+        extra_body={"some_future_field": None})
     assert r.usage.completion_tokens == 4
+    for extra in ({"some_future_field": {"x": 1}}, {"functions": []}, {"audio": {"voice": "x"}}):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(
+                model=model_id, messages=GREETING, max_tokens=4, extra_body=extra)
+        (name,) = extra
+        assert err.value.body["param"] == name, err.value.body
+        assert name in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=model_id, prompt="a", max_tokens=2, suffix="b")
+    assert err.value.body["param"] == "suffix"
 
 
 def test_completions(client, model_id) -> None:

@@ -208,6 +208,24 @@ impl Engine {
         id
     }
 
+    /// Starts a fresh sequence on the cached KV blocks `tokens` begins with (prefix
+    /// caching; see [`crate::kv_cache`]); returns how many tokens they hold, which the
+    /// caller then does not feed. 0 when caching is off or nothing matches.
+    pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+        self.table.attach_prefix(seq, tokens)
+    }
+
+    /// Prefix caching on or off (on by default). Only for models whose whole sequence state
+    /// is the paged KV cache: a model with recurrent layers must turn it off.
+    pub fn set_prefix_cache(&mut self, on: bool) {
+        self.table.set_prefix_cache(on);
+    }
+
+    /// Prompt tokens looked up in the prefix cache, and found there, since loading.
+    pub fn prefix_cache_stats(&self) -> (u64, u64) {
+        (self.table.prefix_queried, self.table.prefix_hits)
+    }
+
     /// Drops a sequence and returns its KV blocks (and its recurrent state) at once.
     pub fn free_sequence(&mut self, seq: SeqId) {
         self.table.free_sequence(seq);
@@ -356,7 +374,7 @@ impl Engine {
         if tokens.is_empty() {
             return Ok(StepOut::Logits(Vec::new()));
         }
-        Ok(match &mut self.inner {
+        let out = match &mut self.inner {
             Inner::Cpu {
                 backend,
                 model,
@@ -402,6 +420,11 @@ impl Engine {
                 })
             }
             Inner::Cuda(c) => c.forward(&tokens, &positions, &seqs, &out_rows, greedy)?,
-        })
+        };
+        // The step's K/V are written: their full blocks can serve later prompts.
+        for (inp, &start) in batch.iter().zip(&starts) {
+            self.table.record(inp.seq, start, &inp.tokens);
+        }
+        Ok(out)
     }
 }

@@ -243,6 +243,49 @@ pub fn argmax(logits: &[f32]) -> u32 {
     0
 }
 
+/// log softmax(row)[tok] as llama.cpp's perplexity computes it: f32 exponentials of
+/// `l - max` summed in f64. Non-finite logits count as impossible; a token out of range or
+/// with a non-finite logit gets -inf. `smelt perplexity` and the server's log-probabilities
+/// both use it, so their per-token values are the same numbers.
+pub fn log_prob(row: &[f32], tok: usize) -> f64 {
+    LogNorm::of(row).log_prob(row, tok)
+}
+
+/// A row's softmax normalizer, computed once to score many of its tokens as [`log_prob`]
+/// does.
+#[derive(Debug, Clone, Copy)]
+pub struct LogNorm {
+    max: f32,
+    ln_sum: f64,
+}
+
+impl LogNorm {
+    pub fn of(row: &[f32]) -> LogNorm {
+        let max = row
+            .iter()
+            .copied()
+            .filter(|l| l.is_finite())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let sum_exp: f64 = row
+            .iter()
+            .filter(|l| l.is_finite())
+            .map(|&l| f64::from((l - max).exp()))
+            .sum();
+        LogNorm {
+            max,
+            ln_sum: sum_exp.ln(),
+        }
+    }
+
+    /// log softmax(row)[tok]: `f64(l - max) - ln(sum)`, llama.cpp's rounding.
+    pub fn log_prob(&self, row: &[f32], tok: usize) -> f64 {
+        match row.get(tok) {
+            Some(&l) if l.is_finite() => f64::from(l - self.max) - self.ln_sum,
+            _ => f64::NEG_INFINITY,
+        }
+    }
+}
+
 /// Probabilities of the candidates (their logits are finite or +inf, never NaN).
 fn softmax(cands: &[Candidate]) -> Vec<f32> {
     let max = cands
@@ -493,6 +536,18 @@ mod tests {
         });
         assert_eq!(s.sample(&[3.0, 2.0], &[0]), 1);
         assert_eq!(s.sample(&[3.0, 1.0], &[0, 0, 0, 0]), 0);
+    }
+
+    #[test]
+    fn log_prob_is_a_log_softmax() {
+        let row = [1.0f32, 2.0, 3.0, f32::NEG_INFINITY];
+        let z: f64 = row[..3].iter().map(|&x| f64::from(x).exp()).sum();
+        for (i, &x) in row[..3].iter().enumerate() {
+            assert!((log_prob(&row, i) - (f64::from(x) - z.ln())).abs() < 1e-6);
+        }
+        assert_eq!(log_prob(&row, 3), f64::NEG_INFINITY);
+        assert_eq!(log_prob(&row, 9), f64::NEG_INFINITY);
+        assert!((log_prob(&[7.0; 4], 2) - 0.25f64.ln()).abs() < 1e-12);
     }
 
     #[test]

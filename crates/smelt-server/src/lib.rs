@@ -18,6 +18,7 @@
 mod assets;
 mod conn;
 pub mod error;
+pub mod grammar;
 mod guard;
 pub mod metrics;
 pub mod models;
@@ -26,6 +27,7 @@ mod openapi;
 mod reply;
 mod routes;
 pub mod scheduler;
+pub mod tools;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -83,6 +85,11 @@ pub struct ServerConfig {
     /// Text of special tokens in chat message content becomes those tokens (it is tokenized
     /// as plain text otherwise, so a user cannot forge a system turn).
     pub allow_special_in_content: bool,
+    /// Every model's chat template instead of its own: a built-in format's name (`chatml`,
+    /// `llama3`, `gemma`) or Jinja source.
+    pub chat_template: Option<String>,
+    /// Share the KV blocks of identical prompt prefixes between requests.
+    pub prefix_cache: bool,
 }
 
 impl Default for ServerConfig {
@@ -105,6 +112,8 @@ impl Default for ServerConfig {
             aliases: Vec::new(),
             max_models_bytes: None,
             allow_special_in_content: false,
+            chat_template: None,
+            prefix_cache: true,
         }
     }
 }

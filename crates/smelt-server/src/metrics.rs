@@ -87,6 +87,13 @@ pub struct ModelStats {
     pub preemptions: AtomicU64,
     /// Forward steps run.
     pub steps: AtomicU64,
+    /// Grammar token masks computed (one per constrained token), and the time they took.
+    pub grammar_masks: AtomicU64,
+    pub grammar_mask_us: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache (whole blocks before the last token),
+    /// and those found there.
+    pub prefix_query_tokens: AtomicU64,
+    pub prefix_hit_tokens: AtomicU64,
     pub ttft: Histogram,
     pub itl: Histogram,
 }
@@ -102,6 +109,10 @@ impl Default for ModelStats {
             kv_blocks_free: AtomicU64::new(0),
             preemptions: AtomicU64::new(0),
             steps: AtomicU64::new(0),
+            grammar_masks: AtomicU64::new(0),
+            grammar_mask_us: AtomicU64::new(0),
+            prefix_query_tokens: AtomicU64::new(0),
+            prefix_hit_tokens: AtomicU64::new(0),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
         }
@@ -141,7 +152,7 @@ impl ServerStats {
         for (status, n) in &requests {
             let _ = writeln!(out, "smelt_requests_total{{status=\"{status}\"}} {n}");
         }
-        let counters: [Family<AtomicU64>; 4] = [
+        let counters: [Family<AtomicU64>; 8] = [
             (
                 "smelt_prompt_tokens_total",
                 "Prompt tokens of accepted requests.",
@@ -158,6 +169,26 @@ impl ServerStats {
             ("smelt_steps_total", "Batched forward steps run.", |s| {
                 &s.steps
             }),
+            (
+                "smelt_grammar_masks_total",
+                "Token masks computed for constrained decoding (one per constrained token).",
+                |s| &s.grammar_masks,
+            ),
+            (
+                "smelt_grammar_mask_microseconds_total",
+                "Time spent computing and applying those masks, in microseconds.",
+                |s| &s.grammar_mask_us,
+            ),
+            (
+                "smelt_prefix_cache_query_tokens_total",
+                "Prompt tokens looked up in the prefix cache (its hit rate: hits over these).",
+                |s| &s.prefix_query_tokens,
+            ),
+            (
+                "smelt_prefix_cache_hit_tokens_total",
+                "Prompt tokens found in the prefix cache (their KV blocks reused, not computed).",
+                |s| &s.prefix_hit_tokens,
+            ),
         ];
         let gauges: [Family<AtomicU64>; 4] = [
             (
@@ -177,7 +208,7 @@ impl ServerStats {
                 &s.kv_blocks_free
             }),
         ];
-        for (kind, list) in [("counter", &counters), ("gauge", &gauges)] {
+        for (kind, list) in [("counter", &counters[..]), ("gauge", &gauges[..])] {
             for (name, help, get) in list.iter() {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
                 for (id, s) in models {

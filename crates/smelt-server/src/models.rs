@@ -10,8 +10,10 @@ use smelt_engine::{Engine, EngineOptions};
 use smelt_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::error::ApiError;
+use crate::grammar::Grammars;
 use crate::guard::clip;
 use crate::scheduler::{self, SchedulerConfig, SchedulerHandle};
+use crate::tools::ToolFormat;
 
 /// Longest model id.
 pub const MAX_ID_LEN: usize = 128;
@@ -272,6 +274,12 @@ pub struct ModelEntry {
     /// What the model takes in memory: its weights and its KV cache (an estimate).
     pub bytes: u64,
     pub scheduler: SchedulerHandle,
+    /// Grammar compiler and cache for constrained decoding.
+    pub grammars: Arc<Grammars>,
+    /// How the chat template says this model writes tool calls (none: tools are refused).
+    pub tool_format: Option<ToolFormat>,
+    /// The template knows `<think>` blocks: their text answers as `reasoning_content`.
+    pub think: bool,
 }
 
 /// The models being served, in loading order.
@@ -325,15 +333,22 @@ pub fn load(
     id: String,
     ctx: usize,
     cfg: SchedulerConfig,
+    chat_template: Option<String>,
+    prefix_cache: bool,
 ) -> Result<ModelEntry, String> {
     let loader = Arc::clone(loader);
     let r = reference.to_string();
     let started = scheduler::spawn(
         id.clone(),
         move || {
-            let m = loader(&r)?;
-            let template = ChatTemplate::from_gguf(m.engine.gguf().metadata(), &m.tokenizer)
-                .map_err(|e| format!("the model's chat template: {e}"));
+            let mut m = loader(&r)?;
+            m.engine.set_prefix_cache(prefix_cache);
+            let template = match &chat_template {
+                Some(spec) => ChatTemplate::from_spec(spec, &m.tokenizer)
+                    .map_err(|e| format!("the --chat-template: {e}")),
+                None => ChatTemplate::from_gguf(m.engine.gguf().metadata(), &m.tokenizer)
+                    .map_err(|e| format!("the model's chat template: {e}")),
+            };
             let info = m.engine.info().clone();
             let weights = m.engine.gguf().file_size();
             Ok((
@@ -361,7 +376,16 @@ pub fn load(
     };
     // The thread lives as long as the scheduler; it is not joined.
     drop(started.join);
+    let source = template
+        .as_ref()
+        .ok()
+        .and_then(|t| t.jinja_source())
+        .unwrap_or("");
+    let (tool_format, think) = (ToolFormat::detect(source), source.contains("<think>"));
     Ok(ModelEntry {
+        grammars: Arc::new(Grammars::new(Arc::clone(&started.tokenizer))),
+        tool_format,
+        think,
         id,
         reference: reference.to_string(),
         path,

@@ -1,10 +1,15 @@
 //! The OpenAI request bodies we accept and how they become generation parameters.
 //!
-//! Unknown fields are ignored, as OpenAI's own server does; known fields with a wrong type or
-//! an out-of-range value are a 400 naming the field. A few extensions that llama.cpp and vLLM
-//! accept too (`top_k`, `min_p`, `repetition_penalty`, token-id prompts) are honoured.
+//! A field smelt does not know or does not implement is a 400 naming it (a client must never
+//! believe a setting took effect when it did not; a `null` value counts as absent); known
+//! fields with a wrong type or an out-of-range value are a 400 naming the field too. A few
+//! extensions that llama.cpp and vLLM accept (`top_k`, `min_p`, `repetition_penalty`,
+//! `ignore_eos`, token-id prompts) are honoured.
+
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
+use serde_json::Value;
 use smelt_engine::sampler::SamplingParams;
 
 use crate::error::ApiError;
@@ -29,6 +34,106 @@ pub struct Common {
     pub n: Option<i64>,
     /// Keep generating past end-of-generation tokens (benchmarks; vLLM's name).
     pub ignore_eos: Option<bool>,
+    /// Token id (as a string) -> bias added to its logit, -100 to 100; -100 bans the token.
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    /// The end user, for the caller's own abuse tracking: accepted and not used.
+    pub user: Option<String>,
+}
+
+/// Fields every generation endpoint takes (those of [`Common`]).
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "ignore_eos",
+    "logit_bias",
+    "user",
+];
+
+/// Chat's own fields, besides [`COMMON_FIELDS`].
+pub const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+];
+
+/// Completions' own fields, besides [`COMMON_FIELDS`].
+pub const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "echo", "best_of", "suffix"];
+
+/// What a chat message may hold.
+const MESSAGE_FIELDS: &[&str] = &[
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "reasoning_content",
+    "refusal",
+];
+
+/// A 400 naming the first field of `v` (an object) that is neither in `own` nor common,
+/// unless its value is null. `prefix` names where the object sits (`messages[2].`).
+fn unknown_fields(v: &Value, own: &[&str], common: &[&str], prefix: &str) -> Result<(), ApiError> {
+    let Some(map) = v.as_object() else {
+        return Ok(());
+    };
+    for (k, val) in map {
+        if val.is_null() || own.contains(&k.as_str()) || common.contains(&k.as_str()) {
+            continue;
+        }
+        return Err(ApiError {
+            code: Some("unsupported_parameter"),
+            ..ApiError::invalid_param(
+                &format!("{prefix}{k}"),
+                format!(
+                    "`{prefix}{k}` is not supported by this server (it would be ignored, so the \
+                     request is refused): remove it"
+                ),
+            )
+        });
+    }
+    Ok(())
+}
+
+/// Parses a chat body, refusing fields it does not implement.
+pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    let v: Value = parse(body)?;
+    unknown_fields(&v, CHAT_FIELDS, COMMON_FIELDS, "")?;
+    if let Some(msgs) = v.get("messages").and_then(Value::as_array) {
+        for (i, m) in msgs.iter().enumerate() {
+            unknown_fields(m, MESSAGE_FIELDS, &[], &format!("messages[{i}]."))?;
+        }
+    }
+    from_value(v)
+}
+
+/// Parses a completions body, refusing fields it does not implement.
+pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
+    let v: Value = parse(body)?;
+    unknown_fields(&v, COMPLETION_FIELDS, COMMON_FIELDS, "")?;
+    from_value(v)
+}
+
+fn from_value<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
+    serde_json::from_value(v).map_err(|e| {
+        ApiError::bad_request(format!("the body does not match the request schema: {e}"))
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -48,6 +153,11 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessageIn>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
+    /// `{"type": "text" | "json_object" | "json_schema" | "regex" | "grammar", ...}`.
+    pub response_format: Option<Value>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -57,6 +167,13 @@ pub struct ChatMessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    pub name: Option<String>,
+    /// An assistant message's earlier calls: `[{id, type: "function", function: {name,
+    /// arguments}}]`.
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` message answers this call.
+    pub tool_call_id: Option<String>,
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -78,6 +195,13 @@ pub struct CompletionRequest {
     pub prompt: Prompt,
     /// How many alternatives to report per token (0 to 20); absent or null: none.
     pub logprobs: Option<i64>,
+    /// Answer the prompt's text before the completion (with its tokens' log-probabilities
+    /// when `logprobs` is set: what evaluation harnesses score).
+    pub echo: Option<bool>,
+    /// Only 1 or equal to `n` is served (no server-side best-of ranking).
+    pub best_of: Option<i64>,
+    /// Text after the insertion point: no fill-in-the-middle here, so only "" is served.
+    pub suffix: Option<String>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -142,7 +266,14 @@ pub struct GenParams {
     pub stream: bool,
     pub include_usage: bool,
     pub ignore_eos: bool,
+    /// Choices to generate (each with seed `seed + i`).
+    pub n: usize,
+    /// (token id, bias) pairs, ids not yet checked against a vocabulary.
+    pub logit_bias: Vec<(u32, f32)>,
 }
+
+/// Most choices per request.
+pub const MAX_N: i64 = 16;
 
 fn range(param: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
     match v {
@@ -158,22 +289,25 @@ fn range(param: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f32>, A
 impl Common {
     /// Checks every field and builds the sampler's parameters. A missing seed is drawn from
     /// the clock, so unseeded sampling differs between requests as users expect.
-    pub fn params(&self) -> Result<GenParams, ApiError> {
-        if let Some(n) = self.n {
-            if n != 1 {
+    /// `zero_tokens`: `max_tokens` may be 0 (completions' echo, to score a prompt only).
+    pub fn params(&self, zero_tokens: bool) -> Result<GenParams, ApiError> {
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=MAX_N).contains(&n) => n as usize,
+            Some(n) => {
                 return Err(ApiError::invalid_param(
                     "n",
-                    format!("only n = 1 is supported (got {n})"),
-                ));
+                    format!("n must be between 1 and {MAX_N} (got {n})"),
+                ))
             }
-        }
+        };
         let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
             (Some(m), _) => Some(("max_completion_tokens", m)),
             (None, Some(m)) => Some(("max_tokens", m)),
             (None, None) => None,
         };
         let max_tokens = match max_tokens {
-            Some((param, m)) if m < 1 => {
+            Some((param, m)) if m < 1 && !(zero_tokens && m == 0) => {
                 return Err(ApiError::invalid_param(
                     param,
                     format!("{param} must be at least 1 (got {m})"),
@@ -241,7 +375,34 @@ impl Common {
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            n,
+            logit_bias: self.logit_bias()?,
         })
+    }
+}
+
+impl Common {
+    fn logit_bias(&self) -> Result<Vec<(u32, f32)>, ApiError> {
+        let Some(map) = &self.logit_bias else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::with_capacity(map.len());
+        for (k, &b) in map {
+            let id: u32 = k.trim().parse().map_err(|_| {
+                ApiError::invalid_param(
+                    "logit_bias",
+                    format!("logit_bias keys are token ids as strings (got {k:?})"),
+                )
+            })?;
+            if !(b.is_finite() && (-100.0..=100.0).contains(&b)) {
+                return Err(ApiError::invalid_param(
+                    "logit_bias",
+                    format!("a logit_bias value must be between -100 and 100 (got {b} for {k})"),
+                ));
+            }
+            out.push((id, b as f32));
+        }
+        Ok(out)
     }
 }
 
@@ -294,16 +455,46 @@ mod tests {
     use super::*;
 
     fn chat(body: &str) -> Result<GenParams, ApiError> {
-        parse::<ChatRequest>(body.as_bytes())?.common.params()
+        parse_chat(body.as_bytes())?.common.params(false)
     }
 
     #[test]
     fn defaults_and_unknown_fields() {
-        let p = chat(r#"{"model":"m","messages":[],"whatever":{"x":1}}"#).unwrap();
+        let p = chat(r#"{"model":"m","messages":[],"whatever":null,"user":"u"}"#).unwrap();
         assert_eq!(p.model.as_deref(), Some("m"));
         assert_eq!(p.max_tokens, None);
         assert_eq!(p.sampling.temperature, 1.0);
+        assert_eq!(p.n, 1);
         assert!(!p.stream);
+        for (body, param) in [
+            (r#"{"messages":[],"whatever":{"x":1}}"#, "whatever"),
+            (r#"{"messages":[],"functions":[]}"#, "functions"),
+            (
+                r#"{"messages":[{"role":"user","content":"hi","audio":{}}]}"#,
+                "messages[0].audio",
+            ),
+        ] {
+            let e = chat(body).unwrap_err();
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert!(e.message.contains(param), "{}", e.message);
+        }
+        let e = parse_completion(br#"{"prompt":"a","suffix2":"b"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("suffix2"));
+        assert!(parse_completion(br#"{"prompt":"a","echo":true,"best_of":1}"#).is_ok());
+    }
+
+    #[test]
+    fn n_and_logit_bias() {
+        let p = chat(r#"{"messages":[],"n":3,"logit_bias":{"7":-100,"12":2.5}}"#).unwrap();
+        assert_eq!(p.n, 3);
+        assert_eq!(p.logit_bias, vec![(12, 2.5), (7, -100.0)]);
+        for body in [
+            r#"{"messages":[],"logit_bias":{"x":1}}"#,
+            r#"{"messages":[],"logit_bias":{"1":101}}"#,
+        ] {
+            assert_eq!(chat(body).unwrap_err().param.as_deref(), Some("logit_bias"));
+        }
     }
 
     #[test]
@@ -318,7 +509,8 @@ mod tests {
                 r#"{"messages":[],"max_completion_tokens":-3}"#,
                 "max_completion_tokens",
             ),
-            (r#"{"messages":[],"n":2}"#, "n"),
+            (r#"{"messages":[],"n":0}"#, "n"),
+            (r#"{"messages":[],"n":17}"#, "n"),
             (
                 r#"{"messages":[],"presence_penalty":3}"#,
                 "presence_penalty",
@@ -355,24 +547,20 @@ mod tests {
 
     #[test]
     fn content_parts_join() {
-        let r: ChatRequest = parse(
+        let r: ChatRequest = parse_chat(
             br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#,
         )
         .unwrap();
         assert_eq!(r.messages[0].text(0).unwrap(), "a\nb");
         let r: ChatRequest =
-            parse(br#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#).unwrap();
+            parse_chat(br#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#)
+                .unwrap();
         assert_eq!(r.messages[0].text(0).unwrap_err().status, 400);
     }
 
     #[test]
     fn prompts() {
-        let one = |b: &str| {
-            parse::<CompletionRequest>(b.as_bytes())
-                .unwrap()
-                .prompt
-                .single()
-        };
+        let one = |b: &str| parse_completion(b.as_bytes()).unwrap().prompt.single();
         assert_eq!(
             one(r#"{"prompt":"hi"}"#).unwrap(),
             PromptInput::Text("hi".into())

@@ -23,7 +23,7 @@ pub(crate) const SPEC: &str = r##"{
         "type": "object",
         "properties": {
           "model": {"type": "string", "description": "a served model id; the first model when absent"},
-          "max_tokens": {"type": "integer", "minimum": 1},
+          "max_tokens": {"type": "integer", "minimum": 0, "description": "0 only with completions' echo"},
           "max_completion_tokens": {"type": "integer", "minimum": 1},
           "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 1, "description": "0: greedy"},
           "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1},
@@ -36,9 +36,13 @@ pub(crate) const SPEC: &str = r##"{
           "stop": {"$ref": "#/components/schemas/Stop"},
           "stream": {"type": "boolean", "default": false},
           "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-          "n": {"type": "integer", "enum": [1]},
-          "ignore_eos": {"type": "boolean", "default": false, "description": "generate exactly max_tokens (benchmarks)"}
-        }
+          "n": {"type": "integer", "minimum": 1, "maximum": 16, "default": 1, "description": "choices, each sampled with seed + index"},
+          "ignore_eos": {"type": "boolean", "default": false, "description": "generate exactly max_tokens (benchmarks)"},
+          "logit_bias": {"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+            "description": "token id (as a string) -> bias added to its logit; -100 bans it"},
+          "user": {"type": "string", "description": "accepted, not used"}
+        },
+        "description": "A field not listed here is a 400 naming it (null counts as absent)."
       },
       "Usage": {"type": "object", "properties": {
         "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}},
@@ -47,11 +51,17 @@ pub(crate) const SPEC: &str = r##"{
           "type": "object", "required": ["messages"],
           "properties": {
             "messages": {"type": "array", "items": {"type": "object", "required": ["role"], "properties": {
-              "role": {"enum": ["system", "developer", "user", "assistant"]},
+              "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+              "name": {"type": "string"}, "tool_call_id": {"type": "string"},
+              "tool_calls": {"type": "array", "items": {"type": "object"}},
               "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object",
                 "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}}}},
             "logprobs": {"type": "boolean"},
-            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20}
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+            "response_format": {"type": "object", "description": "text, json_object, json_schema ({name, schema, strict}), or smelt's regex ({regex}) and grammar ({grammar}: Lark): the output is constrained to it"},
+            "tools": {"type": "array", "items": {"type": "object", "description": "{type: function, function: {name, description, parameters}}"}},
+            "tool_choice": {"description": "auto, none, required, or {type: function, function: {name}}; required and named calls are forced by a grammar"},
+            "parallel_tool_calls": {"type": "boolean", "default": true}
           }}]
       },
       "CompletionRequest": {
@@ -60,16 +70,20 @@ pub(crate) const SPEC: &str = r##"{
           "properties": {
             "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 1},
               {"type": "array", "items": {"type": "integer"}}, {"type": "array", "maxItems": 1, "items": {"type": "array", "items": {"type": "integer"}}}]},
-            "logprobs": {"type": "integer", "minimum": 0, "maximum": 20}
+            "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+            "echo": {"type": "boolean", "description": "answer the prompt first; with logprobs, each prompt token's (max_tokens 0: score only)"},
+            "best_of": {"type": "integer", "description": "1 or n only"},
+            "suffix": {"type": "string", "description": "only empty: no fill-in-the-middle"}
           }}]
       },
       "ChatCompletion": {"type": "object", "properties": {
         "id": {"type": "string"}, "object": {"const": "chat.completion"}, "created": {"type": "integer"}, "model": {"type": "string"},
         "choices": {"type": "array", "items": {"type": "object", "properties": {
           "index": {"type": "integer"},
-          "message": {"type": "object", "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}}},
+          "message": {"type": "object", "properties": {"role": {"const": "assistant"}, "content": {"type": ["string", "null"]},
+            "tool_calls": {"type": "array"}, "reasoning_content": {"type": "string"}}},
           "logprobs": {"type": ["object", "null"]},
-          "finish_reason": {"enum": ["stop", "length"]}}}},
+          "finish_reason": {"enum": ["stop", "length", "tool_calls"]}}}},
         "usage": {"$ref": "#/components/schemas/Usage"}}},
       "Completion": {"type": "object", "properties": {
         "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"}, "model": {"type": "string"},

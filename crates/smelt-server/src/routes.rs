@@ -24,8 +24,9 @@ use crate::error::ApiError;
 use crate::models::{self, ModelEntry};
 use crate::openai::{self, ChatRequest, CompletionRequest, GenParams, PromptInput};
 use crate::reply::{collect, next_id, stream, Kind, Reply};
-use crate::scheduler::{Job, SubmitError};
-use crate::{assets, guard, openapi, AppState};
+use crate::scheduler::{Constraint, Job, SubmitError};
+use crate::tools::{self, Choice, ToolFormat};
+use crate::{assets, grammar, guard, openapi, AppState};
 
 type St = State<Arc<AppState>>;
 
@@ -344,18 +345,21 @@ async fn load_inner(
             ..ApiError::invalid_param("id", format!("a model with id `{id}` is already loaded"))
         });
     }
-    let (loader, r, ctx, cfg) = (
+    let (loader, r, ctx, cfg, tmpl, prefix) = (
         Arc::clone(&st.loader),
         target.to_string(),
         st.config.ctx,
         st.config.scheduler,
+        st.config.chat_template.clone(),
+        st.config.prefix_cache,
     );
     let id2 = id.clone();
     let t0 = Instant::now();
-    let entry = tokio::task::spawn_blocking(move || models::load(&loader, &r, id2, ctx, cfg))
-        .await
-        .map_err(|e| ApiError::internal(format!("the loading task failed: {e}")))?
-        .map_err(|e| ApiError::invalid_param("model", e))?;
+    let entry =
+        tokio::task::spawn_blocking(move || models::load(&loader, &r, id2, ctx, cfg, tmpl, prefix))
+            .await
+            .map_err(|e| ApiError::internal(format!("the loading task failed: {e}")))?
+            .map_err(|e| ApiError::invalid_param("model", e))?;
     let e = st.models.insert(entry).map_err(ApiError::bad_request)?;
     tracing::info!(
         model = %e.id,
@@ -415,8 +419,8 @@ async fn chat(State(st): St, body: Body) -> Response {
 
 async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let req: ChatRequest = openai::parse(&body)?;
-    let p = req.common.params()?;
+    let req: ChatRequest = openai::parse_chat(&body)?;
+    let p = req.common.params(false)?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (_, Some(n)) if !(0..=20).contains(&n) => {
             return Err(ApiError::invalid_param(
@@ -440,23 +444,82 @@ async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError
             "messages must not be empty",
         ));
     }
+    let tool_list = req.tools.clone().unwrap_or_default();
+    tools::check(&tool_list)?;
+    let choice = tools::choice(req.tool_choice.as_ref(), &tool_list)?;
+    let tool_format = match (&choice, model.tool_format) {
+        (Choice::None, _) => None,
+        (_, Some(f)) => Some(f),
+        (_, None) => {
+            return Err(ApiError::invalid_param(
+                "tools",
+                format!(
+                    "model `{}`'s chat template shows no tool-call format (Qwen/Hermes \
+                     <tool_call>, Llama 3.1 JSON, Mistral [TOOL_CALLS]): start the server with \
+                     a --chat-template that has one",
+                    model.id
+                ),
+            ))
+        }
+    };
+    let mut grammar = match &req.response_format {
+        Some(rf) => grammar::response_format(rf)?,
+        None => None,
+    };
+    if let Some(f) = tool_format {
+        let only = match &choice {
+            Choice::Named(n) => Some(n.as_str()),
+            Choice::Required => None,
+            _ => None,
+        };
+        if matches!(choice, Choice::Required | Choice::Named(_)) {
+            if grammar.is_some() {
+                return Err(ApiError::invalid_param(
+                    "response_format",
+                    "response_format cannot be combined with a required or named tool_choice",
+                ));
+            }
+            let parallel = req.parallel_tool_calls.unwrap_or(true) && only.is_none();
+            grammar = Some(tools::grammar(f, &tool_list, only, parallel));
+        }
+    }
+    // With tool_choice none the template still lists the tools (as vLLM does), and the
+    // answer is read as plain text.
+    let render_tools = model.tool_format.is_some() && !tool_list.is_empty();
     let mut msgs = Vec::with_capacity(req.messages.len());
+    let mut rich = render_tools;
+    let mut json_msgs = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.iter().enumerate() {
         let role = match m.role.as_str() {
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
+            "tool" => "tool",
             other => {
                 return Err(ApiError::invalid_param(
                     &format!("messages[{i}].role"),
-                    format!("role {other:?} is not supported (system, user, assistant)"),
+                    format!("role {other:?} is not supported (system, user, assistant, tool)"),
                 ))
             }
         };
-        msgs.push(ChatMessage::new(role, m.text(i)?));
+        let text = m.text(i)?;
+        rich |= role == "tool" || m.tool_calls.is_some();
+        json_msgs.push(tools::message_json(role, &text, m));
+        msgs.push(ChatMessage::new(role, text));
     }
     let failed = |e| ApiError::bad_request(format!("the chat template failed: {e}"));
-    let ids = if st.config.allow_special_in_content {
+    let ids = if rich {
+        // Tools and tool messages go through the template as OpenAI objects; where their
+        // content lands is not marked, so special-token text in it is refused unless allowed.
+        if !st.config.allow_special_in_content {
+            special_text_check(&model, &msgs)?;
+        }
+        let tools_arg = render_tools.then_some(&tool_list[..]);
+        let text = template
+            .render_json(&json_msgs, tools_arg, true)
+            .map_err(failed)?;
+        tokenize(&model.tokenizer, &text, true, &[])
+    } else if st.config.allow_special_in_content {
         let text = template.render(&msgs, true).map_err(failed)?;
         tokenize(&model.tokenizer, &text, true, &[])
     } else {
@@ -465,23 +528,36 @@ async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError
             None => {
                 // The template cuts content apart, so where it lands is unknown: served only
                 // when no message holds special-token text.
-                if let Some(i) = msgs
-                    .iter()
-                    .position(|m| model.tokenizer.has_special_text(&m.content))
-                {
-                    return Err(ApiError::invalid_param(
-                        &format!("messages[{i}].content"),
-                        "this model's chat template rearranges message content, so special-token \
-                         text in it cannot be kept as plain text: remove it (or start the server \
-                         with --allow-special-in-content)",
-                    ));
-                }
+                special_text_check(&model, &msgs)?;
                 let text = template.render(&msgs, true).map_err(failed)?;
                 tokenize(&model.tokenizer, &text, true, &[])
             }
         }
     };
-    run(&model, ids, p, logprobs, Kind::Chat, arrived).await
+    let shape = Shape {
+        echo: None,
+        tools: tool_format,
+        think: model.think,
+        grammar,
+        grammar_param: "response_format",
+    };
+    run(&model, ids, p, logprobs, Kind::Chat, arrived, shape).await
+}
+
+/// Special-token text in a message is refused where the prompt's content ranges are unknown.
+fn special_text_check(model: &ModelEntry, msgs: &[ChatMessage]) -> Result<(), ApiError> {
+    match msgs
+        .iter()
+        .position(|m| model.tokenizer.has_special_text(&m.content))
+    {
+        Some(i) => Err(ApiError::invalid_param(
+            &format!("messages[{i}].content"),
+            "this model's chat template rearranges message content, so special-token \
+             text in it cannot be kept as plain text: remove it (or start the server \
+             with --allow-special-in-content)",
+        )),
+        None => Ok(()),
+    }
 }
 
 async fn completions(State(st): St, body: Body) -> Response {
@@ -494,8 +570,9 @@ async fn completions(State(st): St, body: Body) -> Response {
 
 async fn completions_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let req: CompletionRequest = openai::parse(&body)?;
-    let p = req.common.params()?;
+    let req: CompletionRequest = openai::parse_completion(&body)?;
+    let echo = req.echo.unwrap_or(false);
+    let p = req.common.params(echo)?;
     let logprobs = match req.logprobs {
         Some(n) if !(0..=20).contains(&n) => {
             return Err(ApiError::invalid_param(
@@ -506,10 +583,24 @@ async fn completions_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, A
         Some(n) => Some(n as usize),
         None => None,
     };
+    if let Some(b) = req.best_of {
+        if b != 1 && b != p.n as i64 {
+            return Err(ApiError::invalid_param(
+                "best_of",
+                "best_of is served only as 1 or equal to n (no server-side ranking)",
+            ));
+        }
+    }
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid_param(
+            "suffix",
+            "suffix (fill-in-the-middle) is not supported",
+        ));
+    }
     let prompt = req.prompt.single()?;
     let model = model_for(&st, p.model.as_deref())?;
-    let ids = match prompt {
-        PromptInput::Text(t) => tokenize(&model.tokenizer, &t, false, &[]),
+    let (ids, text) = match prompt {
+        PromptInput::Text(t) => (tokenize(&model.tokenizer, &t, false, &[]), t),
         PromptInput::Ids(ids) => {
             let n = model.tokenizer.n_vocab();
             if let Some(bad) = ids.iter().find(|&&t| t as usize >= n) {
@@ -518,13 +609,32 @@ async fn completions_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, A
                     format!("token id {bad} is out of range (vocabulary of {n})"),
                 ));
             }
-            ids
+            let text = model.tokenizer.decode(&ids);
+            (ids, text)
         }
     };
-    run(&model, ids, p, logprobs, Kind::Completion, arrived).await
+    let shape = Shape {
+        echo: echo.then_some(text),
+        tools: None,
+        think: false,
+        grammar: None,
+        grammar_param: "",
+    };
+    run(&model, ids, p, logprobs, Kind::Completion, arrived, shape).await
 }
 
-/// Checks the prompt against the context, queues it, and answers.
+/// How a request's answer is shaped beyond sampling: echo, tool calls, reasoning, a grammar.
+struct Shape {
+    /// Completions' echo: the prompt's text.
+    echo: Option<String>,
+    tools: Option<ToolFormat>,
+    think: bool,
+    grammar: Option<llguidance::api::TopLevelGrammar>,
+    /// The field a grammar that does not compile is blamed on.
+    grammar_param: &'static str,
+}
+
+/// Checks the prompt against the context, queues one job per choice, and answers.
 async fn run(
     model: &ModelEntry,
     prompt: Vec<u32>,
@@ -532,6 +642,7 @@ async fn run(
     logprobs: Option<usize>,
     kind: Kind,
     arrived: Instant,
+    shape: Shape,
 ) -> Result<Response, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid_param(
@@ -556,24 +667,62 @@ async fn run(
             )
         });
     }
+    let n_vocab = model.tokenizer.n_vocab();
+    if let Some((bad, _)) = p.logit_bias.iter().find(|(id, _)| *id as usize >= n_vocab) {
+        return Err(ApiError::invalid_param(
+            "logit_bias",
+            format!("token id {bad} is out of range (vocabulary of {n_vocab})"),
+        ));
+    }
     // The last sampled token is never fed back, so a full context still yields one token.
     let room = model.ctx + 1 - prompt.len();
     let max_tokens = p.max_tokens.unwrap_or(room).min(room);
     let (tx, rx) = mpsc::unbounded_channel();
-    let job = Job {
-        prompt,
-        max_tokens,
-        sampling: p.sampling,
-        stop: p.stop,
-        logprobs,
-        ignore_eog: p.ignore_eos,
-        events: tx,
-        arrived,
-    };
-    model.scheduler.submit(job).map_err(|e| match e {
-        SubmitError::QueueFull => ApiError::queue_full(&model.id),
-        SubmitError::Stopped => ApiError::unavailable(format!("model `{}` is unloading", model.id)),
-    })?;
+    for i in 0..p.n {
+        let grammar = match &shape.grammar {
+            Some(g) => Some(Box::new(
+                model.grammars.matcher(g.clone(), shape.grammar_param)?,
+            )),
+            None => None,
+        };
+        let (job_tx, mut job_rx) = mpsc::unbounded_channel();
+        let mut sampling = p.sampling.clone();
+        sampling.seed = sampling.seed.wrapping_add(i as u64);
+        let job = Job {
+            prompt: prompt.clone(),
+            max_tokens,
+            sampling,
+            stop: p.stop.clone(),
+            logprobs,
+            ignore_eog: p.ignore_eos,
+            events: job_tx,
+            arrived,
+            constraint: Constraint {
+                logit_bias: p.logit_bias.clone(),
+                grammar,
+                prompt_logprobs: if shape.echo.is_some() { logprobs } else { None },
+                ..Constraint::default()
+            },
+        };
+        model.scheduler.submit(job).map_err(|e| match e {
+            SubmitError::QueueFull => ApiError::queue_full(&model.id),
+            SubmitError::Stopped => {
+                ApiError::unavailable(format!("model `{}` is unloading", model.id))
+            }
+        })?;
+        // Each choice's events, tagged with its index, into the one stream the reply reads;
+        // when the reply goes away the forwarder drops the job's receiver, which the
+        // scheduler sees.
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = job_rx.recv().await {
+                if tx.send((i, ev)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    drop(tx);
     let reply = Reply {
         id: next_id(kind),
         created: SystemTime::now()
@@ -584,6 +733,10 @@ async fn run(
         kind,
         logprobs: logprobs.is_some(),
         include_usage: p.include_usage,
+        n: p.n,
+        echo: shape.echo,
+        tools: shape.tools,
+        think: shape.think,
     };
     if p.stream {
         let mut headers = HeaderMap::new();

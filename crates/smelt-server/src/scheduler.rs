@@ -25,56 +25,18 @@ use std::time::Instant;
 
 use smelt_engine::generate::{FinishReason, TextStream, TokenText};
 use smelt_engine::sampler::{Sampler, SamplingParams};
-use smelt_engine::{Engine, EngineError, Logits, SeqId, SeqInput};
+use smelt_engine::{EngineError, Logits, SeqId, SeqInput};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::metrics::ModelStats;
 
-/// What the scheduler needs from an engine: [`Engine`] is the real one; the unit tests drive
-/// the scheduler with a scripted fake (panics, errors, a tiny KV cache).
-pub trait StepEngine {
-    fn new_sequence(&mut self) -> SeqId;
-    fn free_sequence(&mut self, seq: SeqId);
-    fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError>;
-    /// Per input, the greedy token of its last row (`None` where it asked for no logits).
-    /// An engine that can choose it where the logits are (the GPU) overrides this.
-    fn forward_greedy(&mut self, batch: &[SeqInput]) -> Result<Vec<Option<u32>>, EngineError> {
-        Ok(self
-            .forward(batch)?
-            .iter()
-            .map(|rows| rows.last().map(|r| smelt_engine::argmax(r)))
-            .collect())
-    }
-    fn free_blocks(&self) -> usize;
-    fn total_blocks(&self) -> usize;
-}
+mod constrain;
+mod step_engine;
 
-impl StepEngine for Engine {
-    fn new_sequence(&mut self) -> SeqId {
-        Engine::new_sequence(self)
-    }
-
-    fn free_sequence(&mut self, seq: SeqId) {
-        Engine::free_sequence(self, seq)
-    }
-
-    fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
-        Engine::forward(self, batch)
-    }
-
-    fn forward_greedy(&mut self, batch: &[SeqInput]) -> Result<Vec<Option<u32>>, EngineError> {
-        Engine::forward_greedy(self, batch)
-    }
-
-    fn free_blocks(&self) -> usize {
-        Engine::free_blocks(self)
-    }
-
-    fn total_blocks(&self) -> usize {
-        Engine::total_blocks(self)
-    }
-}
+pub use constrain::Constraint;
+use constrain::{constrain, token_logprob};
+pub use step_engine::StepEngine;
 
 /// How a model's scheduler sizes its work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +74,8 @@ pub struct Job {
     pub events: mpsc::UnboundedSender<Event>,
     /// When the request arrived (time to first token counts from here).
     pub arrived: Instant,
+    /// Logit biases, a grammar, prompt log-probabilities.
+    pub constraint: Constraint,
 }
 
 /// A token's log-probability under the model (before penalties and temperature).
@@ -126,6 +90,9 @@ pub struct TokenLogprob {
 /// What the scheduler tells a request's handler.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// The prompt's tokens with their log-probabilities given what precedes them (the first
+    /// has none), when the job asked for them.
+    Prompt(Vec<(Vec<u8>, Option<TokenLogprob>)>),
     /// One generated token and the text it lets through (may be empty: held back while it
     /// could be the start of a stop string or of a multi-byte character).
     Token {
@@ -294,6 +261,10 @@ struct Active {
     text: TextStream,
     /// Still counted in the handle's `queued` (never admitted yet).
     counted_in_queue: bool,
+    /// Prompt log-probabilities gathered so far (reset when the sequence is preempted
+    /// before they were sent); `sent_prompt` once [`Event::Prompt`] went out.
+    prompt_lps: Vec<(Vec<u8>, Option<TokenLogprob>)>,
+    sent_prompt: bool,
     /// Admission order; the newest running sequence is the one preempted.
     order: u64,
     last_token_at: Option<Instant>,
@@ -309,6 +280,8 @@ impl Active {
             text: TextStream::new(&job.stop),
             seq: None,
             counted_in_queue: true,
+            prompt_lps: Vec::new(),
+            sent_prompt: false,
             order: 0,
             last_token_at: None,
             job,
@@ -439,7 +412,13 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
                 a.counted_in_queue = false;
             }
-            a.seq = Some(self.engine.new_sequence());
+            let seq = self.engine.new_sequence();
+            a.seq = Some(seq);
+            // Prefix caching: what is cached of its tokens is not fed again (all of the
+            // prompt is, when its log-probabilities are asked for).
+            if a.job.constraint.prompt_logprobs.is_none() || a.sent_prompt {
+                a.fed = self.engine.attach_prefix(seq, &a.context);
+            }
             a.order = self.next_order;
             self.next_order += 1;
             self.running.push(a);
@@ -463,16 +442,47 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             let greedy = inputs.iter().zip(&owners).all(|(inp, &i)| {
                 let a = &self.running[i];
                 inp.logits == Logits::None
-                    || (a.sampler.params().is_plain_greedy() && a.job.logprobs.is_none())
+                    || (a.sampler.params().is_plain_greedy()
+                        && a.job.logprobs.is_none()
+                        && !a.job.constraint.active())
             });
-            let engine = &mut self.engine;
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                if greedy {
-                    StepEngine::forward_greedy(engine, &inputs).map(StepOut::Tokens)
-                } else {
-                    StepEngine::forward(engine, &inputs).map(StepOut::Logits)
-                }
-            }));
+            // The grammar masks of the sequences that pick a token this step depend only on
+            // the tokens they have: they are computed on another thread while the forward
+            // runs (on a GPU, the CPU is otherwise idle then).
+            let mut picks = vec![false; self.running.len()];
+            for (inp, &i) in inputs.iter().zip(&owners) {
+                picks[i] =
+                    inp.logits != Logits::None && self.running[i].job.constraint.grammar.is_some();
+            }
+            let (engine, running) = (&mut self.engine, &mut self.running);
+            let mut forward = || {
+                catch_unwind(AssertUnwindSafe(|| {
+                    if greedy {
+                        StepEngine::forward_greedy(engine, &inputs).map(StepOut::Tokens)
+                    } else {
+                        StepEngine::forward(engine, &inputs).map(StepOut::Logits)
+                    }
+                }))
+            };
+            let result = if picks.iter().any(|&p| p) {
+                std::thread::scope(|sc| {
+                    let masks = sc.spawn(|| {
+                        for (a, _) in running.iter_mut().zip(&picks).filter(|(_, &p)| p) {
+                            let t0 = Instant::now();
+                            let c = &mut a.job.constraint;
+                            if let Some(g) = c.grammar.as_mut() {
+                                c.mask = Some(g.compute_mask_or_eos().map_err(|e| e.to_string()));
+                                c.mask_us = t0.elapsed().as_micros() as u64;
+                            }
+                        }
+                    });
+                    let result = forward();
+                    let _ = masks.join();
+                    result
+                })
+            } else {
+                forward()
+            };
             match result {
                 Ok(Ok(out)) => {
                     self.stats.steps.fetch_add(1, Ordering::Relaxed);
@@ -567,10 +577,17 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             }
             let n = a.remaining().min(budget);
             let last = a.fed + n == a.context.len();
+            let all = a.job.constraint.prompt_logprobs.is_some() && !a.sent_prompt;
             inputs.push(SeqInput {
                 seq,
                 tokens: a.context[a.fed..a.fed + n].to_vec(),
-                logits: if last { Logits::Last } else { Logits::None },
+                logits: if all {
+                    Logits::All
+                } else if last {
+                    Logits::Last
+                } else {
+                    Logits::None
+                },
             });
             owners.push(i);
             budget -= n;
@@ -583,7 +600,17 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
         let picks: Vec<Option<Pick>> = match out {
             StepOut::Logits(rows) => rows
                 .into_iter()
-                .map(|mut r| r.pop().map(Pick::Logits))
+                .zip(inputs.iter().zip(owners))
+                .map(|(mut r, (inp, &i))| {
+                    if inp.logits == Logits::All {
+                        self.prompt_logprobs(i, &r);
+                        // Only the prompt's last row picks a token.
+                        if self.running[i].fed + inp.tokens.len() < self.running[i].context.len() {
+                            return None;
+                        }
+                    }
+                    r.pop().map(Pick::Logits)
+                })
                 .collect(),
             StepOut::Tokens(t) => t.into_iter().map(|t| t.map(Pick::Token)).collect(),
         };
@@ -593,6 +620,19 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             let Some(pick) = pick else {
                 continue;
             };
+            if !a.sent_prompt && a.job.constraint.prompt_logprobs.is_some() {
+                a.sent_prompt = true;
+                let lps = std::mem::take(&mut a.prompt_lps);
+                if a.job.events.send(Event::Prompt(lps)).is_err() {
+                    done.push((i, End::Gone));
+                    continue;
+                }
+            }
+            if a.job.max_tokens == 0 {
+                // Scoring only (echo with max_tokens 0): the prompt was the answer.
+                done.push((i, End::Finished(FinishReason::Length)));
+                continue;
+            }
             if let Some(end) = self.next_token(i, &pick) {
                 done.push((i, end));
             }
@@ -619,6 +659,31 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                     self.release(a);
                 }
                 End::Gone => self.release_gone(a),
+                End::Failed(why) => {
+                    tracing::error!(model = %self.name, "constrained sampling failed: {why}");
+                    self.finish_err(a, ApiError::internal(why));
+                }
+            }
+        }
+    }
+
+    /// Scores the prompt tokens that `rows` (one per token just fed to running sequence `i`,
+    /// from `fed` on) predict, as `smelt perplexity` does.
+    fn prompt_logprobs(&mut self, i: usize, rows: &[Vec<f32>]) {
+        let tok = Arc::clone(&self.tok);
+        let a = &mut self.running[i];
+        let top = a.job.constraint.prompt_logprobs.unwrap_or(0);
+        if a.fed == 0 {
+            a.prompt_lps.clear();
+            if let Some(&first) = a.job.prompt.first() {
+                a.prompt_lps.push((tok.token_bytes(first), None));
+            }
+        }
+        for (j, row) in rows.iter().enumerate() {
+            let next = a.fed + j + 1;
+            if let Some(&t) = a.job.prompt.get(next) {
+                let lp = token_logprob(row, t, top, &*tok);
+                a.prompt_lps.push((lp.bytes.clone(), Some(lp)));
             }
         }
     }
@@ -631,6 +696,37 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
         let stats = Arc::clone(&self.stats);
         let a = &mut self.running[i];
         let (next, logits) = match pick {
+            Pick::Logits(l)
+                if a.job.constraint.grammar.is_some()
+                    || !a.job.constraint.logit_bias.is_empty() =>
+            {
+                let mut biased = l.clone();
+                let t0 = Instant::now();
+                if let Err(e) = constrain(&mut a.job.constraint, &mut biased) {
+                    return Some(End::Failed(e));
+                }
+                if a.job.constraint.grammar.is_some() {
+                    // The mask's own time (beside the forward) and applying it here.
+                    let us = t0.elapsed().as_micros() as u64
+                        + std::mem::take(&mut a.job.constraint.mask_us);
+                    stats.grammar_masks.fetch_add(1, Ordering::Relaxed);
+                    stats.grammar_mask_us.fetch_add(us, Ordering::Relaxed);
+                }
+                let next = a.sampler.sample(&biased, &a.context);
+                // An end-of-generation token ends the answer: the grammar need not see it.
+                if let Some(g) = a
+                    .job
+                    .constraint
+                    .grammar
+                    .as_mut()
+                    .filter(|_| !tok.is_eog(next))
+                {
+                    if let Err(e) = g.consume_token(next) {
+                        return Some(End::Failed(format!("the grammar rejected a token: {e}")));
+                    }
+                }
+                (next, Some(l.as_slice()))
+            }
             Pick::Logits(l) => (a.sampler.sample(l, &a.context), Some(l.as_slice())),
             Pick::Token(t) => (*t, None),
         };
@@ -691,6 +787,9 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             self.engine.free_sequence(seq);
         }
         a.fed = 0;
+        if !a.sent_prompt {
+            a.prompt_lps.clear();
+        }
         self.kv_full = true;
         self.stats.preemptions.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
@@ -747,6 +846,9 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             (self.queued.load(Ordering::SeqCst) + preempted) as u64,
             Ordering::Relaxed,
         );
+        let (queried, hits) = self.engine.prefix_cache_stats();
+        s.prefix_query_tokens.store(queried, Ordering::Relaxed);
+        s.prefix_hit_tokens.store(hits, Ordering::Relaxed);
         let free = self.engine.free_blocks();
         s.kv_blocks_free.store(free as u64, Ordering::Relaxed);
         s.kv_blocks_used.store(
@@ -760,51 +862,8 @@ enum End {
     Finished(FinishReason),
     /// The client went away while we sent.
     Gone,
-}
-
-/// The chosen token's log-probability under softmax(logits) and the `top` most likely
-/// tokens. Non-finite logits count as impossible.
-fn token_logprob(logits: &[f32], chosen: u32, top: usize, tok: &impl TokenText) -> TokenLogprob {
-    let max = logits
-        .iter()
-        .copied()
-        .filter(|l| l.is_finite())
-        .fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits
-        .iter()
-        .filter(|l| l.is_finite())
-        .map(|&l| f64::from(l - max).exp())
-        .sum();
-    let lse = f64::from(max) + sum.ln();
-    let lp = |id: u32| -> f32 {
-        match logits.get(id as usize) {
-            Some(&l) if l.is_finite() => (f64::from(l) - lse) as f32,
-            _ => f32::NEG_INFINITY,
-        }
-    };
-    let mut best: Vec<u32> = Vec::new();
-    if top > 0 {
-        let mut ids: Vec<u32> = (0..logits.len() as u32)
-            .filter(|&i| logits[i as usize].is_finite())
-            .collect();
-        let k = top.min(ids.len());
-        if k > 0 && k < ids.len() {
-            ids.select_nth_unstable_by(k - 1, |&a, &b| {
-                logits[b as usize].total_cmp(&logits[a as usize])
-            });
-            ids.truncate(k);
-        }
-        ids.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
-        best = ids;
-    }
-    TokenLogprob {
-        bytes: tok.token_bytes(chosen),
-        logprob: lp(chosen),
-        top: best
-            .into_iter()
-            .map(|id| (tok.token_bytes(id), lp(id)))
-            .collect(),
-    }
+    /// Constrained sampling could not go on (a grammar error).
+    Failed(String),
 }
 
 #[cfg(test)]

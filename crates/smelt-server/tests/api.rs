@@ -342,7 +342,25 @@ async fn every_client_error_has_its_status_and_shape() {
         ),
         (
             "/v1/chat/completions",
-            chat(json!({"n": 2})),
+            chat(json!({"n": 17})),
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"logit_bias": {"5": 1}, "frobnicate": true})),
+            400,
+            Some("frobnicate"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "max_tokens": 2, "best_of": 3}),
+            400,
+            Some("best_of"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"n": 0})),
             400,
             Some("n"),
         ),

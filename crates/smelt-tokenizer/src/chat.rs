@@ -314,6 +314,47 @@ impl ChatTemplate {
         Ok(None)
     }
 
+    /// The prompt for messages given as JSON objects as OpenAI's API sends them (`tool_calls`,
+    /// `tool_call_id`, `name` ...) and the `tools` the template may list, as
+    /// [`render`](Self::render) trims it. A built-in format sees only roles and contents.
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let mut out = match &self.source {
+            Source::Builtin(b) => {
+                let plain: Vec<ChatMessage> = messages
+                    .iter()
+                    .map(|m| {
+                        let field = |k: &str| m.get(k).and_then(|v| v.as_str()).unwrap_or("");
+                        ChatMessage::new(field("role"), field("content"))
+                    })
+                    .collect();
+                b.render(&plain, add_generation_prompt)
+            }
+            Source::Jinja(_, env) => {
+                let tmpl = env.get_template("chat")?;
+                let ctx = minijinja::context! {
+                    messages => Value::from(Serde(messages)),
+                    tools => tools.map(|t| Value::from(Serde(t))),
+                    add_generation_prompt => add_generation_prompt,
+                    bos_token => self.bos_token.as_str(),
+                    eos_token => self.eos_token.as_str(),
+                };
+                tmpl.render(ctx)?
+            }
+        };
+        if self.add_bos && !self.bos_token.is_empty() && out.starts_with(&self.bos_token) {
+            out.drain(..self.bos_token.len());
+        }
+        if self.add_eos && !self.eos_token.is_empty() && out.ends_with(&self.eos_token) {
+            out.truncate(out.len() - self.eos_token.len());
+        }
+        Ok(out)
+    }
+
     /// Exactly what the template writes (Jinja's output, BOS text included).
     pub fn render_raw(
         &self,

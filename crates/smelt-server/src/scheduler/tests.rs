@@ -95,7 +95,16 @@ impl StepEngine for Fake {
                 self.last_token.insert(inp.seq, last);
                 match inp.logits {
                     Logits::None => Vec::new(),
-                    _ => {
+                    Logits::All => inp
+                        .tokens
+                        .iter()
+                        .map(|&t| {
+                            let mut row = vec![0.0; VOCAB];
+                            row[(t as usize + 1) % VOCAB] = 1.0;
+                            row
+                        })
+                        .collect(),
+                    Logits::Last => {
                         let mut row = vec![0.0; VOCAB];
                         row[(last as usize + 1) % VOCAB] = 1.0;
                         vec![row]
@@ -191,6 +200,7 @@ fn job(prompt: &[u32], max_tokens: usize) -> (Job, mpsc::UnboundedReceiver<Event
             ignore_eog: false,
             events: tx,
             arrived: Instant::now(),
+            constraint: Default::default(),
         },
         rx,
     )
@@ -229,6 +239,55 @@ fn outcome(mut rx: mpsc::UnboundedReceiver<Event>) -> Outcome {
                 }
             }
             Event::Error(e) => return Outcome::Error(e.status.as_u16(), e.message),
+            Event::Prompt(_) => {}
+        }
+    }
+}
+
+/// Logit biases steer even greedy picks (the engine's argmax shortcut would ignore them), and
+/// prompt log-probabilities come first, one per prompt token, the first without one, even
+/// when the prompt is cut into chunks; max_tokens 0 then only scores.
+#[test]
+fn logit_bias_and_prompt_logprobs() {
+    let cfg = SchedulerConfig {
+        step_tokens: 2,
+        ..SchedulerConfig::default()
+    };
+    let h = start(cfg, 64, false);
+    let (mut j, rx) = job(&[1, 2, 3], 2);
+    // The fake's pick after 3 is 4: banned, the lowest id among the equal rest wins (0).
+    j.constraint.logit_bias = vec![(4, -100.0)];
+    h.handle.submit(j).unwrap();
+    match outcome(rx) {
+        Outcome::Done { ids, .. } => assert_eq!(ids, vec![0, 1]),
+        other => panic!("{other:?}"),
+    }
+    for max_tokens in [0, 1] {
+        let (mut j, mut rx) = job(&[1, 2, 3, 7, 9], max_tokens);
+        j.constraint.prompt_logprobs = Some(1);
+        h.handle.submit(j).unwrap();
+        let Some(Event::Prompt(p)) = rx.blocking_recv() else {
+            panic!("the prompt's log-probabilities come first");
+        };
+        assert_eq!(p.len(), 5);
+        assert_eq!(p[0], (b"<1>".to_vec(), None));
+        // Row of 1 predicts 2 (its logit is the one at 1.0), of 3 predicts 4, not 7.
+        let lp = |i: usize| p[i].1.as_ref().unwrap().logprob;
+        let (hit, miss) = (lp(1), lp(3));
+        let z = (15.0f64 + 1f64.exp()).ln();
+        assert!((f64::from(hit) - (1.0 - z)).abs() < 1e-6, "{hit}");
+        assert!((f64::from(miss) + z).abs() < 1e-6, "{miss}");
+        assert_eq!(p[3].1.as_ref().unwrap().top[0].0, b"<4>".to_vec());
+        match outcome(rx) {
+            Outcome::Done {
+                ids,
+                completion_tokens,
+                ..
+            } => {
+                assert_eq!(completion_tokens, max_tokens);
+                assert_eq!(ids, if max_tokens == 0 { vec![] } else { vec![10] });
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

@@ -6,6 +6,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use smelt_engine::sampler::log_prob;
 use smelt_engine::{Logits, SeqInput};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -33,6 +34,12 @@ pub struct PerplexityArgs {
     pub device: String,
     #[arg(long, value_name = "N", help = model_ref::THREADS_HELP)]
     pub threads: Option<usize>,
+    /// Also write each window as a JSON line: its token ids (BOS in front as scored) and
+    /// every scored position's log-probability (`{"window", "tokens", "scored": [[pos,
+    /// logprob], ...]}`), to compare with other scorers (the server's `echo` + `logprobs`)
+    /// [default: none]
+    #[arg(long, value_name = "FILE")]
+    pub per_token: Option<PathBuf>,
 }
 
 pub fn run(args: &PerplexityArgs) -> Result<()> {
@@ -65,6 +72,12 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         n_ctx - 1 - first
     );
     let started = Instant::now();
+    let mut per_token = match &args.per_token {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+        )),
+        None => None,
+    };
     let (mut nll, mut count) = (0.0f64, 0usize);
     for i in 0..n_chunk {
         let mut window = tokens[i * n_ctx..(i + 1) * n_ctx].to_vec();
@@ -74,9 +87,14 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         let seq = m.engine.new_sequence();
         let scored = score_window(&mut m.engine, seq, &window, first);
         m.engine.free_sequence(seq);
-        let (w_nll, w_count) = scored?;
-        nll += w_nll;
-        count += w_count;
+        let scored = scored?;
+        nll -= scored.iter().map(|&(_, lp)| lp).sum::<f64>();
+        count += scored.len();
+        if let Some(w) = per_token.as_mut() {
+            use std::io::Write;
+            let line = serde_json::json!({"window": i, "tokens": window, "scored": scored});
+            writeln!(w, "{line}").context("cannot write --per-token")?;
+        }
         eprintln!(
             "[{}/{n_chunk}] {:.4} ({:.1} s)",
             i + 1,
@@ -84,18 +102,22 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
             started.elapsed().as_secs_f64()
         );
     }
+    if let Some(mut w) = per_token {
+        use std::io::Write;
+        w.flush().context("cannot write --per-token")?;
+    }
     println!("perplexity: {:.4}", (nll / count as f64).exp());
     Ok(())
 }
 
-/// Negative log-likelihood of `window[first+1..]` given what precedes each token, and how
-/// many tokens that is.
+/// The log-likelihood of each token of `window[first+1..]` given what precedes it, as
+/// (position, log-probability).
 fn score_window(
     engine: &mut smelt_engine::Engine,
     seq: smelt_engine::SeqId,
     window: &[u32],
     first: usize,
-) -> Result<(f64, usize)> {
+) -> Result<Vec<(usize, f64)>> {
     for part in window[..first].chunks(PREFILL_CHUNK) {
         engine.forward(&[SeqInput {
             seq,
@@ -103,7 +125,7 @@ fn score_window(
             logits: Logits::None,
         }])?;
     }
-    let (mut nll, mut count) = (0.0f64, 0usize);
+    let mut scored = Vec::with_capacity(window.len() - first);
     let mut pos = first;
     for part in window[first..].chunks(SCORE_CHUNK) {
         let rows = engine
@@ -118,35 +140,10 @@ fn score_window(
             // The row at `pos` predicts the token at `pos + 1`; the window's last row has
             // nothing to predict.
             if let Some(&next) = window.get(pos + 1) {
-                nll -= log_prob(&row, next as usize);
-                count += 1;
+                scored.push((pos + 1, log_prob(&row, next as usize)));
             }
             pos += 1;
         }
     }
-    Ok((nll, count))
-}
-
-/// log softmax(row)[tok] as llama.cpp computes it: f32 exponentials summed in f64.
-fn log_prob(row: &[f32], tok: usize) -> f64 {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum_exp: f64 = row.iter().map(|&l| f64::from((l - max).exp())).sum();
-    let l = row.get(tok).copied().unwrap_or(f32::NEG_INFINITY);
-    f64::from(l - max) - sum_exp.ln()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::log_prob;
-
-    #[test]
-    fn log_prob_is_a_log_softmax() {
-        let row = [1.0f32, 2.0, 3.0];
-        let z: f64 = row.iter().map(|&x| f64::from(x).exp()).sum();
-        for (i, &x) in row.iter().enumerate() {
-            assert!((log_prob(&row, i) - (f64::from(x) - z.ln())).abs() < 1e-6);
-        }
-        // Uniform over four: ln(1/4).
-        assert!((log_prob(&[7.0; 4], 2) - 0.25f64.ln()).abs() < 1e-12);
-    }
+    Ok(scored)
 }

@@ -79,6 +79,15 @@ pub struct ServeArgs {
     /// none: the weights as stored]
     #[arg(long, value_name = "TYPE")]
     pub isq: Option<String>,
+    /// Every model's chat template instead of its own: a file of Jinja source, or a built-in
+    /// format (chatml, llama3, gemma). Tool calls take the format the template shows (Qwen/
+    /// Hermes <tool_call>, Llama 3.1 JSON, Mistral [TOOL_CALLS]) [default: the model's own]
+    #[arg(long, value_name = "FILE|NAME")]
+    pub chat_template: Option<String>,
+    /// Compute every prompt in full: no sharing of the KV blocks of prompt prefixes that
+    /// earlier requests computed (prefix caching is on by default; /metrics counts its hits)
+    #[arg(long)]
+    pub no_prefix_cache: bool,
     #[command(flatten)]
     pub limits: super::serve_limits::LimitArgs,
     /// Join the `smelt gateway` at this URL: register there and keep sending heartbeats, so
@@ -122,6 +131,16 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         },
         ctx: args.ctx,
         grace: Duration::from_secs_f64(args.grace),
+        chat_template: match &args.chat_template {
+            Some(t) if std::path::Path::new(t).is_file() => Some(
+                std::fs::read_to_string(t)
+                    .with_context(|| format!("cannot read --chat-template {t}"))?,
+            ),
+            Some(t) if matches!(t.trim(), "chatml" | "llama3" | "gemma") => Some(t.clone()),
+            Some(t) => bail!("--chat-template {t}: neither a file nor chatml, llama3 or gemma"),
+            None => None,
+        },
+        prefix_cache: !args.no_prefix_cache,
         ..ServerConfig::default()
     };
     args.limits.apply(&mut config, model_ref::alias_names())?;

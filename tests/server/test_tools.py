@@ -1,0 +1,130 @@
+"""Tool calling through the official `openai` client, against servers started with a
+Qwen-style (Hermes `<tool_call>`) and a Llama-3.1-style (JSON `parameters`) chat template:
+a forced call (`required` / a named function) comes back as OpenAI `tool_calls` whose
+arguments validate against the tool's schema, streamed as OpenAI streams calls and not;
+the call and a `tool` message go back through the template for the answer; `none` gives
+text; a template without a tool format refuses tools with a 400."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+
+from conftest import extra_server, make_client
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city.", "parameters": WEATHER}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "The local time in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                       "required": ["city"], "additionalProperties": False}}},
+]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module", params=["qwen-tools.jinja", "llama3-tools.jinja"])
+def tool_client(request, smelt_bin: str, model_path: str):
+    with extra_server(smelt_bin, model_path, "--chat-template", str(TEMPLATES / request.param)) as url:
+        c = make_client(url)
+        yield c, c.models.list().data[0].id
+
+
+def streamed_calls(stream) -> tuple[list[dict], str | None, str]:
+    """Accumulates streamed tool-call deltas the way OpenAI's docs show."""
+    calls: dict[int, dict] = {}
+    finish, content = None, ""
+    for chunk in stream:
+        for ch in chunk.choices:
+            finish = ch.finish_reason or finish
+            content += ch.delta.content or ""
+            for tc in ch.delta.tool_calls or []:
+                c = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                if tc.id:
+                    c["id"] = tc.id
+                if tc.function and tc.function.name:
+                    c["name"] += tc.function.name
+                if tc.function and tc.function.arguments:
+                    c["arguments"] += tc.function.arguments
+    return [calls[i] for i in sorted(calls)], finish, content
+
+
+def test_named_call_round_trip(tool_client) -> None:
+    client, model = tool_client
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice=choice,
+                                       max_tokens=60, temperature=0)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls", msg
+    assert len(msg.tool_calls) == 1
+    call = msg.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, WEATHER)
+    # Streamed: the same call, id and name first, then the arguments.
+    calls, finish, _ = streamed_calls(client.chat.completions.create(
+        model=model, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=60, temperature=0,
+        stream=True))
+    assert finish == "tool_calls"
+    assert [c["name"] for c in calls] == ["get_weather"] and calls[0]["id"]
+    assert json.loads(calls[0]["arguments"]) == args
+    # The call and its result go back through the template; the model answers in text.
+    follow = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21, "sky": "sunny"})},
+    ]
+    r2 = client.chat.completions.create(model=model, messages=follow, tools=TOOLS, tool_choice="none",
+                                        max_tokens=8, temperature=0)
+    assert r2.choices[0].message.tool_calls is None
+    assert r2.choices[0].message.content
+    # The tool result reached the prompt: it is longer than the first request's by about it.
+    assert r2.usage.prompt_tokens > r.usage.prompt_tokens + 10
+    r3 = client.chat.completions.create(model=model, messages=follow, tools=TOOLS, max_tokens=8,
+                                        temperature=0, stream=True)
+    _, finish, _ = streamed_calls(r3)
+    assert finish in ("stop", "length", "tool_calls")
+
+
+def test_required_picks_a_tool(tool_client) -> None:
+    client, model = tool_client
+    for stream in (False, True):
+        kw = dict(model=model, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=80,
+                  temperature=0, parallel_tool_calls=False)
+        if stream:
+            calls, finish, _ = streamed_calls(client.chat.completions.create(**kw, stream=True))
+        else:
+            r = client.chat.completions.create(**kw)
+            finish = r.choices[0].finish_reason
+            calls = [{"name": c.function.name, "arguments": c.function.arguments, "id": c.id}
+                     for c in r.choices[0].message.tool_calls]
+        assert finish == "tool_calls"
+        assert len(calls) == 1
+        assert calls[0]["name"] in ("get_weather", "get_time")
+        schema = TOOLS[0 if calls[0]["name"] == "get_weather" else 1]["function"]["parameters"]
+        jsonschema.validate(json.loads(calls[0]["arguments"]), schema)
+
+
+def test_tools_need_a_tool_format(client: openai.OpenAI, model_id: str) -> None:
+    """SmolLM2's own template shows no tool-call format: tools are refused, not ignored."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model_id, messages=ASK, tools=TOOLS, max_tokens=4)
+    assert err.value.body["param"] == "tools"
+    # tool_choice none with tools is plain chat.
+    r = client.chat.completions.create(model=model_id, messages=ASK, tools=TOOLS, tool_choice="none",
+                                       max_tokens=4)
+    assert r.choices[0].message.content
