@@ -146,6 +146,12 @@ impl Engine {
             opts.block_size,
             i.n_head_kv * i.head_dim,
         );
+        let mut table = BlockTable::new(n_blocks, opts.block_size);
+        // A hybrid's sequence state is not all in the KV blocks: a cached prefix would skip
+        // the recurrent state's updates, so prefix caching is off for it.
+        if i.delta.is_some() {
+            table.set_prefix_cache(false);
+        }
         Ok(Engine {
             gguf,
             inner: Inner::Cpu {
@@ -155,7 +161,7 @@ impl Engine {
                 pool,
                 states: HashMap::new(),
             },
-            table: BlockTable::new(n_blocks, opts.block_size),
+            table,
             device: Device::Cpu,
         })
     }
@@ -215,10 +221,11 @@ impl Engine {
         self.table.attach_prefix(seq, tokens)
     }
 
-    /// Prefix caching on or off (on by default). Only for models whose whole sequence state
-    /// is the paged KV cache: a model with recurrent layers must turn it off.
+    /// Prefix caching on or off (on by default). Only models whose whole sequence state is
+    /// the paged KV cache can have it: for a model with recurrent layers it stays off.
     pub fn set_prefix_cache(&mut self, on: bool) {
-        self.table.set_prefix_cache(on);
+        let hybrid = self.info().delta.is_some();
+        self.table.set_prefix_cache(on && !hybrid);
     }
 
     /// Prompt tokens looked up in the prefix cache, and found there, since loading.

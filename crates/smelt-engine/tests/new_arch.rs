@@ -240,6 +240,8 @@ fn qwen35_state_is_per_sequence() {
         ..EngineOptions::default()
     };
     let mut e = Engine::from_gguf(gguf, &opts).expect("load");
+    // As `smelt serve` asks (its default): a hybrid must keep it off anyway.
+    e.set_prefix_cache(true);
     let a: Vec<u32> = (0..100).map(|i| 3 + (i * 37 % 500) as u32).collect();
     let b: Vec<u32> = (0..23).map(|i| 3 + (i * 91 % 500) as u32).collect();
     let step = |e: &mut Engine, seq, tokens: &[u32]| -> Vec<f32> {
@@ -303,6 +305,16 @@ fn qwen35_state_is_per_sequence() {
         .expect("batch of two");
     assert_eq!(both[0][0], whole, "sequence a in a batch of two");
     assert_eq!(both[1][0], alone_b, "sequence b in a batch of two");
+    // Prefix caching stayed off: `a`'s blocks were computed several times above, but a new
+    // sequence starts on none of them (its recurrent state would miss them).
+    e.set_prefix_cache(true);
+    let s = e.new_sequence();
+    assert_eq!(
+        e.attach_prefix(s, &a),
+        0,
+        "a hybrid attached cached KV blocks"
+    );
+    assert_eq!(e.prefix_cache_stats().1, 0);
 }
 
 /// Qwen3.5-MoE: the hybrid's layers with routed experts (gate and up fused in one
