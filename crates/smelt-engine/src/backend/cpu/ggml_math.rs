@@ -66,13 +66,11 @@ pub fn reduce16(v: &[f32; 16]) -> f32 {
     (t6[0] + t6[2]) + (t6[1] + t6[3])
 }
 
-/// `ggml_vec_dot_f16` of two rows (f16 values held in f32): element `i` goes to
-/// accumulator `(i / 16) % 4`, lane `i % 16`, over whole chunks of 64; the accumulators are
-/// added `(s0+s2) + (s1+s3)` and reduced; the leftovers are added one by one in f64.
+/// The part of ggml's f16/f32 vector dots over whole chunks of 64 (the first `np`
+/// elements): element `i` into accumulator `(i / 16) % 4`, lane `i % 16`, the accumulators
+/// added `(s0+s2) + (s1+s3)` and reduced ([`reduce16`]).
 #[inline(always)]
-pub fn dot_vec(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let np = n - n % 64;
+fn chunks64(a: &[f32], b: &[f32], np: usize) -> f32 {
     let mut acc = [[0f32; 16]; 4];
     for (ca, cb) in a[..np].chunks_exact(64).zip(b[..np].chunks_exact(64)) {
         for (j, s) in acc.iter_mut().enumerate() {
@@ -84,7 +82,17 @@ pub fn dot_vec(a: &[f32], b: &[f32]) -> f32 {
     let s02: [f32; 16] = std::array::from_fn(|l| acc[0][l] + acc[2][l]);
     let s13: [f32; 16] = std::array::from_fn(|l| acc[1][l] + acc[3][l]);
     let s: [f32; 16] = std::array::from_fn(|l| s02[l] + s13[l]);
-    let mut sum = reduce16(&s) as f64;
+    reduce16(&s)
+}
+
+/// `ggml_vec_dot_f16` of two rows (f16 values held in f32): element `i` goes to
+/// accumulator `(i / 16) % 4`, lane `i % 16`, over whole chunks of 64; the accumulators are
+/// added `(s0+s2) + (s1+s3)` and reduced; the leftovers are added one by one in f64.
+#[inline(always)]
+pub fn dot_vec(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let np = n - n % 64;
+    let mut sum = chunks64(a, b, np) as f64;
     for i in np..n {
         sum += (a[i] * b[i]) as f64;
     }
@@ -98,18 +106,7 @@ pub fn dot_vec(a: &[f32], b: &[f32]) -> f32 {
 pub fn dot_vec_f32(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let np = n - n % 64;
-    let mut acc = [[0f32; 16]; 4];
-    for (ca, cb) in a[..np].chunks_exact(64).zip(b[..np].chunks_exact(64)) {
-        for (j, s) in acc.iter_mut().enumerate() {
-            for l in 0..16 {
-                s[l] = ca[16 * j + l].mul_add(cb[16 * j + l], s[l]);
-            }
-        }
-    }
-    let s02: [f32; 16] = std::array::from_fn(|l| acc[0][l] + acc[2][l]);
-    let s13: [f32; 16] = std::array::from_fn(|l| acc[1][l] + acc[3][l]);
-    let s: [f32; 16] = std::array::from_fn(|l| s02[l] + s13[l]);
-    let mut sum = reduce16(&s);
+    let mut sum = chunks64(a, b, np);
     for i in np..n {
         sum = a[i].mul_add(b[i], sum);
     }
