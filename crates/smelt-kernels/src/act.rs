@@ -97,7 +97,8 @@ pub const GGML_TYPE: GgmlType = GgmlType::Q8_1;
 pub const QUANTIZE_WARPS: u32 = 4;
 
 kernel_params! {
-    /// Arguments of [`quantize_kernel`].
+    /// Arguments of [`quantize_kernel`], and of the GEMM's tile quantizer
+    /// (`gemm::act::quantize_kernel`), which takes the same.
     QuantizeArgs, QuantizeRegs {
         x: Ptr,
         q: Ptr,

@@ -16,7 +16,9 @@
 //! their bytes are equal. A row of `k` values (a multiple of 32) is `ceil(k / 256)` tiles,
 //! the last one padded with zeros.
 
-use crate::ops::kernel_params;
+/// The quantize kernel takes the q8_1 quantizer's parameters (`x`, `q`, `k`, `ntiles`).
+pub use crate::act::QuantizeArgs;
+use crate::act::QuantizeRegs;
 use smelt_ptx::{Cmp, Kernel, L2Prefetch, Load, Reg, Shfl, Store, F32, FULL_WARP, S32, U64};
 
 use crate::{padded_tiles, KernelError, TILE};
@@ -83,16 +85,6 @@ pub fn dequantize_tile(tile: &[u8]) -> [f64; TILE] {
         tile[D_OFFSET + 3],
     ]);
     std::array::from_fn(|i| f64::from(d) * f64::from(tile[i] as i8))
-}
-
-kernel_params! {
-    /// Arguments of [`quantize_kernel`].
-    QuantizeArgs, QuantizeRegs {
-        x: Ptr,
-        q: Ptr,
-        k: U32,
-        ntiles: U32,
-    }
 }
 
 /// `q = quantize(x)` for `ntok` rows of `k` floats (`k` a multiple of 32). Parameters `x`,

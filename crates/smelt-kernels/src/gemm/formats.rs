@@ -19,6 +19,28 @@ type Words = [Reg<U32>; 4];
 /// Threads that stage the scales: two per row, each taking half of the row's groups.
 const SCALE_THREADS: u32 = 2 * super::BM;
 
+/// Stores row `hr`'s eight signed group scales (groups `8 upper..+8`) and, from the
+/// `upper == 0` thread, its `d` (f16 bits `dbits`) beside a zero `-dmin`: the scale staging
+/// of the formats with 16-weight groups and no minima (Q6_K, Q3_K).
+pub(super) fn store_int_scales(
+    k: &Kernel,
+    s: &Stage,
+    hr: Reg<U32>,
+    upper: Reg<U32>,
+    scs: [Reg<S32>; 8],
+    dbits: Reg<U32>,
+) {
+    let sdst = s.asc_at(k, hr);
+    k.mad(sdst, upper, 32u32, sdst);
+    k.st_v4(Store::SHARED, sdst, [scs[0], scs[1], scs[2], scs[3]]);
+    k.st_v4(Store::SHARED, sdst.at(16), [scs[4], scs[5], scs[6], scs[7]]);
+    let [d, _] = halves_to_f32(k, dbits);
+    let z = k.f32(0.0);
+    k.guarded(k.eq(upper, 0u32), |k| {
+        k.st_v2(Store::SHARED, s.rowf_at(k, hr), [d, z]);
+    });
+}
+
 /// Stages the scales, minima and `d`, `-dmin` of a Q4_K/Q5_K super-block header (the
 /// block's first 16 bytes, at `tile_off` from the row start): threads below
 /// [`SCALE_THREADS`], row `tid % 64`, groups `4 (tid / 64) .. +4`.
@@ -270,15 +292,7 @@ impl GemmFormat for Q6K {
                 let w = sw[i / 4].cast::<S32>();
                 k.bfe(k.reg::<S32>(), w, 8 * (i % 4) as u32, 8u32)
             });
-            let sdst = s.asc_at(k, hr);
-            k.mad(sdst, upper, 32u32, sdst);
-            k.st_v4(Store::SHARED, sdst, [scs[0], scs[1], scs[2], scs[3]]);
-            k.st_v4(Store::SHARED, sdst.at(16), [scs[4], scs[5], scs[6], scs[7]]);
-            let [d, _] = halves_to_f32(k, dbits);
-            let z = k.f32(0.0);
-            k.guarded(k.eq(upper, 0u32), |k| {
-                k.st_v2(Store::SHARED, s.rowf_at(k, hr), [d, z]);
-            });
+            store_int_scales(k, s, hr, upper, scs, dbits);
         });
         let nib = |v: Reg<U32>, shift: u32| {
             let t = k.shr(k.reg(), v, shift);

@@ -10,6 +10,7 @@
 
 use smelt_ptx::{Exact, Kernel, Load, Narrow, Reg, Store, S32, U32, U64};
 
+use super::formats::store_int_scales;
 use super::{GemmFormat, Scales, Stage, BM};
 use crate::act::and_or;
 use crate::formats::{halves_to_f32, Q2K, Q3K};
@@ -127,15 +128,7 @@ impl GemmFormat for Q3K {
                 let v = v.cast::<S32>();
                 k.sub(v, v, 32i32)
             });
-            let sdst = s.asc_at(k, hr);
-            k.mad(sdst, upper, 32u32, sdst);
-            k.st_v4(Store::SHARED, sdst, [scs[0], scs[1], scs[2], scs[3]]);
-            k.st_v4(Store::SHARED, sdst.at(16), [scs[4], scs[5], scs[6], scs[7]]);
-            let [d, _] = halves_to_f32(k, dbits);
-            let z = k.f32(0.0);
-            k.guarded(k.eq(upper, 0u32), |k| {
-                k.st_v2(Store::SHARED, s.rowf_at(k, hr), [d, z]);
-            });
+            store_int_scales(k, s, hr, upper, scs, dbits);
         });
         // The run's hmask bits: bit 4h + j of each byte.
         let hsh = k.shl(k.reg(), r.half, 2u32);

@@ -104,7 +104,7 @@ macro_rules! kernel_params {
         /// declaration.
         #[derive(Clone, Copy)]
         pub(crate) struct $regs {
-            $($f: kernel_params!(@reg $kind),)*
+            $(pub(crate) $f: kernel_params!(@reg $kind),)*
         }
 
         impl $regs {
