@@ -346,49 +346,9 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
 
 /// The GEMM variants `--gemm-variants` times: the build-time choices of
 /// [`gemm::Variant`], each against the catalog's [`gemm::VARIANT`].
-const VARIANTS: [(&str, gemm::Variant); 6] = [
-    (
-        "base",
-        gemm::Variant {
-            prefetch_tiles: 0,
-            ldmatrix: false,
-        },
-    ),
-    (
-        "pf1",
-        gemm::Variant {
-            prefetch_tiles: 1,
-            ldmatrix: false,
-        },
-    ),
-    (
-        "pf2",
-        gemm::Variant {
-            prefetch_tiles: 2,
-            ldmatrix: false,
-        },
-    ),
-    (
-        "ldm",
-        gemm::Variant {
-            prefetch_tiles: 0,
-            ldmatrix: true,
-        },
-    ),
-    (
-        "pf2+ldm",
-        gemm::Variant {
-            prefetch_tiles: 2,
-            ldmatrix: true,
-        },
-    ),
-    (
-        "pf4+ldm",
-        gemm::Variant {
-            prefetch_tiles: 4,
-            ldmatrix: true,
-        },
-    ),
+const VARIANTS: [(&str, gemm::Variant); 2] = [
+    ("base", gemm::Variant { ldmatrix: false }),
+    ("ldm", gemm::Variant { ldmatrix: true }),
 ];
 
 /// Builds one GEMM kernel of `ty` as variant `v` into `m` under `name`.

@@ -126,23 +126,17 @@ const _: () = assert!(SHARED_BYTES <= 48 * 1024);
 pub const MIN_TOKENS: usize = 16;
 
 /// Build-time choices of the GEMM kernel that only speed decides, so `gpu_check
-/// --gemm-variants` can time each against [`VARIANT`] on the card.
+/// --gemm-variants` can time each against [`VARIANT`] on the card. (An L2 prefetch of the
+/// next tiles was one, and lost 5-15% everywhere on an H100: bench/RESULTS.md, 2026-11-26.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
-    /// Tiles ahead whose weights each block asks L2 to fetch while it works on the current
-    /// one (`prefetch.global.L2`; the first ones before the grid-dependency wait, since
-    /// weights never depend on the previous kernel). 0: none.
-    pub prefetch_tiles: u32,
     /// Fragments loaded with `ldmatrix` (one instruction for an m-tile's A fragment, one
     /// for both n-tiles' B) instead of one 32-bit shared load per register.
     pub ldmatrix: bool,
 }
 
 /// The variant the catalog builds.
-pub const VARIANT: Variant = Variant {
-    prefetch_tiles: 0,
-    ldmatrix: false,
-};
+pub const VARIANT: Variant = Variant { ldmatrix: false };
 
 kernel_params! {
     /// The kernel's parameters, declared once for [`kernel`] and packed by [`Args::values`].
@@ -576,37 +570,11 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
     k.mul(zoff, zoff, z);
     let y = k.add(k.reg(), y, k.mul_wide(k.reg::<U64>(), zoff, 4u32));
 
-    // L2 prefetch of tiles ahead: thread `tid` asks for row `tid % 64`'s line at byte
-    // `128 (tid / 64)` of the tile (the last for the fourth), which covers a tile of up to
-    // 384 bytes at any alignment.
-    let tile_bytes = F::row_bytes(TILE).map_or(0, |b| b as u32);
-    let prefetch = (v.prefetch_tiles > 0 && tile_bytes > 0).then(|| {
-        let row = k.and(k.reg(), tid, BM - 1);
-        let off = k.shr(k.reg(), tid, BM.trailing_zeros());
-        k.mul(off, off, 128u32);
-        k.min(off, off, tile_bytes - 1);
-        let at = stage.row(k, row);
-        k.add(at, at, k.cvt(k.reg::<U64>(), off, smelt_ptx::Exact));
-        at
-    });
-    let prefetch_tile = |k: &Kernel, tile: Reg<U32>| {
-        if let Some(at) = prefetch {
-            let a = k.add(k.reg(), at, k.mul_wide(k.reg::<U64>(), tile, tile_bytes));
-            k.guarded(k.lt(tile, end), |k| k.prefetch_l2(a));
-        }
-    };
-    for d in 0..v.prefetch_tiles {
-        prefetch_tile(k, k.add(k.reg(), first, d));
-    }
-
     k.grid_dep_wait();
     k.stride_loop(first, end, 1u32, |k, tile| {
         let stage = Stage { tile, ..stage };
         // Every warp is done with the previous tile's shared memory.
         k.bar_sync();
-        if v.prefetch_tiles > 0 {
-            prefetch_tile(k, k.add(k.reg(), tile, v.prefetch_tiles));
-        }
         let toff = k.mul_wide(k.reg::<U64>(), tile, tile_bytes_x);
         for (i, &src) in bsrc.iter().enumerate() {
             let src = k.add(k.reg(), src, toff);
