@@ -247,6 +247,9 @@ fn tour(k: &Kernel) {
     }
     k.mma_m16n8k16(MmaFloat::F16, facc, fa, fb, facc);
     k.mma_m16n8k16(MmaFloat::Bf16, facc, fa, fb, facc);
+    // packed halves (the f16 GEMM's weight dequantization)
+    k.sub_f16x2(fa[0], fa[1], fa[2]);
+    k.fma_f16x2(fa[0], fa[0], fa[1], fa[2]);
     let iacc = k.regs::<S32, 4>();
     for r in iacc {
         k.mov(r, 0i32);

@@ -157,6 +157,28 @@ impl Kernel {
         d
     }
 
+    /// `d = a - b` on two packed halves at once (`sub.rn.f16x2`; PTX takes no
+    /// immediate halves: constants go through a register), words as [`Kernel::cvt_f16x2`]
+    /// packs them: exact for the small integers a weight unpacks to
+    /// (`1024 + q` less 1024). sm_80 and later.
+    pub fn sub_f16x2(&self, d: Reg<B32>, a: Reg<B32>, b: Reg<B32>) -> Reg<B32> {
+        self.emit(format!("sub.rn.f16x2 {d}, {a}, {b}"));
+        d
+    }
+
+    /// `d = a * b + c` on two packed halves at once, one rounding each (`fma.rn.f16x2`):
+    /// a group's scale and minimum applied to two weights. sm_80 and later.
+    pub fn fma_f16x2(
+        &self,
+        d: Reg<B32>,
+        a: Reg<B32>,
+        b: Reg<B32>,
+        c: Reg<B32>,
+    ) -> Reg<B32> {
+        self.emit(format!("fma.rn.f16x2 {d}, {a}, {b}, {c}"));
+        d
+    }
+
     /// Sign-extends the low byte of `a` (`cvt.s32.s8`): one int8 of packed quants.
     pub fn sext_i8(&self, d: Reg<S32>, a: Reg<U32>) -> Reg<S32> {
         self.emit(format!("cvt.s32.s8 {d}, {a}"));
@@ -176,6 +198,22 @@ mod tests {
             k.cvt_f16x2(k.reg::<B32>(), hi, lo);
         });
         assert_eq!(text, ["cvt.rn.f16x2.f32 %b0, %f0, %f1;"]);
+    }
+
+    #[test]
+    fn packed_half_arithmetic_rounds_to_nearest() {
+        let text = body(|k| {
+            let (a, b, c) = (k.reg::<B32>(), k.reg::<B32>(), k.reg::<B32>());
+            k.sub_f16x2(a, b, c);
+            k.fma_f16x2(a, a, b, c);
+        });
+        assert_eq!(
+            text,
+            [
+                "sub.rn.f16x2 %b0, %b1, %b2;",
+                "fma.rn.f16x2 %b0, %b0, %b1, %b2;"
+            ]
+        );
     }
 
     #[test]
