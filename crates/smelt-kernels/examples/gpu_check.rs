@@ -11,13 +11,18 @@
 //! 3. the tensor-core GEMMs (`--gemm` runs only these): parity against the same twins on
 //!    ragged shapes, and speed beside the GEMV path (`common/gemm_check.rs`);
 //!    `--gemm-variants` times the GEMM's build-time choices (`gemm::Variant`) against each
-//!    other and checks they give byte-identical outputs.
+//!    other and checks they give byte-identical outputs;
+//! 4. the f16 GEMMs (`--gemm-f16` runs only these): the activation conversion byte-exact,
+//!    each GEMM against its f16 twin, and its speed beside the int8 GEMM
+//!    (`common/gemm_f16_check.rs`).
 //!
 //! The PTX is generated here and loaded through the driver; no CUDA toolkit is involved.
 //! Exit status 1 when any parity check fails.
 
 #[path = "common/gemm_check.rs"]
 mod gemm_check;
+#[path = "common/gemm_f16_check.rs"]
+mod gemm_f16_check;
 #[path = "common/timing.rs"]
 mod timing;
 
@@ -883,6 +888,33 @@ fn main() -> Result<()> {
         }
         return Ok(());
     }
+    if std::env::args().any(|a| a == "--gemm-f16") {
+        let failures = gemm_f16_check::parity(&gpu, &mut rng)?;
+        let rows = gemm_f16_check::speed(&gpu)?;
+        println!("\n== summary: f16 GEMM vs int8 GEMM, microseconds a launch ==");
+        println!("| type | rows x k | tokens | int8 | f16 (2 blocks) | f16 (3 blocks) | best f16 / int8 | int8 act | f16 act |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+        for r in &rows {
+            let best = r.f16_us[0].min(r.f16_us[1]);
+            println!(
+                "| {:?} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
+                r.ty,
+                r.shape,
+                r.ntok,
+                r.int8_us,
+                r.f16_us[0],
+                r.f16_us[1],
+                best / r.int8_us,
+                r.act_us[0],
+                r.act_us[1]
+            );
+        }
+        println!("f16 GEMM parity failures: {failures}");
+        if failures > 0 {
+            bail!("{failures} f16 GEMM parity checks failed");
+        }
+        return Ok(());
+    }
     if std::env::args().any(|a| a == "--gemm") {
         let failures = gemm_check::parity(&gpu, &mut rng)?;
         let rows = gemm_check::speed(&gpu)?;
@@ -903,6 +935,7 @@ fn main() -> Result<()> {
     }
     let mut failures = parity(&gpu, &mut rng)?;
     failures += gemm_check::parity(&gpu, &mut rng)?;
+    failures += gemm_f16_check::parity(&gpu, &mut rng)?;
     failures += parity_split_norm(&gpu, &mut rng)?;
     failures += parity_rope_gemv(&gpu, &mut rng)?;
     if std::env::args().any(|a| a == "--parity-only") {

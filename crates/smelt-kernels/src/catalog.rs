@@ -196,6 +196,7 @@ pub fn all() -> Vec<Entry> {
     v.extend(crate::fused::catalog());
     v.extend(crate::quantize::entries());
     v.extend(crate::gemm::catalog());
+    v.extend(crate::gemm::f16::catalog());
     let mut configs: Vec<Config> = (1..=gemv::MAX_TOKENS).map(Config::new).collect();
     configs.extend(
         tuning_configs()

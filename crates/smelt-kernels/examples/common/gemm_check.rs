@@ -16,7 +16,7 @@ use super::{random_floats, random_weights, worst_over_magnitude, Gpu};
 
 /// Launches GEMM `f` with `a` (its pointers replaced by the slices'), into the split
 /// workspace `ws` then reduced into `y` when `a` has more than one split.
-fn launch(
+pub(crate) fn launch(
     gpu: &Gpu,
     f: &CudaFunction,
     a: &Args,
@@ -66,7 +66,7 @@ fn launch(
 }
 
 /// A split workspace for `a` (one float when it needs none).
-fn workspace(gpu: &Gpu, a: &Args) -> Result<CudaSlice<f32>> {
+pub(crate) fn workspace(gpu: &Gpu, a: &Args) -> Result<CudaSlice<f32>> {
     Ok(gpu.stream.alloc_zeros::<f32>(a.workspace_floats().max(1))?)
 }
 
@@ -94,7 +94,7 @@ fn quantize(
 
 /// Copies of `nrows` random weight rows of `row_bytes`, enough (at least 300 MB, 2..16)
 /// that rotating over them keeps L2 from serving a launch.
-fn weight_copies(
+pub(crate) fn weight_copies(
     gpu: &Gpu,
     nrows: usize,
     row_bytes: usize,
@@ -109,7 +109,7 @@ fn weight_copies(
 
 /// Quantizes `ntok` rows of `k` floats into the tiles the GEMM for `ty` reads
 /// (`gemm::act`, or the GEMV's q8_1 for `gemm::reads_q8_1_tiles`).
-fn quantize_for(
+pub(crate) fn quantize_for(
     gpu: &Gpu,
     ty: GgmlType,
     x: &CudaSlice<f32>,
@@ -126,7 +126,7 @@ fn quantize_for(
 
 /// `ntok` rows of `k` random activations (seeded), on the GPU and as the tiles the GEMM
 /// for `ty` reads.
-fn activations(
+pub(crate) fn activations(
     gpu: &Gpu,
     ty: GgmlType,
     k: usize,
@@ -143,9 +143,9 @@ fn activations(
 }
 
 /// The H100/H200's multiprocessors, for the split count the engine would choose there.
-const SMS: usize = 132;
+pub(crate) const SMS: usize = 132;
 
-fn args(nrows: usize, ntok: usize, k: usize, row_bytes: usize, splits: usize) -> Args {
+pub(crate) fn args(nrows: usize, ntok: usize, k: usize, row_bytes: usize, splits: usize) -> Args {
     Args {
         w: 0,
         x: 0,

@@ -26,6 +26,7 @@
 //! activation tiles).
 
 pub mod act;
+pub mod f16;
 mod formats;
 mod legacy;
 mod lowbit;
@@ -618,17 +619,46 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
         compute_tile::<F>(k, &frags, &acc);
     });
 
-    // Outputs: accumulator e of (mi, ni) is row arow + 16 mi + 8 (e / 2), token
-    // ctok + 8 ni + e % 2.
+    store_outputs(
+        k,
+        &acc,
+        Out {
+            y,
+            row: k.add(k.reg(), row0, arow),
+            tok: k.add(k.reg(), tok0, ctok),
+            nrows,
+            ntok,
+        },
+    );
+}
+
+/// Where a warp's outputs go: `y` (`ntok x nrows` f32), and the thread's first row
+/// (`row0 + arow`) and first token (`tok0 + ctok`).
+pub(super) struct Out {
+    pub y: Reg<U64>,
+    pub row: Reg<U32>,
+    pub tok: Reg<U32>,
+    pub nrows: Reg<U32>,
+    pub ntok: Reg<U32>,
+}
+
+/// Stores a warp's accumulators, those inside the matrix: accumulator e of (mi, ni) is row
+/// `row + 16 mi + 8 (e / 2)`, token `tok + 8 ni + e % 2` (the `mma` C layout).
+pub(super) fn store_outputs(k: &Kernel, acc: &Acc<F32>, o: Out) {
+    let Out {
+        y,
+        row: row_t,
+        tok: tok_t,
+        nrows,
+        ntok,
+    } = o;
     for (mi, per_n) in acc.iter().enumerate() {
         for h in 0..2u32 {
-            let row = k.add(k.reg(), row0, arow);
-            k.add(row, row, 16 * mi as u32 + 8 * h);
+            let row = k.add(k.reg(), row_t, 16 * mi as u32 + 8 * h);
             let row_ok = k.lt(row, nrows);
             for (ni, c) in per_n.iter().enumerate() {
                 for j in 0..2u32 {
-                    let tok = k.add(k.reg(), tok0, ctok);
-                    k.add(tok, tok, 8 * ni as u32 + j);
+                    let tok = k.add(k.reg(), tok_t, 8 * ni as u32 + j);
                     let ok = k.reg::<Pred>();
                     k.raw(format!("setp.lt.and.u32 {ok}, {tok}, {ntok}, {row_ok}"));
                     let idx = k.mad(k.reg(), tok, nrows, row);
@@ -643,7 +673,7 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
 }
 
 /// A warp's accumulators: 2 m-tiles x 2 n-tiles x 4 values.
-type Acc<T> = [[[Reg<T>; 4]; 2]; 2];
+pub(super) type Acc<T> = [[[Reg<T>; 4]; 2]; 2];
 
 /// A thread's shared-memory addresses for one warp tile.
 struct Frags {

@@ -75,10 +75,16 @@ impl Cuda {
             if let Some(name) = gemm::name(ty) {
                 let split = matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
                 if !split {
-                    // Float group scales read the GEMV's q8_1 tiles (a scale per 32, as
-                    // ggml-cpu's dot products for those formats take), the K-quants the
-                    // GEMM's own (a scale per 256, as ggml-cpu's Q8_K).
-                    let q = if gemm::reads_q8_1_tiles(ty) {
+                    // From `gemm_f16_min_tokens` tokens, formats with an f16 GEMM take it
+                    // (on f16 rows of the activations). Else float group scales read the
+                    // GEMV's q8_1 tiles (a scale per 32, as ggml-cpu's dot products for
+                    // those formats take), the K-quants the GEMM's own (a scale per 256,
+                    // as ggml-cpu's Q8_K).
+                    let f16 = gemm::f16::name(ty).filter(|_| n >= self.opts.gemm_f16_min_tokens);
+                    let name = f16.unwrap_or(name);
+                    let q = if f16.is_some() {
+                        self.gemm_f16_rows(x)?
+                    } else if gemm::reads_q8_1_tiles(ty) {
                         self.q8_1_tiles(x)?
                     } else {
                         self.gemm_tiles(x)?
@@ -112,7 +118,7 @@ impl Cuda {
                         out.ptr < c.ptr + (c.cap * 4) as u64
                             && c.ptr < out.ptr + (out.cap * 4) as u64
                     };
-                    if lock(&self.gemm_quantized).is_some_and(|(c, _)| overlaps(&c)) {
+                    if lock(&self.gemm_quantized).is_some_and(|c| overlaps(&c.x)) {
                         *lock(&self.gemm_quantized) = None;
                     }
                     if lock(&self.quantized).is_some_and(|c| overlaps(&c.x)) {
@@ -410,27 +416,77 @@ impl Cuda {
     /// The GEMM's activation tiles of `x` (`gemm::act`): quantized once for all the matmuls
     /// of the same activations (Q, K and V; gate and up), until another op runs.
     fn gemm_tiles(&self, x: &CudaTensor) -> Result<u64, CudaError> {
-        if let Some((c, q)) = *lock(&self.gemm_quantized) {
-            if c == *x {
-                return Ok(q);
-            }
+        self.gemm_input(
+            x,
+            |c| &mut c.tiles,
+            |this, q| {
+                this.launch(
+                    gemm::act::QUANTIZE,
+                    gemm::act::quantize_launch(x.cols, x.rows),
+                    &args(
+                        &gemm::act::QuantizeArgs {
+                            x: x.ptr,
+                            q,
+                            k: x.cols as u32,
+                            ntiles: x.cols.div_ceil(TILE) as u32,
+                        }
+                        .values(),
+                    ),
+                )
+            },
+            gemm::act::row_bytes(x.cols)?,
+        )
+    }
+
+    /// The f16 GEMM's rows of `x` (`gemm::f16`): converted once for all the matmuls of the
+    /// same activations, as [`Cuda::gemm_tiles`].
+    fn gemm_f16_rows(&self, x: &CudaTensor) -> Result<u64, CudaError> {
+        self.gemm_input(
+            x,
+            |c| &mut c.f16,
+            |this, h| {
+                this.launch(
+                    gemm::f16::ACT,
+                    gemm::f16::act_launch(x.cols, x.rows),
+                    &args(
+                        &gemm::f16::ActArgs {
+                            x: x.ptr,
+                            h,
+                            k: x.cols as u32,
+                            ntiles: x.cols.div_ceil(TILE) as u32,
+                        }
+                        .values(),
+                    ),
+                )
+            },
+            gemm::f16::act_row_bytes(x.cols),
+        )
+    }
+
+    /// The GEMM input `slot` of `x`: the cached one, else `row_bytes` a row of scratch
+    /// filled by `make` and cached beside the other forms of the same `x`.
+    fn gemm_input(
+        &self,
+        x: &CudaTensor,
+        slot: impl Fn(&mut super::GemmInput) -> &mut Option<u64>,
+        make: impl FnOnce(&Self, u64) -> Result<(), CudaError>,
+        row_bytes: usize,
+    ) -> Result<u64, CudaError> {
+        let mut cached = match *lock(&self.gemm_quantized) {
+            Some(c) if c.x == *x => c,
+            _ => super::GemmInput {
+                x: *x,
+                tiles: None,
+                f16: None,
+            },
+        };
+        if let Some(q) = *slot(&mut cached) {
+            return Ok(q);
         }
-        let q = self.scratch(gemm::act::row_bytes(x.cols)? * x.rows)?;
-        let (len, ntiles) = (x.cols as u32, x.cols.div_ceil(TILE) as u32);
-        self.launch(
-            gemm::act::QUANTIZE,
-            gemm::act::quantize_launch(x.cols, x.rows),
-            &args(
-                &gemm::act::QuantizeArgs {
-                    x: x.ptr,
-                    q,
-                    k: len,
-                    ntiles,
-                }
-                .values(),
-            ),
-        )?;
-        *lock(&self.gemm_quantized) = Some((*x, q));
+        let q = self.scratch(row_bytes * x.rows)?;
+        make(self, q)?;
+        *slot(&mut cached) = Some(q);
+        *lock(&self.gemm_quantized) = Some(cached);
         Ok(q)
     }
 

@@ -91,6 +91,15 @@ impl CudaWeight {
     }
 }
 
+/// A GEMM input and what the GEMMs made of it (`Cuda::gemm_quantized`): scratch
+/// addresses of its int8 tiles and of its f16 rows, when made.
+#[derive(Clone, Copy, Debug)]
+struct GemmInput {
+    x: CudaTensor,
+    tiles: Option<u64>,
+    f16: Option<u64>,
+}
+
 /// The q8_1 tiles of a matmul input `x` at `q`, kept so the next matmuls of the same
 /// activations reuse them.
 #[derive(Clone, Copy, Debug)]
@@ -200,8 +209,9 @@ pub struct Cuda {
     /// The last matmul input and its q8_1 tiles: Q, K and V (and gate and up) multiply the
     /// same activations, which are quantized once. Any other op forgets it.
     quantized: Mutex<Option<Quantized>>,
-    /// The same for the GEMM's activation tiles (`gemm::act`): the input and its tiles.
-    gemm_quantized: Mutex<Option<(CudaTensor, u64)>>,
+    /// The same for the GEMMs' inputs: an activation and its int8 tiles (`gemm::act`)
+    /// and f16 rows (`gemm::f16`), each made once for every matmul of it.
+    gemm_quantized: Mutex<Option<GemmInput>>,
     /// `x += y` not launched yet: when the next op is the norm of `x` (the residual stream
     /// then the next block's norm), both run as one fused kernel.
     pending_add: Mutex<Option<(CudaTensor, CudaTensor)>>,

@@ -1,0 +1,230 @@
+//! The f16 GEMM's part of the GPU check (`gpu_check --gemm-f16`): the activation
+//! conversion byte-exact against its twin, every f16 GEMM against its CPU twin on ragged
+//! shapes with poisoned outputs, then its speed beside the int8 GEMM it would replace at
+//! Llama-3-8B shapes (with two and three blocks an SM), which is what the engine's choice
+//! between them is made from.
+
+use anyhow::Result;
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use rand::Rng;
+use smelt_kernels::gemm::{self, f16};
+use smelt_kernels::{catalog, GgmlType, TILE};
+
+use super::gemm_check::{activations, args, launch, weight_copies, workspace, SMS};
+use super::timing::time_launches;
+use super::{random_floats, random_weights, worst_over_magnitude, Gpu};
+
+/// Converts `ntok` rows of `k` floats into the f16 GEMM's rows.
+fn convert(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    h: &mut CudaSlice<u8>,
+    k: usize,
+    ntok: usize,
+) -> Result<()> {
+    let f = gpu.module.load_function(f16::ACT)?;
+    let l = f16::act_launch(k, ntok);
+    let cfg = LaunchConfig {
+        grid_dim: l.grid,
+        block_dim: l.block,
+        shared_mem_bytes: 0,
+    };
+    let (len, ntiles) = (k as u32, k.div_ceil(TILE) as u32);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(x).arg(h).arg(&len).arg(&ntiles);
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
+/// Every f16 GEMM against its twin; returns the number of failures.
+pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
+    let mut failures = 0;
+    println!("\n== f16 GEMM parity (fresh random inputs, poisoned outputs) ==");
+    let shapes = [
+        (64, 256, 64),
+        (1, 256, 1),
+        (65, 512, 3),
+        (130, 2304, 70),
+        (517, 1280, 129),
+        (37, 4096, 200),
+        (96, 4096, 17),
+    ];
+    for (ty, name) in f16::TYPES {
+        let f = gpu.module.load_function(name)?;
+        let mut worst = 0f64;
+        let mut cases = 0;
+        for &(nrows, k, ntok) in &shapes {
+            let ggml = random_weights(rng, ty, nrows, k)?;
+            let packed = catalog::repack(ty, &ggml, nrows, k)?;
+            let row_bytes = catalog::row_bytes(ty, k)?;
+            let wd = gpu.stream.clone_htod(&packed)?;
+            let x = random_floats(rng, k * ntok, 2.0);
+            let xd = gpu.stream.clone_htod(&x)?;
+            let hbytes = f16::act_row_bytes(k) * ntok;
+            let mut h = gpu.stream.clone_htod(&vec![0xFFu8; hbytes])?;
+            convert(gpu, &xd, &mut h, k, ntok)?;
+            let got_h: Vec<u16> = gpu
+                .stream
+                .clone_dtoh(&h)?
+                .chunks(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            let want_h = f16::act_cpu(&x, k)?;
+            let hdiff = got_h.iter().zip(&want_h).filter(|(a, b)| a != b).count();
+            if hdiff != 0 {
+                failures += 1;
+                println!(
+                    "{} k={k} tokens={ntok}: FAIL {hdiff} of {} halves differ",
+                    f16::ACT,
+                    want_h.len()
+                );
+            }
+            let (want, mag) = f16::cpu_with_magnitude(ty, &ggml, nrows, k, &want_h, ntok)?;
+            let ntiles = k.div_ceil(TILE);
+            for splits in [1, gemm::splits(nrows, ntiles, None, SMS).max(ntiles.min(3))] {
+                let a = args(nrows, ntok, k, row_bytes, splits);
+                let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
+                let mut ws = gpu
+                    .stream
+                    .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
+                launch(gpu, &f, &a, &wd, &h, &mut y, &mut ws)?;
+                let got = gpu.stream.clone_dtoh(&y)?;
+                let bound = worst_over_magnitude(&got, &want, &mag);
+                cases += 1;
+                worst = worst.max(if bound.is_nan() { f64::INFINITY } else { bound });
+                // f32 accumulation on the tensor cores against f64 sums of the same
+                // products: K * 2^-24 at worst, far less in practice.
+                if bound.is_nan() || bound >= 1e-4 {
+                    failures += 1;
+                    let bad = got
+                        .iter()
+                        .zip(&want)
+                        .position(|(a, b)| a.is_nan() || (a - b).abs() > 1e-3 * b.abs().max(1.0))
+                        .unwrap_or(0);
+                    println!(
+                        "{name} {nrows}x{k} x {ntok} tokens, {splits} splits: FAIL error/magnitude {bound:.3e}; output {bad} (token {}, row {}): gpu {} cpu {}",
+                        bad / nrows,
+                        bad % nrows,
+                        got[bad],
+                        want[bad]
+                    );
+                }
+            }
+        }
+        println!("{name}: {cases} cases, worst |y - ref| / sum|w x| {worst:.2e}");
+    }
+    Ok(failures)
+}
+
+/// One row of the f16-vs-int8 table: microseconds a launch.
+pub struct Row {
+    pub ty: GgmlType,
+    pub shape: String,
+    pub ntok: usize,
+    pub int8_us: f64,
+    /// The f16 GEMM at two and three blocks an SM.
+    pub f16_us: [f64; 2],
+    /// The activation preparation of each: int8 tiles, f16 rows.
+    pub act_us: [f64; 2],
+}
+
+/// The f16 GEMMs beside the int8 ones at Llama-3-8B shapes, 16..2048 tokens.
+pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
+    let mut m = smelt_ptx::Module::new(smelt_ptx::Target::Sm90);
+    let mut names = Vec::new();
+    for (ty, name) in f16::TYPES {
+        for blocks in [2u32, 3] {
+            let n = format!("{name}_b{blocks}");
+            let r = match ty {
+                GgmlType::Q4_K => m.kernel(&n, |k| {
+                    f16::kernel_blocks::<smelt_kernels::formats::Q4K>(k, blocks)
+                }),
+                other => anyhow::bail!("no f16 variant build for {other:?}"),
+            };
+            r.map_err(|e| anyhow::anyhow!("{n}: {e}"))?;
+            names.push(n);
+        }
+    }
+    let module = gpu
+        .stream
+        .context()
+        .load_module(cudarc::nvrtc::Ptx::from_src(m.to_ptx()))?;
+    println!("\n== f16 GEMM vs int8 GEMM: microseconds a launch (H100 split counts) ==");
+    let mut rows = Vec::new();
+    for (ti, (ty, _)) in f16::TYPES.into_iter().enumerate() {
+        let int8 = gpu
+            .module
+            .load_function(gemm::name(ty).expect("an int8 GEMM"))?;
+        let variants: Vec<CudaFunction> = (0..2)
+            .map(|b| module.load_function(&names[2 * ti + b]))
+            .collect::<Result<_, _>>()?;
+        for (nrows, k) in [
+            (4096usize, 4096usize),
+            (14336, 4096),
+            (4096, 14336),
+            (1024, 4096),
+        ] {
+            let row_bytes = catalog::row_bytes(ty, k)?;
+            let ws = weight_copies(gpu, nrows, row_bytes, 291)?;
+            let copies = ws.len();
+            for ntok in [16usize, 32, 64, 128, 512, 2048] {
+                if ntok > 512 && nrows != 14336 {
+                    continue;
+                }
+                let (xd, q) = activations(gpu, ty, k, ntok, 7)?;
+                let mut h = gpu.stream.alloc_zeros::<u8>(f16::act_row_bytes(k) * ntok)?;
+                convert(gpu, &xd, &mut h, k, ntok)?;
+                let mut y = gpu.stream.alloc_zeros::<f32>(nrows * ntok)?;
+                let a = args(
+                    nrows,
+                    ntok,
+                    k,
+                    row_bytes,
+                    gemm::splits(nrows, k / TILE, Some(ntok), SMS),
+                );
+                let mut wsp = workspace(gpu, &a)?;
+                let flops = 2.0 * (nrows * k * ntok) as f64;
+                let launches = ((2e11 / flops) as usize).clamp(3, 200);
+                let time = |f: &CudaFunction,
+                            x: &CudaSlice<u8>,
+                            y: &mut CudaSlice<f32>,
+                            wsp: &mut CudaSlice<f32>| {
+                    let ms = time_launches(&gpu.stream, 5, 2, launches, |i| {
+                        launch(gpu, f, &a, &ws[i % copies], x, y, wsp)
+                    })?;
+                    anyhow::Ok(ms * 1e3)
+                };
+                let int8_us = time(&int8, &q, &mut y, &mut wsp)?;
+                let f16_us = [
+                    time(&variants[0], &h, &mut y, &mut wsp)?,
+                    time(&variants[1], &h, &mut y, &mut wsp)?,
+                ];
+                let mut qq = gpu
+                    .stream
+                    .alloc_zeros::<u8>(gemm::activation_row_bytes(ty, k)? * ntok)?;
+                let act_us = [
+                    time_launches(&gpu.stream, 5, 2, 20, |_| {
+                        super::gemm_check::quantize_for(gpu, ty, &xd, &mut qq, k, ntok)
+                    })? * 1e3,
+                    time_launches(&gpu.stream, 5, 2, 20, |_| {
+                        convert(gpu, &xd, &mut h, k, ntok)
+                    })? * 1e3,
+                ];
+                let row = Row {
+                    ty,
+                    shape: format!("{nrows}x{k}"),
+                    ntok,
+                    int8_us,
+                    f16_us,
+                    act_us,
+                };
+                println!(
+                    "{:?} {:>11} x {:4}: int8 {:8.1} us | f16 {:8.1} / {:8.1} us (2/3 blocks) | act {:.1} / {:.1} us",
+                    row.ty, row.shape, row.ntok, row.int8_us, row.f16_us[0], row.f16_us[1], row.act_us[0], row.act_us[1]
+                );
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
+}

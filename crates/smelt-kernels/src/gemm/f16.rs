@@ -1,0 +1,684 @@
+//! The GEMM on f16 tensor cores: weights dequantized to f16 once per block in shared
+//! memory, activations converted to f16 once per step, `mma.sync.m16n8k16` f16 x f16 with
+//! f32 accumulation. The int8 GEMM ([`super`]) spends ~45 instructions per eight `mma`s
+//! on fragments, group scales and minima (bench/gpu/NOTES.md, "The GEMM is issue-bound");
+//! here the scales and minima are applied while staging, shared by the block's 64
+//! tokens, and a 16-weight step of a warp is three `ldmatrix` and four `mma`s. f16 has
+//! half the int8 rate, of which the int8 kernel used under a fifth.
+//!
+//! Same block geometry as the int8 GEMM ([`super::BM`] rows x [`super::BN`] tokens, eight
+//! warps of 32 x 16), same arguments ([`super::GemmArgs`], with `x` the f16 rows of
+//! [`act_kernel`]), same split-K and reduce ([`super::Args`]). K advances [`KT`] weights a
+//! step (half a 256-weight tile) so both operands fit static shared memory.
+//!
+//! **The K permutation.** A nibble mask of one 32-bit word of quants (`lop3`) gives two
+//! halves `1024 + q` for weights `b` and `b + 2` of four, so the staged weights of every
+//! four are in the order `0, 2, 1, 3`; the activation rows are written in the same order
+//! ([`act_kernel`]), and a dot product does not care which order both operands share.
+//!
+//! **Precision.** Each weight is one f16 rounding of `q * A + B`, with the group's `A = d *
+//! sc` and `B = -dmin * m` each rounded to f16 once: a relative error of 2^-11, against
+//! the int8 path's ~1/254 per activation. Activations are one f16 rounding each.
+//!
+//! CPU twin: [`cpu_with_magnitude`] (the same f16 weights and activations, f64 sums).
+
+use half::f16;
+use smelt_ptx::{CpAsyncCache, FloatRound, Kernel, Load, MmaFloat, Pred, Reg, Store, B32, F32};
+use smelt_ptx::{U32, U64};
+
+use super::{store_outputs, Acc, GemmRegs, Out, BM, BN, THREADS};
+use crate::act::and_or;
+use crate::formats::{halves_to_f32, GpuFormat, Q4K};
+use crate::ops::{kernel_params, Launch};
+use crate::{GgmlType, KernelError, TILE};
+
+/// Weights of K staged per step: half a 256-weight tile.
+pub const KT: u32 = 128;
+/// Bytes of one row (or token) of [`KT`] halves in shared memory: 16 more, so the eight
+/// rows an `ldmatrix` reads fall in different banks.
+const STRIDE: u32 = KT * 2 + 16;
+/// Static shared memory of a block: the weights' and the tokens' halves.
+pub const SHARED_BYTES: usize = ((BM + BN) * STRIDE) as usize;
+const _: () = assert!(SHARED_BYTES <= 48 * 1024);
+
+/// The f16 GEMM's kernel name for `ty`, if it has one.
+pub fn name(ty: GgmlType) -> Option<&'static str> {
+    TYPES.iter().find(|(t, _)| *t == ty).map(|(_, n)| *n)
+}
+
+/// Formats with an f16 GEMM, and their kernels.
+pub const TYPES: [(GgmlType, &str); 1] = [(GgmlType::Q4_K, Q4K::GEMM_F16_NAME)];
+
+/// The f16 GEMMs and the activation conversion, for the catalog.
+pub fn catalog() -> Vec<crate::catalog::Entry> {
+    vec![
+        (ACT.to_string(), Box::new(act_kernel)),
+        (Q4K::GEMM_F16_NAME.to_string(), Box::new(kernel::<Q4K>)),
+    ]
+}
+
+/// Name of the activation conversion kernel.
+pub const ACT: &str = "gemm_f16_act";
+/// Threads per block of [`act_kernel`].
+pub const ACT_THREADS: u32 = 256;
+
+kernel_params! {
+    /// Arguments of [`act_kernel`]: `n` rows of `k` floats `x` into f16 rows `h` of
+    /// `ntiles * 256` halves ([`act_row_bytes`]).
+    ActArgs, ActRegs {
+        x: Ptr,
+        h: Ptr,
+        k: U32,
+        ntiles: U32,
+    }
+}
+
+/// Bytes of one token's f16 row of `k` values (whole 256-value tiles, zero past `k`).
+pub fn act_row_bytes(k: usize) -> usize {
+    k.div_ceil(TILE) * TILE * 2
+}
+
+/// The launch of [`act_kernel`] for `n` rows of `k` values: a thread per four values.
+pub fn act_launch(k: usize, n: usize) -> Launch {
+    let quads = (k.div_ceil(TILE) * TILE / 4) as u32;
+    Launch::new(
+        (quads.div_ceil(ACT_THREADS).max(1), n as u32, 1),
+        (ACT_THREADS, 1, 1),
+    )
+}
+
+/// Converts activations to the f16 rows the GEMM reads: values `4i, 4i + 2, 4i + 1,
+/// 4i + 3` at halves `4i..4i + 4` (the module's K permutation), each rounded to nearest,
+/// zero past `k`. Parameters [`ActArgs`]; launch [`act_launch`].
+pub fn act_kernel(k: &Kernel) {
+    let ActRegs {
+        x,
+        h,
+        k: len,
+        ntiles,
+    } = ActRegs::declare(k);
+    let i = k.global_id_x();
+    let row = k.ctaid_y();
+    let quads = k.shl(k.reg(), ntiles, 6u32);
+    k.grid_dep_wait();
+    k.exit_if(k.ge(i, quads));
+    let col0 = k.shl(k.reg(), i, 2u32);
+    let rowbase = k.mul(k.reg(), row, len);
+    let v: [Reg<F32>; 4] = std::array::from_fn(|_| k.f32(0.0));
+    for (j, &vj) in v.iter().enumerate() {
+        let col = k.add(k.reg(), col0, j as u32);
+        let at = k.elem_addr(x, k.add(k.reg(), rowbase, col), 4);
+        k.guarded(k.lt(col, len), |k| {
+            k.ld(Load::GLOBAL_NC, vj, at);
+        });
+    }
+    let lo = k.cvt_f16x2(k.reg(), v[2], v[0]);
+    let hi = k.cvt_f16x2(k.reg(), v[3], v[1]);
+    let at = k.elem_addr(h, k.mad(k.reg(), row, quads, i), 8);
+    k.st_v2(Store::GLOBAL, at, [lo, hi]);
+}
+
+/// CPU twin of [`act_kernel`]: the f16 bits of each row of `k` values of `x`.
+pub fn act_cpu(x: &[f32], k: usize) -> Result<Vec<u16>, KernelError> {
+    if k == 0 || x.len() % k != 0 {
+        return Err(KernelError::BadLength {
+            what: "f16 GEMM activations",
+            got: x.len(),
+            want: k,
+        });
+    }
+    let width = act_row_bytes(k) / 2;
+    let mut out = vec![0u16; x.len() / k * width];
+    for (row, dst) in x.chunks(k).zip(out.chunks_mut(width)) {
+        let at = |c: usize| row.get(c).copied().unwrap_or(0.0);
+        for (q, d) in dst.chunks_mut(4).enumerate() {
+            for (slot, c) in [0, 2, 1, 3].into_iter().enumerate() {
+                d[slot] = f16::from_f32(at(4 * q + c)).to_bits();
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What a format's staging works with: the block's rows and where their halves go.
+#[derive(Clone, Copy)]
+pub struct Stage {
+    /// Thread index in the block (0..[`THREADS`]).
+    pub tid: Reg<U32>,
+    /// Shared address of row 0's halves (rows [`STRIDE`] bytes apart, the step's weight
+    /// `i` of a row at byte `2 i`, permuted as the module doc says).
+    pub aq: Reg<U32>,
+    w: Reg<U64>,
+    row0: Reg<U32>,
+    last_row: Reg<U32>,
+    row_bytes: Reg<U32>,
+}
+
+impl Stage {
+    /// Global address of the block's row `local` (clamped to the last row: rows past the
+    /// end are read again and never stored).
+    pub fn row(&self, k: &Kernel, local: Reg<U32>) -> Reg<U64> {
+        let r = k.add(k.reg(), self.row0, local);
+        k.min(r, r, self.last_row);
+        k.add(
+            k.reg(),
+            self.w,
+            k.mul_wide(k.reg::<U64>(), r, self.row_bytes),
+        )
+    }
+
+    /// Shared address of row `local`'s halves.
+    pub fn aq_row(&self, k: &Kernel, local: Reg<U32>) -> Reg<U32> {
+        k.mad(k.reg(), local, STRIDE, self.aq)
+    }
+}
+
+/// A weight format the f16 GEMM reads: how a thread loads its share of a 256-weight tile
+/// into registers (issued a step ahead) and dequantizes half of it into shared memory.
+pub trait GemmF16Format: GpuFormat {
+    /// The kernel's name.
+    const GEMM_F16_NAME: &'static str;
+    /// A thread's constants, computed once.
+    type StageSetup;
+    /// A thread's raw loads of one tile.
+    type TileRegs;
+    /// The thread's constants.
+    fn stage_setup(k: &Kernel, s: &Stage) -> Self::StageSetup;
+    /// Registers for [`GemmF16Format::load_tile`].
+    fn tile_regs(k: &Kernel) -> Self::TileRegs;
+    /// Loads the thread's share of tile `tile` into `raw`.
+    fn load_tile(k: &Kernel, s: &Stage, c: &Self::StageSetup, raw: &Self::TileRegs, tile: Reg<U32>);
+    /// Dequantizes half `half` (weights `128 half..+128`) of the loaded tile into shared
+    /// memory (all [`THREADS`] threads take part).
+    fn stage_half(k: &Kernel, s: &Stage, c: &Self::StageSetup, raw: &Self::TileRegs, half: u32);
+    /// CPU twin: the f16 bits of one row's weights, in their natural order, exactly as
+    /// [`GemmF16Format::stage_half`] makes them from the row's ggml bytes.
+    fn dequantize_row(ggml: &[u8], k: usize) -> Result<Vec<u16>, KernelError>;
+}
+
+/// Unpacks the two nibbles at bits `shift` and `shift + 16` of `w` (shift 0, 4, 8 or 12)
+/// into two halves `1024 + q` (`lop3` with the exponent of 1024, `magic`).
+fn nibble_pair(k: &Kernel, w: Reg<U32>, shift: u32, magic: Reg<B32>) -> Reg<B32> {
+    let src = if shift == 0 {
+        w
+    } else {
+        k.shr(k.reg(), w, shift)
+    };
+    k.lop3(k.reg::<B32>(), src, 0x000F_000Fu32, magic, and_or())
+}
+
+/// `q * a + b` of two halves `1024 + q`: the exact subtraction, then one rounding.
+/// (Half arithmetic takes `.b32` registers only.)
+fn dequant_pair(k: &Kernel, v: Reg<B32>, magic: Reg<B32>, a: Reg<B32>, b: Reg<B32>) -> Reg<B32> {
+    let q = k.sub_f16x2(k.reg(), v, magic);
+    k.fma_f16x2(q, q, a, b)
+}
+
+/// Per-thread constants of the Q4_K staging: thread `tid` takes row `tid / 4`, and in half
+/// `h` the 16 quant bytes `16 + 64 h + 16 (tid % 4)` of each tile (weights `64 j + 16 c +
+/// l` low and `+32` high, `j = 2 h + (tid % 4) / 2`, `c = tid % 2`, `l < 16`).
+pub struct Q4KSetup {
+    /// The thread's row's first byte.
+    row: Reg<U64>,
+    /// Offset of its half-0 quants in a super-block.
+    qoff: Reg<U64>,
+    /// Shared address of its low-nibble halves in a step (the high ones 64 bytes on).
+    dst: Reg<U32>,
+    /// Bit of its first group's scale byte in a scale word: `16 ((tid % 4) / 2)`.
+    bit: Reg<U32>,
+}
+
+impl GemmF16Format for Q4K {
+    const GEMM_F16_NAME: &'static str = "gemm_f16_q4_k";
+    type StageSetup = Q4KSetup;
+    /// The 16-byte header (d, dmin, twelve scale bytes), then the half-0 and half-1 quants.
+    type TileRegs = [Reg<U32>; 12];
+
+    fn stage_setup(k: &Kernel, s: &Stage) -> Q4KSetup {
+        let r = k.shr(k.reg(), s.tid, 2u32);
+        let c4 = k.and(k.reg(), s.tid, 3u32);
+        let qoff = k.mul_wide(k.reg::<U64>(), c4, 16u32);
+        k.add(qoff, qoff, 16u64);
+        let pair = k.shr(k.reg(), c4, 1u32);
+        let c = k.and(k.reg(), c4, 1u32);
+        let col = k.shl(k.reg(), pair, 7u32);
+        k.mad(col, c, 32u32, col);
+        let dst = k.add(k.reg(), s.aq_row(k, r), col);
+        Q4KSetup {
+            row: s.row(k, r),
+            qoff,
+            dst,
+            bit: k.shl(k.reg(), pair, 4u32),
+        }
+    }
+
+    fn tile_regs(k: &Kernel) -> [Reg<U32>; 12] {
+        k.regs::<U32, 12>()
+    }
+
+    fn load_tile(k: &Kernel, _s: &Stage, c: &Q4KSetup, raw: &[Reg<U32>; 12], tile: Reg<U32>) {
+        let block = k.add(k.reg(), c.row, k.mul_wide(k.reg::<U64>(), tile, 144u32));
+        k.ld_v4(Load::GLOBAL_NC, [raw[0], raw[1], raw[2], raw[3]], block);
+        let q = k.add(k.reg(), block, c.qoff);
+        k.ld_v4(Load::GLOBAL_NC, [raw[4], raw[5], raw[6], raw[7]], q);
+        k.ld_v4(
+            Load::GLOBAL_NC,
+            [raw[8], raw[9], raw[10], raw[11]],
+            q.at(64),
+        );
+    }
+
+    fn stage_half(k: &Kernel, _s: &Stage, c: &Q4KSetup, raw: &[Reg<U32>; 12], half: u32) {
+        let [hd, h1, h2, h3] = [raw[0], raw[1], raw[2], raw[3]];
+        let [d, dmin] = halves_to_f32(k, hd);
+        let neg_dmin = k.neg(k.reg(), dmin);
+        // Groups 2j and 2j + 1 (j = 2 half + pair): scale and minimum as ggml's
+        // get_scale_min_k4 decodes them (groups 0..4 plain 6-bit, 4..8 split).
+        let coef: Vec<(Reg<B32>, Reg<B32>)> = (0..2u32)
+            .map(|gi| {
+                let bit = k.add(k.reg(), c.bit, 8 * gi);
+                let (sc, m) = if half == 0 {
+                    (
+                        k.bfe(k.reg::<U32>(), h1, bit, 6u32),
+                        k.bfe(k.reg::<U32>(), h2, bit, 6u32),
+                    )
+                } else {
+                    let top = |w: Reg<U32>| {
+                        let b6 = k.add(k.reg(), bit, 6u32);
+                        let t = k.bfe(k.reg::<U32>(), w, b6, 2u32);
+                        k.shl(t, t, 4u32)
+                    };
+                    let sc = k.bfe(k.reg::<U32>(), h3, bit, 4u32);
+                    k.or(sc, sc, top(h1));
+                    let b4 = k.add(k.reg(), bit, 4u32);
+                    let m = k.bfe(k.reg::<U32>(), h3, b4, 4u32);
+                    k.or(m, m, top(h2));
+                    (sc, m)
+                };
+                let a = k.mul(k.reg(), d, k.cvt(k.reg::<F32>(), sc, FloatRound::Rn));
+                let b = k.mul(k.reg(), neg_dmin, k.cvt(k.reg::<F32>(), m, FloatRound::Rn));
+                (k.cvt_f16x2(k.reg(), a, a), k.cvt_f16x2(k.reg(), b, b))
+            })
+            .collect();
+        let magic = k.mov(k.reg::<B32>(), 0x6400_6400u32);
+        let qs = &raw[4 + 4 * half as usize..8 + 4 * half as usize];
+        // Word i holds weights 4i..4i+4 of the thread's 16 in both groups: low nibbles
+        // (group 2j) and high (2j + 1), each as halves (b, b + 2) and (b + 1, b + 3).
+        for (gi, shifts) in [(0usize, [0u32, 8]), (1, [4, 12])] {
+            let (a, b) = coef[gi];
+            let words: Vec<Reg<B32>> = qs
+                .iter()
+                .flat_map(|&w| {
+                    shifts.map(|sh| dequant_pair(k, nibble_pair(k, w, sh, magic), magic, a, b))
+                })
+                .collect();
+            let at = 64 * gi as i64;
+            k.st_v4(
+                Store::SHARED,
+                c.dst.at(at),
+                [words[0], words[1], words[2], words[3]],
+            );
+            k.st_v4(
+                Store::SHARED,
+                c.dst.at(at + 16),
+                [words[4], words[5], words[6], words[7]],
+            );
+        }
+    }
+
+    fn dequantize_row(ggml: &[u8], k: usize) -> Result<Vec<u16>, KernelError> {
+        if k % TILE != 0 || ggml.len() != k / TILE * 144 {
+            return Err(KernelError::BadLength {
+                what: "Q4_K row",
+                got: ggml.len(),
+                want: k / TILE * 144,
+            });
+        }
+        let mut out = Vec::with_capacity(k);
+        for b in ggml.chunks(144) {
+            let half_at = |i: usize| f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]]));
+            let (d, dmin) = (half_at(0).to_f32(), half_at(2).to_f32());
+            let q = &b[4..16];
+            let scale_min = |g: usize| -> (u8, u8) {
+                if g < 4 {
+                    (q[g] & 63, q[g + 4] & 63)
+                } else {
+                    (
+                        (q[g + 4] & 0xF) | ((q[g - 4] >> 6) << 4),
+                        (q[g + 4] >> 4) | ((q[g] >> 6) << 4),
+                    )
+                }
+            };
+            for g in 0..8 {
+                let (sc, m) = scale_min(g);
+                let a = f16::from_f32(d * f32::from(sc)).to_f64();
+                let bias = f16::from_f32(-dmin * f32::from(m)).to_f64();
+                for l in 0..32 {
+                    let byte = b[16 + 32 * (g / 2) + l];
+                    let nib = if g % 2 == 0 { byte & 0xF } else { byte >> 4 };
+                    out.push(f16::from_f64(f64::from(nib) * a + bias).to_bits());
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `y = W x` on f16 tensor cores for a format with an f16 staging: see the module doc.
+/// Parameters [`super::GemmArgs`] (`x`: [`act_kernel`]'s rows); launch
+/// [`super::Args::launch`].
+pub fn kernel<F: GemmF16Format>(k: &Kernel) {
+    kernel_blocks::<F>(k, BLOCKS_PER_SM)
+}
+
+/// Blocks an SM the catalog's f16 GEMMs ask ptxas to fit on sm_90 (a register cap: 128 a
+/// thread for two, 80 for three); `gpu_check --gemm-f16` times both.
+pub const BLOCKS_PER_SM: u32 = 2;
+
+/// [`kernel`] built for `blocks` blocks an SM on sm_90.
+pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
+    k.max_threads(THREADS, 1, 1);
+    if matches!(
+        k.target(),
+        smelt_ptx::Target::Sm90 | smelt_ptx::Target::Sm90a
+    ) {
+        k.min_blocks_per_sm(blocks);
+    }
+    let GemmRegs {
+        w,
+        x,
+        y,
+        nrows,
+        ntok,
+        ntiles,
+        row_bytes,
+        kslice,
+    } = GemmRegs::declare(k);
+    let aq_s = k.shared::<U32>("gemmh_a", BM * STRIDE / 4, 16);
+    let bq_s = k.shared::<U32>("gemmh_b", BN * STRIDE / 4, 16);
+    let aq = k.shared_base(&aq_s);
+    let bq = k.shared_base(&bq_s);
+
+    let tid = k.tid_x();
+    let tok0 = k.mul(k.reg(), k.ctaid_x(), BN);
+    let row0 = k.mul(k.reg(), k.ctaid_y(), BM);
+    let last_row = k.sub(k.reg(), nrows, 1u32);
+    let last_tok = k.sub(k.reg(), ntok, 1u32);
+    let tok_stride = k.mul(k.reg(), ntiles, (TILE * 2) as u32);
+    // Token halves: thread copies 16-byte chunk `tid % 16` of a step's 256 bytes of
+    // tokens `tid / 16 + 16 i` (tokens past the end are not copied; their outputs are
+    // never stored).
+    let bch = k.and(k.reg(), tid, 15u32);
+    let bt0 = k.shr(k.reg(), tid, 4u32);
+    let copies: Vec<(Reg<U64>, Reg<Pred>)> = (0..BN / 16)
+        .map(|i| {
+            let t = k.add(k.reg(), tok0, bt0);
+            k.add(t, t, 16 * i);
+            let valid = k.lt(t, ntok);
+            k.min(t, t, last_tok);
+            let src = k.add(k.reg(), x, k.mul_wide(k.reg::<U64>(), t, tok_stride));
+            k.add(src, src, k.mul_wide(k.reg::<U64>(), bch, 16u32));
+            (src, valid)
+        })
+        .collect();
+    let bdst = k.mad(k.reg(), bt0, STRIDE, bq);
+    k.mad(bdst, bch, 16u32, bdst);
+
+    // Warp (wm, wn) computes rows 32 wm.. and tokens 16 wn..; lane (g, t). `ldmatrix`:
+    // lane 8 m + r gives row r of matrix m; A's four are (rows 0-7, k 0-7), (8-15, 0-7),
+    // (0-7, 8-15), (8-15, 8-15); B's (tokens 0-7, k 0-7), (0-7, 8-15), then tokens 8-15.
+    let warp = k.shr(k.reg(), tid, 5u32);
+    let lane = k.and(k.reg(), tid, 31u32);
+    let t = k.and(k.reg(), lane, 3u32);
+    let wm = k.and(k.reg(), warp, 1u32);
+    let wn = k.shr(k.reg(), warp, 1u32);
+    let arow = k.mad(k.reg(), wm, 32u32, k.shr(k.reg(), lane, 2u32));
+    let ctok = k.mad(k.reg(), wn, 16u32, k.shl(k.reg(), t, 1u32));
+    let r = k.and(k.reg(), lane, 7u32);
+    let lo = k.bfe(k.reg(), lane, 3u32, 1u32);
+    let hi = k.shr(k.reg(), lane, 4u32);
+    let a_lm = {
+        let row = k.mad(k.reg(), wm, 32u32, r);
+        k.mad(row, lo, 8u32, row);
+        let a = k.mad(k.reg(), row, STRIDE, aq);
+        k.mad(a, hi, 16u32, a)
+    };
+    let b_lm = {
+        let tok = k.mad(k.reg(), wn, 16u32, r);
+        k.mad(tok, hi, 8u32, tok);
+        let b = k.mad(k.reg(), tok, STRIDE, bq);
+        k.mad(b, lo, 16u32, b)
+    };
+
+    let stage = Stage {
+        tid,
+        aq,
+        w,
+        row0,
+        last_row,
+        row_bytes,
+    };
+    let setup = F::stage_setup(k, &stage);
+    let raw = F::tile_regs(k);
+    let acc: Acc<F32> =
+        std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
+
+    // This block's split: tiles [first, end); its outputs go to split z of the workspace.
+    let z = k.special(smelt_ptx::Special::Ctaid(smelt_ptx::Dim::Z));
+    let first = k.mul(k.reg(), z, kslice);
+    let end = k.add(k.reg(), first, kslice);
+    k.min(end, end, ntiles);
+    let zoff = k.mul(k.reg(), ntok, nrows);
+    k.mul(zoff, zoff, z);
+    let y = k.add(k.reg(), y, k.mul_wide(k.reg::<U64>(), zoff, 4u32));
+
+    k.grid_dep_wait();
+    k.if_(k.lt(first, end), |k| {
+        F::load_tile(k, &stage, &setup, &raw, first)
+    });
+    k.stride_loop(first, end, 1u32, |k, tile| {
+        for half in 0..2u32 {
+            // Every warp is done with the previous step's shared memory.
+            k.bar_sync();
+            let off = k.mul_wide(k.reg::<U64>(), tile, (TILE * 2) as u32);
+            k.add(off, off, u64::from(half * KT * 2));
+            for (i, &(src, valid)) in copies.iter().enumerate() {
+                let src = k.add(k.reg(), src, off);
+                k.guarded(valid, |k| {
+                    k.cp_async(
+                        CpAsyncCache::Cg,
+                        bdst.at(i as i64 * 16 * STRIDE as i64),
+                        src,
+                        16,
+                    );
+                });
+            }
+            F::stage_half(k, &stage, &setup, &raw, half);
+            if half == 1 {
+                // The next tile's loads, in flight during this step's products.
+                let next = k.add(k.reg(), tile, 1u32);
+                k.if_(k.lt(next, end), |k| {
+                    F::load_tile(k, &stage, &setup, &raw, next)
+                });
+            }
+            k.cp_async_commit();
+            k.cp_async_wait(0);
+            k.bar_sync();
+            for step in 0..(KT / 16) as i64 {
+                let a: [[Reg<B32>; 4]; 2] = std::array::from_fn(|mi| {
+                    let f = k.regs::<B32, 4>();
+                    k.ldmatrix(
+                        f,
+                        a_lm.at(mi as i64 * 16 * STRIDE as i64 + 32 * step),
+                        false,
+                    );
+                    f
+                });
+                let b = k.regs::<B32, 4>();
+                k.ldmatrix(b, b_lm.at(32 * step), false);
+                for (mi, am) in a.iter().enumerate() {
+                    for ni in 0..2 {
+                        let c = acc[mi][ni];
+                        k.mma_m16n8k16(MmaFloat::F16, c, *am, [b[2 * ni], b[2 * ni + 1]], c);
+                    }
+                }
+            }
+        }
+    });
+
+    store_outputs(
+        k,
+        &acc,
+        Out {
+            y,
+            row: k.add(k.reg(), row0, arow),
+            tok: k.add(k.reg(), tok0, ctok),
+            nrows,
+            ntok,
+        },
+    );
+}
+
+/// CPU twin of the f16 GEMM for `ty`: `y[t][r] = sum_i W16[r][i] * x16[t][i]` in f64, from
+/// the weights as the kernel stages them ([`GemmF16Format::dequantize_row`]) and the
+/// activation rows `xh` of [`act_cpu`] (permuted as the kernel reads them); with each
+/// output's `sum |w x|`, the scale of its rounding error.
+pub fn cpu_with_magnitude(
+    ty: GgmlType,
+    ggml: &[u8],
+    nrows: usize,
+    k: usize,
+    xh: &[u16],
+    ntok: usize,
+) -> Result<(Vec<f32>, Vec<f64>), KernelError> {
+    let dequantize = match ty {
+        GgmlType::Q4_K => <Q4K as GemmF16Format>::dequantize_row,
+        other => {
+            return Err(smelt_quant::QuantError::Unsupported {
+                ty: other,
+                op: "the f16 GEMM",
+            }
+            .into())
+        }
+    };
+    let width = act_row_bytes(k) / 2;
+    if nrows == 0 || ggml.len() % nrows != 0 || xh.len() != width * ntok {
+        return Err(KernelError::BadLength {
+            what: "f16 GEMM twin inputs",
+            got: xh.len(),
+            want: width * ntok,
+        });
+    }
+    let row_len = ggml.len() / nrows;
+    let weights: Vec<Vec<f64>> = ggml
+        .chunks(row_len)
+        .map(|row| {
+            Ok(dequantize(row, k)?
+                .into_iter()
+                .map(|b| f16::from_bits(b).to_f64())
+                .collect())
+        })
+        .collect::<Result<_, KernelError>>()?;
+    let mut y = vec![0f32; ntok * nrows];
+    let mut mag = vec![0f64; ntok * nrows];
+    for t in 0..ntok {
+        let row = &xh[t * width..(t + 1) * width];
+        // Undo the K permutation: halves 4q..4q+4 hold values 4q, 4q+2, 4q+1, 4q+3.
+        let x: Vec<f64> = (0..k)
+            .map(|i| {
+                let slot = [0, 2, 1, 3][i % 4];
+                f16::from_bits(row[i - i % 4 + slot]).to_f64()
+            })
+            .collect();
+        for (r, w) in weights.iter().enumerate() {
+            let (s, m) = w.iter().zip(&x).fold((0f64, 0f64), |(s, m), (a, b)| {
+                (s + a * b, m + (a * b).abs())
+            });
+            y[t * nrows + r] = s as f32;
+            mag[t * nrows + r] = m;
+        }
+    }
+    Ok((y, mag))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smelt_ptx::{Module, Target};
+
+    #[test]
+    fn activations_are_halves_in_the_k_permutation() {
+        let x: Vec<f32> = (0..300).map(|i| i as f32 * 0.5 - 7.25).collect();
+        let h = act_cpu(&x, 300).unwrap();
+        assert_eq!(h.len(), 512);
+        assert_eq!(act_row_bytes(300), 1024);
+        let f = |i: usize| f16::from_bits(h[i]).to_f32();
+        assert_eq!([f(0), f(1), f(2), f(3)], [x[0], x[2], x[1], x[3]]);
+        assert_eq!(
+            [f(296), f(297), f(298), f(299)],
+            [x[296], x[298], x[297], x[299]]
+        );
+        assert!(h[300..].iter().all(|&b| b == 0));
+        assert!(act_cpu(&x, 7).is_err());
+        let l = act_launch(300, 3);
+        assert_eq!(l.grid, (1, 3, 1));
+    }
+
+    #[test]
+    fn q4_k_twin_weights_match_ggml_dequantization_to_half_precision() {
+        let k = 512;
+        let w: Vec<f32> = (0..k)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let mut ggml = vec![0u8; k / TILE * 144];
+        smelt_quant::quantize_row(GgmlType::Q4_K, &w, &mut ggml).unwrap();
+        let mut exact = vec![0f32; k];
+        smelt_quant::dequantize_row(GgmlType::Q4_K, &ggml, &mut exact).unwrap();
+        let h = <Q4K as GemmF16Format>::dequantize_row(&ggml, k).unwrap();
+        // A weight is q A + B with A and B rounded to halves: its error scales with the
+        // group's terms (up to the row's largest weight), not with the weight itself.
+        let top = exact.iter().fold(0f32, |m, e| m.max(e.abs()));
+        for (i, (&b, &e)) in h.iter().zip(&exact).enumerate() {
+            let got = f16::from_bits(b).to_f32();
+            assert!((got - e).abs() <= 2e-3 * top, "weight {i}: {got} vs {e}");
+        }
+        assert!(<Q4K as GemmF16Format>::dequantize_row(&ggml[..144], k).is_err());
+    }
+
+    #[test]
+    fn twin_undoes_the_permutation() {
+        let k = 256;
+        let w: Vec<f32> = (0..k).map(|i| (i % 5) as f32 - 2.0).collect();
+        let mut ggml = vec![0u8; 144];
+        smelt_quant::quantize_row(GgmlType::Q4_K, &w, &mut ggml).unwrap();
+        let mut wd = vec![0f32; k];
+        smelt_quant::dequantize_row(GgmlType::Q4_K, &ggml, &mut wd).unwrap();
+        let x: Vec<f32> = (0..k).map(|i| ((i * 3) % 7) as f32 * 0.25).collect();
+        let xh = act_cpu(&x, k).unwrap();
+        let (y, mag) = cpu_with_magnitude(GgmlType::Q4_K, &ggml, 1, k, &xh, 1).unwrap();
+        let exact: f64 = wd
+            .iter()
+            .zip(&x)
+            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+            .sum();
+        assert!(
+            (f64::from(y[0]) - exact).abs() < 1e-3 * mag[0],
+            "{} vs {exact}",
+            y[0]
+        );
+    }
+
+    #[test]
+    fn every_f16_gemm_builds_within_static_shared_memory() {
+        for target in [Target::Sm80, Target::Sm90] {
+            let mut m = Module::new(target);
+            for (name, build) in catalog() {
+                m.kernel(&name, |k| build(k)).unwrap();
+            }
+            let ptx = m.to_ptx();
+            for (_, name) in TYPES {
+                assert!(ptx.contains(&format!(".entry {name}(")), "{name}");
+            }
+        }
+    }
+}
