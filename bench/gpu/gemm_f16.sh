@@ -9,7 +9,8 @@
 # Here:  bash bench/gpu/gemm.sh build (into .gpu-lead)
 # There: bash bench/gpu/gemm_f16.sh    carry [".gpu-lead"]
 # Environment there: ROUNDS (default 2), CASES (default "pp512 pp4096 b16 b32 b64"),
-# F16_MIN (the f16 side's SMELT_CUDA_GEMM_F16_MIN, default 16), SKIP_KERNELS=1,
+# F16_MIN (the f16 side's SMELT_CUDA_GEMM_F16_MIN; default: the engine's measured rule,
+# gemm::f16::preferred), SKIP_KERNELS=1,
 # SKIP_PARITY=1. Log: $OUT/gemm_f16.log (or bench/out), the table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,6 +24,7 @@ done
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true; } | tee "$log"
 status=0
 f16min=${F16_MIN:-16}
+f16env=${F16_MIN:+SMELT_CUDA_GEMM_F16_MIN=$F16_MIN}
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then
   echo "== gpu_check --gemm-f16" | tee -a "$log"
   $B/gpu_check --gemm-f16 2>&1 | tee -a "$log" | grep -E "cases|FAIL|failures" || status=1
@@ -48,7 +50,7 @@ echo "|---|---|---|---|---|" >> "$table"
 for r in $(seq ${ROUNDS:-2}); do
   for c in ${CASES:-pp512 pp4096 b16 b32 b64}; do
     a=$(bench $c SMELT_CUDA_GEMM_F16_MIN=1000000000)
-    b=$(bench $c SMELT_CUDA_GEMM_F16_MIN=$f16min)
+    b=$(bench $c $f16env)
     ratio=$(python3 -c "print(f'{float(\"${b:-nan}\")/float(\"${a:-nan}\"):.3f}')" 2>/dev/null || echo nan)
     echo "| $c | $r | ${a:-FAILED} | ${b:-FAILED} | $ratio |" | tee -a "$log" >> "$table"
   done

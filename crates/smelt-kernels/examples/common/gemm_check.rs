@@ -25,7 +25,21 @@ pub(crate) fn launch(
     y: &mut CudaSlice<f32>,
     ws: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    let l = a.launch();
+    launch_as(gpu, f, a, a.launch(), w, x, y, ws)
+}
+
+/// [`launch`] with the grid `l` (a GEMM of other block sizes: `gemm::f16::launch`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_as(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    a: &Args,
+    l: smelt_kernels::ops::Launch,
+    w: &CudaSlice<u8>,
+    x: &CudaSlice<u8>,
+    y: &mut CudaSlice<f32>,
+    ws: &mut CudaSlice<f32>,
+) -> Result<()> {
     let cfg = LaunchConfig {
         grid_dim: l.grid,
         block_dim: l.block,

@@ -1,7 +1,7 @@
 //! The f16 GEMM's part of the GPU check (`gpu_check --gemm-f16`): the activation
 //! conversion byte-exact against its twin, every f16 GEMM against its CPU twin on ragged
 //! shapes with poisoned outputs, then its speed beside the int8 GEMM it would replace at
-//! Llama-3-8B shapes (with two and three blocks an SM), which is what the engine's choice
+//! Llama-3-8B shapes (with one and two blocks an SM), which is what the engine's choice
 //! between them is made from.
 
 use anyhow::Result;
@@ -10,7 +10,7 @@ use rand::Rng;
 use smelt_kernels::gemm::{self, f16};
 use smelt_kernels::{catalog, GgmlType, TILE};
 
-use super::gemm_check::{activations, args, launch, weight_copies, workspace, SMS};
+use super::gemm_check::{activations, args, launch, launch_as, weight_copies, workspace, SMS};
 use super::timing::time_launches;
 use super::{random_floats, random_weights, worst_over_magnitude, Gpu};
 
@@ -81,13 +81,13 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
             }
             let (want, mag) = f16::cpu_with_magnitude(ty, &ggml, nrows, k, &want_h, ntok)?;
             let ntiles = k.div_ceil(TILE);
-            for splits in [1, gemm::splits(nrows, ntiles, None, SMS).max(ntiles.min(3))] {
+            for splits in [1, f16::splits(nrows, ntiles, None, SMS).max(ntiles.min(3))] {
                 let a = args(nrows, ntok, k, row_bytes, splits);
                 let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
                 let mut ws = gpu
                     .stream
                     .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
-                launch(gpu, &f, &a, &wd, &h, &mut y, &mut ws)?;
+                launch_as(gpu, &f, &a, f16::launch(&a), &wd, &h, &mut y, &mut ws)?;
                 let got = gpu.stream.clone_dtoh(&y)?;
                 let bound = worst_over_magnitude(&got, &want, &mag);
                 cases += 1;
@@ -122,7 +122,7 @@ pub struct Row {
     pub shape: String,
     pub ntok: usize,
     pub int8_us: f64,
-    /// The f16 GEMM at two and three blocks an SM.
+    /// The f16 GEMM at one and two blocks an SM.
     pub f16_us: [f64; 2],
     /// The activation preparation of each: int8 tiles, f16 rows.
     pub act_us: [f64; 2],
@@ -133,7 +133,7 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
     let mut m = smelt_ptx::Module::new(smelt_ptx::Target::Sm90);
     let mut names = Vec::new();
     for (ty, name) in f16::TYPES {
-        for blocks in [2u32, 3] {
+        for blocks in [1u32, 2] {
             let n = format!("{name}_b{blocks}");
             let r = match ty {
                 GgmlType::Q4_K => m.kernel(&n, |k| {
@@ -182,23 +182,27 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                     row_bytes,
                     gemm::splits(nrows, k / TILE, Some(ntok), SMS),
                 );
+                let ah = args(
+                    nrows,
+                    ntok,
+                    k,
+                    row_bytes,
+                    f16::splits(nrows, k / TILE, Some(ntok), SMS),
+                );
                 let mut wsp = workspace(gpu, &a)?;
+                let mut wsph = workspace(gpu, &ah)?;
                 let flops = 2.0 * (nrows * k * ntok) as f64;
                 let launches = ((2e11 / flops) as usize).clamp(3, 200);
-                let time = |f: &CudaFunction,
-                            x: &CudaSlice<u8>,
-                            y: &mut CudaSlice<f32>,
-                            wsp: &mut CudaSlice<f32>| {
-                    let ms = time_launches(&gpu.stream, 5, 2, launches, |i| {
-                        launch(gpu, f, &a, &ws[i % copies], x, y, wsp)
-                    })?;
-                    anyhow::Ok(ms * 1e3)
-                };
-                let int8_us = time(&int8, &q, &mut y, &mut wsp)?;
-                let f16_us = [
-                    time(&variants[0], &h, &mut y, &mut wsp)?,
-                    time(&variants[1], &h, &mut y, &mut wsp)?,
-                ];
+                let int8_us = time_launches(&gpu.stream, 5, 2, launches, |i| {
+                    launch(gpu, &int8, &a, &ws[i % copies], &q, &mut y, &mut wsp)
+                })? * 1e3;
+                let mut f16_us = [0f64; 2];
+                for (v, us) in variants.iter().zip(&mut f16_us) {
+                    *us = time_launches(&gpu.stream, 5, 2, launches, |i| {
+                        let l = f16::launch(&ah);
+                        launch_as(gpu, v, &ah, l, &ws[i % copies], &h, &mut y, &mut wsph)
+                    })? * 1e3;
+                }
                 let mut qq = gpu
                     .stream
                     .alloc_zeros::<u8>(gemm::activation_row_bytes(ty, k)? * ntok)?;
@@ -219,7 +223,7 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                     act_us,
                 };
                 println!(
-                    "{:?} {:>11} x {:4}: int8 {:8.1} us | f16 {:8.1} / {:8.1} us (2/3 blocks) | act {:.1} / {:.1} us",
+                    "{:?} {:>11} x {:4}: int8 {:8.1} us | f16 {:8.1} / {:8.1} us (1/2 blocks) | act {:.1} / {:.1} us",
                     row.ty, row.shape, row.ntok, row.int8_us, row.f16_us[0], row.f16_us[1], row.act_us[0], row.act_us[1]
                 );
                 rows.push(row);

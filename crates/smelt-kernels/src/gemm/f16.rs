@@ -6,10 +6,16 @@
 //! tokens, and a 16-weight step of a warp is three `ldmatrix` and four `mma`s. f16 has
 //! half the int8 rate, of which the int8 kernel used under a fifth.
 //!
-//! Same block geometry as the int8 GEMM ([`super::BM`] rows x [`super::BN`] tokens, eight
-//! warps of 32 x 16), same arguments ([`super::GemmArgs`], with `x` the f16 rows of
-//! [`act_kernel`]), same split-K and reduce ([`super::Args`]). K advances [`KT`] weights a
-//! step (half a 256-weight tile) so both operands fit static shared memory.
+//! A block of [`THREADS`] threads owns [`BM`] rows x [`BN`] tokens, twice the int8 GEMM's
+//! both ways, and each of its eight warps 64 rows x 32 tokens (4 x 4 `mma` tiles): a
+//! 16-weight step of a warp is six `ldmatrix` for sixteen `mma`s, 192 bytes of shared
+//! memory read per `mma` where the int8 GEMM's 32 x 16 warps read 384. That is what bound
+//! both kernels at 64 x 64 (bench/RESULTS.md, 2026-11-26 evening: an f16 kernel of the
+//! int8 one's geometry ran at its speed, single- or double-buffered, ~6 cycles an `mma`
+//! against ~3 of shared-memory reads). Same arguments ([`super::GemmArgs`], with `x` the
+//! f16 rows of [`act_kernel`]), same split-K and reduce ([`super::Args`], launched with
+//! [`launch`]). K advances [`KT`] weights a step; each thread loads its share of the
+//! next step's weights into registers while the block multiplies this one.
 //!
 //! **The K permutation.** A nibble mask of one 32-bit word of quants (`lop3`) gives two
 //! halves `1024 + q` for weights `b` and `b + 2` of four, so the staged weights of every
@@ -26,20 +32,56 @@ use half::f16;
 use smelt_ptx::{CpAsyncCache, FloatRound, Kernel, Load, MmaFloat, Pred, Reg, Store, B32, F32};
 use smelt_ptx::{U32, U64};
 
-use super::{store_outputs, Acc, GemmRegs, Out, BM, BN, THREADS};
+use super::{store_outputs, GemmRegs, Out, THREADS};
 use crate::act::and_or;
 use crate::formats::{halves_to_f32, GpuFormat, Q4K};
 use crate::ops::{kernel_params, Launch};
 use crate::{GgmlType, KernelError, TILE};
 
-/// Weights of K staged per step: half a 256-weight tile.
-pub const KT: u32 = 128;
+/// Rows of W per block.
+pub const BM: u32 = 128;
+/// Tokens per block.
+pub const BN: u32 = 128;
+/// Weights of K staged per step: a quarter of a 256-weight tile.
+pub const KT: u32 = 64;
+/// Steps a 256-weight tile.
+const STEPS: u32 = TILE as u32 / KT;
 /// Bytes of one row (or token) of [`KT`] halves in shared memory: 16 more, so the eight
 /// rows an `ldmatrix` reads fall in different banks.
 const STRIDE: u32 = KT * 2 + 16;
-/// Static shared memory of a block: the weights' and the tokens' halves.
+/// `mma` tiles of a warp: 4 of 16 rows, 4 of 8 tokens.
+const MI: usize = 4;
+const NI: usize = 4;
+/// Static shared memory of a block: the step's weights and tokens as halves.
 pub const SHARED_BYTES: usize = ((BM + BN) * STRIDE) as usize;
 const _: () = assert!(SHARED_BYTES <= 48 * 1024);
+
+/// Whether a matmul of `nrows` rows and `ntok` tokens runs faster on the f16 GEMM than on
+/// the int8 one, as measured on an H100 (`gpu_check --gemm-f16`, bench/RESULTS.md
+/// 2026-11-26 17:40 UTC; Q4_K, Llama-3-8B shapes): at 512+ tokens every shape (0.58-0.83 of
+/// the int8 GEMM's time), at 128 the matrices of 4096+ rows (0.64-0.82) but not 1024 rows
+/// (1.63: eight row blocks cannot fill the GPU), under 128 none (0.87-1.59: a block's 128
+/// tokens are mostly padding).
+pub fn preferred(nrows: usize, ntok: usize) -> bool {
+    ntok >= 256 || (ntok >= 128 && nrows >= 4096)
+}
+
+/// Splits of the K range for the f16 GEMM: [`super::splits`] for its larger blocks.
+pub fn splits(nrows: usize, ntiles: usize, ntok: Option<usize>, sm_count: usize) -> usize {
+    super::splits_for_blocks((BM, BN), nrows, ntiles, ntok, sm_count)
+}
+
+/// The launch of an f16 GEMM for `a` (grid of [`BM`] x [`BN`] blocks, `a`'s splits).
+pub fn launch(a: &super::Args) -> Launch {
+    Launch::new(
+        (
+            a.ntok.div_ceil(BN).max(1),
+            a.nrows.div_ceil(BM).max(1),
+            a.ntiles.div_ceil(a.kslice()).max(1),
+        ),
+        (THREADS, 1, 1),
+    )
+}
 
 /// The f16 GEMM's kernel name for `ty`, if it has one.
 pub fn name(ty: GgmlType) -> Option<&'static str> {
@@ -173,26 +215,26 @@ impl Stage {
     }
 }
 
-/// A weight format the f16 GEMM reads: how a thread loads its share of a 256-weight tile
-/// into registers (issued a step ahead) and dequantizes half of it into shared memory.
+/// A weight format the f16 GEMM reads: how a thread loads its share of one [`KT`]-weight
+/// step into registers (issued a step ahead) and dequantizes it into shared memory.
 pub trait GemmF16Format: GpuFormat {
     /// The kernel's name.
     const GEMM_F16_NAME: &'static str;
     /// A thread's constants, computed once.
     type StageSetup;
-    /// A thread's raw loads of one tile.
-    type TileRegs;
+    /// A thread's raw loads of one step.
+    type StepRegs;
     /// The thread's constants.
     fn stage_setup(k: &Kernel, s: &Stage) -> Self::StageSetup;
-    /// Registers for [`GemmF16Format::load_tile`].
-    fn tile_regs(k: &Kernel) -> Self::TileRegs;
-    /// Loads the thread's share of tile `tile` into `raw`.
-    fn load_tile(k: &Kernel, s: &Stage, c: &Self::StageSetup, raw: &Self::TileRegs, tile: Reg<U32>);
-    /// Dequantizes half `half` (weights `128 half..+128`) of the loaded tile into shared
-    /// memory (all [`THREADS`] threads take part).
-    fn stage_half(k: &Kernel, s: &Stage, c: &Self::StageSetup, raw: &Self::TileRegs, half: u32);
+    /// Registers for [`GemmF16Format::load_step`].
+    fn step_regs(k: &Kernel) -> Self::StepRegs;
+    /// Loads the thread's share of step `q` (weights `KT q..KT (q + 1)`) of tile `tile`.
+    fn load_step(k: &Kernel, c: &Self::StageSetup, regs: &Self::StepRegs, tile: Reg<U32>, q: u32);
+    /// Dequantizes the loaded step `q` into shared memory ([`Stage::aq`]; all [`THREADS`]
+    /// threads take part).
+    fn stage_step(k: &Kernel, c: &Self::StageSetup, regs: &Self::StepRegs, q: u32);
     /// CPU twin: the f16 bits of one row's weights, in their natural order, exactly as
-    /// [`GemmF16Format::stage_half`] makes them from the row's ggml bytes.
+    /// [`GemmF16Format::stage_step`] makes them from the row's ggml bytes.
     fn dequantize_row(ggml: &[u8], k: usize) -> Result<Vec<u16>, KernelError>;
 }
 
@@ -214,84 +256,77 @@ fn dequant_pair(k: &Kernel, v: Reg<B32>, magic: Reg<B32>, a: Reg<B32>, b: Reg<B3
     k.fma_f16x2(q, q, a, b)
 }
 
-/// Per-thread constants of the Q4_K staging: thread `tid` takes row `tid / 4`, and in half
-/// `h` the 16 quant bytes `16 + 64 h + 16 (tid % 4)` of each tile (weights `64 j + 16 c +
-/// l` low and `+32` high, `j = 2 h + (tid % 4) / 2`, `c = tid % 2`, `l < 16`).
+/// Per-thread constants of the Q4_K staging: thread `tid` takes row `tid / 2`, and in
+/// step `q` quant bytes `16 + 32 q + 16 (tid % 2)..+16` of each tile: weights
+/// `16 (tid % 2)..+16` of group `2q` (low nibbles) and of group `2q + 1` (high).
 pub struct Q4KSetup {
     /// The thread's row's first byte.
     row: Reg<U64>,
-    /// Offset of its half-0 quants in a super-block.
+    /// Offset of its step-0 quants in a super-block.
     qoff: Reg<U64>,
-    /// Shared address of its low-nibble halves in a step (the high ones 64 bytes on).
+    /// Shared address of its low-nibble halves (the high ones 64 bytes on).
     dst: Reg<U32>,
-    /// Bit of its first group's scale byte in a scale word: `16 ((tid % 4) / 2)`.
-    bit: Reg<U32>,
 }
 
 impl GemmF16Format for Q4K {
     const GEMM_F16_NAME: &'static str = "gemm_f16_q4_k";
     type StageSetup = Q4KSetup;
-    /// The 16-byte header (d, dmin, twelve scale bytes), then the half-0 and half-1 quants.
-    type TileRegs = [Reg<U32>; 12];
+    /// The 16-byte header (d, dmin, twelve scale bytes), then the step's 16 quant bytes.
+    type StepRegs = [Reg<U32>; 8];
 
     fn stage_setup(k: &Kernel, s: &Stage) -> Q4KSetup {
-        let r = k.shr(k.reg(), s.tid, 2u32);
-        let c4 = k.and(k.reg(), s.tid, 3u32);
-        let qoff = k.mul_wide(k.reg::<U64>(), c4, 16u32);
+        let r = k.shr(k.reg(), s.tid, 1u32);
+        let c2 = k.and(k.reg(), s.tid, 1u32);
+        let qoff = k.mul_wide(k.reg::<U64>(), c2, 16u32);
         k.add(qoff, qoff, 16u64);
-        let pair = k.shr(k.reg(), c4, 1u32);
-        let c = k.and(k.reg(), c4, 1u32);
-        let col = k.shl(k.reg(), pair, 7u32);
-        k.mad(col, c, 32u32, col);
-        let dst = k.add(k.reg(), s.aq_row(k, r), col);
+        let dst = s.aq_row(k, r);
+        k.mad(dst, c2, 32u32, dst);
         Q4KSetup {
             row: s.row(k, r),
             qoff,
             dst,
-            bit: k.shl(k.reg(), pair, 4u32),
         }
     }
 
-    fn tile_regs(k: &Kernel) -> [Reg<U32>; 12] {
-        k.regs::<U32, 12>()
+    fn step_regs(k: &Kernel) -> [Reg<U32>; 8] {
+        k.regs::<U32, 8>()
     }
 
-    fn load_tile(k: &Kernel, _s: &Stage, c: &Q4KSetup, raw: &[Reg<U32>; 12], tile: Reg<U32>) {
+    fn load_step(k: &Kernel, c: &Q4KSetup, regs: &[Reg<U32>; 8], tile: Reg<U32>, q: u32) {
         let block = k.add(k.reg(), c.row, k.mul_wide(k.reg::<U64>(), tile, 144u32));
-        k.ld_v4(Load::GLOBAL_NC, [raw[0], raw[1], raw[2], raw[3]], block);
-        let q = k.add(k.reg(), block, c.qoff);
-        k.ld_v4(Load::GLOBAL_NC, [raw[4], raw[5], raw[6], raw[7]], q);
+        k.ld_v4(Load::GLOBAL_NC, [regs[0], regs[1], regs[2], regs[3]], block);
+        let at = k.add(k.reg(), block, c.qoff);
         k.ld_v4(
             Load::GLOBAL_NC,
-            [raw[8], raw[9], raw[10], raw[11]],
-            q.at(64),
+            [regs[4], regs[5], regs[6], regs[7]],
+            at.at(32 * i64::from(q)),
         );
     }
 
-    fn stage_half(k: &Kernel, _s: &Stage, c: &Q4KSetup, raw: &[Reg<U32>; 12], half: u32) {
-        let [hd, h1, h2, h3] = [raw[0], raw[1], raw[2], raw[3]];
+    fn stage_step(k: &Kernel, c: &Q4KSetup, regs: &[Reg<U32>; 8], q: u32) {
+        let [hd, h1, h2, h3] = [regs[0], regs[1], regs[2], regs[3]];
         let [d, dmin] = halves_to_f32(k, hd);
         let neg_dmin = k.neg(k.reg(), dmin);
-        // Groups 2j and 2j + 1 (j = 2 half + pair): scale and minimum as ggml's
-        // get_scale_min_k4 decodes them (groups 0..4 plain 6-bit, 4..8 split).
+        // Groups 2q and 2q + 1: scale and minimum as ggml's get_scale_min_k4 decodes them
+        // (groups 0..4 plain 6-bit in bytes 0..8, 4..8 split over bytes 8..12 and the top
+        // bits of bytes 0..8).
         let coef: Vec<(Reg<B32>, Reg<B32>)> = (0..2u32)
             .map(|gi| {
-                let bit = k.add(k.reg(), c.bit, 8 * gi);
-                let (sc, m) = if half == 0 {
+                let g = 2 * q + gi;
+                let bit = 8 * (g % 4);
+                let (sc, m) = if g < 4 {
                     (
                         k.bfe(k.reg::<U32>(), h1, bit, 6u32),
                         k.bfe(k.reg::<U32>(), h2, bit, 6u32),
                     )
                 } else {
                     let top = |w: Reg<U32>| {
-                        let b6 = k.add(k.reg(), bit, 6u32);
-                        let t = k.bfe(k.reg::<U32>(), w, b6, 2u32);
+                        let t = k.bfe(k.reg::<U32>(), w, bit + 6, 2u32);
                         k.shl(t, t, 4u32)
                     };
                     let sc = k.bfe(k.reg::<U32>(), h3, bit, 4u32);
                     k.or(sc, sc, top(h1));
-                    let b4 = k.add(k.reg(), bit, 4u32);
-                    let m = k.bfe(k.reg::<U32>(), h3, b4, 4u32);
+                    let m = k.bfe(k.reg::<U32>(), h3, bit + 4, 4u32);
                     k.or(m, m, top(h2));
                     (sc, m)
                 };
@@ -301,28 +336,19 @@ impl GemmF16Format for Q4K {
             })
             .collect();
         let magic = k.mov(k.reg::<B32>(), 0x6400_6400u32);
-        let qs = &raw[4 + 4 * half as usize..8 + 4 * half as usize];
         // Word i holds weights 4i..4i+4 of the thread's 16 in both groups: low nibbles
-        // (group 2j) and high (2j + 1), each as halves (b, b + 2) and (b + 1, b + 3).
+        // (group 2q) and high (2q + 1), each as halves (b, b + 2) and (b + 1, b + 3).
         for (gi, shifts) in [(0usize, [0u32, 8]), (1, [4, 12])] {
             let (a, b) = coef[gi];
-            let words: Vec<Reg<B32>> = qs
+            let w: Vec<Reg<B32>> = regs[4..8]
                 .iter()
                 .flat_map(|&w| {
                     shifts.map(|sh| dequant_pair(k, nibble_pair(k, w, sh, magic), magic, a, b))
                 })
                 .collect();
             let at = 64 * gi as i64;
-            k.st_v4(
-                Store::SHARED,
-                c.dst.at(at),
-                [words[0], words[1], words[2], words[3]],
-            );
-            k.st_v4(
-                Store::SHARED,
-                c.dst.at(at + 16),
-                [words[4], words[5], words[6], words[7]],
-            );
+            k.st_v4(Store::SHARED, c.dst.at(at), [w[0], w[1], w[2], w[3]]);
+            k.st_v4(Store::SHARED, c.dst.at(at + 16), [w[4], w[5], w[6], w[7]]);
         }
     }
 
@@ -365,14 +391,13 @@ impl GemmF16Format for Q4K {
 }
 
 /// `y = W x` on f16 tensor cores for a format with an f16 staging: see the module doc.
-/// Parameters [`super::GemmArgs`] (`x`: [`act_kernel`]'s rows); launch
-/// [`super::Args::launch`].
+/// Parameters [`super::GemmArgs`] (`x`: [`act_kernel`]'s rows); launch [`launch`].
 pub fn kernel<F: GemmF16Format>(k: &Kernel) {
     kernel_blocks::<F>(k, BLOCKS_PER_SM)
 }
 
 /// Blocks an SM the catalog's f16 GEMMs ask ptxas to fit on sm_90 (a register cap: 128 a
-/// thread for two, 80 for three); `gpu_check --gemm-f16` times both.
+/// thread for two); `gpu_check --gemm-f16` times one and two.
 pub const BLOCKS_PER_SM: u32 = 2;
 
 /// [`kernel`] built for `blocks` blocks an SM on sm_90.
@@ -405,15 +430,15 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
     let last_row = k.sub(k.reg(), nrows, 1u32);
     let last_tok = k.sub(k.reg(), ntok, 1u32);
     let tok_stride = k.mul(k.reg(), ntiles, (TILE * 2) as u32);
-    // Token halves: thread copies 16-byte chunk `tid % 16` of a step's 256 bytes of
-    // tokens `tid / 16 + 16 i` (tokens past the end are not copied; their outputs are
-    // never stored).
-    let bch = k.and(k.reg(), tid, 15u32);
-    let bt0 = k.shr(k.reg(), tid, 4u32);
-    let copies: Vec<(Reg<U64>, Reg<Pred>)> = (0..BN / 16)
+    // Token halves: thread copies 16-byte chunk `tid % 8` of a step's 128 bytes of tokens
+    // `tid / 8 + 32 i` (tokens past the end are not copied; their outputs are never
+    // stored).
+    let bch = k.and(k.reg(), tid, 7u32);
+    let bt0 = k.shr(k.reg(), tid, 3u32);
+    let copies: Vec<(Reg<U64>, Reg<Pred>)> = (0..BN / 32)
         .map(|i| {
             let t = k.add(k.reg(), tok0, bt0);
-            k.add(t, t, 16 * i);
+            k.add(t, t, 32 * i);
             let valid = k.lt(t, ntok);
             k.min(t, t, last_tok);
             let src = k.add(k.reg(), x, k.mul_wide(k.reg::<U64>(), t, tok_stride));
@@ -424,27 +449,28 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
     let bdst = k.mad(k.reg(), bt0, STRIDE, bq);
     k.mad(bdst, bch, 16u32, bdst);
 
-    // Warp (wm, wn) computes rows 32 wm.. and tokens 16 wn..; lane (g, t). `ldmatrix`:
-    // lane 8 m + r gives row r of matrix m; A's four are (rows 0-7, k 0-7), (8-15, 0-7),
-    // (0-7, 8-15), (8-15, 8-15); B's (tokens 0-7, k 0-7), (0-7, 8-15), then tokens 8-15.
+    // Warp (wm, wn) computes rows 64 wm.. and tokens 32 wn..; lane (g, t). `ldmatrix`:
+    // lane 8 m + r gives row r of matrix m; an m-tile's four are (rows 0-7, k 0-7),
+    // (8-15, 0-7), (0-7, 8-15), (8-15, 8-15); a pair of n-tiles' (tokens 0-7, k 0-7),
+    // (0-7, 8-15), then tokens 8-15.
     let warp = k.shr(k.reg(), tid, 5u32);
     let lane = k.and(k.reg(), tid, 31u32);
     let t = k.and(k.reg(), lane, 3u32);
     let wm = k.and(k.reg(), warp, 1u32);
     let wn = k.shr(k.reg(), warp, 1u32);
-    let arow = k.mad(k.reg(), wm, 32u32, k.shr(k.reg(), lane, 2u32));
-    let ctok = k.mad(k.reg(), wn, 16u32, k.shl(k.reg(), t, 1u32));
+    let arow = k.mad(k.reg(), wm, 64u32, k.shr(k.reg(), lane, 2u32));
+    let ctok = k.mad(k.reg(), wn, 32u32, k.shl(k.reg(), t, 1u32));
     let r = k.and(k.reg(), lane, 7u32);
     let lo = k.bfe(k.reg(), lane, 3u32, 1u32);
     let hi = k.shr(k.reg(), lane, 4u32);
     let a_lm = {
-        let row = k.mad(k.reg(), wm, 32u32, r);
+        let row = k.mad(k.reg(), wm, 64u32, r);
         k.mad(row, lo, 8u32, row);
         let a = k.mad(k.reg(), row, STRIDE, aq);
         k.mad(a, hi, 16u32, a)
     };
     let b_lm = {
-        let tok = k.mad(k.reg(), wn, 16u32, r);
+        let tok = k.mad(k.reg(), wn, 32u32, r);
         k.mad(tok, hi, 8u32, tok);
         let b = k.mad(k.reg(), tok, STRIDE, bq);
         k.mad(b, lo, 16u32, b)
@@ -459,8 +485,8 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
         row_bytes,
     };
     let setup = F::stage_setup(k, &stage);
-    let raw = F::tile_regs(k);
-    let acc: Acc<F32> =
+    let regs = F::step_regs(k);
+    let acc: [[[Reg<F32>; 4]; NI]; MI] =
         std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
 
     // This block's split: tiles [first, end); its outputs go to split z of the workspace.
@@ -474,38 +500,40 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
 
     k.grid_dep_wait();
     k.if_(k.lt(first, end), |k| {
-        F::load_tile(k, &stage, &setup, &raw, first)
+        F::load_step(k, &setup, &regs, first, 0)
     });
     k.stride_loop(first, end, 1u32, |k, tile| {
-        for half in 0..2u32 {
+        let next_tile = k.add(k.reg(), tile, 1u32);
+        for q in 0..STEPS {
             // Every warp is done with the previous step's shared memory.
             k.bar_sync();
             let off = k.mul_wide(k.reg::<U64>(), tile, (TILE * 2) as u32);
-            k.add(off, off, u64::from(half * KT * 2));
+            k.add(off, off, u64::from(q * KT * 2));
             for (i, &(src, valid)) in copies.iter().enumerate() {
                 let src = k.add(k.reg(), src, off);
                 k.guarded(valid, |k| {
                     k.cp_async(
                         CpAsyncCache::Cg,
-                        bdst.at(i as i64 * 16 * STRIDE as i64),
+                        bdst.at(i as i64 * 32 * STRIDE as i64),
                         src,
                         16,
                     );
                 });
             }
-            F::stage_half(k, &stage, &setup, &raw, half);
-            if half == 1 {
-                // The next tile's loads, in flight during this step's products.
-                let next = k.add(k.reg(), tile, 1u32);
-                k.if_(k.lt(next, end), |k| {
-                    F::load_tile(k, &stage, &setup, &raw, next)
+            k.cp_async_commit();
+            F::stage_step(k, &setup, &regs, q);
+            // The next step's weights, in flight during this step's products.
+            if q + 1 < STEPS {
+                F::load_step(k, &setup, &regs, tile, q + 1);
+            } else {
+                k.if_(k.lt(next_tile, end), |k| {
+                    F::load_step(k, &setup, &regs, next_tile, 0)
                 });
             }
-            k.cp_async_commit();
             k.cp_async_wait(0);
             k.bar_sync();
             for step in 0..(KT / 16) as i64 {
-                let a: [[Reg<B32>; 4]; 2] = std::array::from_fn(|mi| {
+                let a: [[Reg<B32>; 4]; MI] = std::array::from_fn(|mi| {
                     let f = k.regs::<B32, 4>();
                     k.ldmatrix(
                         f,
@@ -514,12 +542,21 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
                     );
                     f
                 });
-                let b = k.regs::<B32, 4>();
-                k.ldmatrix(b, b_lm.at(32 * step), false);
+                let b: [[Reg<B32>; 4]; NI / 2] = std::array::from_fn(|nj| {
+                    let f = k.regs::<B32, 4>();
+                    k.ldmatrix(
+                        f,
+                        b_lm.at(nj as i64 * 16 * STRIDE as i64 + 32 * step),
+                        false,
+                    );
+                    f
+                });
                 for (mi, am) in a.iter().enumerate() {
-                    for ni in 0..2 {
+                    for ni in 0..NI {
                         let c = acc[mi][ni];
-                        k.mma_m16n8k16(MmaFloat::F16, c, *am, [b[2 * ni], b[2 * ni + 1]], c);
+                        let bf = b[ni / 2];
+                        let h = 2 * (ni % 2);
+                        k.mma_m16n8k16(MmaFloat::F16, c, *am, [bf[h], bf[h + 1]], c);
                     }
                 }
             }
@@ -666,6 +703,29 @@ mod tests {
             "{} vs {exact}",
             y[0]
         );
+    }
+
+    #[test]
+    fn launch_covers_ragged_shapes_in_128_by_128_blocks() {
+        let a = crate::gemm::Args {
+            w: 0,
+            x: 0,
+            y: 0,
+            nrows: 260,
+            ntok: 300,
+            ntiles: 16,
+            row_bytes: 16 * 144,
+            splits: 3,
+        };
+        let l = launch(&a);
+        assert_eq!(l.grid, (3, 3, 3));
+        assert_eq!(l.block, (THREADS, 1, 1));
+        // H100: 4096 rows x 512 tokens are 128 blocks, so three splits (the int8 GEMM's
+        // 512 blocks take none).
+        assert_eq!(splits(4096, 16, Some(512), 132), 3);
+        assert_eq!(crate::gemm::splits(4096, 16, Some(512), 132), 1);
+        assert!(preferred(1024, 512) && preferred(4096, 128) && !preferred(1024, 128));
+        assert!(!preferred(14336, 64));
     }
 
     #[test]

@@ -161,8 +161,19 @@ kernel_params! {
 /// (`--batch-invariant`); with the token count, large batches skip the split workspace and
 /// its reduce (8% of a 512-token prompt's GPU time on an H100).
 pub fn splits(nrows: usize, ntiles: usize, ntok: Option<usize>, sm_count: usize) -> usize {
-    let token_blocks = ntok.map_or(1, |n| n.div_ceil(BN as usize).max(1));
-    let blocks = nrows.div_ceil(BM as usize).max(1) * token_blocks;
+    splits_for_blocks((BM, BN), nrows, ntiles, ntok, sm_count)
+}
+
+/// [`splits`] for a GEMM whose blocks are `block.0` rows x `block.1` tokens.
+pub fn splits_for_blocks(
+    block: (u32, u32),
+    nrows: usize,
+    ntiles: usize,
+    ntok: Option<usize>,
+    sm_count: usize,
+) -> usize {
+    let token_blocks = ntok.map_or(1, |n| n.div_ceil(block.1 as usize).max(1));
+    let blocks = nrows.div_ceil(block.0 as usize).max(1) * token_blocks;
     let want = (2 * sm_count).div_ceil(blocks);
     want.clamp(1, (ntiles / 4).max(1))
 }
@@ -644,7 +655,7 @@ pub(super) struct Out {
 
 /// Stores a warp's accumulators, those inside the matrix: accumulator e of (mi, ni) is row
 /// `row + 16 mi + 8 (e / 2)`, token `tok + 8 ni + e % 2` (the `mma` C layout).
-pub(super) fn store_outputs(k: &Kernel, acc: &Acc<F32>, o: Out) {
+pub(super) fn store_outputs<const NI: usize>(k: &Kernel, acc: &[[[Reg<F32>; 4]; NI]], o: Out) {
     let Out {
         y,
         row: row_t,

@@ -168,13 +168,7 @@ impl Kernel {
 
     /// `d = a * b + c` on two packed halves at once, one rounding each (`fma.rn.f16x2`):
     /// a group's scale and minimum applied to two weights. sm_80 and later.
-    pub fn fma_f16x2(
-        &self,
-        d: Reg<B32>,
-        a: Reg<B32>,
-        b: Reg<B32>,
-        c: Reg<B32>,
-    ) -> Reg<B32> {
+    pub fn fma_f16x2(&self, d: Reg<B32>, a: Reg<B32>, b: Reg<B32>, c: Reg<B32>) -> Reg<B32> {
         self.emit(format!("fma.rn.f16x2 {d}, {a}, {b}, {c}"));
         d
     }

@@ -75,12 +75,15 @@ impl Cuda {
             if let Some(name) = gemm::name(ty) {
                 let split = matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
                 if !split {
-                    // From `gemm_f16_min_tokens` tokens, formats with an f16 GEMM take it
-                    // (on f16 rows of the activations). Else float group scales read the
-                    // GEMV's q8_1 tiles (a scale per 32, as ggml-cpu's dot products for
-                    // those formats take), the K-quants the GEMM's own (a scale per 256,
-                    // as ggml-cpu's Q8_K).
-                    let f16 = gemm::f16::name(ty).filter(|_| n >= self.opts.gemm_f16_min_tokens);
+                    // Formats with an f16 GEMM take it (on f16 rows of the activations)
+                    // where it measured faster (`gemm_f16_min_tokens`). Else float group
+                    // scales read the GEMV's q8_1 tiles (a scale per 32, as ggml-cpu's dot
+                    // products for those formats take), the K-quants the GEMM's own (a
+                    // scale per 256, as ggml-cpu's Q8_K).
+                    let f16 = gemm::f16::name(ty).filter(|_| match self.opts.gemm_f16_min_tokens {
+                        Some(min) => n >= min,
+                        None => gemm::f16::preferred(rows, n),
+                    });
                     let name = f16.unwrap_or(name);
                     let q = if f16.is_some() {
                         self.gemm_f16_rows(x)?
@@ -98,18 +101,27 @@ impl Cuda {
                         ntok: n as u32,
                         ntiles: ntiles as u32,
                         row_bytes: row_bytes as u32,
-                        splits: gemm::splits(
-                            rows,
-                            ntiles,
-                            (!self.opts.batch_invariant).then_some(n),
-                            self.gpu.sm_count(),
-                        ) as u32,
+                        splits: if f16.is_some() {
+                            gemm::f16::splits(rows, ntiles, Some(n), self.gpu.sm_count())
+                        } else {
+                            gemm::splits(
+                                rows,
+                                ntiles,
+                                (!self.opts.batch_invariant).then_some(n),
+                                self.gpu.sm_count(),
+                            )
+                        } as u32,
                     };
                     // Split K: the slices' sums go to a workspace, reduced in split order.
                     if a.workspace_floats() > 0 {
                         a.y = self.scratch(a.workspace_floats() * 4)?;
                     }
-                    self.launch(name, a.launch(), &args(&a.values()))?;
+                    let grid = if f16.is_some() {
+                        gemm::f16::launch(&a)
+                    } else {
+                        a.launch()
+                    };
+                    self.launch(name, grid, &args(&a.values()))?;
                     if let Some((vals, l)) = a.reduce(out.ptr) {
                         self.launch(gemm::REDUCE, l, &args(&vals.values()))?;
                     }

@@ -15,7 +15,7 @@
 //! | `SMELT_CUDA_ARGMAX_SPLIT=0` | `split_argmax` | on |
 //! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `gemv_rows` | off |
 //! | `SMELT_CUDA_GEMM_MIN` | `gemm_min_tokens` | `gemm::MIN_TOKENS` |
-//! | `SMELT_CUDA_GEMM_F16_MIN` | `gemm_f16_min_tokens` | [`GEMM_F16_MIN_TOKENS`] |
+//! | `SMELT_CUDA_GEMM_F16_MIN` | `gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
 //! | `SMELT_CUDA_FLASH_SEQS` | `flash_decode_seqs` | [`super::FLASH_DECODE_SEQS`] |
 //! | `SMELT_CUDA_BATCH_INVARIANT=1` | `batch_invariant` | off |
 //! | `SMELT_CUDA_SPLITS` | `attn_splits` | one block per SM |
@@ -29,10 +29,6 @@
 //! module and are read by `smelt_cuda::Gpu::open`.)
 
 use smelt_kernels::gemm;
-
-/// Fewest tokens for which a matmul takes the f16 GEMM over the int8 one, where its weight
-/// type has one: off (`usize::MAX`) until measured on the card (`gpu_check --gemm-f16`).
-pub const GEMM_F16_MIN_TOKENS: usize = usize::MAX;
 
 /// Which steps `SMELT_CUDA_PROFILE` times kernel by kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,10 +59,11 @@ pub struct CudaOptions {
     pub gemv_rows: (usize, usize),
     /// Matmuls of at least this many tokens run on the tensor-core GEMM.
     pub gemm_min_tokens: usize,
-    /// Of those, matmuls of at least this many tokens run on the f16 GEMM where the
-    /// weight type has one (`gemm::f16::TYPES`); off in batch-invariant mode, where one
-    /// kernel must serve every batch.
-    pub gemm_f16_min_tokens: usize,
+    /// Of those, which run on the f16 GEMM where the weight type has one
+    /// (`gemm::f16::TYPES`): with `None` the shapes `gemm::f16::preferred` measured faster,
+    /// with `Some(n)` every matmul of at least `n` tokens (`usize::MAX`: none, as in
+    /// batch-invariant mode, where one kernel must serve every batch).
+    pub gemm_f16_min_tokens: Option<usize>,
     /// Steps of at least this many sequences run every attention row on the prompt kernel.
     pub flash_decode_seqs: usize,
     /// Results independent of the batch (`EngineOptions::batch_invariant`): every matmul on
@@ -121,9 +118,9 @@ impl CudaOptions {
                 num("SMELT_CUDA_GEMM_MIN").unwrap_or(gemm::MIN_TOKENS)
             },
             gemm_f16_min_tokens: if batch_invariant {
-                usize::MAX
+                Some(usize::MAX)
             } else {
-                num("SMELT_CUDA_GEMM_F16_MIN").unwrap_or(GEMM_F16_MIN_TOKENS)
+                num("SMELT_CUDA_GEMM_F16_MIN")
             },
             flash_decode_seqs: num("SMELT_CUDA_FLASH_SEQS").unwrap_or(super::FLASH_DECODE_SEQS),
             batch_invariant,
@@ -162,7 +159,7 @@ mod tests {
         assert!(o.fuse_quantize && o.split_norm && o.fuse_attn_combine && o.fuse_rope_kv);
         assert!(o.gemv_rope_kv && o.split_argmax && o.graphs && !o.digest);
         assert_eq!(o.gemm_min_tokens, gemm::MIN_TOKENS);
-        assert_eq!(o.gemm_f16_min_tokens, GEMM_F16_MIN_TOKENS);
+        assert_eq!(o.gemm_f16_min_tokens, None);
         assert_eq!(o.flash_decode_seqs, super::super::FLASH_DECODE_SEQS);
         assert_eq!(o.profile, Profile::Off);
         assert_eq!(o.gemv_rows, (0, usize::MAX));
@@ -185,7 +182,7 @@ mod tests {
         ] {
             assert!(o.batch_invariant);
             assert_eq!(o.gemm_min_tokens, 1);
-            assert_eq!(o.gemm_f16_min_tokens, usize::MAX);
+            assert_eq!(o.gemm_f16_min_tokens, Some(usize::MAX));
         }
         assert_eq!(
             with(&[("SMELT_CUDA_GEMM_MIN", "64")], false).gemm_min_tokens,
