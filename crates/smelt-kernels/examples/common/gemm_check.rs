@@ -226,29 +226,65 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                     .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
                 launch(gpu, &f, &a, &wd, &q, &mut y, &mut ws)?;
                 let got = gpu.stream.clone_dtoh(&y)?;
-                let bound = worst_over_magnitude(&got, &want, &mag);
+                let case = Case {
+                    name,
+                    shape: (nrows, k, ntok, splits),
+                    bar: 1e-5,
+                };
                 cases += 1;
-                worst = worst.max(if bound.is_nan() { f64::INFINITY } else { bound });
-                if bound.is_nan() || bound >= 1e-5 {
-                    failures += 1;
-                    let bad = got
-                        .iter()
-                        .zip(&want)
-                        .position(|(a, b)| a.is_nan() || (a - b).abs() > 1e-4 * b.abs().max(1.0))
-                        .unwrap_or(0);
-                    println!(
-                    "{name} {nrows}x{k} x {ntok} tokens, {splits} splits: FAIL error/magnitude {bound:.3e}; output {bad} (token {}, row {}): gpu {} cpu {}",
-                    bad / nrows,
-                    bad % nrows,
-                    got[bad],
-                    want[bad]
-                );
-                }
+                worst = worst.max(case.check(&got, &want, &mag, &mut failures));
             }
         }
         println!("{name}: {cases} cases, worst |y - ref| / sum|w x| {worst:.2e}");
     }
     Ok(failures)
+}
+
+/// One parity case of a GEMM: its kernel, shape (`rows, k, tokens, splits`) and the bar on
+/// `|y - ref| / sum |w x|`.
+pub(crate) struct Case<'a> {
+    pub name: &'a str,
+    pub shape: (usize, usize, usize, usize),
+    pub bar: f64,
+}
+
+impl Case<'_> {
+    /// Checks `got` against the twin's `want` (with magnitudes `mag`); prints the first bad
+    /// output and counts a failure past the bar. Returns the case's error (infinite for NaN).
+    pub(crate) fn check(
+        &self,
+        got: &[f32],
+        want: &[f32],
+        mag: &[f64],
+        failures: &mut usize,
+    ) -> f64 {
+        let (nrows, k, ntok, splits) = self.shape;
+        let bound = worst_over_magnitude(got, want, mag);
+        if bound.is_nan() || bound >= self.bar {
+            *failures += 1;
+            let bad = got
+                .iter()
+                .zip(want)
+                .position(|(a, b)| {
+                    a.is_nan()
+                        || f64::from((a - b).abs()) > 10.0 * self.bar * f64::from(b.abs().max(1.0))
+                })
+                .unwrap_or(0);
+            println!(
+                "{} {nrows}x{k} x {ntok} tokens, {splits} splits: FAIL error/magnitude {bound:.3e}; output {bad} (token {}, row {}): gpu {} cpu {}",
+                self.name,
+                bad / nrows,
+                bad % nrows,
+                got[bad],
+                want[bad]
+            );
+        }
+        if bound.is_nan() {
+            f64::INFINITY
+        } else {
+            bound
+        }
+    }
 }
 
 /// One timed case of the speed table.

@@ -32,7 +32,7 @@ use half::f16;
 use smelt_ptx::{CpAsyncCache, FloatRound, Kernel, Load, MmaFloat, Pred, Reg, Store, B32, F32};
 use smelt_ptx::{U32, U64};
 
-use super::{store_outputs, GemmRegs, Out, THREADS};
+use super::{store_outputs, GemmRegs, Out, Rows, THREADS};
 use crate::act::and_or;
 use crate::formats::{halves_to_f32, GpuFormat, Q4K};
 use crate::ops::{kernel_params, Launch};
@@ -190,23 +190,14 @@ pub struct Stage {
     /// Shared address of row 0's halves (rows [`STRIDE`] bytes apart, the step's weight
     /// `i` of a row at byte `2 i`, permuted as the module doc says).
     pub aq: Reg<U32>,
-    w: Reg<U64>,
-    row0: Reg<U32>,
-    last_row: Reg<U32>,
-    row_bytes: Reg<U32>,
+    rows: Rows,
 }
 
 impl Stage {
     /// Global address of the block's row `local` (clamped to the last row: rows past the
     /// end are read again and never stored).
     pub fn row(&self, k: &Kernel, local: Reg<U32>) -> Reg<U64> {
-        let r = k.add(k.reg(), self.row0, local);
-        k.min(r, r, self.last_row);
-        k.add(
-            k.reg(),
-            self.w,
-            k.mul_wide(k.reg::<U64>(), r, self.row_bytes),
-        )
+        self.rows.row(k, local)
     }
 
     /// Shared address of row `local`'s halves.
@@ -479,10 +470,12 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
     let stage = Stage {
         tid,
         aq,
-        w,
-        row0,
-        last_row,
-        row_bytes,
+        rows: Rows {
+            w,
+            row0,
+            last_row,
+            row_bytes,
+        },
     };
     let setup = F::stage_setup(k, &stage);
     let regs = F::step_regs(k);

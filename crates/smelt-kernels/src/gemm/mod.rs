@@ -329,13 +329,19 @@ pub struct Stage {
     pub sc_stride: u32,
     /// Shared address of row 0's per-tile floats (`d`, `-dmin`; [`ROWF_STRIDE`] bytes).
     pub rowf: Reg<U32>,
-    w: Reg<U64>,
-    row0: Reg<U32>,
-    last_row: Reg<U32>,
-    row_bytes: Reg<U32>,
+    rows: Rows,
 }
 
-impl Stage {
+/// The block's rows of W in global memory (both GEMMs').
+#[derive(Clone, Copy)]
+pub(super) struct Rows {
+    pub w: Reg<U64>,
+    pub row0: Reg<U32>,
+    pub last_row: Reg<U32>,
+    pub row_bytes: Reg<U32>,
+}
+
+impl Rows {
     /// Global address of the block's row `local` (clamped to the last row: rows past the
     /// end are read again and never stored).
     pub fn row(&self, k: &Kernel, local: Reg<U32>) -> Reg<U64> {
@@ -346,6 +352,13 @@ impl Stage {
             self.w,
             k.mul_wide(k.reg::<U64>(), r, self.row_bytes),
         )
+    }
+}
+
+impl Stage {
+    /// Global address of the block's row `local` ([`Rows::row`]).
+    pub fn row(&self, k: &Kernel, local: Reg<U32>) -> Reg<U64> {
+        self.rows.row(k, local)
     }
 
     /// Shared address of byte `col` of row `local`'s weights.
@@ -565,10 +578,12 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
         asc,
         sc_stride,
         rowf,
-        w,
-        row0,
-        last_row,
-        row_bytes,
+        rows: Rows {
+            w,
+            row0,
+            last_row,
+            row_bytes,
+        },
     };
     let acc: Acc<F32> =
         std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
