@@ -22,7 +22,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             message: message.into(),
@@ -66,11 +66,21 @@ impl ApiError {
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 format!(
-                    "the model `{}` does not exist (GET /v1/models lists the served ones)",
+                    "the model `{}` does not exist (GET /v1/models lists the models served here)",
                     crate::guard::clip(model, 100)
                 ),
             )
         }
+    }
+
+    /// 403: not allowed whoever asks (admin disabled, a path outside the allowed places).
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "permission_error", message)
+    }
+
+    /// 502: an upstream (a gateway's node) failed in a way that could not be hidden.
+    pub fn bad_gateway(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_GATEWAY, "server_error", message)
     }
 
     pub fn not_found(what: impl Into<String>) -> ApiError {

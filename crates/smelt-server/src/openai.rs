@@ -89,7 +89,12 @@ const MESSAGE_FIELDS: &[&str] = &[
 
 /// A 400 naming the first field of `v` (an object) that is neither in `own` nor common,
 /// unless its value is null. `prefix` names where the object sits (`messages[2].`).
-fn unknown_fields(v: &Value, own: &[&str], common: &[&str], prefix: &str) -> Result<(), ApiError> {
+pub(crate) fn unknown_fields(
+    v: &Value,
+    own: &[&str],
+    common: &[&str],
+    prefix: &str,
+) -> Result<(), ApiError> {
     let Some(map) = v.as_object() else {
         return Ok(());
     };
@@ -130,7 +135,7 @@ pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
     from_value(v)
 }
 
-fn from_value<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
+pub(crate) fn from_value<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
     serde_json::from_value(v).map_err(|e| {
         ApiError::bad_request(format!("the body does not match the request schema: {e}"))
     })

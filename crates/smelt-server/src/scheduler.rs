@@ -25,8 +25,8 @@ use std::time::Instant;
 
 use smelt_engine::generate::{FinishReason, TextStream, TokenText};
 use smelt_engine::sampler::{Sampler, SamplingParams};
-use smelt_engine::{EngineError, Logits, SeqId, SeqInput};
-use tokio::sync::mpsc;
+use smelt_engine::{EngineError, Logits, Pooling, SeqId, SeqInput};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::ApiError;
 use crate::metrics::ModelStats;
@@ -121,6 +121,12 @@ pub enum SubmitError {
 
 enum Command {
     Submit(Box<Job>),
+    /// Embed these inputs between two steps (see [`SchedulerHandle::embed`]).
+    Embed {
+        inputs: Vec<Vec<u32>>,
+        pooling: Pooling,
+        reply: oneshot::Sender<Result<Vec<Vec<f32>>, ApiError>>,
+    },
     /// End every request now with a 503 (the shutdown grace period ran out).
     CancelAll,
 }
@@ -159,6 +165,26 @@ impl SchedulerHandle {
             self.queued.fetch_sub(1, Ordering::SeqCst);
             SubmitError::Stopped
         })
+    }
+
+    /// Embeds `inputs` (token ids, each within the context) pooled by `pooling`, not
+    /// normalized. The scheduler runs them between two steps of its batch, each input a
+    /// sequence of its own, fed in steps of `step_tokens`.
+    pub async fn embed(
+        &self,
+        inputs: Vec<Vec<u32>>,
+        pooling: Pooling,
+    ) -> Result<Vec<Vec<f32>>, ApiError> {
+        let (reply, rx) = oneshot::channel();
+        let stopped = || ApiError::unavailable("the model's scheduler has stopped");
+        self.tx
+            .send(Command::Embed {
+                inputs,
+                pooling,
+                reply,
+            })
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Ends every queued and running request with a 503.
@@ -246,6 +272,20 @@ where
         tokenizer,
         join,
     })
+}
+
+/// An embedding step's failure as an answer: a full KV cache is the server's load (503),
+/// a bad token the client's (400), anything else internal.
+fn embed_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::OutOfKvBlocks { .. } => ApiError::unavailable(
+            "the KV cache is full: retry the embeddings when running requests have finished",
+        ),
+        EngineError::BadToken { .. } | EngineError::ContextOverflow { .. } => {
+            ApiError::invalid_param("input", e.to_string())
+        }
+        e => ApiError::internal(format!("embedding failed: {e}")),
+    }
 }
 
 /// A request inside the scheduler, queued or running.
@@ -363,6 +403,28 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                     .prompt_tokens
                     .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
                 self.waiting.push_back(Active::new(*job));
+            }
+            Command::Embed {
+                inputs,
+                pooling,
+                reply,
+            } => {
+                if reply.is_closed() {
+                    return; // the client went away while it was queued
+                }
+                let step = self.cfg.step_tokens;
+                let ran = catch_unwind(AssertUnwindSafe(|| {
+                    self.engine.embed(&inputs, pooling, step)
+                }));
+                let out = match ran {
+                    Ok(Ok(v)) => Ok(v),
+                    Ok(Err(e)) => Err(embed_error(e)),
+                    Err(_) => {
+                        tracing::error!(model = %self.name, "the engine panicked while embedding");
+                        Err(ApiError::internal("the engine failed while embedding"))
+                    }
+                };
+                let _ = reply.send(out);
             }
             Command::CancelAll => {
                 let err = ApiError::unavailable("the server is shutting down");
