@@ -54,6 +54,14 @@ pub struct GatewaySection {
     /// Client connections served at once (one more closes the oldest idle one).
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// A node that joined by itself (`smelt serve --gateway`) and stays down this long is
+    /// forgotten (nodes of the config are kept, down or not).
+    #[serde(default = "default_forget_ms")]
+    pub forget_after_ms: u64,
+}
+
+fn default_forget_ms() -> u64 {
+    300_000
 }
 
 fn default_header_ms() -> u64 {
@@ -89,6 +97,7 @@ impl Default for GatewaySection {
             body_timeout_ms: default_body_ms(),
             idle_timeout_ms: default_idle_ms(),
             max_connections: default_max_connections(),
+            forget_after_ms: default_forget_ms(),
         }
     }
 }
@@ -115,8 +124,12 @@ pub struct ModelConfig {
     /// What the node's `/admin/models` load takes: a path or an alias.
     pub source: String,
     /// What it takes on a node; absent: what a node reports once it has loaded it (before
-    /// that, the size of `source` when it is a file the gateway can see).
+    /// that, when `source` is a GGUF file the gateway can see, the file's size plus its KV
+    /// cache at `ctx` tokens, from the file's header).
     pub memory_mb: Option<u64>,
+    /// The context its nodes serve it with (`smelt serve --ctx`), for that estimate.
+    #[serde(default)]
+    pub ctx: Option<u64>,
     /// Loaded at start on these nodes and never evicted from them.
     #[serde(default)]
     pub pinned_on: Vec<String>,

@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod error;
+pub mod estimate;
 pub mod join;
 pub mod metrics;
 pub mod nodes;
@@ -71,10 +72,9 @@ impl Shared {
                     bytes: m.memory_mb.map(|b| b << 20),
                 },
             );
-            if let Ok(meta) = std::fs::metadata(&m.source) {
-                if meta.is_file() {
-                    c.on_disk.insert(m.name.clone(), meta.len());
-                }
+            let ctx = m.ctx.unwrap_or(estimate::DEFAULT_CTX);
+            if let Some(bytes) = estimate::model_bytes(std::path::Path::new(&m.source), ctx) {
+                c.on_disk.insert(m.name.clone(), bytes);
             }
             for p in &m.pinned_on {
                 if let Some(i) = c.node_index(p) {

@@ -204,7 +204,8 @@ async fn get_model(State(sh): St, Path(id): Path<String>) -> Result<Json<Value>,
 async fn health(State(sh): St) -> Response {
     let (up, total) = {
         let c = sh.cluster();
-        (c.nodes.iter().filter(|n| n.up).count(), c.nodes.len())
+        let known = c.nodes.iter().filter(|n| !n.forgotten).count();
+        (c.nodes.iter().filter(|n| n.up).count(), known)
     };
     let body = Json(json!({
         "status": if up > 0 { "ok" } else { "no_node" },
@@ -235,6 +236,7 @@ async fn admin_nodes(State(sh): St) -> Json<Value> {
     let data: Vec<Value> = c
         .nodes
         .iter()
+        .filter(|n| !n.forgotten)
         .map(|n| {
             let models: Vec<Value> = n
                 .models

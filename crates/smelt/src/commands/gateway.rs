@@ -20,6 +20,8 @@ The config is TOML:
   cors = [\"https://app.example\"] # origins allowed cross-origin; absent: none
   # header_timeout_ms = 10000, body_timeout_ms = 30000, idle_timeout_ms = 60000,
   # max_connections = 4096: as smelt serve's flags of those names
+  forget_after_ms = 300000       # nodes that joined by themselves and stay down this
+                                 # long are forgotten until they join again
 
   [[node]]                       # repeat; nodes may also join with
   name = \"a\"                     # `smelt serve --gateway URL --name NAME`
@@ -30,7 +32,9 @@ The config is TOML:
   [[model]]                      # repeat
   name = \"smollm2\"               # the `model` clients ask for
   source = \"smollm2-135m\"        # what the node's /admin/models load takes
-  memory_mb = 300                # absent: what a node reports once loaded
+  memory_mb = 300                # absent: what a node reports once loaded; before
+                                 # that, a GGUF file's size plus its KV cache at ctx
+  ctx = 4096                     # the nodes' --ctx, for that estimate (default 4096)
   pinned_on = [\"a\"]              # loaded at start there and never evicted
 
 Endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models (with where
