@@ -260,13 +260,7 @@ fn add_cors(h: &mut HeaderMap, origin: &str) {
     }
 }
 
-/// At most `n` characters of `s`, for messages that quote what a client sent.
-pub fn clip(s: &str, n: usize) -> String {
-    match s.char_indices().nth(n) {
-        Some((i, _)) => format!("{}...", &s[..i]),
-        None => s.to_string(),
-    }
-}
+pub use smelt_openai::clip;
 
 /// The key of `Authorization: Bearer <key>`, the scheme in any case.
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {

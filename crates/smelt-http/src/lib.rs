@@ -5,8 +5,12 @@
 //! and bearer keys compared in constant time ([`guard`]).
 
 pub mod conn;
-pub mod error;
 pub mod guard;
+
+/// Errors in OpenAI's shape: `smelt-openai`'s type, which answers as an axum response.
+pub mod error {
+    pub use smelt_openai::error::*;
+}
 
 pub use error::ApiError;
 pub use guard::{Edge, HostPolicy};

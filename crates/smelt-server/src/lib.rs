@@ -25,13 +25,10 @@ pub mod grammar;
 mod guard;
 pub mod metrics;
 pub mod models;
-pub mod openai;
 mod openapi;
 mod reply;
 mod routes;
 pub mod scheduler;
-mod tool_stream;
-pub mod tools;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,6 +43,8 @@ pub use models::{gguf_loader, model_id, LoadedModel, Loader};
 pub use scheduler::SchedulerConfig;
 pub use smelt_http::conn::raise_fd_limit;
 pub use smelt_http::ApiError;
+/// The request surface (parsed and checked without a model) lives in `smelt-openai`.
+pub use smelt_openai::{openai, tool_stream, tools};
 
 /// How to serve.
 #[derive(Debug, Clone)]

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
+use smelt_engine::sampler::SamplingParams;
 use smelt_tokenizer::{ChatMessage, Tokenizer};
 use tokio::sync::mpsc;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -376,6 +377,21 @@ async fn load_inner(
     Ok(e)
 }
 
+/// A request's checked sampling as the engine's sampler takes it.
+fn engine_sampling(s: &openai::Sampling) -> SamplingParams {
+    SamplingParams {
+        temperature: s.temperature,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        min_p: s.min_p,
+        repeat_penalty: s.repeat_penalty,
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        seed: s.seed,
+        ..SamplingParams::default()
+    }
+}
+
 pub(crate) fn model_for(st: &AppState, id: Option<&str>) -> Result<Arc<ModelEntry>, ApiError> {
     if st.shutting_down.load(Ordering::SeqCst) {
         return Err(ApiError::unavailable("the server is shutting down"));
@@ -692,7 +708,7 @@ async fn run(
             None => None,
         };
         let (job_tx, mut job_rx) = mpsc::unbounded_channel();
-        let mut sampling = p.sampling.clone();
+        let mut sampling = engine_sampling(&p.sampling);
         sampling.seed = sampling.seed.wrapping_add(i as u64);
         let job = Job {
             prompt: prompt.clone(),

@@ -59,7 +59,7 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
-pub(crate) fn call_id() -> String {
+pub fn call_id() -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let t = std::time::SystemTime::now()

@@ -2,8 +2,7 @@
 //! `{"error": {"message", "type", "param", "code"}}`, so `openai.APIStatusError` and friends
 //! surface our message unchanged.
 
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use http::StatusCode;
 use serde_json::json;
 
 /// An error answered to a client.
@@ -67,7 +66,7 @@ impl ApiError {
                 "invalid_request_error",
                 format!(
                     "the model `{}` does not exist (GET /v1/models lists the models served here)",
-                    crate::guard::clip(model, 100)
+                    crate::clip(model, 100)
                 ),
             )
         }
@@ -126,8 +125,10 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        use axum::http::{header, HeaderValue};
         let mut resp = (self.status, axum::Json(self.body())).into_response();
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
