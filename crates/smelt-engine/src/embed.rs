@@ -98,8 +98,11 @@ struct Pending {
 impl Engine {
     /// Embeds each of `inputs` (token ids, BOS already added as the model wants): one fresh
     /// sequence per input, run in steps of at most `step_tokens` tokens (several short inputs
-    /// share a step), pooled by `pooling`; not normalized. Every sequence is freed before it
-    /// returns, on success or not. An empty input is refused.
+    /// share a step while the free KV blocks hold them all), pooled by `pooling`; not
+    /// normalized. Every sequence is freed before it returns, on success or not. An empty
+    /// input is refused; one that needs more KV blocks than are free is refused at once
+    /// ([`EngineError::OutOfKvBlocks`], before any compute), so a caller can retry it once
+    /// running sequences have freed theirs.
     pub fn embed(
         &mut self,
         inputs: &[Vec<u32>],
@@ -110,6 +113,13 @@ impl Engine {
             return Err(EngineError::BadOptions(format!("input {i} has no tokens")));
         }
         let n_embd = self.info().n_embd;
+        let bs = self.block_size().max(1);
+        let free = self.free_blocks();
+        if let Some(need) = inputs.iter().map(|t| t.len().div_ceil(bs)).max() {
+            if need > free {
+                return Err(EngineError::OutOfKvBlocks { need, free });
+            }
+        }
         let mut pending: Vec<Pending> = Vec::with_capacity(inputs.len());
         let result = (|| {
             for _ in inputs {
@@ -127,11 +137,19 @@ impl Engine {
                 let mut batch = Vec::new();
                 let mut owners = Vec::new();
                 let mut room = budget;
+                let mut blocks = self.free_blocks();
                 let mut i = next;
                 while i < inputs.len() && room > 0 {
                     let p = &pending[i];
                     let toks = &inputs[i][p.fed..];
                     let take = toks.len().min(room);
+                    // The blocks this slice adds; the first input always fits (checked above:
+                    // it holds no other input's blocks).
+                    let grow = (p.fed + take).div_ceil(bs) - p.fed.div_ceil(bs);
+                    if grow > blocks && i > next {
+                        break;
+                    }
+                    blocks = blocks.saturating_sub(grow);
                     room -= take;
                     batch.push(SeqInput {
                         seq: p.seq,

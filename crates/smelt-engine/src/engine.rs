@@ -261,6 +261,11 @@ impl Engine {
         self.table.free_blocks()
     }
 
+    /// Tokens per KV block.
+    pub fn block_size(&self) -> usize {
+        self.table.block_size()
+    }
+
     /// KV blocks in all.
     pub fn total_blocks(&self) -> usize {
         self.table.n_blocks()

@@ -248,6 +248,7 @@ where
                 running: Vec::new(),
                 next_order: 0,
                 kv_full: false,
+                embeds: VecDeque::new(),
             };
             s.run(rx);
         })
@@ -278,9 +279,10 @@ where
 /// a bad token the client's (400), anything else internal.
 fn embed_error(e: EngineError) -> ApiError {
     match e {
-        EngineError::OutOfKvBlocks { .. } => ApiError::unavailable(
-            "the KV cache is full: retry the embeddings when running requests have finished",
-        ),
+        EngineError::OutOfKvBlocks { need, free } => ApiError::unavailable(format!(
+            "an input needs {need} KV blocks and the cache has {free}: the KV cache is too \
+             small for it (--kv-tokens)"
+        )),
         EngineError::BadToken { .. } | EngineError::ContextOverflow { .. } => {
             ApiError::invalid_param("input", e.to_string())
         }
@@ -363,13 +365,22 @@ struct Scheduler<E, T> {
     /// The KV cache ran out since a sequence last freed blocks: admitting more now would
     /// only be preempted again, so the queue waits until something finishes.
     kv_full: bool,
+    /// Embedding requests, run between steps (see [`Scheduler::run_embeds`]).
+    embeds: VecDeque<EmbedJob>,
+}
+
+/// A queued `/v1/embeddings` request.
+struct EmbedJob {
+    inputs: Vec<Vec<u32>>,
+    pooling: Pooling,
+    reply: oneshot::Sender<Result<Vec<Vec<f32>>, ApiError>>,
 }
 
 impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
     fn run(&mut self, rx: std_mpsc::Receiver<Command>) {
         let mut open = true;
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() {
+            if self.running.is_empty() && self.waiting.is_empty() && self.embeds.is_empty() {
                 if !open {
                     break;
                 }
@@ -389,6 +400,7 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                 }
             }
             self.drop_cancelled();
+            self.run_embeds();
             self.admit();
             self.step();
             self.publish();
@@ -408,24 +420,11 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                 inputs,
                 pooling,
                 reply,
-            } => {
-                if reply.is_closed() {
-                    return; // the client went away while it was queued
-                }
-                let step = self.cfg.step_tokens;
-                let ran = catch_unwind(AssertUnwindSafe(|| {
-                    self.engine.embed(&inputs, pooling, step)
-                }));
-                let out = match ran {
-                    Ok(Ok(v)) => Ok(v),
-                    Ok(Err(e)) => Err(embed_error(e)),
-                    Err(_) => {
-                        tracing::error!(model = %self.name, "the engine panicked while embedding");
-                        Err(ApiError::internal("the engine failed while embedding"))
-                    }
-                };
-                let _ = reply.send(out);
-            }
+            } => self.embeds.push_back(EmbedJob {
+                inputs,
+                pooling,
+                reply,
+            }),
             Command::CancelAll => {
                 let err = ApiError::unavailable("the server is shutting down");
                 for a in std::mem::take(&mut self.running) {
@@ -434,6 +433,35 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                 for a in std::mem::take(&mut self.waiting) {
                     self.finish_err(a, err.clone());
                 }
+            }
+        }
+    }
+
+    /// Runs the queued embeddings, oldest first, between two steps. One that needs more KV
+    /// blocks than are free waits for running sequences to finish (like a prompt does); with
+    /// nothing running it can never fit and gets a 503.
+    fn run_embeds(&mut self) {
+        while let Some(e) = self.embeds.front() {
+            if e.reply.is_closed() {
+                self.embeds.pop_front(); // the client went away while it waited
+                continue;
+            }
+            let step = self.cfg.step_tokens;
+            let (inputs, pooling) = (&e.inputs, e.pooling);
+            let ran = catch_unwind(AssertUnwindSafe(|| {
+                self.engine.embed(inputs, pooling, step)
+            }));
+            let out = match ran {
+                Ok(Err(EngineError::OutOfKvBlocks { .. })) if !self.running.is_empty() => return,
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(embed_error(e)),
+                Err(_) => {
+                    tracing::error!(model = %self.name, "the engine panicked while embedding");
+                    Err(ApiError::internal("the engine failed while embedding"))
+                }
+            };
+            if let Some(e) = self.embeds.pop_front() {
+                let _ = e.reply.send(out);
             }
         }
     }
