@@ -8,7 +8,8 @@
 #   tokenize_chat  the tokenizers and chat templates of the test models (needs
 #                  scripts/fetch-models.sh all); seeds from fuzz/seeds/make_seeds.py, as for
 #   hf_folder      the Hugging Face folder loader (config.json, tokenizer.json, safetensors)
-#   request_json   the OpenAI request bodies `smelt serve` parses
+#   request_json   the OpenAI request bodies `smelt serve` parses (crate smelt-openai alone:
+#                  no server, engine or HTTP stack to build under instrumentation)
 # Usage: scripts/fuzz-smoke.sh [TARGET ...]   (default: all). FUZZ_SECONDS sets the time per
 # target (default 60 for gguf_read, 30 for the others); FUZZ_RUNS=N runs N executions per
 # target instead (the longer runs of bench/RESULTS.md).

@@ -3,8 +3,9 @@
 # outside, as any client sees it: the official
 # `openai` Python package (tests/server/*.py, pytest) and the chat page in headless Chromium
 # (tests/server/browser, playwright-core). Installs what it needs through each project's own
-# client, once and cached: a venv with pinned openai + pytest, Debian's chromium (apt-get, as
-# root, only when missing) and playwright-core (npm ci from the committed lock file).
+# client, once and cached: a venv with pinned openai + pytest, another with schemathesis,
+# Debian's chromium (apt-get, as root, only when missing) and playwright-core (npm ci from the
+# committed lock file).
 # Builds smelt (or reuses the build), fetches both test models, starts one server on a
 # free port, runs both suites, stops the server and exits non-zero on any failure. It ends with
 # a cargo-style `test result:` line so scripts/test.sh counts these tests in its summary.
@@ -30,6 +31,18 @@ if ! "$venv/bin/python" -c "import openai, pytest, jsonschema, importlib.metadat
     "openai==$OPENAI_VERSION" "pytest==$PYTEST_VERSION" "jsonschema==$JSONSCHEMA_VERSION" ||
     die "pip install of openai/pytest/jsonschema failed"
 fi
+
+# Schemathesis (tests/server/test_schemathesis.py) in a venv of its own: its dependencies
+# (hypothesis, jsonschema ranges) must not move the pins above.
+SCHEMATHESIS_VERSION=4.32.5
+st_venv=${SMELT_SCHEMATHESIS_VENV:-$HOME/.cache/smelt/venv-schemathesis-$SCHEMATHESIS_VERSION}
+step "schemathesis $SCHEMATHESIS_VERSION ($st_venv)"
+if ! "$st_venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('schemathesis') != '$SCHEMATHESIS_VERSION')" 2>/dev/null; then
+  python3 -m venv "$st_venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+  "$st_venv/bin/python" -m pip install -q --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION" ||
+    die "pip install of schemathesis failed"
+fi
+export SMELT_SCHEMATHESIS=$st_venv/bin/st
 
 step "chromium ($chromium)"
 if [ ! -x "$chromium" ]; then

@@ -1,12 +1,13 @@
 //! Arbitrary bytes as the body of `/v1/chat/completions` and `/v1/completions`, through the
-//! same parsing and checks the handlers run before anything is queued. Bad input may only be
+//! same parsing and checks the handlers run before anything is queued (crate smelt-openai,
+//! which `smelt serve` uses, built here without its HTTP parts). Bad input may only be
 //! refused with a 400 in the error shape: never a panic, never another status.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use smelt_server::openai::{parse_chat, parse_completion};
-use smelt_server::{grammar, tools, ApiError};
+use smelt_openai::openai::{parse_chat, parse_completion};
+use smelt_openai::{grammar, tools, ApiError};
 
 fn refused(e: &ApiError) {
     assert_eq!(e.status.as_u16(), 400, "{e:?}");

@@ -207,3 +207,26 @@ def test_admin_loads_and_unloads_by_hand(cluster, via_gw) -> None:
         r = gw.admin.post("/admin/models", json=bad)
         assert r.status_code in (400, 404), r.text
         assert r.json()["error"]["param"] == param, r.text
+
+
+def test_embeddings_equal_the_nodes_own(via_gw, direct) -> None:
+    args = dict(model=MODEL, input=["Hello world", "Name three colours."], encoding_format="float")
+    mine, theirs = via_gw.embeddings.create(**args), direct.embeddings.create(**args)
+    assert [d.embedding for d in mine.data] == [d.embedding for d in theirs.data]
+    assert mine.usage == theirs.usage and len(mine.data[0].embedding) == 576
+
+
+def test_the_gateway_refuses_what_serve_refuses(cluster) -> None:
+    """The same edge as `smelt serve` (smelt_http): foreign Host names, cross-origin pages and
+    non-JSON bodies are refused before any node is asked."""
+    _, gw = cluster
+    auth = {"Authorization": f"Bearer {USER_KEY}"}
+    body = json.dumps({"model": MODEL, "messages": CHAT, "max_tokens": 1})
+    r = httpx.get(gw.url + "/v1/models", headers={**auth, "Host": "evil.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"
+    r = httpx.post(gw.url + "/v1/chat/completions", content=body,
+                   headers={**auth, "Origin": "http://evil.example", "Content-Type": "text/plain"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
+    r = httpx.post(gw.url + "/v1/chat/completions", content=body,
+                   headers={**auth, "Content-Type": "text/plain"})
+    assert r.status_code == 415

@@ -128,3 +128,25 @@ def test_tools_need_a_tool_format(client: openai.OpenAI, model_id: str) -> None:
     r = client.chat.completions.create(model=model_id, messages=ASK, tools=TOOLS, tool_choice="none",
                                        max_tokens=4)
     assert r.choices[0].message.content
+
+
+def test_arguments_stream_in_pieces(tool_client) -> None:
+    """Arguments arrive piece by piece, as OpenAI streams them, and the openai client's own
+    stream accumulation (`chat.completions.stream`) adds them up to the non-streamed call."""
+    client, model = tool_client
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    kw = dict(model=model, messages=ASK, tools=strict, tool_choice=choice, max_tokens=60,
+              temperature=0)
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+    pieces = []
+    with client.chat.completions.stream(**kw) as stream:
+        for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                pieces.append(event.arguments_delta)
+        final = stream.get_final_completion()
+    call = final.choices[0].message.tool_calls[0]
+    assert len(pieces) >= 3, pieces
+    assert "".join(pieces) == whole.function.arguments == call.function.arguments
+    assert call.function.name == "get_weather" and call.id
+    assert call.function.parsed_arguments == json.loads(whole.function.arguments)

@@ -78,6 +78,16 @@ pub struct SeqInput {
     pub logits: Logits,
 }
 
+/// What a step hands back for the rows asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Out {
+    Logits,
+    /// Greedy tokens (chosen on the device where it can).
+    Greedy,
+    /// The final norm's output (embeddings).
+    Hidden,
+}
+
 /// A loaded model ready to run.
 pub struct Engine {
     gguf: Arc<Gguf>,
@@ -251,6 +261,11 @@ impl Engine {
         self.table.free_blocks()
     }
 
+    /// Tokens per KV block.
+    pub fn block_size(&self) -> usize {
+        self.table.block_size()
+    }
+
     /// KV blocks in all.
     pub fn total_blocks(&self) -> usize {
         self.table.n_blocks()
@@ -277,7 +292,7 @@ impl Engine {
     /// sequence, bad token, KV cache full) leaves every sequence as it was.
     pub fn forward(&mut self, batch: &[SeqInput]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
         let n_vocab = self.info().n_vocab;
-        let flat = match self.step(batch, false)? {
+        let flat = match self.step(batch, Out::Logits)? {
             StepOut::Logits(l) => l,
             StepOut::Tokens(_) => {
                 return Err(EngineError::BadOptions("a logits step gave tokens".into()))
@@ -316,7 +331,7 @@ impl Engine {
             ));
         }
         let n_vocab = self.info().n_vocab;
-        let tokens = match self.step(batch, true)? {
+        let tokens = match self.step(batch, Out::Greedy)? {
             StepOut::Tokens(t) => t,
             StepOut::Logits(l) => l
                 .chunks(n_vocab.max(1))
@@ -333,9 +348,11 @@ impl Engine {
             .collect())
     }
 
-    /// Runs a batch; the rows asked for come back as logits, flat, or (with `greedy`, on a
-    /// backend that can) as their greedy tokens.
-    fn step(&mut self, batch: &[SeqInput], greedy: bool) -> Result<StepOut, EngineError> {
+    /// Runs a batch; the rows asked for come back as logits, flat, or (with `Out::Greedy`,
+    /// on a backend that can) as their greedy tokens, or (`Out::Hidden`) as the final norm's
+    /// rows, `n_embd` wide (in `StepOut::Logits`).
+    pub(crate) fn step(&mut self, batch: &[SeqInput], out: Out) -> Result<StepOut, EngineError> {
+        let greedy = out == Out::Greedy;
         let n_vocab = self.info().n_vocab;
         let mut seen = HashSet::new();
         for inp in batch {
@@ -407,9 +424,15 @@ impl Engine {
                 let mut refs: Vec<&mut Vec<DeltaState<CpuTensor>>> = taken.iter_mut().collect();
                 let ran = pool.rayon.install(|| {
                     pool.spin.install(|| {
-                        model.forward_with_state(
-                            backend, kv, &mut refs, &tokens, &positions, &seqs, &out_rows,
-                        )
+                        if out == Out::Hidden {
+                            model.hidden_with_state(
+                                backend, kv, &mut refs, &tokens, &positions, &seqs, &out_rows,
+                            )
+                        } else {
+                            model.forward_with_state(
+                                backend, kv, &mut refs, &tokens, &positions, &seqs, &out_rows,
+                            )
+                        }
                     })
                 });
                 drop(refs);
@@ -425,6 +448,9 @@ impl Engine {
                     data.truncate(logits.rows * logits.cols);
                     data
                 })
+            }
+            Inner::Cuda(c) if out == Out::Hidden => {
+                StepOut::Logits(c.hidden(&tokens, &positions, &seqs, &out_rows)?)
             }
             Inner::Cuda(c) => c.forward(&tokens, &positions, &seqs, &out_rows, greedy)?,
         };

@@ -13,6 +13,7 @@
 
 pub mod backend;
 mod device;
+pub mod embed;
 mod engine;
 mod error;
 pub mod generate;
@@ -22,6 +23,7 @@ pub mod model;
 pub mod sampler;
 
 pub use device::{Device, Selected};
+pub use embed::Pooling;
 pub use engine::{Engine, EngineOptions, Logits, SeqInput};
 pub use error::EngineError;
 pub use gpu_memory::GpuMemory;

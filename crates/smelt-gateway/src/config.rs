@@ -33,6 +33,51 @@ pub struct GatewaySection {
     /// How often nodes are polled, in milliseconds.
     #[serde(default = "default_health_ms")]
     pub health_interval_ms: u64,
+    /// When set, `/metrics` needs it (or the admin key); absent: `/metrics` is open.
+    pub metrics_key: Option<String>,
+    /// Host names the gateway answers to besides the localhost names when bound to
+    /// localhost (`*`: any); bound elsewhere, any host unless names are listed.
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+    /// Origins whose cross-origin browser requests are allowed (`*`: any); none by default.
+    #[serde(default)]
+    pub cors: Vec<String>,
+    /// A request's headers must arrive within this long (also the keep-alive idle time).
+    #[serde(default = "default_header_ms")]
+    pub header_timeout_ms: u64,
+    /// A request's whole body must arrive within this long of its headers.
+    #[serde(default = "default_body_ms")]
+    pub body_timeout_ms: u64,
+    /// A response write that makes no progress for this long ends the connection.
+    #[serde(default = "default_idle_ms")]
+    pub idle_timeout_ms: u64,
+    /// Client connections served at once (one more closes the oldest idle one).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// A node that joined by itself (`smelt serve --gateway`) and stays down this long is
+    /// forgotten (nodes of the config are kept, down or not).
+    #[serde(default = "default_forget_ms")]
+    pub forget_after_ms: u64,
+}
+
+fn default_forget_ms() -> u64 {
+    300_000
+}
+
+fn default_header_ms() -> u64 {
+    10_000
+}
+
+fn default_body_ms() -> u64 {
+    30_000
+}
+
+fn default_idle_ms() -> u64 {
+    60_000
+}
+
+fn default_max_connections() -> usize {
+    4096
 }
 
 fn default_health_ms() -> u64 {
@@ -45,6 +90,14 @@ impl Default for GatewaySection {
             api_keys: Vec::new(),
             admin_key: None,
             health_interval_ms: default_health_ms(),
+            metrics_key: None,
+            allow_hosts: Vec::new(),
+            cors: Vec::new(),
+            header_timeout_ms: default_header_ms(),
+            body_timeout_ms: default_body_ms(),
+            idle_timeout_ms: default_idle_ms(),
+            max_connections: default_max_connections(),
+            forget_after_ms: default_forget_ms(),
         }
     }
 }
@@ -71,8 +124,12 @@ pub struct ModelConfig {
     /// What the node's `/admin/models` load takes: a path or an alias.
     pub source: String,
     /// What it takes on a node; absent: what a node reports once it has loaded it (before
-    /// that, the size of `source` when it is a file the gateway can see).
+    /// that, when `source` is a GGUF file the gateway can see, the file's size plus its KV
+    /// cache at `ctx` tokens, from the file's header).
     pub memory_mb: Option<u64>,
+    /// The context its nodes serve it with (`smelt serve --ctx`), for that estimate.
+    #[serde(default)]
+    pub ctx: Option<u64>,
     /// Loaded at start on these nodes and never evicted from them.
     #[serde(default)]
     pub pinned_on: Vec<String>,
@@ -125,6 +182,19 @@ impl Config {
         if self.gateway.admin_key.as_deref() == Some("") {
             return bad(
                 "[gateway] admin_key must not be empty (leave it out to disable admin)".into(),
+            );
+        }
+        if self.gateway.metrics_key.as_deref() == Some("") {
+            return bad("[gateway] metrics_key must not be empty (leave it out for none)".into());
+        }
+        let g = &self.gateway;
+        if [g.header_timeout_ms, g.body_timeout_ms, g.idle_timeout_ms].contains(&0)
+            || g.max_connections == 0
+        {
+            return bad(
+                "[gateway] header_timeout_ms, body_timeout_ms, idle_timeout_ms and \
+                 max_connections must be at least 1"
+                    .into(),
             );
         }
         let mut nodes = BTreeSet::new();

@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod error;
+pub mod estimate;
 pub mod join;
 pub mod metrics;
 pub mod nodes;
@@ -71,10 +72,9 @@ impl Shared {
                     bytes: m.memory_mb.map(|b| b << 20),
                 },
             );
-            if let Ok(meta) = std::fs::metadata(&m.source) {
-                if meta.is_file() {
-                    c.on_disk.insert(m.name.clone(), meta.len());
-                }
+            let ctx = m.ctx.unwrap_or(estimate::DEFAULT_CTX);
+            if let Some(bytes) = estimate::model_bytes(std::path::Path::new(&m.source), ctx) {
+                c.on_disk.insert(m.name.clone(), bytes);
             }
             for p in &m.pinned_on {
                 if let Some(i) = c.node_index(p) {
@@ -176,19 +176,22 @@ impl Gateway {
         for i in 0..n {
             nodes::spawn_poller(Arc::clone(&self.shared), i);
         }
-        let app = routes::router(Arc::clone(&self.shared));
-        // Stream chunks are small writes: without TCP_NODELAY, Nagle's algorithm holds each
-        // one back until the client's (delayed) ACK of the previous one arrives.
-        use axum::serve::ListenerExt;
-        let listener = self.listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
+        let loopback = self.listener.local_addr()?.ip().is_loopback();
+        let app = routes::router(Arc::clone(&self.shared), loopback);
+        // The accept loop `smelt serve` uses: header, idle and write timeouts, a connection
+        // limit, TCP_NODELAY (stream chunks are small writes) and each peer's address.
+        let g = &self.shared.config.gateway;
+        let limits = smelt_http::conn::ConnLimits {
+            header_timeout: Duration::from_millis(g.header_timeout_ms),
+            idle_timeout: Duration::from_millis(g.idle_timeout_ms),
+            max_connections: smelt_http::conn::fit_to_fds(g.max_connections),
+        };
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            stop_tx.send_replace(true);
         });
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown)
-        .await?;
+        smelt_http::conn::serve(self.listener, app, limits, stop_rx).await?;
         Ok(())
     }
 }

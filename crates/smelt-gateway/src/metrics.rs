@@ -103,7 +103,7 @@ impl Metrics {
             "gauge",
             "1 while the node answers /live.",
         );
-        for n in &cluster.nodes {
+        for n in cluster.nodes.iter().filter(|n| !n.forgotten) {
             let _ = writeln!(
                 out,
                 "smelt_gateway_node_up{{node=\"{}\"}} {}",
@@ -117,7 +117,7 @@ impl Metrics {
             "gauge",
             "This gateway's requests on each node.",
         );
-        for n in &cluster.nodes {
+        for n in cluster.nodes.iter().filter(|n| !n.forgotten) {
             let _ = writeln!(
                 out,
                 "smelt_gateway_in_flight{{node=\"{}\"}} {}",
@@ -131,7 +131,7 @@ impl Metrics {
             "gauge",
             "1 for each model on each node, labelled with its state (loading, loaded, unloading).",
         );
-        for n in &cluster.nodes {
+        for n in cluster.nodes.iter().filter(|n| !n.forgotten) {
             for (m, p) in &n.models {
                 let _ = writeln!(
                     out,

@@ -39,8 +39,22 @@ pub(crate) fn request(
 pub fn spawn_poller(sh: Arc<Shared>, i: usize) {
     tokio::spawn(async move {
         let every = sh.config.health_interval();
+        let forget = Duration::from_millis(sh.config.gateway.forget_after_ms);
         loop {
             poll(&sh, i).await;
+            let gone = {
+                let mut c = sh.cluster();
+                let name = c.nodes[i].name.clone();
+                let gone = c.forget_if_gone(i, forget);
+                if gone {
+                    tracing::warn!(node = %name, "node stayed down: forgotten until it joins again");
+                }
+                gone
+            };
+            if gone {
+                sh.changed.notify_waiters();
+                return;
+            }
             tokio::time::sleep(every).await;
         }
     });
@@ -277,7 +291,14 @@ pub fn register(sh: &Arc<Shared>, r: Registration) -> Result<bool, String> {
                 }
                 n.admin_key = r.admin_key;
                 n.room_configured = r.memory_mb.map(|m| m << 20);
-                None
+                if n.forgotten {
+                    // Back after it was forgotten: polled again from now.
+                    n.forgotten = false;
+                    n.down_since = None;
+                    Some(i)
+                } else {
+                    None
+                }
             }
             None => {
                 let mut n = Node::new(&r.name, &r.url, r.admin_key, Origin::Registered);

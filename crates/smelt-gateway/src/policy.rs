@@ -73,6 +73,12 @@ pub struct Node {
     /// Moves on with every load or unload this gateway makes here, so a report fetched
     /// before one finished is not applied over it (see [`Cluster::sync`]).
     pub epoch: u64,
+    /// Since when it has been down (`None` while up).
+    pub down_since: Option<std::time::Instant>,
+    /// A node that joined by itself and stayed down past `forget_after_ms`: left out of every
+    /// listing and no longer polled, until it registers again. (Kept in place rather than
+    /// removed, so the indices requests in flight hold stay valid.)
+    pub forgotten: bool,
 }
 
 impl Node {
@@ -89,6 +95,8 @@ impl Node {
             models: BTreeMap::new(),
             pins: BTreeSet::new(),
             epoch: 0,
+            down_since: None,
+            forgotten: false,
         }
     }
 
@@ -154,7 +162,8 @@ pub struct Cluster {
     pub catalogue: BTreeMap<String, Spec>,
     /// Bytes nodes reported for each model, for catalogue entries without `memory_mb`.
     pub learned: BTreeMap<String, u64>,
-    /// Bytes of a catalogue model's file when the gateway can see it (a fallback estimate).
+    /// A catalogue model's file plus its KV cache at its context, when the gateway can read
+    /// the file (the estimate before any node has reported the model; see `estimate`).
     pub on_disk: BTreeMap<String, u64>,
     /// Use counter: each routed request moves it on by one (LRU order, no clock needed).
     pub tick: u64,
@@ -397,7 +406,25 @@ impl Cluster {
 
     /// The node failed a liveness check or a connection: no requests until it answers again.
     pub fn set_down(&mut self, node: usize) {
-        self.nodes[node].up = false;
+        let n = &mut self.nodes[node];
+        n.up = false;
+        n.down_since.get_or_insert_with(std::time::Instant::now);
+    }
+
+    /// Forgets node `node` when it joined by itself and has been down for `after` or more:
+    /// its models and pins go, and it leaves every listing. Returns whether it did.
+    pub fn forget_if_gone(&mut self, node: usize, after: std::time::Duration) -> bool {
+        let n = &mut self.nodes[node];
+        let gone = n.origin == Origin::Registered
+            && !n.up
+            && n.down_since.is_some_and(|t| t.elapsed() >= after);
+        if gone {
+            n.forgotten = true;
+            n.models.clear();
+            n.pins.clear();
+            n.in_flight = 0;
+        }
+        gone
     }
 
     /// A node answered `/live` and reported its models: the gateway's view of it becomes
@@ -412,6 +439,7 @@ impl Cluster {
             .collect();
         let n = &mut self.nodes[node];
         n.up = true;
+        n.down_since = None;
         n.room_reported = room;
         n.models
             .retain(|m, p| p.phase != Phase::Loaded || reported.iter().any(|r| &r.id == m));

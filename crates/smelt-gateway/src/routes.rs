@@ -9,12 +9,14 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
+
+use smelt_http::guard::{bearer, holds, same};
 
 use crate::error::{clip, ApiError};
 use crate::nodes::{self, Registration};
@@ -26,10 +28,13 @@ type St = State<Arc<Shared>>;
 /// Request bodies up to this size are forwarded (long prompts).
 const BODY_LIMIT: usize = 32 << 20;
 
-pub(crate) fn router(sh: Arc<Shared>) -> Router {
+/// The routes; `loopback`: the gateway listens on a loopback address (localhost Host names
+/// only, unless `allow_hosts` says more).
+pub(crate) fn router(sh: Arc<Shared>, loopback: bool) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&sh), api_auth));
@@ -37,12 +42,26 @@ pub(crate) fn router(sh: Arc<Shared>) -> Router {
         .route("/admin/nodes", get(admin_nodes).post(admin_register))
         .route("/admin/models", get(admin_models).post(admin_models_post))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&sh), admin_auth));
+    let metrics =
+        Router::new()
+            .route("/metrics", get(metrics))
+            .route_layer(middleware::from_fn_with_state(
+                Arc::clone(&sh),
+                metrics_auth,
+            ));
+    let g = &sh.config.gateway;
+    let edge = Arc::new(smelt_http::Edge {
+        hosts: smelt_http::HostPolicy::new(loopback, &g.allow_hosts),
+        cors: g.cors.clone(),
+        body_timeout: Duration::from_millis(g.body_timeout_ms),
+        body_limit: BODY_LIMIT,
+    });
     Router::new()
         .merge(api)
         .merge(admin)
+        .merge(metrics)
         .route("/health", get(health))
         .route("/live", get(|| async { Json(json!({"status": "alive"})) }))
-        .route("/metrics", get(metrics))
         .fallback(|req: Request| async move {
             ApiError::not_found(format!(
                 "no route for {} {}",
@@ -51,29 +70,22 @@ pub(crate) fn router(sh: Arc<Shared>) -> Router {
             ))
         })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn_with_state(
+            edge,
+            smelt_http::guard::guard,
+        ))
         .with_state(sh)
-}
-
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, key) = v.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
-}
-
-/// Compares without stopping at the first difference (no timing hint about the key).
-fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 /// `/v1/*`: one of `api_keys` when there are any (the admin key works too).
 async fn api_auth(State(sh): St, req: Request, next: Next) -> Response {
     let g = &sh.config.gateway;
     if !g.api_keys.is_empty() {
-        let given = bearer(req.headers()).unwrap_or("");
-        let ok = g.api_keys.iter().any(|k| same(k, given))
-            || g.admin_key.as_deref().is_some_and(|k| same(k, given));
+        let given = bearer(req.headers()).unwrap_or("").as_bytes();
+        let ok = g.api_keys.iter().any(|k| same(k.as_bytes(), given))
+            || holds(req.headers(), &g.admin_key);
         if !ok {
-            return ApiError::unauthorized("API key").into_response();
+            return ApiError::unauthorized().into_response();
         }
     }
     next.run(req).await
@@ -83,12 +95,35 @@ async fn api_auth(State(sh): St, req: Request, next: Next) -> Response {
 async fn admin_auth(State(sh): St, req: Request, next: Next) -> Response {
     match &sh.config.gateway.admin_key {
         None => ApiError::forbidden(
-            "the gateway's admin is disabled: set admin_key in its [gateway] section",
+            "the gateway's admin is disabled: set admin_key in its [gateway] section or start \
+             it with --admin-key",
         )
         .into_response(),
-        Some(k) if same(k, bearer(req.headers()).unwrap_or("")) => next.run(req).await,
-        Some(_) => ApiError::unauthorized("admin key").into_response(),
+        key if holds(req.headers(), key) => next.run(req).await,
+        Some(_) => ApiError {
+            message: "missing or invalid admin key: send `Authorization: Bearer <admin key>`"
+                .into(),
+            ..ApiError::unauthorized()
+        }
+        .into_response(),
     }
+}
+
+/// `/metrics`: the metrics key when one is set (the admin key works too).
+async fn metrics_auth(State(sh): St, req: Request, next: Next) -> Response {
+    let g = &sh.config.gateway;
+    if g.metrics_key.is_some()
+        && !holds(req.headers(), &g.metrics_key)
+        && !holds(req.headers(), &g.admin_key)
+    {
+        return ApiError {
+            message: "missing or invalid metrics key: send `Authorization: Bearer <metrics key>`"
+                .into(),
+            ..ApiError::unauthorized()
+        }
+        .into_response();
+    }
+    next.run(req).await
 }
 
 async fn chat(State(sh): St, body: Bytes) -> Response {
@@ -97,6 +132,10 @@ async fn chat(State(sh): St, body: Bytes) -> Response {
 
 async fn completions(State(sh): St, body: Bytes) -> Response {
     proxy::forward(sh, "/v1/completions", body).await
+}
+
+async fn embeddings(State(sh): St, body: Bytes) -> Response {
+    proxy::forward(sh, "/v1/embeddings", body).await
 }
 
 /// Every catalogue model (and any model a node serves of its own), with where it is.
@@ -165,7 +204,8 @@ async fn get_model(State(sh): St, Path(id): Path<String>) -> Result<Json<Value>,
 async fn health(State(sh): St) -> Response {
     let (up, total) = {
         let c = sh.cluster();
-        (c.nodes.iter().filter(|n| n.up).count(), c.nodes.len())
+        let known = c.nodes.iter().filter(|n| !n.forgotten).count();
+        (c.nodes.iter().filter(|n| n.up).count(), known)
     };
     let body = Json(json!({
         "status": if up > 0 { "ok" } else { "no_node" },
@@ -196,6 +236,7 @@ async fn admin_nodes(State(sh): St) -> Json<Value> {
     let data: Vec<Value> = c
         .nodes
         .iter()
+        .filter(|n| !n.forgotten)
         .map(|n| {
             let models: Vec<Value> = n
                 .models

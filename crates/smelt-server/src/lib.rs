@@ -16,18 +16,19 @@
 //! ```
 
 mod assets;
-mod conn;
-pub mod error;
+mod embeddings;
+/// Errors in OpenAI's shape (shared with the gateway: `smelt_http`).
+pub mod error {
+    pub use smelt_http::error::*;
+}
 pub mod grammar;
 mod guard;
 pub mod metrics;
 pub mod models;
-pub mod openai;
 mod openapi;
 mod reply;
 mod routes;
 pub mod scheduler;
-pub mod tools;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,11 +38,13 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-pub use conn::raise_fd_limit;
-pub use error::ApiError;
 pub use guard::HostPolicy;
 pub use models::{gguf_loader, model_id, LoadedModel, Loader};
 pub use scheduler::SchedulerConfig;
+pub use smelt_http::conn::raise_fd_limit;
+pub use smelt_http::ApiError;
+/// The request surface (parsed and checked without a model) lives in `smelt-openai`.
+pub use smelt_openai::{openai, tool_stream, tools};
 
 /// How to serve.
 #[derive(Debug, Clone)]
@@ -90,6 +93,9 @@ pub struct ServerConfig {
     pub chat_template: Option<String>,
     /// Share the KV blocks of identical prompt prefixes between requests.
     pub prefix_cache: bool,
+    /// How `/v1/embeddings` pools every model's hidden states; `None`: as each GGUF's
+    /// `{arch}.pooling_type` says, the mean when it says nothing.
+    pub pooling: Option<smelt_engine::Pooling>,
 }
 
 impl Default for ServerConfig {
@@ -114,6 +120,7 @@ impl Default for ServerConfig {
             allow_special_in_content: false,
             chat_template: None,
             prefix_cache: true,
+            pooling: None,
         }
     }
 }
@@ -223,21 +230,12 @@ impl Server {
         let app = routes::router(Arc::clone(&self.state));
         let mut stop2 = self.shutdown.subscribe();
         let c = &self.state.config;
-        // A quarter above the limit is the hard ceiling (see `conn`), and some descriptors
-        // are the process's own (model files, the listener).
-        let max_connections = match raise_fd_limit() {
-            Some(fds) => c
-                .max_connections
-                .min((fds.saturating_sub(64) * 4 / 5) as usize)
-                .max(1),
-            None => c.max_connections,
-        };
-        let limits = conn::ConnLimits {
+        let limits = smelt_http::conn::ConnLimits {
             header_timeout: c.header_timeout,
             idle_timeout: c.idle_timeout,
-            max_connections,
+            max_connections: smelt_http::conn::fit_to_fds(c.max_connections),
         };
-        let serve = conn::serve(self.listener, app, limits, self.shutdown.subscribe());
+        let serve = smelt_http::conn::serve(self.listener, app, limits, self.shutdown.subscribe());
         tokio::pin!(serve);
         tokio::select! {
             r = &mut serve => return Ok(r?),

@@ -270,6 +270,10 @@ pub struct ModelEntry {
     /// Most tokens one sequence may hold (prompt and generation).
     pub ctx: usize,
     pub arch: String,
+    /// Width of the hidden state (of an embedding).
+    pub n_embd: usize,
+    /// What the GGUF says about pooling its hidden states into an embedding.
+    pub pooling: smelt_engine::embed::FilePooling,
     pub total_blocks: usize,
     /// What the model takes in memory: its weights and its KV cache (an estimate).
     pub bytes: u64,
@@ -351,15 +355,16 @@ pub fn load(
             };
             let info = m.engine.info().clone();
             let weights = m.engine.gguf().file_size();
+            let pooling = smelt_engine::embed::file_pooling(m.engine.gguf());
             Ok((
                 m.engine,
                 Arc::new(m.tokenizer),
-                (m.path, template, info, weights),
+                (m.path, template, info, weights, pooling),
             ))
         },
         cfg,
     )?;
-    let (path, template, info, weights) = started.extra;
+    let (path, template, info, weights, pooling) = started.extra;
     // The KV cache as f32 keys and values, every layer, every block.
     let kv = (started.total_blocks * EngineOptions::default().block_size) as u64
         * info.n_layer as u64
@@ -397,6 +402,8 @@ pub fn load(
         template,
         ctx,
         arch: info.arch.name().to_string(),
+        n_embd: info.n_embd,
+        pooling,
         total_blocks: started.total_blocks,
         bytes: weights.saturating_add(kv),
         scheduler: started.handle,

@@ -91,6 +91,20 @@ pub(crate) const SPEC: &str = r##"{
           "index": {"type": "integer"}, "text": {"type": "string"}, "logprobs": {"type": ["object", "null"]},
           "finish_reason": {"enum": ["stop", "length"]}}}},
         "usage": {"$ref": "#/components/schemas/Usage"}}},
+      "EmbeddingRequest": {"type": "object", "required": ["input"], "additionalProperties": false, "properties": {
+        "model": {"type": "string", "description": "a served model id; the first model when absent"},
+        "input": {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "maxItems": 2048, "items": {"type": "string", "minLength": 1}},
+          {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}, {"type": "array", "minItems": 1, "maxItems": 2048, "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}}],
+          "description": "each text (or list of token ids) is embedded on its own; at most --ctx tokens each"},
+        "encoding_format": {"enum": ["float", "base64"], "default": "float", "description": "base64: little-endian f32"},
+        "dimensions": {"type": "integer", "description": "only the model's own width"},
+        "user": {"type": "string", "description": "accepted, not used"}}},
+      "EmbeddingList": {"type": "object", "properties": {
+        "object": {"const": "list"}, "model": {"type": "string"},
+        "data": {"type": "array", "items": {"type": "object", "properties": {
+          "object": {"const": "embedding"}, "index": {"type": "integer"},
+          "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}}}},
+        "usage": {"type": "object", "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}}},
       "ModelList": {"type": "object", "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {
         "type": "object", "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"}, "owned_by": {"type": "string"}}}}}}
     },
@@ -114,6 +128,14 @@ pub(crate) const SPEC: &str = r##"{
         "400": {"$ref": "#/components/responses/BadRequest"}, "401": {"$ref": "#/components/responses/Unauthorized"},
         "404": {"$ref": "#/components/responses/NotFound"}, "429": {"$ref": "#/components/responses/TooMany"},
         "503": {"$ref": "#/components/responses/Unavailable"}}}},
+    "/v1/embeddings": {"post": {
+      "summary": "Embeddings: the hidden state pooled as the GGUF's pooling_type says (mean when unset; --pooling overrides), L2-normalized",
+      "security": [{"bearer": []}],
+      "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EmbeddingRequest"}}}},
+      "responses": {
+        "200": {"description": "one embedding per input, in order", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EmbeddingList"}}}},
+        "400": {"$ref": "#/components/responses/BadRequest"}, "401": {"$ref": "#/components/responses/Unauthorized"},
+        "404": {"$ref": "#/components/responses/NotFound"}, "503": {"$ref": "#/components/responses/Unavailable"}}}},
     "/v1/completions": {"post": {
       "summary": "Text completion (JSON, or server-sent events with stream: true)",
       "security": [{"bearer": []}],
@@ -164,6 +186,7 @@ mod tests {
         for p in [
             "/v1/chat/completions",
             "/v1/completions",
+            "/v1/embeddings",
             "/v1/models",
             "/v1/models/{id}",
             "/health",

@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::scheduler::{Event, TokenLogprob};
+use crate::tool_stream;
 use crate::tools::{self, ToolCall, ToolFormat};
 
 /// Which endpoint answers.
@@ -274,7 +275,8 @@ enum Mode {
     Start,
     Content,
     Reasoning,
-    /// A tool call started: everything is held until the end.
+    /// A tool call started: the text is held, and each call goes out in pieces as it is
+    /// read ([`crate::tool_stream`]).
     Calls,
 }
 
@@ -286,6 +288,8 @@ struct ChoiceState {
     mode: Mode,
     /// Text not sent yet (a possible marker's start, or calls).
     held: String,
+    /// Tool calls streamed so far: their ids and the arguments text sent.
+    calls: Vec<(String, String)>,
     done: bool,
 }
 
@@ -419,6 +423,45 @@ impl StreamState {
         if !content.is_empty() || logprob.is_some() {
             self.delta(i, json!({"content": content}), logprob);
         }
+        if let (Mode::Calls, Some(f)) = (self.choices[i].mode, tools) {
+            self.stream_calls(i, f);
+        }
+    }
+
+    /// Sends what is new in the held calls: a call's id and name once its name is read,
+    /// then its arguments as they grow; the next call only once this one is complete.
+    fn stream_calls(&mut self, i: usize, f: ToolFormat) {
+        let parts = tool_stream::scan(f, &self.choices[i].held);
+        for (k, p) in parts.iter().enumerate() {
+            let Some(name) = &p.name else {
+                break;
+            };
+            if k == self.choices[i].calls.len() {
+                let id = tools::call_id();
+                self.delta(
+                    i,
+                    json!({"tool_calls": [{"index": k, "id": id, "type": "function",
+                        "function": {"name": name, "arguments": ""}}]}),
+                    None,
+                );
+                self.choices[i].calls.push((id, String::new()));
+            }
+            if let Some(a) = &p.arguments {
+                let sent = &self.choices[i].calls[k].1;
+                if a.len() > sent.len() && a.starts_with(sent.as_str()) {
+                    let piece = a[sent.len()..].to_string();
+                    self.choices[i].calls[k].1 = a.clone();
+                    self.delta(
+                        i,
+                        json!({"tool_calls": [{"index": k, "function": {"arguments": piece}}]}),
+                        None,
+                    );
+                }
+            }
+            if !p.done {
+                break;
+            }
+        }
     }
 
     fn token(&mut self, i: usize, text: String, logprob: Option<TokenLogprob>) {
@@ -464,24 +507,41 @@ impl StreamState {
             match (st.mode, self.r.tools) {
                 (Mode::Calls, Some(f)) => {
                     let (content, calls) = tools::parse(f, &held);
+                    let streamed = std::mem::take(&mut self.choices[i].calls);
                     if !content.is_empty() {
                         self.delta(i, json!({"content": content}), None);
                     }
                     for (k, c) in calls.iter().enumerate() {
-                        // As OpenAI streams a call: id and name first, then the arguments.
-                        self.delta(
-                            i,
-                            json!({"tool_calls": [{"index": k, "id": c.id, "type": "function",
-                                "function": {"name": c.name, "arguments": ""}}]}),
-                            None,
-                        );
-                        self.delta(
-                            i,
-                            json!({"tool_calls": [{"index": k, "function": {"arguments": c.arguments}}]}),
-                            None,
-                        );
+                        // As OpenAI streams a call: id and name first, then the arguments;
+                        // what the stream sent already is not sent again.
+                        let sent = match streamed.get(k) {
+                            Some((_, sent)) => sent.as_str(),
+                            None => {
+                                self.delta(
+                                    i,
+                                    json!({"tool_calls": [{"index": k, "id": c.id,
+                                        "type": "function",
+                                        "function": {"name": c.name, "arguments": ""}}]}),
+                                    None,
+                                );
+                                ""
+                            }
+                        };
+                        match c.arguments.strip_prefix(sent) {
+                            Some("") => {}
+                            Some(rest) => self.delta(
+                                i,
+                                json!({"tool_calls": [{"index": k, "function": {"arguments": rest}}]}),
+                                None,
+                            ),
+                            None => tracing::warn!(
+                                "streamed tool-call arguments {sent:?} are not a prefix of \
+                                 the parsed {:?}",
+                                c.arguments
+                            ),
+                        }
                     }
-                    if !calls.is_empty() {
+                    if !calls.is_empty() || !streamed.is_empty() {
                         reason = "tool_calls";
                     }
                 }
@@ -556,6 +616,7 @@ pub(crate) fn stream(rx: Events, r: Reply) -> impl Stream<Item = Result<SseEvent
                 offset: 0,
                 mode: Mode::Start,
                 held: String::new(),
+                calls: Vec::new(),
                 done: false,
             })
             .collect(),

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
+use smelt_engine::sampler::SamplingParams;
 use smelt_tokenizer::{ChatMessage, Tokenizer};
 use tokio::sync::mpsc;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -34,6 +35,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
         .route_layer(middleware::from_fn_with_state(
@@ -66,8 +68,13 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         // Inside the counter, so a caught panic is counted as the 500 it becomes.
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn_with_state(
-            Arc::clone(&state),
-            guard::guard,
+            Arc::new(smelt_http::guard::Edge {
+                hosts: state.hosts.clone(),
+                cors: state.config.cors.clone(),
+                body_timeout: state.config.body_timeout,
+                body_limit: guard::BODY_LIMIT,
+            }),
+            smelt_http::guard::guard,
         ))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count))
         .with_state(state)
@@ -370,7 +377,22 @@ async fn load_inner(
     Ok(e)
 }
 
-fn model_for(st: &AppState, id: Option<&str>) -> Result<Arc<ModelEntry>, ApiError> {
+/// A request's checked sampling as the engine's sampler takes it.
+fn engine_sampling(s: &openai::Sampling) -> SamplingParams {
+    SamplingParams {
+        temperature: s.temperature,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        min_p: s.min_p,
+        repeat_penalty: s.repeat_penalty,
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        seed: s.seed,
+        ..SamplingParams::default()
+    }
+}
+
+pub(crate) fn model_for(st: &AppState, id: Option<&str>) -> Result<Arc<ModelEntry>, ApiError> {
     if st.shutting_down.load(Ordering::SeqCst) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
@@ -400,10 +422,10 @@ fn tokenize(tok: &Tokenizer, text: &str, chat: bool, plain: &[std::ops::Range<us
 }
 
 /// A request body, or why it could not be read (too big, cut off).
-type Body = Result<Bytes, BytesRejection>;
+pub(crate) type Body = Result<Bytes, BytesRejection>;
 
 /// An unreadable body in the error shape, with the status axum chose (413 when too big).
-fn body_error(r: BytesRejection) -> ApiError {
+pub(crate) fn body_error(r: BytesRejection) -> ApiError {
     let mut e = ApiError::bad_request(format!("cannot read the request body: {}", r.body_text()));
     e.status = r.status();
     e
@@ -686,7 +708,7 @@ async fn run(
             None => None,
         };
         let (job_tx, mut job_rx) = mpsc::unbounded_channel();
-        let mut sampling = p.sampling.clone();
+        let mut sampling = engine_sampling(&p.sampling);
         sampling.seed = sampling.seed.wrapping_add(i as u64);
         let job = Job {
             prompt: prompt.clone(),

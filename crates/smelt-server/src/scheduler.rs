@@ -25,8 +25,8 @@ use std::time::Instant;
 
 use smelt_engine::generate::{FinishReason, TextStream, TokenText};
 use smelt_engine::sampler::{Sampler, SamplingParams};
-use smelt_engine::{EngineError, Logits, SeqId, SeqInput};
-use tokio::sync::mpsc;
+use smelt_engine::{EngineError, Logits, Pooling, SeqId, SeqInput};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::ApiError;
 use crate::metrics::ModelStats;
@@ -121,6 +121,12 @@ pub enum SubmitError {
 
 enum Command {
     Submit(Box<Job>),
+    /// Embed these inputs between two steps (see [`SchedulerHandle::embed`]).
+    Embed {
+        inputs: Vec<Vec<u32>>,
+        pooling: Pooling,
+        reply: oneshot::Sender<Result<Vec<Vec<f32>>, ApiError>>,
+    },
     /// End every request now with a 503 (the shutdown grace period ran out).
     CancelAll,
 }
@@ -159,6 +165,26 @@ impl SchedulerHandle {
             self.queued.fetch_sub(1, Ordering::SeqCst);
             SubmitError::Stopped
         })
+    }
+
+    /// Embeds `inputs` (token ids, each within the context) pooled by `pooling`, not
+    /// normalized. The scheduler runs them between two steps of its batch, each input a
+    /// sequence of its own, fed in steps of `step_tokens`.
+    pub async fn embed(
+        &self,
+        inputs: Vec<Vec<u32>>,
+        pooling: Pooling,
+    ) -> Result<Vec<Vec<f32>>, ApiError> {
+        let (reply, rx) = oneshot::channel();
+        let stopped = || ApiError::unavailable("the model's scheduler has stopped");
+        self.tx
+            .send(Command::Embed {
+                inputs,
+                pooling,
+                reply,
+            })
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Ends every queued and running request with a 503.
@@ -222,6 +248,7 @@ where
                 running: Vec::new(),
                 next_order: 0,
                 kv_full: false,
+                embeds: VecDeque::new(),
             };
             s.run(rx);
         })
@@ -246,6 +273,21 @@ where
         tokenizer,
         join,
     })
+}
+
+/// An embedding step's failure as an answer: a full KV cache is the server's load (503),
+/// a bad token the client's (400), anything else internal.
+fn embed_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::OutOfKvBlocks { need, free } => ApiError::unavailable(format!(
+            "an input needs {need} KV blocks and the cache has {free}: the KV cache is too \
+             small for it (--kv-tokens)"
+        )),
+        EngineError::BadToken { .. } | EngineError::ContextOverflow { .. } => {
+            ApiError::invalid_param("input", e.to_string())
+        }
+        e => ApiError::internal(format!("embedding failed: {e}")),
+    }
 }
 
 /// A request inside the scheduler, queued or running.
@@ -323,13 +365,22 @@ struct Scheduler<E, T> {
     /// The KV cache ran out since a sequence last freed blocks: admitting more now would
     /// only be preempted again, so the queue waits until something finishes.
     kv_full: bool,
+    /// Embedding requests, run between steps (see [`Scheduler::run_embeds`]).
+    embeds: VecDeque<EmbedJob>,
+}
+
+/// A queued `/v1/embeddings` request.
+struct EmbedJob {
+    inputs: Vec<Vec<u32>>,
+    pooling: Pooling,
+    reply: oneshot::Sender<Result<Vec<Vec<f32>>, ApiError>>,
 }
 
 impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
     fn run(&mut self, rx: std_mpsc::Receiver<Command>) {
         let mut open = true;
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() {
+            if self.running.is_empty() && self.waiting.is_empty() && self.embeds.is_empty() {
                 if !open {
                     break;
                 }
@@ -349,6 +400,7 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                 }
             }
             self.drop_cancelled();
+            self.run_embeds();
             self.admit();
             self.step();
             self.publish();
@@ -364,6 +416,15 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                     .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
                 self.waiting.push_back(Active::new(*job));
             }
+            Command::Embed {
+                inputs,
+                pooling,
+                reply,
+            } => self.embeds.push_back(EmbedJob {
+                inputs,
+                pooling,
+                reply,
+            }),
             Command::CancelAll => {
                 let err = ApiError::unavailable("the server is shutting down");
                 for a in std::mem::take(&mut self.running) {
@@ -372,6 +433,35 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                 for a in std::mem::take(&mut self.waiting) {
                     self.finish_err(a, err.clone());
                 }
+            }
+        }
+    }
+
+    /// Runs the queued embeddings, oldest first, between two steps. One that needs more KV
+    /// blocks than are free waits for running sequences to finish (like a prompt does); with
+    /// nothing running it can never fit and gets a 503.
+    fn run_embeds(&mut self) {
+        while let Some(e) = self.embeds.front() {
+            if e.reply.is_closed() {
+                self.embeds.pop_front(); // the client went away while it waited
+                continue;
+            }
+            let step = self.cfg.step_tokens;
+            let (inputs, pooling) = (&e.inputs, e.pooling);
+            let ran = catch_unwind(AssertUnwindSafe(|| {
+                self.engine.embed(inputs, pooling, step)
+            }));
+            let out = match ran {
+                Ok(Err(EngineError::OutOfKvBlocks { .. })) if !self.running.is_empty() => return,
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(embed_error(e)),
+                Err(_) => {
+                    tracing::error!(model = %self.name, "the engine panicked while embedding");
+                    Err(ApiError::internal("the engine failed while embedding"))
+                }
+            };
+            if let Some(e) = self.embeds.pop_front() {
+                let _ = e.reply.send(out);
             }
         }
     }

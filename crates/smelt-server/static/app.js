@@ -1,5 +1,6 @@
 // The chat page: plain JS over the server's own OpenAI API, so the page exercises exactly
-// what any client sees. No framework and no build step: the server embeds this file as is.
+// what any client sees. No framework and no build step: the server embeds this file as is,
+// with two vendored libraries for answers in markdown (marked renders, DOMPurify sanitizes).
 "use strict";
 
 const KEY_STORAGE = "smelt.apiKey";
@@ -8,6 +9,8 @@ const el = (id) => document.getElementById(id);
 const modelSelect = el("model");
 const keyInput = el("api-key");
 const maxTokensInput = el("max-tokens");
+const temperatureInput = el("temperature");
+const systemBox = el("system-prompt");
 const conversationList = el("conversation");
 const promptBox = el("prompt");
 const sendButton = el("send");
@@ -50,6 +53,17 @@ async function errorText(response) {
     // Not JSON: keep the status text.
   }
   return `HTTP ${response.status}: ${detail}`;
+}
+
+/** Shows `text` (markdown) in `target` as sanitized HTML: whatever a model writes, no script
+ * runs and no handler is kept. Without the libraries (blocked), plain text. */
+function renderMarkdown(target, text) {
+  target.dataset.raw = text;
+  if (window.marked && window.DOMPurify) {
+    target.innerHTML = DOMPurify.sanitize(marked.parse(text, { breaks: true, gfm: true }));
+  } else {
+    target.textContent = text;
+  }
 }
 
 function addTurn(role, text) {
@@ -130,7 +144,11 @@ async function send(text) {
     return;
   }
   clearError();
-  const request = [...messages, { role: "user", content: text }];
+  // The system prompt is sent with every request (it can change between turns) and is not
+  // part of the kept conversation.
+  const turns = [...messages, { role: "user", content: text }];
+  const system = systemBox.value.trim();
+  const request = system ? [{ role: "system", content: system }, ...turns] : turns;
   addTurn("user", text);
   const output = addTurn("assistant", "");
   output.classList.add("streaming");
@@ -141,6 +159,7 @@ async function send(text) {
   let reply = "";
   let finish = null;
   let usage = null;
+  let firstAt = null;
   try {
     const response = await fetch("/v1/chat/completions", {
       method: "POST",
@@ -152,6 +171,7 @@ async function send(text) {
         stream_options: { include_usage: true },
         // Empty: the server's default (up to the context length).
         ...(maxTokensInput.value ? { max_tokens: Number(maxTokensInput.value) } : {}),
+        ...(temperatureInput.value !== "" ? { temperature: Number(temperatureInput.value) } : {}),
       }),
       signal: controller.signal,
     });
@@ -163,21 +183,26 @@ async function send(text) {
       if (chunk.usage) usage = chunk.usage;
       for (const choice of chunk.choices || []) {
         if (choice.delta && choice.delta.content) {
+          if (firstAt === null) firstAt = performance.now();
           reply += choice.delta.content;
-          output.textContent = reply;
+          renderMarkdown(output, reply);
           output.scrollIntoView({ block: "end" });
         }
         if (choice.finish_reason) finish = choice.finish_reason;
       }
       return true;
     });
-    if (conversation === conversationId) messages = [...request, { role: "assistant", content: reply }];
+    if (conversation === conversationId) messages = [...turns, { role: "assistant", content: reply }];
     const tokens = usage ? `, ${usage.completion_tokens} tokens` : "";
-    statusLine.textContent = `done (${finish || "end"}${tokens})`;
+    // Decode speed: the tokens after the first over the time since the first arrived.
+    const secs = firstAt === null ? 0 : (performance.now() - firstAt) / 1000;
+    const rate = usage && usage.completion_tokens > 1 && secs > 0
+      ? `, ${((usage.completion_tokens - 1) / secs).toFixed(1)} tok/s` : "";
+    statusLine.textContent = `done (${finish || "end"}${tokens}${rate})`;
   } catch (err) {
     if (err.name === "AbortError") {
       // Keep what arrived: the user may continue from a stopped answer.
-      if (conversation === conversationId) messages = [...request, { role: "assistant", content: reply }];
+      if (conversation === conversationId) messages = [...turns, { role: "assistant", content: reply }];
       statusLine.textContent = "stopped";
       output.classList.add("stopped");
     } else {

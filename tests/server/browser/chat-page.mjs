@@ -1,7 +1,8 @@
 // The chat page in Debian's headless Chromium, driven by playwright-core: load `/`, pick the
-// model, send a message and watch the answer grow token by token, stop a long answer and see
-// the server free its sequence, keep the API key across reloads, show an error, and save a
-// screenshot to bench/out/chat-page.png. Run by scripts/server-tests.sh (SMELT_BASE_URL set).
+// model, send a message and watch the answer grow token by token (with its speed shown), stop
+// a long answer and see the server free its sequence, keep the API key across reloads, send
+// the temperature and system prompt set on the page, render markdown with nothing of a
+// model's HTML left to run, show an error, and save a screenshot to bench/out/chat-page.png. Run by scripts/server-tests.sh (SMELT_BASE_URL set).
 import assert from "node:assert/strict";
 import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -41,7 +42,8 @@ async function watchAnswer(page, stopAfterChars) {
   const deadline = Date.now() + 240_000;
   for (;;) {
     assert.ok(Date.now() < deadline, "the answer did not finish within 240 s");
-    const text = (await answer.textContent()) ?? "";
+    // The answer as streamed (its markdown rendering may shrink while a `**` is still open).
+    const text = (await answer.getAttribute("data-raw")) ?? "";
     if (lengths.length === 0 || lengths[lengths.length - 1] !== text.length) lengths.push(text.length);
     if (stopAfterChars !== undefined && text.length >= stopAfterChars) return lengths;
     const status = (await page.locator("#status").textContent()) ?? "";
@@ -85,7 +87,7 @@ try {
   assert.equal(await page.locator("#stop").isEnabled(), true, "Stop is not enabled while generating");
   const lengths = await watchAnswer(page);
   const status = await page.locator("#status").textContent();
-  assert.match(status, /^done \((stop|length), \d+ tokens\)$/, `status after the answer: ${status}`);
+  assert.match(status, /^done \((stop|length), \d+ tokens, [\d.]+ tok\/s\)$/, `status after the answer: ${status}`);
   const grew = lengths.filter((n) => n > 0);
   assert.ok(grew.length >= 3, `the answer did not appear piece by piece; lengths seen: ${lengths}`);
   for (let i = 1; i < lengths.length; i++) assert.ok(lengths[i] > lengths[i - 1], `text shrank: ${lengths}`);
@@ -121,16 +123,35 @@ try {
   assert.equal(await page.inputValue("#api-key"), "e2e-key");
   await waitFor("the model picker after reload", async () => (await page.locator("#model option").count()) === models.length, 10_000);
   await page.fill("#max-tokens", "8");
+  await page.fill("#temperature", "0");
+  await page.click("#settings summary");
+  await page.fill("#system-prompt", "Answer in French.");
   const sent = page.waitForRequest((r) => r.url().endsWith("/v1/chat/completions"));
   await page.fill("#prompt", "Hi");
   await page.click("#send");
-  assert.equal((await sent).headers()["authorization"], "Bearer e2e-key");
+  const request = await sent;
+  assert.equal(request.headers()["authorization"], "Bearer e2e-key");
+  const body = JSON.parse(request.postData());
+  assert.equal(body.temperature, 0);
+  assert.deepEqual(body.messages[0], { role: "system", content: "Answer in French." });
+  assert.equal(body.messages.filter((m) => m.role === "system").length, 1);
   await watchAnswer(page);
   await page.fill("#api-key", "");
   await page.dispatchEvent("#api-key", "change");
   assert.equal(await page.evaluate(() => localStorage.getItem("smelt.apiKey")), null);
 
-  // 4. Errors are shown: a prompt longer than the server's context answers 400.
+  // 4. Markdown renders as HTML, and a model's HTML cannot run (DOMPurify).
+  const html = await page.evaluate(() => {
+    const d = document.createElement("div");
+    renderMarkdown(d, "**bold** and `code`\n\n```\nfn main() {}\n```\n\n<img src=x onerror=alert(1)><script>alert(2)</script>");
+    return d.innerHTML;
+  });
+  assert.match(html, /<strong>bold<\/strong>/);
+  assert.match(html, /<code>code<\/code>/);
+  assert.match(html, /<pre><code>fn main\(\) \{\}/);
+  assert.doesNotMatch(html, /onerror|<script/i, html);
+
+  // 5. Errors are shown: a prompt longer than the server's context answers 400.
   await page.fill("#prompt", "word ".repeat(6000));
   await page.click("#send");
   await waitFor("the error line", () => page.locator("#error").isVisible(), 30_000);

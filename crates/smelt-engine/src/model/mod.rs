@@ -62,6 +62,15 @@ struct Layer<B: Backend> {
     post_ffn_norm: Option<B::Weight>,
 }
 
+/// What a forward pass ends with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Head {
+    /// The output matrix: one row of vocabulary logits per row asked for.
+    Logits,
+    /// The final norm's output (the hidden state embeddings are pooled from).
+    Hidden,
+}
+
 /// A model's weights on a backend.
 pub struct Model<B: Backend> {
     pub info: ModelInfo,
@@ -258,6 +267,60 @@ impl<B: Backend> Model<B> {
         seqs: &[AttnSeq<'_>],
         out_rows: &[usize],
     ) -> Result<B::Tensor, EngineError> {
+        self.run(
+            b,
+            kv,
+            states,
+            tokens,
+            positions,
+            seqs,
+            out_rows,
+            Head::Logits,
+        )
+    }
+
+    /// [`Model::forward_with_state`] that stops before the output matrix: the rows of
+    /// `out_rows` after the final norm, `n_embd` wide. These are llama.cpp's embeddings of a
+    /// decoder model (`t_embd`, the `result_norm` tensor), which `/v1/embeddings` pools.
+    #[allow(clippy::too_many_arguments)]
+    pub fn hidden_with_state(
+        &self,
+        b: &B,
+        kv: &mut B::KvStore,
+        states: &mut [&mut Vec<DeltaState<B::Tensor>>],
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+    ) -> Result<B::Tensor, EngineError> {
+        self.run(
+            b,
+            kv,
+            states,
+            tokens,
+            positions,
+            seqs,
+            out_rows,
+            Head::Hidden,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        b: &B,
+        kv: &mut B::KvStore,
+        states: &mut [&mut Vec<DeltaState<B::Tensor>>],
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+        head: Head,
+    ) -> Result<B::Tensor, EngineError> {
+        let out_cols = match head {
+            Head::Logits => self.info.n_vocab,
+            Head::Hidden => self.info.n_embd,
+        };
         if self.info.delta.is_some() && states.len() != seqs.len() {
             return Err(EngineError::BadOptions(format!(
                 "{} recurrent states for {} sequences",
@@ -372,7 +435,7 @@ impl<B: Backend> Model<B> {
             // its batch-size-dependent kernels see the batch llama.cpp's see.
             if il + 1 == self.layers.len() && !out_rows.iter().copied().eq(0..n) {
                 if out_rows.is_empty() {
-                    return Ok(b.alloc(0, i.n_vocab));
+                    return Ok(b.alloc(0, out_cols));
                 }
                 s.o = b.gather_rows(&s.o, out_rows);
                 x = b.gather_rows(&x, out_rows);
@@ -401,7 +464,7 @@ impl<B: Backend> Model<B> {
             b.add(&mut x, &s.o);
         }
         if out_rows.is_empty() {
-            return Ok(b.alloc(0, i.n_vocab));
+            return Ok(b.alloc(0, out_cols));
         }
         let last = if gathered {
             x
@@ -410,6 +473,9 @@ impl<B: Backend> Model<B> {
         };
         let mut normed = b.alloc(out_rows.len(), i.n_embd);
         b.rms_norm(&last, &self.output_norm, i.rms_eps, &mut normed);
+        if head == Head::Hidden {
+            return Ok(normed);
+        }
         let mut logits = b.alloc(out_rows.len(), i.n_vocab);
         b.matmul(&self.output, &normed, &mut logits)?;
         Ok(logits)

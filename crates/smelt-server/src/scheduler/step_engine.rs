@@ -1,7 +1,7 @@
 //! The engine as the scheduler sees it: [`Engine`] is the real one; the unit tests drive the
 //! scheduler with a scripted fake (panics, errors, a tiny KV cache).
 
-use smelt_engine::{Engine, EngineError, SeqId, SeqInput};
+use smelt_engine::{Engine, EngineError, Pooling, SeqId, SeqInput};
 
 /// What the scheduler needs from an engine: [`Engine`] is the real one; the unit tests drive
 /// the scheduler with a scripted fake (panics, errors, a tiny KV cache).
@@ -28,6 +28,17 @@ pub trait StepEngine {
     /// Prompt tokens looked up in the prefix cache and found there, since loading.
     fn prefix_cache_stats(&self) -> (u64, u64) {
         (0, 0)
+    }
+    /// Each input's pooled final-norm rows (not normalized); see [`Engine::embed`].
+    fn embed(
+        &mut self,
+        _inputs: &[Vec<u32>],
+        _pooling: Pooling,
+        _step_tokens: usize,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        Err(EngineError::NotSupported(
+            "this engine cannot compute embeddings".into(),
+        ))
     }
 }
 
@@ -62,5 +73,14 @@ impl StepEngine for Engine {
 
     fn prefix_cache_stats(&self) -> (u64, u64) {
         Engine::prefix_cache_stats(self)
+    }
+
+    fn embed(
+        &mut self,
+        inputs: &[Vec<u32>],
+        pooling: Pooling,
+        step_tokens: usize,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        Engine::embed(self, inputs, pooling, step_tokens)
     }
 }

@@ -88,6 +88,11 @@ pub struct ServeArgs {
     /// earlier requests computed (prefix caching is on by default; /metrics counts its hits)
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// How /v1/embeddings pools a model's hidden states into one vector: mean, cls (first
+    /// token) or last (last token), then L2-normalizes it, as llama.cpp's --pooling
+    /// [default: what each GGUF's pooling_type says; the mean when it says nothing]
+    #[arg(long, value_name = "mean|cls|last", value_parser = parse_pooling)]
+    pub pooling: Option<smelt_engine::Pooling>,
     #[command(flatten)]
     pub limits: super::serve_limits::LimitArgs,
     /// Join the `smelt gateway` at this URL: register there and keep sending heartbeats, so
@@ -111,6 +116,10 @@ pub struct ServeArgs {
         help_heading = "Gateway"
     )]
     pub gateway_key: Option<String>,
+}
+
+fn parse_pooling(s: &str) -> Result<smelt_engine::Pooling, String> {
+    smelt_engine::Pooling::parse(s).ok_or_else(|| format!("{s:?} is not mean, cls or last"))
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
@@ -141,6 +150,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             None => None,
         },
         prefix_cache: !args.no_prefix_cache,
+        pooling: args.pooling,
         ..ServerConfig::default()
     };
     args.limits.apply(&mut config, model_ref::alias_names())?;

@@ -226,6 +226,35 @@ impl CudaEngine {
         Ok(logits)
     }
 
+    /// A step that ends at the final norm: the hidden rows of `out_rows`, flat, `n_embd`
+    /// each (embeddings). Always eager: embedding steps are prompts, never graph-captured.
+    pub fn hidden(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+    ) -> Result<Vec<f32>, EngineError> {
+        self.backend.begin_step(tokens, positions, seqs)?;
+        self.backend.upload_step()?;
+        let h = self.model.hidden_with_state(
+            &self.backend,
+            &mut self.kv,
+            &mut [],
+            tokens,
+            positions,
+            seqs,
+            out_rows,
+        )?;
+        self.backend.flush()?;
+        self.backend.take_error()?;
+        if out_rows.is_empty() {
+            self.backend.gpu().synchronize()?;
+            return Ok(Vec::new());
+        }
+        Ok(self.backend.download(&h)?)
+    }
+
     /// One step: `tokens` of all sequences (concatenated in `seqs` order) at `positions`;
     /// returns the logits of `out_rows`, flat, or with `greedy` their greedy tokens: the
     /// argmax runs in the step (inside its graph), and 4 bytes per row come back instead

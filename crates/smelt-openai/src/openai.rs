@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::Value;
-use smelt_engine::sampler::SamplingParams;
 
 use crate::error::ApiError;
 
@@ -89,7 +88,12 @@ const MESSAGE_FIELDS: &[&str] = &[
 
 /// A 400 naming the first field of `v` (an object) that is neither in `own` nor common,
 /// unless its value is null. `prefix` names where the object sits (`messages[2].`).
-fn unknown_fields(v: &Value, own: &[&str], common: &[&str], prefix: &str) -> Result<(), ApiError> {
+pub fn unknown_fields(
+    v: &Value,
+    own: &[&str],
+    common: &[&str],
+    prefix: &str,
+) -> Result<(), ApiError> {
     let Some(map) = v.as_object() else {
         return Ok(());
     };
@@ -130,7 +134,7 @@ pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
     from_value(v)
 }
 
-fn from_value<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
+pub fn from_value<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
     serde_json::from_value(v).map_err(|e| {
         ApiError::bad_request(format!("the body does not match the request schema: {e}"))
     })
@@ -255,13 +259,30 @@ impl Prompt {
     }
 }
 
+/// The sampling a request asks for, checked (the engine's sampler takes these as they are;
+/// what a request cannot set keeps the sampler's default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    /// 0: greedy.
+    pub temperature: f32,
+    /// 0 keeps all.
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    /// 1 is off.
+    pub repeat_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub seed: u64,
+}
+
 /// What a request asks of generation, checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenParams {
     pub model: Option<String>,
     /// `None`: until the context is full.
     pub max_tokens: Option<usize>,
-    pub sampling: SamplingParams,
+    pub sampling: Sampling,
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
@@ -356,7 +377,7 @@ impl Common {
         Ok(GenParams {
             model: self.model.clone(),
             max_tokens,
-            sampling: SamplingParams {
+            sampling: Sampling {
                 temperature,
                 top_k,
                 top_p,
@@ -365,7 +386,6 @@ impl Common {
                 presence_penalty: presence.unwrap_or(0.0),
                 frequency_penalty: frequency.unwrap_or(0.0),
                 seed,
-                ..SamplingParams::default()
             },
             stop,
             stream: self.stream.unwrap_or(false),
@@ -542,7 +562,7 @@ mod tests {
         assert_eq!(p.max_tokens, Some(7));
         let p = chat(r#"{"messages":[],"seed":42,"temperature":0}"#).unwrap();
         assert_eq!(p.sampling.seed, 42);
-        assert!(p.sampling.is_greedy());
+        assert_eq!(p.sampling.temperature, 0.0);
     }
 
     #[test]

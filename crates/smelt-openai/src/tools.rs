@@ -59,7 +59,7 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
-fn call_id() -> String {
+pub fn call_id() -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let t = std::time::SystemTime::now()
@@ -89,8 +89,24 @@ fn call_of(v: &Value) -> Option<ToolCall> {
 }
 
 /// Splits a finished answer into its content and its tool calls. Text that does not parse
-/// as calls stays content.
+/// as calls stays content. Arguments are the model's own JSON text without the whitespace
+/// outside strings (what a stream sends in pieces: [`crate::tool_stream`]).
 pub fn parse(format: ToolFormat, text: &str) -> (String, Vec<ToolCall>) {
+    let (content, mut calls) = parse_values(format, text);
+    let raw = crate::tool_stream::scan(format, text);
+    if raw.len() == calls.len() {
+        for (c, r) in calls.iter_mut().zip(raw) {
+            if let (Some(name), Some(args), true) = (r.name, r.arguments, r.arguments_done) {
+                if name == c.name {
+                    c.arguments = args;
+                }
+            }
+        }
+    }
+    (content, calls)
+}
+
+fn parse_values(format: ToolFormat, text: &str) -> (String, Vec<ToolCall>) {
     match format {
         ToolFormat::Hermes => {
             let mut content = String::new();

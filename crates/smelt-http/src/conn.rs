@@ -11,10 +11,12 @@
 //!   its response otherwise, so half-open connections cannot lock normal clients out.
 //!
 //! The request body's deadline is [`crate::guard`]'s (a whole body within the body timeout).
+//! Each request carries its peer's address as axum's `ConnectInfo<SocketAddr>`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +24,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -68,7 +71,7 @@ impl Drop for Registered {
 
 /// Accepts and serves connections until `stop` turns true, then asks every connection to
 /// close once idle and returns when all are closed.
-pub(crate) async fn serve(
+pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnLimits,
@@ -85,7 +88,7 @@ pub(crate) async fn serve(
             accepted = listener.accept() => Some(accepted),
         };
         let Some(accepted) = accepted else { break };
-        let (stream, _peer) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
                 // Out of file descriptors (or a connection reset before accept): retry
@@ -121,7 +124,7 @@ pub(crate) async fn serve(
         let app = app.clone();
         let closing = closing_rx.clone();
         tokio::spawn(async move {
-            serve_one(stream, app, limits, evict, closing).await;
+            serve_one(stream, peer, app, limits, evict, closing).await;
             drop(registered);
         });
     }
@@ -135,6 +138,7 @@ pub(crate) async fn serve(
 
 async fn serve_one(
     stream: TcpStream,
+    peer: SocketAddr,
     app: Router,
     limits: ConnLimits,
     evict: Arc<Notify>,
@@ -146,7 +150,9 @@ async fn serve_one(
     let service = TowerToHyperService::new(
         app.map_request(move |req: hyper::Request<Incoming>| {
             on_request.fetch_add(1, Ordering::SeqCst);
-            req.map(Body::new)
+            let mut req = req.map(Body::new);
+            req.extensions_mut().insert(ConnectInfo(peer));
+            req
         })
         .map_response(move |resp: axum::response::Response| {
             let guard = Busy(Arc::clone(&on_response));
@@ -308,6 +314,16 @@ impl AsyncWrite for StallGuard {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// `max` connections, lowered to what the open-file limit allows (raised first to its hard
+/// limit): a quarter above the limit is the hard ceiling (see [`serve`]), and some
+/// descriptors are the process's own (model files, the listener, upstream connections).
+pub fn fit_to_fds(max: usize) -> usize {
+    match raise_fd_limit() {
+        Some(fds) => max.min((fds.saturating_sub(64) * 4 / 5) as usize).max(1),
+        None => max,
     }
 }
 

@@ -2,8 +2,7 @@
 //! `{"error": {"message", "type", "param", "code"}}`, so `openai.APIStatusError` and friends
 //! surface our message unchanged.
 
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use http::StatusCode;
 use serde_json::json;
 
 /// An error answered to a client.
@@ -22,7 +21,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             message: message.into(),
@@ -66,11 +65,21 @@ impl ApiError {
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 format!(
-                    "the model `{}` does not exist (GET /v1/models lists the served ones)",
-                    crate::guard::clip(model, 100)
+                    "the model `{}` does not exist (GET /v1/models lists the models served here)",
+                    crate::clip(model, 100)
                 ),
             )
         }
+    }
+
+    /// 403: not allowed whoever asks (admin disabled, a path outside the allowed places).
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "permission_error", message)
+    }
+
+    /// 502: an upstream (a gateway's node) failed in a way that could not be hidden.
+    pub fn bad_gateway(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_GATEWAY, "server_error", message)
     }
 
     pub fn not_found(what: impl Into<String>) -> ApiError {
@@ -116,8 +125,10 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        use axum::http::{header, HeaderValue};
         let mut resp = (self.status, axum::Json(self.body())).into_response();
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
