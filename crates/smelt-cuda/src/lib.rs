@@ -8,6 +8,7 @@
 //! - [`gpu`]: [`Gpu::open`], kernel lookup, upload/download.
 //! - [`graph`]: stream capture into a replayable [`Graph`].
 //! - [`gemv_bench`]: GEMV bandwidth at real shapes (GPU checks, `smelt bench --kernels`).
+//! - [`staged`]: pipelined quantization through reused pinned staging slots and streams.
 //! - [`timing`]: CUDA-event timings of launches and graph replays and the device-copy
 //!   bandwidth they are compared with (GPU checks and `smelt bench --kernels`).
 
@@ -16,6 +17,7 @@ pub mod gemv_bench;
 pub mod gpu;
 pub mod graph;
 pub mod quantize;
+pub mod staged;
 pub mod timing;
 mod util;
 

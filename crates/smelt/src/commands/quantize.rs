@@ -1,11 +1,14 @@
 //! `smelt quantize`: rewrite a GGUF with its weights in another format or llama.cpp mixture.
 //!
-//! Tensors stream one at a time from the input's mmap to the output, so memory stays at
-//! about one tensor (as f32) however large the model.
+//! Tensors stream in chunks of rows through `smelt_load::pipeline`: read ahead in large
+//! parallel reads into a few reused staging slots while earlier chunks are quantized (all
+//! CPU cores, or a GPU's copy engines and kernels on streams of their own) and written in
+//! order, so memory stays at a few chunks however large the model.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
+use smelt_load::TensorQuantizer;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -95,62 +98,35 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
             shape: t.shape.clone(),
         })
         .collect();
-    let out_bytes: u64 = specs
-        .iter()
-        .map(|s| {
-            let n: u64 = s.shape.iter().product();
-            s.ty.row_bytes(n).unwrap_or(0)
-        })
-        .sum();
     let partial = output::Partial::new(&args.output);
-    let mut w = GgufWriter::create(partial.path(), &md, specs)
+    let w = GgufWriter::create(partial.path(), &md, specs)
         .with_context(|| format!("cannot create {}", partial.path().display()))?;
 
-    let gpu = open_gpu(&args.device)?;
-    let mut on_gpu = gpu.as_deref().map(smelt_cuda::quantize::Quantizer::new);
-    let bar = progress::bytes_bar(out_bytes, "quantize");
-    for (info, p) in g.tensors().iter().zip(&planned) {
-        bar.set_message(info.name.clone());
-        let src = g.tensor_data(info);
-        let data = match (p.action, on_gpu.as_mut()) {
-            (Action::Copy, _) => std::borrow::Cow::Borrowed(src),
-            (Action::Convert, Some(q)) if smelt_cuda::quantize::supports(info.ty, p.ty) => {
-                std::borrow::Cow::Owned(
-                    convert_gpu(q, info.ty, src, &info.shape, p.ty).with_context(|| {
-                        format!("tensor {} ({} -> {}) on the GPU", info.name, info.ty, p.ty)
-                    })?,
-                )
-            }
-            (Action::Convert, _) => std::borrow::Cow::Owned(
-                convert(info.ty, src, &info.shape, p.ty, &|b| bar.inc(b))
-                    .with_context(|| format!("tensor {} ({} -> {})", info.name, info.ty, p.ty))?,
-            ),
-        };
-        w.write_tensor(&info.name, &data).with_context(|| {
-            format!(
-                "cannot write tensor {} to {}",
-                info.name,
-                args.output.display()
-            )
-        })?;
-        if p.action == Action::Copy
-            || (on_gpu.is_some() && smelt_cuda::quantize::supports(info.ty, p.ty))
-        {
-            bar.inc(data.len() as u64);
-        }
-    }
-    w.finish()
-        .with_context(|| format!("cannot finish {}", partial.path().display()))?;
+    let quantizer: Box<dyn TensorQuantizer> = match open_gpu(&args.device)? {
+        Some(gpu) => Box::new(super::isq::GpuQuantizer::new(gpu)),
+        None => Box::new(smelt_load::CpuQuantizer),
+    };
+    let types: Vec<GgmlType> = planned.iter().map(|p| p.ty).collect();
+    let bar = progress::bytes_bar(0, "quantize");
+    let summary = smelt_load::isq::stream(
+        &smelt_load::GgufSource::new(&g),
+        &types,
+        true,
+        quantizer.as_ref(),
+        w,
+        &bar,
+    )
+    .with_context(|| format!("cannot quantize into {}", args.output.display()))?;
     partial.commit()?;
-    bar.finish_and_clear();
 
     let before = g.file_size();
     let after = std::fs::metadata(&args.output)
         .map(|m| m.len())
         .unwrap_or(0);
     eprintln!(
-        "wrote {} ({target}): {} tensors, {} -> {} ({:.1}%), {:.1} s",
+        "wrote {} ({target}, {}): {} tensors, {} -> {} ({:.1}%); {}, {:.1} s in all",
         args.output.display(),
+        quantizer.name(),
         tensors.len(),
         bytes(before),
         bytes(after),
@@ -159,6 +135,7 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         } else {
             0.0
         },
+        summary.line(),
         start.elapsed().as_secs_f64()
     );
     Ok(())
@@ -236,22 +213,6 @@ fn output_metadata(input: &Metadata, target: Target) -> Metadata {
     md
 }
 
-/// Source bytes of any readable type to `dst` bytes on the CPU: the same slice-by-slice
-/// path `--isq` uses ([`smelt_load::CpuQuantizer`]), so both write the same bytes.
-/// `progress` gets the output bytes of each slice as it is done.
-pub fn convert(
-    src_ty: GgmlType,
-    src: &[u8],
-    shape: &[u64],
-    dst: GgmlType,
-    progress: &dyn Fn(u64),
-) -> Result<Vec<u8>> {
-    use smelt_load::TensorQuantizer;
-    smelt_load::CpuQuantizer
-        .quantize(src_ty, src, shape, dst, progress)
-        .map_err(|e| anyhow::anyhow!(e))
-}
-
 /// The GPU `--device` names, or `None` for the CPU.
 fn open_gpu(spec: &str) -> Result<Option<std::sync::Arc<smelt_cuda::Gpu>>> {
     let selected = smelt_engine::Device::select(spec)?;
@@ -267,26 +228,6 @@ fn open_gpu(spec: &str) -> Result<Option<std::sync::Arc<smelt_cuda::Gpu>>> {
             Ok(Some(gpu))
         }
     }
-}
-
-/// One F32/F16/BF16 tensor quantized on the GPU (whole tensor per launch).
-fn convert_gpu(
-    q: &mut smelt_cuda::quantize::Quantizer<'_>,
-    src_ty: GgmlType,
-    src: &[u8],
-    shape: &[u64],
-    dst: GgmlType,
-) -> Result<Vec<u8>> {
-    let input = smelt_kernels::quantize::Input::from_ggml(src_ty)
-        .with_context(|| format!("{src_ty} is not a GPU quantize input"))?;
-    let n: u64 = shape.iter().product();
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let row = usize::try_from(shape.first().copied().unwrap_or(1))
-        .context("row too long for this machine")?;
-    let rows = usize::try_from(n).context("tensor too large for this machine")? / row;
-    Ok(q.quantize(dst, input, src, rows, row)?)
 }
 
 #[cfg(test)]
