@@ -16,7 +16,7 @@ use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
 use smelt_quant::QuantError;
 
 use crate::error::QuantizeError;
-use crate::pipeline::{self, HostStage, Job, Summary};
+use crate::pipeline::{self, HostStage, Job, Summary, WriteFn};
 use crate::LoadError;
 
 /// One tensor of the model being assembled: its GGUF name and shape (ggml order: row
@@ -146,7 +146,7 @@ pub trait TensorQuantizer: Send + Sync {
         &self,
         _source: &dyn TensorSource,
         _jobs: &[Job],
-        _write: &mut dyn FnMut(&Job, &[u8]) -> Result<(), LoadError>,
+        _write: &mut WriteFn<'_>,
         _progress: &dyn Fn(u64),
     ) -> Option<Result<Summary, LoadError>> {
         None
@@ -158,7 +158,7 @@ pub fn run(
     q: &dyn TensorQuantizer,
     source: &dyn TensorSource,
     jobs: &[Job],
-    write: &mut dyn FnMut(&Job, &[u8]) -> Result<(), LoadError>,
+    write: &mut WriteFn<'_>,
     progress: &dyn Fn(u64),
 ) -> Result<Summary, LoadError> {
     match q.run_pipelined(source, jobs, write, progress) {
@@ -172,7 +172,7 @@ pub fn run_on_host(
     q: &dyn TensorQuantizer,
     source: &dyn TensorSource,
     jobs: &[Job],
-    write: &mut dyn FnMut(&Job, &[u8]) -> Result<(), LoadError>,
+    write: &mut WriteFn<'_>,
     progress: &dyn Fn(u64),
 ) -> Result<Summary, LoadError> {
     let slots = HostStage::slots(pipeline::HOST_SLOTS, pipeline::max_src(jobs));

@@ -243,6 +243,9 @@ impl Summary {
     }
 }
 
+/// Takes each job's output bytes, in job order.
+pub type WriteFn<'a> = dyn FnMut(&Job, &[u8]) -> Result<(), LoadError> + 'a;
+
 /// Fills `buf` with the job's source bytes.
 pub type ReadFn<'a> = dyn Fn(&Job, &mut [u8]) -> Result<(), LoadError> + Sync + 'a;
 
@@ -255,7 +258,7 @@ pub fn run<S: Stage>(
     tensors: &[SourceTensor],
     jobs: &[Job],
     read: &ReadFn<'_>,
-    write: &mut dyn FnMut(&Job, &[u8]) -> Result<(), LoadError>,
+    write: &mut WriteFn<'_>,
     progress: &dyn Fn(u64),
 ) -> Result<Summary, LoadError> {
     let start = Instant::now();

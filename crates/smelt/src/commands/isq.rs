@@ -5,7 +5,7 @@
 use anyhow::{Context, Result};
 use smelt_engine::Device;
 use smelt_gguf::{Gguf, Metadata};
-use smelt_load::pipeline::Stage;
+use smelt_load::pipeline::{Stage, WriteFn};
 use smelt_load::{
     CpuQuantizer, IsqPlan, Job, LoadError, Planner, QuantizeError, SourceTensor, Summary,
     TensorQuantizer, TensorSource,
@@ -106,7 +106,7 @@ impl TensorQuantizer for GpuQuantizer {
         &self,
         source: &dyn TensorSource,
         jobs: &[Job],
-        write: &mut dyn FnMut(&Job, &[u8]) -> Result<(), LoadError>,
+        write: &mut WriteFn<'_>,
         progress: &dyn Fn(u64),
     ) -> Option<Result<Summary, LoadError>> {
         Some(run_on_gpu(&self.gpu, source, jobs, write, progress))
@@ -161,7 +161,7 @@ pub fn run_on_gpu(
     gpu: &std::sync::Arc<smelt_cuda::Gpu>,
     source: &dyn TensorSource,
     jobs: &[Job],
-    write: &mut dyn FnMut(&Job, &[u8]) -> Result<(), LoadError>,
+    write: &mut WriteFn<'_>,
     progress: &dyn Fn(u64),
 ) -> Result<Summary, LoadError> {
     let on_gpu = || jobs.iter().filter(|j| j.convert && gpu_input(j).is_some());
