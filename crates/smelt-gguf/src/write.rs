@@ -364,7 +364,10 @@ mod tests {
         assert!(parts.write_tensor("a", &a[16..]).is_err(), "mixing");
         assert!(parts.write_part("a", &a[16..], false).is_ok());
         assert!(parts.write_part("a", &[], true).is_ok());
-        assert!(parts.write_part("b", &b[..8], true).is_err(), "short last part");
+        assert!(
+            parts.write_part("b", &b[..8], true).is_err(),
+            "short last part"
+        );
         assert!(parts.write_part("b", &[0; 21], false).is_err(), "overrun");
         parts.write_part("b", &b, true).expect("b");
         let parts = parts.finish().expect("finish");
