@@ -89,13 +89,18 @@ else
 fi
 s=$(secs $S quantize $bf $W/l8-q6k-gpu.gguf --type q6_k --device $DEV)
 row "smelt quantize --device $DEV q6_k" "$s" "$(ratio $s $catw)"
-grep "^wrote.*q6_K" "$log" | tail -1
+grep -a "^wrote.*q6_K" "$log" | tail -1
 s=$(secs $S quantize $bf $W/l8-q4km-gpu.gguf --type q4_k_m --device $DEV)
 row "smelt quantize --device $DEV q4_k_m" "$s" "$(ratio $s $catw)"
 s=$(secs $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 1 --json)
 row "smelt run --isq q6_k --device $DEV, to first token (process wall)" "$s" "$(ratio $s $catw)"
 s=$(secs $S run --model $W/l8-q6k-gpu.gguf --device $DEV --prompt-ids $ids --max-tokens 1 --json)
 row "smelt run of the q6_k file --device $DEV, to first token" "$s" "-"
+# The same weights reached the GPU both ways: the same 8 greedy tokens.
+$S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json 2>>"$log" | tail -1 | grep -o '"tokens":\[[0-9,]*\]' > $W/isq.tok
+$S run --model $W/l8-q6k-gpu.gguf --device $DEV --prompt-ids $ids --max-tokens 8 --json 2>>"$log" | tail -1 | grep -o '"tokens":\[[0-9,]*\]' > $W/file.tok
+cat $W/isq.tok $W/file.tok >> "$log"
+row "8 greedy tokens, --isq q6_k vs the q6_k file" "-" "$([ -s $W/isq.tok ] && cmp -s $W/isq.tok $W/file.tok && echo SAME || echo DIFFER)"
 if ! skip cpu && [ "$(left)" -gt 200 ]; then
     s=$(secs $S quantize $bf $W/l8-q6k-cpu.gguf --type q6_k)
     row "smelt quantize --device cpu q6_k ($(nproc) cores)" "$s" "$(ratio $s $catw)"
@@ -153,7 +158,7 @@ PY
     row "smelt serve --device $DEV: launch to first answer (no kernel cache)" "$s" "$(ratio $s $catq)"
     s=$(serve_first 8392)
     row "smelt serve --device $DEV: launch to first answer (caches warm)" "$s" "$(ratio $s $catq)"
-    grep "kernels:" "$log" | tail -3
+    grep -a "kernels:" "$log" | tail -3
     s=$(secs $S run --model $q4 --device $DEV --prompt-ids $ids --max-tokens 1 --json)
     row "smelt run --device $DEV, to first token" "$s" "$(ratio $s $catq)"
     if [ "${LLAMACPP:-0}" = 1 ]; then
@@ -209,6 +214,6 @@ if ! skip 14b && [ "$(left)" -gt 150 ]; then
 else
     echo "| 14B | - | skipped |" >> "$table"
 fi
-grep -h "^wrote\|quantized to\|kernels:" "$log" | tail -20
+grep -ah "^wrote\|quantized to\|kernels:" "$log" | tail -20
 echo "== table (total $(now) s)" | tee -a "$log"
 tee -a "$log" < "$table"
