@@ -19,7 +19,7 @@ use crate::{CudaError, Gpu};
 
 /// Page-locked host memory from the driver (copies from it are truly asynchronous and run
 /// at the link's full rate).
-struct Pinned {
+pub struct Pinned {
     ptr: *mut u8,
     len: usize,
 }
@@ -29,7 +29,8 @@ struct Pinned {
 unsafe impl Send for Pinned {}
 
 impl Pinned {
-    fn new(gpu: &Gpu, len: usize) -> Result<Self, CudaError> {
+    /// `len` zeroed bytes (at least one is allocated).
+    pub fn new(gpu: &Gpu, len: usize) -> Result<Self, CudaError> {
         gpu.context().bind_to_thread()?;
         // SAFETY: a fresh allocation of `len` bytes (at least one), freed in Drop, zeroed
         // here so every byte is initialised before any slice of it exists.
@@ -41,12 +42,12 @@ impl Pinned {
         Ok(Self { ptr, len })
     }
 
-    fn slice(&self) -> &[u8] {
+    pub fn slice(&self) -> &[u8] {
         // SAFETY: `len` initialised bytes allocated by `new`, alive as long as `self`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    fn slice_mut(&mut self) -> &mut [u8] {
+    pub fn slice_mut(&mut self) -> &mut [u8] {
         // SAFETY: as `slice`, borrowed mutably through `&mut self`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
