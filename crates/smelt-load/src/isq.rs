@@ -350,11 +350,33 @@ pub fn stream<W: Write>(
     types: &[GgmlType],
     requantize: bool,
     quantizer: &dyn TensorQuantizer,
-    mut w: GgufWriter<W>,
+    w: GgufWriter<W>,
     bar: &ProgressBar,
 ) -> Result<Summary, LoadError> {
+    stream_chunked(
+        source,
+        types,
+        requantize,
+        quantizer,
+        w,
+        bar,
+        pipeline::CHUNK_BYTES,
+    )
+}
+
+/// [`stream`] with chunks of at most `chunk` source bytes (tests cut tiny models into
+/// many chunks with it).
+pub fn stream_chunked<W: Write>(
+    source: &dyn TensorSource,
+    types: &[GgmlType],
+    requantize: bool,
+    quantizer: &dyn TensorQuantizer,
+    mut w: GgufWriter<W>,
+    bar: &ProgressBar,
+    chunk: usize,
+) -> Result<Summary, LoadError> {
     let tensors = source.tensors();
-    let jobs = pipeline::plan_jobs(tensors, types, requantize, pipeline::CHUNK_BYTES)?;
+    let jobs = pipeline::plan_jobs(tensors, types, requantize, chunk)?;
     bar.set_length(jobs.iter().map(|j| j.src_len as u64).sum());
     let summary = run(
         quantizer,
@@ -435,6 +457,158 @@ mod tests {
         assert_eq!(g.tensor_data(t), &want[..]);
         let n = g.tensor("n").expect("n");
         assert_eq!(g.tensor_data(n), &f32_bytes(&norm)[..]);
+    }
+
+    fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect()
+    }
+
+    fn f16_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter()
+            .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+            .collect()
+    }
+
+    fn vals(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i + seed) * 2_654_435_761usize) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    /// A model cut into chunks of a few rows (many per tensor, a ragged last one) streams
+    /// to the very file a whole-tensor quantizer writes: every tensor quantized at once by
+    /// smelt-quant from its values, copies copied.
+    #[test]
+    fn chunked_stream_is_the_whole_tensor_file() {
+        let (a, b, c, n) = (
+            vals(256 * 7, 1),
+            vals(64 * 5, 2),
+            vals(32 * 9, 3),
+            vals(64, 4),
+        );
+        let src = Mem(
+            vec![
+                SourceTensor {
+                    name: "a".into(),
+                    shape: vec![256, 7],
+                    ty: GgmlType::BF16,
+                },
+                SourceTensor {
+                    name: "b".into(),
+                    shape: vec![64, 5],
+                    ty: GgmlType::F32,
+                },
+                SourceTensor {
+                    name: "n".into(),
+                    shape: vec![64],
+                    ty: GgmlType::F32,
+                },
+                SourceTensor {
+                    name: "c".into(),
+                    shape: vec![32, 9],
+                    ty: GgmlType::F16,
+                },
+            ],
+            vec![bf16_bytes(&a), f32_bytes(&b), f32_bytes(&n), f16_bytes(&c)],
+        );
+        let types = [
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+            GgmlType::F32,
+            GgmlType::Q4_0,
+        ];
+        let specs: Vec<TensorSpec> = src
+            .0
+            .iter()
+            .zip(types)
+            .map(|(t, ty)| TensorSpec {
+                name: t.name.clone(),
+                ty,
+                shape: t.shape.clone(),
+            })
+            .collect();
+        let md = Metadata::new();
+        // The reference: whole tensors, values widened the way the quantizer reads them.
+        let wide = |ty: GgmlType, bytes: &[u8], n: usize| {
+            let mut v = vec![0f32; n];
+            smelt_quant::dequantize_row(ty, bytes, &mut v).expect("widens");
+            v
+        };
+        let mut want = GgufWriter::new(Vec::new(), &md, specs.clone()).expect("writer");
+        let q = |ty, v: &[f32], row| smelt_quant::quantize_tensor(ty, v, row, Some(1)).expect("q");
+        want.write_tensor(
+            "a",
+            &q(
+                GgmlType::Q6_K,
+                &wide(GgmlType::BF16, &src.1[0], a.len()),
+                256,
+            ),
+        )
+        .expect("a");
+        want.write_tensor("b", &q(GgmlType::Q8_0, &b, 64))
+            .expect("b");
+        want.write_tensor("n", &src.1[2]).expect("n");
+        want.write_tensor(
+            "c",
+            &q(GgmlType::Q4_0, &wide(GgmlType::F16, &src.1[3], c.len()), 32),
+        )
+        .expect("c");
+        let want = want.finish().expect("finish");
+        for chunk in [1, 300, 1100, 1 << 20] {
+            let mut got = Vec::new();
+            {
+                let w = GgufWriter::new(&mut got, &md, specs.clone()).expect("writer");
+                let s = stream_chunked(
+                    &src,
+                    &types,
+                    true,
+                    &CpuQuantizer,
+                    w,
+                    &ProgressBar::hidden(),
+                    chunk,
+                )
+                .expect("streams");
+                let read: usize = src.1.iter().map(Vec::len).sum();
+                assert_eq!(s.read, read as u64, "chunk {chunk}");
+            }
+            assert!(got == want, "chunk {chunk}: bytes differ");
+        }
+    }
+
+    /// A bad value in a late chunk stops the pipeline with the tensor's name (the reader
+    /// thread does not hang on a full queue).
+    #[test]
+    fn a_failing_late_chunk_names_its_tensor_and_stops() {
+        let mut v = vals(32 * 40, 5);
+        v[32 * 39 + 3] = f32::INFINITY;
+        let src = Mem(
+            vec![SourceTensor {
+                name: "blk.9.ffn_up.weight".into(),
+                shape: vec![32, 40],
+                ty: GgmlType::F32,
+            }],
+            vec![f32_bytes(&v)],
+        );
+        let specs = vec![TensorSpec {
+            name: "blk.9.ffn_up.weight".into(),
+            ty: GgmlType::Q8_0,
+            shape: vec![32, 40],
+        }];
+        let w = GgufWriter::new(Vec::new(), &Metadata::new(), specs).expect("writer");
+        let e = stream_chunked(
+            &src,
+            &[GgmlType::Q8_0],
+            true,
+            &CpuQuantizer,
+            w,
+            &ProgressBar::hidden(),
+            128,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("blk.9.ffn_up.weight"), "{e}");
     }
 
     #[test]
