@@ -118,7 +118,7 @@ fn bar(what: &str) -> ProgressBar {
     }
     let bar = ProgressBar::new(0);
     if let Ok(style) = ProgressStyle::with_template(
-        "{prefix} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}) {msg}",
+        "{prefix} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta}) {msg}",
     ) {
         bar.set_style(style);
     }

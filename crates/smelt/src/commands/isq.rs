@@ -217,15 +217,35 @@ pub fn open(path: &Path, isq: Option<&str>, device: Device) -> Result<Gguf> {
             Some(r) => format!("quantized to {} ({})", r.0, quantizer.name()),
             None => "converted".to_string(),
         };
+        let summary = smelt_load::Summary {
+            read: input_bytes(path),
+            written: g.file_size(),
+            elapsed: start.elapsed(),
+            waited: std::time::Duration::ZERO,
+        };
         eprintln!(
-            "{}: {what} in memory, {} tensors, {:.1} MB, {:.1} s",
+            "{}: {what} in memory, {} tensors; {}",
             path.display(),
             g.tensors().len(),
-            g.file_size() as f64 / 1e6,
-            start.elapsed().as_secs_f64()
+            summary.line()
         );
     }
     Ok(g)
+}
+
+/// Bytes of a model's file, or of a folder's safetensors shards.
+pub fn input_bytes(path: &Path) -> u64 {
+    if !path.is_dir() {
+        return std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    }
+    std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
-use smelt_load::TensorQuantizer;
+use smelt_load::{TensorQuantizer, TensorSource};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -66,15 +66,21 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     if same_file {
         bail!("the output must be a different file from the input (it is read while writing)");
     }
-    // A Hugging Face folder is converted in memory first (smelt-load), then quantized as usual.
-    let g = if args.input.is_dir() {
-        super::isq::open(&args.input, None, smelt_engine::Device::Cpu)?
+    // A Hugging Face folder streams from its safetensors shards through the same pipeline
+    // (its conversion is a tensor source), never assembled in memory.
+    let (gguf, hf, gsrc);
+    let (md_in, source): (&Metadata, &dyn TensorSource) = if args.input.is_dir() {
+        hf = smelt_load::hf::open(&args.input)
+            .with_context(|| format!("cannot convert {}", args.input.display()))?;
+        (&hf.metadata, &hf.source)
     } else {
-        Gguf::open(&args.input)
-            .with_context(|| format!("cannot read {} as a GGUF file", args.input.display()))?
+        gguf = Gguf::open(&args.input)
+            .with_context(|| format!("cannot read {} as a GGUF file", args.input.display()))?;
+        gsrc = smelt_load::GgufSource::new(&gguf);
+        (gguf.metadata(), &gsrc)
     };
 
-    let tensors: Vec<TensorIn> = g
+    let tensors: Vec<TensorIn> = source
         .tensors()
         .iter()
         .map(|t| TensorIn {
@@ -83,12 +89,12 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
             shape: t.shape.clone(),
         })
         .collect();
-    let model = ModelInfo::from_metadata(g.metadata());
+    let model = ModelInfo::from_metadata(md_in);
     let planned = plan::plan(target, &model, &tensors);
     check_plan(&tensors, &planned)?;
     warn_about(&tensors, &planned);
 
-    let md = output_metadata(g.metadata(), target);
+    let md = output_metadata(md_in, target);
     let specs: Vec<TensorSpec> = tensors
         .iter()
         .zip(&planned)
@@ -108,18 +114,11 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     };
     let types: Vec<GgmlType> = planned.iter().map(|p| p.ty).collect();
     let bar = progress::bytes_bar(0, "quantize");
-    let summary = smelt_load::isq::stream(
-        &smelt_load::GgufSource::new(&g),
-        &types,
-        true,
-        quantizer.as_ref(),
-        w,
-        &bar,
-    )
-    .with_context(|| format!("cannot quantize into {}", args.output.display()))?;
+    let summary = smelt_load::isq::stream(source, &types, true, quantizer.as_ref(), w, &bar)
+        .with_context(|| format!("cannot quantize into {}", args.output.display()))?;
     partial.commit()?;
 
-    let before = g.file_size();
+    let before = super::isq::input_bytes(&args.input);
     let after = std::fs::metadata(&args.output)
         .map(|m| m.len())
         .unwrap_or(0);

@@ -28,7 +28,7 @@ mod profile;
 pub mod runner;
 pub mod step;
 mod timeline;
-mod upload;
+pub mod upload;
 pub mod weights;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -744,6 +744,7 @@ impl Cuda {
                 cols,
             },
         };
+        upload::LOADED_BYTES.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(w)
     }
 

@@ -11,6 +11,15 @@ use smelt_cuda::staged::Pinned;
 use smelt_cuda::{CudaError, Gpu};
 use smelt_gguf::GgmlType;
 
+/// Source bytes of weights loaded to any GPU by this process so far: what a progress bar
+/// polls while a model loads.
+pub static LOADED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// [`LOADED_BYTES`]'s value.
+pub fn loaded_bytes() -> u64 {
+    LOADED_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// `SMELT_CUDA_UPLOAD=plain`: the serial path this replaced (one repack thread, one
 /// synchronous copy per weight), to measure it and to check both give the same model.
 pub(crate) fn plain() -> bool {
