@@ -14,7 +14,7 @@
 #        .gpu-load/tok.gguf: a GGUF holding only SmolLM2's tokenizer (1.8 MB; any GGUF with a
 #        tokenizer will do). LLAMACPP=1 needs .peer too (../shared/peer/prepare.sh .peer).
 # There: bash bench/gpu/load.sh   carry [".gpu-load"] (with LLAMACPP=1: [".gpu-load", ".peer"])
-# Environment: BUDGET seconds (default 480): optional phases start only with time left, and
+# Environment: BUDGET seconds (default 330): optional phases start only with time left, and
 # every command has a hard timeout. A dry run of the logic on a CPU machine:
 #   SHAPE8=llama3-tiny SHAPE14=qwen3-tiny DEV=cpu bash bench/gpu/load.sh
 # Output: the table rows on stdout as they come and the table last; details in $OUT/load.log
@@ -30,7 +30,7 @@ gunzip -c .gpu-load/smelt.gz > $S && chmod +x $S
 W=${LOAD_DIR:-/tmp/load}
 rm -rf "$W"; mkdir -p "$W"
 T0=$EPOCHREALTIME
-BUDGET=${BUDGET:-480}
+BUDGET=${BUDGET:-330}
 SHAPE8=${SHAPE8:-llama3-8b}; SHAPE14=${SHAPE14:-qwen3-14b}; DEV=${DEV:-cuda}
 export SMELT_CUDA_LOAD_LOG=1
 export XDG_CACHE_HOME=$W/cache
@@ -173,7 +173,7 @@ rm -f $q4
 echo "== CPU quantizer, cold reads ($(now) s)" | tee -a "$log"
 head2 "8B bf16 again" "note"
 if [ "$(left)" -gt 110 ]; then
-    s=$(secs -t 140 $S quantize $bf $W/l8-q6k-cpu.gguf --type q6_k)
+    s=$(secs -t 100 $S quantize $bf $W/l8-q6k-cpu.gguf --type q6_k)
     row "smelt quantize --device cpu q6_k ($(nproc) cores)" "$s" "$(ratio "$s" $catw); $(last_wrote)"
     row "cmp q6_k: GPU file vs CPU file" "-" "$(cmp $W/l8-q6k-gpu.gguf $W/l8-q6k-cpu.gguf >> "$log" 2>&1 && echo SAME || echo DIFFER)"
     rm -f $W/l8-q6k-cpu.gguf
@@ -187,7 +187,7 @@ if [ "$(left)" -gt 50 ]; then
         catc=$(secs cat $bf)
         row "cat > /dev/null (cold: caches dropped)" "$catc" "$(gbs $size $catc)"
         cold
-        s=$(secs -t 100 $S quantize $bf $W/l8-q6k-cold.gguf --type q6_k --device $DEV)
+        s=$(secs -t 60 $S quantize $bf $W/l8-q6k-cold.gguf --type q6_k --device $DEV)
         row "smelt quantize --device $DEV q6_k (cold)" "$s" "$(ratio "$s" $catc); $(last_wrote)"
         rm -f $W/l8-q6k-cold.gguf
     else
@@ -222,6 +222,6 @@ if [ "${BIG:-0}" = 1 ] && [ "$(left)" -gt 150 ]; then
     rm -f $W/q14-q6k-gpu.gguf $W/q14-q6k-cpu.gguf $b14
 fi
 echo "== kernel loads and summaries" | tee -a "$log"
-grep -ah "kernels:\|quantized to\|^wrote" "$log" | cut -c1-220 | tail -14
+grep -ah "kernels:\|quantized to\|^wrote\|weights to" "$log" | cut -c1-220 | tail -16
 echo "== table (total $(now) s)"
 cat "$table"
