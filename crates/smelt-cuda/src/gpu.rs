@@ -11,7 +11,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use smelt_ptx::{GridDep, Target};
 
-use crate::{guard, util, CudaError};
+use crate::{cache, guard, util, CudaError};
 
 /// An opened device. Cheap to share (`Arc<Gpu>`); all work goes to its one stream.
 pub struct Gpu {
@@ -222,11 +222,31 @@ impl Gpu {
             );
             let after: Vec<&str> = after.iter().map(String::as_str).collect();
             let late: Vec<&str> = late.iter().map(String::as_str).collect();
-            let module =
-                smelt_kernels::catalog::module_with(target, other, gemv, &after, &late, timeline)?;
-            let kernels = ctx.load_module(Ptx::from_src(module.to_ptx()))?;
+            let name = ctx.name()?;
+            let settings = format!("{target:?}|{other:?}|{gemv:?}|{after:?}|{late:?}|{timeline}");
+            let mut generated = std::time::Duration::ZERO;
+            let (kernels, how) = cache::load(&ctx, &name, cc, &settings, || {
+                let module = smelt_kernels::catalog::module_with(
+                    target, other, gemv, &after, &late, timeline,
+                )?;
+                let ptx = module.to_ptx();
+                generated = t.elapsed();
+                Ok(ptx)
+            })?;
             let runtime = ctx.load_module(Ptx::from_src(util::module(target)?.to_ptx()))?;
             let load_time = t.elapsed();
+            if std::env::var("SMELT_CUDA_LOAD_LOG").is_ok_and(|v| v == "1") {
+                eprintln!(
+                    "cuda:{ordinal} kernels: PTX generated in {:.0} ms, ready in {:.0} ms ({})",
+                    generated.as_secs_f64() * 1e3,
+                    load_time.as_secs_f64() * 1e3,
+                    match &how {
+                        cache::Loaded::Hit(p) => format!("cached cubin {}", p.display()),
+                        cache::Loaded::Stored(p) => format!("JIT, cubin stored at {}", p.display()),
+                        cache::Loaded::Uncached => "JIT, not cached".to_string(),
+                    }
+                );
+            }
             let sm_count = ctx.attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )?;
@@ -240,7 +260,7 @@ impl Gpu {
                 }
             };
             Ok(Arc::new(Gpu {
-                name: ctx.name()?,
+                name,
                 stream: ctx.new_stream()?,
                 ctx,
                 kernels,

@@ -3,19 +3,23 @@
 //! no. A [`Gpu`] is one device: its context, one stream (everything smelt does on a device
 //! is ordered on it, which also makes it capturable as a CUDA graph) and the module of every
 //! kernel of `smelt-kernels`, generated as PTX for the device's architecture and
-//! JIT-compiled by the driver once per process.
+//! JIT-compiled by the driver once per machine ([`cache`] keeps the result).
 //!
+//! - [`cache`]: compiled kernel modules kept across runs (start-up without the JIT).
 //! - [`gpu`]: [`Gpu::open`], kernel lookup, upload/download.
 //! - [`graph`]: stream capture into a replayable [`Graph`].
 //! - [`gemv_bench`]: GEMV bandwidth at real shapes (GPU checks, `smelt bench --kernels`).
+//! - [`staged`]: pipelined quantization through reused pinned staging slots and streams.
 //! - [`timing`]: CUDA-event timings of launches and graph replays and the device-copy
 //!   bandwidth they are compared with (GPU checks and `smelt bench --kernels`).
 
+pub mod cache;
 pub mod error;
 pub mod gemv_bench;
 pub mod gpu;
 pub mod graph;
 pub mod quantize;
+pub mod staged;
 pub mod timing;
 mod util;
 

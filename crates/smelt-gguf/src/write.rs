@@ -25,6 +25,8 @@ pub struct GgufWriter<W: Write> {
     alignment: u64,
     /// Bytes written so far, for padding.
     pos: u64,
+    /// Bytes of the next tensor already written by [`GgufWriter::write_part`].
+    partial: u64,
 }
 
 impl GgufWriter<BufWriter<std::fs::File>> {
@@ -139,6 +141,7 @@ impl<W: Write> GgufWriter<W> {
             next: 0,
             alignment: layout.alignment,
             pos: 0,
+            partial: 0,
         };
         let mut head = Vec::with_capacity(4096);
         head.extend_from_slice(MAGIC);
@@ -170,6 +173,20 @@ impl<W: Write> GgufWriter<W> {
     /// Writes the data of the next tensor. `name` must be the next spec's name and `data`
     /// exactly its size; on error nothing is written and the writer can still be used.
     pub fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<(), GgufError> {
+        if self.partial != 0 {
+            return Err(GgufError::invalid(
+                self.path.as_deref(),
+                format!("tensor '{name}'"),
+                format!("{} bytes of it were already written in parts", self.partial),
+            ));
+        }
+        self.write_part(name, data, true)
+    }
+
+    /// Writes the next `data.len()` bytes of the next tensor, so a tensor can be streamed in
+    /// pieces (a pipelined quantizer writes each chunk of rows as it comes back). `last`
+    /// says this part ends the tensor: then the parts must add up to exactly its size.
+    pub fn write_part(&mut self, name: &str, data: &[u8], last: bool) -> Result<(), GgufError> {
         let Some(spec) = self.specs.get(self.next) else {
             return Err(GgufError::invalid(
                 self.path.as_deref(),
@@ -186,21 +203,25 @@ impl<W: Write> GgufWriter<W> {
             ));
         }
         let size = self.sizes[self.next];
-        if data.len() as u64 != size {
+        let done = self.partial + data.len() as u64;
+        if done > size || (last && done != size) {
             return Err(GgufError::invalid(
                 self.path.as_deref(),
                 field(),
                 format!(
-                    "data is {} bytes, expected {size} ({} {:?})",
-                    data.len(),
-                    spec.ty,
-                    spec.shape
+                    "data is {done} bytes, expected {size} ({} {:?})",
+                    spec.ty, spec.shape
                 ),
             ));
         }
         self.emit(data)?;
-        self.pad()?;
-        self.next += 1;
+        if last {
+            self.pad()?;
+            self.next += 1;
+            self.partial = 0;
+        } else {
+            self.partial = done;
+        }
         Ok(())
     }
 
@@ -303,5 +324,53 @@ impl<W: Write> std::fmt::Debug for GgufWriter<W> {
             .field("alignment", &self.alignment)
             .field("pos", &self.pos)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::GgmlType;
+
+    fn specs() -> Vec<TensorSpec> {
+        vec![
+            TensorSpec {
+                name: "a".into(),
+                ty: GgmlType::F32,
+                shape: vec![4, 3],
+            },
+            TensorSpec {
+                name: "b".into(),
+                ty: GgmlType::F32,
+                shape: vec![5],
+            },
+        ]
+    }
+
+    /// A tensor written in parts is the same file as written whole; parts that overrun the
+    /// tensor, or a last part that leaves it short, are refused.
+    #[test]
+    fn parts_make_the_same_file_as_whole_tensors() {
+        let md = Metadata::new();
+        let a: Vec<u8> = (0..48).collect();
+        let b: Vec<u8> = (100..120).collect();
+        let mut whole = GgufWriter::new(Vec::new(), &md, specs()).expect("writer");
+        whole.write_tensor("a", &a).expect("a");
+        whole.write_tensor("b", &b).expect("b");
+        let whole = whole.finish().expect("finish");
+
+        let mut parts = GgufWriter::new(Vec::new(), &md, specs()).expect("writer");
+        parts.write_part("a", &a[..16], false).expect("a0");
+        assert!(parts.write_tensor("a", &a[16..]).is_err(), "mixing");
+        assert!(parts.write_part("a", &a[16..], false).is_ok());
+        assert!(parts.write_part("a", &[], true).is_ok());
+        assert!(
+            parts.write_part("b", &b[..8], true).is_err(),
+            "short last part"
+        );
+        assert!(parts.write_part("b", &[0; 21], false).is_err(), "overrun");
+        parts.write_part("b", &b, true).expect("b");
+        let parts = parts.finish().expect("finish");
+        assert_eq!(whole, parts);
     }
 }

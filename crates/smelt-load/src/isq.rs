@@ -16,6 +16,7 @@ use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
 use smelt_quant::QuantError;
 
 use crate::error::QuantizeError;
+use crate::pipeline::{self, HostStage, Job, Summary, WriteFn};
 use crate::LoadError;
 
 /// One tensor of the model being assembled: its GGUF name and shape (ggml order: row
@@ -29,16 +30,33 @@ pub struct SourceTensor {
 
 /// Where tensor bytes come from. Data is asked for one tensor at a time, in order, so a
 /// source can read (or permute) a tensor only when it is needed.
-pub trait TensorSource {
+pub trait TensorSource: Sync {
     fn tensors(&self) -> &[SourceTensor];
     /// The bytes of tensor `i`, in `tensors()[i].ty`.
     fn data(&self, i: usize) -> Result<Cow<'_, [u8]>, LoadError>;
+    /// Bytes `offset..offset + buf.len()` of tensor `i` into `buf` (the pipelined
+    /// quantizer's reads; called from a reader thread, chunk by chunk in order).
+    fn read(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<(), LoadError> {
+        let d = self.data(i)?;
+        let at = usize::try_from(offset).unwrap_or(usize::MAX);
+        let src = at
+            .checked_add(buf.len())
+            .and_then(|end| d.get(at..end))
+            .ok_or_else(|| LoadError::Plan {
+                why: format!("tensor #{i}: bytes {offset}.. past its {} bytes", d.len()),
+            })?;
+        pipeline::copy_parallel(buf, src, pipeline::read_threads(), pipeline::READ_PIECE);
+        Ok(())
+    }
 }
 
 /// A GGUF file's own tensors as a source (ISQ of a GGUF).
 pub struct GgufSource<'a> {
     gguf: &'a Gguf,
     tensors: Vec<SourceTensor>,
+    /// The file, for large parallel reads (mapped page faults come one page group at a
+    /// time); `None` for an in-memory GGUF, read from its bytes.
+    file: Option<std::fs::File>,
 }
 
 impl<'a> GgufSource<'a> {
@@ -52,7 +70,12 @@ impl<'a> GgufSource<'a> {
                 ty: t.ty,
             })
             .collect();
-        Self { gguf, tensors }
+        let file = gguf.path().and_then(|p| std::fs::File::open(p).ok());
+        Self {
+            gguf,
+            tensors,
+            file,
+        }
     }
 }
 
@@ -64,6 +87,38 @@ impl TensorSource for GgufSource<'_> {
     fn data(&self, i: usize) -> Result<Cow<'_, [u8]>, LoadError> {
         let info = &self.gguf.tensors()[i];
         Ok(Cow::Borrowed(self.gguf.tensor_data(info)))
+    }
+
+    fn read(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<(), LoadError> {
+        let info = &self.gguf.tensors()[i];
+        if offset + buf.len() as u64 > info.n_bytes() {
+            return Err(LoadError::Plan {
+                why: format!("tensor {}: bytes {offset}.. past its end", info.name),
+            });
+        }
+        match &self.file {
+            Some(f) => pipeline::pread_parallel(
+                f,
+                self.gguf.data_offset() + info.offset + offset,
+                buf,
+                pipeline::read_threads(),
+                pipeline::READ_PIECE,
+            )
+            .map_err(|e| LoadError::Plan {
+                why: format!("reading tensor {}: {e}", info.name),
+            }),
+            None => {
+                let d = self.gguf.tensor_data(info);
+                let at = offset as usize;
+                pipeline::copy_parallel(
+                    buf,
+                    &d[at..at + buf.len()],
+                    pipeline::read_threads(),
+                    pipeline::READ_PIECE,
+                );
+                Ok(())
+            }
+        }
     }
 }
 
@@ -82,6 +137,54 @@ pub trait TensorQuantizer: Send + Sync {
         dst: GgmlType,
         progress: &dyn Fn(u64),
     ) -> Result<Vec<u8>, QuantizeError>;
+
+    /// Runs a model's chunks (see [`pipeline`]) and calls `write` with each one's output in
+    /// order, or `None` to let [`run`] overlap reading with [`TensorQuantizer::quantize`] on
+    /// each chunk (the default); a GPU quantizer runs them on its own staging slots and
+    /// streams.
+    fn run_pipelined(
+        &self,
+        _source: &dyn TensorSource,
+        _jobs: &[Job],
+        _write: &mut WriteFn<'_>,
+        _progress: &dyn Fn(u64),
+    ) -> Option<Result<Summary, LoadError>> {
+        None
+    }
+}
+
+/// Runs `jobs` through `q`: its own pipeline when it has one, else [`run_on_host`].
+pub fn run(
+    q: &dyn TensorQuantizer,
+    source: &dyn TensorSource,
+    jobs: &[Job],
+    write: &mut WriteFn<'_>,
+    progress: &dyn Fn(u64),
+) -> Result<Summary, LoadError> {
+    match q.run_pipelined(source, jobs, write, progress) {
+        Some(r) => r,
+        None => run_on_host(q, source, jobs, write, progress),
+    }
+}
+
+/// Reading overlapped with `q`'s per-chunk quantization: [`pipeline::HostStage`] over `q`.
+pub fn run_on_host(
+    q: &dyn TensorQuantizer,
+    source: &dyn TensorSource,
+    jobs: &[Job],
+    write: &mut WriteFn<'_>,
+    progress: &dyn Fn(u64),
+) -> Result<Summary, LoadError> {
+    let slots = HostStage::slots(pipeline::HOST_SLOTS, pipeline::max_src(jobs));
+    pipeline::run(
+        &HostStage(q),
+        slots,
+        source.tensors(),
+        jobs,
+        &|job, buf| source.read(job.tensor, job.src_offset, buf),
+        write,
+        progress,
+    )
 }
 
 /// smelt-quant on the CPU, all cores of rayon's current pool.
@@ -174,8 +277,9 @@ impl Write for Counter {
     }
 }
 
-/// Writes `metadata` and every tensor of `source` (in the types `types` names, or as they
-/// are when `types` is `None`) into one GGUF in memory, allocated once at its final size.
+/// Writes `metadata` and every tensor of `source` (in the types `types` names, quantized
+/// tensors requantized as `smelt quantize` does, or as they are when `types` is `None`)
+/// into one GGUF in memory, allocated once at its final size.
 pub fn assemble(
     metadata: &Metadata,
     source: &dyn TensorSource,
@@ -193,8 +297,10 @@ pub fn assemble(
             shape: t.shape.clone(),
         })
         .collect();
+    let requantize = types.is_some();
     for (t, s) in tensors.iter().zip(&specs) {
-        if t.ty != s.ty && !smelt_quant::can_dequantize(t.ty) {
+        let convert = pipeline::converts(t.ty, s.ty, requantize);
+        if convert && !smelt_quant::can_dequantize(t.ty) {
             return Err(LoadError::Plan {
                 why: format!(
                     "tensor {} is {}, which smelt cannot read as numbers",
@@ -202,7 +308,7 @@ pub fn assemble(
                 ),
             });
         }
-        if t.ty != s.ty && !smelt_quant::can_quantize(s.ty) {
+        if convert && !smelt_quant::can_quantize(s.ty) {
             return Err(LoadError::Plan {
                 why: format!(
                     "tensor {} would need {}, which smelt cannot write",
@@ -226,33 +332,68 @@ pub fn assemble(
         .map(|s| s.n_bytes().next_multiple_of(align))
         .sum();
     let total = count.get() + data;
-    bar.set_length(data);
     let mut out = Vec::with_capacity(usize::try_from(total).map_err(|_| LoadError::Plan {
         why: format!("{total} bytes do not fit this machine's memory"),
     })?);
-    let mut w = GgufWriter::new(&mut out, metadata, specs.clone())?;
-    for (i, (t, s)) in tensors.iter().zip(&specs).enumerate() {
-        bar.set_message(t.name.clone());
-        let src = source.data(i)?;
-        if t.ty == s.ty {
-            w.write_tensor(&t.name, &src)?;
-            bar.inc(src.len() as u64);
-        } else {
-            let q = quantizer
-                .quantize(t.ty, &src, &t.shape, s.ty, &|b| bar.inc(b))
-                .map_err(|source| LoadError::Quantize {
-                    name: t.name.clone(),
-                    from: t.ty,
-                    to: s.ty,
-                    source,
-                })?;
-            drop(src);
-            w.write_tensor(&t.name, &q)?;
-        }
-    }
+    let w = GgufWriter::new(&mut out, metadata, specs.clone())?;
+    let types: Vec<GgmlType> = specs.iter().map(|s| s.ty).collect();
+    stream(source, &types, requantize, quantizer, w, bar)?;
+    Ok(out)
+}
+
+/// Streams every tensor of `source` through `quantizer` into `w` (created with the output
+/// specs: `types[i]` for tensor `i`; `requantize` as [`pipeline::converts`] takes it),
+/// chunk by chunk, reading ahead in parallel while earlier chunks are quantized and
+/// written. `bar` counts source bytes; the summary says what moved.
+pub fn stream<W: Write>(
+    source: &dyn TensorSource,
+    types: &[GgmlType],
+    requantize: bool,
+    quantizer: &dyn TensorQuantizer,
+    w: GgufWriter<W>,
+    bar: &ProgressBar,
+) -> Result<Summary, LoadError> {
+    stream_chunked(
+        source,
+        types,
+        requantize,
+        quantizer,
+        w,
+        bar,
+        pipeline::CHUNK_BYTES,
+    )
+}
+
+/// [`stream`] with chunks of at most `chunk` source bytes (tests cut tiny models into
+/// many chunks with it).
+pub fn stream_chunked<W: Write>(
+    source: &dyn TensorSource,
+    types: &[GgmlType],
+    requantize: bool,
+    quantizer: &dyn TensorQuantizer,
+    mut w: GgufWriter<W>,
+    bar: &ProgressBar,
+    chunk: usize,
+) -> Result<Summary, LoadError> {
+    let tensors = source.tensors();
+    let jobs = pipeline::plan_jobs(tensors, types, requantize, chunk)?;
+    bar.set_length(jobs.iter().map(|j| j.src_len as u64).sum());
+    let summary = run(
+        quantizer,
+        source,
+        &jobs,
+        &mut |job, bytes| {
+            let name = &tensors[job.tensor].name;
+            if job.src_offset == 0 {
+                bar.set_message(name.clone());
+            }
+            Ok(w.write_part(name, bytes, job.last)?)
+        },
+        &|b| bar.inc(b),
+    )?;
     w.finish()?;
     bar.finish_and_clear();
-    Ok(out)
+    Ok(summary)
 }
 
 #[cfg(test)]
@@ -316,6 +457,158 @@ mod tests {
         assert_eq!(g.tensor_data(t), &want[..]);
         let n = g.tensor("n").expect("n");
         assert_eq!(g.tensor_data(n), &f32_bytes(&norm)[..]);
+    }
+
+    fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect()
+    }
+
+    fn f16_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter()
+            .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+            .collect()
+    }
+
+    fn vals(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i + seed) * 2_654_435_761usize) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    /// A model cut into chunks of a few rows (many per tensor, a ragged last one) streams
+    /// to the very file a whole-tensor quantizer writes: every tensor quantized at once by
+    /// smelt-quant from its values, copies copied.
+    #[test]
+    fn chunked_stream_is_the_whole_tensor_file() {
+        let (a, b, c, n) = (
+            vals(256 * 7, 1),
+            vals(64 * 5, 2),
+            vals(32 * 9, 3),
+            vals(64, 4),
+        );
+        let src = Mem(
+            vec![
+                SourceTensor {
+                    name: "a".into(),
+                    shape: vec![256, 7],
+                    ty: GgmlType::BF16,
+                },
+                SourceTensor {
+                    name: "b".into(),
+                    shape: vec![64, 5],
+                    ty: GgmlType::F32,
+                },
+                SourceTensor {
+                    name: "n".into(),
+                    shape: vec![64],
+                    ty: GgmlType::F32,
+                },
+                SourceTensor {
+                    name: "c".into(),
+                    shape: vec![32, 9],
+                    ty: GgmlType::F16,
+                },
+            ],
+            vec![bf16_bytes(&a), f32_bytes(&b), f32_bytes(&n), f16_bytes(&c)],
+        );
+        let types = [
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+            GgmlType::F32,
+            GgmlType::Q4_0,
+        ];
+        let specs: Vec<TensorSpec> = src
+            .0
+            .iter()
+            .zip(types)
+            .map(|(t, ty)| TensorSpec {
+                name: t.name.clone(),
+                ty,
+                shape: t.shape.clone(),
+            })
+            .collect();
+        let md = Metadata::new();
+        // The reference: whole tensors, values widened the way the quantizer reads them.
+        let wide = |ty: GgmlType, bytes: &[u8], n: usize| {
+            let mut v = vec![0f32; n];
+            smelt_quant::dequantize_row(ty, bytes, &mut v).expect("widens");
+            v
+        };
+        let mut want = GgufWriter::new(Vec::new(), &md, specs.clone()).expect("writer");
+        let q = |ty, v: &[f32], row| smelt_quant::quantize_tensor(ty, v, row, Some(1)).expect("q");
+        want.write_tensor(
+            "a",
+            &q(
+                GgmlType::Q6_K,
+                &wide(GgmlType::BF16, &src.1[0], a.len()),
+                256,
+            ),
+        )
+        .expect("a");
+        want.write_tensor("b", &q(GgmlType::Q8_0, &b, 64))
+            .expect("b");
+        want.write_tensor("n", &src.1[2]).expect("n");
+        want.write_tensor(
+            "c",
+            &q(GgmlType::Q4_0, &wide(GgmlType::F16, &src.1[3], c.len()), 32),
+        )
+        .expect("c");
+        let want = want.finish().expect("finish");
+        for chunk in [1, 300, 1100, 1 << 20] {
+            let mut got = Vec::new();
+            {
+                let w = GgufWriter::new(&mut got, &md, specs.clone()).expect("writer");
+                let s = stream_chunked(
+                    &src,
+                    &types,
+                    true,
+                    &CpuQuantizer,
+                    w,
+                    &ProgressBar::hidden(),
+                    chunk,
+                )
+                .expect("streams");
+                let read: usize = src.1.iter().map(Vec::len).sum();
+                assert_eq!(s.read, read as u64, "chunk {chunk}");
+            }
+            assert!(got == want, "chunk {chunk}: bytes differ");
+        }
+    }
+
+    /// A bad value in a late chunk stops the pipeline with the tensor's name (the reader
+    /// thread does not hang on a full queue).
+    #[test]
+    fn a_failing_late_chunk_names_its_tensor_and_stops() {
+        let mut v = vals(32 * 40, 5);
+        v[32 * 39 + 3] = f32::INFINITY;
+        let src = Mem(
+            vec![SourceTensor {
+                name: "blk.9.ffn_up.weight".into(),
+                shape: vec![32, 40],
+                ty: GgmlType::F32,
+            }],
+            vec![f32_bytes(&v)],
+        );
+        let specs = vec![TensorSpec {
+            name: "blk.9.ffn_up.weight".into(),
+            ty: GgmlType::Q8_0,
+            shape: vec![32, 40],
+        }];
+        let w = GgufWriter::new(Vec::new(), &Metadata::new(), specs).expect("writer");
+        let e = stream_chunked(
+            &src,
+            &[GgmlType::Q8_0],
+            true,
+            &CpuQuantizer,
+            w,
+            &ProgressBar::hidden(),
+            128,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("blk.9.ffn_up.weight"), "{e}");
     }
 
     #[test]

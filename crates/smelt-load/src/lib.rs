@@ -14,6 +14,7 @@
 mod error;
 pub mod hf;
 pub mod isq;
+pub mod pipeline;
 mod safetensors;
 
 use std::io::IsTerminal;
@@ -26,6 +27,7 @@ pub use error::{LoadError, QuantizeError};
 pub use isq::{
     CpuQuantizer, GgufSource, IsqPlan, Planner, SourceTensor, TensorQuantizer, TensorSource,
 };
+pub use pipeline::{Job, Summary};
 
 /// What a path holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,7 +118,7 @@ fn bar(what: &str) -> ProgressBar {
     }
     let bar = ProgressBar::new(0);
     if let Ok(style) = ProgressStyle::with_template(
-        "{prefix} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}) {msg}",
+        "{prefix} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta}) {msg}",
     ) {
         bar.set_style(style);
     }

@@ -164,7 +164,7 @@ const fn tiny(name: &'static str, n_head: u64, n_head_kv: u64) -> ModelShape {
     }
 }
 
-pub const SHAPES: [ModelShape; 16] = [
+pub const SHAPES: [ModelShape; 17] = [
     // Llama 3.0: no rope scaling (3.1 added it).
     llama("llama3-8b", 32, 4096, 14336, 32, 8),
     // Llama 3.2 1B: rope scaling factor 32.
@@ -186,6 +186,18 @@ pub const SHAPES: [ModelShape; 16] = [
         rms_eps: 1e-6,
         qk_norm: true,
         ..llama("qwen3-32b", 64, 5120, 25600, 64, 8)
+    },
+    // Qwen3-14B (config.json): 40 layers, 40 query / 8 KV heads of 128, untied output; the
+    // largest bf16 shape whose file and a quantized copy fit a 64 GB disk (load benchmarks).
+    ModelShape {
+        arch: "qwen3",
+        head_dim: 128,
+        n_vocab: 151936,
+        n_ctx_train: 40960,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        ..llama("qwen3-14b", 40, 5120, 17408, 40, 8)
     },
     // Qwen3-30B-A3B (config.json): 48 layers, heads of 128, 128 experts of 768, 8 per token.
     ModelShape {
@@ -505,6 +517,11 @@ mod tests {
             (billions("qwen3-32b") - 32.8).abs() < 0.1,
             "{}",
             billions("qwen3-32b")
+        );
+        assert!(
+            (billions("qwen3-14b") - 14.77).abs() < 0.05,
+            "{}",
+            billions("qwen3-14b")
         );
         assert!(
             (billions("qwen2.5-0.5b") - 0.494).abs() < 0.01,

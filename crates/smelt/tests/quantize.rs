@@ -352,3 +352,45 @@ fn a_failed_run_leaves_no_output() {
         "no output and no .partial left"
     );
 }
+
+/// With stderr not a terminal (a log, CI), `smelt quantize` draws no progress bar: its stderr
+/// is one summary line saying what it read and wrote, how long it took and how fast.
+#[test]
+fn stderr_off_a_terminal_is_one_summary_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (input, _) = toy_model(dir.path(), 256);
+    let out = dir.path().join("q.gguf");
+    let o = smelt(&[
+        "quantize",
+        input.to_str().expect("path"),
+        out.to_str().expect("path"),
+        "--type",
+        "q8_0",
+    ]);
+    assert!(o.status.success());
+    let err = String::from_utf8(o.stderr).expect("UTF-8");
+    assert!(
+        !err.contains('\r') && !err.contains('\x1b'),
+        "a bar drew: {err:?}"
+    );
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    let size = std::fs::metadata(&input).expect("input").len() as f64 / 1e9;
+    // "wrote OUT (q8_0, cpu): N tensors, A -> B (P%); read X GB, wrote Y GB in S s (R GB/s), T s in all"
+    let summary = lines[0].split("; ").nth(1).expect("summary after '; '");
+    let nums: Vec<f64> = summary
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        summary.starts_with("read ") && summary.contains(" GB/s)"),
+        "{summary}"
+    );
+    let (read, wrote) = (nums[0], nums[1]);
+    assert!(
+        (read - size).abs() < 0.011,
+        "read {read} GB of a {size} GB file"
+    );
+    assert!(wrote > 0.0 && wrote < read, "{summary}");
+    assert!(lines[0].contains("(q8_0, cpu)"), "{}", lines[0]);
+}

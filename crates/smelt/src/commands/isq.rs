@@ -5,7 +5,11 @@
 use anyhow::{Context, Result};
 use smelt_engine::Device;
 use smelt_gguf::{Gguf, Metadata};
-use smelt_load::{CpuQuantizer, IsqPlan, Planner, QuantizeError, SourceTensor, TensorQuantizer};
+use smelt_load::pipeline::{Stage, WriteFn};
+use smelt_load::{
+    CpuQuantizer, IsqPlan, Job, LoadError, Planner, QuantizeError, SourceTensor, Summary,
+    TensorQuantizer, TensorSource,
+};
 use std::path::Path;
 
 use super::quantize::warn_about;
@@ -44,15 +48,22 @@ impl Planner for IsqRules {
 }
 
 /// Quantizes on a GPU what its kernels cover (F32/F16/BF16 into the ten ggml formats of
-/// `smelt_cuda::quantize`, byte-identical to the CPU) and the rest on the CPU. Each tensor is
-/// uploaded, quantized and read back on its own, so the GPU holds one source tensor and its
-/// output at a time while the model is quantized; the engine uploads the result after.
+/// `smelt_cuda::quantize`, byte-identical to the CPU) and the rest on the CPU. A model goes
+/// through in chunks of rows on a few staging slots (reads, uploads, kernels and downloads
+/// of different chunks overlap), so the GPU holds a few chunks at a time; the engine
+/// uploads the result after.
 pub struct GpuQuantizer {
     gpu: std::sync::Arc<smelt_cuda::Gpu>,
     name: String,
 }
 
 impl GpuQuantizer {
+    /// A quantizer on an opened device.
+    pub fn new(gpu: std::sync::Arc<smelt_cuda::Gpu>) -> Self {
+        let name = format!("cuda:{}", gpu.ordinal());
+        Self { gpu, name }
+    }
+
     pub fn open(ordinal: usize) -> Result<Self> {
         let gpu = smelt_cuda::Gpu::open(ordinal)
             .with_context(|| format!("cannot open CUDA device {ordinal} for --isq"))?;
@@ -90,6 +101,99 @@ impl TensorQuantizer for GpuQuantizer {
         progress(q.len() as u64);
         Ok(q)
     }
+
+    fn run_pipelined(
+        &self,
+        source: &dyn TensorSource,
+        jobs: &[Job],
+        write: &mut WriteFn<'_>,
+        progress: &dyn Fn(u64),
+    ) -> Option<Result<Summary, LoadError>> {
+        Some(run_on_gpu(&self.gpu, source, jobs, write, progress))
+    }
+}
+
+/// Staging slots in flight on the GPU: one being read, one uploading, one in the kernel,
+/// one downloading (an H100 copies both ways and computes at once).
+const GPU_SLOTS: usize = 4;
+
+/// The GPU's pipeline stage: F32/F16/BF16 chunks through [`smelt_cuda::staged`] slots,
+/// anything else quantized on the CPU when its turn comes.
+struct GpuStage;
+
+/// A GPU staging slot, plus room for a chunk the CPU quantizes.
+struct GpuSlot {
+    slot: smelt_cuda::staged::Slot,
+    on_gpu: bool,
+    host_out: Vec<u8>,
+}
+
+fn gpu_input(job: &Job) -> Option<smelt_kernels::quantize::Input> {
+    smelt_kernels::quantize::Input::from_ggml(job.src_ty)
+        .filter(|_| smelt_cuda::quantize::supports(job.src_ty, job.dst_ty))
+}
+
+impl Stage for GpuStage {
+    type Slot = GpuSlot;
+    fn input<'a>(&self, s: &'a mut GpuSlot) -> &'a mut [u8] {
+        s.slot.input()
+    }
+    fn submit(&self, s: &mut GpuSlot, job: &Job) -> Result<(), QuantizeError> {
+        s.on_gpu = false;
+        if let Some(input) = gpu_input(job) {
+            s.slot.submit(job.dst_ty, input, job.rows, job.cols)?;
+            s.on_gpu = true;
+        }
+        Ok(())
+    }
+    fn complete<'a>(&self, s: &'a mut GpuSlot, job: &Job) -> Result<&'a [u8], QuantizeError> {
+        if s.on_gpu {
+            return Ok(s.slot.complete()?);
+        }
+        s.host_out =
+            smelt_load::pipeline::convert_with(&CpuQuantizer, job, &s.slot.input()[..job.src_len])?;
+        Ok(&s.host_out)
+    }
+}
+
+/// Runs `jobs` through [`GPU_SLOTS`] staging slots on `gpu` (see [`smelt_load::pipeline`]).
+pub fn run_on_gpu(
+    gpu: &std::sync::Arc<smelt_cuda::Gpu>,
+    source: &dyn TensorSource,
+    jobs: &[Job],
+    write: &mut WriteFn<'_>,
+    progress: &dyn Fn(u64),
+) -> Result<Summary, LoadError> {
+    let on_gpu = || jobs.iter().filter(|j| j.convert && gpu_input(j).is_some());
+    let max_out = on_gpu().map(|j| j.out_len).max().unwrap_or(0);
+    let max_rows = on_gpu().map(|j| j.rows).max().unwrap_or(0);
+    let slots = smelt_cuda::staged::slots(
+        gpu,
+        GPU_SLOTS,
+        smelt_load::pipeline::max_src(jobs),
+        max_out,
+        max_rows,
+    )
+    .map_err(|e| LoadError::Plan {
+        why: format!("GPU staging buffers: {e}"),
+    })?;
+    let slots = slots
+        .into_iter()
+        .map(|slot| GpuSlot {
+            slot,
+            on_gpu: false,
+            host_out: Vec::new(),
+        })
+        .collect();
+    smelt_load::pipeline::run(
+        &GpuStage,
+        slots,
+        source.tensors(),
+        jobs,
+        &|job, buf| source.read(job.tensor, job.src_offset, buf),
+        write,
+        progress,
+    )
 }
 
 /// Opens `path` (GGUF file or Hugging Face folder) for the engine, quantized to `isq` when
@@ -113,15 +217,35 @@ pub fn open(path: &Path, isq: Option<&str>, device: Device) -> Result<Gguf> {
             Some(r) => format!("quantized to {} ({})", r.0, quantizer.name()),
             None => "converted".to_string(),
         };
+        let summary = smelt_load::Summary {
+            read: input_bytes(path),
+            written: g.file_size(),
+            elapsed: start.elapsed(),
+            waited: std::time::Duration::ZERO,
+        };
         eprintln!(
-            "{}: {what} in memory, {} tensors, {:.1} MB, {:.1} s",
+            "{}: {what} in memory, {} tensors; {}",
             path.display(),
             g.tensors().len(),
-            g.file_size() as f64 / 1e6,
-            start.elapsed().as_secs_f64()
+            summary.line()
         );
     }
     Ok(g)
+}
+
+/// Bytes of a model's file, or of a folder's safetensors shards.
+pub fn input_bytes(path: &Path) -> u64 {
+    if !path.is_dir() {
+        return std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    }
+    std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 #[cfg(test)]

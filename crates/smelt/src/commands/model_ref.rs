@@ -225,8 +225,11 @@ pub fn load_kv(
         ..EngineOptions::default()
     };
     let gguf = super::isq::open(&path, isq, device)?;
-    let engine = Engine::from_gguf(std::sync::Arc::new(gguf), &opts)
-        .with_context(|| format!("cannot load {}", path.display()))?;
+    let engine = match device {
+        Device::Cuda(n) => gpu_load(&path, gguf, &opts, n)?,
+        Device::Cpu => Engine::from_gguf(std::sync::Arc::new(gguf), &opts)
+            .with_context(|| format!("cannot load {}", path.display()))?,
+    };
     let tokenizer = Tokenizer::from_gguf(engine.gguf().metadata())
         .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
     Ok(Loaded {
@@ -234,6 +237,45 @@ pub fn load_kv(
         engine,
         tokenizer,
     })
+}
+
+/// The engine on GPU `n`, with a progress bar of the weights going to the device (on a
+/// terminal) and a summary line after: what was read and uploaded, in how long.
+fn gpu_load(path: &Path, gguf: smelt_gguf::Gguf, opts: &EngineOptions, n: usize) -> Result<Engine> {
+    use smelt_engine::backend::cuda::upload::loaded_bytes;
+    let total: u64 = gguf.tensors().iter().map(|t| t.n_bytes()).sum();
+    let start = std::time::Instant::now();
+    let before = loaded_bytes();
+    let bar = crate::progress::bytes_bar(total, "load");
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let engine = std::thread::scope(|s| {
+        if !bar.is_hidden() {
+            s.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    bar.set_position(loaded_bytes().saturating_sub(before).min(total));
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            });
+        }
+        let e = Engine::from_gguf(std::sync::Arc::new(gguf), opts);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        e
+    })
+    .with_context(|| format!("cannot load {}", path.display()))?;
+    bar.finish_and_clear();
+    let moved = loaded_bytes().saturating_sub(before);
+    let summary = smelt_load::Summary {
+        read: moved,
+        written: moved,
+        elapsed: start.elapsed(),
+        waited: std::time::Duration::ZERO,
+    };
+    eprintln!(
+        "{}: weights to cuda:{n}: {}",
+        path.display(),
+        summary.line()
+    );
+    Ok(engine)
 }
 
 #[cfg(test)]

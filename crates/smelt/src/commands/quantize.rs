@@ -1,11 +1,14 @@
 //! `smelt quantize`: rewrite a GGUF with its weights in another format or llama.cpp mixture.
 //!
-//! Tensors stream one at a time from the input's mmap to the output, so memory stays at
-//! about one tensor (as f32) however large the model.
+//! Tensors stream in chunks of rows through `smelt_load::pipeline`: read ahead in large
+//! parallel reads into a few reused staging slots while earlier chunks are quantized (all
+//! CPU cores, or a GPU's copy engines and kernels on streams of their own) and written in
+//! order, so memory stays at a few chunks however large the model.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
+use smelt_load::{TensorQuantizer, TensorSource};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -63,15 +66,21 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     if same_file {
         bail!("the output must be a different file from the input (it is read while writing)");
     }
-    // A Hugging Face folder is converted in memory first (smelt-load), then quantized as usual.
-    let g = if args.input.is_dir() {
-        super::isq::open(&args.input, None, smelt_engine::Device::Cpu)?
+    // A Hugging Face folder streams from its safetensors shards through the same pipeline
+    // (its conversion is a tensor source), never assembled in memory.
+    let (gguf, hf, gsrc);
+    let (md_in, source): (&Metadata, &dyn TensorSource) = if args.input.is_dir() {
+        hf = smelt_load::hf::open(&args.input)
+            .with_context(|| format!("cannot convert {}", args.input.display()))?;
+        (&hf.metadata, &hf.source)
     } else {
-        Gguf::open(&args.input)
-            .with_context(|| format!("cannot read {} as a GGUF file", args.input.display()))?
+        gguf = Gguf::open(&args.input)
+            .with_context(|| format!("cannot read {} as a GGUF file", args.input.display()))?;
+        gsrc = smelt_load::GgufSource::new(&gguf);
+        (gguf.metadata(), &gsrc)
     };
 
-    let tensors: Vec<TensorIn> = g
+    let tensors: Vec<TensorIn> = source
         .tensors()
         .iter()
         .map(|t| TensorIn {
@@ -80,12 +89,12 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
             shape: t.shape.clone(),
         })
         .collect();
-    let model = ModelInfo::from_metadata(g.metadata());
+    let model = ModelInfo::from_metadata(md_in);
     let planned = plan::plan(target, &model, &tensors);
     check_plan(&tensors, &planned)?;
     warn_about(&tensors, &planned);
 
-    let md = output_metadata(g.metadata(), target);
+    let md = output_metadata(md_in, target);
     let specs: Vec<TensorSpec> = tensors
         .iter()
         .zip(&planned)
@@ -95,62 +104,28 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
             shape: t.shape.clone(),
         })
         .collect();
-    let out_bytes: u64 = specs
-        .iter()
-        .map(|s| {
-            let n: u64 = s.shape.iter().product();
-            s.ty.row_bytes(n).unwrap_or(0)
-        })
-        .sum();
     let partial = output::Partial::new(&args.output);
-    let mut w = GgufWriter::create(partial.path(), &md, specs)
+    let w = GgufWriter::create(partial.path(), &md, specs)
         .with_context(|| format!("cannot create {}", partial.path().display()))?;
 
-    let gpu = open_gpu(&args.device)?;
-    let mut on_gpu = gpu.as_deref().map(smelt_cuda::quantize::Quantizer::new);
-    let bar = progress::bytes_bar(out_bytes, "quantize");
-    for (info, p) in g.tensors().iter().zip(&planned) {
-        bar.set_message(info.name.clone());
-        let src = g.tensor_data(info);
-        let data = match (p.action, on_gpu.as_mut()) {
-            (Action::Copy, _) => std::borrow::Cow::Borrowed(src),
-            (Action::Convert, Some(q)) if smelt_cuda::quantize::supports(info.ty, p.ty) => {
-                std::borrow::Cow::Owned(
-                    convert_gpu(q, info.ty, src, &info.shape, p.ty).with_context(|| {
-                        format!("tensor {} ({} -> {}) on the GPU", info.name, info.ty, p.ty)
-                    })?,
-                )
-            }
-            (Action::Convert, _) => std::borrow::Cow::Owned(
-                convert(info.ty, src, &info.shape, p.ty, &|b| bar.inc(b))
-                    .with_context(|| format!("tensor {} ({} -> {})", info.name, info.ty, p.ty))?,
-            ),
-        };
-        w.write_tensor(&info.name, &data).with_context(|| {
-            format!(
-                "cannot write tensor {} to {}",
-                info.name,
-                args.output.display()
-            )
-        })?;
-        if p.action == Action::Copy
-            || (on_gpu.is_some() && smelt_cuda::quantize::supports(info.ty, p.ty))
-        {
-            bar.inc(data.len() as u64);
-        }
-    }
-    w.finish()
-        .with_context(|| format!("cannot finish {}", partial.path().display()))?;
+    let quantizer: Box<dyn TensorQuantizer> = match open_gpu(&args.device)? {
+        Some(gpu) => Box::new(super::isq::GpuQuantizer::new(gpu)),
+        None => Box::new(smelt_load::CpuQuantizer),
+    };
+    let types: Vec<GgmlType> = planned.iter().map(|p| p.ty).collect();
+    let bar = progress::bytes_bar(0, "quantize");
+    let summary = smelt_load::isq::stream(source, &types, true, quantizer.as_ref(), w, &bar)
+        .with_context(|| format!("cannot quantize into {}", args.output.display()))?;
     partial.commit()?;
-    bar.finish_and_clear();
 
-    let before = g.file_size();
+    let before = super::isq::input_bytes(&args.input);
     let after = std::fs::metadata(&args.output)
         .map(|m| m.len())
         .unwrap_or(0);
     eprintln!(
-        "wrote {} ({target}): {} tensors, {} -> {} ({:.1}%), {:.1} s",
+        "wrote {} ({target}, {}): {} tensors, {} -> {} ({:.1}%); {}, {:.1} s in all",
         args.output.display(),
+        quantizer.name(),
         tensors.len(),
         bytes(before),
         bytes(after),
@@ -159,6 +134,7 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         } else {
             0.0
         },
+        summary.line(),
         start.elapsed().as_secs_f64()
     );
     Ok(())
@@ -236,22 +212,6 @@ fn output_metadata(input: &Metadata, target: Target) -> Metadata {
     md
 }
 
-/// Source bytes of any readable type to `dst` bytes on the CPU: the same slice-by-slice
-/// path `--isq` uses ([`smelt_load::CpuQuantizer`]), so both write the same bytes.
-/// `progress` gets the output bytes of each slice as it is done.
-pub fn convert(
-    src_ty: GgmlType,
-    src: &[u8],
-    shape: &[u64],
-    dst: GgmlType,
-    progress: &dyn Fn(u64),
-) -> Result<Vec<u8>> {
-    use smelt_load::TensorQuantizer;
-    smelt_load::CpuQuantizer
-        .quantize(src_ty, src, shape, dst, progress)
-        .map_err(|e| anyhow::anyhow!(e))
-}
-
 /// The GPU `--device` names, or `None` for the CPU.
 fn open_gpu(spec: &str) -> Result<Option<std::sync::Arc<smelt_cuda::Gpu>>> {
     let selected = smelt_engine::Device::select(spec)?;
@@ -267,26 +227,6 @@ fn open_gpu(spec: &str) -> Result<Option<std::sync::Arc<smelt_cuda::Gpu>>> {
             Ok(Some(gpu))
         }
     }
-}
-
-/// One F32/F16/BF16 tensor quantized on the GPU (whole tensor per launch).
-fn convert_gpu(
-    q: &mut smelt_cuda::quantize::Quantizer<'_>,
-    src_ty: GgmlType,
-    src: &[u8],
-    shape: &[u64],
-    dst: GgmlType,
-) -> Result<Vec<u8>> {
-    let input = smelt_kernels::quantize::Input::from_ggml(src_ty)
-        .with_context(|| format!("{src_ty} is not a GPU quantize input"))?;
-    let n: u64 = shape.iter().product();
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let row = usize::try_from(shape.first().copied().unwrap_or(1))
-        .context("row too long for this machine")?;
-    let rows = usize::try_from(n).context("tensor too large for this machine")? / row;
-    Ok(q.quantize(dst, input, src, rows, row)?)
 }
 
 #[cfg(test)]

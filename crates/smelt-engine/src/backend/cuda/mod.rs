@@ -28,6 +28,7 @@ mod profile;
 pub mod runner;
 pub mod step;
 mod timeline;
+pub mod upload;
 pub mod weights;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -218,6 +219,8 @@ pub struct Cuda {
     pending_gemv: Mutex<Option<PendingGemv>>,
     pending_rope: Mutex<Option<PendingRope>>,
     staging: Mutex<Option<Staging>>,
+    /// Pinned buffers weights are uploaded through (made at the first upload).
+    uploader: Mutex<Option<upload::Uploader>>,
     /// Every setting, read once at open ([`options`]).
     opts: CudaOptions,
     /// The combining attention's counters: zero between launches (each launch leaves them
@@ -289,6 +292,7 @@ impl Cuda {
             pending_gemv: Mutex::new(None),
             pending_rope: Mutex::new(None),
             staging: Mutex::new(None),
+            uploader: Mutex::new(None),
             attn_counters: Mutex::new(None),
             argmax_state: Mutex::new(None),
             weights: Mutex::new((Vec::new(), 0, 0)),
@@ -440,10 +444,19 @@ impl Cuda {
         let p = w.1;
         w.1 += len as u64;
         drop(w);
-        self.gpu.synchronize()?;
-        if !bytes.is_empty() {
+        if !bytes.is_empty() && upload::plain() {
+            self.gpu.synchronize()?;
             // SAFETY: `p` has room for `bytes`; a synchronous copy from host memory.
             unsafe { cu::memcpy_htod_sync(p, bytes) }?;
+        } else if !bytes.is_empty() {
+            let mut up = lock(&self.uploader);
+            if up.is_none() {
+                *up = Some(upload::Uploader::new(&self.gpu)?);
+            }
+            if let Some(u) = up.as_mut() {
+                // Queued on the stream after the chunk's allocation, before any kernel.
+                u.upload(&self.gpu, p, bytes)?;
+            }
         }
         Ok(p)
     }
@@ -710,13 +723,12 @@ impl Cuda {
                 }
             }
             WeightPlan::Gemv { .. } => {
-                let packed = catalog::repack(info.ty, data, rows, cols).map_err(|e| {
-                    EngineError::BadMetadata {
+                let row_bytes = catalog::row_bytes(info.ty, cols).map_err(CudaError::from)?;
+                let packed = upload::repack_parallel(info.ty, data, rows, cols, row_bytes)
+                    .map_err(|e| EngineError::BadMetadata {
                         key: name.into(),
                         why: format!("repacking for the GPU: {e}"),
-                    }
-                })?;
-                let row_bytes = catalog::row_bytes(info.ty, cols).map_err(CudaError::from)?;
+                    })?;
                 CudaWeight::Matrix {
                     ptr: self.upload_weight(&packed)?,
                     ty: info.ty,
@@ -732,6 +744,7 @@ impl Cuda {
                 cols,
             },
         };
+        upload::LOADED_BYTES.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(w)
     }
 
