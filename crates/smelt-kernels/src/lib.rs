@@ -24,6 +24,7 @@ pub mod formats;
 pub mod fused;
 pub mod gemm;
 pub mod gemv;
+pub mod moe;
 pub mod ops;
 pub mod quantize;
 

@@ -239,3 +239,46 @@ fn silu_argmax_and_attention_agree_with_the_backend() {
         );
     }
 }
+
+/// The MoE twins (`moe::route_cpu`, `combine_cpu`) against the engine's CPU backend
+/// (ggml's order): the same experts, weights within the vector exp's rounding, and the
+/// combine bit for bit. `bench/gpu/moe.sh` checks the kernels against the backend too.
+#[test]
+fn moe_twins_match_the_backend() {
+    use smelt_engine::backend::cpu::moe as backend_moe;
+    use smelt_engine::backend::{Gating, MoeRouting};
+    use smelt_kernels::moe;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+    for (ne, k, n, gating, norm, scale) in [
+        (128, 8, 5, Gating::Softmax, true, 0.0),
+        (20, 4, 3, Gating::Sigmoid, false, 2.5),
+        (8, 2, 7, Gating::Softmax, false, 1.0),
+    ] {
+        let logits = floats(&mut rng, n * ne, 4.0);
+        let p = MoeRouting {
+            gating,
+            k,
+            norm,
+            scale,
+        };
+        let mut want = vec![0f32; n * 2 * k];
+        backend_moe::route(&logits, ne, &p, &mut want);
+        let g = match gating {
+            Gating::Softmax => moe::Gating::Softmax,
+            Gating::Sigmoid => moe::Gating::Sigmoid,
+        };
+        let s = if scale == 0.0 { 1.0 } else { scale };
+        let got = moe::route_cpu(&logits, ne, g, k, norm, s);
+        for (a, b) in got.chunks(2 * k).zip(want.chunks(2 * k)) {
+            assert_eq!(a[..k], b[..k], "{ne} experts, k {k}");
+            for (x, y) in a[k..].iter().zip(&b[k..]) {
+                assert!((x - y).abs() <= 1e-6 * y.abs().max(1e-3), "{x} vs {y}");
+            }
+        }
+        let cols = 24;
+        let y = floats(&mut rng, n * k * cols, 2.0);
+        let mut out = vec![0f32; n * cols];
+        backend_moe::combine(&y, &want, k, &mut out);
+        assert_eq!(moe::combine_cpu(&y, &want, k, cols), out);
+    }
+}
