@@ -164,7 +164,7 @@ const fn tiny(name: &'static str, n_head: u64, n_head_kv: u64) -> ModelShape {
     }
 }
 
-pub const SHAPES: [ModelShape; 16] = [
+pub const SHAPES: [ModelShape; 17] = [
     // Llama 3.0: no rope scaling (3.1 added it).
     llama("llama3-8b", 32, 4096, 14336, 32, 8),
     // Llama 3.2 1B: rope scaling factor 32.
@@ -323,6 +323,18 @@ pub const SHAPES: [ModelShape; 16] = [
             n_ff_shared: 0,
         }),
         ..tiny("qwen3moe-tiny", 4, 2)
+    },
+    // Mixtral: Llama's attention with 8 experts of 256, 2 per token (GGUF `llama` with
+    // `expert_count`).
+    ModelShape {
+        rope_freq_base: 1_000_000.0,
+        moe: Some(MoeShape {
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_exp: 256,
+            n_ff_shared: 0,
+        }),
+        ..tiny("mixtral-tiny", 8, 2)
     },
     // Qwen3.5 hybrid: delta, delta, attention; 4 value heads of 64 over 2 key heads.
     ModelShape {
@@ -587,6 +599,8 @@ mod tests {
         assert!(has("qwen2-tiny", "blk.1.attn_v.bias"));
         assert!(has("qwen3-tiny", "blk.1.attn_k_norm.weight"));
         assert!(!has("mistral-tiny", "rope_freqs.weight"));
+        assert!(has("mixtral-tiny", "blk.1.ffn_gate_exps.weight"));
+        assert!(!has("mixtral-tiny", "blk.1.attn_q_norm.weight"));
         let m = find("mistral-tiny").expect("shape exists");
         assert_eq!(m.n_head / m.n_head_kv, 4, "grouped-query attention");
     }
