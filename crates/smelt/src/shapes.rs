@@ -324,8 +324,8 @@ pub const SHAPES: [ModelShape; 17] = [
         }),
         ..tiny("qwen3moe-tiny", 4, 2)
     },
-    // Mixtral: Llama's attention with 8 experts of 256, 2 per token (GGUF `llama` with
-    // `expert_count`).
+    // Mixtral: Llama's attention (heads of 64, four per KV head) with 8 experts of 256,
+    // 2 per token (GGUF `llama` with `expert_count`).
     ModelShape {
         rope_freq_base: 1_000_000.0,
         moe: Some(MoeShape {
@@ -334,7 +334,7 @@ pub const SHAPES: [ModelShape; 17] = [
             n_ff_exp: 256,
             n_ff_shared: 0,
         }),
-        ..tiny("mixtral-tiny", 8, 2)
+        ..tiny("mixtral-tiny", 4, 1)
     },
     // Qwen3.5 hybrid: delta, delta, attention; 4 value heads of 64 over 2 key heads.
     ModelShape {
