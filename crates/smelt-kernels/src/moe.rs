@@ -17,7 +17,9 @@
 //! slot's dot product is computed alone, in the same order, so the atomically filled
 //! tiles give the same bits on every run.
 
-use smelt_ptx::{Cmp, Exact, FloatRound, IntRound, Kernel, Load, Reg, Shfl, Space, Store};
+use smelt_ptx::{
+    Cmp, Dim, Exact, FloatRound, IntRound, Kernel, Load, Reg, Shfl, Space, Special, Store,
+};
 use smelt_ptx::{F32, F64, FULL_WARP, U32, U64};
 
 use crate::act::{self, ActSlots};
@@ -34,11 +36,11 @@ pub const ROUTE_WARPS: u32 = 4;
 pub const PLAN_THREADS: u32 = 256;
 /// Warps per block of the grouped GEMV and of the f32 GEMV.
 pub const GEMV_WARPS: u32 = 4;
-/// Weight rows per warp of the grouped GEMV with `tile_tokens` tokens per tile: two at
-/// decode (more loads in flight), one for 4 and 8 tokens (whose accumulators and
-/// activations would otherwise spill).
+/// Weight rows per warp of the grouped GEMV with `tile_tokens` tokens per tile: two for one
+/// token (more loads in flight), one for more (whose accumulators and activations would
+/// otherwise spill).
 pub fn rows_per_warp(tile_tokens: usize) -> u32 {
-    if tile_tokens <= 2 {
+    if tile_tokens == 1 {
         2
     } else {
         1
@@ -488,18 +490,22 @@ kernel_params! {
         row_bytes: U32,
         expert_bytes: U32,
         x_div: U32,
+        k: U32,
+        w2: Ptr,
+        y2: Ptr,
     }
 }
 
 /// Launch of the grouped GEMV: `nrows` rows per expert, `max_tiles` tiles of
-/// `tile_tokens` tokens.
-pub fn gemv_id_launch(nrows: usize, max_tiles: usize, tile_tokens: usize) -> Launch {
+/// `tile_tokens` tokens (with one token per tile, one tile per slot), `pair`: two weight
+/// arrays of the same shape (gate and up) in one launch.
+pub fn gemv_id_launch(nrows: usize, max_tiles: usize, tile_tokens: usize, pair: bool) -> Launch {
     let per_cta = (GEMV_WARPS * rows_per_warp(tile_tokens)) as usize;
     Launch::new(
         (
             nrows.div_ceil(per_cta).max(1) as u32,
             max_tiles.max(1) as u32,
-            1,
+            1 + pair as u32,
         ),
         (32, GEMV_WARPS, 1),
     )
@@ -511,7 +517,11 @@ pub fn gemv_id_launch(nrows: usize, max_tiles: usize, tile_tokens: usize) -> Lau
 /// (`x_div = k`) or per slot (`x_div = 1`). Each block owns [`GEMV_WARPS`] x
 /// [`rows_per_warp`] rows of one tile, reading those rows' weights once for all its slots.
 ///
-/// Parameters: `w, x, y, tiles, nrows, ntiles, row_bytes, expert_bytes, x_div`.
+/// With one token per tile there is no plan: `tiles` is the route itself (`[n][2k]`, `k`
+/// experts per token) and tile `j` is slot `j`. Blocks with `ctaid.z = 1` multiply the
+/// second weight array `w2` into `y2` (same shapes: gate and up in one launch).
+///
+/// Parameters: `w, x, y, tiles, nrows, ntiles, row_bytes, expert_bytes, x_div, k, w2, y2`.
 /// Launch: [`gemv_id_launch`].
 pub fn gemv_id_kernel<F: GpuFormat>(k: &Kernel, tile_tokens: usize) {
     if !TILE_TOKENS.contains(&tile_tokens) {
@@ -522,11 +532,27 @@ pub fn gemv_id_kernel<F: GpuFormat>(k: &Kernel, tile_tokens: usize) {
     }
     k.max_threads(32, GEMV_WARPS, 1);
     let a = GemvIdRegs::declare(k);
+    let second = k.eq(k.special(Special::Ctaid(Dim::Z)), 1u32);
+    k.selp(a.w, a.w2, a.w, second);
+    k.selp(a.y, a.y2, a.y, second);
     let tw = (tile_tokens + 2) as u32;
     let desc = k.elem_addr(a.tiles, k.mul(k.reg(), k.ctaid_y(), tw), 4);
-    let expert = k.load::<U32>(Load::GLOBAL, desc);
-    let count = k.load::<U32>(Load::GLOBAL, desc.at(4));
-    k.exit_if(k.eq(count, 0u32));
+    // One token per tile: tile `j` is slot `j`, its expert read from the route.
+    let direct = tile_tokens == 1;
+    let (expert, count) = if direct {
+        let j = k.ctaid_y();
+        let t = k.div_int(k.reg(), j, a.k);
+        let i = k.rem(k.reg(), j, a.k);
+        let two_k = k.add(k.reg(), a.k, a.k);
+        let at = k.mad(k.reg(), t, two_k, i);
+        let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(a.tiles, at, 4));
+        (k.cvt(k.reg::<U32>(), v, IntRound::Rzi), k.u32(1))
+    } else {
+        let e = k.load::<U32>(Load::GLOBAL, desc);
+        let c = k.load::<U32>(Load::GLOBAL, desc.at(4));
+        k.exit_if(k.eq(c, 0u32));
+        (e, c)
+    };
     let warp = k.mad(k.reg(), k.ctaid_x(), GEMV_WARPS, k.tid_y());
     let nr = rows_per_warp(tile_tokens);
     let first_row = k.mul(k.reg(), warp, nr);
@@ -559,8 +585,12 @@ pub fn gemv_id_kernel<F: GpuFormat>(k: &Kernel, tile_tokens: usize) {
             let valid = k.lt(k.u32(t as u32), count);
             let z = k.u32(0);
             let idx = k.selp(k.reg(), k.u32(t as u32), z, valid);
-            let at = k.add(k.reg(), idx, 2u32);
-            let slot = k.load::<U32>(Load::GLOBAL, k.elem_addr(desc, at, 4));
+            let slot = if direct {
+                k.ctaid_y()
+            } else {
+                let at = k.add(k.reg(), idx, 2u32);
+                k.load::<U32>(Load::GLOBAL, k.elem_addr(desc, at, 4))
+            };
             let xr = k.div_int(k.reg(), slot, a.x_div);
             k.add(k.reg(), a.x, k.mul_wide(k.reg::<U64>(), xr, xrow_bytes))
         })
@@ -608,7 +638,11 @@ pub fn gemv_id_kernel<F: GpuFormat>(k: &Kernel, tile_tokens: usize) {
             for (t, s) in sums.iter().enumerate() {
                 let valid = k.lt(k.u32(t as u32), count);
                 k.if_(valid, |k| {
-                    let slot = k.load::<U32>(Load::GLOBAL, desc.at(4 * (t as i64 + 2)));
+                    let slot = if direct {
+                        k.ctaid_y()
+                    } else {
+                        k.load::<U32>(Load::GLOBAL, desc.at(4 * (t as i64 + 2)))
+                    };
                     let i = k.mad(k.reg(), slot, a.nrows, row);
                     k.st(Store::GLOBAL, k.elem_addr(a.y, i, 4), *s);
                 });

@@ -1221,7 +1221,19 @@ impl Backend for Cuda {
         route: &CudaTensor,
         out: &mut CudaTensor,
     ) -> Result<(), EngineError> {
-        self.run_raw(|| self.op_matmul_id(w, x, route, out));
+        self.run_raw(|| self.op_matmul_id(w, x, route, out, None));
+        self.take_error()
+    }
+
+    fn matmul_id_pair(
+        &self,
+        w: [&CudaWeight; 2],
+        x: &CudaTensor,
+        route: &CudaTensor,
+        out: [&mut CudaTensor; 2],
+    ) -> Result<(), EngineError> {
+        let [o0, o1] = out;
+        self.run_raw(|| self.op_matmul_id(w[0], x, route, o0, Some((w[1], o1))));
         self.take_error()
     }
 

@@ -241,13 +241,15 @@ impl Cuda {
     }
 
     /// `out[t*k + i] = W[id(t, i)] x[t or t*k + i]`: every selected expert of the step in
-    /// one grouped GEMV launch.
+    /// one grouped GEMV launch; with `pair`, a second expert array of the same shape into
+    /// its own output in the same launch (gate and up).
     pub(super) fn op_matmul_id(
         &self,
         w: &CudaWeight,
         x: &CudaTensor,
         route: &CudaTensor,
         out: &mut CudaTensor,
+        pair: Option<(&CudaWeight, &mut CudaTensor)>,
     ) -> Result<(), CudaError> {
         let CudaWeight::Experts {
             ptr,
@@ -281,9 +283,33 @@ impl Cuda {
                 want: n,
             });
         };
+        let (w2, mut pair_out) = match pair {
+            None => (ptr, None),
+            Some((
+                CudaWeight::Experts {
+                    ptr: p2,
+                    ty: t2,
+                    n_expert: e2,
+                    rows: r2,
+                    cols: c2,
+                    row_bytes: b2,
+                },
+                o2,
+            )) if (*t2, *e2, *r2, *c2, *b2) == (ty, n_expert, rows, cols, row_bytes) => {
+                (*p2, Some(o2))
+            }
+            Some(_) => {
+                return Err(CudaError::Init(
+                    "paired expert matmul of arrays of different shapes".into(),
+                ))
+            }
+        };
         self.flush()?;
         self.settle_split_norm()?;
         self.ensure(out, n * k, rows)?;
+        if let Some(o2) = pair_out.as_deref_mut() {
+            self.ensure(o2, n * k, rows)?;
+        }
         if n == 0 {
             return Ok(());
         }
@@ -302,12 +328,18 @@ impl Cuda {
             }
         };
         let t = moe::tile_tokens(n * k, n_expert);
-        let tiles = self.moe_plan(route, n_expert, t)?;
+        // One token per tile reads the route itself: no plan.
+        let tiles = if t == 1 {
+            route.ptr
+        } else {
+            self.moe_plan(route, n_expert, t)?
+        };
         let max = moe::max_tiles(n * k, n_expert, t);
         let name = moe::gemv_id(ty, t)?;
+        let y2 = pair_out.as_ref().map_or(out.ptr, |o| o.ptr);
         self.launch(
             &name,
-            moe::gemv_id_launch(rows, max, t),
+            moe::gemv_id_launch(rows, max, t, pair_out.is_some()),
             &args(
                 &moe::GemvIdArgs {
                     w: ptr,
@@ -319,6 +351,9 @@ impl Cuda {
                     row_bytes: row_bytes as u32,
                     expert_bytes: (rows * row_bytes) as u32,
                     x_div: x_div as u32,
+                    k: k as u32,
+                    w2,
+                    y2,
                 }
                 .values(),
             ),
@@ -327,7 +362,12 @@ impl Cuda {
         let overlaps = |c: &CudaTensor| {
             out.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < out.ptr + (out.cap * 4) as u64
         };
-        if lock(&self.quantized).is_some_and(|c| overlaps(&c.x)) {
+        let overlaps2 = |c: &CudaTensor| {
+            pair_out.as_ref().is_some_and(|o| {
+                o.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < o.ptr + (o.cap * 4) as u64
+            })
+        };
+        if lock(&self.quantized).is_some_and(|c| overlaps(&c.x) || overlaps2(&c.x)) {
             *lock(&self.quantized) = None;
         }
         Ok(())
