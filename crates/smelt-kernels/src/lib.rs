@@ -20,6 +20,7 @@
 
 pub mod act;
 pub mod catalog;
+pub mod delta_net;
 pub mod formats;
 pub mod fused;
 pub mod gemm;

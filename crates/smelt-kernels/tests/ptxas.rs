@@ -110,7 +110,8 @@ fn the_whole_module_assembles() {
 }
 
 /// The mixture-of-experts kernels (router, plan, grouped GEMV of every format and tile
-/// size, combine, the router's f32 GEMV) assemble for both targets, and those decode runs
+/// size, combine, the router's f32 GEMV) and the delta-net kernels assemble for both
+/// targets, and those decode runs
 /// (the grouped GEMV of 1 and 2 tokens per tile, and the small kernels) without a spill;
 /// ptxas's budget leaves a few bytes in some 4- and 8-token tiles (prompts), which are
 /// shown, as for the many-token GEMVs.
@@ -120,7 +121,8 @@ fn moe_kernels_assemble_without_spills() {
     let mut n = 0;
     for target in [Target::Sm80, Target::Sm90] {
         for (name, build) in catalog::all() {
-            if !(name.starts_with("moe_") || name == smelt_kernels::moe::DENSE_F32) {
+            let ours = name.starts_with("moe_") || name.starts_with("delta_");
+            if !(ours || name == smelt_kernels::moe::DENSE_F32) {
                 continue;
             }
             let mut m = Module::new(target);
