@@ -349,20 +349,25 @@ fn qwen3next_fused_ssm_in_equals_llama_cpp() {
     );
 }
 
-/// The GPU backend has no kernels for these yet: asking for one is a clear error before
-/// anything is loaded (no GPU needed to check it), naming the model and the way out.
+/// The GPU backend has no delta-net kernels yet: asking for a hybrid is a clear error
+/// before anything is loaded (no GPU needed to check it), naming the model and the way
+/// out. The MoE models (routed experts, no shared expert) are not refused.
 #[test]
-fn new_architectures_refuse_cuda_with_a_clear_error() {
+fn hybrids_refuse_cuda_with_a_clear_error_moe_models_do_not() {
     let dir = tempfile::tempdir().expect("tempdir");
-    for (arch, name) in [
-        ("qwen3moe", "qwen3moe"),
-        ("mixtral", "llama with experts (Mixtral)"),
-        ("qwen35", "qwen35"),
-        ("qwen3next", "qwen3next"),
+    for (arch, refused) in [
+        ("qwen3moe", None),
+        ("mixtral", None),
+        ("qwen35", Some("qwen35")),
+        ("qwen3next", Some("qwen3next")),
     ] {
         let file = dir.path().join(format!("{arch}.gguf"));
         write_tiny(arch, "q8_0", &file);
         let gguf = Arc::new(Gguf::open(&file).expect("open tiny model"));
+        let info = smelt_engine::model::ModelInfo::from_gguf(&gguf).expect("metadata");
+        assert!(info.moe.is_some() || info.delta.is_some(), "{arch}");
+        assert_eq!(info.cpu_only().as_deref(), refused, "{arch}");
+        let Some(name) = refused else { continue };
         let opts = EngineOptions {
             device: smelt_engine::Device::Cuda(0),
             ..EngineOptions::default()

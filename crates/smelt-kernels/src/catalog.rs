@@ -176,6 +176,11 @@ pub fn fused_configs() -> [Config; 4] {
     ]
 }
 
+/// The grouped mixture-of-experts GEMV's name for `ty` (`moe::gemv_id_kernel`).
+pub fn moe_gemv_name(ty: GgmlType, tile_tokens: usize) -> Result<String, KernelError> {
+    with_format!(ty, F => Ok(crate::moe::gemv_id_name::<F>(tile_tokens)), _ => Err(unsupported(ty)))
+}
+
 /// Bytes of a row of `k` weights of `ty` in the GPU layout.
 pub fn row_bytes(ty: GgmlType, k: usize) -> Result<usize, KernelError> {
     with_format!(ty, F => F::row_bytes(k), _ => Err(unsupported(ty)))
@@ -197,6 +202,18 @@ pub fn all() -> Vec<Entry> {
     v.extend(crate::quantize::entries());
     v.extend(crate::gemm::catalog());
     v.extend(crate::gemm::f16::catalog());
+    v.extend(crate::moe::catalog());
+    v.extend(crate::delta_net::catalog());
+    for ty in GEMV_TYPES {
+        for t in crate::moe::TILE_TOKENS {
+            with_format!(ty, F => {
+                v.push((
+                    crate::moe::gemv_id_name::<F>(t),
+                    Box::new(move |k: &Kernel| crate::moe::gemv_id_kernel::<F>(k, t)),
+                ));
+            }, _ => {});
+        }
+    }
     let mut configs: Vec<Config> = (1..=gemv::MAX_TOKENS).map(Config::new).collect();
     configs.extend(
         tuning_configs()

@@ -20,10 +20,12 @@
 
 pub mod act;
 pub mod catalog;
+pub mod delta_net;
 pub mod formats;
 pub mod fused;
 pub mod gemm;
 pub mod gemv;
+pub mod moe;
 pub mod ops;
 pub mod quantize;
 

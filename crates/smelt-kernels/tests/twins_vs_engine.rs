@@ -239,3 +239,121 @@ fn silu_argmax_and_attention_agree_with_the_backend() {
         );
     }
 }
+
+/// The MoE twins (`moe::route_cpu`, `combine_cpu`) against the engine's CPU backend
+/// (ggml's order): the same experts, weights within the vector exp's rounding, and the
+/// combine bit for bit. `bench/gpu/moe.sh` checks the kernels against the backend too.
+#[test]
+fn moe_twins_match_the_backend() {
+    use smelt_engine::backend::cpu::moe as backend_moe;
+    use smelt_engine::backend::{Gating, MoeRouting};
+    use smelt_kernels::moe;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+    for (ne, k, n, gating, norm, scale) in [
+        (128, 8, 5, Gating::Softmax, true, 0.0),
+        (20, 4, 3, Gating::Sigmoid, false, 2.5),
+        (8, 2, 7, Gating::Softmax, false, 1.0),
+    ] {
+        let logits = floats(&mut rng, n * ne, 4.0);
+        let p = MoeRouting {
+            gating,
+            k,
+            norm,
+            scale,
+        };
+        let mut want = vec![0f32; n * 2 * k];
+        backend_moe::route(&logits, ne, &p, &mut want);
+        let g = match gating {
+            Gating::Softmax => moe::Gating::Softmax,
+            Gating::Sigmoid => moe::Gating::Sigmoid,
+        };
+        let s = if scale == 0.0 { 1.0 } else { scale };
+        let got = moe::route_cpu(&logits, ne, g, k, norm, s);
+        for (a, b) in got.chunks(2 * k).zip(want.chunks(2 * k)) {
+            assert_eq!(a[..k], b[..k], "{ne} experts, k {k}");
+            for (x, y) in a[k..].iter().zip(&b[k..]) {
+                assert!((x - y).abs() <= 1e-6 * y.abs().max(1e-3), "{x} vs {y}");
+            }
+        }
+        let cols = 24;
+        let y = floats(&mut rng, n * k * cols, 2.0);
+        let mut out = vec![0f32; n * cols];
+        backend_moe::combine(&y, &want, k, &mut out);
+        assert_eq!(moe::combine_cpu(&y, &want, k, cols), out);
+    }
+}
+
+/// The delta-net twins (`delta_net::*_cpu`) against the engine's CPU functions: the
+/// convolution bit for bit before the SiLU, the norms and one step of the delta rule
+/// within float rounding (the twins sum in other orders).
+#[test]
+fn delta_net_twins_match_the_backend() {
+    use smelt_engine::backend::cpu::delta_net as backend;
+    use smelt_kernels::delta_net as twin;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(35);
+    let close = |a: &[f32], b: &[f32], tol: f32| {
+        a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+    };
+    // Convolution of 5 rows, 24 channels.
+    let ch = 24;
+    let x = floats(&mut rng, 5 * ch, 1.0);
+    let w = floats(&mut rng, ch * twin::CONV_TAPS, 1.0);
+    let w0 = floats(&mut rng, 3 * ch, 1.0);
+    let (mut wa, mut wb) = (w0.clone(), w0.clone());
+    let got = twin::conv1d_cpu(&x, &mut wa, &w, ch);
+    let mut want = vec![0f32; x.len()];
+    backend::conv1d(&x, &mut wb, &w, twin::CONV_TAPS, ch, &mut want);
+    want.iter_mut().for_each(|v| *v = *v / (1.0 + (-*v).exp()));
+    assert_eq!(wa, wb);
+    assert!(close(&got, &want, 1e-6));
+    // Norms.
+    let mut a = floats(&mut rng, 4 * 64, 2.0);
+    let mut b = a.clone();
+    twin::l2_norm_cpu(&mut a, 64, 1e-6);
+    backend::l2_norm(&mut b, 64, 1e-6);
+    assert!(close(&a, &b, 1e-6));
+    let (o, z, g) = (
+        floats(&mut rng, 3 * 64, 2.0),
+        floats(&mut rng, 3 * 64, 2.0),
+        floats(&mut rng, 64, 1.0),
+    );
+    let (mut a, mut b) = (o.clone(), o);
+    twin::gated_norm_cpu(&mut a, &g, &z, 1e-6);
+    backend::gated_rms_norm(&mut b, &g, &z, 1e-6);
+    assert!(close(&a, &b, 1e-6));
+    // One step of the rule: 4 value heads over 2 key heads, both mappings.
+    for grouped in [false, true] {
+        let s = 64;
+        let (hk, hv) = (2, 4);
+        let mut q = floats(&mut rng, hk * s, 1.0);
+        let mut k = floats(&mut rng, hk * s, 1.0);
+        backend::l2_norm(&mut q, s, 1e-6);
+        backend::l2_norm(&mut k, s, 1e-6);
+        let v = floats(&mut rng, hv * s, 1.0);
+        let (alpha, beta) = (floats(&mut rng, hv, 2.0), floats(&mut rng, hv, 3.0));
+        let (dt, aa) = (floats(&mut rng, hv, 1.0), vec![-0.5f32; hv]);
+        let s0 = floats(&mut rng, hv * s * s, 0.5);
+        let (mut sa, mut sb) = (s0.clone(), s0);
+        let got = twin::step_cpu(s, hk, grouped, &q, &k, &v, &alpha, &beta, &dt, &aa, &mut sa);
+        let gates: Vec<f32> = (0..hv)
+            .map(|h| {
+                let x = alpha[h] + dt[h];
+                let sp = if x > 20.0 { x } else { (1.0 + x.exp()).ln() };
+                sp * aa[h]
+            })
+            .collect();
+        let b: Vec<f32> = beta.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect();
+        let sh = backend::DeltaShape {
+            s,
+            h_k: hk,
+            h_v: hv,
+            grouped,
+        };
+        let mut want = vec![0f32; hv * s];
+        backend::delta_rule(sh, &q, &k, &v, &gates, &b, &mut sb, &mut want);
+        assert!(close(&got, &want, 1e-5), "grouped {grouped}");
+        assert!(close(&sa, &sb, 1e-5), "grouped {grouped}");
+    }
+}

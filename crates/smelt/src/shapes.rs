@@ -336,6 +336,18 @@ pub const SHAPES: [ModelShape; 17] = [
         }),
         ..tiny("qwen3moe-tiny", 4, 2)
     },
+    // Mixtral: Llama's attention (heads of 64, four per KV head) with 8 experts of 256,
+    // 2 per token (GGUF `llama` with `expert_count`).
+    ModelShape {
+        rope_freq_base: 1_000_000.0,
+        moe: Some(MoeShape {
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_exp: 256,
+            n_ff_shared: 0,
+        }),
+        ..tiny("mixtral-tiny", 4, 1)
+    },
     // Qwen3.5 hybrid: delta, delta, attention; 4 value heads of 64 over 2 key heads.
     ModelShape {
         arch: "qwen35",
@@ -604,6 +616,8 @@ mod tests {
         assert!(has("qwen2-tiny", "blk.1.attn_v.bias"));
         assert!(has("qwen3-tiny", "blk.1.attn_k_norm.weight"));
         assert!(!has("mistral-tiny", "rope_freqs.weight"));
+        assert!(has("mixtral-tiny", "blk.1.ffn_gate_exps.weight"));
+        assert!(!has("mixtral-tiny", "blk.1.attn_q_norm.weight"));
         let m = find("mistral-tiny").expect("shape exists");
         assert_eq!(m.n_head / m.n_head_kv, 4, "grouped-query attention");
     }

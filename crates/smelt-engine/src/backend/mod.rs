@@ -254,6 +254,20 @@ pub trait Backend: Send + Sync {
         Err(not_supported(self.name(), "matmul_id"))
     }
 
+    /// [`Backend::matmul_id`] of two expert arrays of the same shape on the same input and
+    /// route (a MoE layer's gate and up projections): one launch where the backend can.
+    fn matmul_id_pair(
+        &self,
+        w: [&Self::Weight; 2],
+        x: &Self::Tensor,
+        route: &Self::Tensor,
+        out: [&mut Self::Tensor; 2],
+    ) -> Result<(), EngineError> {
+        let [o0, o1] = out;
+        self.matmul_id(w[0], x, route, o0)?;
+        self.matmul_id(w[1], x, route, o1)
+    }
+
     /// `out[t] = sum_i weight(t, i) * y[t*k + i]`, products rounded then added in expert
     /// order (llama.cpp's `ggml_mul` then chain of `ggml_add`).
     fn moe_combine(

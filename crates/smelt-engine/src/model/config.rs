@@ -319,10 +319,13 @@ impl ModelInfo {
         if self.delta.is_some() {
             return Some(self.arch.name().into());
         }
-        match (self.arch, &self.moe) {
-            (_, None) => None,
-            (Arch::Llama, Some(_)) => Some("llama with experts (Mixtral)".into()),
-            (arch, Some(_)) => Some(arch.name().into()),
+        // Routed experts run on the GPU (`backend::cuda::moe`); a shared expert does not
+        // yet (no model without delta-net layers has one).
+        match &self.moe {
+            Some(m) if m.n_ff_shared != 0 => {
+                Some(format!("{} with a shared expert", self.arch.name()))
+            }
+            _ => None,
         }
     }
 

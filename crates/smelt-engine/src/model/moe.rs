@@ -136,8 +136,7 @@ impl<B: Backend> MoeFfn<B> {
         let mut gate = b.alloc(n * k, self.n_ff);
         match &self.gate_up {
             GateUp::Split { gate: wg, up: wu } => {
-                b.matmul_id(wu, x, &route, &mut up)?;
-                b.matmul_id(wg, x, &route, &mut gate)?;
+                b.matmul_id_pair([wu, wg], x, &route, [&mut up, &mut gate])?;
             }
             GateUp::Fused(w) => {
                 let mut both = b.alloc(n * k, 2 * self.n_ff);

@@ -22,6 +22,7 @@
 
 mod arena;
 mod matmul;
+mod moe;
 mod ops;
 pub mod options;
 mod profile;
@@ -43,7 +44,7 @@ use self::arena::Arena;
 use self::options::CudaOptions;
 use self::step::StepLayout;
 use self::weights::{Role, WeightPlan};
-use super::{AttnParams, AttnSeq, Backend, Glu, RopeParams, RopeStyle};
+use super::{AttnParams, AttnSeq, Backend, Glu, MoeRouting, RopeParams, RopeStyle};
 use crate::EngineError;
 
 pub use runner::CudaEngine;
@@ -80,6 +81,18 @@ pub enum CudaWeight {
     },
     /// f32 values.
     Vector { ptr: u64, len: usize },
+    /// A mixture-of-experts tensor: `n_expert` matrices in the GEMV's row layout, one after
+    /// the other (`rows * row_bytes` bytes each).
+    Experts {
+        ptr: u64,
+        ty: GgmlType,
+        n_expert: usize,
+        rows: usize,
+        cols: usize,
+        row_bytes: usize,
+    },
+    /// An f32 matrix (a router's weights), rows of `cols` floats.
+    Dense { ptr: u64, rows: usize, cols: usize },
 }
 
 impl CudaWeight {
@@ -87,7 +100,9 @@ impl CudaWeight {
         match self {
             CudaWeight::Matrix { ptr, .. }
             | CudaWeight::Embedding { ptr, .. }
-            | CudaWeight::Vector { ptr, .. } => *ptr,
+            | CudaWeight::Vector { ptr, .. }
+            | CudaWeight::Experts { ptr, .. }
+            | CudaWeight::Dense { ptr, .. } => *ptr,
         }
     }
 }
@@ -218,6 +233,8 @@ pub struct Cuda {
     pending_add: Mutex<Option<(CudaTensor, CudaTensor)>>,
     pending_gemv: Mutex<Option<PendingGemv>>,
     pending_rope: Mutex<Option<PendingRope>>,
+    /// The expert plan of this step's last route (`moe`).
+    moe_plan: Mutex<moe::PlanCache>,
     staging: Mutex<Option<Staging>>,
     /// Pinned buffers weights are uploaded through (made at the first upload).
     uploader: Mutex<Option<upload::Uploader>>,
@@ -291,6 +308,7 @@ impl Cuda {
             pending_add: Mutex::new(None),
             pending_gemv: Mutex::new(None),
             pending_rope: Mutex::new(None),
+            moe_plan: Mutex::new(None),
             staging: Mutex::new(None),
             uploader: Mutex::new(None),
             attn_counters: Mutex::new(None),
@@ -615,6 +633,7 @@ impl Cuda {
         *lock(&self.pending_add) = None;
         *lock(&self.pending_gemv) = None;
         *lock(&self.pending_rope) = None;
+        *lock(&self.moe_plan) = None;
         let mut chunk = Self::new_chunk(&self.gpu);
         lock(&self.scratch).reset(0, &mut chunk)?;
         Ok(())
@@ -778,6 +797,9 @@ impl Backend for Cuda {
     type KvStore = CudaKv;
 
     fn load_weight(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CudaWeight, EngineError> {
+        if let Some(w) = self.load_router(gguf, name)? {
+            return Ok(w);
+        }
         self.load(gguf, name, Role::Matmul)
     }
 
@@ -787,9 +809,10 @@ impl Backend for Cuda {
 
     fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {
         match w {
-            CudaWeight::Matrix { rows, cols, .. } | CudaWeight::Embedding { rows, cols, .. } => {
-                (*rows, *cols)
-            }
+            CudaWeight::Matrix { rows, cols, .. }
+            | CudaWeight::Embedding { rows, cols, .. }
+            | CudaWeight::Experts { rows, cols, .. }
+            | CudaWeight::Dense { rows, cols, .. } => (*rows, *cols),
             CudaWeight::Vector { len, .. } => (1, *len),
         }
     }
@@ -851,6 +874,10 @@ impl Backend for Cuda {
         x: &CudaTensor,
         out: &mut CudaTensor,
     ) -> Result<(), EngineError> {
+        if let CudaWeight::Dense { .. } = w {
+            self.run_raw(|| self.op_dense(w, x, out));
+            return self.take_error();
+        }
         self.run_raw(|| {
             self.flush_rope()?;
             // A deferred add may read the deferred GEMV's output: that GEMV goes first.
@@ -1180,5 +1207,56 @@ impl Backend for Cuda {
             }
             Ok(())
         });
+    }
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn load_experts(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CudaWeight, EngineError> {
+        self.load_experts_inner(gguf, name)
+    }
+
+    fn moe_route(
+        &self,
+        logits: &CudaTensor,
+        p: &MoeRouting,
+        route: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        self.run_raw(|| self.op_moe_route(logits, p, route));
+        self.take_error()
+    }
+
+    fn matmul_id(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        route: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        self.run_raw(|| self.op_matmul_id(w, x, route, out, None));
+        self.take_error()
+    }
+
+    fn matmul_id_pair(
+        &self,
+        w: [&CudaWeight; 2],
+        x: &CudaTensor,
+        route: &CudaTensor,
+        out: [&mut CudaTensor; 2],
+    ) -> Result<(), EngineError> {
+        let [o0, o1] = out;
+        self.run_raw(|| self.op_matmul_id(w[0], x, route, o0, Some((w[1], o1))));
+        self.take_error()
+    }
+
+    fn moe_combine(
+        &self,
+        y: &CudaTensor,
+        route: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        self.run(|| self.op_moe_combine(y, route, out));
+        self.take_error()
     }
 }

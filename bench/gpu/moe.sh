@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Mixture-of-experts on the GPU (issue 16), everything in one device call:
+#  1. op parity: `moe_check` runs the CUDA backend's router matmul, router (softmax and
+#     sigmoid top-k), grouped expert GEMV (per token and per slot inputs, 1 to 300 tokens,
+#     8 to 512 experts, skewed routes) and combine against their CPU twins;
+#  2. whole-model parity: `cuda_parity check` (CUDA logits vs the CPU engine and an F32
+#     reference, greedy tokens, batched decode) on tiny synthetic qwen3moe and Mixtral
+#     models (`smelt synth --shape qwen3moe-tiny|mixtral-tiny`, Q8_0 and Q4_K);
+#  3. speed: `smelt synth --shape qwen3-30b-a3b --quant q4_k`, then llama.cpp (built here
+#     from the carried sdist, ../shared/peer) and smelt on that same file: pp512, tg128 and
+#     32 sequences' aggregate decode.
+#
+# Here:  bash bench/gpu/moe.sh pack     (release build, stripped gzipped binaries into the
+#        git-ignored .gpu-moe/, and .peer/ through ../shared/peer/prepare.sh when missing)
+# There: bash bench/gpu/moe.sh          carry [".gpu-moe", ".peer"]   (about 10 minutes;
+#        SKIP_SPEED=1: parity only, about 1 minute; the 32-sequence rows are left out when
+#        more than BATCH_AFTER_S seconds (default 390) have gone by then)
+# Log: $OUT/moe.log (or bench/out), the table last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+if [ "${1:-}" = pack ]; then
+  set -e
+  cargo build --release -p smelt --bin smelt -p smelt-engine --example cuda_parity --example moe_check
+  t=${CARGO_TARGET_DIR:-target}/release
+  mkdir -p .gpu-moe
+  for b in "$t/smelt" "$t/examples/cuda_parity" "$t/examples/moe_check"; do
+    strip -o "/tmp/$(basename "$b")" "$b"
+    gzip -9 -c "/tmp/$(basename "$b")" > ".gpu-moe/$(basename "$b").gz"
+  done
+  [ -s .peer/llcpp.tgz ] || bash ../shared/peer/prepare.sh .peer
+  du -sh .gpu-moe .peer
+  exit 0
+fi
+out=${OUT:-bench/out}
+mkdir -p "$out"
+log="$out/moe.log"
+table="$out/moe-table.md"
+B=/tmp/moe-bin
+mkdir -p $B
+for b in smelt cuda_parity moe_check; do
+  gunzip -c .gpu-moe/$b.gz > $B/$b && chmod +x $B/$b
+done
+SECONDS=0
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true; } | tee "$log"
+echo "| check | result |" > "$table"
+echo "|---|---|" >> "$table"
+M=/tmp/moe-q30.gguf
+if [ "${SKIP_SPEED:-0}" != 1 ]; then
+  # CPU work first, in the background, while the GPU checks run.
+  (bash .peer/gpu-llamacpp.sh .peer llama3-1b Q4_K > /tmp/moe-llbuild.log 2>&1; echo "llama.cpp build rc=$?" >> /tmp/moe-llbuild.log) &
+  llpid=$!
+  ($B/smelt synth --shape qwen3-30b-a3b --quant q4_k -o $M > /tmp/moe-synth.log 2>&1; echo "synth rc=$?" >> /tmp/moe-synth.log) &
+  synpid=$!
+fi
+
+echo "== 1. op parity (moe_check)" | tee -a "$log"
+$B/moe_check 2>&1 | tee -a "$log" > /tmp/moe-check.out
+grep -q "moe_check: all PASS" /tmp/moe-check.out && r=PASS || r=FAIL
+echo "| MoE ops vs CPU twins (moe_check) | $r |" >> "$table"
+sed -n '/^| op /,/^moe_check:/p' /tmp/moe-check.out | grep "^|" | sed 's/^/    /' >> "$table"
+
+echo "== 2. whole-model parity (cuda_parity)" | tee -a "$log"
+models=()
+for shape in qwen3moe-tiny mixtral-tiny; do
+  for q in q8_0 q4_k; do
+    f=/tmp/moe-$shape-$q.gguf
+    if $B/smelt synth --shape $shape --quant $q -o $f >> "$log" 2>&1; then
+      models+=("$f")
+    else
+      echo "| synth $shape $q | FAIL |" >> "$table"
+    fi
+  done
+done
+for f in "${models[@]}"; do
+  $B/cuda_parity check "$f" 2>&1 | tee -a "$log" > /tmp/moe-parity.out
+  grep -q "^parity: PASS" /tmp/moe-parity.out && r=PASS || r=FAIL
+  echo "| cuda_parity $(basename "$f" .gguf) | $r |" >> "$table"
+done
+
+if [ "${SKIP_SPEED:-0}" != 1 ]; then
+  echo "== 3. speed, qwen3-30b-a3b Q4_K" | tee -a "$log"
+  wait $synpid; cat /tmp/moe-synth.log | tail -3 | tee -a "$log"
+  wait $llpid; tail -5 /tmp/moe-llbuild.log | tee -a "$log"
+  export PYTHONPATH=/tmp/site
+  echo "| work (qwen3-30b-a3b Q4_K) | llama.cpp | smelt | ratio |" >> "$table"
+  echo "|---|---:|---:|---:|" >> "$table"
+  row() {
+    local r
+    r=$(python3 -c "a,b='$2','$3'; print(f'{float(b)/float(a):.2f}x' if a and b else '-')" 2>/dev/null)
+    echo "| $1 | $2 | $3 | $r |" >> "$table"
+  }
+  js() { grep -o "\"$1\":[0-9.]*" | head -1 | cut -d: -f2; }
+  lc=$(python3 .peer/llamacpp_bench.py $M 512 128 3 2>>"$log" | tee -a "$log" | grep RESULT)
+  lc_pp=$(echo "$lc" | sed -n 's/.*pp512: \([0-9.]*\) tok\/s.*/\1/p')
+  lc_tg=$(echo "$lc" | sed -n 's/.*tg128: \([0-9.]*\) tok\/s.*/\1/p')
+  r=$($B/smelt bench --model $M --device cuda --prompt 512 --gen 128 --reps 3 --json 2>>"$log"); echo "$r" >> "$log"
+  row "pp512 (tok/s)" "$lc_pp" "$(echo "$r" | js prompt_tok_s)"
+  row "tg128 (tok/s)" "$lc_tg" "$(echo "$r" | js decode_tok_s)"
+  if [ "$SECONDS" -lt "${BATCH_AFTER_S:-390}" ]; then
+    lcb=$(python3 .peer/llamacpp_batched.py $M 32 128 64 2>>"$log" | tee -a "$log" | grep RESULT | sed -n 's/.*decode \([0-9.]*\) tok\/s.*/\1/p')
+    r=$($B/smelt bench --model $M --device cuda --prompt 128 --gen 64 --reps 1 --batch 32 --json 2>>"$log"); echo "$r" >> "$log"
+    row "32 sequences, aggregate decode (tok/s)" "$lcb" "$(echo "$r" | js batch_decode_tok_s)"
+  else
+    echo "| 32 sequences | left out: ${SECONDS} s gone by | | |" >> "$table"
+  fi
+  if [ "${PROFILE:-0}" = 1 ]; then
+    SMELT_CUDA_PROFILE=1 $B/smelt bench --model $M --device cuda --prompt 16 --gen 32 --reps 1 >> "$log" 2>&1 || true
+  fi
+fi
+echo "== table" | tee -a "$log"
+cat "$table" | tee -a "$log"

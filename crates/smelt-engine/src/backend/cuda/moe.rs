@@ -1,0 +1,444 @@
+//! The CUDA backend's mixture-of-experts ops (`smelt_kernels::moe`): expert tensors
+//! uploaded as one array of per-expert GEMV matrices, the router's F32 weights as an f32
+//! matrix, and the router, plan, grouped GEMV and combine launched with the step's shapes
+//! only. The expert ids stay on the device (`route`, then the plan's tiles), so a decode
+//! step of a MoE model needs no host round trip and is captured as a graph like any other.
+//!
+//! The plan of a route is made once per step and route (the gate, up and down projections
+//! of a layer share it) and forgotten with the step's scratch.
+
+use std::sync::Arc;
+
+use smelt_cuda::CudaError;
+use smelt_gguf::{GgmlType, Gguf};
+use smelt_kernels::{act, catalog, moe, TILE};
+
+use super::ops::args;
+use super::{lock, Cuda, CudaTensor, CudaWeight, Quantized};
+use crate::backend::{Backend, Gating, MoeRouting};
+use crate::EngineError;
+
+/// The plan made for a route this step: (route address, tokens per tile, tiles address).
+pub(super) type PlanCache = Option<(u64, usize, u64)>;
+
+impl Cuda {
+    /// Uploads the 3-D expert tensor `name` (`[n_expert][rows][cols]`) as `n_expert`
+    /// matrices in the GEMV's row layout, one after the other.
+    pub(super) fn load_experts_inner(
+        &self,
+        gguf: &Arc<Gguf>,
+        name: &str,
+    ) -> Result<CudaWeight, EngineError> {
+        let info = gguf
+            .tensor(name)
+            .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
+        let [cols, rows, n_expert] = info.shape[..] else {
+            return Err(EngineError::BadShape {
+                name: name.into(),
+                got: info.shape.clone(),
+                want: vec![0, 0, 0],
+            });
+        };
+        let (cols, rows, n_expert) = (cols as usize, rows as usize, n_expert as usize);
+        if n_expert > moe::MAX_EXPERTS {
+            return Err(EngineError::NotSupported(format!(
+                "{name}: {n_expert} experts; the CUDA router takes at most {}",
+                moe::MAX_EXPERTS
+            )));
+        }
+        if !catalog::GEMV_TYPES.contains(&info.ty) {
+            return Err(EngineError::UnsupportedType {
+                name: format!("{name} (no CUDA expert GEMV for this type)"),
+                ty: info.ty,
+            });
+        }
+        let data = gguf.tensor_data(info);
+        let packed = catalog::repack(info.ty, data, rows * n_expert, cols).map_err(|e| {
+            EngineError::BadMetadata {
+                key: name.into(),
+                why: format!("repacking experts for the GPU: {e}"),
+            }
+        })?;
+        let row_bytes = catalog::row_bytes(info.ty, cols).map_err(CudaError::from)?;
+        if u32::try_from(rows * row_bytes).is_err() {
+            return Err(EngineError::NotSupported(format!(
+                "{name}: an expert of {} bytes (at most 4 GiB each)",
+                rows * row_bytes
+            )));
+        }
+        Ok(CudaWeight::Experts {
+            ptr: self.upload_weight(&packed)?,
+            ty: info.ty,
+            n_expert,
+            rows,
+            cols,
+            row_bytes,
+        })
+    }
+
+    /// A router's float weights (`ffn_gate_inp`, which llama.cpp never quantizes) as an
+    /// f32 matrix for [`moe::dense_f32_kernel`]; `None` for any other tensor.
+    pub(super) fn load_router(
+        &self,
+        gguf: &Arc<Gguf>,
+        name: &str,
+    ) -> Result<Option<CudaWeight>, EngineError> {
+        let Some(info) = gguf.tensor(name) else {
+            return Ok(None);
+        };
+        let float = matches!(info.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        if !name.ends_with("ffn_gate_inp.weight") || info.shape.len() != 2 || !float {
+            return Ok(None);
+        }
+        let (rows, cols) = (info.n_rows() as usize, info.row_len() as usize);
+        let mut v = vec![0f32; rows * cols];
+        let data = gguf.tensor_data(info);
+        let row = cols * info.ty.type_size() / info.ty.block_size();
+        for (src, dst) in data.chunks(row.max(1)).zip(v.chunks_mut(cols.max(1))) {
+            smelt_quant::dequantize_row(info.ty, src, dst).map_err(|_| {
+                EngineError::UnsupportedType {
+                    name: name.into(),
+                    ty: info.ty,
+                }
+            })?;
+        }
+        Ok(Some(CudaWeight::Dense {
+            ptr: self.upload_weight(bytemuck::cast_slice(&v))?,
+            rows,
+            cols,
+        }))
+    }
+
+    /// A split residual norm's output not written yet is written now (the MoE kernels read
+    /// activations as floats, or quantize them themselves); other cached tiles stay.
+    fn settle_split_norm(&self) -> Result<(), CudaError> {
+        if matches!(*lock(&self.quantized), Some(Quantized { rms: Some(_), .. })) {
+            self.forget_quantized()?;
+        }
+        Ok(())
+    }
+
+    /// `out = W x` for an f32 matrix (the router).
+    pub(super) fn op_dense(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), CudaError> {
+        let CudaWeight::Dense { ptr, rows, cols } = *w else {
+            return Err(CudaError::Init(
+                "dense matmul of a weight that is not f32".into(),
+            ));
+        };
+        if x.cols != cols {
+            return Err(CudaError::BadLength {
+                what: "router input row",
+                got: x.cols,
+                want: cols,
+            });
+        }
+        self.flush()?;
+        self.settle_split_norm()?;
+        self.ensure(out, x.rows, rows)?;
+        if x.rows == 0 {
+            return Ok(());
+        }
+        self.launch(
+            moe::DENSE_F32,
+            moe::dense_launch(rows, x.rows),
+            &args(
+                &moe::DenseArgs {
+                    w: ptr,
+                    x: x.ptr,
+                    y: out.ptr,
+                    nrows: rows as u32,
+                    cols: cols as u32,
+                }
+                .values(),
+            ),
+        )
+    }
+
+    /// The router: `route` becomes `[n, 2k]` (ids as f32, then weights).
+    pub(super) fn op_moe_route(
+        &self,
+        logits: &CudaTensor,
+        p: &MoeRouting,
+        route: &mut CudaTensor,
+    ) -> Result<(), CudaError> {
+        let (n, ne) = (logits.rows, logits.cols);
+        if ne > moe::MAX_EXPERTS || p.k == 0 || p.k > ne {
+            return Err(CudaError::Init(format!(
+                "routing {} of {ne} experts (the kernel takes 1..={ne} of at most {})",
+                p.k,
+                moe::MAX_EXPERTS
+            )));
+        }
+        self.flush()?;
+        self.settle_split_norm()?;
+        self.ensure(route, n, 2 * p.k)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let gating = match p.gating {
+            Gating::Softmax => moe::Gating::Softmax,
+            Gating::Sigmoid => moe::Gating::Sigmoid,
+        };
+        let scale = if p.scale == 0.0 { 1.0 } else { p.scale };
+        self.launch(
+            moe::route_name(gating),
+            moe::route_launch(n),
+            &args(
+                &moe::RouteArgs {
+                    logits: logits.ptr,
+                    route: route.ptr,
+                    n: n as u32,
+                    n_expert: ne as u32,
+                    k: p.k as u32,
+                    norm: p.norm as u32,
+                    scale,
+                }
+                .values(),
+            ),
+        )
+    }
+
+    /// The tiles of `route` for `tile_tokens` tokens per tile: made by the plan kernel once
+    /// per route and step.
+    fn moe_plan(
+        &self,
+        route: &CudaTensor,
+        n_expert: usize,
+        tile_tokens: usize,
+    ) -> Result<u64, CudaError> {
+        if let Some((r, t, tiles)) = *lock(&self.moe_plan) {
+            if r == route.ptr && t == tile_tokens {
+                return Ok(tiles);
+            }
+        }
+        let k = route.cols / 2;
+        let n_slots = route.rows * k;
+        let max = moe::max_tiles(n_slots, n_expert, tile_tokens);
+        let tiles = self.scratch(max * moe::tile_words(tile_tokens) * 4)?;
+        self.launch(
+            moe::PLAN,
+            moe::plan_launch(),
+            &args(
+                &moe::PlanArgs {
+                    route: route.ptr,
+                    tiles,
+                    n_slots: n_slots as u32,
+                    k: k as u32,
+                    n_expert: n_expert as u32,
+                    tile_tokens: tile_tokens as u32,
+                    max_tiles: max as u32,
+                }
+                .values(),
+            ),
+        )?;
+        *lock(&self.moe_plan) = Some((route.ptr, tile_tokens, tiles));
+        Ok(tiles)
+    }
+
+    /// `out[t*k + i] = W[id(t, i)] x[t or t*k + i]`: every selected expert of the step in
+    /// one grouped GEMV launch; with `pair`, a second expert array of the same shape into
+    /// its own output in the same launch (gate and up).
+    pub(super) fn op_matmul_id(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        route: &CudaTensor,
+        out: &mut CudaTensor,
+        pair: Option<(&CudaWeight, &mut CudaTensor)>,
+    ) -> Result<(), CudaError> {
+        let CudaWeight::Experts {
+            ptr,
+            ty,
+            n_expert,
+            rows,
+            cols,
+            row_bytes,
+        } = *w
+        else {
+            return Err(CudaError::Init(
+                "matmul_id of a weight that is not an expert array".into(),
+            ));
+        };
+        let (n, k) = (route.rows, route.cols / 2);
+        if x.cols != cols {
+            return Err(CudaError::BadLength {
+                what: "expert matmul input row",
+                got: x.cols,
+                want: cols,
+            });
+        }
+        let x_div = if x.rows == n {
+            k
+        } else if x.rows == n * k {
+            1
+        } else {
+            return Err(CudaError::BadLength {
+                what: "expert matmul input rows (one per token or per slot)",
+                got: x.rows,
+                want: n,
+            });
+        };
+        let (w2, mut pair_out) = match pair {
+            None => (ptr, None),
+            Some((
+                CudaWeight::Experts {
+                    ptr: p2,
+                    ty: t2,
+                    n_expert: e2,
+                    rows: r2,
+                    cols: c2,
+                    row_bytes: b2,
+                },
+                o2,
+            )) if (*t2, *e2, *r2, *c2, *b2) == (ty, n_expert, rows, cols, row_bytes) => {
+                (*p2, Some(o2))
+            }
+            Some(_) => {
+                return Err(CudaError::Init(
+                    "paired expert matmul of arrays of different shapes".into(),
+                ))
+            }
+        };
+        self.flush()?;
+        self.settle_split_norm()?;
+        self.ensure(out, n * k, rows)?;
+        if let Some(o2) = pair_out.as_deref_mut() {
+            self.ensure(o2, n * k, rows)?;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let cached = *lock(&self.quantized);
+        let q = match cached {
+            Some(c) if c.x == *x && c.rms.is_none() => c.q,
+            _ => {
+                let q = self.scratch(act::row_bytes(cols)? * x.rows)?;
+                self.quantize_q8_1(x.ptr, q, cols, x.rows)?;
+                *lock(&self.quantized) = Some(Quantized {
+                    x: *x,
+                    q,
+                    rms: None,
+                });
+                q
+            }
+        };
+        let t = moe::tile_tokens(n * k, n_expert);
+        // One token per tile reads the route itself: no plan.
+        let tiles = if t == 1 {
+            route.ptr
+        } else {
+            self.moe_plan(route, n_expert, t)?
+        };
+        let max = moe::max_tiles(n * k, n_expert, t);
+        let name = moe::gemv_id(ty, t)?;
+        let y2 = pair_out.as_ref().map_or(out.ptr, |o| o.ptr);
+        self.launch(
+            &name,
+            moe::gemv_id_launch(rows, max, t, pair_out.is_some()),
+            &args(
+                &moe::GemvIdArgs {
+                    w: ptr,
+                    x: q,
+                    y: out.ptr,
+                    tiles,
+                    nrows: rows as u32,
+                    ntiles: cols.div_ceil(TILE) as u32,
+                    row_bytes: row_bytes as u32,
+                    expert_bytes: (rows * row_bytes) as u32,
+                    x_div: x_div as u32,
+                    k: k as u32,
+                    w2,
+                    y2,
+                }
+                .values(),
+            ),
+        )?;
+        // The output must not stand for a cached input.
+        let overlaps = |c: &CudaTensor| {
+            out.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < out.ptr + (out.cap * 4) as u64
+        };
+        let overlaps2 = |c: &CudaTensor| {
+            pair_out.as_ref().is_some_and(|o| {
+                o.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < o.ptr + (o.cap * 4) as u64
+            })
+        };
+        if lock(&self.quantized).is_some_and(|c| overlaps(&c.x) || overlaps2(&c.x)) {
+            *lock(&self.quantized) = None;
+        }
+        Ok(())
+    }
+
+    /// `out[t] = sum_i weight(t, i) * y[t*k + i]`.
+    pub(super) fn op_moe_combine(
+        &self,
+        y: &CudaTensor,
+        route: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), CudaError> {
+        let (n, k) = (route.rows, route.cols / 2);
+        if y.rows != n * k {
+            return Err(CudaError::BadLength {
+                what: "expert outputs (one row per slot)",
+                got: y.rows,
+                want: n * k,
+            });
+        }
+        self.ensure(out, n, y.cols)?;
+        if n == 0 || y.cols == 0 {
+            return Ok(());
+        }
+        let total = n * y.cols;
+        self.launch(
+            moe::COMBINE,
+            moe::combine_launch(total),
+            &args(
+                &moe::CombineArgs {
+                    y: y.ptr,
+                    route: route.ptr,
+                    out: out.ptr,
+                    cols: y.cols as u32,
+                    k: k as u32,
+                    n: total as u32,
+                }
+                .values(),
+            ),
+        )
+    }
+}
+
+impl Cuda {
+    /// A scratch tensor of this step holding `data` (`rows x cols`): inputs of the GPU
+    /// checks (`examples/moe_check.rs`).
+    pub fn upload(
+        &self,
+        data: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<CudaTensor, EngineError> {
+        if data.len() != rows * cols {
+            return Err(CudaError::BadLength {
+                what: "uploaded tensor",
+                got: data.len(),
+                want: rows * cols,
+            }
+            .into());
+        }
+        let t = Backend::alloc(self, rows, cols);
+        self.take_error()?;
+        self.run(|| {
+            self.gpu.synchronize()?;
+            if !data.is_empty() {
+                // SAFETY: `t` is `rows * cols` floats of device scratch; a synchronous copy.
+                unsafe { smelt_cuda::cudarc::driver::result::memcpy_htod_sync(t.ptr, data) }?;
+            }
+            Ok(())
+        });
+        self.take_error()?;
+        Ok(t)
+    }
+}

@@ -1,0 +1,537 @@
+//! Gated DeltaNet kernels (the linear-attention layers of Qwen3.5/3.6 and Qwen3-Next), the
+//! GPU side of the CPU backend's `delta_net` module, for the decode path first:
+//!
+//! - [`conv1d_kernel`]: the causal depthwise convolution (4 taps) of each sequence's new
+//!   rows with its window of the last 3 inputs, which it advances, then SiLU;
+//! - [`l2_norm_kernel`]: the q/k normalisation `x / sqrt(sum x^2 + eps)` per head;
+//! - [`step_kernel`]: one token of the gated delta rule per sequence, gates computed in
+//!   place (`g = softplus(alpha + dt_bias) * a`, `beta = sigmoid(beta)`), the state updated
+//!   in device memory;
+//! - [`gated_norm_kernel`]: the output norm `rms_norm(o) * w * silu(z)` per value head.
+//!
+//! Per-sequence state lives in device memory owned by the sequence; the kernels find it
+//! through a device array of addresses (one per sequence of the step, in the step's
+//! order), and the sequence's rows through the step's descriptors (`{row, n_tokens,
+//! start_pos, block_table_offset}`), so a decode step stays capturable as a graph. The
+//! prompt's chunked form is not here yet.
+//!
+//! Not yet wired into the CUDA backend: each kernel has its CPU twin here, tied to the CPU
+//! backend's functions by `tests/twins_vs_engine.rs`, and ptxas checks in `tests/ptxas.rs`.
+
+use smelt_ptx::{Cmp, Kernel, Load, Reg, Shfl, Store, F32, FULL_WARP, U32, U64};
+
+use crate::catalog::Entry;
+use crate::ops::{kernel_params, Launch, LOG2E};
+
+/// Taps of the convolution (Qwen3.5 and Qwen3-Next: `ssm.conv_kernel` = 4).
+pub const CONV_TAPS: usize = 4;
+/// Threads per block of the convolution.
+pub const CONV_THREADS: u32 = 256;
+/// Head sizes the delta-rule step is emitted for.
+pub const HEAD_DIMS: [usize; 2] = [64, 128];
+/// Threads per state row in the step kernel (each owns `head_dim / 4` keys of the row).
+pub const ROW_THREADS: u32 = 4;
+
+/// Name of [`conv1d_kernel`].
+pub const CONV1D: &str = "delta_conv1d_silu";
+/// Name of [`l2_norm_kernel`].
+pub const L2_NORM: &str = "delta_l2_norm";
+/// Name of [`gated_norm_kernel`].
+pub const GATED_NORM: &str = "delta_gated_norm";
+
+/// Name of [`step_kernel`] for heads of `head_dim`.
+pub fn step_name(head_dim: usize) -> &'static str {
+    match head_dim {
+        64 => "delta_step_s64",
+        _ => "delta_step_s128",
+    }
+}
+
+/// Every kernel of this module.
+pub fn catalog() -> Vec<Entry> {
+    let mut v: Vec<Entry> = vec![
+        (CONV1D.to_string(), Box::new(conv1d_kernel)),
+        (L2_NORM.to_string(), Box::new(l2_norm_kernel)),
+        (GATED_NORM.to_string(), Box::new(gated_norm_kernel)),
+    ];
+    for s in HEAD_DIMS {
+        v.push((
+            step_name(s).to_string(),
+            Box::new(move |k: &Kernel| step_kernel(k, s)),
+        ));
+    }
+    v
+}
+
+fn silu(k: &Kernel, x: Reg<F32>) -> Reg<F32> {
+    let e = k.mul(k.reg(), x, -LOG2E);
+    k.ex2_approx(e, e);
+    k.add(e, e, 1.0f32);
+    k.div_rn(k.reg(), x, e)
+}
+
+kernel_params! {
+    /// Arguments of [`conv1d_kernel`].
+    ConvArgs, ConvRegs {
+        x: Ptr,
+        out: Ptr,
+        w: Ptr,
+        windows: Ptr,
+        seqs: Ptr,
+        ch: U32,
+    }
+}
+
+/// Launch of [`conv1d_kernel`] over `ch` channels and `n_seqs` sequences.
+pub fn conv1d_launch(ch: usize, n_seqs: usize) -> Launch {
+    Launch::new(
+        (
+            (ch.div_ceil(CONV_THREADS as usize)).max(1) as u32,
+            n_seqs.max(1) as u32,
+            1,
+        ),
+        (CONV_THREADS, 1, 1),
+    )
+}
+
+/// `out[t][c] = silu(sum_i all[t + i][c] * w[c][i])` over each sequence's new rows, `all`
+/// its window (`[3][ch]`, oldest first, at `windows[seq]`) followed by its rows of `x`; the
+/// sum is a chain of fused multiply-adds from tap 0 (the CPU backend's `conv1d`, bit for
+/// bit before the SiLU). Leaves the last 3 inputs in the window.
+///
+/// Parameters: `x, out, w ([ch][4]), windows (one address per sequence), seqs (the step's
+/// descriptors), ch`. Launch: [`conv1d_launch`] (grid y: the sequence).
+pub fn conv1d_kernel(k: &Kernel) {
+    k.max_threads(CONV_THREADS, 1, 1);
+    let a = ConvRegs::declare(k);
+    let c = k.global_id_x();
+    k.exit_if(k.ge(c, a.ch));
+    let seq = k.ctaid_y();
+    let desc = k.elem_addr(a.seqs, k.mul(k.reg(), seq, 4u32), 4);
+    let row0 = k.load::<U32>(Load::GLOBAL, desc);
+    let n = k.load::<U32>(Load::GLOBAL, desc.at(4));
+    let win = k.load::<U64>(Load::GLOBAL, k.elem_addr(a.windows, seq, 8));
+    let taps: Vec<_> = (0..CONV_TAPS as u32)
+        .map(|i| {
+            let at = k.mad(k.reg(), c, CONV_TAPS as u32, i);
+            k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(a.w, at, 4))
+        })
+        .collect();
+    let past: Vec<_> = (0..CONV_TAPS as u32 - 1)
+        .map(|i| {
+            let at = k.mad(k.reg(), k.u32(i), a.ch, c);
+            k.load::<F32>(Load::GLOBAL, k.elem_addr(win, at, 4))
+        })
+        .collect();
+    k.for_count(n, |k, t| {
+        let r = k.add(k.reg(), row0, t);
+        let i = k.mad(k.reg(), r, a.ch, c);
+        let xt = k.load::<F32>(Load::GLOBAL, k.elem_addr(a.x, i, 4));
+        let sum = k.f32(0.0);
+        for (j, &w) in taps.iter().enumerate() {
+            let v = if j < past.len() { past[j] } else { xt };
+            k.fma(sum, v, w, sum);
+        }
+        let y = silu(k, sum);
+        k.st(Store::GLOBAL, k.elem_addr(a.out, i, 4), y);
+        // Shift the window in registers.
+        for j in 0..past.len() {
+            let next = if j + 1 < past.len() { past[j + 1] } else { xt };
+            k.mov(past[j], next);
+        }
+    });
+    for (i, &p) in past.iter().enumerate() {
+        let at = k.mad(k.reg(), k.u32(i as u32), a.ch, c);
+        k.st(Store::GLOBAL, k.elem_addr(win, at, 4), p);
+    }
+}
+
+/// CPU twin of [`conv1d_kernel`] for one sequence (the CPU backend's `conv1d` then SiLU).
+pub fn conv1d_cpu(x: &[f32], window: &mut [f32], w: &[f32], ch: usize) -> Vec<f32> {
+    let n = x.len() / ch;
+    let past = CONV_TAPS - 1;
+    let mut all = window[..past * ch].to_vec();
+    all.extend_from_slice(x);
+    let mut out = vec![0f32; n * ch];
+    for t in 0..n {
+        for c in 0..ch {
+            let mut sum = 0f32;
+            for i in 0..CONV_TAPS {
+                sum = all[(t + i) * ch + c].mul_add(w[c * CONV_TAPS + i], sum);
+            }
+            out[t * ch + c] = sum / (1.0 + (-sum).exp());
+        }
+    }
+    window[..past * ch].copy_from_slice(&all[n * ch..(n + past) * ch]);
+    out
+}
+
+kernel_params! {
+    /// Arguments of [`l2_norm_kernel`].
+    L2Args, L2Regs {
+        x: Ptr,
+        n_chunks: U32,
+        width: U32,
+        eps: F32,
+    }
+}
+
+/// Warps per block of the per-head norms.
+pub const NORM_WARPS: u32 = 4;
+
+/// Launch of the per-head norms over `n_chunks` heads: one warp each.
+pub fn norm_launch(n_chunks: usize) -> Launch {
+    Launch::new(
+        ((n_chunks.max(1) as u32).div_ceil(NORM_WARPS), 1, 1),
+        (32, NORM_WARPS, 1),
+    )
+}
+
+/// One warp's `sum x^2` over a chunk at `base` of `width` floats.
+fn sum_squares(k: &Kernel, base: Reg<U64>, width: Reg<U32>) -> Reg<F32> {
+    let acc = k.f32(0.0);
+    k.stride_loop(k.tid_x(), width, 32u32, |k, i| {
+        let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(base, i, 4));
+        k.fma(acc, v, v, acc);
+    });
+    k.warp_sum(acc)
+}
+
+/// `x *= 1 / sqrt(sum x^2 + eps)` over each `width`-long chunk (llama.cpp's
+/// `rms_norm(x, eps / width) / sqrt(width)`, the same function).
+///
+/// Parameters: `x (in place), n_chunks, width, eps`. Launch: [`norm_launch`].
+pub fn l2_norm_kernel(k: &Kernel) {
+    k.max_threads(32, NORM_WARPS, 1);
+    let a = L2Regs::declare(k);
+    let chunk = k.mad(k.reg(), k.ctaid_x(), NORM_WARPS, k.tid_y());
+    k.exit_if(k.ge(chunk, a.n_chunks));
+    let base = k.elem_addr(a.x, k.mul(k.reg(), chunk, a.width), 4);
+    let ss = sum_squares(k, base, a.width);
+    k.add(ss, ss, a.eps);
+    let inv = k.sqrt_rn(k.reg(), ss);
+    k.div_rn(inv, 1.0f32, inv);
+    k.stride_loop(k.tid_x(), a.width, 32u32, |k, i| {
+        let at = k.elem_addr(base, i, 4);
+        let v = k.load::<F32>(Load::GLOBAL, at);
+        k.mul(v, v, inv);
+        k.st(Store::GLOBAL, at, v);
+    });
+}
+
+/// CPU twin of [`l2_norm_kernel`].
+pub fn l2_norm_cpu(x: &mut [f32], width: usize, eps: f32) {
+    for r in x.chunks_mut(width) {
+        let ss: f64 = r.iter().map(|&v| (v * v) as f64).sum();
+        let inv = 1.0 / ((ss as f32) + eps).sqrt();
+        r.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+kernel_params! {
+    /// Arguments of [`gated_norm_kernel`].
+    GatedNormArgs, GatedNormRegs {
+        o: Ptr,
+        w: Ptr,
+        z: Ptr,
+        n_chunks: U32,
+        width: U32,
+        eps: F32,
+    }
+}
+
+/// `o = (o / sqrt(mean(o^2) + eps)) * w * silu(z)` over each value head (`width` =
+/// `w`'s length).
+///
+/// Parameters: `o (in place), w, z, n_chunks, width, eps`. Launch: [`norm_launch`].
+pub fn gated_norm_kernel(k: &Kernel) {
+    k.max_threads(32, NORM_WARPS, 1);
+    let a = GatedNormRegs::declare(k);
+    let chunk = k.mad(k.reg(), k.ctaid_x(), NORM_WARPS, k.tid_y());
+    k.exit_if(k.ge(chunk, a.n_chunks));
+    let off = k.mul(k.reg(), chunk, a.width);
+    let base = k.elem_addr(a.o, off, 4);
+    let zb = k.elem_addr(a.z, off, 4);
+    let ss = sum_squares(k, base, a.width);
+    let wf = k.cvt(k.reg::<F32>(), a.width, smelt_ptx::FloatRound::Rn);
+    let mean = k.div_rn(k.reg(), ss, wf);
+    k.add(mean, mean, a.eps);
+    let inv = k.sqrt_rn(k.reg(), mean);
+    k.div_rn(inv, 1.0f32, inv);
+    k.stride_loop(k.tid_x(), a.width, 32u32, |k, i| {
+        let at = k.elem_addr(base, i, 4);
+        let v = k.load::<F32>(Load::GLOBAL, at);
+        let w = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(a.w, i, 4));
+        let z = k.load::<F32>(Load::GLOBAL, k.elem_addr(zb, i, 4));
+        k.mul(v, v, inv);
+        k.mul(v, v, w);
+        let g = silu(k, z);
+        k.mul(v, v, g);
+        k.st(Store::GLOBAL, at, v);
+    });
+}
+
+/// CPU twin of [`gated_norm_kernel`] (the CPU backend's `gated_rms_norm`).
+pub fn gated_norm_cpu(o: &mut [f32], w: &[f32], z: &[f32], eps: f32) {
+    let n = w.len();
+    for (r, z) in o.chunks_mut(n).zip(z.chunks(n)) {
+        let ss: f64 = r.iter().map(|&v| (v * v) as f64).sum();
+        let scale = 1.0 / ((ss / n as f64) as f32 + eps).sqrt();
+        for ((v, &w), &z) in r.iter_mut().zip(w).zip(z) {
+            *v = ((*v * scale) * w) * (z / (1.0 + (-z).exp()));
+        }
+    }
+}
+
+kernel_params! {
+    /// Arguments of [`step_kernel`].
+    StepArgs, StepRegs {
+        q: Ptr,
+        k: Ptr,
+        v: Ptr,
+        alpha: Ptr,
+        beta: Ptr,
+        dt_bias: Ptr,
+        a: Ptr,
+        out: Ptr,
+        states: Ptr,
+        seqs: Ptr,
+        h_k: U32,
+        h_v: U32,
+        grouped: U32,
+    }
+}
+
+/// Launch of [`step_kernel`]: one block per (value head, sequence).
+pub fn step_launch(head_dim: usize, h_v: usize, n_seqs: usize) -> Launch {
+    Launch::new(
+        (h_v.max(1) as u32, n_seqs.max(1) as u32, 1),
+        (ROW_THREADS * head_dim as u32, 1, 1),
+    )
+}
+
+/// One decode token of the gated delta rule for value head `h = ctaid.x` of sequence
+/// `ctaid.y` (its row from the descriptor; its state, `[h_v][s][s]` with row `j` holding
+/// `S[.][j]`, at `states[seq]`): `g = softplus(alpha + dt_bias[h]) * a[h]` (softplus `x`
+/// above 20), `b = sigmoid(beta)`, `S *= e^g`, `d_j = (v_j - S_j . k) b`,
+/// `S_j += k d_j`, `o_j = (S_j . q) / sqrt(s)`. `q`, `k`: `[rows][h_k][s]`, L2-normed;
+/// value head `h` reads key head `h / (h_v / h_k)` when `grouped`, else `h % h_k`.
+///
+/// [`ROW_THREADS`] threads per state row, each with `s / 4` keys in registers.
+///
+/// Parameters: `q, k, v, alpha, beta, dt_bias, a, out, states, seqs, h_k, h_v, grouped`.
+/// Launch: [`step_launch`].
+pub fn step_kernel(k: &Kernel, s: usize) {
+    if !HEAD_DIMS.contains(&s) {
+        k.reject(format!("heads of {s}: one of {HEAD_DIMS:?}"));
+        return;
+    }
+    let threads = ROW_THREADS * s as u32;
+    k.max_threads(threads, 1, 1);
+    let p = StepRegs::declare(k);
+    let per = s / ROW_THREADS as usize;
+    let h = k.ctaid_x();
+    let seq = k.ctaid_y();
+    let tid = k.tid_x();
+    let j = k.shr(k.reg(), tid, 2u32);
+    let part = k.and(k.reg(), tid, 3u32);
+    let row = k.load::<U32>(
+        Load::GLOBAL,
+        k.elem_addr(p.seqs, k.mul(k.reg(), seq, 4u32), 4),
+    );
+    // Key head of this value head.
+    let ratio = k.div_int(k.reg(), p.h_v, p.h_k);
+    let kh_g = k.div_int(k.reg(), h, ratio);
+    let kh_m = k.rem(k.reg(), h, p.h_k);
+    let grouped = k.cmp(Cmp::Ne, p.grouped, 0u32);
+    let kh = k.selp(k.reg(), kh_g, kh_m, grouped);
+    // Gates.
+    let gi = k.mad(k.reg(), row, p.h_v, h);
+    let al = k.load::<F32>(Load::GLOBAL, k.elem_addr(p.alpha, gi, 4));
+    let dt = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(p.dt_bias, h, 4));
+    let av = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(p.a, h, 4));
+    let bl = k.load::<F32>(Load::GLOBAL, k.elem_addr(p.beta, gi, 4));
+    let x = k.add(k.reg(), al, dt);
+    // softplus(x) = ln(1 + e^x) = log2(1 + 2^(x log2 e)) / log2 e.
+    let e = k.mul(k.reg(), x, LOG2E);
+    k.ex2_approx(e, e);
+    k.add(e, e, 1.0f32);
+    k.lg2_approx(e, e);
+    k.mul(e, e, std::f32::consts::LN_2);
+    let big = k.cmp(Cmp::Gt, x, 20.0f32);
+    let sp = k.selp(k.reg(), x, e, big);
+    let g = k.mul(k.reg(), sp, av);
+    let decay = k.mul(k.reg(), g, LOG2E);
+    k.ex2_approx(decay, decay);
+    let nb = k.mul(k.reg(), bl, -LOG2E);
+    k.ex2_approx(nb, nb);
+    k.add(nb, nb, 1.0f32);
+    let b = k.div_rn(k.reg(), 1.0f32, nb);
+    // This thread's keys: [part * per, part * per + per).
+    let s32 = s as u32;
+    let qk_row = k.mad(k.reg(), row, p.h_k, kh);
+    let qk_base = k.mad(k.reg(), qk_row, s32, k.mul(k.reg(), part, per as u32));
+    let qa = k.elem_addr(p.q, qk_base, 4);
+    let ka = k.elem_addr(p.k, qk_base, 4);
+    let vrow = k.mad(k.reg(), row, p.h_v, h);
+    let vi = k.mad(k.reg(), vrow, s32, j);
+    let vj = k.load::<F32>(Load::GLOBAL, k.elem_addr(p.v, vi, 4));
+    let st = k.load::<U64>(Load::GLOBAL, k.elem_addr(p.states, seq, 8));
+    let srow = k.mad(k.reg(), h, s32, j);
+    let sbase = k.mad(k.reg(), srow, s32, k.mul(k.reg(), part, per as u32));
+    let sa = k.elem_addr(st, sbase, 4);
+    let words: Vec<Reg<F32>> = (0..per).map(|_| k.reg::<F32>()).collect();
+    let ks: Vec<Reg<F32>> = (0..per).map(|_| k.reg::<F32>()).collect();
+    for c in (0..per).step_by(4) {
+        k.ld_v4(
+            Load::GLOBAL,
+            [words[c], words[c + 1], words[c + 2], words[c + 3]],
+            sa.at(4 * c as i64),
+        );
+        k.ld_v4(
+            Load::GLOBAL,
+            [ks[c], ks[c + 1], ks[c + 2], ks[c + 3]],
+            ka.at(4 * c as i64),
+        );
+    }
+    let quad_sum = |k: &Kernel, v: Reg<F32>| {
+        for off in [1u32, 2] {
+            let o = k.shfl_sync(Shfl::Bfly, k.reg(), v, off, FULL_WARP);
+            k.add(v, v, o);
+        }
+    };
+    let dot = k.f32(0.0);
+    for (w, &kv) in words.iter().zip(&ks) {
+        k.mul(*w, *w, decay);
+        k.fma(dot, *w, kv, dot);
+    }
+    quad_sum(k, dot);
+    let d = k.sub(k.reg(), vj, dot);
+    k.mul(d, d, b);
+    let o = k.f32(0.0);
+    for c in (0..per).step_by(4) {
+        let qs = k.regs::<F32, 4>();
+        k.ld_v4(Load::GLOBAL, qs, qa.at(4 * c as i64));
+        for i in 0..4 {
+            let w = words[c + i];
+            k.fma(w, ks[c + i], d, w);
+            k.fma(o, w, qs[i], o);
+        }
+    }
+    quad_sum(k, o);
+    for c in (0..per).step_by(4) {
+        k.st_v4(
+            Store::GLOBAL,
+            sa.at(4 * c as i64),
+            [words[c], words[c + 1], words[c + 2], words[c + 3]],
+        );
+    }
+    let first = k.eq(part, 0u32);
+    k.if_(first, |k| {
+        k.mul(o, o, 1.0 / (s as f32).sqrt());
+        k.st(Store::GLOBAL, k.elem_addr(p.out, vi, 4), o);
+    });
+}
+
+/// CPU twin of [`step_kernel`] for one token of one sequence: gates from `alpha`, `beta`
+/// (`[h_v]`), then the recurrence (the CPU backend's `delta_rule` of one token).
+#[allow(clippy::too_many_arguments)]
+pub fn step_cpu(
+    s: usize,
+    h_k: usize,
+    grouped: bool,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    alpha: &[f32],
+    beta: &[f32],
+    dt_bias: &[f32],
+    a: &[f32],
+    state: &mut [f32],
+) -> Vec<f32> {
+    let h_v = alpha.len();
+    let mut out = vec![0f32; h_v * s];
+    for h in 0..h_v {
+        let kh = if grouped { h / (h_v / h_k) } else { h % h_k };
+        let x = alpha[h] + dt_bias[h];
+        let sp = if x > 20.0 { x } else { (1.0 + x.exp()).ln() };
+        let decay = (sp * a[h]).exp();
+        let b = 1.0 / (1.0 + (-beta[h]).exp());
+        let (qd, kd) = (&q[kh * s..(kh + 1) * s], &k[kh * s..(kh + 1) * s]);
+        let m = &mut state[h * s * s..(h + 1) * s * s];
+        m.iter_mut().for_each(|x| *x *= decay);
+        for j in 0..s {
+            let row = &mut m[j * s..(j + 1) * s];
+            let dot: f32 = row.iter().zip(kd).map(|(x, y)| x * y).sum();
+            let d = (v[h * s + j] - dot) * b;
+            row.iter_mut()
+                .zip(kd)
+                .for_each(|(x, &ki)| *x = ki.mul_add(d, *x));
+            out[h * s + j] =
+                row.iter().zip(qd).map(|(x, y)| x * y).sum::<f32>() / (s as f32).sqrt();
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smelt_ptx::{Module, Target};
+
+    #[test]
+    fn kernels_build() {
+        for target in [Target::Sm80, Target::Sm90] {
+            let mut m = Module::new(target);
+            for (name, build) in catalog() {
+                m.kernel(&name, |k| build(k))
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+        }
+        let mut m = Module::new(Target::Sm80);
+        assert!(m.kernel("x", |k| step_kernel(k, 96)).is_err());
+    }
+
+    #[test]
+    fn twins_keep_their_invariants() {
+        // The convolution over a prompt equals it token by token and leaves the same window.
+        let ch = 5;
+        let x: Vec<f32> = (0..3 * ch).map(|i| (i as f32 * 0.37).sin()).collect();
+        let w: Vec<f32> = (0..ch * CONV_TAPS)
+            .map(|i| (i as f32 * 0.11).cos())
+            .collect();
+        let w0: Vec<f32> = (0..3 * ch).map(|i| i as f32 * 0.01).collect();
+        let (mut a, mut b) = (w0.clone(), w0.clone());
+        let all = conv1d_cpu(&x, &mut a, &w, ch);
+        let mut steps = Vec::new();
+        for t in 0..3 {
+            steps.extend(conv1d_cpu(&x[t * ch..(t + 1) * ch], &mut b, &w, ch));
+        }
+        assert_eq!(all, steps);
+        assert_eq!(a, b);
+        let mut v = vec![3.0f32, 4.0];
+        l2_norm_cpu(&mut v, 2, 0.0);
+        assert!((v[0] - 0.6).abs() < 1e-6);
+        // A zero state and beta logit 0 (b = 1/2): S_j = k v_j / 2, o_j = (k.q) v_j / 2 / 8.
+        let s = 64;
+        let mut k1 = vec![0f32; s];
+        k1[0] = 1.0;
+        let vv: Vec<f32> = (0..s).map(|j| j as f32).collect();
+        let mut st = vec![0f32; s * s];
+        let o = step_cpu(
+            s,
+            1,
+            false,
+            &k1,
+            &k1,
+            &vv,
+            &[0.0],
+            &[0.0],
+            &[0.0],
+            &[-1.0],
+            &mut st,
+        );
+        assert!((o[4] - 4.0 / 2.0 / 8.0).abs() < 1e-6, "{}", o[4]);
+        assert!((st[4 * s] - 2.0).abs() < 1e-6);
+    }
+}
