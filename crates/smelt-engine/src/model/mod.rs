@@ -62,6 +62,12 @@ struct Layer<B: Backend> {
     post_ffn_norm: Option<B::Weight>,
 }
 
+/// The sum over the ranks of a tensor-parallel group, in place: every rank passes its
+/// partial tensor and gets the same total back.
+pub trait AllReduce<B: Backend>: Send + Sync {
+    fn all_reduce(&self, b: &B, x: &mut B::Tensor) -> Result<(), EngineError>;
+}
+
 /// A model's weights on a backend.
 pub struct Model<B: Backend> {
     pub info: ModelInfo,
@@ -258,6 +264,24 @@ impl<B: Backend> Model<B> {
         seqs: &[AttnSeq<'_>],
         out_rows: &[usize],
     ) -> Result<B::Tensor, EngineError> {
+        self.forward_tp(b, kv, states, tokens, positions, seqs, out_rows, None)
+    }
+
+    /// [`Model::forward_with_state`] on one rank of a tensor-parallel group (this model
+    /// holds the rank's slices, see [`crate::tp`]): `reduce` sums each row-parallel
+    /// output (attention or delta-net output, FFN down) over the ranks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_tp(
+        &self,
+        b: &B,
+        kv: &mut B::KvStore,
+        states: &mut [&mut Vec<DeltaState<B::Tensor>>],
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+        reduce: Option<&dyn AllReduce<B>>,
+    ) -> Result<B::Tensor, EngineError> {
         if self.info.delta.is_some() && states.len() != seqs.len() {
             return Err(EngineError::BadOptions(format!(
                 "{} recurrent states for {} sequences",
@@ -367,6 +391,9 @@ impl<B: Backend> Model<B> {
                     b.matmul(&a.wo, &s.att, &mut s.o)?;
                 }
             }
+            if let Some(r) = reduce {
+                r.all_reduce(b, &mut s.o)?;
+            }
             // As llama.cpp (ggml_get_rows on inp_out_ids), the last layer keeps only the rows
             // whose logits are wanted after its attention: the FFN multiplies fewer rows, and
             // its batch-size-dependent kernels see the batch llama.cpp's see.
@@ -393,6 +420,9 @@ impl<B: Backend> Model<B> {
                     b.matmul(down, &s.gate, &mut s.o)?;
                 }
                 Ffn::Moe(moe) => moe.forward(b, &s.h, &mut s.o)?,
+            }
+            if let Some(r) = reduce {
+                r.all_reduce(b, &mut s.o)?;
             }
             if let Some(w) = &l.post_ffn_norm {
                 b.rms_norm(&s.o, w, i.rms_eps, &mut s.tmp);
