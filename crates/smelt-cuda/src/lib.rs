@@ -8,6 +8,7 @@
 //! - [`gpu`]: [`Gpu::open`], kernel lookup, upload/download.
 //! - [`graph`]: stream capture into a replayable [`Graph`].
 //! - [`gemv_bench`]: GEMV bandwidth at real shapes (GPU checks, `smelt bench --kernels`).
+//! - [`nccl`]: NCCL loaded at run time (tensor parallelism's all-reduce).
 //! - [`timing`]: CUDA-event timings of launches and graph replays and the device-copy
 //!   bandwidth they are compared with (GPU checks and `smelt bench --kernels`).
 
@@ -15,6 +16,7 @@ pub mod error;
 pub mod gemv_bench;
 pub mod gpu;
 pub mod graph;
+pub mod nccl;
 pub mod quantize;
 pub mod timing;
 mod util;
