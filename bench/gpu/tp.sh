@@ -13,7 +13,8 @@
 #        CARGO_TARGET_DIR=T cargo build --release -p smelt-engine --example tp_check
 #        mkdir -p .gpu-tp; strip+gzip both into .gpu-tp/ (smelt.gz, tp_check.gz)
 #        for MODE=full also: ../shared/peer/prepare.sh .peer
-# There: MODE=quick bash bench/gpu/tp.sh   carry [".gpu-tp"]            (~3 minutes)
+# There: MODE=quick bash bench/gpu/tp.sh   carry [".gpu-tp"]            (~3 minutes: 0, a,
+#                                           and b's single-stream runs)
 #        MODE=full  bash bench/gpu/tp.sh   carry [".gpu-tp", ".peer"]   (~9 minutes)
 # Log: $OUT/tp.log (or bench/out), the table last.
 set -uo pipefail
@@ -70,9 +71,11 @@ done
 m=/tmp/llama3-8b-q4_k.gguf
 echo "== b. Llama-3-8B-shape Q4_K" | tee -a "$log"
 $S synth --shape llama3-8b --quant q4_k -o $m >> "$log" 2>&1 || echo "synth failed" | tee -a "$table"
-echo "-- llama3-8b q4_k greedy (random weights)" | tee -a "$table"
-/tmp/tp_check $m --gpus 0,1 --steps 32 --prompt 40 > /tmp/tc.out 2>>"$log"
-rc=$?; cat /tmp/tc.out >> "$log"; grep '^|' /tmp/tc.out >> "$table"; echo "tp_check rc=$rc" | tee -a "$table"
+if [ "$mode" = full ]; then
+  echo "-- llama3-8b q4_k greedy (random weights)" | tee -a "$table"
+  /tmp/tp_check $m --gpus 0,1 --steps 32 --prompt 40 > /tmp/tc.out 2>>"$log"
+  rc=$?; cat /tmp/tc.out >> "$log"; grep '^|' /tmp/tc.out >> "$table"; echo "tp_check rc=$rc" | tee -a "$table"
+fi
 js() { grep -o "\"$1\":[0-9.e-]*" | head -1 | cut -d: -f2; }
 t ""
 t "| llama3-8b q4_k | pp512 tok/s | tg128 tok/s | 32 seqs decode tok/s | all-reduce us (1 token) | all-reduce ms/step (1 token) |"
@@ -80,7 +83,10 @@ t "|---|---:|---:|---:|---:|---:|"
 for cfg in "plain:--device cuda:0" "tp1:--device cuda:0 --tp 1" "tp2:--device cuda:0,1 --tp 2"; do
   name=${cfg%%:*}; a=${cfg#*:}
   r1=$($S bench --model $m $a --prompt 512 --gen 128 --reps 3 --json 2>>"$log" | tr -d '\n'); echo "$name single: $r1" >> "$log"
-  r2=$($S bench --model $m $a --prompt 128 --gen 64 --reps 1 --batch 32 --json 2>>"$log" | tr -d '\n'); echo "$name batch32: $r2" >> "$log"
+  r2=
+  if [ "$mode" = full ]; then
+    r2=$($S bench --model $m $a --prompt 128 --gen 64 --reps 1 --batch 32 --json 2>>"$log" | tr -d '\n'); echo "$name batch32: $r2" >> "$log"
+  fi
   t "| $name | $(echo "$r1" | js prompt_tok_s) | $(echo "$r1" | js decode_tok_s) | $(echo "$r2" | js batch_decode_tok_s) | $(echo "$r1" | js all_reduce_us) | $(echo "$r1" | js all_reduce_ms_per_step) |"
 done
 
