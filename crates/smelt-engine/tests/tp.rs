@@ -206,8 +206,7 @@ fn drive(
         blocks: &blocks,
     }];
     let mut l = step(prompt, &pos, &seqs, &[prompt.len() - 1]);
-    let mut p = prompt.len();
-    for _ in 0..6 {
+    for p in prompt.len()..prompt.len() + 6 {
         let t = smelt_engine::argmax(&l);
         out.push(l);
         let seqs = [AttnSeq {
@@ -217,7 +216,6 @@ fn drive(
             blocks: &blocks,
         }];
         l = step(&[t], &[p as u32], &seqs, &[0]);
-        p += 1;
     }
     out.push(l);
     out

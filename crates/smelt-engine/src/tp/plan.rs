@@ -19,6 +19,9 @@
 //! - `n = 1` gives a plan whose every slice is the whole tensor, so `--tp 1` runs the same
 //!   code as `--tp 2`.
 
+// A slice's rows are a list of ranges, often of one: `vec![a..b]` is meant.
+#![allow(clippy::single_range_in_vec_init)]
+
 use std::ops::Range;
 
 use smelt_gguf::{GgmlType, Gguf};
@@ -496,6 +499,9 @@ fn cut_error(name: &str, ty: GgmlType, c: &Range<usize>, rank: usize, n: usize) 
     ))
 }
 
+/// Query and KV head ranges, one of each per rank.
+pub type HeadSplit = (Vec<Range<usize>>, Vec<Range<usize>>);
+
 /// Query and KV head ranges per rank. With at least as many KV heads as ranks, KV heads
 /// are split (their query heads follow); with fewer, each KV head is replicated on a run
 /// of ranks that split its query heads. Query-head cuts are multiples of `align`.
@@ -504,7 +510,7 @@ pub fn split_heads(
     n_kv: usize,
     n: usize,
     align: usize,
-) -> Result<(Vec<Range<usize>>, Vec<Range<usize>>), EngineError> {
+) -> Result<HeadSplit, EngineError> {
     let group = n_head / n_kv.max(1);
     if n_kv >= n {
         // Cut KV heads where the query heads they carry can be cut.

@@ -29,7 +29,8 @@ pub fn slice_bytes(t: &TensorInfo, data: &[u8], s: &Slice) -> Result<Vec<u8>, En
     let row_bytes = (t.row_len() / bs * ts) as usize;
     let cols: Range<usize> = match &s.cols {
         Some(c) => {
-            if c.start as u64 % bs != 0 || (c.end as u64 % bs != 0 && c.end as u64 != t.row_len()) {
+            let (start, end) = (c.start as u64, c.end as u64);
+            if !start.is_multiple_of(bs) || (!end.is_multiple_of(bs) && end != t.row_len()) {
                 return Err(bad(format!(
                     "columns {}..{} cut a {}-wide block",
                     c.start, c.end, bs

@@ -214,7 +214,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         };
         if let Some((us, ms)) = all_reduce {
             println!(
-                "all-reduce {us:.1} us each ({} floats, NCCL, back to back); {ms:.3} ms per \
+                "all-reduce {us:.1} us each ({} floats, back to back); {ms:.3} ms per \
                  decode step ({} of them)",
                 e.info().n_embd * args.batch,
                 2 * e.info().n_layer
