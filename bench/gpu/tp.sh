@@ -7,7 +7,12 @@
 #     for the Llama-3-8B-shape Q4_K (random weights: ties are possible, gaps are reported);
 #  b. speed, Llama-3-8B-shape Q4_K: single-stream decode (tg128), prompt (pp512) and 32
 #     sequences batched, at TP=1 (plain), --tp 1 and --tp 2, with the all-reduce time;
-#  c. (MODE=full, with .peer carried) llama.cpp on the same file: split none, layer, row.
+#  c. (MODE=full or peer, with .peer carried) llama.cpp on the same file: split none,
+#     layer, row (built first, before any timing, so the build does not share the CPU).
+# MODE=peer is the second run: 0, then b and c only (plain and --tp 2, single stream, 32
+# sequences, --tp 2 with NCCL_PROTO=LL, and --tp 2 with SMELT_TP_SKIP_ALLREDUCE=1: the step
+# without communication, a timing ablation; then a TP=2 decode timeline), no correctness
+# part (run 1 had it). NO_LLAMA=1 leaves llama.cpp out (about 3 minutes less).
 #
 # Here:  CARGO_TARGET_DIR=T cargo build --release -p smelt --bin smelt
 #        CARGO_TARGET_DIR=T cargo build --release -p smelt-engine --example tp_check
@@ -58,8 +63,22 @@ fi
 t "NCCL: $(grep -h 'NCCLPROBE loaded' "$log" | tail -1 | sed 's/NCCLPROBE //')"
 grep -h "NCCLPROBE all-reduce" "$log" | sed 's/NCCLPROBE /NCCL /' >> "$table"
 
+m=/tmp/llama3-8b-q4_k.gguf
+if [ "$mode" != quick ] && [ -d .peer ] && [ "${NO_LLAMA:-0}" != 1 ]; then
+  echo "== c0. llama.cpp build (before any timing)" | tee -a "$log"
+  # The build of .peer/gpu-llamacpp.sh (about 3 minutes), without its own model and timing.
+  repo=$(pwd)
+  ( cd /tmp && tar xzf "$repo/.peer/llcpp.tgz" &&
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site "$repo"/.peer/*.whl &&
+    CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" \
+    CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-32} \
+    python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/site ./llama_cpp_python-*/ ) \
+    >> "$log" 2>&1 && touch /tmp/llama-built || echo "llama.cpp build failed" | tee -a "$table"
+fi
+
+if [ "$mode" != peer ]; then
 echo "== a. correctness: tiny peaked Llama" | tee -a "$log"
-for q in q8_0 f16; do
+for q in q8_0 q4_0; do
   $S synth --shape llama3-tiny --quant $q --layers 4 -o /tmp/tiny-$q.gguf >> "$log" 2>&1
   echo "-- llama3-tiny 4 layers $q" | tee -a "$log" "$table"
   /tmp/tp_check /tmp/tiny-$q.gguf --gpus 0,1 --steps 32 --prompt 40 --cpu > /tmp/tc.out 2>>"$log"
@@ -68,7 +87,8 @@ for q in q8_0 f16; do
   echo "tp_check rc=$rc" | tee -a "$table"
 done
 
-m=/tmp/llama3-8b-q4_k.gguf
+fi
+
 echo "== b. Llama-3-8B-shape Q4_K" | tee -a "$log"
 $S synth --shape llama3-8b --quant q4_k -o $m >> "$log" 2>&1 || echo "synth failed" | tee -a "$table"
 if [ "$mode" = full ]; then
@@ -78,28 +98,39 @@ if [ "$mode" = full ]; then
 fi
 js() { grep -o "\"$1\":[0-9.e-]*" | head -1 | cut -d: -f2; }
 t ""
-t "| llama3-8b q4_k | pp512 tok/s | tg128 tok/s | 32 seqs decode tok/s | all-reduce us (1 token) | all-reduce ms/step (1 token) |"
-t "|---|---:|---:|---:|---:|---:|"
-for cfg in "plain:--device cuda:0" "tp1:--device cuda:0 --tp 1" "tp2:--device cuda:0,1 --tp 2"; do
+t "| llama3-8b q4_k | pp512 tok/s | tg128 tok/s | 32 seqs decode tok/s | all-reduce us (1 token) | all-reduce ms/step (1 token) | vs plain |"
+t "|---|---:|---:|---:|---:|---:|---|"
+cfgs=("plain:--device cuda:0" "tp1:--device cuda:0 --tp 1" "tp2:--device cuda:0,1 --tp 2")
+[ "$mode" = peer ] && cfgs=("plain:--device cuda:0" "tp2:--device cuda:0,1 --tp 2" "tp2-LL:--device cuda:0,1 --tp 2" "tp2-no-allreduce:--device cuda:0,1 --tp 2")
+for cfg in "${cfgs[@]}"; do
   name=${cfg%%:*}; a=${cfg#*:}
+  if [ "$name" = tp2-LL ]; then export NCCL_PROTO=LL; else unset NCCL_PROTO; fi
+  # Timing ablation: the step without communication (wrong outputs), what a faster
+  # all-reduce could approach.
+  if [ "$name" = tp2-no-allreduce ]; then export SMELT_TP_SKIP_ALLREDUCE=1; else unset SMELT_TP_SKIP_ALLREDUCE; fi
   r1=$($S bench --model $m $a --prompt 512 --gen 128 --reps 3 --json 2>>"$log" | tr -d '\n'); echo "$name single: $r1" >> "$log"
   r2=
-  if [ "$mode" = full ]; then
+  if [ "$mode" != quick ]; then
     r2=$($S bench --model $m $a --prompt 128 --gen 64 --reps 1 --batch 32 --json 2>>"$log" | tr -d '\n'); echo "$name batch32: $r2" >> "$log"
   fi
-  t "| $name | $(echo "$r1" | js prompt_tok_s) | $(echo "$r1" | js decode_tok_s) | $(echo "$r2" | js batch_decode_tok_s) | $(echo "$r1" | js all_reduce_us) | $(echo "$r1" | js all_reduce_ms_per_step) |"
+  pp=$(echo "$r1" | js prompt_tok_s); tg=$(echo "$r1" | js decode_tok_s); bt=$(echo "$r2" | js batch_decode_tok_s)
+  [ "$name" = plain ] && { pp0=$pp; tg0=$tg; bt0=$bt; }
+  ratio=$(python3 -c "
+def r(a, b):
+    try: return f'{float(a)/float(b):.2f}x'
+    except Exception: return '-'
+print('pp', r('$pp', '${pp0:-}'), 'tg', r('$tg', '${tg0:-}'), 'batch', r('$bt', '${bt0:-}'))")
+  t "| $name | ${pp%.*} | ${tg%.*} | ${bt%.*} | $(echo "$r1" | js all_reduce_us) | $(echo "$r1" | js all_reduce_ms_per_step) | $ratio |"
 done
+unset NCCL_PROTO SMELT_TP_SKIP_ALLREDUCE
+if [ "$mode" = peer ]; then
+  # Where a TP=2 decode step's time goes (each rank's kernels; NCCL's are the gaps).
+  SMELT_CUDA_TIMELINE=1 $S bench --model $m --device cuda:0,1 --tp 2 --prompt 64 --gen 64 --reps 1 > /tmp/tl.out 2>&1
+  cat /tmp/tl.out >> "$log"
+fi
 
-if [ "$mode" = full ] && [ -d .peer ]; then
+if [ -f /tmp/llama-built ]; then
   echo "== c. llama.cpp on the same file" | tee -a "$log"
-  # The build of .peer/gpu-llamacpp.sh (about 3 minutes), without its own model and timing.
-  repo=$(pwd)
-  ( cd /tmp && tar xzf "$repo/.peer/llcpp.tgz" &&
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site "$repo"/.peer/*.whl &&
-    CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" \
-    CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-32} \
-    python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/site ./llama_cpp_python-*/ ) \
-    >> "$log" 2>&1 || echo "llama.cpp build failed" | tee -a "$table"
   export PYTHONPATH=/tmp/site
   t ""
   t "| llama.cpp split | pp512 tok/s | tg128 tok/s |"

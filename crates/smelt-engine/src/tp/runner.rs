@@ -233,7 +233,7 @@ impl TpRunner {
                         match device {
                             Device::Cuda(ordinal) => {
                                 let reduce: Option<Box<dyn AllReduce<crate::backend::cuda::Cuda>>> =
-                                    comm.map(|c| Box::new(NcclReduce { comm: c }) as _);
+                                    comm.map(|c| Box::new(NcclReduce::new(c)) as _);
                                 let e = CudaEngine::load_rank(
                                     &g,
                                     ordinal,

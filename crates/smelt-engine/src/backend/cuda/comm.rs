@@ -26,11 +26,34 @@ impl Cuda {
 
 /// One rank's all-reduce through NCCL.
 pub struct NcclReduce {
-    pub comm: Comm,
+    comm: Comm,
+    /// `SMELT_TP_SKIP_ALLREDUCE=1`: every all-reduce is left out (each rank keeps its
+    /// partial sums, so outputs are wrong): a timing ablation that shows a step's time
+    /// without communication, as `SMELT_CUDA_SKIP` does for kernels.
+    skip: bool,
+}
+
+impl NcclReduce {
+    pub fn new(comm: Comm) -> Self {
+        let skip = std::env::var("SMELT_TP_SKIP_ALLREDUCE").is_ok_and(|v| v == "1");
+        if skip && comm.rank == 0 {
+            eprintln!(
+                "smelt: SMELT_TP_SKIP_ALLREDUCE=1 leaves out every all-reduce: outputs are \
+                 wrong, for timing only"
+            );
+        }
+        NcclReduce { comm, skip }
+    }
 }
 
 impl AllReduce<Cuda> for NcclReduce {
     fn all_reduce(&self, b: &Cuda, x: &mut CudaTensor) -> Result<(), EngineError> {
+        if self.skip {
+            // The same flush as a real one, so the kernels around it are the same.
+            b.flush()?;
+            b.forget_quantized()?;
+            return Ok(());
+        }
         b.all_reduce_nccl(&self.comm, x)?;
         Ok(())
     }
