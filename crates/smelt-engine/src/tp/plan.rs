@@ -26,7 +26,7 @@ use std::ops::Range;
 
 use smelt_gguf::{GgmlType, Gguf};
 
-use crate::model::{Arch, ModelInfo};
+use crate::model::ModelInfo;
 use crate::EngineError;
 
 /// Options of a plan.
@@ -547,19 +547,4 @@ pub fn split_heads(
         )));
     }
     Ok((q, kv))
-}
-
-/// Whether `arch` has a plan at all (every architecture the engine runs does).
-pub fn supported(arch: Arch) -> bool {
-    matches!(
-        arch,
-        Arch::Llama
-            | Arch::Qwen2
-            | Arch::Qwen3
-            | Arch::Gemma3
-            | Arch::Qwen3Moe
-            | Arch::Qwen35
-            | Arch::Qwen35Moe
-            | Arch::Qwen3Next
-    )
 }
