@@ -10,6 +10,7 @@
 //! - [`graph`]: stream capture into a replayable [`Graph`].
 //! - [`gemv_bench`]: GEMV bandwidth at real shapes (GPU checks, `smelt bench --kernels`).
 //! - [`staged`]: pipelined quantization through reused pinned staging slots and streams.
+//! - [`nccl`]: NCCL loaded at run time (tensor parallelism's all-reduce).
 //! - [`timing`]: CUDA-event timings of launches and graph replays and the device-copy
 //!   bandwidth they are compared with (GPU checks and `smelt bench --kernels`).
 
@@ -18,6 +19,7 @@ pub mod error;
 pub mod gemv_bench;
 pub mod gpu;
 pub mod graph;
+pub mod nccl;
 pub mod quantize;
 pub mod staged;
 pub mod timing;

@@ -109,6 +109,8 @@ enum Inner {
         states: HashMap<SeqId, Vec<DeltaState<CpuTensor>>>,
     },
     Cuda(Box<CudaEngine>),
+    /// Tensor parallel: the model split over several devices, one thread each.
+    Tp(Box<crate::tp::runner::TpRunner>),
 }
 
 impl Engine {
@@ -176,10 +178,81 @@ impl Engine {
         })
     }
 
+    /// Loads `path` split over `devices` (tensor parallelism: `--tp N`; see [`crate::tp`]).
+    /// One device runs the same sharded path with one rank (`--tp 1`).
+    pub fn load_tp(
+        path: &Path,
+        opts: &EngineOptions,
+        devices: &[Device],
+    ) -> Result<Engine, EngineError> {
+        Self::from_gguf_tp(Arc::new(Gguf::open(path)?), opts, devices)
+    }
+
+    /// [`Engine::load_tp`] over an already opened file.
+    pub fn from_gguf_tp(
+        gguf: Arc<Gguf>,
+        opts: &EngineOptions,
+        devices: &[Device],
+    ) -> Result<Engine, EngineError> {
+        if opts.block_size == 0 || opts.kv_tokens == 0 {
+            return Err(EngineError::BadOptions(
+                "kv_tokens and block_size must be positive".into(),
+            ));
+        }
+        if devices.is_empty() {
+            return Err(EngineError::BadOptions(
+                "--tp needs at least one device".into(),
+            ));
+        }
+        let n_blocks = opts.kv_tokens.div_ceil(opts.block_size);
+        let cuda = matches!(devices[0], Device::Cuda(_));
+        if cuda {
+            if let Some(what) = ModelInfo::from_gguf(&gguf)?.cpu_only() {
+                return Err(EngineError::NotSupported(format!(
+                    "{what} is not yet supported on cuda; use --device cpu"
+                )));
+            }
+        }
+        let kv = KvPlan {
+            min_blocks: n_blocks,
+            block_size: opts.block_size,
+            fill: if cuda {
+                opts.gpu_memory.map(|f| (f, opts.step_tokens.max(1)))
+            } else {
+                None
+            },
+        };
+        let tp = crate::tp::runner::TpRunner::load(&gguf, devices, &kv, opts.batch_invariant)?;
+        let n_blocks = tp.kv_blocks();
+        Ok(Engine {
+            gguf,
+            inner: Inner::Tp(Box::new(tp)),
+            table: BlockTable::new(n_blocks, opts.block_size),
+            device: devices[0],
+        })
+    }
+
+    /// [`Engine::tp`], mutable (to time its all-reduce).
+    pub fn tp_mut(&mut self) -> Option<&mut crate::tp::runner::TpRunner> {
+        match &mut self.inner {
+            Inner::Tp(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The tensor-parallel runner, when this engine is one.
+    pub fn tp(&self) -> Option<&crate::tp::runner::TpRunner> {
+        match &self.inner {
+            Inner::Tp(t) => Some(t),
+            _ => None,
+        }
+    }
+
     pub fn info(&self) -> &ModelInfo {
         match &self.inner {
             Inner::Cpu { model, .. } => &model.info,
             Inner::Cuda(c) => &c.model().info,
+            Inner::Tp(t) => &t.plan.info,
         }
     }
 
@@ -193,6 +266,7 @@ impl Engine {
         match &self.inner {
             Inner::Cpu { .. } => "cpu".into(),
             Inner::Cuda(c) => format!("{} ({})", self.device, c.backend().gpu().name()),
+            Inner::Tp(t) => t.device_names(),
         }
     }
 
@@ -200,7 +274,7 @@ impl Engine {
     pub fn cpu_threads(&self) -> Option<usize> {
         match &self.inner {
             Inner::Cpu { pool, .. } => Some(pool.threads()),
-            Inner::Cuda(_) => None,
+            Inner::Cuda(_) | Inner::Tp(_) => None,
         }
     }
 
@@ -453,6 +527,21 @@ impl Engine {
                 StepOut::Logits(c.hidden(&tokens, &positions, &seqs, &out_rows)?)
             }
             Inner::Cuda(c) => c.forward(&tokens, &positions, &seqs, &out_rows, greedy)?,
+            Inner::Tp(t) => t.step(crate::tp::runner::StepMsg {
+                tokens,
+                positions,
+                seqs: seqs
+                    .iter()
+                    .map(|s| crate::tp::runner::OwnedSeq {
+                        row: s.row,
+                        n_tokens: s.n_tokens,
+                        start_pos: s.start_pos,
+                        blocks: s.blocks.to_vec(),
+                    })
+                    .collect(),
+                out_rows,
+                greedy,
+            })?,
         };
         // The step's K/V are written: their full blocks can serve later prompts.
         for (inp, &start) in batch.iter().zip(&starts) {

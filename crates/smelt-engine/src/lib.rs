@@ -21,6 +21,7 @@ pub mod gpu_memory;
 pub mod kv_cache;
 pub mod model;
 pub mod sampler;
+pub mod tp;
 
 pub use device::{Device, Selected};
 pub use embed::Pooling;

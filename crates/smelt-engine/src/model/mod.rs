@@ -71,6 +71,12 @@ enum Head {
     Hidden,
 }
 
+/// The sum over the ranks of a tensor-parallel group, in place: every rank passes its
+/// partial tensor and gets the same total back.
+pub trait AllReduce<B: Backend>: Send + Sync {
+    fn all_reduce(&self, b: &B, x: &mut B::Tensor) -> Result<(), EngineError>;
+}
+
 /// A model's weights on a backend.
 pub struct Model<B: Backend> {
     pub info: ModelInfo,
@@ -276,6 +282,7 @@ impl<B: Backend> Model<B> {
             seqs,
             out_rows,
             Head::Logits,
+            None,
         )
     }
 
@@ -302,6 +309,35 @@ impl<B: Backend> Model<B> {
             seqs,
             out_rows,
             Head::Hidden,
+            None,
+        )
+    }
+
+    /// [`Model::forward_with_state`] on one rank of a tensor-parallel group (this model
+    /// holds the rank's slices, see [`crate::tp`]): `reduce` sums each row-parallel
+    /// output (attention or delta-net output, FFN down) over the ranks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_tp(
+        &self,
+        b: &B,
+        kv: &mut B::KvStore,
+        states: &mut [&mut Vec<DeltaState<B::Tensor>>],
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+        reduce: Option<&dyn AllReduce<B>>,
+    ) -> Result<B::Tensor, EngineError> {
+        self.run(
+            b,
+            kv,
+            states,
+            tokens,
+            positions,
+            seqs,
+            out_rows,
+            Head::Logits,
+            reduce,
         )
     }
 
@@ -316,6 +352,7 @@ impl<B: Backend> Model<B> {
         seqs: &[AttnSeq<'_>],
         out_rows: &[usize],
         head: Head,
+        reduce: Option<&dyn AllReduce<B>>,
     ) -> Result<B::Tensor, EngineError> {
         let out_cols = match head {
             Head::Logits => self.info.n_vocab,
@@ -430,6 +467,9 @@ impl<B: Backend> Model<B> {
                     b.matmul(&a.wo, &s.att, &mut s.o)?;
                 }
             }
+            if let Some(r) = reduce {
+                r.all_reduce(b, &mut s.o)?;
+            }
             // As llama.cpp (ggml_get_rows on inp_out_ids), the last layer keeps only the rows
             // whose logits are wanted after its attention: the FFN multiplies fewer rows, and
             // its batch-size-dependent kernels see the batch llama.cpp's see.
@@ -456,6 +496,9 @@ impl<B: Backend> Model<B> {
                     b.matmul(down, &s.gate, &mut s.o)?;
                 }
                 Ffn::Moe(moe) => moe.forward(b, &s.h, &mut s.o)?,
+            }
+            if let Some(r) = reduce {
+                r.all_reduce(b, &mut s.o)?;
             }
             if let Some(w) = &l.post_ffn_norm {
                 b.rms_norm(&s.o, w, i.rms_eps, &mut s.tmp);

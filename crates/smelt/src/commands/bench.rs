@@ -62,6 +62,10 @@ pub struct BenchArgs {
     pub reps: usize,
     #[arg(long, value_name = "N", help = model_ref::THREADS_HELP)]
     pub threads: Option<usize>,
+    /// Tensor parallelism over N GPUs (see `smelt run --help`); the report adds the time of
+    /// one all-reduce of a decode step's hidden state and the all-reduce time per token.
+    #[arg(long, value_name = "N")]
+    pub tp: Option<usize>,
     /// Time the GEMV kernels at Llama-3-8B shapes instead of a model (needs a GPU).
     #[arg(long)]
     pub kernels: bool,
@@ -82,7 +86,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.prompt == 0 || args.gen == 0 || args.reps == 0 || args.batch == 0 || args.ubatch == 0 {
         bail!("--prompt, --gen, --reps, --batch and --ubatch must be at least 1");
     }
-    let device = model_ref::check_device(&args.device)?;
+    let tp = model_ref::tp_devices(&args.device, args.tp)?;
+    let device = match &tp {
+        Some(d) => d[0],
+        None => model_ref::check_device(&args.device)?,
+    };
     let path = model_ref::resolve(model)?;
     let opts = EngineOptions {
         threads: args.threads,
@@ -95,8 +103,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ..EngineOptions::default()
     };
     let t = Instant::now();
-    let mut e =
-        Engine::load(&path, &opts).with_context(|| format!("cannot load {}", path.display()))?;
+    let mut e = match &tp {
+        Some(devices) => Engine::load_tp(&path, &opts, devices),
+        None => Engine::load(&path, &opts),
+    }
+    .with_context(|| format!("cannot load {}", path.display()))?;
     let load_s = t.elapsed().as_secs_f64();
     let n_vocab = e.info().n_vocab;
     let prompts: Vec<Vec<u32>> = (0..args.batch)
@@ -134,6 +145,22 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .last()
         .map(|r| r.tokens.iter().map(|t| batch::digest(t)).collect())
         .unwrap_or_default();
+    // Tensor parallel: one all-reduce of a decode step's hidden state (batch x n_embd
+    // floats), and the two per layer a step makes.
+    let all_reduce = match e.tp() {
+        Some(_) => {
+            let (n_embd, n_layer) = (e.info().n_embd, e.info().n_layer);
+            let t = e
+                .tp_mut()
+                .expect("tp engine")
+                .time_all_reduce(n_embd * args.batch, 200)?;
+            Some((
+                t.as_secs_f64() * 1e6,
+                2.0 * n_layer as f64 * t.as_secs_f64() * 1e3,
+            ))
+        }
+        None => None,
+    };
     let name = path
         .file_name()
         .map_or_else(|| model.clone(), |n| n.to_string_lossy().into_owned());
@@ -157,6 +184,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "decode_token_from": if host { "host logits" } else { "engine greedy" },
             "seq_token_digests": digests,
             "load_s": load_s,
+            "tp": e.tp().map(|t| t.n_ranks()),
+            "all_reduce_us": all_reduce.map(|a| a.0),
+            "all_reduce_ms_per_step": all_reduce.map(|a| a.1),
         });
         println!("{j}");
     } else {
@@ -182,6 +212,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         } else {
             String::new()
         };
+        if let Some((us, ms)) = all_reduce {
+            println!(
+                "all-reduce {us:.1} us each ({} floats, back to back); {ms:.3} ms per \
+                 decode step ({} of them)",
+                e.info().n_embd * args.batch,
+                2 * e.info().n_layer
+            );
+        }
         println!("| test | tokens/s |");
         println!("|---|---|");
         println!("| pp{}{x} | {pp:.1} |", args.prompt);

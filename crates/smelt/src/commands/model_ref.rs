@@ -22,6 +22,38 @@ pub const DEVICE_HELP: &str = "Where to compute: cpu; cuda (the first NVIDIA GPU
 (GPU N), which need only the NVIDIA driver; auto: the GPU when one is usable, else the CPU, \
 and says which";
 
+/// `--tp`'s help, for every command that runs a model.
+pub const TP_HELP: &str = "Tensor parallelism: split the model over N GPUs (cuda:0..N-1, or \
+the GPUs --device lists: cuda:0,1,...), one thread each, summed with NCCL all-reduces. \
+NCCL (libnccl.so.2) is loaded at run time: from SMELT_NCCL (the file or its folder), \
+LD_LIBRARY_PATH, the system's path, or a Python environment's nvidia/nccl/lib (PyTorch's). \
+--tp 1 runs the same sharded path on one GPU. With --device cpu, N simulated ranks";
+
+/// The devices of a tensor-parallel run, when `--tp` is given or `--device` lists several
+/// GPUs (`cuda:0,1`); `None` for a single-device run.
+pub fn tp_devices(device: &str, tp: Option<usize>) -> Result<Option<Vec<Device>>> {
+    if tp.is_none() && !device.contains(',') {
+        return Ok(None);
+    }
+    if tp == Some(0) {
+        bail!("--tp must be at least 1");
+    }
+    let spec = if device.trim().eq_ignore_ascii_case("auto") {
+        match Device::auto().device {
+            Device::Cpu => "cpu",
+            Device::Cuda(_) => "cuda",
+        }
+    } else {
+        device
+    };
+    let devices = smelt_engine::tp::tp_devices(spec, tp.unwrap_or(1))
+        .map_err(|e| anyhow::anyhow!("--device {device}: {e}"))?;
+    for d in &devices {
+        d.check().with_context(|| format!("--device {device}"))?;
+    }
+    Ok(Some(devices))
+}
+
 /// `--threads`' help, for every command that computes on the CPU.
 pub const THREADS_HELP: &str = "CPU threads [default: the cores this process may use: its \
 CPU affinity and cgroup quota]. Results are the same for any count";
@@ -188,6 +220,8 @@ pub struct KvArgs {
     pub batch_invariant: bool,
     /// The most tokens one step carries (measured before the cache is sized from memory).
     pub step_tokens: usize,
+    /// `--tp N`: tensor parallelism over N devices (see [`tp_devices`]).
+    pub tp: Option<usize>,
 }
 
 impl Default for KvArgs {
@@ -198,6 +232,7 @@ impl Default for KvArgs {
             gpu_memory: d.gpu_memory,
             batch_invariant: d.batch_invariant,
             step_tokens: d.step_tokens,
+            tp: None,
         }
     }
 }
@@ -210,7 +245,11 @@ pub fn load_kv(
     kv: &KvArgs,
     isq: Option<&str>,
 ) -> Result<Loaded> {
-    let device = check_device(device)?;
+    let tp = tp_devices(device, kv.tp)?;
+    let device = match &tp {
+        Some(d) => d[0],
+        None => check_device(device)?,
+    };
     if threads == Some(0) {
         bail!("--threads must be at least 1");
     }
@@ -225,9 +264,11 @@ pub fn load_kv(
         ..EngineOptions::default()
     };
     let gguf = super::isq::open(&path, isq, device)?;
-    let engine = match device {
-        Device::Cuda(n) => gpu_load(&path, gguf, &opts, n)?,
-        Device::Cpu => Engine::from_gguf(std::sync::Arc::new(gguf), &opts)
+    let engine = match (&tp, device) {
+        (Some(devices), _) => Engine::from_gguf_tp(std::sync::Arc::new(gguf), &opts, devices)
+            .with_context(|| format!("cannot load {}", path.display()))?,
+        (None, Device::Cuda(n)) => gpu_load(&path, gguf, &opts, n)?,
+        (None, Device::Cpu) => Engine::from_gguf(std::sync::Arc::new(gguf), &opts)
             .with_context(|| format!("cannot load {}", path.display()))?,
     };
     let tokenizer = Tokenizer::from_gguf(engine.gguf().metadata())

@@ -115,6 +115,8 @@ pub struct RunArgs {
     pub device: String,
     #[arg(long, value_name = "N", help = model_ref::THREADS_HELP)]
     pub threads: Option<usize>,
+    #[arg(long, value_name = "N", help = model_ref::TP_HELP)]
+    pub tp: Option<usize>,
     /// KV cache room in tokens (prompt plus generation).
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
@@ -152,6 +154,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         gpu_memory: args.gpu_memory,
         batch_invariant: args.batch_invariant,
         step_tokens: args.ubatch,
+        tp: args.tp,
     };
     let mut m = model_ref::load_kv(
         &args.model,

@@ -34,6 +34,8 @@ pub struct ServeArgs {
     pub port: u16,
     #[arg(long, default_value = "cpu", help = model_ref::DEVICE_HELP)]
     pub device: String,
+    #[arg(long, value_name = "N", help = model_ref::TP_HELP)]
+    pub tp: Option<usize>,
     /// Require `Authorization: Bearer <KEY>` on /v1/* (/admin/* then needs --admin-key)
     /// [default: none: no key]
     #[arg(long)]
@@ -123,7 +125,9 @@ fn parse_pooling(s: &str) -> Result<smelt_engine::Pooling, String> {
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
-    model_ref::check_device(&args.device)?;
+    if model_ref::tp_devices(&args.device, args.tp)?.is_none() {
+        model_ref::check_device(&args.device)?;
+    }
     if args.ctx == 0 || args.max_batch == 0 || args.step_tokens == 0 {
         bail!("--ctx, --max-batch and --step-tokens must be at least 1");
     }
@@ -226,6 +230,7 @@ fn kv_args(args: &ServeArgs, n_models: usize) -> model_ref::KvArgs {
         batch_invariant: args.batch_invariant,
         // A step carries every running sequence's token, or the token budget.
         step_tokens: args.step_tokens.max(args.max_batch),
+        tp: args.tp,
     }
 }
 

@@ -21,6 +21,7 @@
 //! launches what is deferred first, so the order of effects is the model's.
 
 mod arena;
+pub mod comm;
 mod matmul;
 mod moe;
 mod ops;

@@ -19,7 +19,7 @@ use super::step::{GraphCache, GraphKey, Plan};
 use super::{Cuda, CudaKv, CudaTensor};
 use crate::backend::{AttnSeq, Backend};
 use crate::gpu_memory::{self, GpuMemory};
-use crate::model::Model;
+use crate::model::{AllReduce, Model};
 use crate::EngineError;
 
 /// How big a KV cache [`CudaEngine::load`] allocates.
@@ -69,6 +69,8 @@ pub struct CudaEngine {
     graphs: GraphCache<Captured>,
     use_graphs: bool,
     replays: u64,
+    /// On a rank of a tensor-parallel group: the all-reduce after row-parallel matmuls.
+    reduce: Option<Box<dyn AllReduce<Cuda>>>,
 }
 
 impl CudaEngine {
@@ -79,6 +81,19 @@ impl CudaEngine {
         ordinal: usize,
         kv: &KvPlan,
         batch_invariant: bool,
+    ) -> Result<CudaEngine, EngineError> {
+        Self::load_rank(gguf, ordinal, kv, batch_invariant, None)
+    }
+
+    /// [`CudaEngine::load`] for one rank of a tensor-parallel group: `gguf` holds the rank's
+    /// slices ([`crate::tp::rank_gguf`]) and `reduce` sums row-parallel outputs over the
+    /// ranks (every rank must run the same steps, the measuring step included).
+    pub fn load_rank(
+        gguf: &Arc<Gguf>,
+        ordinal: usize,
+        kv: &KvPlan,
+        batch_invariant: bool,
+        reduce: Option<Box<dyn AllReduce<Cuda>>>,
     ) -> Result<CudaEngine, EngineError> {
         let backend = Cuda::open(ordinal, batch_invariant)?;
         let model = Model::load(&backend, gguf)?;
@@ -104,6 +119,7 @@ impl CudaEngine {
             // profiling times eager steps.
             use_graphs,
             replays: 0,
+            reduce,
         };
         if let Some((fraction, step)) = kv.fill {
             let n_blocks = e.blocks_that_fit(fraction, step, kv.min_blocks)?;
@@ -190,6 +206,11 @@ impl CudaEngine {
         &self.backend
     }
 
+    /// The all-reduce of a tensor-parallel rank (`None` alone).
+    pub fn reduce(&self) -> Option<&dyn AllReduce<Cuda>> {
+        self.reduce.as_deref()
+    }
+
     /// Decode steps served by a graph replay so far.
     pub fn replays(&self) -> u64 {
         self.replays
@@ -210,13 +231,15 @@ impl CudaEngine {
         if timed {
             self.backend.profile_begin()?;
         }
-        let logits = self.model.forward(
+        let logits = self.model.forward_tp(
             &self.backend,
             &mut self.kv,
+            &mut [],
             tokens,
             positions,
             seqs,
             out_rows,
+            self.reduce.as_deref(),
         )?;
         // The last matmul (the logits) may still be deferred.
         self.backend.flush()?;
@@ -286,11 +309,21 @@ impl CudaEngine {
             }
             (Plan::Capture, Some(key)) => {
                 let (backend, model, kv) = (&self.backend, &self.model, &mut self.kv);
+                let reduce = self.reduce.as_deref();
                 let mut logits = None;
                 let mut model_err = None;
                 let captured = backend.gpu().capture(|| {
                     let r = backend.upload_step().and_then(|()| {
-                        let l = model.forward(backend, kv, tokens, positions, seqs, out_rows)?;
+                        let l = model.forward_tp(
+                            backend,
+                            kv,
+                            &mut [],
+                            tokens,
+                            positions,
+                            seqs,
+                            out_rows,
+                            reduce,
+                        )?;
                         backend.flush()?;
                         Ok(step_result(backend, l, greedy)?)
                     });

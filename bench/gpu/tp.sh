@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Tensor parallelism on a 2-GPU machine (issue 19), in one device call:
+#  0. NCCL: where it loads from, communicator init, all-reduce sums and latency (8 KB..1 MB);
+#  a. correctness: a tiny peaked-logits Llama (q8_0 and f16) greedy for 32 steps on one GPU,
+#     through the sharded path on one GPU (--tp 1), on 2 GPUs (--tp 2), on the CPU and on
+#     2 simulated CPU ranks: first divergence, logit gap, logits vs the CPU; then the same
+#     for the Llama-3-8B-shape Q4_K (random weights: ties are possible, gaps are reported);
+#  b. speed, Llama-3-8B-shape Q4_K: single-stream decode (tg128), prompt (pp512) and 32
+#     sequences batched, at TP=1 (plain), --tp 1 and --tp 2, with the all-reduce time;
+#  c. (MODE=full or peer, with .peer carried) llama.cpp on the same file: split none,
+#     layer, row (built first, before any timing, so the build does not share the CPU).
+# MODE=peer is the second run: 0, then b and c only (plain and --tp 2, single stream, 32
+# sequences, --tp 2 with NCCL_PROTO=LL, and --tp 2 with SMELT_TP_SKIP_ALLREDUCE=1: the step
+# without communication, a timing ablation; then a TP=2 decode timeline), no correctness
+# part (run 1 had it). NO_LLAMA=1 leaves llama.cpp out (about 3 minutes less).
+#
+# Here:  CARGO_TARGET_DIR=T cargo build --release -p smelt --bin smelt
+#        CARGO_TARGET_DIR=T cargo build --release -p smelt-engine --example tp_check
+#        mkdir -p .gpu-tp; strip+gzip both into .gpu-tp/ (smelt.gz, tp_check.gz)
+#        for MODE=full also: ../shared/peer/prepare.sh .peer
+# There: MODE=quick bash bench/gpu/tp.sh   carry [".gpu-tp"]            (~3 minutes: 0, a,
+#                                           and b's single-stream runs)
+#        MODE=full  bash bench/gpu/tp.sh   carry [".gpu-tp", ".peer"]   (~9 minutes)
+# Log: $OUT/tp.log (or bench/out), the table last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-bench/out}
+mkdir -p "$out"
+log="$out/tp.log"
+table="$out/tp-table.md"
+mode=${MODE:-quick}
+export NCCL_NVLS_ENABLE=0
+for f in smelt tp_check; do
+  gunzip -c .gpu-tp/$f.gz > /tmp/$f && chmod +x /tmp/$f
+done
+S=/tmp/smelt
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
+  nvidia-smi topo -m 2>/dev/null | head -4 || true; } | tee "$log"
+: > "$table"
+t() { echo "$*" | tee -a "$table"; }
+
+echo "== 0. NCCL (found by smelt's own search)" | tee -a "$log"
+/tmp/tp_check --nccl-probe --gpus 0,1 2>&1 | tee -a "$log"
+if ! grep -q "NCCLPROBE loaded" "$log"; then
+  # Not found on its own: point at PyTorch's copy and say so.
+  lib=$(python3 - <<'PY'
+import glob, importlib.util, os, site
+c = []
+try:
+    s = importlib.util.find_spec("nvidia.nccl")
+    c += [os.path.join(p, "lib", "libnccl.so.2") for p in (s.submodule_search_locations or [])]
+except Exception:
+    pass
+for sp in site.getsitepackages():
+    c += glob.glob(os.path.join(sp, "nvidia", "nccl", "lib", "libnccl.so.2"))
+print(next((x for x in c if os.path.isfile(x)), ""))
+PY
+)
+  echo "smelt's search found no NCCL; python says: ${lib:-nothing}" | tee -a "$log"
+  export SMELT_NCCL=$lib
+  /tmp/tp_check --nccl-probe --gpus 0,1 2>&1 | tee -a "$log"
+fi
+t "NCCL: $(grep -h 'NCCLPROBE loaded' "$log" | tail -1 | sed 's/NCCLPROBE //')"
+grep -h "NCCLPROBE all-reduce" "$log" | sed 's/NCCLPROBE /NCCL /' >> "$table"
+
+m=/tmp/llama3-8b-q4_k.gguf
+if [ "$mode" != quick ] && [ -d .peer ] && [ "${NO_LLAMA:-0}" != 1 ]; then
+  echo "== c0. llama.cpp build (before any timing)" | tee -a "$log"
+  # The build of .peer/gpu-llamacpp.sh (about 3 minutes), without its own model and timing.
+  repo=$(pwd)
+  ( cd /tmp && tar xzf "$repo/.peer/llcpp.tgz" &&
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site "$repo"/.peer/*.whl &&
+    CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" \
+    CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-32} \
+    python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/site ./llama_cpp_python-*/ ) \
+    >> "$log" 2>&1 && touch /tmp/llama-built || echo "llama.cpp build failed" | tee -a "$table"
+fi
+
+if [ "$mode" != peer ]; then
+echo "== a. correctness: tiny peaked Llama" | tee -a "$log"
+for q in q8_0 q4_0; do
+  $S synth --shape llama3-tiny --quant $q --layers 4 -o /tmp/tiny-$q.gguf >> "$log" 2>&1
+  echo "-- llama3-tiny 4 layers $q" | tee -a "$log" "$table"
+  /tmp/tp_check /tmp/tiny-$q.gguf --gpus 0,1 --steps 32 --prompt 40 --cpu > /tmp/tc.out 2>>"$log"
+  rc=$?; cat /tmp/tc.out >> "$log"
+  grep '^|' /tmp/tc.out >> "$table"; grep 'FAIL' /tmp/tc.out | tee -a "$table"
+  echo "tp_check rc=$rc" | tee -a "$table"
+done
+
+fi
+
+echo "== b. Llama-3-8B-shape Q4_K" | tee -a "$log"
+$S synth --shape llama3-8b --quant q4_k -o $m >> "$log" 2>&1 || echo "synth failed" | tee -a "$table"
+if [ "$mode" = full ]; then
+  echo "-- llama3-8b q4_k greedy (random weights)" | tee -a "$table"
+  /tmp/tp_check $m --gpus 0,1 --steps 32 --prompt 40 > /tmp/tc.out 2>>"$log"
+  rc=$?; cat /tmp/tc.out >> "$log"; grep '^|' /tmp/tc.out >> "$table"; echo "tp_check rc=$rc" | tee -a "$table"
+fi
+js() { grep -o "\"$1\":[0-9.e-]*" | head -1 | cut -d: -f2; }
+t ""
+t "| llama3-8b q4_k | pp512 tok/s | tg128 tok/s | 32 seqs decode tok/s | all-reduce us (1 token) | all-reduce ms/step (1 token) | vs plain |"
+t "|---|---:|---:|---:|---:|---:|---|"
+cfgs=("plain:--device cuda:0" "tp1:--device cuda:0 --tp 1" "tp2:--device cuda:0,1 --tp 2")
+[ "$mode" = peer ] && cfgs=("plain:--device cuda:0" "tp2:--device cuda:0,1 --tp 2" "tp2-LL:--device cuda:0,1 --tp 2" "tp2-no-allreduce:--device cuda:0,1 --tp 2")
+for cfg in "${cfgs[@]}"; do
+  name=${cfg%%:*}; a=${cfg#*:}
+  if [ "$name" = tp2-LL ]; then export NCCL_PROTO=LL; else unset NCCL_PROTO; fi
+  # Timing ablation: the step without communication (wrong outputs), what a faster
+  # all-reduce could approach.
+  if [ "$name" = tp2-no-allreduce ]; then export SMELT_TP_SKIP_ALLREDUCE=1; else unset SMELT_TP_SKIP_ALLREDUCE; fi
+  r1=$($S bench --model $m $a --prompt 512 --gen 128 --reps 3 --json 2>>"$log" | tr -d '\n'); echo "$name single: $r1" >> "$log"
+  r2=
+  if [ "$mode" != quick ]; then
+    r2=$($S bench --model $m $a --prompt 128 --gen 64 --reps 1 --batch 32 --json 2>>"$log" | tr -d '\n'); echo "$name batch32: $r2" >> "$log"
+  fi
+  pp=$(echo "$r1" | js prompt_tok_s); tg=$(echo "$r1" | js decode_tok_s); bt=$(echo "$r2" | js batch_decode_tok_s)
+  [ "$name" = plain ] && { pp0=$pp; tg0=$tg; bt0=$bt; }
+  ratio=$(python3 -c "
+def r(a, b):
+    try: return f'{float(a)/float(b):.2f}x'
+    except Exception: return '-'
+print('pp', r('$pp', '${pp0:-}'), 'tg', r('$tg', '${tg0:-}'), 'batch', r('$bt', '${bt0:-}'))")
+  t "| $name | ${pp%.*} | ${tg%.*} | ${bt%.*} | $(echo "$r1" | js all_reduce_us) | $(echo "$r1" | js all_reduce_ms_per_step) | $ratio |"
+done
+unset NCCL_PROTO SMELT_TP_SKIP_ALLREDUCE
+if [ "$mode" = peer ]; then
+  # Where a TP=2 decode step's time goes (each rank's kernels; NCCL's are the gaps).
+  SMELT_CUDA_TIMELINE=1 $S bench --model $m --device cuda:0,1 --tp 2 --prompt 64 --gen 64 --reps 1 > /tmp/tl.out 2>&1
+  cat /tmp/tl.out >> "$log"
+fi
+
+if [ -f /tmp/llama-built ]; then
+  echo "== c. llama.cpp on the same file" | tee -a "$log"
+  export PYTHONPATH=/tmp/site
+  t ""
+  t "| llama.cpp split | pp512 tok/s | tg128 tok/s |"
+  t "|---|---:|---:|"
+  for sm in none layer row; do
+    r=$(python3 bench/gpu/tp_llamacpp.py $m $sm 512 128 3 2>>"$log" | grep RESULT); echo "$r" >> "$log"
+    t "| $sm | $(echo "$r" | sed -n 's/.*pp512: \([0-9.]*\).*/\1/p') | $(echo "$r" | sed -n 's/.*tg128: \([0-9.]*\).*/\1/p') |"
+  done
+fi
+echo "== table" | tee -a "$log"
+cat "$table" | tee -a "$log"

@@ -1,0 +1,287 @@
+//! Tensor-parallel correctness on the GPU machine (bench/gpu/tp.sh): the same prompt's
+//! greedy generation on one GPU (the reference), through the sharded path on one GPU
+//! (`--tp 1`), on N GPUs (`--tp N`), and optionally on the CPU (whole model) and CPU
+//! simulated ranks; for each: whether the tokens equal the reference's, the first
+//! divergence and the reference's logit gap there, and the largest logit difference at the
+//! prompt's end against the CPU's (relative to the logits' scale).
+//!
+//! Usage: tp_check MODEL [--gpus 0,1] [--steps 32] [--prompt 40] [--cpu]
+//! Prints one `TPCHECK` line per configuration (machine-readable) and a table last.
+//!
+//! `tp_check --nccl-probe [--gpus 0,1]`: where NCCL was loaded from and its version, then
+//! an all-reduce over the GPUs (one thread each) of 8 KB, 64 KB and 1 MB of f32 checked
+//! against the exact sum, and each size's latency (back to back, the slowest rank).
+
+use std::sync::Arc;
+
+use smelt_engine::{Device, Engine, EngineOptions, Logits, SeqInput};
+use smelt_gguf::Gguf;
+
+struct Run {
+    name: String,
+    tokens: Vec<u32>,
+    /// Logits at the prompt's end, then after each generated token.
+    logits: Vec<Vec<f32>>,
+    ms_per_token: f64,
+}
+
+fn generate(e: &mut Engine, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>, f64) {
+    let s = e.new_sequence();
+    let mut out = e
+        .forward(&[SeqInput {
+            seq: s,
+            tokens: prompt.to_vec(),
+            logits: Logits::Last,
+        }])
+        .expect("prompt");
+    let mut logits = vec![out[0][0].clone()];
+    let mut tokens = Vec::new();
+    let t = std::time::Instant::now();
+    for _ in 0..steps {
+        let tok = smelt_engine::argmax(&out[0][0]);
+        tokens.push(tok);
+        out = e
+            .forward(&[SeqInput {
+                seq: s,
+                tokens: vec![tok],
+                logits: Logits::Last,
+            }])
+            .expect("decode");
+        logits.push(out[0][0].clone());
+    }
+    let ms = t.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64;
+    e.free_sequence(s);
+    (tokens, logits, ms)
+}
+
+/// NCCL loads, its communicators initialise, and all-reduces give the right sums.
+fn nccl_probe(gpus: &[usize]) {
+    let n = smelt_cuda::nccl::nccl().unwrap_or_else(|e| {
+        println!("NCCLPROBE FAIL load: {e}");
+        std::process::exit(1)
+    });
+    println!(
+        "NCCLPROBE loaded {} (NCCL {}), NCCL_NVLS_ENABLE={}",
+        n.path.display(),
+        n.version_string(),
+        std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default()
+    );
+    let comms = smelt_cuda::nccl::Comm::init_all(gpus).unwrap_or_else(|e| {
+        println!("NCCLPROBE FAIL init: {e}");
+        std::process::exit(1)
+    });
+    let nr = gpus.len();
+    let results: Vec<Vec<(usize, bool, f64)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .zip(gpus)
+            .map(|(c, &o)| {
+                s.spawn(move || {
+                    let gpu = smelt_cuda::Gpu::open(o).expect("open gpu");
+                    let stream = gpu.stream().cu_stream();
+                    let mut out = Vec::new();
+                    for floats in [2048usize, 16384, 262144] {
+                        let host = vec![(c.rank + 1) as f32; floats];
+                        let buf = gpu.upload(&host).expect("upload");
+                        let ptr = gpu.ptr(&buf);
+                        // SAFETY: buf holds `floats` f32 on this device.
+                        unsafe { c.all_reduce_f32(ptr, floats, stream) }.expect("all-reduce");
+                        let got = gpu.download(&buf).expect("download");
+                        let want = (nr * (nr + 1) / 2) as f32;
+                        let ok = got.iter().all(|&v| v == want);
+                        let iters = 200;
+                        gpu.synchronize().expect("sync");
+                        let t = std::time::Instant::now();
+                        for _ in 0..iters {
+                            // SAFETY: as above.
+                            unsafe { c.all_reduce_f32(ptr, floats, stream) }.expect("all-reduce");
+                        }
+                        gpu.synchronize().expect("sync");
+                        let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+                        out.push((floats * 4, ok, us));
+                    }
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    });
+    let mut all_ok = true;
+    for i in 0..results[0].len() {
+        let bytes = results[0][i].0;
+        let ok = results.iter().all(|r| r[i].1);
+        all_ok &= ok;
+        let us = results.iter().map(|r| r[i].2).fold(0f64, f64::max);
+        println!(
+            "NCCLPROBE all-reduce {} KB over {nr} GPUs: sum {} , {us:.1} us each (back to back)",
+            bytes / 1024,
+            if ok { "exact" } else { "WRONG" }
+        );
+    }
+    if !all_ok {
+        std::process::exit(1);
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--nccl-probe") {
+        let gpus: Vec<usize> = match args.get(2).map(String::as_str) {
+            Some("--gpus") => args[3]
+                .split(',')
+                .map(|s| s.parse().expect("ordinal"))
+                .collect(),
+            _ => vec![0, 1],
+        };
+        nccl_probe(&gpus);
+        return;
+    }
+    let path = args
+        .get(1)
+        .expect("usage: tp_check MODEL [--gpus 0,1] [--steps N] [--prompt N] [--cpu]");
+    let mut gpus = vec![0usize, 1];
+    let mut steps = 32;
+    let mut plen = 40;
+    let mut cpu = false;
+    let mut i = 2;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--gpus" => {
+                gpus = args[i + 1]
+                    .split(',')
+                    .map(|s| s.parse().expect("gpu ordinal"))
+                    .collect();
+                i += 1;
+            }
+            "--steps" => {
+                steps = args[i + 1].parse().expect("steps");
+                i += 1;
+            }
+            "--prompt" => {
+                plen = args[i + 1].parse().expect("prompt");
+                i += 1;
+            }
+            "--cpu" => cpu = true,
+            other => panic!("unknown argument {other}"),
+        }
+        i += 1;
+    }
+    let gguf = Arc::new(Gguf::open(path).expect("open model"));
+    let opts = |device| EngineOptions {
+        kv_tokens: plen + steps + 16,
+        device,
+        ..EngineOptions::default()
+    };
+    let n_vocab = smelt_engine::ModelInfo::from_gguf(&gguf)
+        .expect("info")
+        .n_vocab;
+    let prompt: Vec<u32> = (0..plen)
+        .map(|i| ((i as u64 * 7919 + 13) % n_vocab as u64) as u32)
+        .collect();
+    let mut runs = Vec::new();
+    let mut go = |name: String, e: Result<Engine, smelt_engine::EngineError>| match e {
+        Ok(mut e) => {
+            let (tokens, logits, ms) = generate(&mut e, &prompt, steps);
+            eprintln!("{name}: {} ({ms:.2} ms/token)", e.device_name());
+            runs.push(Run {
+                name,
+                tokens,
+                logits,
+                ms_per_token: ms,
+            });
+        }
+        Err(err) => {
+            println!("TPCHECK {name} FAILED to load: {err}");
+        }
+    };
+    let g0 = Device::Cuda(gpus[0]);
+    go(
+        format!("cuda:{}", gpus[0]),
+        Engine::from_gguf(gguf.clone(), &opts(g0)),
+    );
+    go(
+        "tp1".into(),
+        Engine::from_gguf_tp(gguf.clone(), &opts(g0), &[g0]),
+    );
+    for n in 2..=gpus.len() {
+        let devs: Vec<Device> = gpus[..n].iter().map(|&o| Device::Cuda(o)).collect();
+        go(
+            format!("tp{n}"),
+            Engine::from_gguf_tp(gguf.clone(), &opts(g0), &devs),
+        );
+    }
+    if cpu {
+        go(
+            "cpu".into(),
+            Engine::from_gguf(gguf.clone(), &opts(Device::Cpu)),
+        );
+        go(
+            "cpu-tp2".into(),
+            Engine::from_gguf_tp(gguf.clone(), &opts(Device::Cpu), &[Device::Cpu; 2]),
+        );
+    }
+    if runs.is_empty() {
+        println!("TPCHECK nothing ran");
+        std::process::exit(1);
+    }
+    let reference = &runs[0];
+    let cpu_run = runs.iter().find(|r| r.name == "cpu");
+    let mut table = vec![
+        "| run | tokens = ref | first divergence | ref logit gap there | max |dlogit| vs cpu (prompt end, of scale) | ms/token |".to_string(),
+        "|---|---|---|---|---|---|".to_string(),
+    ];
+    let mut failed = false;
+    for r in &runs {
+        let div = reference
+            .tokens
+            .iter()
+            .zip(&r.tokens)
+            .position(|(a, b)| a != b);
+        let gap = div.map(|d| {
+            let l = &reference.logits[d];
+            l[reference.tokens[d] as usize] - l[r.tokens[d] as usize]
+        });
+        let vs_cpu = cpu_run.map(|c| {
+            let a = &c.logits[0];
+            let b = &r.logits[0];
+            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max)
+                / scale
+        });
+        let same = div.is_none();
+        // A divergence is a failure unless the reference's top two were within 1% of the scale.
+        if let Some(g) = gap {
+            let l = &reference.logits[div.unwrap_or(0)];
+            let scale = l.iter().fold(0f32, |m, x| m.max(x.abs()));
+            if g.abs() > 0.01 * scale {
+                failed = true;
+            }
+        }
+        println!(
+            "TPCHECK {} same={} divergence={} gap={} vs_cpu={} ms_per_token={:.3}",
+            r.name,
+            same,
+            div.map_or("none".into(), |d| d.to_string()),
+            gap.map_or("-".into(), |g| format!("{g:.4}")),
+            vs_cpu.map_or("-".into(), |v| format!("{v:.2e}")),
+            r.ms_per_token
+        );
+        table.push(format!(
+            "| {} | {} | {} | {} | {} | {:.2} |",
+            r.name,
+            if same { "yes" } else { "no" },
+            div.map_or("none".into(), |d| format!("step {d}")),
+            gap.map_or("-".into(), |g| format!("{g:.4}")),
+            vs_cpu.map_or("-".into(), |v| format!("{v:.2e}")),
+            r.ms_per_token
+        ));
+    }
+    println!("{}", table.join("\n"));
+    if failed {
+        println!("TPCHECK FAIL: a run diverged where the reference's lead was clear");
+        std::process::exit(1);
+    }
+}

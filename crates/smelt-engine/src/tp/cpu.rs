@@ -1,0 +1,156 @@
+//! Tensor parallelism simulated on the CPU: each rank of a [`ShardPlan`] is a thread with
+//! its own model slices and KV cache, and the all-reduce is a sum through shared memory.
+//! This is the reference the GPU runner is checked against, and what proves the plan (a
+//! sharded forward equals the whole model's) before any GPU runs it.
+
+use std::sync::{Arc, Barrier, Mutex};
+
+use smelt_gguf::Gguf;
+
+use super::plan::{ShardPlan, TpOptions};
+use super::shard::rank_gguf;
+use crate::backend::cpu::{Cpu, CpuKv, CpuTensor};
+use crate::backend::{AttnSeq, Backend};
+use crate::model::{AllReduce, Model};
+use crate::EngineError;
+
+/// An all-reduce between threads: every rank adds its part, all get the sum, added in
+/// rank order (so every rank's result is the same bits, as NCCL's is).
+pub struct SimComm {
+    n: usize,
+    barrier: Barrier,
+    slots: Mutex<Vec<Vec<f32>>>,
+}
+
+impl SimComm {
+    pub fn new(n: usize) -> Arc<Self> {
+        Arc::new(SimComm {
+            n,
+            barrier: Barrier::new(n),
+            slots: Mutex::new(vec![Vec::new(); n]),
+        })
+    }
+
+    /// Sums `data` over the ranks (each rank calls it once per reduction, in the same order).
+    pub fn all_reduce(&self, rank: usize, data: &mut [f32]) {
+        if self.n == 1 {
+            return;
+        }
+        {
+            let mut s = self.slots.lock().expect("sim comm");
+            s[rank].clear();
+            s[rank].extend_from_slice(data);
+        }
+        self.barrier.wait();
+        {
+            let s = self.slots.lock().expect("sim comm");
+            for (i, d) in data.iter_mut().enumerate() {
+                let mut acc = s[0][i];
+                for part in &s[1..] {
+                    acc += part[i];
+                }
+                *d = acc;
+            }
+        }
+        // Nobody overwrites a slot before everyone has read them all.
+        self.barrier.wait();
+    }
+}
+
+/// One rank's handle on a [`SimComm`].
+pub struct SimReduce {
+    pub comm: Arc<SimComm>,
+    pub rank: usize,
+}
+
+impl AllReduce<Cpu> for SimReduce {
+    fn all_reduce(&self, _b: &Cpu, x: &mut CpuTensor) -> Result<(), EngineError> {
+        let n = x.rows * x.cols;
+        self.comm.all_reduce(self.rank, &mut x.data[..n]);
+        Ok(())
+    }
+}
+
+struct Rank {
+    model: Model<Cpu>,
+    kv: CpuKv,
+    reduce: SimReduce,
+}
+
+/// A model split over `n` simulated ranks.
+pub struct CpuTp {
+    pub plan: ShardPlan,
+    ranks: Vec<Rank>,
+}
+
+impl CpuTp {
+    /// Shards `gguf` for `opts.n_ranks` ranks, each with a KV cache of `n_blocks` blocks.
+    pub fn load(
+        gguf: &Gguf,
+        opts: TpOptions,
+        n_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, EngineError> {
+        let plan = ShardPlan::new(gguf, opts)?;
+        let comm = SimComm::new(opts.n_ranks);
+        let mut ranks = Vec::with_capacity(opts.n_ranks);
+        for r in 0..opts.n_ranks {
+            let g = Arc::new(rank_gguf(gguf, &plan, r)?);
+            let model = Model::load(&Cpu, &g)?;
+            let i = &model.info;
+            let kv = Cpu.kv_alloc(i.n_layer, n_blocks, block_size, i.n_head_kv * i.head_dim);
+            ranks.push(Rank {
+                model,
+                kv,
+                reduce: SimReduce {
+                    comm: comm.clone(),
+                    rank: r,
+                },
+            });
+        }
+        Ok(CpuTp { plan, ranks })
+    }
+
+    /// Each rank's model (its shapes are the rank's).
+    pub fn rank_model(&self, r: usize) -> &Model<Cpu> {
+        &self.ranks[r].model
+    }
+
+    /// One step on every rank at once; returns every rank's logits (all equal: each rank
+    /// computes the whole output head from the same all-reduced activations).
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .ranks
+                .iter_mut()
+                .map(|r| {
+                    s.spawn(move || {
+                        let red: &dyn AllReduce<Cpu> = &r.reduce;
+                        r.model
+                            .forward_tp(
+                                &Cpu,
+                                &mut r.kv,
+                                &mut [],
+                                tokens,
+                                positions,
+                                seqs,
+                                out_rows,
+                                Some(red),
+                            )
+                            .map(|t| t.data[..t.rows * t.cols].to_vec())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank thread panicked"))
+                .collect()
+        })
+    }
+}
