@@ -164,7 +164,7 @@ const fn tiny(name: &'static str, n_head: u64, n_head_kv: u64) -> ModelShape {
     }
 }
 
-pub const SHAPES: [ModelShape; 17] = [
+pub const SHAPES: [ModelShape; 18] = [
     // Llama 3.0: no rope scaling (3.1 added it).
     llama("llama3-8b", 32, 4096, 14336, 32, 8),
     // Llama 3.2 1B: rope scaling factor 32.
