@@ -273,17 +273,7 @@ impl<B: Backend> Model<B> {
         seqs: &[AttnSeq<'_>],
         out_rows: &[usize],
     ) -> Result<B::Tensor, EngineError> {
-        self.run(
-            b,
-            kv,
-            states,
-            tokens,
-            positions,
-            seqs,
-            out_rows,
-            Head::Logits,
-            None,
-        )
+        self.forward_tp(b, kv, states, tokens, positions, seqs, out_rows, None)
     }
 
     /// [`Model::forward_with_state`] that stops before the output matrix: the rows of

@@ -32,7 +32,7 @@ use half::f16;
 use smelt_ptx::{CpAsyncCache, FloatRound, Kernel, Load, MmaFloat, Pred, Reg, Store, B32, F32};
 use smelt_ptx::{U32, U64};
 
-use super::{store_outputs, GemmRegs, Out, Rows, THREADS};
+use super::{split_range, store_outputs, GemmRegs, Out, Rows, THREADS};
 use crate::act::and_or;
 use crate::formats::{halves_to_f32, GpuFormat, Q4K};
 use crate::ops::{kernel_params, Launch};
@@ -483,13 +483,7 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
         std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
 
     // This block's split: tiles [first, end); its outputs go to split z of the workspace.
-    let z = k.special(smelt_ptx::Special::Ctaid(smelt_ptx::Dim::Z));
-    let first = k.mul(k.reg(), z, kslice);
-    let end = k.add(k.reg(), first, kslice);
-    k.min(end, end, ntiles);
-    let zoff = k.mul(k.reg(), ntok, nrows);
-    k.mul(zoff, zoff, z);
-    let y = k.add(k.reg(), y, k.mul_wide(k.reg::<U64>(), zoff, 4u32));
+    let (first, end, y) = split_range(k, y, nrows, ntok, ntiles, kslice);
 
     k.grid_dep_wait();
     k.if_(k.lt(first, end), |k| {

@@ -588,14 +588,7 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
     let acc: Acc<F32> =
         std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
 
-    // This block's split: tiles [first, end); its outputs go to split z of the workspace.
-    let z = k.special(smelt_ptx::Special::Ctaid(smelt_ptx::Dim::Z));
-    let first = k.mul(k.reg(), z, kslice);
-    let end = k.add(k.reg(), first, kslice);
-    k.min(end, end, ntiles);
-    let zoff = k.mul(k.reg(), ntok, nrows);
-    k.mul(zoff, zoff, z);
-    let y = k.add(k.reg(), y, k.mul_wide(k.reg::<U64>(), zoff, 4u32));
+    let (first, end, y) = split_range(k, y, nrows, ntok, ntiles, kslice);
 
     k.grid_dep_wait();
     k.stride_loop(first, end, 1u32, |k, tile| {
@@ -656,6 +649,29 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
             ntok,
         },
     );
+}
+
+/// This block's split of the K range: tiles `[first, end)`, and `y` moved to split z of
+/// the workspace (both GEMMs).
+pub(super) fn split_range(
+    k: &Kernel,
+    y: Reg<U64>,
+    nrows: Reg<U32>,
+    ntok: Reg<U32>,
+    ntiles: Reg<U32>,
+    kslice: Reg<U32>,
+) -> (Reg<U32>, Reg<U32>, Reg<U64>) {
+    let z = k.special(smelt_ptx::Special::Ctaid(smelt_ptx::Dim::Z));
+    let first = k.mul(k.reg(), z, kslice);
+    let end = k.add(k.reg(), first, kslice);
+    k.min(end, end, ntiles);
+    let zoff = k.mul(k.reg(), ntok, nrows);
+    k.mul(zoff, zoff, z);
+    (
+        first,
+        end,
+        k.add(k.reg(), y, k.mul_wide(k.reg::<U64>(), zoff, 4u32)),
+    )
 }
 
 /// Where a warp's outputs go: `y` (`ntok x nrows` f32), and the thread's first row
