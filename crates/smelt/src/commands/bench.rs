@@ -63,7 +63,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", help = model_ref::THREADS_HELP)]
     pub threads: Option<usize>,
     /// Tensor parallelism over N GPUs (see `smelt run --help`); the report adds the time of
-    /// one all-reduce of a decode step's hidden state and the all-reduce time per token.
+    /// one all-reduce of a decode step's hidden state and the all-reduce time per token
+    /// [default: none: one device]
     #[arg(long, value_name = "N")]
     pub tp: Option<usize>,
     /// Time the GEMV kernels at Llama-3-8B shapes instead of a model (needs a GPU).

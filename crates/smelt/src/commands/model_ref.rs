@@ -27,7 +27,8 @@ pub const TP_HELP: &str = "Tensor parallelism: split the model over N GPUs (cuda
 the GPUs --device lists: cuda:0,1,...), one thread each, summed with NCCL all-reduces. \
 NCCL (libnccl.so.2) is loaded at run time: from SMELT_NCCL (the file or its folder), \
 LD_LIBRARY_PATH, the system's path, or a Python environment's nvidia/nccl/lib (PyTorch's). \
---tp 1 runs the same sharded path on one GPU. With --device cpu, N simulated ranks";
+--tp 1 runs the same sharded path on one GPU. With --device cpu, N simulated ranks \
+[default: none: the whole model on one device, or every GPU --device lists]";
 
 /// The devices of a tensor-parallel run, when `--tp` is given or `--device` lists several
 /// GPUs (`cuda:0,1`); `None` for a single-device run.
