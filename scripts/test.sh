@@ -5,7 +5,13 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step prints the time since the start and the disk left, so a slow or disk-hungry step
+# shows in CI's log (CI stops at 90 minutes, on a disk of no fixed size).
+start=$SECONDS
+step() { printf '\n==> [%dm%02ds, %s free] %s\n' $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)) "$(df -h --output=avail . | tail -n1 | tr -d ' ')" "$*"; }
+
+# No incremental caches: CI builds once from a clean clone, and they cost gigabytes of disk.
+export CARGO_INCREMENTAL=0
 
 step "toolchain components"
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
@@ -40,5 +46,6 @@ if [ -x scripts/fuzz-smoke.sh ]; then
   scripts/fuzz-smoke.sh
 fi
 
+step "done"
 # One closing line for the whole suite (cargo prints one per test binary).
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "summary: %d passed, %d failed, %d skipped\n", p, f, i }' "$test_log"
