@@ -11,7 +11,9 @@
 # Environment there: ROUNDS (default 2), CASES (default "pp512 pp4096 b16 b32 b64"),
 # F16_MIN (the f16 side's SMELT_CUDA_GEMM_F16_MIN; default: the engine's measured rule,
 # gemm::f16::preferred), SKIP_KERNELS=1,
-# SKIP_PARITY=1. Log: $OUT/gemm_f16.log (or bench/out), the table last.
+# SKIP_PARITY=1; A_ENV / B_ENV (the two sides' settings, default the int8 and the f16
+# GEMM; e.g. A_ENV=SMELT_CUDA_GEMM_NARROW_MAX=0 B_ENV= compares the narrow GEMM's batches
+# with the int8 GEMM's). Log: $OUT/gemm_f16.log (or bench/out), the table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-bench/out}
@@ -21,19 +23,22 @@ B=.gpu-lead
 for f in smelt cuda_parity; do
   if [ -f $B/$f.gz ]; then gunzip -c $B/$f.gz > /tmp/$f-new; chmod +x /tmp/$f-new; else cp $B/$f /tmp/$f-new; fi
 done
+[ -f $B/gpu_check.gz ] && gunzip -c $B/gpu_check.gz > /tmp/gpu_check-new && chmod +x /tmp/gpu_check-new || cp $B/gpu_check /tmp/gpu_check-new
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true; } | tee "$log"
 status=0
 f16min=${F16_MIN:-16}
 f16env=${F16_MIN:+SMELT_CUDA_GEMM_F16_MIN=$F16_MIN}
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then
   echo "== gpu_check --gemm-f16" | tee -a "$log"
-  $B/gpu_check --gemm-f16 2>&1 | tee -a "$log" | grep -E "cases|FAIL|failures" || status=1
+  /tmp/gpu_check-new --gemm-f16 2>&1 | tee -a "$log" | grep -E "cases|FAIL|failures" || status=1
 fi
 if [ "${SKIP_PARITY:-0}" != 1 ]; then
   echo "== cuda_parity, int8 GEMM" | tee -a "$log"
-  /tmp/cuda_parity-new check $(ls $B/*.gguf) 2>&1 | tee -a "$log" | grep -E "spread ids|FAIL|PASS" | cut -c1-200 || status=1
+  SMELT_CUDA_GEMM_NARROW_MAX=0 /tmp/cuda_parity-new check $(ls $B/*.gguf) 2>&1 | tee -a "$log" | grep -E "spread ids|FAIL|PASS" | cut -c1-200 || status=1
   echo "== cuda_parity, f16 GEMM from $f16min tokens" | tee -a "$log"
-  SMELT_CUDA_GEMM_F16_MIN=$f16min /tmp/cuda_parity-new check $(ls $B/*.gguf) 2>&1 | tee -a "$log" | grep -E "spread ids|FAIL|PASS" | cut -c1-200 || status=1
+  SMELT_CUDA_GEMM_NARROW_MAX=0 SMELT_CUDA_GEMM_F16_MIN=$f16min /tmp/cuda_parity-new check $(ls $B/*.gguf) 2>&1 | tee -a "$log" | grep -E "spread ids|FAIL|PASS" | cut -c1-200 || status=1
+  echo "== cuda_parity, narrow GEMM from 1 to 64 tokens" | tee -a "$log"
+  SMELT_CUDA_GEMM_MIN=1 SMELT_CUDA_GEMM_NARROW_MAX=64 /tmp/cuda_parity-new check $(ls $B/*.gguf) 2>&1 | tee -a "$log" | grep -E "spread ids|FAIL|PASS" | cut -c1-200 || status=1
 fi
 m=/tmp/llama3-8b-q4_k.gguf
 /tmp/smelt-new synth --shape llama3-8b --quant q4_k -o $m > /dev/null
@@ -45,12 +50,14 @@ bench() { # case [env...] -> number
   esac
 }
 table="$out/gemm_f16-table.md"
-echo "| case | round | int8 GEMM tok/s | f16 GEMM tok/s | f16/int8 |" > "$table"
+a_env=${A_ENV-SMELT_CUDA_GEMM_F16_MIN=1000000000}
+b_env=${B_ENV-$f16env}
+echo "| case | round | A ($a_env) tok/s | B ($b_env) tok/s | B/A |" > "$table"
 echo "|---|---|---|---|---|" >> "$table"
 for r in $(seq ${ROUNDS:-2}); do
   for c in ${CASES:-pp512 pp4096 b16 b32 b64}; do
-    a=$(bench $c SMELT_CUDA_GEMM_F16_MIN=1000000000)
-    b=$(bench $c $f16env)
+    a=$(bench $c $a_env)
+    b=$(bench $c $b_env)
     ratio=$(python3 -c "print(f'{float(\"${b:-nan}\")/float(\"${a:-nan}\"):.3f}')" 2>/dev/null || echo nan)
     echo "| $c | $r | ${a:-FAILED} | ${b:-FAILED} | $ratio |" | tee -a "$log" >> "$table"
   done

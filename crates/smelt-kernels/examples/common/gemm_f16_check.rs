@@ -2,12 +2,14 @@
 //! conversion byte-exact against its twin, every f16 GEMM against its CPU twin on ragged
 //! shapes with poisoned outputs, then its speed beside the int8 GEMM it would replace at
 //! Llama-3-8B shapes (with one and two blocks an SM), which is what the engine's choice
-//! between them is made from.
+//! between them is made from. The narrow GEMM (`gemm::narrow`, the f16 GEMM's weights fed
+//! from registers, for batches of 16-64 tokens) is checked against the same twin and timed
+//! in the same table.
 
 use anyhow::Result;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use rand::Rng;
-use smelt_kernels::gemm::{self, f16};
+use smelt_kernels::gemm::{self, f16, narrow};
 use smelt_kernels::{catalog, GgmlType, TILE};
 
 use super::gemm_check::{
@@ -55,6 +57,7 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
         let f = gpu.module.load_function(name)?;
         let mut worst = 0f64;
         let mut cases = 0;
+        let (mut nworst, mut ncases) = (0f64, 0);
         for &(nrows, k, ntok) in &shapes {
             let ggml = random_weights(rng, ty, nrows, k)?;
             let packed = catalog::repack(ty, &ggml, nrows, k)?;
@@ -101,8 +104,44 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                 cases += 1;
                 worst = worst.max(case.check(&got, &want, &mag, &mut failures));
             }
+            // The narrow GEMMs of this type read the same weights and rows: both token
+            // widths on every shape (ragged token blocks included).
+            let narrow_names = narrow::TYPES
+                .iter()
+                .find(|(t, _)| *t == ty)
+                .map(|(_, n)| *n);
+            for nname in narrow_names.into_iter().flatten() {
+                let nf = gpu.module.load_function(nname)?;
+                let width = if nname == narrow::TYPES[0].1[0] {
+                    16
+                } else {
+                    32
+                };
+                for splits in [
+                    1,
+                    narrow::splits(nrows, ntiles, ntok, SMS).max(ntiles.min(3)),
+                ] {
+                    let a = args(nrows, ntok, k, row_bytes, splits);
+                    let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
+                    let mut ws = gpu
+                        .stream
+                        .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
+                    let mut l = narrow::launch(&a);
+                    l.grid.0 = a.ntok.div_ceil(width).max(1);
+                    launch_as(gpu, &nf, &a, l, &wd, &h, &mut y, &mut ws)?;
+                    let got = gpu.stream.clone_dtoh(&y)?;
+                    let case = Case {
+                        name: nname,
+                        shape: (nrows, k, ntok, splits),
+                        bar: 1e-4,
+                    };
+                    ncases += 1;
+                    nworst = nworst.max(case.check(&got, &want, &mag, &mut failures));
+                }
+            }
         }
         println!("{name}: {cases} cases, worst |y - ref| / sum|w x| {worst:.2e}");
+        println!("narrow GEMMs of {ty:?}: {ncases} cases, worst |y - ref| / sum|w x| {nworst:.2e}");
     }
     Ok(failures)
 }
@@ -117,6 +156,8 @@ pub struct Row {
     pub f16_us: [f64; 2],
     /// The activation preparation of each: int8 tiles, f16 rows.
     pub act_us: [f64; 2],
+    /// The narrow GEMM (on the f16 rows), at 128 tokens and fewer.
+    pub narrow_us: Option<f64>,
 }
 
 /// The f16 GEMMs beside the int8 ones at Llama-3-8B shapes, 16..2048 tokens.
@@ -194,6 +235,26 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                         launch_as(gpu, v, &ah, l, &ws[i % copies], &h, &mut y, &mut wsph)
                     })? * 1e3;
                 }
+                let narrow_us = match narrow::name(ty, ntok).filter(|_| ntok <= 128) {
+                    Some(nname) => {
+                        let nf = gpu.module.load_function(nname)?;
+                        let an = args(
+                            nrows,
+                            ntok,
+                            k,
+                            row_bytes,
+                            narrow::splits(nrows, k / TILE, ntok, SMS),
+                        );
+                        let mut wspn = workspace(gpu, &an)?;
+                        Some(
+                            time_launches(&gpu.stream, 5, 2, launches, |i| {
+                                let l = narrow::launch(&an);
+                                launch_as(gpu, &nf, &an, l, &ws[i % copies], &h, &mut y, &mut wspn)
+                            })? * 1e3,
+                        )
+                    }
+                    None => None,
+                };
                 let mut qq = gpu
                     .stream
                     .alloc_zeros::<u8>(gemm::activation_row_bytes(ty, k)? * ntok)?;
@@ -212,9 +273,14 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                     int8_us,
                     f16_us,
                     act_us,
+                    narrow_us,
                 };
+                let bytes = (nrows * row_bytes) as f64;
+                let narrow_col = row.narrow_us.map_or("-".to_string(), |us| {
+                    format!("{us:8.1} us ({:.0} GB/s)", bytes / us / 1e3)
+                });
                 println!(
-                    "{:?} {:>11} x {:4}: int8 {:8.1} us | f16 {:8.1} / {:8.1} us (1/2 blocks) | act {:.1} / {:.1} us",
+                    "{:?} {:>11} x {:4}: int8 {:8.1} us | f16 {:8.1} / {:8.1} us (1/2 blocks) | narrow {narrow_col} | act {:.1} / {:.1} us",
                     row.ty, row.shape, row.ntok, row.int8_us, row.f16_us[0], row.f16_us[1], row.act_us[0], row.act_us[1]
                 );
                 rows.push(row);

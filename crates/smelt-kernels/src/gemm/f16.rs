@@ -231,7 +231,7 @@ pub trait GemmF16Format: GpuFormat {
 
 /// Unpacks the two nibbles at bits `shift` and `shift + 16` of `w` (shift 0, 4, 8 or 12)
 /// into two halves `1024 + q` (`lop3` with the exponent of 1024, `magic`).
-fn nibble_pair(k: &Kernel, w: Reg<U32>, shift: u32, magic: Reg<B32>) -> Reg<B32> {
+pub(super) fn nibble_pair(k: &Kernel, w: Reg<U32>, shift: u32, magic: Reg<B32>) -> Reg<B32> {
     let src = if shift == 0 {
         w
     } else {
@@ -242,7 +242,13 @@ fn nibble_pair(k: &Kernel, w: Reg<U32>, shift: u32, magic: Reg<B32>) -> Reg<B32>
 
 /// `q * a + b` of two halves `1024 + q`: the exact subtraction, then one rounding.
 /// (Half arithmetic takes `.b32` registers only.)
-fn dequant_pair(k: &Kernel, v: Reg<B32>, magic: Reg<B32>, a: Reg<B32>, b: Reg<B32>) -> Reg<B32> {
+pub(super) fn dequant_pair(
+    k: &Kernel,
+    v: Reg<B32>,
+    magic: Reg<B32>,
+    a: Reg<B32>,
+    b: Reg<B32>,
+) -> Reg<B32> {
     let q = k.sub_f16x2(k.reg(), v, magic);
     k.fma_f16x2(q, q, a, b)
 }

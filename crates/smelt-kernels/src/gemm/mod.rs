@@ -30,6 +30,7 @@ pub mod f16;
 mod formats;
 mod legacy;
 mod lowbit;
+pub mod narrow;
 #[cfg(test)]
 mod staging_model;
 

@@ -80,12 +80,16 @@ impl Cuda {
                     // scales read the GEMV's q8_1 tiles (a scale per 32, as ggml-cpu's dot
                     // products for those formats take), the K-quants the GEMM's own (a
                     // scale per 256, as ggml-cpu's Q8_K).
+                    // Batches of a few dozen tokens: the narrow GEMM on the same rows.
+                    let narrow =
+                        gemm::narrow::name(ty, n).filter(|_| n <= self.opts.gemm_narrow_max_tokens);
                     let f16 = gemm::f16::name(ty).filter(|_| match self.opts.gemm_f16_min_tokens {
                         Some(min) => n >= min,
                         None => gemm::f16::preferred(rows, n),
                     });
-                    let name = f16.unwrap_or(name);
-                    let q = if f16.is_some() {
+                    let f16 = if narrow.is_some() { None } else { f16 };
+                    let name = narrow.or(f16).unwrap_or(name);
+                    let q = if f16.is_some() || narrow.is_some() {
                         self.gemm_f16_rows(x)?
                     } else if gemm::reads_q8_1_tiles(ty) {
                         self.q8_1_tiles(x)?
@@ -101,7 +105,9 @@ impl Cuda {
                         ntok: n as u32,
                         ntiles: ntiles as u32,
                         row_bytes: row_bytes as u32,
-                        splits: if f16.is_some() {
+                        splits: if narrow.is_some() {
+                            gemm::narrow::splits(rows, ntiles, n, self.gpu.sm_count())
+                        } else if f16.is_some() {
                             gemm::f16::splits(rows, ntiles, Some(n), self.gpu.sm_count())
                         } else {
                             gemm::splits(
@@ -116,7 +122,9 @@ impl Cuda {
                     if a.workspace_floats() > 0 {
                         a.y = self.scratch(a.workspace_floats() * 4)?;
                     }
-                    let grid = if f16.is_some() {
+                    let grid = if narrow.is_some() {
+                        gemm::narrow::launch(&a)
+                    } else if f16.is_some() {
                         gemm::f16::launch(&a)
                     } else {
                         a.launch()

@@ -16,6 +16,7 @@
 //! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `gemv_rows` | off |
 //! | `SMELT_CUDA_GEMM_MIN` | `gemm_min_tokens` | `gemm::MIN_TOKENS` |
 //! | `SMELT_CUDA_GEMM_F16_MIN` | `gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
+//! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (off: measured slower) |
 //! | `SMELT_CUDA_FLASH_SEQS` | `flash_decode_seqs` | [`super::FLASH_DECODE_SEQS`] |
 //! | `SMELT_CUDA_BATCH_INVARIANT=1` | `batch_invariant` | off |
 //! | `SMELT_CUDA_SPLITS` | `attn_splits` | one block per SM |
@@ -64,6 +65,10 @@ pub struct CudaOptions {
     /// with `Some(n)` every matmul of at least `n` tokens (`usize::MAX`: none, as in
     /// batch-invariant mode, where one kernel must serve every batch).
     pub gemm_f16_min_tokens: Option<usize>,
+    /// Matmuls of at most this many tokens (and at least `gemm_min_tokens`) run on the
+    /// narrow GEMM where the weight type has one (`gemm::narrow::TYPES`); 0 in
+    /// batch-invariant mode.
+    pub gemm_narrow_max_tokens: usize,
     /// Steps of at least this many sequences run every attention row on the prompt kernel.
     pub flash_decode_seqs: usize,
     /// Results independent of the batch (`EngineOptions::batch_invariant`): every matmul on
@@ -122,6 +127,11 @@ impl CudaOptions {
             } else {
                 num("SMELT_CUDA_GEMM_F16_MIN")
             },
+            gemm_narrow_max_tokens: if batch_invariant {
+                0
+            } else {
+                num("SMELT_CUDA_GEMM_NARROW_MAX").unwrap_or(gemm::narrow::MAX_TOKENS)
+            },
             flash_decode_seqs: num("SMELT_CUDA_FLASH_SEQS").unwrap_or(super::FLASH_DECODE_SEQS),
             batch_invariant,
             attn_splits: num("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
@@ -160,6 +170,7 @@ mod tests {
         assert!(o.gemv_rope_kv && o.split_argmax && o.graphs && !o.digest);
         assert_eq!(o.gemm_min_tokens, gemm::MIN_TOKENS);
         assert_eq!(o.gemm_f16_min_tokens, None);
+        assert_eq!(o.gemm_narrow_max_tokens, gemm::narrow::MAX_TOKENS);
         assert_eq!(o.flash_decode_seqs, super::super::FLASH_DECODE_SEQS);
         assert_eq!(o.profile, Profile::Off);
         assert_eq!(o.gemv_rows, (0, usize::MAX));
@@ -183,7 +194,10 @@ mod tests {
             assert!(o.batch_invariant);
             assert_eq!(o.gemm_min_tokens, 1);
             assert_eq!(o.gemm_f16_min_tokens, Some(usize::MAX));
+            assert_eq!(o.gemm_narrow_max_tokens, 0);
         }
+        let o = with(&[("SMELT_CUDA_GEMM_NARROW_MAX", "64")], false);
+        assert_eq!(o.gemm_narrow_max_tokens, 64);
         assert_eq!(
             with(&[("SMELT_CUDA_GEMM_MIN", "64")], false).gemm_min_tokens,
             64
