@@ -2,13 +2,19 @@
 # Mixture-of-experts on the GPU (issue 16), everything in one device call:
 #  1. op parity: `moe_check` runs the CUDA backend's router matmul, router (softmax and
 #     sigmoid top-k), grouped expert GEMV (per token and per slot inputs, 1 to 300 tokens,
-#     8 to 512 experts, skewed routes) and combine against their CPU twins;
+#     8 to 512 experts, skewed routes), the grouped tensor-core GEMM (`gemm::grouped`, the
+#     Q4_K and Q6_K cases again with every step forced onto it) and combine against their CPU
+#     twins; then (`--speed`, left out with SKIP_SPEED=1) one layer's expert matmuls at
+#     the Qwen3-30B-A3B shape on the grouped GEMV and on the grouped GEMM, 32-1024 tokens;
 #  2. whole-model parity: `cuda_parity check` (CUDA logits vs the CPU engine and an F32
 #     reference, greedy tokens, batched decode) on tiny synthetic qwen3moe and Mixtral
-#     models (`smelt synth --shape qwen3moe-tiny|mixtral-tiny`, Q8_0 and Q4_K);
+#     models (`smelt synth --shape qwen3moe-tiny|mixtral-tiny`, Q8_0 and Q4_K), the Q4_K
+#     ones also with every expert matmul on the grouped GEMM (SMELT_CUDA_MOE_GEMM_MIN=0);
 #  3. speed: `smelt synth --shape qwen3-30b-a3b --quant q4_k`, then llama.cpp (built here
 #     from the carried sdist, ../shared/peer) and smelt on that same file: pp512, tg128 and
-#     32 sequences' aggregate decode.
+#     32 sequences' aggregate decode; smelt's pp512 also with the expert matmuls kept on
+#     the grouped GEMV (SMELT_CUDA_MOE_GEMM_MIN=1000000: the number before the GEMM), when
+#     fewer than GEMV_AFTER_S seconds (default 470) have gone by then.
 #
 # Here:  bash bench/gpu/moe.sh pack     (release build, stripped gzipped binaries into the
 #        git-ignored .gpu-moe/, and .peer/ through ../shared/peer/prepare.sh when missing)
@@ -54,10 +60,13 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
 fi
 
 echo "== 1. op parity (moe_check)" | tee -a "$log"
-$B/moe_check 2>&1 | tee -a "$log" > /tmp/moe-check.out
+speed_flag=--speed
+[ "${SKIP_SPEED:-0}" = 1 ] && speed_flag=
+$B/moe_check $speed_flag 2>&1 | tee -a "$log" > /tmp/moe-check.out
 grep -q "moe_check: all PASS" /tmp/moe-check.out && r=PASS || r=FAIL
 echo "| MoE ops vs CPU twins (moe_check) | $r |" >> "$table"
 sed -n '/^| op /,/^moe_check:/p' /tmp/moe-check.out | grep "^|" | sed 's/^/    /' >> "$table"
+moe_speed=$(sed -n '/^== speed/,$p' /tmp/moe-check.out)
 
 echo "== 2. whole-model parity (cuda_parity)" | tee -a "$log"
 models=()
@@ -75,6 +84,14 @@ for f in "${models[@]}"; do
   $B/cuda_parity check "$f" 2>&1 | tee -a "$log" > /tmp/moe-parity.out
   grep -q "^parity: PASS" /tmp/moe-parity.out && r=PASS || r=FAIL
   echo "| cuda_parity $(basename "$f" .gguf) | $r |" >> "$table"
+  case "$f" in
+    *q4_k*)
+      echo "-- $(basename "$f") with every expert matmul on the grouped GEMM" | tee -a "$log"
+      SMELT_CUDA_MOE_GEMM_MIN=0 $B/cuda_parity check "$f" 2>&1 | tee -a "$log" > /tmp/moe-parity.out
+      grep -q "^parity: PASS" /tmp/moe-parity.out && r=PASS || r=FAIL
+      echo "| cuda_parity $(basename "$f" .gguf), grouped GEMM everywhere | $r |" >> "$table"
+      ;;
+  esac
 done
 
 if [ "${SKIP_SPEED:-0}" != 1 ]; then
@@ -103,9 +120,18 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
   else
     echo "| 32 sequences | left out: ${SECONDS} s gone by | | |" >> "$table"
   fi
+  # The number before the grouped GEMM, when time is left (GEMV_AFTER_S, default 470).
+  if [ "$SECONDS" -lt "${GEMV_AFTER_S:-470}" ]; then
+    r=$(SMELT_CUDA_MOE_GEMM_MIN=1000000 $B/smelt bench --model $M --device cuda --prompt 512 --gen 4 --reps 2 --json 2>>"$log"); echo "$r" >> "$log"
+    row "pp512, experts on the grouped GEMV (tok/s)" "$lc_pp" "$(echo "$r" | js prompt_tok_s)"
+  fi
   if [ "${PROFILE:-0}" = 1 ]; then
     SMELT_CUDA_PROFILE=1 $B/smelt bench --model $M --device cuda --prompt 16 --gen 32 --reps 1 >> "$log" 2>&1 || true
   fi
+fi
+if [ -n "${moe_speed:-}" ]; then
+  echo "" >> "$table"
+  echo "$moe_speed" >> "$table"
 fi
 echo "== table" | tee -a "$log"
 cat "$table" | tee -a "$log"
