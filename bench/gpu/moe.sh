@@ -12,9 +12,17 @@
 #     ones also with every expert matmul on the grouped GEMM (SMELT_CUDA_MOE_GEMM_MIN=0);
 #  3. speed: `smelt synth --shape qwen3-30b-a3b --quant q4_k`, then llama.cpp (built here
 #     from the carried sdist, ../shared/peer) and smelt on that same file: pp512, tg128 and
-#     32 sequences' aggregate decode; smelt's pp512 also with the expert matmuls kept on
-#     the grouped GEMV (SMELT_CUDA_MOE_GEMM_MIN=1000000: the number before the GEMM), when
-#     fewer than GEMV_AFTER_S seconds (default 470) have gone by then.
+#     32 sequences' aggregate decode; smelt's pp512 twice: as by default (expert matmuls on
+#     the grouped GEMV: the grouped GEMM stays off until this script has measured it) and
+#     with the grouped GEMM at 16+ slots an expert (SMELT_CUDA_MOE_GEMM_MIN=16, or
+#     MOE_GEMM_MIN=n to try another rule).
+#
+# What it prints last: a table of PASS/FAIL rows (moe_check's ops, "grouped gemm" and "moe
+# block gemm" among them; cuda_parity per tiny model, plain and "grouped GEMM everywhere"),
+# then llama.cpp vs smelt rows (pp512 on the GEMV and on the grouped GEMM, tg128, 32
+# sequences), then moe_check's per-layer table (tokens, slots an expert, grouped GEMV us,
+# grouped GEMM us, GEMM/GEMV): the data to set the default of SMELT_CUDA_MOE_GEMM_MIN
+# (CudaOptions::moe_gemm_min_per_expert) from.
 #
 # Here:  bash bench/gpu/moe.sh pack     (release build, stripped gzipped binaries into the
 #        git-ignored .gpu-moe/, and .peer/ through ../shared/peer/prepare.sh when missing)
@@ -111,19 +119,18 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
   lc_pp=$(echo "$lc" | sed -n 's/.*pp512: \([0-9.]*\) tok\/s.*/\1/p')
   lc_tg=$(echo "$lc" | sed -n 's/.*tg128: \([0-9.]*\) tok\/s.*/\1/p')
   r=$($B/smelt bench --model $M --device cuda --prompt 512 --gen 128 --reps 3 --json 2>>"$log"); echo "$r" >> "$log"
-  row "pp512 (tok/s)" "$lc_pp" "$(echo "$r" | js prompt_tok_s)"
+  row "pp512 (tok/s), experts on the grouped GEMV (default)" "$lc_pp" "$(echo "$r" | js prompt_tok_s)"
   row "tg128 (tok/s)" "$lc_tg" "$(echo "$r" | js decode_tok_s)"
+  # The grouped GEMM (off by default until measured) at its first rule: 16+ slots an
+  # expert (gemm::grouped::MIN_PER_EXPERT; a 512-token prompt of this shape has 32).
+  r=$(SMELT_CUDA_MOE_GEMM_MIN=${MOE_GEMM_MIN:-16} $B/smelt bench --model $M --device cuda --prompt 512 --gen 4 --reps 3 --json 2>>"$log"); echo "$r" >> "$log"
+  row "pp512 (tok/s), grouped GEMM (SMELT_CUDA_MOE_GEMM_MIN=${MOE_GEMM_MIN:-16})" "$lc_pp" "$(echo "$r" | js prompt_tok_s)"
   if [ "$SECONDS" -lt "${BATCH_AFTER_S:-390}" ]; then
     lcb=$(python3 .peer/llamacpp_batched.py $M 32 128 64 2>>"$log" | tee -a "$log" | grep RESULT | sed -n 's/.*decode \([0-9.]*\) tok\/s.*/\1/p')
     r=$($B/smelt bench --model $M --device cuda --prompt 128 --gen 64 --reps 1 --batch 32 --json 2>>"$log"); echo "$r" >> "$log"
     row "32 sequences, aggregate decode (tok/s)" "$lcb" "$(echo "$r" | js batch_decode_tok_s)"
   else
     echo "| 32 sequences | left out: ${SECONDS} s gone by | | |" >> "$table"
-  fi
-  # The number before the grouped GEMM, when time is left (GEMV_AFTER_S, default 470).
-  if [ "$SECONDS" -lt "${GEMV_AFTER_S:-470}" ]; then
-    r=$(SMELT_CUDA_MOE_GEMM_MIN=1000000 $B/smelt bench --model $M --device cuda --prompt 512 --gen 4 --reps 2 --json 2>>"$log"); echo "$r" >> "$log"
-    row "pp512, experts on the grouped GEMV (tok/s)" "$lc_pp" "$(echo "$r" | js prompt_tok_s)"
   fi
   if [ "${PROFILE:-0}" = 1 ]; then
     SMELT_CUDA_PROFILE=1 $B/smelt bench --model $M --device cuda --prompt 16 --gen 32 --reps 1 >> "$log" 2>&1 || true

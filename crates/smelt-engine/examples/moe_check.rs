@@ -537,8 +537,9 @@ fn main() -> ExitCode {
         (GgmlType::Q5_K, 64, 6, 3, 72, 256, Gating::Softmax, false),
         (GgmlType::Q4_0, 512, 10, 2, 40, 256, Gating::Softmax, false),
         (GgmlType::Q8_0, 60, 4, 300, 64, 256, Gating::Sigmoid, true),
-        // Prompt shapes (the grouped GEMM by default): Qwen3-30B-A3B's routing over
-        // ragged rows, and every token on two experts (three 128-slot tiles each).
+        // Prompt shapes (where the grouped GEMM is meant to take over): Qwen3-30B-A3B's
+        // routing over ragged rows, and every token on two experts (three 128-slot tiles
+        // each).
         (
             GgmlType::Q4_K,
             128,

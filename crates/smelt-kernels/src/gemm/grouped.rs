@@ -34,9 +34,10 @@ pub const TILE_TOKENS: usize = f16::BN as usize;
 /// Words of one tile of that plan (`moe::tile_words`).
 const TILE_WORDS: u32 = f16::BN + 2;
 
-/// Average tokens an expert at and above which a step's expert matmuls take the grouped
-/// GEMM instead of the grouped GEMV (whose largest tile is eight tokens). A first rule, to
-/// be moved by `moe_check --speed` on the card (`CudaOptions::moe_gemm_min_per_expert`).
+/// Average tokens an expert at and above which a step's expert matmuls should take the
+/// grouped GEMM instead of the grouped GEMV (whose largest tile is eight tokens): a first
+/// rule, not yet measured, so the engine keeps the GEMV by default and `bench/gpu/moe.sh`
+/// runs this rule beside it (`SMELT_CUDA_MOE_GEMM_MIN`, `moe_check --speed`).
 pub const MIN_PER_EXPERT: usize = 16;
 
 /// Whether a step of `n_slots` (token, expert) slots over `n_expert` experts takes the

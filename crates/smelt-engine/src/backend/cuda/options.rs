@@ -17,7 +17,7 @@
 //! | `SMELT_CUDA_GEMM_MIN` | `gemm_min_tokens` | `gemm::MIN_TOKENS` |
 //! | `SMELT_CUDA_GEMM_F16_MIN` | `gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
 //! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (off: measured slower) |
-//! | `SMELT_CUDA_MOE_GEMM_MIN` | `moe_gemm_min_per_expert` | `gemm::grouped::MIN_PER_EXPERT` |
+//! | `SMELT_CUDA_MOE_GEMM_MIN` | `moe_gemm_min_per_expert` | off until measured (`gemm::grouped::MIN_PER_EXPERT` to try) |
 //! | `SMELT_CUDA_FLASH_SEQS` | `flash_decode_seqs` | [`super::FLASH_DECODE_SEQS`] |
 //! | `SMELT_CUDA_BATCH_INVARIANT=1` | `batch_invariant` | off |
 //! | `SMELT_CUDA_SPLITS` | `attn_splits` | one block per SM |
@@ -72,8 +72,9 @@ pub struct CudaOptions {
     pub gemm_narrow_max_tokens: usize,
     /// Expert matmuls run on the grouped GEMM (`gemm::grouped`, where the weight type has
     /// one) when their step has at least this many (token, expert) slots an expert on
-    /// average, else on the grouped GEMV (`usize::MAX`: never, as in batch-invariant mode;
-    /// 0: always, for the GPU checks).
+    /// average, else on the grouped GEMV (`usize::MAX`: never, as in batch-invariant mode
+    /// and by default until the GEMM is measured on the card, `bench/gpu/moe.sh`; 0:
+    /// always, for the GPU checks).
     pub moe_gemm_min_per_expert: usize,
     /// Steps of at least this many sequences run every attention row on the prompt kernel.
     pub flash_decode_seqs: usize,
@@ -140,7 +141,7 @@ impl CudaOptions {
             moe_gemm_min_per_expert: if batch_invariant {
                 usize::MAX
             } else {
-                num("SMELT_CUDA_MOE_GEMM_MIN").unwrap_or(gemm::grouped::MIN_PER_EXPERT)
+                num("SMELT_CUDA_MOE_GEMM_MIN").unwrap_or(usize::MAX)
             },
             flash_decode_seqs: num("SMELT_CUDA_FLASH_SEQS").unwrap_or(super::FLASH_DECODE_SEQS),
             batch_invariant,
@@ -181,7 +182,7 @@ mod tests {
         assert_eq!(o.gemm_min_tokens, gemm::MIN_TOKENS);
         assert_eq!(o.gemm_f16_min_tokens, None);
         assert_eq!(o.gemm_narrow_max_tokens, gemm::narrow::MAX_TOKENS);
-        assert_eq!(o.moe_gemm_min_per_expert, gemm::grouped::MIN_PER_EXPERT);
+        assert_eq!(o.moe_gemm_min_per_expert, usize::MAX);
         assert_eq!(o.flash_decode_seqs, super::super::FLASH_DECODE_SEQS);
         assert_eq!(o.profile, Profile::Off);
         assert_eq!(o.gemv_rows, (0, usize::MAX));
@@ -213,6 +214,11 @@ mod tests {
         assert_eq!(
             with(&[("SMELT_CUDA_MOE_GEMM_MIN", "0")], false).moe_gemm_min_per_expert,
             0
+        );
+        let rule = gemm::grouped::MIN_PER_EXPERT.to_string();
+        assert_eq!(
+            with(&[("SMELT_CUDA_MOE_GEMM_MIN", &rule)], false).moe_gemm_min_per_expert,
+            gemm::grouped::MIN_PER_EXPERT
         );
         assert_eq!(
             with(&[("SMELT_CUDA_GEMM_MIN", "64")], false).gemm_min_tokens,
