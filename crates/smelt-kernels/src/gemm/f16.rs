@@ -539,7 +539,9 @@ pub(super) fn multiply<F: GemmF16Format>(
         );
         k.add(src, src, k.mul_wide(k.reg::<U64>(), bch, 16u32))
     };
-    let copies: Vec<(Result<Reg<U64>, Reg<U32>>, Reg<Pred>)> = (0..BN / 32)
+    // Each copy's address (held) or token row (made again each step), and validity.
+    type Held = Result<Reg<U64>, Reg<U32>>;
+    let copies: Vec<(Held, Reg<Pred>)> = (0..BN / 32)
         .map(|i| {
             let local = k.add(k.reg(), bt0, 32 * i);
             let (r, valid) = token(k, local);

@@ -138,6 +138,7 @@ impl CudaOptions {
                 0
             } else {
                 num("SMELT_CUDA_GEMM_NARROW_MAX").unwrap_or(gemm::narrow::MAX_TOKENS)
+            },
             moe_gemm_min_per_expert: if batch_invariant {
                 usize::MAX
             } else {
