@@ -2,13 +2,27 @@
 # Mixture-of-experts on the GPU (issue 16), everything in one device call:
 #  1. op parity: `moe_check` runs the CUDA backend's router matmul, router (softmax and
 #     sigmoid top-k), grouped expert GEMV (per token and per slot inputs, 1 to 300 tokens,
-#     8 to 512 experts, skewed routes) and combine against their CPU twins;
+#     8 to 512 experts, skewed routes), the grouped tensor-core GEMM (`gemm::grouped`, the
+#     Q4_K and Q6_K cases again with every step forced onto it) and combine against their CPU
+#     twins; then (`--speed`, left out with SKIP_SPEED=1) one layer's expert matmuls at
+#     the Qwen3-30B-A3B shape on the grouped GEMV and on the grouped GEMM, 32-1024 tokens;
 #  2. whole-model parity: `cuda_parity check` (CUDA logits vs the CPU engine and an F32
 #     reference, greedy tokens, batched decode) on tiny synthetic qwen3moe and Mixtral
-#     models (`smelt synth --shape qwen3moe-tiny|mixtral-tiny`, Q8_0 and Q4_K);
+#     models (`smelt synth --shape qwen3moe-tiny|mixtral-tiny`, Q8_0 and Q4_K), the Q4_K
+#     ones also with every expert matmul on the grouped GEMM (SMELT_CUDA_MOE_GEMM_MIN=0);
 #  3. speed: `smelt synth --shape qwen3-30b-a3b --quant q4_k`, then llama.cpp (built here
 #     from the carried sdist, ../shared/peer) and smelt on that same file: pp512, tg128 and
-#     32 sequences' aggregate decode.
+#     32 sequences' aggregate decode; smelt's pp512 twice: as by default (expert matmuls on
+#     the grouped GEMV: the grouped GEMM stays off until this script has measured it) and
+#     with the grouped GEMM at 16+ slots an expert (SMELT_CUDA_MOE_GEMM_MIN=16, or
+#     MOE_GEMM_MIN=n to try another rule).
+#
+# What it prints last: a table of PASS/FAIL rows (moe_check's ops, "grouped gemm" and "moe
+# block gemm" among them; cuda_parity per tiny model, plain and "grouped GEMM everywhere"),
+# then llama.cpp vs smelt rows (pp512 on the GEMV and on the grouped GEMM, tg128, 32
+# sequences), then moe_check's per-layer table (tokens, slots an expert, grouped GEMV us,
+# grouped GEMM us, GEMM/GEMV): the data to set the default of SMELT_CUDA_MOE_GEMM_MIN
+# (CudaOptions::moe_gemm_min_per_expert) from.
 #
 # Here:  bash bench/gpu/moe.sh pack     (release build, stripped gzipped binaries into the
 #        git-ignored .gpu-moe/, and .peer/ through ../shared/peer/prepare.sh when missing)
@@ -54,10 +68,13 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
 fi
 
 echo "== 1. op parity (moe_check)" | tee -a "$log"
-$B/moe_check 2>&1 | tee -a "$log" > /tmp/moe-check.out
+speed_flag=--speed
+[ "${SKIP_SPEED:-0}" = 1 ] && speed_flag=
+$B/moe_check $speed_flag 2>&1 | tee -a "$log" > /tmp/moe-check.out
 grep -q "moe_check: all PASS" /tmp/moe-check.out && r=PASS || r=FAIL
 echo "| MoE ops vs CPU twins (moe_check) | $r |" >> "$table"
 sed -n '/^| op /,/^moe_check:/p' /tmp/moe-check.out | grep "^|" | sed 's/^/    /' >> "$table"
+moe_speed=$(sed -n '/^== speed/,$p' /tmp/moe-check.out)
 
 echo "== 2. whole-model parity (cuda_parity)" | tee -a "$log"
 models=()
@@ -75,6 +92,14 @@ for f in "${models[@]}"; do
   $B/cuda_parity check "$f" 2>&1 | tee -a "$log" > /tmp/moe-parity.out
   grep -q "^parity: PASS" /tmp/moe-parity.out && r=PASS || r=FAIL
   echo "| cuda_parity $(basename "$f" .gguf) | $r |" >> "$table"
+  case "$f" in
+    *q4_k*)
+      echo "-- $(basename "$f") with every expert matmul on the grouped GEMM" | tee -a "$log"
+      SMELT_CUDA_MOE_GEMM_MIN=0 $B/cuda_parity check "$f" 2>&1 | tee -a "$log" > /tmp/moe-parity.out
+      grep -q "^parity: PASS" /tmp/moe-parity.out && r=PASS || r=FAIL
+      echo "| cuda_parity $(basename "$f" .gguf), grouped GEMM everywhere | $r |" >> "$table"
+      ;;
+  esac
 done
 
 if [ "${SKIP_SPEED:-0}" != 1 ]; then
@@ -94,8 +119,12 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
   lc_pp=$(echo "$lc" | sed -n 's/.*pp512: \([0-9.]*\) tok\/s.*/\1/p')
   lc_tg=$(echo "$lc" | sed -n 's/.*tg128: \([0-9.]*\) tok\/s.*/\1/p')
   r=$($B/smelt bench --model $M --device cuda --prompt 512 --gen 128 --reps 3 --json 2>>"$log"); echo "$r" >> "$log"
-  row "pp512 (tok/s)" "$lc_pp" "$(echo "$r" | js prompt_tok_s)"
+  row "pp512 (tok/s), experts on the grouped GEMV (default)" "$lc_pp" "$(echo "$r" | js prompt_tok_s)"
   row "tg128 (tok/s)" "$lc_tg" "$(echo "$r" | js decode_tok_s)"
+  # The grouped GEMM (off by default until measured) at its first rule: 16+ slots an
+  # expert (gemm::grouped::MIN_PER_EXPERT; a 512-token prompt of this shape has 32).
+  r=$(SMELT_CUDA_MOE_GEMM_MIN=${MOE_GEMM_MIN:-16} $B/smelt bench --model $M --device cuda --prompt 512 --gen 4 --reps 3 --json 2>>"$log"); echo "$r" >> "$log"
+  row "pp512 (tok/s), grouped GEMM (SMELT_CUDA_MOE_GEMM_MIN=${MOE_GEMM_MIN:-16})" "$lc_pp" "$(echo "$r" | js prompt_tok_s)"
   if [ "$SECONDS" -lt "${BATCH_AFTER_S:-390}" ]; then
     lcb=$(python3 .peer/llamacpp_batched.py $M 32 128 64 2>>"$log" | tee -a "$log" | grep RESULT | sed -n 's/.*decode \([0-9.]*\) tok\/s.*/\1/p')
     r=$($B/smelt bench --model $M --device cuda --prompt 128 --gen 64 --reps 1 --batch 32 --json 2>>"$log"); echo "$r" >> "$log"
@@ -106,6 +135,10 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
   if [ "${PROFILE:-0}" = 1 ]; then
     SMELT_CUDA_PROFILE=1 $B/smelt bench --model $M --device cuda --prompt 16 --gen 32 --reps 1 >> "$log" 2>&1 || true
   fi
+fi
+if [ -n "${moe_speed:-}" ]; then
+  echo "" >> "$table"
+  echo "$moe_speed" >> "$table"
 fi
 echo "== table" | tee -a "$log"
 cat "$table" | tee -a "$log"

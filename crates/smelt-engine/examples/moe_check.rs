@@ -11,6 +11,11 @@
 //! - expert matmuls: `smelt_kernels::gemv::cpu_with_magnitude` per slot on the q8_1 tiles
 //!   of the same activations (`act::quantize_cpu`): each output within 1e-5 of the sum of
 //!   its products' magnitudes (the GEMV check's bar);
+//! - the grouped tensor-core GEMM (`gemm::grouped`, what prompts take): every Q4_K and Q6_K case
+//!   again on a second backend opened with `moe_gemm_min_per_expert = 0` (so every step
+//!   takes it), against `grouped::cpu_with_magnitude` on the f16 rows of the same
+//!   activations (`gemm::f16::act_cpu`): within 1e-4 of the magnitudes (the f16 GEMM
+//!   check's bar: f32 sums on the tensor cores against f64 sums);
 //! - combine: the CPU backend's `moe::combine`, bit for bit;
 //! - router matmul: an f64 dot, within 1e-5 of the magnitudes.
 //!
@@ -22,7 +27,13 @@
 //!   logits can still part more than that on a token whose router has a near-tie: a
 //!   requantization difference upstream then picks another expert on one side.
 //!
+//! The MoE block runs on that second backend too (`moe block gemm`).
+//!
 //! Prints one line per op and case, PASS or FAIL, then a table; exit status 1 on a failure.
+//! With `--speed`, it then times one layer's expert matmuls (paired gate/up, then down) at
+//! the Qwen3-30B-A3B shape for 32 to 1024 tokens on the grouped GEMV and on the grouped
+//! GEMM, and prints a table of both (the data the engine's choice between them,
+//! `gemm::grouped::MIN_PER_EXPERT`, is made from).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -30,9 +41,11 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use smelt_engine::backend::cpu::moe as cpu_moe;
+use smelt_engine::backend::cuda::options::CudaOptions;
 use smelt_engine::backend::cuda::{Cuda, CudaTensor};
 use smelt_engine::backend::{Backend, Gating, MoeRouting};
 use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
+use smelt_kernels::gemm::{f16 as gemm_f16, grouped};
 use smelt_kernels::{act, gemv};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -211,6 +224,9 @@ fn check_case(
         .chunks(2 * k)
         .flat_map(|r| r[..k].iter().map(|&v| v as usize).collect::<Vec<_>>())
         .collect();
+    // Which kernel this backend runs the step's expert matmuls on.
+    let on_gemm = grouped::name(ty).is_some()
+        && grouped::preferred(n * k, ne, gpu.options().moe_gemm_min_per_expert);
     for per_slot in [false, true] {
         let xs = if per_slot {
             floats(rng, n * k * cols, 1.0)
@@ -235,6 +251,25 @@ fn check_case(
             if per_slot && wi == 1 {
                 continue;
             }
+            let what = match (per_slot, wi) {
+                (true, _) => " x/slot",
+                (false, 0) => " pair up",
+                _ => " pair gate",
+            };
+            if on_gemm {
+                let xh = gemm_f16::act_cpu(&xs, cols)?;
+                let ids32: Vec<u32> = ids.iter().map(|&e| e as u32).collect();
+                let x_div = if per_slot { 1 } else { k };
+                let (want, mag) =
+                    grouped::cpu_with_magnitude(ty, &ggml[wi], ne, rows, cols, &xh, &ids32, x_div)?;
+                rep.add(
+                    "grouped gemm",
+                    format!("{case}{what}"),
+                    worst_scaled(got, &want, |i| mag[i] + want[i].abs() as f64 * 1e-7),
+                    1e-4,
+                );
+                continue;
+            }
             let mut want = vec![0f32; n * k * rows];
             let mut mag = vec![0f64; n * k * rows];
             for (s, &e) in ids.iter().enumerate() {
@@ -250,11 +285,6 @@ fn check_case(
                 want[s * rows..(s + 1) * rows].copy_from_slice(&y);
                 mag[s * rows..(s + 1) * rows].copy_from_slice(&m);
             }
-            let what = match (per_slot, wi) {
-                (true, _) => " x/slot",
-                (false, 0) => " pair up",
-                _ => " pair gate",
-            };
             rep.add(
                 "matmul_id",
                 format!("{case}{what}"),
@@ -288,6 +318,7 @@ fn check_case(
 #[allow(clippy::too_many_arguments)]
 fn check_block(
     gpu: &Cuda,
+    op: &str,
     rng: &mut StdRng,
     rep: &mut Report,
     ty: GgmlType,
@@ -376,7 +407,7 @@ fn check_block(
             f64::INFINITY
         };
         rep.add(
-            "moe block",
+            op,
             format!("{ty:?} {ne}e k{k} {ff}x{e} n{n} (rel RMS)"),
             rel,
             2e-2,
@@ -385,10 +416,110 @@ fn check_block(
     Ok(())
 }
 
+/// One layer's expert matmuls at the Qwen3-30B-A3B shape (128 experts of 768 x 2048, 8 a
+/// token; Q4_K; the same expert's bytes repeated, since speed does not depend on values):
+/// for each token count, microseconds of the paired gate/up and the down projection
+/// (activation conversion and plan included), on `gemv_gpu` and `gemm_gpu`.
+fn speed(gemv_gpu: &Cuda, gemm_gpu: &Cuda, rng: &mut StdRng) -> Res<Vec<(usize, [f64; 2])>> {
+    let (ty, ne, k, e, ff) = (GgmlType::Q4_K, 128usize, 8usize, 2048usize, 768usize);
+    let one = |rng: &mut StdRng, rows: usize, cols: usize| -> Res<Vec<u8>> {
+        let rb = cols / ty.block_size() * ty.type_size();
+        let mut bytes = vec![0u8; rows * rb];
+        for dst in bytes.chunks_exact_mut(rb) {
+            smelt_quant::quantize_row(ty, &floats(rng, cols, 0.1), dst)?;
+        }
+        Ok(bytes.repeat(ne))
+    };
+    let (up, gate, down) = (one(rng, ff, e)?, one(rng, ff, e)?, one(rng, e, ff)?);
+    let mut md = Metadata::new();
+    md.insert("general.architecture", Value::String("check".into()));
+    let spec = |name: &str, shape: Vec<u64>| TensorSpec {
+        name: name.into(),
+        ty,
+        shape,
+    };
+    let (e6, f6, n6) = (e as u64, ff as u64, ne as u64);
+    let specs = vec![
+        spec("blk.0.ffn_gate_exps.weight", vec![e6, f6, n6]),
+        spec("blk.0.ffn_up_exps.weight", vec![e6, f6, n6]),
+        spec("blk.0.ffn_down_exps.weight", vec![f6, e6, n6]),
+    ];
+    let mut w = GgufWriter::new(Vec::new(), &md, specs)?;
+    w.write_tensor("blk.0.ffn_gate_exps.weight", &gate)?;
+    w.write_tensor("blk.0.ffn_up_exps.weight", &up)?;
+    w.write_tensor("blk.0.ffn_down_exps.weight", &down)?;
+    let gguf = Arc::new(Gguf::from_bytes(w.finish()?)?);
+    let p = MoeRouting {
+        gating: Gating::Softmax,
+        k,
+        norm: true,
+        scale: 0.0,
+    };
+    let mut rows = Vec::new();
+    let loaded: Vec<_> = [gemv_gpu, gemm_gpu]
+        .into_iter()
+        .map(|g| -> Res<_> {
+            Ok([
+                g.load_experts(&gguf, "blk.0.ffn_up_exps.weight")?,
+                g.load_experts(&gguf, "blk.0.ffn_gate_exps.weight")?,
+                g.load_experts(&gguf, "blk.0.ffn_down_exps.weight")?,
+            ])
+        })
+        .collect::<Res<_>>()?;
+    for n in [32usize, 64, 128, 256, 512, 1024] {
+        let x = floats(rng, n * e, 1.0);
+        let xd = floats(rng, n * k * ff, 1.0);
+        let logits = floats(rng, n * ne, 2.0);
+        let mut us = [0f64; 2];
+        for (j, g) in [gemv_gpu, gemm_gpu].into_iter().enumerate() {
+            let [wu, wg, wd] = &loaded[j];
+            let xg = g.upload(&x, n, e)?;
+            let xdg = g.upload(&xd, n * k, ff)?;
+            let lg = g.upload(&logits, n, ne)?;
+            let mut route = g.alloc(n, 2 * k);
+            g.moe_route(&lg, &p, &mut route)?;
+            let (mut a, mut b, mut o) = (g.alloc(n * k, ff), g.alloc(n * k, ff), g.alloc(n * k, e));
+            let mut layer = |g: &Cuda| -> Res<()> {
+                g.matmul_id_pair([wu, wg], &xg, &route, [&mut a, &mut b])?;
+                g.matmul_id(wd, &xdg, &route, &mut o)?;
+                Ok(())
+            };
+            for _ in 0..3 {
+                layer(g)?;
+            }
+            let _ = g.to_host(&route);
+            g.take_error()?;
+            let reps = 20;
+            let t0 = std::time::Instant::now();
+            for _ in 0..reps {
+                layer(g)?;
+            }
+            let _ = g.to_host(&route);
+            g.take_error()?;
+            us[j] = t0.elapsed().as_secs_f64() * 1e6 / reps as f64;
+        }
+        println!(
+            "speed n{n}: GEMV {:.1} us, GEMM {:.1} us a layer",
+            us[0], us[1]
+        );
+        rows.push((n, us));
+    }
+    Ok(rows)
+}
+
 fn main() -> ExitCode {
-    let gpu = match Cuda::open(0, false) {
-        Ok(g) => g,
-        Err(e) => {
+    let timing = std::env::args().any(|a| a == "--speed");
+    let open = |min: Option<usize>| {
+        let mut opts = CudaOptions::from_env(false);
+        if let Some(m) = min {
+            opts.moe_gemm_min_per_expert = m;
+        }
+        Cuda::open_with(0, opts)
+    };
+    // The engine's own choice, and one that puts every expert matmul on the grouped GEMM.
+    let (gpu, ggpu) = match (open(None), open(Some(0))) {
+        (Ok(g), Ok(gg)) => (g, gg),
+        (Err(e), _) | (_, Err(e)) => {
             eprintln!("moe_check: no CUDA device: {e}");
             return ExitCode::FAILURE;
         }
@@ -406,22 +537,56 @@ fn main() -> ExitCode {
         (GgmlType::Q5_K, 64, 6, 3, 72, 256, Gating::Softmax, false),
         (GgmlType::Q4_0, 512, 10, 2, 40, 256, Gating::Softmax, false),
         (GgmlType::Q8_0, 60, 4, 300, 64, 256, Gating::Sigmoid, true),
+        // Prompt shapes (where the grouped GEMM is meant to take over): Qwen3-30B-A3B's
+        // routing over ragged rows, and every token on two experts (three 128-slot tiles
+        // each).
+        (
+            GgmlType::Q4_K,
+            128,
+            8,
+            256,
+            300,
+            512,
+            Gating::Softmax,
+            false,
+        ),
+        (GgmlType::Q4_K, 8, 2, 300, 136, 768, Gating::Softmax, true),
+        (GgmlType::Q6_K, 16, 4, 80, 136, 512, Gating::Softmax, false),
     ];
-    for (ty, ne, k, n, rows, cols, g, skew) in cases {
-        if let Err(e) = check_case(&gpu, &mut rng, &mut rep, ty, ne, k, n, rows, cols, g, skew) {
+    let grouped_cases = cases.iter().filter(|c| grouped::name(c.0).is_some());
+    let runs = cases
+        .iter()
+        .map(|c| (&gpu, c))
+        .chain(grouped_cases.map(|c| (&ggpu, c)));
+    for (g, &(ty, ne, k, n, rows, cols, gating, skew)) in runs {
+        if let Err(e) = check_case(
+            g, &mut rng, &mut rep, ty, ne, k, n, rows, cols, gating, skew,
+        ) {
             println!("{ty:?} {ne}e n{n}: ERROR {e}");
             rep.rows
                 .push(("error".into(), e.to_string(), f64::NAN, 0.0, false));
         }
     }
-    for (ty, ne, k, e, ff) in [
-        (GgmlType::Q8_0, 8, 2, 256, 256),
-        (GgmlType::Q4_K, 16, 4, 256, 256),
-        (GgmlType::Q4_K, 128, 8, 512, 256),
+    for (g, op, ty, ne, k, e, ff) in [
+        (&gpu, "moe block", GgmlType::Q8_0, 8, 2, 256, 256),
+        (&gpu, "moe block", GgmlType::Q4_K, 16, 4, 256, 256),
+        (&gpu, "moe block", GgmlType::Q4_K, 128, 8, 512, 256),
+        (&ggpu, "moe block gemm", GgmlType::Q4_K, 16, 4, 256, 256),
+        (&ggpu, "moe block gemm", GgmlType::Q4_K, 128, 8, 512, 256),
     ] {
-        if let Err(err) = check_block(&gpu, &mut rng, &mut rep, ty, ne, k, e, ff, &[40, 1, 3, 200])
-        {
-            println!("moe block {ty:?} {ne}e: ERROR {err}");
+        if let Err(err) = check_block(
+            g,
+            op,
+            &mut rng,
+            &mut rep,
+            ty,
+            ne,
+            k,
+            e,
+            ff,
+            &[40, 1, 3, 200],
+        ) {
+            println!("{op} {ty:?} {ne}e: ERROR {err}");
             rep.rows
                 .push(("error".into(), err.to_string(), f64::NAN, 0.0, false));
         }
@@ -432,8 +597,10 @@ fn main() -> ExitCode {
         "router matmul",
         "route",
         "matmul_id",
+        "grouped gemm",
         "combine",
         "moe block",
+        "moe block gemm",
         "error",
     ] {
         let rows: Vec<_> = rep.rows.iter().filter(|r| r.0 == op).collect();
@@ -451,9 +618,43 @@ fn main() -> ExitCode {
     }
     if failed > 0 {
         println!("moe_check: {failed} FAILED");
-        ExitCode::FAILURE
     } else {
         println!("moe_check: all PASS");
+    }
+    if timing {
+        // The GEMV backend: every expert matmul on the grouped GEMV.
+        let gemv_gpu = match open(Some(usize::MAX)) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("moe_check: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        drop(gpu);
+        match speed(&gemv_gpu, &ggpu, &mut rng) {
+            Ok(rows) => {
+                println!("\n== speed: one layer's expert matmuls, Qwen3-30B-A3B shape, Q4_K (us)");
+                println!(
+                    "| tokens | slots an expert | grouped GEMV | grouped GEMM | GEMM / GEMV |"
+                );
+                println!("|---:|---:|---:|---:|---:|");
+                for (n, [a, b]) in rows {
+                    println!(
+                        "| {n} | {:.0} | {a:.1} | {b:.1} | {:.2} |",
+                        (n * 8) as f64 / 128.0,
+                        b / a
+                    );
+                }
+            }
+            Err(e) => {
+                println!("moe_check speed: ERROR {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
         ExitCode::SUCCESS
     }
 }

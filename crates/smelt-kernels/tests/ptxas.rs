@@ -158,3 +158,32 @@ fn the_whole_module_assembles() {
         }
     }
 }
+/// The grouped (mixture-of-experts) GEMMs assemble for both targets with the engine's
+/// programmatic-launch settings for them (`catalog::GRID_DEPS.0`), within the GEMMs'
+/// shared memory, and without a spill: they run every prompt's expert matmuls.
+#[test]
+fn grouped_gemms_assemble_without_spills() {
+    let mut failures = Vec::new();
+    for target in [Target::Sm80, Target::Sm90] {
+        for (name, build) in smelt_kernels::gemm::grouped::catalog() {
+            let mut m = Module::new(target);
+            m.set_grid_dep(catalog::GRID_DEPS.0);
+            if let Err(e) = m.kernel(&name, |k| build(k)) {
+                failures.push(format!("{name} ({target}) did not build: {e}"));
+                continue;
+            }
+            match assemble(target, &name, &m.to_ptx()) {
+                Ok(report) if report.contains(" 0 bytes spill stores") => {
+                    eprintln!("{name} ({target}): {report}");
+                }
+                Ok(report) => failures.push(format!("{name} ({target}) spills:\n{report}")),
+                Err(e) => failures.push(e),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert_eq!(
+        smelt_kernels::gemm::grouped::TYPES.len(),
+        smelt_kernels::gemm::grouped::catalog().len()
+    );
+}

@@ -200,6 +200,11 @@ impl Stage {
         self.rows.row(k, local)
     }
 
+    /// Bytes of one row of the weights.
+    pub fn row_bytes(&self) -> Reg<U32> {
+        self.rows.row_bytes
+    }
+
     /// Shared address of row `local`'s halves.
     pub fn aq_row(&self, k: &Kernel, local: Reg<U32>) -> Reg<U32> {
         k.mad(k.reg(), local, STRIDE, self.aq)
@@ -211,6 +216,11 @@ impl Stage {
 pub trait GemmF16Format: GpuFormat {
     /// The kernel's name.
     const GEMM_F16_NAME: &'static str;
+    /// The grouped (mixture-of-experts) kernel's name ([`super::grouped`]).
+    const GROUPED_NAME: &'static str;
+    /// Blocks an SM its grouped kernel asks ptxas to fit on sm_90: [`BLOCKS_PER_SM`] (128
+    /// registers a thread), or 1 for a format whose step registers spill there.
+    const GROUPED_BLOCKS_PER_SM: u32 = BLOCKS_PER_SM;
     /// A thread's constants, computed once.
     type StageSetup;
     /// A thread's raw loads of one step.
@@ -267,6 +277,7 @@ pub struct Q4KSetup {
 
 impl GemmF16Format for Q4K {
     const GEMM_F16_NAME: &'static str = "gemm_f16_q4_k";
+    const GROUPED_NAME: &'static str = "gemm_f16_moe_q4_k";
     type StageSetup = Q4KSetup;
     /// The 16-byte header (d, dmin, twelve scale bytes), then the step's 16 quant bytes.
     type StepRegs = [Reg<U32>; 8];
@@ -399,13 +410,7 @@ pub const BLOCKS_PER_SM: u32 = 2;
 
 /// [`kernel`] built for `blocks` blocks an SM on sm_90.
 pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
-    k.max_threads(THREADS, 1, 1);
-    if matches!(
-        k.target(),
-        smelt_ptx::Target::Sm90 | smelt_ptx::Target::Sm90a
-    ) {
-        k.min_blocks_per_sm(blocks);
-    }
+    attributes(k, blocks);
     let GemmRegs {
         w,
         x,
@@ -416,31 +421,136 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
         row_bytes,
         kslice,
     } = GemmRegs::declare(k);
-    let aq_s = k.shared::<U32>("gemmh_a", BM * STRIDE / 4, 16);
-    let bq_s = k.shared::<U32>("gemmh_b", BN * STRIDE / 4, 16);
-    let aq = k.shared_base(&aq_s);
-    let bq = k.shared_base(&bq_s);
-
+    let smem = Smem::declare(k);
     let tid = k.tid_x();
     let tok0 = k.mul(k.reg(), k.ctaid_x(), BN);
     let row0 = k.mul(k.reg(), k.ctaid_y(), BM);
     let last_row = k.sub(k.reg(), nrows, 1u32);
     let last_tok = k.sub(k.reg(), ntok, 1u32);
     let tok_stride = k.mul(k.reg(), ntiles, (TILE * 2) as u32);
+    // This block's split: tiles [first, end); its outputs go to split z of the workspace.
+    let (first, end, y) = split_range(k, y, nrows, ntok, ntiles, kslice);
+    let rows = Rows {
+        w,
+        row0,
+        last_row,
+        row_bytes,
+    };
+    // Tokens past the end are not copied; their outputs are never stored.
+    let token = |k: &Kernel, local: Reg<U32>| {
+        let t = k.add(k.reg(), tok0, local);
+        let valid = k.lt(t, ntok);
+        k.min(t, t, last_tok);
+        (t, valid)
+    };
+    let tokens = Tokens {
+        x,
+        stride: tok_stride,
+        hold: true,
+    };
+    let p = multiply::<F>(k, &smem, tid, rows, (tokens, token), (first, end), true);
+    store_outputs(
+        k,
+        &p.acc,
+        Out {
+            y,
+            row: k.add(k.reg(), row0, p.arow),
+            tok: k.add(k.reg(), tok0, p.ctok),
+            nrows,
+            ntok,
+            slots: None,
+        },
+    );
+}
+
+/// The launch bounds of an f16 GEMM built for `blocks` blocks an SM on sm_90 (both
+/// kernels).
+pub(super) fn attributes(k: &Kernel, blocks: u32) {
+    k.max_threads(THREADS, 1, 1);
+    if matches!(
+        k.target(),
+        smelt_ptx::Target::Sm90 | smelt_ptx::Target::Sm90a
+    ) {
+        k.min_blocks_per_sm(blocks);
+    }
+}
+
+/// A block's shared memory: the step's weights and tokens as halves.
+pub(super) struct Smem {
+    aq: Reg<U32>,
+    bq: Reg<U32>,
+}
+
+impl Smem {
+    /// Declares it (once a kernel).
+    pub(super) fn declare(k: &Kernel) -> Smem {
+        let aq_s = k.shared::<U32>("gemmh_a", BM * STRIDE / 4, 16);
+        let bq_s = k.shared::<U32>("gemmh_b", BN * STRIDE / 4, 16);
+        Smem {
+            aq: k.shared_base(&aq_s),
+            bq: k.shared_base(&bq_s),
+        }
+    }
+}
+
+/// A block's products: each thread's accumulators, and its first row (`arow`) and token
+/// (`ctok`) in the block, as [`store_outputs`] takes them.
+pub(super) struct Products {
+    pub acc: [[[Reg<F32>; 4]; NI]; MI],
+    pub arow: Reg<U32>,
+    pub ctok: Reg<U32>,
+}
+
+/// Where a block's tokens' f16 rows are: row `r` at `x + r * stride`. With `hold`, each
+/// copy's address is computed once and kept through the loop (two registers a copy); else
+/// only its row index is kept and the address made again each step (the grouped GEMM,
+/// one register short at 128 a thread).
+pub(super) struct Tokens {
+    pub x: Reg<U64>,
+    pub stride: Reg<U32>,
+    pub hold: bool,
+}
+
+/// The body both f16 GEMMs share: the [`BM`] rows of `rows` times the block's [`BN`]
+/// tokens over the K tiles `[first, end)`. `token(k, local)` gives the row (in `tokens`) of
+/// the block's token `local` and whether it is a real token (the others are not copied,
+/// and their outputs must not be stored). With `wait`, the programmatic launch wait comes
+/// just before the first weight load (a kernel that read its predecessor's output earlier
+/// has waited already).
+pub(super) fn multiply<F: GemmF16Format>(
+    k: &Kernel,
+    smem: &Smem,
+    tid: Reg<U32>,
+    rows: Rows,
+    (tokens, token): (Tokens, impl Fn(&Kernel, Reg<U32>) -> (Reg<U32>, Reg<Pred>)),
+    (first, end): (Reg<U32>, Reg<U32>),
+    wait: bool,
+) -> Products {
+    let Smem { aq, bq } = *smem;
     // Token halves: thread copies 16-byte chunk `tid % 8` of a step's 128 bytes of tokens
-    // `tid / 8 + 32 i` (tokens past the end are not copied; their outputs are never
-    // stored).
+    // `tid / 8 + 32 i`.
     let bch = k.and(k.reg(), tid, 7u32);
     let bt0 = k.shr(k.reg(), tid, 3u32);
-    let copies: Vec<(Reg<U64>, Reg<Pred>)> = (0..BN / 32)
+    let address = |k: &Kernel, r: Reg<U32>| {
+        let src = k.add(
+            k.reg(),
+            tokens.x,
+            k.mul_wide(k.reg::<U64>(), r, tokens.stride),
+        );
+        k.add(src, src, k.mul_wide(k.reg::<U64>(), bch, 16u32))
+    };
+    // Each copy's address (held) or token row (made again each step), and validity.
+    type Held = Result<Reg<U64>, Reg<U32>>;
+    let copies: Vec<(Held, Reg<Pred>)> = (0..BN / 32)
         .map(|i| {
-            let t = k.add(k.reg(), tok0, bt0);
-            k.add(t, t, 32 * i);
-            let valid = k.lt(t, ntok);
-            k.min(t, t, last_tok);
-            let src = k.add(k.reg(), x, k.mul_wide(k.reg::<U64>(), t, tok_stride));
-            k.add(src, src, k.mul_wide(k.reg::<U64>(), bch, 16u32));
-            (src, valid)
+            let local = k.add(k.reg(), bt0, 32 * i);
+            let (r, valid) = token(k, local);
+            let held = if tokens.hold {
+                Ok(address(k, r))
+            } else {
+                Err(r)
+            };
+            (held, valid)
         })
         .collect();
     let bdst = k.mad(k.reg(), bt0, STRIDE, bq);
@@ -473,25 +583,15 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
         k.mad(b, lo, 16u32, b)
     };
 
-    let stage = Stage {
-        tid,
-        aq,
-        rows: Rows {
-            w,
-            row0,
-            last_row,
-            row_bytes,
-        },
-    };
+    let stage = Stage { tid, aq, rows };
     let setup = F::stage_setup(k, &stage);
     let regs = F::step_regs(k);
     let acc: [[[Reg<F32>; 4]; NI]; MI] =
         std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
 
-    // This block's split: tiles [first, end); its outputs go to split z of the workspace.
-    let (first, end, y) = split_range(k, y, nrows, ntok, ntiles, kslice);
-
-    k.grid_dep_wait();
+    if wait {
+        k.grid_dep_wait();
+    }
     k.if_(k.lt(first, end), |k| {
         F::load_step(k, &setup, &regs, first, 0)
     });
@@ -502,7 +602,8 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
             k.bar_sync();
             let off = k.mul_wide(k.reg::<U64>(), tile, (TILE * 2) as u32);
             k.add(off, off, u64::from(q * KT * 2));
-            for (i, &(src, valid)) in copies.iter().enumerate() {
+            for (i, &(held, valid)) in copies.iter().enumerate() {
+                let src = held.unwrap_or_else(|r| address(k, r));
                 let src = k.add(k.reg(), src, off);
                 k.guarded(valid, |k| {
                     k.cp_async(
@@ -555,18 +656,7 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
             }
         }
     });
-
-    store_outputs(
-        k,
-        &acc,
-        Out {
-            y,
-            row: k.add(k.reg(), row0, arow),
-            tok: k.add(k.reg(), tok0, ctok),
-            nrows,
-            ntok,
-        },
-    );
+    Products { acc, arow, ctok }
 }
 
 /// CPU twin of the f16 GEMM for `ty`: `y[t][r] = sum_i W16[r][i] * x16[t][i]` in f64, from
@@ -583,6 +673,7 @@ pub fn cpu_with_magnitude(
 ) -> Result<(Vec<f32>, Vec<f64>), KernelError> {
     let dequantize = match ty {
         GgmlType::Q4_K => <Q4K as GemmF16Format>::dequantize_row,
+        GgmlType::Q6_K => <crate::formats::Q6K as GemmF16Format>::dequantize_row,
         other => {
             return Err(smelt_quant::QuantError::Unsupported {
                 ty: other,

@@ -27,7 +27,9 @@
 
 pub mod act;
 pub mod f16;
+mod f16_q6_k;
 mod formats;
+pub mod grouped;
 mod legacy;
 mod lowbit;
 pub mod narrow;
@@ -648,6 +650,7 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
             tok: k.add(k.reg(), tok0, ctok),
             nrows,
             ntok,
+            slots: None,
         },
     );
 }
@@ -683,6 +686,9 @@ pub(super) struct Out {
     pub tok: Reg<U32>,
     pub nrows: Reg<U32>,
     pub ntok: Reg<U32>,
+    /// Gathered tokens (the grouped GEMM, [`grouped`]): token `t`'s outputs go to row
+    /// `slots[t]` (a `u32` at `slots + 4 t`) of `y` instead of row `t`.
+    pub slots: Option<Reg<U64>>,
 }
 
 /// Stores a warp's accumulators, those inside the matrix: accumulator e of (mi, ni) is row
@@ -694,21 +700,51 @@ pub(super) fn store_outputs<const NI: usize>(k: &Kernel, acc: &[[[Reg<F32>; 4]; 
         tok: tok_t,
         nrows,
         ntok,
+        slots,
     } = o;
-    for (mi, per_n) in acc.iter().enumerate() {
-        for h in 0..2u32 {
-            let row = k.add(k.reg(), row_t, 16 * mi as u32 + 8 * h);
-            let row_ok = k.lt(row, nrows);
-            for (ni, c) in per_n.iter().enumerate() {
+    // Accumulator e of (mi, ni), row `row` (`row_ok`: inside the matrix), to token `tok`'s
+    // output row `out_row`.
+    let store = |row: Reg<U32>, row_ok, c: Reg<F32>, tok: Reg<U32>, out_row: Reg<U32>| {
+        let ok = k.reg::<Pred>();
+        k.raw(format!("setp.lt.and.u32 {ok}, {tok}, {ntok}, {row_ok}"));
+        let idx = k.mad(k.reg(), out_row, nrows, row);
+        let at = k.elem_addr(y, idx, 4);
+        k.guarded(ok, |k| {
+            k.st(Store::GLOBAL, at, c);
+        });
+    };
+    let row_of = |mi: usize, h: u32| {
+        let row = k.add(k.reg(), row_t, 16 * mi as u32 + 8 * h);
+        (row, k.lt(row, nrows))
+    };
+    match slots {
+        // Gathered tokens: token by token, its output row read just before its stores
+        // (every token of a block has a slot word, used or not, so the read stays inside
+        // the tile), so no more than one is held beside the accumulators.
+        Some(s) => {
+            for ni in 0..NI {
                 for j in 0..2u32 {
                     let tok = k.add(k.reg(), tok_t, 8 * ni as u32 + j);
-                    let ok = k.reg::<Pred>();
-                    k.raw(format!("setp.lt.and.u32 {ok}, {tok}, {ntok}, {row_ok}"));
-                    let idx = k.mad(k.reg(), tok, nrows, row);
-                    let at = k.elem_addr(y, idx, 4);
-                    k.guarded(ok, |k| {
-                        k.st(Store::GLOBAL, at, c[(2 * h + j) as usize]);
-                    });
+                    let out_row = k.load::<U32>(Load::GLOBAL, k.elem_addr(s, tok, 4));
+                    for (mi, per_n) in acc.iter().enumerate() {
+                        for h in 0..2u32 {
+                            let (row, row_ok) = row_of(mi, h);
+                            store(row, row_ok, per_n[ni][(2 * h + j) as usize], tok, out_row);
+                        }
+                    }
+                }
+            }
+        }
+        None => {
+            for (mi, per_n) in acc.iter().enumerate() {
+                for h in 0..2u32 {
+                    let (row, row_ok) = row_of(mi, h);
+                    for (ni, c) in per_n.iter().enumerate() {
+                        for j in 0..2u32 {
+                            let tok = k.add(k.reg(), tok_t, 8 * ni as u32 + j);
+                            store(row, row_ok, c[(2 * h + j) as usize], tok, tok);
+                        }
+                    }
                 }
             }
         }

@@ -305,6 +305,7 @@ pub fn kernel<const NI: usize>(k: &Kernel) {
             tok: k.add(k.reg(), tok0, k.shl(k.reg(), c, 1u32)),
             nrows,
             ntok,
+            slots: None,
         },
     );
 }

@@ -460,7 +460,7 @@ impl Cuda {
 
     /// The f16 GEMM's rows of `x` (`gemm::f16`): converted once for all the matmuls of the
     /// same activations, as [`Cuda::gemm_tiles`].
-    fn gemm_f16_rows(&self, x: &CudaTensor) -> Result<u64, CudaError> {
+    pub(super) fn gemm_f16_rows(&self, x: &CudaTensor) -> Result<u64, CudaError> {
         self.gemm_input(
             x,
             |c| &mut c.f16,

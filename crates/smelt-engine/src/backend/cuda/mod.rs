@@ -287,8 +287,13 @@ impl Cuda {
     /// With `batch_invariant` (or `SMELT_CUDA_BATCH_INVARIANT=1`, for measurement scripts),
     /// results do not depend on the batch (`EngineOptions::batch_invariant`).
     pub fn open(ordinal: usize, batch_invariant: bool) -> Result<Cuda, EngineError> {
+        Self::open_with(ordinal, CudaOptions::from_env(batch_invariant))
+    }
+
+    /// Opens CUDA device `ordinal` with settings `opts` (the GPU checks run one op on both
+    /// of two kernels a setting chooses between).
+    pub fn open_with(ordinal: usize, opts: CudaOptions) -> Result<Cuda, EngineError> {
         let gpu = Gpu::open(ordinal)?;
-        let opts = CudaOptions::from_env(batch_invariant);
         if !opts.skip.is_empty() {
             eprintln!(
                 "smelt: SMELT_CUDA_SKIP leaves out kernels starting with {:?}: outputs are wrong, for timing only",
@@ -321,6 +326,11 @@ impl Cuda {
             digest: opts.digest.then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
             opts,
         })
+    }
+
+    /// The settings this backend was opened with.
+    pub fn options(&self) -> &CudaOptions {
+        &self.opts
     }
 
     /// Whether kernel `name` is left out by `SMELT_CUDA_SKIP` (timing ablations).

@@ -1,8 +1,10 @@
 //! The CUDA backend's mixture-of-experts ops (`smelt_kernels::moe`): expert tensors
 //! uploaded as one array of per-expert GEMV matrices, the router's F32 weights as an f32
-//! matrix, and the router, plan, grouped GEMV and combine launched with the step's shapes
-//! only. The expert ids stay on the device (`route`, then the plan's tiles), so a decode
-//! step of a MoE model needs no host round trip and is captured as a graph like any other.
+//! matrix, and the router, plan, grouped GEMV (or, for steps with enough tokens an expert,
+//! the grouped tensor-core GEMM, `gemm::grouped`) and combine launched with the step's
+//! shapes only. The expert ids stay on the device (`route`, then the plan's tiles), so a
+//! decode step of a MoE model needs no host round trip and is captured as a graph like any
+//! other.
 //!
 //! The plan of a route is made once per step and route (the gate, up and down projections
 //! of a layer share it) and forgotten with the step's scratch.
@@ -11,7 +13,7 @@ use std::sync::Arc;
 
 use smelt_cuda::CudaError;
 use smelt_gguf::{GgmlType, Gguf};
-use smelt_kernels::{act, catalog, moe, TILE};
+use smelt_kernels::{act, catalog, gemm, moe, TILE};
 
 use super::ops::args;
 use super::{lock, Cuda, CudaTensor, CudaWeight, Quantized};
@@ -313,6 +315,89 @@ impl Cuda {
         if n == 0 {
             return Ok(());
         }
+        let n_slots = n * k;
+        let y2 = pair_out.as_ref().map_or(out.ptr, |o| o.ptr);
+        // Enough tokens an expert: the grouped tensor-core GEMM on f16 rows of `x`, over
+        // the plan's 128-slot tiles; else the grouped GEMV on q8_1 tiles.
+        let grouped = gemm::grouped::name(ty).filter(|_| {
+            gemm::grouped::preferred(n_slots, n_expert, self.opts.moe_gemm_min_per_expert)
+        });
+        if let Some(name) = grouped {
+            let h = self.gemm_f16_rows(x)?;
+            let t = gemm::grouped::TILE_TOKENS;
+            let tiles = self.moe_plan(route, n_expert, t)?;
+            self.launch(
+                name,
+                gemm::grouped::launch(
+                    rows,
+                    moe::max_tiles(n_slots, n_expert, t),
+                    pair_out.is_some(),
+                ),
+                &args(
+                    &gemm::grouped::GroupedArgs {
+                        w: ptr,
+                        x: h,
+                        y: out.ptr,
+                        tiles,
+                        nrows: rows as u32,
+                        ntiles: cols.div_ceil(TILE) as u32,
+                        row_bytes: row_bytes as u32,
+                        expert_bytes: (rows * row_bytes) as u32,
+                        x_div: x_div as u32,
+                        w2,
+                        y2,
+                    }
+                    .values(),
+                ),
+            )?;
+        } else {
+            self.op_gemv_id(w, w2, x, route, [out.ptr, y2], pair_out.is_some(), x_div)?;
+        }
+        // The output must not stand for a cached input.
+        let overlaps = |c: &CudaTensor| {
+            out.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < out.ptr + (out.cap * 4) as u64
+        };
+        let overlaps2 = |c: &CudaTensor| {
+            pair_out.as_ref().is_some_and(|o| {
+                o.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < o.ptr + (o.cap * 4) as u64
+            })
+        };
+        if lock(&self.quantized).is_some_and(|c| overlaps(&c.x) || overlaps2(&c.x)) {
+            *lock(&self.quantized) = None;
+        }
+        if lock(&self.gemm_quantized).is_some_and(|c| overlaps(&c.x) || overlaps2(&c.x)) {
+            *lock(&self.gemm_quantized) = None;
+        }
+        Ok(())
+    }
+
+    /// The grouped GEMV of [`Cuda::op_matmul_id`]: `w` into `y[0]`, and with `pair` the
+    /// array at `w2` (of `w`'s shape) into `y[1]`.
+    #[allow(clippy::too_many_arguments)]
+    fn op_gemv_id(
+        &self,
+        w: &CudaWeight,
+        w2: u64,
+        x: &CudaTensor,
+        route: &CudaTensor,
+        [y, y2]: [u64; 2],
+        pair: bool,
+        x_div: usize,
+    ) -> Result<(), CudaError> {
+        let CudaWeight::Experts {
+            ptr,
+            ty,
+            n_expert,
+            rows,
+            cols,
+            row_bytes,
+        } = *w
+        else {
+            return Err(CudaError::Init(
+                "matmul_id of a weight that is not an expert array".into(),
+            ));
+        };
+        let (n, k) = (route.rows, route.cols / 2);
         let cached = *lock(&self.quantized);
         let q = match cached {
             Some(c) if c.x == *x && c.rms.is_none() => c.q,
@@ -336,15 +421,14 @@ impl Cuda {
         };
         let max = moe::max_tiles(n * k, n_expert, t);
         let name = moe::gemv_id(ty, t)?;
-        let y2 = pair_out.as_ref().map_or(out.ptr, |o| o.ptr);
         self.launch(
             &name,
-            moe::gemv_id_launch(rows, max, t, pair_out.is_some()),
+            moe::gemv_id_launch(rows, max, t, pair),
             &args(
                 &moe::GemvIdArgs {
                     w: ptr,
                     x: q,
-                    y: out.ptr,
+                    y,
                     tiles,
                     nrows: rows as u32,
                     ntiles: cols.div_ceil(TILE) as u32,
@@ -357,20 +441,7 @@ impl Cuda {
                 }
                 .values(),
             ),
-        )?;
-        // The output must not stand for a cached input.
-        let overlaps = |c: &CudaTensor| {
-            out.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < out.ptr + (out.cap * 4) as u64
-        };
-        let overlaps2 = |c: &CudaTensor| {
-            pair_out.as_ref().is_some_and(|o| {
-                o.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < o.ptr + (o.cap * 4) as u64
-            })
-        };
-        if lock(&self.quantized).is_some_and(|c| overlaps(&c.x) || overlaps2(&c.x)) {
-            *lock(&self.quantized) = None;
-        }
-        Ok(())
+        )
     }
 
     /// `out[t] = sum_i weight(t, i) * y[t*k + i]`.

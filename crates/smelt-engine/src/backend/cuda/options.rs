@@ -17,6 +17,7 @@
 //! | `SMELT_CUDA_GEMM_MIN` | `gemm_min_tokens` | `gemm::MIN_TOKENS` |
 //! | `SMELT_CUDA_GEMM_F16_MIN` | `gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
 //! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (off: measured slower) |
+//! | `SMELT_CUDA_MOE_GEMM_MIN` | `moe_gemm_min_per_expert` | off until measured (`gemm::grouped::MIN_PER_EXPERT` to try) |
 //! | `SMELT_CUDA_FLASH_SEQS` | `flash_decode_seqs` | [`super::FLASH_DECODE_SEQS`] |
 //! | `SMELT_CUDA_BATCH_INVARIANT=1` | `batch_invariant` | off |
 //! | `SMELT_CUDA_SPLITS` | `attn_splits` | one block per SM |
@@ -69,6 +70,12 @@ pub struct CudaOptions {
     /// narrow GEMM where the weight type has one (`gemm::narrow::TYPES`); 0 in
     /// batch-invariant mode.
     pub gemm_narrow_max_tokens: usize,
+    /// Expert matmuls run on the grouped GEMM (`gemm::grouped`, where the weight type has
+    /// one) when their step has at least this many (token, expert) slots an expert on
+    /// average, else on the grouped GEMV (`usize::MAX`: never, as in batch-invariant mode
+    /// and by default until the GEMM is measured on the card, `bench/gpu/moe.sh`; 0:
+    /// always, for the GPU checks).
+    pub moe_gemm_min_per_expert: usize,
     /// Steps of at least this many sequences run every attention row on the prompt kernel.
     pub flash_decode_seqs: usize,
     /// Results independent of the batch (`EngineOptions::batch_invariant`): every matmul on
@@ -132,6 +139,11 @@ impl CudaOptions {
             } else {
                 num("SMELT_CUDA_GEMM_NARROW_MAX").unwrap_or(gemm::narrow::MAX_TOKENS)
             },
+            moe_gemm_min_per_expert: if batch_invariant {
+                usize::MAX
+            } else {
+                num("SMELT_CUDA_MOE_GEMM_MIN").unwrap_or(usize::MAX)
+            },
             flash_decode_seqs: num("SMELT_CUDA_FLASH_SEQS").unwrap_or(super::FLASH_DECODE_SEQS),
             batch_invariant,
             attn_splits: num("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
@@ -171,6 +183,7 @@ mod tests {
         assert_eq!(o.gemm_min_tokens, gemm::MIN_TOKENS);
         assert_eq!(o.gemm_f16_min_tokens, None);
         assert_eq!(o.gemm_narrow_max_tokens, gemm::narrow::MAX_TOKENS);
+        assert_eq!(o.moe_gemm_min_per_expert, usize::MAX);
         assert_eq!(o.flash_decode_seqs, super::super::FLASH_DECODE_SEQS);
         assert_eq!(o.profile, Profile::Off);
         assert_eq!(o.gemv_rows, (0, usize::MAX));
@@ -195,9 +208,19 @@ mod tests {
             assert_eq!(o.gemm_min_tokens, 1);
             assert_eq!(o.gemm_f16_min_tokens, Some(usize::MAX));
             assert_eq!(o.gemm_narrow_max_tokens, 0);
+            assert_eq!(o.moe_gemm_min_per_expert, usize::MAX);
         }
         let o = with(&[("SMELT_CUDA_GEMM_NARROW_MAX", "64")], false);
         assert_eq!(o.gemm_narrow_max_tokens, 64);
+        assert_eq!(
+            with(&[("SMELT_CUDA_MOE_GEMM_MIN", "0")], false).moe_gemm_min_per_expert,
+            0
+        );
+        let rule = gemm::grouped::MIN_PER_EXPERT.to_string();
+        assert_eq!(
+            with(&[("SMELT_CUDA_MOE_GEMM_MIN", &rule)], false).moe_gemm_min_per_expert,
+            gemm::grouped::MIN_PER_EXPERT
+        );
         assert_eq!(
             with(&[("SMELT_CUDA_GEMM_MIN", "64")], false).gemm_min_tokens,
             64
