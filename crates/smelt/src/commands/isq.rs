@@ -2,7 +2,7 @@
 //! folder) is quantized tensor by tensor as it loads, with the same per-tensor plan as
 //! `smelt quantize --type TYPE`, so the in-memory GGUF is the file `smelt quantize` writes.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use smelt_engine::Device;
 use smelt_gguf::{Gguf, Metadata};
 use smelt_load::pipeline::{Stage, WriteFn};
@@ -233,6 +233,54 @@ pub fn open(path: &Path, isq: Option<&str>, device: Device) -> Result<Gguf> {
     Ok(g)
 }
 
+/// `--isq` straight into a GPU's memory: for a GGUF file loaded on CUDA by one device, the
+/// source (mapped, not read) and the per-tensor plan of the types that change, which the
+/// engine quantizes on the device as it loads (the weights never come back to the host).
+/// `None` where that path does not apply: no ISQ, a CPU, a Hugging Face folder, a model
+/// with experts or delta-net layers (their loaders read host bytes), or
+/// `SMELT_ISQ_ON_DEVICE=0` (the path through host memory, to compare).
+pub fn device_plan(
+    path: &Path,
+    isq: Option<&str>,
+    device: Device,
+) -> Result<Option<(Gguf, smelt_engine::backend::cuda::isq::DeviceIsq)>> {
+    let (Some(isq), Device::Cuda(_)) = (isq, device) else {
+        return Ok(None);
+    };
+    if path.is_dir() || std::env::var("SMELT_ISQ_ON_DEVICE").is_ok_and(|v| v == "0") {
+        return Ok(None);
+    }
+    let rules = IsqRules::parse(isq)?;
+    let g = Gguf::open(path).with_context(|| format!("cannot load {}", path.display()))?;
+    let info = smelt_engine::ModelInfo::from_gguf(&g)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    if info.moe.is_some() || info.delta.is_some() {
+        return Ok(None);
+    }
+    let src = smelt_load::GgufSource::new(&g);
+    let plan = rules
+        .plan(g.metadata(), src.tensors())
+        .map_err(|why| anyhow::anyhow!("--isq {isq}: {why}"))?;
+    let mut types = std::collections::BTreeMap::new();
+    for (t, &ty) in src.tensors().iter().zip(&plan.types) {
+        if smelt_load::pipeline::converts(t.ty, ty, true) {
+            if !smelt_quant::can_quantize(ty) || !smelt_quant::can_dequantize(t.ty) {
+                bail!(
+                    "--isq {isq}: tensor {} ({}) cannot become {ty}",
+                    t.name,
+                    t.ty
+                );
+            }
+            types.insert(t.name.clone(), ty);
+        }
+    }
+    drop(src);
+    Ok(Some((
+        g,
+        smelt_engine::backend::cuda::isq::DeviceIsq { types },
+    )))
+}
+
 /// Bytes of a model's file, or of a folder's safetensors shards.
 pub fn input_bytes(path: &Path) -> u64 {
     if !path.is_dir() {
@@ -294,6 +342,41 @@ mod tests {
             assert_eq!(mem.len(), file.len(), "{ty}: sizes");
             assert!(mem == file, "{ty}: bytes differ from smelt quantize's");
         }
+    }
+
+    /// The plan `--isq` hands a GPU (quantize on the device as it loads) names exactly the
+    /// tensors whose type the in-memory ISQ model changes, with that model's types; it
+    /// applies to GGUF files on CUDA only.
+    #[test]
+    fn device_plan_is_the_isq_models_types() {
+        let path = smollm();
+        let (g, plan) = device_plan(&path, Some("q4_k_m"), Device::Cuda(0))
+            .expect("plans")
+            .expect("a GGUF on cuda gets a device plan");
+        let rules = IsqRules::parse("q4_k_m").expect("parses");
+        let mem = Gguf::from_bytes(
+            smelt_load::to_bytes(&path, Some(&rules), &CpuQuantizer).expect("isq"),
+        )
+        .expect("parses");
+        assert!(!plan.types.is_empty());
+        for t in g.tensors() {
+            let isq_ty = mem.tensor(&t.name).expect("same tensors").ty;
+            match plan.types.get(&t.name) {
+                Some(&ty) => assert_eq!(ty, isq_ty, "{}", t.name),
+                None => assert!(
+                    isq_ty == t.ty && !t.ty.is_quantized(),
+                    "{} ({} -> {isq_ty}) is left out of the plan",
+                    t.name,
+                    t.ty
+                ),
+            }
+        }
+        assert!(device_plan(&path, Some("q4_k_m"), Device::Cpu)
+            .expect("cpu")
+            .is_none());
+        assert!(device_plan(&path, None, Device::Cuda(0))
+            .expect("no isq")
+            .is_none());
     }
 
     #[test]
