@@ -7,7 +7,8 @@
 #   the device (quantized and repacked there, never back on the host) against the model the
 #   file `smelt quantize --type T --device cuda` writes, byte for byte
 #   (SMELT_CUDA_WEIGHT_DIGEST=1 hashes every weight in device memory), for q6_k (repacked)
-#   and q4_k_m (Q4_K written in place);
+#   and q4_k_m (Q4_K written in place). The device path is opt-in (SMELT_ISQ_ON_DEVICE=1)
+#   until this run shows it; the rows say which path they time;
 # - a bf16 Llama-3-8B-shape GGUF (smelt synth; SmolLM2's tokenizer, so its vocabulary of
 #   49,152: 14.8 GB) read by `cat` (page cache warm, and cold when drop_caches works) beside
 #   `smelt quantize --device cuda` to q6_k and q4_k_m, `smelt run --isq q6_k --device cuda`
@@ -160,7 +161,7 @@ for t in q6_k q4_k_m; do
     f=$W/l8-$t-gpu.gguf
     secs -t 100 $S quantize $bf $f --type $t --device $DEV > /dev/null
     SMELT_CUDA_WEIGHT_DIGEST=1 tokens $W/dfile-$t.tok $S run --model $f --device $DEV --prompt-ids $ids --max-tokens 8 --json > /dev/null
-    SMELT_CUDA_WEIGHT_DIGEST=1 tokens $W/disq-$t.tok $S run --model $bf --isq $t --device $DEV --prompt-ids $ids --max-tokens 8 --json > /dev/null
+    SMELT_ISQ_ON_DEVICE=1 SMELT_CUDA_WEIGHT_DIGEST=1 tokens $W/disq-$t.tok $S run --model $bf --isq $t --device $DEV --prompt-ids $ids --max-tokens 8 --json > /dev/null
     a=$(digest $W/dfile-$t.tok.err); b=$(digest $W/disq-$t.tok.err)
     if [ "$DEV" = cuda ]; then
         [ -n "$a" ] && [ "$a" = "$b" ] && r="SAME: $a" || { r="DIFFER: file '$a', --isq '$b'"; FAILED=1; }
@@ -198,11 +199,11 @@ rm -f $W/l8-q6k-gpu2.gguf
 s=$(secs $S quantize $bf $W/l8-q4km-gpu.gguf --type q4_k_m --device $DEV)
 row "smelt quantize --device $DEV q4_k_m -> $(gb $W/l8-q4km-gpu.gguf)" "$s" "$(ratio "$s" $catw); $(last_wrote)"
 rm -f $W/l8-q4km-gpu.gguf
-s=$(tokens $W/isq.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
-row "smelt run --isq q6_k --device $DEV: launch to 8 tokens (quantized on the device)" "$s" "$(ratio "$s" $catw)"
+s=$(SMELT_ISQ_ON_DEVICE=1 tokens $W/isq.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
+row "smelt run --isq q6_k --device $DEV: launch to 8 tokens (SMELT_ISQ_ON_DEVICE=1: quantized on the device)" "$s" "$(ratio "$s" $catw)"
 isq_wall=$s
-s=$(SMELT_ISQ_ON_DEVICE=0 tokens $W/isqhost.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
-row "same through host memory (SMELT_ISQ_ON_DEVICE=0: before)" "$s" "$(ratio "$s" $catw); tokens vs on the device: $(same $W/isq.tok $W/isqhost.tok)"
+s=$(tokens $W/isqhost.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
+row "same through host memory (the default today: quantize, download, repack on the host, upload)" "$s" "$(ratio "$s" $catw); tokens vs on the device: $(same $W/isq.tok $W/isqhost.tok)"
 s=$(tokens $W/file.tok $S run --model $W/l8-q6_k-gpu.gguf --device $DEV --prompt-ids $ids --max-tokens 8 --json)
 row "smelt run of the q6_k file --device $DEV: launch to 8 tokens" "$s" "$(ratio "$s" $catw); tokens vs --isq: $(same $W/isq.tok $W/file.tok)"
 
@@ -335,7 +336,7 @@ if [ "$(left)" -gt 180 ] && can_drop; then
     row "smelt quantize --device $DEV q6_k (cold)" "$s" "$(ratio "$s" $catc); $(last_wrote)"
     rm -f $W/l8-q6k-cold.gguf
     cold
-    s=$(tokens $W/isqcold.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
+    s=$(SMELT_ISQ_ON_DEVICE=1 tokens $W/isqcold.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
     row "smelt run --isq q6_k --device $DEV (cold): launch to 8 tokens" "$s" "$(ratio "$s" $catc)"
 fi
 if [ "$(left)" -gt 230 ]; then
@@ -359,7 +360,7 @@ if [ "$BIG" = 1 ] && [ "$(left)" -gt 120 ]; then
     row "cat > /dev/null (warm)" "$c14" "$(gbs $size $c14)"
     s=$(secs $S quantize $b14 $W/q14-q6k-gpu.gguf --type q6_k --device $DEV)
     row "smelt quantize --device $DEV q6_k" "$s" "$(ratio "$s" $c14); $(last_wrote)"
-    s=$(tokens $W/isq14.tok $S run --model $b14 --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
+    s=$(SMELT_ISQ_ON_DEVICE=1 tokens $W/isq14.tok $S run --model $b14 --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
     row "smelt run --isq q6_k --device $DEV: launch to 8 tokens" "$s" "$(ratio "$s" $c14)"
     if [ "$(left)" -gt 45 ]; then
         s=$(secs -t $(( $(left) - 10 )) $S quantize $b14 $W/q14-q6k-cpu.gguf --type q6_k)

@@ -233,13 +233,26 @@ pub fn open(path: &Path, isq: Option<&str>, device: Device) -> Result<Gguf> {
     Ok(g)
 }
 
-/// `--isq` straight into a GPU's memory: for a GGUF file loaded on CUDA by one device, the
-/// source (mapped, not read) and the per-tensor plan of the types that change, which the
-/// engine quantizes on the device as it loads (the weights never come back to the host).
-/// `None` where that path does not apply: no ISQ, a CPU, a Hugging Face folder, a model
-/// with experts or delta-net layers (their loaders read host bytes), or
-/// `SMELT_ISQ_ON_DEVICE=0` (the path through host memory, to compare).
+/// `--isq` straight into a GPU's memory, with `SMELT_ISQ_ON_DEVICE=1` (opt-in until a GPU
+/// run has shown it gives the file's weights byte for byte and loads faster:
+/// `bench/gpu/load.sh`): [`plan_for_device`], else `None` (the path through host memory).
 pub fn device_plan(
+    path: &Path,
+    isq: Option<&str>,
+    device: Device,
+) -> Result<Option<(Gguf, smelt_engine::backend::cuda::isq::DeviceIsq)>> {
+    if !std::env::var("SMELT_ISQ_ON_DEVICE").is_ok_and(|v| v == "1") {
+        return Ok(None);
+    }
+    plan_for_device(path, isq, device)
+}
+
+/// For a GGUF file loaded on CUDA by one device with `--isq`: the source (mapped, not read)
+/// and the per-tensor plan of the types that change, which the engine quantizes on the
+/// device as it loads (the weights never come back to the host). `None` where that path
+/// does not apply: no ISQ, a CPU, a Hugging Face folder, a model with experts or
+/// delta-net layers (their loaders read host bytes).
+pub fn plan_for_device(
     path: &Path,
     isq: Option<&str>,
     device: Device,
@@ -247,7 +260,7 @@ pub fn device_plan(
     let (Some(isq), Device::Cuda(_)) = (isq, device) else {
         return Ok(None);
     };
-    if path.is_dir() || std::env::var("SMELT_ISQ_ON_DEVICE").is_ok_and(|v| v == "0") {
+    if path.is_dir() {
         return Ok(None);
     }
     let rules = IsqRules::parse(isq)?;
@@ -350,7 +363,7 @@ mod tests {
     #[test]
     fn device_plan_is_the_isq_models_types() {
         let path = smollm();
-        let (g, plan) = device_plan(&path, Some("q4_k_m"), Device::Cuda(0))
+        let (g, plan) = plan_for_device(&path, Some("q4_k_m"), Device::Cuda(0))
             .expect("plans")
             .expect("a GGUF on cuda gets a device plan");
         let rules = IsqRules::parse("q4_k_m").expect("parses");
@@ -371,10 +384,10 @@ mod tests {
                 ),
             }
         }
-        assert!(device_plan(&path, Some("q4_k_m"), Device::Cpu)
+        assert!(plan_for_device(&path, Some("q4_k_m"), Device::Cpu)
             .expect("cpu")
             .is_none());
-        assert!(device_plan(&path, None, Device::Cuda(0))
+        assert!(plan_for_device(&path, None, Device::Cuda(0))
             .expect("no isq")
             .is_none());
     }
