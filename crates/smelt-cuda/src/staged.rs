@@ -249,7 +249,8 @@ impl Slot {
         crate::gpu::push_args(&mut l, &values);
         gpu.no_timeline(&mut l);
         // SAFETY: the kernel reads `src_bytes` of the input and writes `out_bytes` of the
-        // output and `rows` flags, all within the slot's buffers (checked above).
+        // output and `rows` flags, all within the slot's buffers (checked above), or for
+        // `Output::Device` without repack, at the caller's `dst` (the caller's contract).
         unsafe { l.launch(cfg) }?;
         if let Output::Device { dst, repack: true } = out {
             crate::quantize::repack_on(gpu, &self.stream, ty, staged_out, dst, rows, cols)?;

@@ -791,7 +791,7 @@ impl Cuda {
                     smelt_quant::dequantize_row(ty, src, dst).map_err(|_| {
                         EngineError::UnsupportedType {
                             name: name.into(),
-                            ty: ty,
+                            ty,
                         }
                     })?;
                 }
@@ -811,7 +811,7 @@ impl Cuda {
                     })?;
                 CudaWeight::Matrix {
                     ptr: self.upload_weight(&packed)?,
-                    ty: ty,
+                    ty,
                     rows,
                     cols,
                     row_bytes,
@@ -819,7 +819,7 @@ impl Cuda {
             }
             WeightPlan::Embedding { .. } => CudaWeight::Embedding {
                 ptr: self.upload_weight(data)?,
-                ty: ty,
+                ty,
                 rows,
                 cols,
             },
