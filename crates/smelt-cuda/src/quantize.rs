@@ -8,6 +8,7 @@
 //! Non-finite input is an error naming the first bad row and column, as on the CPU.
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
+use smelt_kernels::formats::gpu_repack;
 use smelt_kernels::quantize::{self, Input};
 use smelt_kernels::{GgmlType, KernelError};
 
@@ -71,6 +72,70 @@ pub fn quantize_device(
     // `out_bytes` of `dst` and `rows` words of `flags`, all checked above.
     unsafe { l.launch(cfg) }?;
     Ok(())
+}
+
+/// Queues on `stream` the repack of `rows` rows of `cols` weights of `ty` from ggml's blocks
+/// at device address `src` into the GEMV's row layout at `dst`
+/// (`smelt_kernels::formats::gpu_repack`; every byte of the `rows * row_bytes` output is
+/// written, padding as zeros). The caller owns both ranges: `src` holds the rows' ggml
+/// bytes and `dst` has room for their GPU rows, both in `gpu`'s context.
+pub fn repack_on(
+    gpu: &Gpu,
+    stream: &cudarc::driver::CudaStream,
+    ty: GgmlType,
+    src: u64,
+    dst: u64,
+    rows: usize,
+    cols: usize,
+) -> Result<(), CudaError> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let (args, launch) = gpu_repack::args(ty, src, dst, rows, cols)?;
+    let f = gpu.function(&gpu_repack::kernel_name(ty)?)?;
+    let cfg = LaunchConfig {
+        grid_dim: launch.grid,
+        block_dim: launch.block,
+        shared_mem_bytes: launch.shared_bytes,
+    };
+    let values = args.values();
+    let mut l = stream.launch_builder(&f);
+    crate::gpu::push_args(&mut l, &values);
+    gpu.no_timeline(&mut l);
+    // SAFETY: the kernel reads the rows' ggml bytes at `src` and writes `args.total` bytes
+    // at `dst`, ranges the caller vouches for (see the doc comment).
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// [`repack_on`] between two buffers on the device's stream, their sizes checked: the GPU
+/// side of the repack parity check (the CPU twin is `smelt_kernels::catalog::repack`).
+pub fn repack_device(
+    gpu: &Gpu,
+    ty: GgmlType,
+    src: &CudaSlice<u8>,
+    dst: &mut CudaSlice<u8>,
+    rows: usize,
+    cols: usize,
+) -> Result<(), CudaError> {
+    let need_src = rows * ty.row_bytes(cols as u64).unwrap_or(u64::MAX) as usize;
+    let need_dst = rows * smelt_kernels::catalog::row_bytes(ty, cols)?;
+    if src.len() < need_src {
+        return Err(CudaError::BadLength {
+            what: "repack source bytes",
+            got: src.len(),
+            want: need_src,
+        });
+    }
+    if dst.len() < need_dst {
+        return Err(CudaError::BadLength {
+            what: "repack output bytes",
+            got: dst.len(),
+            want: need_dst,
+        });
+    }
+    let (s, d) = (gpu.ptr(src), gpu.ptr(dst));
+    repack_on(gpu, gpu.stream(), ty, s, d, rows, cols)
 }
 
 /// Device buffers kept between tensors, grown as needed.

@@ -8,6 +8,11 @@
 //! upload, the kernel and the download of its output and row flags, returns at once) ->
 //! [`Slot::complete`] (waits for its event, checks the flags, lends the output) -> reused.
 //! Bytes equal [`crate::quantize::quantize_host`]'s: the same kernel on the same rows.
+//!
+//! A loader that keeps the weights on the device submits with [`Output::Device`] instead:
+//! the blocks stay there (written where the loader says, or repacked there into the GEMV's
+//! row layout by `smelt_kernels::formats::gpu_repack`'s kernel), and only the row flags come
+//! back, so the weights cross the link once.
 
 use std::sync::Arc;
 
@@ -67,6 +72,17 @@ struct Pending {
     rows: usize,
     cols: usize,
     out_bytes: usize,
+    to_host: bool,
+}
+
+/// Where a submitted chunk's blocks go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Downloaded into the slot's pinned output, which [`Slot::complete`] lends.
+    Host,
+    /// Left on the device at address `dst`: ggml's blocks as they are, or with `repack`
+    /// the GEMV's row layout (`smelt_kernels::catalog::row_bytes` per row).
+    Device { dst: u64, repack: bool },
 }
 
 /// One staging slot (see the module docs).
@@ -92,6 +108,28 @@ pub fn slots(
     max_out: usize,
     max_rows: usize,
 ) -> Result<Vec<Slot>, CudaError> {
+    slots_with(gpu, n, max_in, max_out, max_rows, true)
+}
+
+/// [`slots`] for [`Output::Device`] submissions only: no pinned output buffers.
+pub fn slots_on_device(
+    gpu: &Arc<Gpu>,
+    n: usize,
+    max_in: usize,
+    max_out: usize,
+    max_rows: usize,
+) -> Result<Vec<Slot>, CudaError> {
+    slots_with(gpu, n, max_in, max_out, max_rows, false)
+}
+
+fn slots_with(
+    gpu: &Arc<Gpu>,
+    n: usize,
+    max_in: usize,
+    max_out: usize,
+    max_rows: usize,
+    host_out: bool,
+) -> Result<Vec<Slot>, CudaError> {
     let ctx = gpu.context();
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
@@ -100,7 +138,7 @@ pub fn slots(
             gpu: gpu.clone(),
             done: ctx.new_event(None)?,
             host_in: Pinned::new(gpu, max_in)?,
-            host_out: Pinned::new(gpu, max_out)?,
+            host_out: Pinned::new(gpu, if host_out { max_out } else { 1 })?,
             host_flags: Pinned::new(gpu, max_rows.max(1) * 4)?,
             dev_in: stream.alloc_zeros::<u8>(max_in.max(1))?,
             dev_out: stream.alloc_zeros::<u8>(max_out.max(1))?,
@@ -121,6 +159,11 @@ impl Slot {
         self.host_in.slice_mut()
     }
 
+    /// The slot's stream (to order its work after another stream's, `CudaStream::wait`).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     /// Queues the quantization of `rows` x `cols` elements of `input` (the first bytes of
     /// [`Slot::input`]) to `ty`: upload, kernel, download, on the slot's stream.
     pub fn submit(
@@ -129,6 +172,26 @@ impl Slot {
         input: Input,
         rows: usize,
         cols: usize,
+    ) -> Result<(), CudaError> {
+        // SAFETY: `Output::Host` writes only the slot's own buffers.
+        unsafe { self.submit_to(ty, input, rows, cols, Output::Host) }
+    }
+
+    /// [`Slot::submit`] with the blocks sent to `out`; with [`Output::Device`] only the row
+    /// flags come back and [`Slot::complete`] lends no bytes.
+    ///
+    /// # Safety
+    /// With [`Output::Device`], `dst` must be device memory of this slot's context with
+    /// room for the chunk's output (`rows` ggml rows of `ty`, or `rows` GPU rows with
+    /// `repack`), not used by other work until this slot's [`Slot::complete`] returns
+    /// (or later work is ordered after the slot's stream).
+    pub unsafe fn submit_to(
+        &mut self,
+        ty: GgmlType,
+        input: Input,
+        rows: usize,
+        cols: usize,
+        out: Output,
     ) -> Result<(), CudaError> {
         let p = quantize::plan(ty, rows, cols)?;
         let src_bytes = rows * cols * input.bytes();
@@ -140,16 +203,28 @@ impl Slot {
             }
         };
         fits("staged input bytes", self.host_in.len, src_bytes)?;
-        fits("staged output bytes", self.host_out.len, p.out_bytes)?;
+        if out == Output::Host {
+            fits("staged output bytes", self.host_out.len, p.out_bytes)?;
+        }
         fits("staged row flags", self.dev_flags.len(), rows)?;
         let gpu = &self.gpu;
         gpu.context().bind_to_thread()?;
         let cu = self.stream.cu_stream();
-        let (src, dst, flags) = (
-            gpu.ptr(&self.dev_in),
-            gpu.ptr(&self.dev_out),
-            gpu.ptr(&self.dev_flags),
-        );
+        let staged_out = gpu.ptr(&self.dev_out);
+        let (src, flags) = (gpu.ptr(&self.dev_in), gpu.ptr(&self.dev_flags));
+        // Where the quantize kernel writes: the slot's output buffer unless the blocks go
+        // straight to their place on the device.
+        let dst = match out {
+            Output::Device { dst, repack: false } => dst,
+            _ => {
+                fits(
+                    "staged device output bytes",
+                    self.dev_out.len(),
+                    p.out_bytes,
+                )?;
+                staged_out
+            }
+        };
         // SAFETY: every range was checked against its buffer above; the pinned buffers stay
         // untouched by the host until `complete` has waited for this stream's event.
         unsafe {
@@ -174,11 +249,17 @@ impl Slot {
         crate::gpu::push_args(&mut l, &values);
         gpu.no_timeline(&mut l);
         // SAFETY: the kernel reads `src_bytes` of the input and writes `out_bytes` of the
-        // output and `rows` flags, all within the slot's buffers (checked above).
+        // output and `rows` flags, all within the slot's buffers (checked above), or for
+        // `Output::Device` without repack, at the caller's `dst` (the caller's contract).
         unsafe { l.launch(cfg) }?;
+        if let Output::Device { dst, repack: true } = out {
+            crate::quantize::repack_on(gpu, &self.stream, ty, staged_out, dst, rows, cols)?;
+        }
         // SAFETY: as above; the host buffers are not read before the event.
         unsafe {
-            result::memcpy_dtoh_async(&mut self.host_out.slice_mut()[..p.out_bytes], dst, cu)?;
+            if out == Output::Host {
+                result::memcpy_dtoh_async(&mut self.host_out.slice_mut()[..p.out_bytes], dst, cu)?;
+            }
             result::memcpy_dtoh_async(&mut self.host_flags.slice_mut()[..rows * 4], flags, cu)?;
         }
         self.done.record(&self.stream)?;
@@ -187,6 +268,7 @@ impl Slot {
             rows,
             cols,
             out_bytes: p.out_bytes,
+            to_host: out == Output::Host,
         });
         Ok(())
     }
@@ -213,6 +295,14 @@ impl Slot {
                 .unwrap_or(f32::NAN)
         })
         .map_err(|e| CudaError::Kernel(KernelError::Quant(e)))?;
+        if !p.to_host {
+            return Ok(&[]);
+        }
         Ok(&self.host_out.slice()[..p.out_bytes])
+    }
+
+    /// Whether a submitted chunk awaits [`Slot::complete`].
+    pub fn is_pending(&self) -> bool {
+        self.pending.is_some()
     }
 }

@@ -43,6 +43,10 @@ pub struct EngineOptions {
     /// split by the matrix shape alone, every attention on the tiled prompt kernel).
     /// Slower decode of one sequence; the CPU is batch-invariant already.
     pub batch_invariant: bool,
+    /// On a GPU: quantize these weights on the device as they load (`--isq` of a GGUF
+    /// file with `SMELT_ISQ_ON_DEVICE=1`: the source's weights never come back to the host;
+    /// see [`crate::backend::cuda::isq`]). The CPU ignores it (it is given a quantized model).
+    pub device_isq: Option<Arc<crate::backend::cuda::isq::DeviceIsq>>,
 }
 
 impl Default for EngineOptions {
@@ -55,6 +59,7 @@ impl Default for EngineOptions {
             gpu_memory: None,
             step_tokens: crate::generate::DEFAULT_PREFILL_CHUNK,
             batch_invariant: false,
+            device_isq: None,
         }
     }
 }
@@ -138,7 +143,13 @@ impl Engine {
                 block_size: opts.block_size,
                 fill: opts.gpu_memory.map(|f| (f, opts.step_tokens.max(1))),
             };
-            let cuda = CudaEngine::load(&gguf, ordinal, &kv, opts.batch_invariant)?;
+            let cuda = CudaEngine::load_isq(
+                &gguf,
+                ordinal,
+                &kv,
+                opts.batch_invariant,
+                opts.device_isq.clone(),
+            )?;
             let n_blocks = cuda.kv_blocks();
             return Ok(Engine {
                 gguf,

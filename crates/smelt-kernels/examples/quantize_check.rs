@@ -12,6 +12,12 @@
 //!    generated on the GPU to Q6_K, total seconds (CUDA events around the quantize
 //!    launches; data generation and disk excluded).
 //!
+//! 3. repack (issue 20): every GEMV format's repack kernel (ggml blocks into the GEMV's row
+//!    layout on the device, `smelt_kernels::formats::gpu_repack`) against its CPU twin
+//!    `catalog::repack` on random bytes, several shapes (ragged rows, zero blocks), outputs
+//!    poisoned with 0xAB; and its speed on a 14336x4096 matrix. `--repack-only` runs just
+//!    this part (what `bench/gpu/load.sh` runs).
+//!
 //! The PTX is generated here and loaded through the driver (no CUDA toolkit). Prints
 //! `PASS`/`FAIL` per type and input, a timing table, and exits 1 on any failure.
 //! `--quick` skips the 4096x14336 parity shapes; `--ptx FILE` only writes the module.
@@ -77,6 +83,9 @@ fn module(target: Target) -> Result<Module> {
         m.kernel(&name, |k| build(k))?;
     }
     m.kernel("fill_bf16", fill_bf16_kernel)?;
+    for (name, build) in smelt_kernels::formats::gpu_repack::entries() {
+        m.kernel(&name, |k| build(k))?;
+    }
     Ok(m)
 }
 
@@ -574,6 +583,14 @@ fn main() -> Result<()> {
     }
     let quick = args.iter().any(|a| a == "--quick");
     let gpu = Gpu::new()?;
+    let repack_failures = repack_check(&gpu)?;
+    if args.iter().any(|a| a == "--repack-only") {
+        if repack_failures > 0 {
+            println!("repack: {repack_failures} FAILED");
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     let t = Instant::now();
     let failures = parity(&gpu, quick)?;
     println!(
@@ -585,10 +602,119 @@ fn main() -> Result<()> {
         println!("speed failed: {e:#}");
         std::process::exit(1);
     }
-    if failures > 0 {
-        println!("\n{failures} type/input pairs FAILED");
+    if failures + repack_failures > 0 {
+        println!("\n{failures} type/input pairs and {repack_failures} repack formats FAILED");
         std::process::exit(1);
     }
     println!("\nall {} type/input pairs PASS", quantize::TYPES.len() * 3);
+    Ok(())
+}
+
+/// Part 3: each repack kernel against `catalog::repack`, then its speed. Returns the
+/// number of formats that failed.
+fn repack_check(gpu: &Gpu) -> Result<usize> {
+    use smelt_kernels::catalog;
+    use smelt_kernels::formats::gpu_repack;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(20);
+    let mut failures = 0;
+    println!("repack kernels (ggml blocks -> GEMV rows on the device) vs catalog::repack:");
+    for ty in catalog::GEMV_TYPES {
+        let f = gpu.module.load_function(&gpu_repack::kernel_name(ty)?)?;
+        let padded = gpu_repack::layout(ty)?.tile_padded;
+        let shapes: &[(usize, usize)] = if padded {
+            &[
+                (1, 32),
+                (3, 96),
+                (7, 288),
+                (64, 4096),
+                (33, 800),
+                (1000, 2080),
+            ]
+        } else {
+            &[(1, 256), (5, 512), (64, 4096), (129, 1280), (1000, 2304)]
+        };
+        let mut bad = Vec::new();
+        for &(rows, cols) in shapes {
+            let n = rows * cols / ty.block_size() * ty.type_size();
+            let ggml: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
+            let want = catalog::repack(ty, &ggml, rows, cols)?;
+            let src = gpu.stream.clone_htod(&ggml)?;
+            let mut dst = gpu.stream.clone_htod(&vec![0xABu8; want.len()])?;
+            let (a, launch) = gpu_repack::args(ty, 0, 0, rows, cols)?;
+            launch_repack(gpu, &f, &src, &mut dst, &a, launch)?;
+            let got = gpu.stream.clone_dtoh(&dst)?;
+            if got != want {
+                let at = got.iter().zip(&want).position(|(g, w)| g != w).unwrap_or(0);
+                bad.push(format!("{rows}x{cols} (first difference at byte {at})"));
+            }
+        }
+        let verdict = if bad.is_empty() {
+            "PASS".to_string()
+        } else {
+            format!("FAIL {}", bad.join(", "))
+        };
+        println!(
+            "  repack {:<7} {} shapes: {verdict}",
+            ty.to_string(),
+            shapes.len()
+        );
+        failures += usize::from(!bad.is_empty());
+    }
+    // Speed: a 14336x4096 matrix (an 8B model's FFN projection).
+    let (rows, cols) = (14336, 4096);
+    for ty in [GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0] {
+        let f = gpu.module.load_function(&gpu_repack::kernel_name(ty)?)?;
+        let n = rows * cols / ty.block_size() * ty.type_size();
+        let src = gpu.stream.alloc_zeros::<u8>(n)?;
+        let mut dst = gpu
+            .stream
+            .alloc_zeros::<u8>(rows * catalog::row_bytes(ty, cols)?)?;
+        let (a, launch) = gpu_repack::args(ty, 0, 0, rows, cols)?;
+        launch_repack(gpu, &f, &src, &mut dst, &a, launch)?;
+        let ctx = gpu.stream.context();
+        let (e0, e1) = (
+            ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+            ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+        );
+        e0.record(&gpu.stream)?;
+        let reps = 5;
+        for _ in 0..reps {
+            launch_repack(gpu, &f, &src, &mut dst, &a, launch)?;
+        }
+        e1.record(&gpu.stream)?;
+        e1.synchronize()?;
+        let ms = e0.elapsed_ms(&e1)? / reps as f32;
+        println!(
+            "  repack {:<7} {rows}x{cols}: {:.3} ms ({:.0} GB/s of output)",
+            ty.to_string(),
+            ms,
+            a.total as f64 / (ms as f64 * 1e-3) / 1e9
+        );
+    }
+    Ok(failures)
+}
+
+fn launch_repack(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    src: &CudaSlice<u8>,
+    dst: &mut CudaSlice<u8>,
+    a: &smelt_kernels::formats::gpu_repack::RepackArgs,
+    launch: smelt_kernels::ops::Launch,
+) -> Result<()> {
+    let cfg = LaunchConfig {
+        grid_dim: launch.grid,
+        block_dim: launch.block,
+        shared_mem_bytes: launch.shared_bytes,
+    };
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(src)
+        .arg(dst)
+        .arg(&a.total)
+        .arg(&a.row_bytes)
+        .arg(&a.src_row)
+        .arg(&a.blocks)
+        .arg(&a.padded_blocks);
+    unsafe { l.launch(cfg) }?;
     Ok(())
 }

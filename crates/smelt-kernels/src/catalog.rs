@@ -200,6 +200,7 @@ pub fn all() -> Vec<Entry> {
     v.extend(crate::ops::catalog());
     v.extend(crate::fused::catalog());
     v.extend(crate::quantize::entries());
+    v.extend(formats::gpu_repack::entries());
     v.extend(crate::gemm::catalog());
     v.extend(crate::gemm::f16::catalog());
     v.extend(crate::gemm::narrow::catalog());

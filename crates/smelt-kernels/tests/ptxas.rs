@@ -187,3 +187,28 @@ fn grouped_gemms_assemble_without_spills() {
         smelt_kernels::gemm::grouped::catalog().len()
     );
 }
+
+/// The repack kernels (ggml blocks into the GEMV's rows on the device, in-situ
+/// quantization's last step) assemble for both targets without a spill, one per GEMV format.
+#[test]
+fn repack_kernels_assemble_without_spills() {
+    let mut failures = Vec::new();
+    let mut n = 0;
+    for target in [Target::Sm80, Target::Sm90] {
+        for (name, build) in smelt_kernels::formats::gpu_repack::entries() {
+            let mut m = Module::new(target);
+            m.set_grid_dep(smelt_ptx::GridDep::ALL);
+            if let Err(e) = m.kernel(&name, |k| build(k)) {
+                failures.push(format!("{name} ({target}) did not build: {e}"));
+                continue;
+            }
+            match assemble(target, &name, &m.to_ptx()) {
+                Ok(report) if report.contains(" 0 bytes spill stores") => n += 1,
+                Ok(report) => failures.push(format!("{name} ({target}) spills:\n{report}")),
+                Err(e) => failures.push(e),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert_eq!(n, 2 * catalog::GEMV_TYPES.len());
+}

@@ -89,7 +89,14 @@ fn init_logging(format: LogFormat) {
     };
 }
 
+/// When this process started (its first instruction of `main`): load timings count from it.
+pub(crate) fn started() -> std::time::Instant {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(std::time::Instant::now)
+}
+
 fn main() -> ExitCode {
+    started();
     let v = version();
     let matches = Cli::command()
         .version(v.clone())

@@ -12,6 +12,7 @@ use smelt_ptx::{Addr, Kernel, L2Prefetch, Load, Reg, F32, U32, U64};
 use crate::act::ActRegs;
 use crate::{GgmlType, KernelError};
 
+pub mod gpu_repack;
 pub mod iq4;
 pub mod legacy;
 pub mod q2_k;

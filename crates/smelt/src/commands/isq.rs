@@ -2,7 +2,7 @@
 //! folder) is quantized tensor by tensor as it loads, with the same per-tensor plan as
 //! `smelt quantize --type TYPE`, so the in-memory GGUF is the file `smelt quantize` writes.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use smelt_engine::Device;
 use smelt_gguf::{Gguf, Metadata};
 use smelt_load::pipeline::{Stage, WriteFn};
@@ -233,6 +233,67 @@ pub fn open(path: &Path, isq: Option<&str>, device: Device) -> Result<Gguf> {
     Ok(g)
 }
 
+/// `--isq` straight into a GPU's memory, with `SMELT_ISQ_ON_DEVICE=1` (opt-in until a GPU
+/// run has shown it gives the file's weights byte for byte and loads faster:
+/// `bench/gpu/load.sh`): [`plan_for_device`], else `None` (the path through host memory).
+pub fn device_plan(
+    path: &Path,
+    isq: Option<&str>,
+    device: Device,
+) -> Result<Option<(Gguf, smelt_engine::backend::cuda::isq::DeviceIsq)>> {
+    if !std::env::var("SMELT_ISQ_ON_DEVICE").is_ok_and(|v| v == "1") {
+        return Ok(None);
+    }
+    plan_for_device(path, isq, device)
+}
+
+/// For a GGUF file loaded on CUDA by one device with `--isq`: the source (mapped, not read)
+/// and the per-tensor plan of the types that change, which the engine quantizes on the
+/// device as it loads (the weights never come back to the host). `None` where that path
+/// does not apply: no ISQ, a CPU, a Hugging Face folder, a model with experts or
+/// delta-net layers (their loaders read host bytes).
+pub fn plan_for_device(
+    path: &Path,
+    isq: Option<&str>,
+    device: Device,
+) -> Result<Option<(Gguf, smelt_engine::backend::cuda::isq::DeviceIsq)>> {
+    let (Some(isq), Device::Cuda(_)) = (isq, device) else {
+        return Ok(None);
+    };
+    if path.is_dir() {
+        return Ok(None);
+    }
+    let rules = IsqRules::parse(isq)?;
+    let g = Gguf::open(path).with_context(|| format!("cannot load {}", path.display()))?;
+    let info = smelt_engine::ModelInfo::from_gguf(&g)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    if info.moe.is_some() || info.delta.is_some() {
+        return Ok(None);
+    }
+    let src = smelt_load::GgufSource::new(&g);
+    let plan = rules
+        .plan(g.metadata(), src.tensors())
+        .map_err(|why| anyhow::anyhow!("--isq {isq}: {why}"))?;
+    let mut types = std::collections::BTreeMap::new();
+    for (t, &ty) in src.tensors().iter().zip(&plan.types) {
+        if smelt_load::pipeline::converts(t.ty, ty, true) {
+            if !smelt_quant::can_quantize(ty) || !smelt_quant::can_dequantize(t.ty) {
+                bail!(
+                    "--isq {isq}: tensor {} ({}) cannot become {ty}",
+                    t.name,
+                    t.ty
+                );
+            }
+            types.insert(t.name.clone(), ty);
+        }
+    }
+    drop(src);
+    Ok(Some((
+        g,
+        smelt_engine::backend::cuda::isq::DeviceIsq { types },
+    )))
+}
+
 /// Bytes of a model's file, or of a folder's safetensors shards.
 pub fn input_bytes(path: &Path) -> u64 {
     if !path.is_dir() {
@@ -294,6 +355,39 @@ mod tests {
             assert_eq!(mem.len(), file.len(), "{ty}: sizes");
             assert!(mem == file, "{ty}: bytes differ from smelt quantize's");
         }
+    }
+
+    /// The plan `--isq` hands a GPU (quantize on the device as it loads) names exactly the
+    /// tensors whose bytes the in-memory ISQ model changes (the types `smelt quantize`'s plan
+    /// gives them: `isq_bytes_equal_smelt_quantize` ties that model to the file); it applies
+    /// to GGUF files on CUDA only.
+    #[test]
+    fn device_plan_is_the_isq_models_types() {
+        let path = smollm();
+        let (g, plan) = plan_for_device(&path, Some("q4_k_m"), Device::Cuda(0))
+            .expect("plans")
+            .expect("a GGUF on cuda gets a device plan");
+        let rules = IsqRules::parse("q4_k_m").expect("parses");
+        let src = smelt_load::GgufSource::new(&g);
+        let want = rules.plan(g.metadata(), src.tensors()).expect("plan");
+        assert!(!plan.types.is_empty());
+        for (t, &ty) in src.tensors().iter().zip(&want.types) {
+            match plan.types.get(&t.name) {
+                Some(&got) => assert_eq!(got, ty, "{}", t.name),
+                None => assert!(
+                    ty == t.ty && !t.ty.is_quantized(),
+                    "{} ({} -> {ty}) is left out of the plan",
+                    t.name,
+                    t.ty
+                ),
+            }
+        }
+        assert!(plan_for_device(&path, Some("q4_k_m"), Device::Cpu)
+            .expect("cpu")
+            .is_none());
+        assert!(plan_for_device(&path, None, Device::Cuda(0))
+            .expect("no isq")
+            .is_none());
     }
 
     #[test]

@@ -255,7 +255,7 @@ pub fn load_kv(
         bail!("--threads must be at least 1");
     }
     let path = resolve(model)?;
-    let opts = EngineOptions {
+    let mut opts = EngineOptions {
         threads,
         kv_tokens: kv.tokens,
         device,
@@ -264,7 +264,17 @@ pub fn load_kv(
         step_tokens: kv.step_tokens,
         ..EngineOptions::default()
     };
-    let gguf = super::isq::open(&path, isq, device)?;
+    let on_device = match tp {
+        None => super::isq::device_plan(&path, isq, device)?,
+        Some(_) => None,
+    };
+    let gguf = match on_device {
+        Some((g, plan)) => {
+            opts.device_isq = Some(std::sync::Arc::new(plan));
+            g
+        }
+        None => super::isq::open(&path, isq, device)?,
+    };
     let engine = match (&tp, device) {
         (Some(devices), _) => Engine::from_gguf_tp(std::sync::Arc::new(gguf), &opts, devices)
             .with_context(|| format!("cannot load {}", path.display()))?,
@@ -312,11 +322,20 @@ fn gpu_load(path: &Path, gguf: smelt_gguf::Gguf, opts: &EngineOptions, n: usize)
         elapsed: start.elapsed(),
         waited: std::time::Duration::ZERO,
     };
-    eprintln!(
-        "{}: weights to cuda:{n}: {}",
-        path.display(),
-        summary.line()
-    );
+    let what = match &opts.device_isq {
+        Some(p) => format!(
+            "{} tensors quantized on cuda:{n} as they loaded",
+            p.types.len()
+        ),
+        None => format!("weights to cuda:{n}"),
+    };
+    eprintln!("{}: {what}: {}", path.display(), summary.line());
+    if std::env::var("SMELT_CUDA_LOAD_LOG").is_ok_and(|v| v == "1") {
+        eprintln!(
+            "smelt: engine ready {:.2} s after launch",
+            crate::started().elapsed().as_secs_f64()
+        );
+    }
     Ok(engine)
 }
 

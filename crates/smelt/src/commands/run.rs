@@ -214,6 +214,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
             return Err(e.into());
         }
         let g = result.with_context(|| format!("generation failed on {}", m.path.display()))?;
+        if std::env::var("SMELT_CUDA_LOAD_LOG").is_ok_and(|v| v == "1") {
+            eprintln!(
+                "smelt: {} tokens generated {:.2} s after launch (prompt {:.1} ms, decode {:.1} ms)",
+                g.tokens.len(),
+                crate::started().elapsed().as_secs_f64(),
+                g.timings.prompt.as_secs_f64() * 1e3,
+                g.timings.decode.as_secs_f64() * 1e3
+            );
+        }
         if !batch {
             writeln!(stdout)?;
         }

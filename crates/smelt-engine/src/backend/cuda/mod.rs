@@ -22,6 +22,7 @@
 
 mod arena;
 pub mod comm;
+pub mod isq;
 mod matmul;
 mod moe;
 mod ops;
@@ -249,6 +250,11 @@ pub struct Cuda {
     argmax_state: Mutex<Option<CudaSlice<u64>>>,
     /// Weight memory: chunks bump-allocated in load order; (chunks, next free, end).
     weights: Mutex<(Vec<CudaSlice<u8>>, u64, u64)>,
+    /// Every weight's place and size in weight memory, in load order (for
+    /// [`Cuda::weights_digest`]).
+    weight_ranges: Mutex<Vec<(u64, usize)>>,
+    /// In-situ quantization into device memory while a model loads ([`isq`]).
+    isq: Mutex<Option<isq::IsqLoader>>,
     /// GPU time per kernel of eager decode steps (`SMELT_CUDA_PROFILE=1`).
     profile: Option<Mutex<profile::Profile>>,
     /// Block timestamps of decode steps as their graphs run (`SMELT_CUDA_TIMELINE=1`).
@@ -320,6 +326,8 @@ impl Cuda {
             attn_counters: Mutex::new(None),
             argmax_state: Mutex::new(None),
             weights: Mutex::new((Vec::new(), 0, 0)),
+            weight_ranges: Mutex::new(Vec::new()),
+            isq: Mutex::new(None),
             profile: (opts.profile != options::Profile::Off)
                 .then(|| Mutex::new(profile::Profile::default())),
             timeline,
@@ -459,20 +467,7 @@ impl Cuda {
     /// Copies `bytes` into weight memory (adjacent to the previous weight when it fits the
     /// current chunk) and returns its address.
     fn upload_weight(&self, bytes: &[u8]) -> Result<u64, CudaError> {
-        let len = bytes.len().max(1).div_ceil(arena::ALIGN) * arena::ALIGN;
-        let mut w = lock(&self.weights);
-        if w.1 + len as u64 > w.2 {
-            let size = len.max(WEIGHT_CHUNK);
-            // SAFETY: fully written below (and the tail of a chunk is never read).
-            let buf = unsafe { self.gpu.stream().alloc::<u8>(size) }?;
-            let base = self.gpu.ptr(&buf);
-            w.0.push(buf);
-            w.1 = base;
-            w.2 = base + size as u64;
-        }
-        let p = w.1;
-        w.1 += len as u64;
-        drop(w);
+        let p = self.reserve_weight(bytes.len())?;
         if !bytes.is_empty() && upload::plain() {
             self.gpu.synchronize()?;
             // SAFETY: `p` has room for `bytes`; a synchronous copy from host memory.
@@ -488,6 +483,50 @@ impl Cuda {
             }
         }
         Ok(p)
+    }
+
+    /// Room for `n` bytes of weight memory (adjacent to the previous weight when it fits
+    /// the current chunk; a new chunk is allocated on the device's stream), unwritten.
+    fn reserve_weight(&self, n: usize) -> Result<u64, CudaError> {
+        let len = n.max(1).div_ceil(arena::ALIGN) * arena::ALIGN;
+        let mut w = lock(&self.weights);
+        if w.1 + len as u64 > w.2 {
+            let size = len.max(WEIGHT_CHUNK);
+            // SAFETY: fully written below (and the tail of a chunk is never read).
+            let buf = unsafe { self.gpu.stream().alloc::<u8>(size) }?;
+            let base = self.gpu.ptr(&buf);
+            w.0.push(buf);
+            w.1 = base;
+            w.2 = base + size as u64;
+        }
+        let p = w.1;
+        w.1 += len as u64;
+        drop(w);
+        lock(&self.weight_ranges).push((p, n));
+        Ok(p)
+    }
+
+    /// A hash of every weight's bytes in weight memory, in load order, and their count and
+    /// total size (`SMELT_CUDA_WEIGHT_DIGEST=1` prints it after a load): two loads with the
+    /// same digest put the same model on the device (a file's and `--isq`'s).
+    pub fn weights_digest(&self) -> Result<(u64, usize, u64), CudaError> {
+        self.gpu.synchronize()?;
+        let ranges = lock(&self.weight_ranges).clone();
+        let mut total = 0u64;
+        let mut hashes = Vec::with_capacity(ranges.len());
+        for &(p, n) in &ranges {
+            let mut host = vec![0u8; n];
+            if n > 0 {
+                // SAFETY: `p` holds `n` bytes of weight memory; a synchronous copy.
+                unsafe { cu::memcpy_dtoh_sync(&mut host, p) }?;
+            }
+            total += n as u64;
+            hashes.push(upload::digest(&host));
+        }
+        let h = hashes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+            (h ^ x).wrapping_mul(0x0100_0000_01b3)
+        });
+        Ok((h, ranges.len(), total))
     }
 
     /// Forgets the cached matmul input; a split norm whose output no GEMV wrote yet writes
@@ -731,19 +770,38 @@ impl Cuda {
         let info = gguf
             .tensor(name)
             .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
+        if let Some(w) = self.load_isq(gguf, info, role)? {
+            return Ok(w);
+        }
         let (rows, cols) = (info.n_rows() as usize, info.row_len() as usize);
         let data = gguf.tensor_data(info);
-        let w = match weights::plan(name, info.ty, info.shape.len(), rows, cols, role)? {
+        self.load_bytes(name, info.ty, info.shape.len(), rows, cols, data, role)
+    }
+
+    /// Puts a tensor of `ty` (`n_dims` dimensions, `rows` x `cols`, ggml's bytes `data`)
+    /// on the device as `role` needs it.
+    #[allow(clippy::too_many_arguments)]
+    fn load_bytes(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        n_dims: usize,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        role: Role,
+    ) -> Result<CudaWeight, EngineError> {
+        let w = match weights::plan(name, ty, n_dims, rows, cols, role)? {
             WeightPlan::Vector => {
                 let mut v = vec![0f32; rows * cols];
                 for (src, dst) in data
-                    .chunks(cols / info.ty.block_size() * info.ty.type_size())
+                    .chunks(cols / ty.block_size() * ty.type_size())
                     .zip(v.chunks_mut(cols))
                 {
-                    smelt_quant::dequantize_row(info.ty, src, dst).map_err(|_| {
+                    smelt_quant::dequantize_row(ty, src, dst).map_err(|_| {
                         EngineError::UnsupportedType {
                             name: name.into(),
-                            ty: info.ty,
+                            ty,
                         }
                     })?;
                 }
@@ -753,15 +811,17 @@ impl Cuda {
                 }
             }
             WeightPlan::Gemv { .. } => {
-                let row_bytes = catalog::row_bytes(info.ty, cols).map_err(CudaError::from)?;
-                let packed = upload::repack_parallel(info.ty, data, rows, cols, row_bytes)
-                    .map_err(|e| EngineError::BadMetadata {
-                        key: name.into(),
-                        why: format!("repacking for the GPU: {e}"),
+                let row_bytes = catalog::row_bytes(ty, cols).map_err(CudaError::from)?;
+                let packed =
+                    upload::repack_parallel(ty, data, rows, cols, row_bytes).map_err(|e| {
+                        EngineError::BadMetadata {
+                            key: name.into(),
+                            why: format!("repacking for the GPU: {e}"),
+                        }
                     })?;
                 CudaWeight::Matrix {
                     ptr: self.upload_weight(&packed)?,
-                    ty: info.ty,
+                    ty,
                     rows,
                     cols,
                     row_bytes,
@@ -769,7 +829,7 @@ impl Cuda {
             }
             WeightPlan::Embedding { .. } => CudaWeight::Embedding {
                 ptr: self.upload_weight(data)?,
-                ty: info.ty,
+                ty,
                 rows,
                 cols,
             },

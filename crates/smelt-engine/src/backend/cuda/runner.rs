@@ -85,6 +85,18 @@ impl CudaEngine {
         Self::load_rank(gguf, ordinal, kv, batch_invariant, None)
     }
 
+    /// [`CudaEngine::load`] with the weights `isq` names quantized on the device as they
+    /// load (`gguf` is the source model; see [`super::isq`]).
+    pub fn load_isq(
+        gguf: &Arc<Gguf>,
+        ordinal: usize,
+        kv: &KvPlan,
+        batch_invariant: bool,
+        isq: Option<Arc<super::isq::DeviceIsq>>,
+    ) -> Result<CudaEngine, EngineError> {
+        Self::load_inner(gguf, ordinal, kv, batch_invariant, None, isq)
+    }
+
     /// [`CudaEngine::load`] for one rank of a tensor-parallel group: `gguf` holds the rank's
     /// slices ([`crate::tp::rank_gguf`]) and `reduce` sums row-parallel outputs over the
     /// ranks (every rank must run the same steps, the measuring step included).
@@ -95,8 +107,41 @@ impl CudaEngine {
         batch_invariant: bool,
         reduce: Option<Box<dyn AllReduce<Cuda>>>,
     ) -> Result<CudaEngine, EngineError> {
+        Self::load_inner(gguf, ordinal, kv, batch_invariant, reduce, None)
+    }
+
+    fn load_inner(
+        gguf: &Arc<Gguf>,
+        ordinal: usize,
+        kv: &KvPlan,
+        batch_invariant: bool,
+        reduce: Option<Box<dyn AllReduce<Cuda>>>,
+        isq: Option<Arc<super::isq::DeviceIsq>>,
+    ) -> Result<CudaEngine, EngineError> {
+        let log = std::env::var("SMELT_CUDA_LOAD_LOG").is_ok_and(|v| v == "1");
+        let t0 = std::time::Instant::now();
         let backend = Cuda::open(ordinal, batch_invariant)?;
+        let opened = t0.elapsed();
+        if let Some(plan) = isq {
+            backend.start_isq(plan, gguf)?;
+        }
         let model = Model::load(&backend, gguf)?;
+        let stats = backend.finish_isq()?;
+        backend.take_error()?;
+        backend.gpu().synchronize()?;
+        let loaded = t0.elapsed();
+        if log {
+            eprintln!(
+                "cuda:{ordinal} load: device open + kernels {:.2} s, weights {:.2} s{}",
+                opened.as_secs_f64(),
+                (loaded - opened).as_secs_f64(),
+                stats.map_or(String::new(), |s| format!(" (ISQ: {})", s.line()))
+            );
+        }
+        if std::env::var("SMELT_CUDA_WEIGHT_DIGEST").is_ok_and(|v| v == "1") {
+            let (h, n, bytes) = backend.weights_digest()?;
+            eprintln!("cuda:{ordinal} weights digest: {h:016x} ({n} weights, {bytes} bytes)");
+        }
         let i = &model.info;
         let kv_dim = i.n_head_kv * i.head_dim;
         let (n_layer, block_size) = (i.n_layer, kv.block_size);
@@ -126,6 +171,13 @@ impl CudaEngine {
             e.kv = e.backend.kv_alloc(n_layer, n_blocks, block_size, kv_dim);
             e.backend.take_error()?;
             e.backend.gpu().synchronize()?;
+        }
+        if log {
+            eprintln!(
+                "cuda:{ordinal} load: KV cache {:.2} s; engine ready {:.2} s after the device was asked for",
+                (t0.elapsed() - loaded).as_secs_f64(),
+                t0.elapsed().as_secs_f64()
+            );
         }
         Ok(e)
     }

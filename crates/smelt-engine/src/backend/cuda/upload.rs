@@ -70,6 +70,32 @@ impl Uploader {
     }
 }
 
+/// A 64-bit hash of `bytes` (FNV-1a over 8-byte words, then the tail), for
+/// [`super::Cuda::weights_digest`]; all cores for large buffers.
+pub(crate) fn digest(bytes: &[u8]) -> u64 {
+    const PIECE: usize = 16 << 20;
+    let fnv = |b: &[u8]| {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let words = b.chunks_exact(8);
+        let tail = words.remainder();
+        for w in words {
+            let v = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+            h = (h ^ v).wrapping_mul(0x0100_0000_01b3);
+        }
+        for &t in tail {
+            h = (h ^ u64::from(t)).wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^ b.len() as u64
+    };
+    if bytes.len() <= PIECE {
+        return fnv(bytes);
+    }
+    let parts: Vec<u64> = bytes.par_chunks(PIECE).map(fnv).collect();
+    parts.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ x).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// [`smelt_kernels::catalog::repack`] on all cores: rows repack on their own, so groups of rows go to
 /// rayon's workers and land in one buffer (the same bytes as one call on the whole tensor).
 pub(crate) fn repack_parallel(
