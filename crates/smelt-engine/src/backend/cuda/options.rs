@@ -25,6 +25,7 @@
 //! | `SMELT_CUDA_DIGEST=1` | `digest` | off |
 //! | `SMELT_CUDA_GRAPHS=0` | `graphs` | on |
 //! | `SMELT_CUDA_SKIP` | `skip` | none |
+//! | `SMELT_TP_PEER_MAX` (bytes, `0` off) | `peer_all_reduce_max` | `allreduce::default_max_bytes` |
 //!
 //! (`SMELT_CUDA_PDL`, `SMELT_CUDA_TIMELINE` and `SMELT_CUDA_CARVEOUT` shape the kernel
 //! module and are read by `smelt_cuda::Gpu::open`.)
@@ -85,6 +86,18 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Kernel-name prefixes not launched (timing ablations; outputs are wrong).
     pub skip: Vec<String>,
+    /// Tensor parallelism: all-reduces of at most this many bytes run on the one-shot
+    /// peer-memory kernel, larger ones on NCCL; `None` is the measured table
+    /// (`smelt_kernels::allreduce::default_max_bytes`, by group size), `Some(0)` NCCL only.
+    pub peer_all_reduce_max: Option<usize>,
+}
+
+impl CudaOptions {
+    /// The largest all-reduce (bytes) the peer kernel takes in a group of `n_ranks`.
+    pub fn peer_max_bytes(&self, n_ranks: usize) -> usize {
+        self.peer_all_reduce_max
+            .unwrap_or_else(|| smelt_kernels::allreduce::default_max_bytes(n_ranks))
+    }
 }
 
 impl CudaOptions {
@@ -146,6 +159,7 @@ impl CudaOptions {
                 .filter(|p| !p.is_empty())
                 .map(String::from)
                 .collect(),
+            peer_all_reduce_max: num("SMELT_TP_PEER_MAX"),
         }
     }
 }
@@ -175,6 +189,10 @@ mod tests {
         assert_eq!(o.profile, Profile::Off);
         assert_eq!(o.gemv_rows, (0, usize::MAX));
         assert!(o.skip.is_empty() && o.attn_splits.is_none() && !o.batch_invariant);
+        assert_eq!(o.peer_all_reduce_max, None);
+        assert_eq!(o.peer_max_bytes(2), 1 << 20);
+        let o = with(&[("SMELT_TP_PEER_MAX", "0")], false);
+        assert_eq!(o.peer_max_bytes(2), 0);
     }
 
     #[test]
