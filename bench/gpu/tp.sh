@@ -18,14 +18,20 @@
 # one and from a graph); then llama.cpp's build starts in the background (niced) while the
 # greedy checks run (tiny q8_0 with the CPU, Llama-3-8B-shape Q4_K: TP=2 vs TP=1 tokens, peer
 # all-reduce on); then, build done, decode tg128 and pp512 at TP=1, TP=2 over NCCL only
-# (SMELT_TP_PEER_MAX=0) and TP=2 with the peer all-reduce; then llama.cpp none/layer/row.
+# and TP=2 with the peer all-reduce (SMELT_TP_PEER=1: off by default until this run has
+# checked and timed it); then llama.cpp none/layer/row. Not run yet (no device time was
+# left in the session that wrote it): the first run of it is the first GPU check of the
+# peer all-reduce. What it must print: ARPROBE lines with "sum vs twin exact , 40 calls
+# exact" at every size (else the peer path is wrong: keep it off), peer vs NCCL latency
+# per size (the size table `allreduce::default_max_bytes` should end where peer stops
+# winning), tp_check rc=0 with "tp2 | yes" rows, and tp2-peer's tg128 above tp2-nccl's.
 # Every GPU command runs under `timeout` (a rank waiting for a peer that failed spins).
 #
 # Here:  CARGO_TARGET_DIR=T cargo build --release -p smelt --bin smelt
 #        CARGO_TARGET_DIR=T cargo build --release -p smelt-engine --example tp_check
 #        mkdir -p .gpu-tp; strip+gzip both into .gpu-tp/ (smelt.gz, tp_check.gz), or
 #        strip+`xz -9e` (smelt.xz, tp_check.xz: 5.7 MB, for MODE=ar beside the 50 MB .peer)
-#        for MODE=full also: ../shared/peer/prepare.sh .peer
+#        for MODE=full and MODE=ar also: ../shared/peer/prepare.sh .peer (50 MB)
 # There: MODE=ar    bash bench/gpu/tp.sh   carry [".gpu-tp", ".peer"]   (~6 minutes)
 #        MODE=quick bash bench/gpu/tp.sh   carry [".gpu-tp"]            (~3 minutes: 0, a,
 #                                           and b's single-stream runs)
@@ -76,7 +82,7 @@ ar_mode() {
   for f in /tmp/tiny-q8_0.gguf $m; do
     extra=; [ $f = /tmp/tiny-q8_0.gguf ] && extra=--cpu
     echo "-- $(basename $f) greedy 32 steps (peer all-reduce on)" | tee -a "$table"
-    timeout 240 /tmp/tp_check $f --gpus 0,1 --steps 32 --prompt 40 $extra > /tmp/tc.out 2>>"$log"
+    SMELT_TP_PEER=1 timeout 240 /tmp/tp_check $f --gpus 0,1 --steps 32 --prompt 40 $extra > /tmp/tc.out 2>>"$log"
     rc=$?; cat /tmp/tc.out >> "$log"
     grep '^|' /tmp/tc.out >> "$table"; grep 'FAIL' /tmp/tc.out | tee -a "$table"
     echo "tp_check rc=$rc" | tee -a "$table"
@@ -91,9 +97,9 @@ ar_mode() {
   t ""
   t "| llama3-8b q4_k | pp512 tok/s | tg128 tok/s | all-reduce | all-reduce us (1 token) | ms/step in all-reduce | vs TP=1 |"
   t "|---|---:|---:|---|---:|---:|---|"
-  for cfg in "tp1|--device cuda:0|" "tp2-nccl|--device cuda:0,1 --tp 2|0" "tp2-peer|--device cuda:0,1 --tp 2|"; do
-    name=${cfg%%|*}; rest=${cfg#*|}; a=${rest%%|*}; pm=${rest#*|}
-    if [ -n "$pm" ]; then export SMELT_TP_PEER_MAX=$pm; else unset SMELT_TP_PEER_MAX; fi
+  for cfg in "tp1|--device cuda:0|" "tp2-nccl|--device cuda:0,1 --tp 2|" "tp2-peer|--device cuda:0,1 --tp 2|1"; do
+    name=${cfg%%|*}; rest=${cfg#*|}; a=${rest%%|*}; peer=${rest#*|}
+    if [ -n "$peer" ]; then export SMELT_TP_PEER=1; else unset SMELT_TP_PEER; fi
     r1=$(timeout 150 $S bench --model $m $a --prompt 512 --gen 128 --reps 3 --json 2>>"$log" | tr -d '\n')
     echo "$name: $r1" >> "$log"
     pp=$(echo "$r1" | js prompt_tok_s); tg=$(echo "$r1" | js decode_tok_s)
@@ -105,7 +111,7 @@ def r(a, b):
 print('pp', r('$pp', '${pp0:-}'), 'tg', r('$tg', '${tg0:-}'))")
     t "| $name | ${pp%.*} | ${tg%.*} | $(echo "$r1" | jq_s all_reduce) | $(echo "$r1" | js all_reduce_us) | $(echo "$r1" | js all_reduce_ms_per_step) | $ratio |"
   done
-  unset SMELT_TP_PEER_MAX
+  unset SMELT_TP_PEER
   if [ -f /tmp/llama-built ]; then
     echo "== c. llama.cpp on the same file" | tee -a "$log"
     export PYTHONPATH=/tmp/site

@@ -23,6 +23,9 @@
 //!    from `x`, the others' from its staging), so every rank gets the same bits;
 //! 5. thread 0 stores `counters[b] = flag`.
 //!
+//! A peer that never arrives makes the kernel fault after [`SPIN_LIMIT`] polls (the step
+//! then fails with a launch error) instead of hanging the GPU.
+//!
 //! No barrier at the end: the two parities let a rank run one call ahead of a peer (it
 //! writes the other parity); it cannot run two ahead, since the next call's barrier waits
 //! for the peer, and the peer's next kernel starts only after its previous one ended.
@@ -42,13 +45,17 @@ pub const BLOCKS: u32 = 32;
 pub const THREADS: u32 = 512;
 /// u32 words of a rank's signal area: the flags, then the counters.
 pub const SIGNAL_WORDS: usize = BLOCKS as usize * MAX_RANKS + BLOCKS as usize;
+/// Polls of a peer's flag before the kernel gives up with a fault (`trap`): about 2^25
+/// system-scope loads, seconds, far beyond any real wait (a step takes milliseconds).
+pub const SPIN_LIMIT: u32 = 1 << 25;
 /// Group sizes a kernel is emitted for.
 pub const RANKS: [usize; 3] = [2, 4, 8];
 
 /// Largest message (bytes) the one-shot kernel takes by default for `n_ranks` ranks; larger
 /// ones go to NCCL. Each rank reads `n_ranks - 1` remote copies' worth through its links,
 /// so the crossover falls as the group grows (vLLM's one-shot limits fall the same way).
-/// `SMELT_TP_PEER_MAX` (the engine's options) overrides it.
+/// The engine uses it with `SMELT_TP_PEER=1` (off by default until a GPU run has timed
+/// it); `SMELT_TP_PEER_MAX` overrides it.
 pub fn default_max_bytes(n_ranks: usize) -> usize {
     match n_ranks {
         0 | 1 => 0,
@@ -153,8 +160,8 @@ pub fn kernel(k: &Kernel, n_ranks: usize) {
         let v = k.regs::<F32, 4>();
         k.ld_v4(Load::GLOBAL, v, src);
         let off = k.mul_wide(k.reg::<U64>(), i, 16u32);
-        for p in 0..n_ranks {
-            let a = k.add(k.reg::<U64>(), dst[p], off);
+        for (p, &d) in dst.iter().enumerate() {
+            let a = k.add(k.reg::<U64>(), d, off);
             let peer = k.cmp(Cmp::Ne, rank, p as u32);
             k.guarded(peer, |k| k.st_v4(Store::GLOBAL, a, v));
         }
@@ -173,9 +180,15 @@ pub fn kernel(k: &Kernel, n_ranks: usize) {
         let mine = k.mad(k.reg(), b, MAX_RANKS as u32, tid);
         let local = k.elem_addr(signal, mine, 4);
         let spin = k.label();
+        let tries = k.u32(0);
         k.place(spin);
         let got = k.ld_sync(Sem::Acquire, Scope::Sys, k.reg::<U32>(), local);
         let d = k.sub(k.reg(), got, flag);
+        // A peer that never comes (its process died, a bug) ends in a fault after
+        // SPIN_LIMIT tries (seconds) rather than a GPU that hangs for good.
+        k.add(tries, tries, 1u32);
+        let stuck = k.cmp(Cmp::Ge, tries, SPIN_LIMIT);
+        k.guarded(stuck, |k| k.raw("trap"));
         let behind = k.cmp(Cmp::Lt, d.cast::<S32>(), 0i32);
         k.bra_if(behind, spin);
     });
@@ -195,9 +208,11 @@ pub fn kernel(k: &Kernel, n_ranks: usize) {
     k.stride_loop(first, n4, stride, |k, i| {
         let xa = k.elem_addr(x, i, 16);
         let off = k.mul_wide(k.reg::<U64>(), i, 16u32);
-        let vals: Vec<[Reg<F32>; 4]> = (0..n_ranks)
-            .map(|p| {
-                let a = k.add(k.reg::<U64>(), src[p], off);
+        let vals: Vec<[Reg<F32>; 4]> = src
+            .iter()
+            .enumerate()
+            .map(|(p, &s)| {
+                let a = k.add(k.reg::<U64>(), s, off);
                 let me = k.eq(rank, p as u32);
                 k.selp(a, xa, a, me);
                 let v = k.regs::<F32, 4>();

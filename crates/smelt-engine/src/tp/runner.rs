@@ -206,8 +206,8 @@ impl TpRunner {
                 Device::Cpu => 0,
             })
             .collect();
-        // The one-shot peer all-reduce for small messages (`SMELT_TP_PEER_MAX=0`: NCCL only;
-        // every rank reads the same setting, so all decide alike).
+        // The one-shot peer all-reduce for small messages (`SMELT_TP_PEER=1`; off by default
+        // until measured on a GPU; every rank reads the same setting, so all decide alike).
         let peer_max = CudaOptions::from_env(batch_invariant).peer_max_bytes(n);
         let rendezvous =
             (cuda && n > 1 && peer_max > 0).then(|| smelt_cuda::peer::Rendezvous::new(n));
