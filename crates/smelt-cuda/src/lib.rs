@@ -11,6 +11,7 @@
 //! - [`gemv_bench`]: GEMV bandwidth at real shapes (GPU checks, `smelt bench --kernels`).
 //! - [`staged`]: pipelined quantization through reused pinned staging slots and streams.
 //! - [`nccl`]: NCCL loaded at run time (tensor parallelism's all-reduce).
+//! - [`peer`]: the one-shot all-reduce over peer memory (small messages; NCCL the rest).
 //! - [`timing`]: CUDA-event timings of launches and graph replays and the device-copy
 //!   bandwidth they are compared with (GPU checks and `smelt bench --kernels`).
 
@@ -20,6 +21,7 @@ pub mod gemv_bench;
 pub mod gpu;
 pub mod graph;
 pub mod nccl;
+pub mod peer;
 pub mod quantize;
 pub mod staged;
 pub mod timing;

@@ -10,7 +10,11 @@
 //!
 //! `tp_check --nccl-probe [--gpus 0,1]`: where NCCL was loaded from and its version, then
 //! an all-reduce over the GPUs (one thread each) of 8 KB, 64 KB and 1 MB of f32 checked
-//! against the exact sum, and each size's latency (back to back, the slowest rank).
+//! against the exact sum, and each size's latency (back to back, the slowest rank); then
+//! the one-shot peer all-reduce (`smelt_cuda::peer`) against its CPU twin and NCCL at
+//! 8 KB .. 4 MB and a ragged size (bit-exact sums, 40 in-place calls back to back, sizes
+//! alternating between calls), and its latency beside NCCL's, launched one by one and
+//! replayed from a CUDA graph (`ARPROBE` lines).
 
 use std::sync::Arc;
 
@@ -121,6 +125,191 @@ fn nccl_probe(gpus: &[usize]) {
     if !all_ok {
         std::process::exit(1);
     }
+    if !peer_probe(gpus, &comms) {
+        std::process::exit(1);
+    }
+}
+
+/// Rank `r`'s input of `n` floats (fractions, so the order of the adds shows in the bits).
+fn probe_input(r: usize, n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i * 7919 + r * 104_729 + seed * 31) % 2001) as f32) / 1000.0 - 1.0)
+        .collect()
+}
+
+/// Microseconds per call of `f` (`iters` back to back after 20 to warm up), on one rank.
+fn per_call(gpu: &smelt_cuda::Gpu, iters: usize, f: &dyn Fn()) -> f64 {
+    for _ in 0..20 {
+        f();
+    }
+    gpu.synchronize().expect("sync");
+    let t = std::time::Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    gpu.synchronize().expect("sync");
+    t.elapsed().as_secs_f64() * 1e6 / iters as f64
+}
+
+/// Microseconds per call of `f` captured 100 times into a graph and replayed 5 times.
+fn per_call_graph(gpu: &smelt_cuda::Gpu, f: &dyn Fn()) -> f64 {
+    let g = gpu
+        .capture(|| {
+            for _ in 0..100 {
+                f();
+            }
+            Ok(())
+        })
+        .expect("capture");
+    g.launch().expect("replay");
+    gpu.synchronize().expect("sync");
+    let t = std::time::Instant::now();
+    for _ in 0..5 {
+        g.launch().expect("replay");
+    }
+    gpu.synchronize().expect("sync");
+    t.elapsed().as_secs_f64() * 1e6 / 500.0
+}
+
+/// One size's results on one rank.
+struct PeerResult {
+    bytes: usize,
+    exact: bool,
+    nccl_same: bool,
+    repeated: bool,
+    custom_us: f64,
+    nccl_us: f64,
+    custom_graph_us: f64,
+    nccl_graph_us: f64,
+}
+
+/// The peer all-reduce against the twin and NCCL on every GPU of `gpus` (one thread each);
+/// false when a sum is wrong.
+fn peer_probe(gpus: &[usize], comms: &[smelt_cuda::nccl::Comm]) -> bool {
+    use smelt_kernels::allreduce::twin;
+    let nr = gpus.len();
+    let sizes = [2048usize, 4096, 4100, 16384, 65536, 262_144, 1 << 20];
+    let cap = *sizes.iter().max().unwrap_or(&0);
+    let rv = smelt_cuda::peer::Rendezvous::new(nr);
+    let results: Vec<Result<Vec<PeerResult>, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .zip(gpus)
+            .map(|(c, &o)| {
+                let rv = rv.clone();
+                s.spawn(move || -> Result<Vec<PeerResult>, String> {
+                    let gpu = smelt_cuda::Gpu::open(o).map_err(|e| e.to_string())?;
+                    let p =
+                        smelt_cuda::peer::PeerReduce::start(Some(&gpu), c.rank, gpus, cap, &rv)?;
+                    let stream = gpu.stream().cu_stream();
+                    let mut out = Vec::new();
+                    for (si, &n) in sizes.iter().enumerate() {
+                        let inputs: Vec<Vec<f32>> =
+                            (0..nr).map(|r| probe_input(r, n, si)).collect();
+                        let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+                        let want = twin(&refs);
+                        let a = gpu.upload(&inputs[c.rank]).expect("upload");
+                        let b = gpu.upload(&inputs[c.rank]).expect("upload");
+                        let (pa, pb) = (gpu.ptr(&a), gpu.ptr(&b));
+                        // SAFETY: both buffers hold `n` floats on this device; every rank
+                        // makes the same calls.
+                        unsafe { p.all_reduce(pa, n) }.map_err(|e| e.to_string())?;
+                        unsafe { c.all_reduce_f32(pb, n, stream) }.map_err(|e| e.to_string())?;
+                        let got = gpu.download(&a).expect("download");
+                        let nccl = gpu.download(&b).expect("download");
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        let exact = bits(&got) == bits(&want);
+                        let nccl_same = bits(&nccl) == bits(&got);
+                        // 40 calls back to back, in place, alternating with a call on a
+                        // second buffer of another size: a stale or early read shows.
+                        let other_n = if n == 4096 { 1 << 18 } else { 4096 };
+                        let mut x = inputs[c.rank].clone();
+                        let mut y = probe_input(c.rank, other_n, 99);
+                        let ya: Vec<Vec<f32>> =
+                            (0..nr).map(|r| probe_input(r, other_n, 99)).collect();
+                        let xb = gpu.upload(&x).expect("upload");
+                        let yb = gpu.upload(&y).expect("upload");
+                        let mut xs: Vec<Vec<f32>> = inputs.clone();
+                        let mut ys = ya;
+                        for _ in 0..40 {
+                            // SAFETY: as above.
+                            unsafe { p.all_reduce(gpu.ptr(&xb), n) }.map_err(|e| e.to_string())?;
+                            unsafe { p.all_reduce(gpu.ptr(&yb), other_n) }
+                                .map_err(|e| e.to_string())?;
+                            let r: Vec<&[f32]> = xs.iter().map(Vec::as_slice).collect();
+                            x = twin(&r);
+                            xs = vec![x.clone(); nr];
+                            let r: Vec<&[f32]> = ys.iter().map(Vec::as_slice).collect();
+                            y = twin(&r);
+                            ys = vec![y.clone(); nr];
+                        }
+                        let repeated = bits(&gpu.download(&xb).expect("download")) == bits(&x)
+                            && bits(&gpu.download(&yb).expect("download")) == bits(&y);
+                        let z = gpu.zeros::<f32>(n).expect("zeros");
+                        let pz = gpu.ptr(&z);
+                        // SAFETY: `z` holds `n` floats; every rank times the same calls.
+                        let custom = || unsafe { p.all_reduce(pz, n) }.expect("peer all-reduce");
+                        let viancc = || unsafe { c.all_reduce_f32(pz, n, stream) }.expect("NCCL");
+                        let custom_us = per_call(&gpu, 200, &custom);
+                        let nccl_us = per_call(&gpu, 200, &viancc);
+                        let custom_graph_us = per_call_graph(&gpu, &custom);
+                        let nccl_graph_us = per_call_graph(&gpu, &viancc);
+                        out.push(PeerResult {
+                            bytes: n * 4,
+                            exact,
+                            nccl_same,
+                            repeated,
+                            custom_us,
+                            nccl_us,
+                            custom_graph_us,
+                            nccl_graph_us,
+                        });
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    });
+    let mut per_rank = Vec::new();
+    for (r, res) in results.into_iter().enumerate() {
+        match res {
+            Ok(v) => per_rank.push(v),
+            Err(why) => {
+                println!("ARPROBE FAIL rank {r}: {why}");
+                return false;
+            }
+        }
+    }
+    println!(
+        "ARPROBE peer group of {nr} GPUs started (staging for {} KB)",
+        cap * 4 / 1024
+    );
+    let mut ok = true;
+    for i in 0..per_rank[0].len() {
+        let all = |f: &dyn Fn(&PeerResult) -> bool| per_rank.iter().all(|r| f(&r[i]));
+        let slow =
+            |f: &dyn Fn(&PeerResult) -> f64| per_rank.iter().map(|r| f(&r[i])).fold(0f64, f64::max);
+        let (exact, repeated) = (all(&|r| r.exact), all(&|r| r.repeated));
+        ok &= exact && repeated;
+        let b = per_rank[0][i].bytes;
+        let size = if b % 1024 == 0 {
+            format!("{} KB", b / 1024)
+        } else {
+            format!("{b} B")
+        };
+        println!(
+            "ARPROBE {size}: sum vs twin {} , 40 calls {} , same bits as NCCL {} | eager: peer {:.1} us, NCCL {:.1} us | graph: peer {:.1} us, NCCL {:.1} us",
+            if exact { "exact" } else { "WRONG" },
+            if repeated { "exact" } else { "WRONG" },
+            if all(&|r| r.nccl_same) { "yes" } else { "no" },
+            slow(&|r| r.custom_us),
+            slow(&|r| r.nccl_us),
+            slow(&|r| r.custom_graph_us),
+            slow(&|r| r.nccl_graph_us),
+        );
+    }
+    ok
 }
 
 fn main() {

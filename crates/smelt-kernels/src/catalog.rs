@@ -207,6 +207,7 @@ pub fn all() -> Vec<Entry> {
     v.extend(crate::gemm::grouped::catalog());
     v.extend(crate::moe::catalog());
     v.extend(crate::delta_net::catalog());
+    v.extend(crate::allreduce::catalog());
     for ty in GEMV_TYPES {
         for t in crate::moe::TILE_TOKENS {
             with_format!(ty, F => {

@@ -16,9 +16,12 @@
 //! - [`gemv`]: the one GEMV kernel, generic over the format, and its CPU twin.
 //! - [`gemm`]: the many-token matrix multiply on the tensor cores (int8 `mma.sync`), whose
 //!   CPU twin is the GEMV's.
+//! - [`allreduce`]: the one-shot all-reduce over peer GPU memory (tensor parallelism's
+//!   small messages), with its CPU twin and a CPU model of its flag protocol.
 //! - [`catalog`]: every kernel this crate emits, for ptxas in CI and for the GPU check.
 
 pub mod act;
+pub mod allreduce;
 pub mod catalog;
 pub mod delta_net;
 pub mod formats;

@@ -99,7 +99,7 @@ pub use ops::arith::Cmp;
 pub use ops::bits::{Lut, PrmtMode};
 pub use ops::convert::{CvtFrom, Exact, FloatRound, IntRound, Rounding};
 pub use ops::dot::Bytes;
-pub use ops::memory::{L2Prefetch, Load, LoadCache, Narrow, Space, Store, StoreCache};
+pub use ops::memory::{L2Prefetch, Load, LoadCache, Narrow, Sem, Space, Store, StoreCache};
 pub use ops::special::{Dim, Special};
 pub use ops::tensor::{CpAsyncCache, MmaFloat};
 pub use ops::warp::{Scope, Shfl, FULL_WARP};

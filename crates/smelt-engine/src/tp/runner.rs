@@ -6,7 +6,7 @@
 //! and the engine feeds its token to every rank with the next step.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use super::plan::{ShardPlan, TpOptions};
 use super::shard::rank_gguf;
 use crate::backend::cpu::{Cpu, CpuKv};
 use crate::backend::cuda::comm::NcclReduce;
+use crate::backend::cuda::options::CudaOptions;
 use crate::backend::cuda::runner::{KvPlan, StepOut};
 use crate::backend::cuda::CudaEngine;
 use crate::backend::{AttnSeq, Backend};
@@ -161,6 +162,8 @@ pub struct TpRunner {
     workers: Vec<Worker>,
     kv_blocks: usize,
     names: Vec<String>,
+    /// Which all-reduce the group runs, in words.
+    all_reduce: String,
     /// Time the last step took from hand-out to rank 0's answer.
     pub last_step: Duration,
 }
@@ -196,14 +199,21 @@ impl TpRunner {
                 vocab_parallel: false,
             },
         )?;
+        let ordinals: Vec<usize> = devices
+            .iter()
+            .map(|d| match d {
+                Device::Cuda(o) => *o,
+                Device::Cpu => 0,
+            })
+            .collect();
+        // The one-shot peer all-reduce for small messages (`SMELT_TP_PEER=1`; off by default
+        // until measured on a GPU; every rank reads the same setting, so all decide alike).
+        let peer_max = CudaOptions::from_env(batch_invariant).peer_max_bytes(n);
+        let rendezvous =
+            (cuda && n > 1 && peer_max > 0).then(|| smelt_cuda::peer::Rendezvous::new(n));
+        let peer_cells: Vec<Arc<OnceLock<smelt_cuda::peer::PeerReduce>>> =
+            (0..n).map(|_| Arc::new(OnceLock::new())).collect();
         let mut comms: Vec<Option<smelt_cuda::nccl::Comm>> = if cuda && n > 1 {
-            let ordinals: Vec<usize> = devices
-                .iter()
-                .map(|d| match d {
-                    Device::Cuda(o) => *o,
-                    Device::Cpu => 0,
-                })
-                .collect();
             smelt_cuda::nccl::Comm::init_all(&ordinals)?
                 .into_iter()
                 .map(Some)
@@ -224,23 +234,50 @@ impl TpRunner {
             let comm = comms[rank].take();
             let sim = sim.clone();
             let kv = *kv;
+            let rendezvous = rendezvous.clone();
+            let peer_cell = peer_cells[rank].clone();
+            let ordinals = ordinals.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("smelt-tp{rank}"))
                 .spawn(move || {
+                    // Every rank meets the others once to start the peer all-reduce, loaded
+                    // or not (a rank that stayed away would leave the others waiting).
+                    let mut met = false;
+                    let mut meet = |gpu: Option<&Arc<smelt_cuda::Gpu>>| {
+                        if let (Some(rv), false) = (&rendezvous, met) {
+                            met = true;
+                            let cap = peer_max / 4;
+                            match smelt_cuda::peer::PeerReduce::start(gpu, rank, &ordinals, cap, rv)
+                            {
+                                Ok(p) => {
+                                    let _ = peer_cell.set(p);
+                                }
+                                Err(why) if rank == 0 => eprintln!(
+                                    "smelt: tensor parallelism without the peer all-reduce \
+                                     (NCCL for every size): {why}"
+                                ),
+                                Err(_) => {}
+                            }
+                        }
+                    };
                     let made = (|| -> Result<(Box<dyn RankStep>, usize, String), EngineError> {
                         let g = Arc::new(rank_gguf(&gguf, &plan, rank)?);
                         drop(gguf);
                         match device {
                             Device::Cuda(ordinal) => {
                                 let reduce: Option<Box<dyn AllReduce<crate::backend::cuda::Cuda>>> =
-                                    comm.map(|c| Box::new(NcclReduce::new(c)) as _);
+                                    comm.map(|c| {
+                                        Box::new(NcclReduce::new(c, peer_cell.clone())) as _
+                                    });
                                 let e = CudaEngine::load_rank(
                                     &g,
                                     ordinal,
                                     &kv,
                                     batch_invariant,
                                     reduce,
-                                )?;
+                                );
+                                meet(e.as_ref().ok().map(|e| e.backend().gpu()));
+                                let e = e?;
                                 let name = format!("cuda:{ordinal} ({})", e.backend().gpu().name());
                                 let blocks = e.kv_blocks();
                                 Ok((Box::new(CudaRank(e)), blocks, name))
@@ -263,6 +300,7 @@ impl TpRunner {
                             }
                         }
                     })();
+                    meet(None);
                     let mut rank_step = match made {
                         Ok((r, blocks, name)) => {
                             let _ = tx_loaded.send(Ok((blocks, name)));
@@ -312,12 +350,20 @@ impl TpRunner {
                 }
             }
         }
+        let all_reduce = if !cuda || n == 1 {
+            "none".to_string()
+        } else if peer_cells.iter().all(|c| c.get().is_some()) {
+            format!("peer<={}KB+NCCL", peer_max / 1024)
+        } else {
+            "NCCL".to_string()
+        };
         let runner = TpRunner {
             plan,
             devices: devices.to_vec(),
             workers,
             kv_blocks,
             names,
+            all_reduce,
             last_step: Duration::ZERO,
         };
         match first_err {
@@ -343,6 +389,12 @@ impl TpRunner {
     /// The ranks' devices in words.
     pub fn device_names(&self) -> String {
         format!("tp={} [{}]", self.n_ranks(), self.names.join(", "))
+    }
+
+    /// Which all-reduce the group runs: `peer<=1024KB+NCCL` (the one-shot peer kernel up to
+    /// that size, NCCL above), `NCCL`, or `none` (one rank, or the CPU's simulation).
+    pub fn all_reduce_path(&self) -> &str {
+        &self.all_reduce
     }
 
     /// Runs a step on every rank; returns rank 0's result. A rank's error fails the step

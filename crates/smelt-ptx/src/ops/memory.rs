@@ -3,6 +3,7 @@
 //! `.nc`, `.L2::256B` — are one word each at the call site.
 
 use crate::kernel::Kernel;
+use crate::ops::warp::Scope;
 use crate::reg::{Addr, Src};
 use crate::types::{AtomAdd, Data, Int, RegType, U32, U64};
 use crate::Reg;
@@ -209,6 +210,36 @@ impl Store {
     }
 }
 
+/// The memory-ordering semantics of [`Kernel::ld_sync`] / [`Kernel::st_sync`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sem {
+    /// Morally strong, unordered (`.relaxed`).
+    Relaxed,
+    /// Later accesses stay after the load (`.acquire`, loads only).
+    Acquire,
+    /// Earlier accesses stay before the store (`.release`, stores only).
+    Release,
+}
+
+impl Sem {
+    fn name(self) -> &'static str {
+        match self {
+            Sem::Relaxed => "relaxed",
+            Sem::Acquire => "acquire",
+            Sem::Release => "release",
+        }
+    }
+}
+
+/// A scope as `ld`/`st`/`fence` spell it (`membar` says `gl` where these say `gpu`).
+fn scope_name(scope: Scope) -> &'static str {
+    match scope {
+        Scope::Cta => "cta",
+        Scope::Gpu => "gpu",
+        Scope::Sys => "sys",
+    }
+}
+
 /// A narrow memory type loaded into or stored from a wider integer register (PTX lets
 /// `ld.u8` fill a 32-bit register, zero- or sign-extending).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -410,6 +441,47 @@ impl Kernel {
         d
     }
 
+    /// A global load that synchronises with other threads (PTX memory model): `ld.acquire.sys`
+    /// (every later access of this thread, and of threads ordered after it by a barrier,
+    /// sees what the releasing writer wrote before its release), or `ld.relaxed.gpu` (a
+    /// morally strong load with no ordering). The flag side of a cross-GPU handshake reads
+    /// with `Sem::Acquire` at `Scope::Sys`.
+    pub fn ld_sync<T: Data>(
+        &self,
+        sem: Sem,
+        scope: Scope,
+        d: Reg<T>,
+        addr: impl Into<Addr>,
+    ) -> Reg<T> {
+        if sem == Sem::Release {
+            self.fail("a load cannot have release semantics (use Acquire or Relaxed)");
+        }
+        self.emit(format!(
+            "ld.{}.{}.global.{} {d}, {}",
+            sem.name(),
+            scope_name(scope),
+            T::MOVE_NAME,
+            addr.into()
+        ));
+        d
+    }
+
+    /// A global store that synchronises with other threads: `st.release.sys` makes every
+    /// write this thread (and the threads ordered before it by a barrier) did before it
+    /// visible to whoever acquires the stored value, in `scope`.
+    pub fn st_sync<T: Data>(&self, sem: Sem, scope: Scope, addr: impl Into<Addr>, v: Reg<T>) {
+        if sem == Sem::Acquire {
+            self.fail("a store cannot have acquire semantics (use Release or Relaxed)");
+        }
+        self.emit(format!(
+            "st.{}.{}.global.{} {}, {v}",
+            sem.name(),
+            scope_name(scope),
+            T::MOVE_NAME,
+            addr.into()
+        ));
+    }
+
     fn check_atomic_space(&self, space: Space) {
         if space == Space::Local {
             self.fail("atomics act on global or shared memory, not local");
@@ -505,6 +577,31 @@ mod tests {
                 "prefetch.global.L2 [%rd1];",
             ]
         );
+    }
+
+    #[test]
+    fn ordered_loads_and_stores_spell_semantics_then_scope() {
+        let text = body(|k| {
+            let p = k.reg::<U64>();
+            let f = k.reg::<U32>();
+            k.st_sync(Sem::Release, Scope::Sys, p.at(8), f);
+            k.ld_sync(Sem::Acquire, Scope::Sys, f, p);
+            k.ld_sync(Sem::Relaxed, Scope::Gpu, f, p.at(4));
+        });
+        assert_eq!(
+            text,
+            [
+                "st.release.sys.global.u32 [%rd0+8], %r0;",
+                "ld.acquire.sys.global.u32 %r0, [%rd0];",
+                "ld.relaxed.gpu.global.u32 %r0, [%rd0+4];",
+            ]
+        );
+        let mut m = Module::new(Target::Sm80);
+        let err = m.kernel("k", |k| {
+            let p = k.reg::<U64>();
+            k.ld_sync(Sem::Release, Scope::Sys, k.reg::<U32>(), p);
+        });
+        assert!(matches!(err, Err(PtxError::Invalid { .. })), "{err:?}");
     }
 
     #[test]

@@ -186,6 +186,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "seq_token_digests": digests,
             "load_s": load_s,
             "tp": e.tp().map(|t| t.n_ranks()),
+            "all_reduce": e.tp().map(|t| t.all_reduce_path().to_string()),
             "all_reduce_us": all_reduce.map(|a| a.0),
             "all_reduce_ms_per_step": all_reduce.map(|a| a.1),
         });

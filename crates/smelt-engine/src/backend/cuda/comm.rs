@@ -1,10 +1,16 @@
-//! The CUDA backend's side of tensor parallelism: an NCCL all-reduce on the device's stream,
+//! The CUDA backend's side of tensor parallelism: an all-reduce on the device's stream,
 //! after whatever the backend still defers (a deferred GEMV may be the very producer of the
-//! tensor), and forgetting the cached q8_1 tiles (their input changes under them).
+//! tensor), and forgetting the cached q8_1 tiles (their input changes under them). Small
+//! messages (a decode step's) run on the one-shot peer-memory kernel
+//! (`smelt_cuda::peer`), the rest on NCCL, split by size (`CudaOptions::peer_max_bytes`).
+
+use std::sync::{Arc, OnceLock};
 
 use smelt_cuda::nccl::Comm;
+use smelt_cuda::peer::PeerReduce;
 use smelt_cuda::CudaError;
 
+use super::ops::args;
 use super::{Cuda, CudaTensor};
 use crate::model::AllReduce;
 use crate::EngineError;
@@ -24,9 +30,13 @@ impl Cuda {
     }
 }
 
-/// One rank's all-reduce through NCCL.
+/// One rank's all-reduce: the peer kernel for small messages once the group has started
+/// it, NCCL for the others (and for all of them when peer access is missing).
 pub struct NcclReduce {
     comm: Comm,
+    /// Set once every rank has started its part of the peer group (`TpRunner::load`); empty
+    /// until then and wherever peer access is missing.
+    peer: Arc<OnceLock<PeerReduce>>,
     /// `SMELT_TP_SKIP_ALLREDUCE=1`: every all-reduce is left out (each rank keeps its
     /// partial sums, so outputs are wrong): a timing ablation that shows a step's time
     /// without communication, as `SMELT_CUDA_SKIP` does for kernels.
@@ -34,7 +44,7 @@ pub struct NcclReduce {
 }
 
 impl NcclReduce {
-    pub fn new(comm: Comm) -> Self {
+    pub fn new(comm: Comm, peer: Arc<OnceLock<PeerReduce>>) -> Self {
         let skip = std::env::var("SMELT_TP_SKIP_ALLREDUCE").is_ok_and(|v| v == "1");
         if skip && comm.rank == 0 {
             eprintln!(
@@ -42,7 +52,28 @@ impl NcclReduce {
                  wrong, for timing only"
             );
         }
-        NcclReduce { comm, skip }
+        NcclReduce { comm, peer, skip }
+    }
+}
+
+impl Cuda {
+    /// Sums `x` over the group with the peer kernel when it takes the message (size within
+    /// `max_bytes`, aligned, whole vectors); `false` when it does not (NCCL's turn). Every
+    /// rank decides the same: the inputs are the same shapes on every rank.
+    fn all_reduce_peer(&self, p: &PeerReduce, x: &CudaTensor) -> Result<bool, CudaError> {
+        let n = x.rows * x.cols;
+        if n * 4 > self.opts.peer_max_bytes(p.n_ranks) || !p.can_take(n, x.ptr) {
+            return Ok(false);
+        }
+        self.flush()?;
+        self.forget_quantized()?;
+        let a = p.args(x.ptr, n);
+        self.launch(
+            p.kernel_name(),
+            smelt_kernels::allreduce::launch(),
+            &args(&a.values()),
+        )?;
+        Ok(true)
     }
 }
 
@@ -53,6 +84,11 @@ impl AllReduce<Cuda> for NcclReduce {
             b.flush()?;
             b.forget_quantized()?;
             return Ok(());
+        }
+        if let Some(p) = self.peer.get() {
+            if b.all_reduce_peer(p, x)? {
+                return Ok(());
+            }
         }
         b.all_reduce_nccl(&self.comm, x)?;
         Ok(())

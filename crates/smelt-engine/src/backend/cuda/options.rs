@@ -26,6 +26,8 @@
 //! | `SMELT_CUDA_DIGEST=1` | `digest` | off |
 //! | `SMELT_CUDA_GRAPHS=0` | `graphs` | on |
 //! | `SMELT_CUDA_SKIP` | `skip` | none |
+//! | `SMELT_TP_PEER=1` | `peer_all_reduce` | off (not yet measured on a GPU) |
+//! | `SMELT_TP_PEER_MAX` (bytes; set: on) | `peer_all_reduce_max` | `allreduce::default_max_bytes` |
 //!
 //! (`SMELT_CUDA_PDL`, `SMELT_CUDA_TIMELINE` and `SMELT_CUDA_CARVEOUT` shape the kernel
 //! module and are read by `smelt_cuda::Gpu::open`.)
@@ -92,6 +94,27 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Kernel-name prefixes not launched (timing ablations; outputs are wrong).
     pub skip: Vec<String>,
+    /// Tensor parallelism: small all-reduces run on the one-shot peer-memory kernel
+    /// (`smelt_kernels::allreduce`) instead of NCCL. Off by default until a GPU run has
+    /// checked and timed it (bench/gpu/tp.sh MODE=ar); on with `SMELT_TP_PEER=1` or a
+    /// `SMELT_TP_PEER_MAX`.
+    pub peer_all_reduce: bool,
+    /// With `peer_all_reduce`, the largest message (bytes) it takes, larger ones going to
+    /// NCCL; `None` is the table `smelt_kernels::allreduce::default_max_bytes` (by group
+    /// size), `Some(0)` NCCL only.
+    pub peer_all_reduce_max: Option<usize>,
+}
+
+impl CudaOptions {
+    /// The largest all-reduce (bytes) the peer kernel takes in a group of `n_ranks` (0:
+    /// NCCL for every size).
+    pub fn peer_max_bytes(&self, n_ranks: usize) -> usize {
+        if !self.peer_all_reduce {
+            return 0;
+        }
+        self.peer_all_reduce_max
+            .unwrap_or_else(|| smelt_kernels::allreduce::default_max_bytes(n_ranks))
+    }
 }
 
 impl CudaOptions {
@@ -158,6 +181,9 @@ impl CudaOptions {
                 .filter(|p| !p.is_empty())
                 .map(String::from)
                 .collect(),
+            peer_all_reduce: set("SMELT_TP_PEER")
+                || num("SMELT_TP_PEER_MAX").is_some_and(|n| n > 0),
+            peer_all_reduce_max: num("SMELT_TP_PEER_MAX"),
         }
     }
 }
@@ -188,6 +214,16 @@ mod tests {
         assert_eq!(o.profile, Profile::Off);
         assert_eq!(o.gemv_rows, (0, usize::MAX));
         assert!(o.skip.is_empty() && o.attn_splits.is_none() && !o.batch_invariant);
+        // The peer all-reduce stays off until a GPU run has measured it.
+        assert!(!o.peer_all_reduce && o.peer_all_reduce_max.is_none());
+        assert_eq!(o.peer_max_bytes(2), 0);
+        let on = with(&[("SMELT_TP_PEER", "1")], false);
+        assert_eq!(on.peer_max_bytes(2), 1 << 20);
+        assert_eq!(on.peer_max_bytes(4), 512 << 10);
+        let sized = with(&[("SMELT_TP_PEER_MAX", "65536")], false);
+        assert_eq!(sized.peer_max_bytes(2), 65536);
+        let off = with(&[("SMELT_TP_PEER", "1"), ("SMELT_TP_PEER_MAX", "0")], false);
+        assert_eq!(off.peer_max_bytes(2), 0);
     }
 
     #[test]

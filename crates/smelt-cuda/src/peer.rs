@@ -1,0 +1,269 @@
+//! The host side of the one-shot all-reduce over peer GPU memory
+//! (`smelt_kernels::allreduce`): peer access between the group's devices, each rank's
+//! staging and signal areas allocated and exchanged once when the group starts, and the
+//! launch. NCCL stays for the large messages and wherever peer access is missing.
+//!
+//! The ranks are threads of one process (one per device, [`Gpu`] each), so a device address
+//! of one rank is an address the others' kernels can use once peer access is on: nothing
+//! is exported or mapped. The ranks meet twice in a [`Rendezvous`]: after each has enabled
+//! peer access and allocated (zeroed, synchronised) its areas, and after each has uploaded
+//! the table of everyone's addresses. A rank that failed anywhere still takes part in both,
+//! saying why, and then no rank uses the peer path (the choice must be the same on every
+//! rank, or one would wait for an NCCL call the other never makes).
+//!
+//! Never NVLink multicast (`cuMulticastCreate`): plain peer loads and stores only.
+
+use std::sync::{Arc, Barrier, Mutex};
+
+use cudarc::driver::{sys, CudaContext, CudaSlice, LaunchConfig};
+use smelt_kernels::allreduce as ar;
+
+use crate::{CudaError, Gpu, KernelParam};
+
+/// What a rank tells the others at start-up.
+#[derive(Clone, Debug, Default)]
+struct Posted {
+    /// Why this rank cannot take part (none: it can).
+    refused: Option<String>,
+    staging: u64,
+    signal: u64,
+}
+
+/// Where the ranks of one group meet at start-up: made once, shared by every rank's thread.
+pub struct Rendezvous {
+    n: usize,
+    barrier: Barrier,
+    posted: Mutex<Vec<Posted>>,
+}
+
+impl Rendezvous {
+    pub fn new(n_ranks: usize) -> Arc<Rendezvous> {
+        Arc::new(Rendezvous {
+            n: n_ranks,
+            barrier: Barrier::new(n_ranks),
+            posted: Mutex::new(vec![Posted::default(); n_ranks]),
+        })
+    }
+
+    fn post(&self, rank: usize, p: Posted) {
+        if let Ok(mut v) = self.posted.lock() {
+            if let Some(slot) = v.get_mut(rank) {
+                *slot = p;
+            }
+        }
+    }
+
+    fn all(&self) -> Vec<Posted> {
+        self.posted.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
+
+/// One rank's part of a peer all-reduce group.
+pub struct PeerReduce {
+    gpu: Arc<Gpu>,
+    pub rank: usize,
+    pub n_ranks: usize,
+    /// Largest message in floats.
+    pub cap: usize,
+    name: String,
+    _staging: CudaSlice<f32>,
+    signal: CudaSlice<u32>,
+    table: CudaSlice<u64>,
+    /// The peers' contexts, kept while peer access to them is in use.
+    _peers: Vec<Arc<CudaContext>>,
+}
+
+// SAFETY: the buffers are device allocations owned here, used only through their addresses
+// on the owning rank's stream; the contexts are driver handles cudarc shares across threads.
+unsafe impl Send for PeerReduce {}
+// SAFETY: as above; nothing here is mutated after start-up.
+unsafe impl Sync for PeerReduce {}
+
+/// Turns on access from `gpu`'s context to every other device of `ordinals`.
+fn enable_peer_access(gpu: &Gpu, ordinals: &[usize]) -> Result<Vec<Arc<CudaContext>>, String> {
+    let me = gpu.context();
+    let mut peers = Vec::new();
+    for &o in ordinals.iter().filter(|&&o| o != gpu.ordinal()) {
+        let peer = CudaContext::new(o).map_err(|e| format!("cuda:{o}: {e}"))?;
+        let mut can = 0;
+        // SAFETY: both are valid device handles of this driver.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, me.cu_device(), peer.cu_device()) }
+            .result()
+            .map_err(|e| format!("cuDeviceCanAccessPeer: {e}"))?;
+        if can == 0 {
+            return Err(format!(
+                "cuda:{} cannot access cuda:{o}'s memory (no peer path between them)",
+                gpu.ordinal()
+            ));
+        }
+        me.bind_to_thread().map_err(|e| e.to_string())?;
+        // SAFETY: the current context is this rank's; `peer` is a live primary context.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(peer.cu_ctx(), 0) };
+        if r != sys::CUresult::CUDA_SUCCESS
+            && r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+        {
+            return Err(format!(
+                "cuCtxEnablePeerAccess cuda:{} -> cuda:{o}: {r:?}",
+                gpu.ordinal()
+            ));
+        }
+        peers.push(peer);
+    }
+    me.bind_to_thread().map_err(|e| e.to_string())?;
+    Ok(peers)
+}
+
+impl PeerReduce {
+    /// Starts rank `rank` of a group over the devices `ordinals` (rank order) for messages
+    /// of up to `cap` floats; every rank's thread calls it, at the same point, with the same
+    /// `rv`. `gpu` is `None` for a rank that failed before it had a device: it takes part
+    /// only to refuse. `Err(why)`: the group runs without the peer path (no peer
+    /// access between some two devices, a group size without a kernel, ...).
+    pub fn start(
+        gpu: Option<&Arc<Gpu>>,
+        rank: usize,
+        ordinals: &[usize],
+        cap: usize,
+        rv: &Rendezvous,
+    ) -> Result<PeerReduce, String> {
+        let n = rv.n;
+        let cap = cap.div_ceil(4) * 4;
+        let local = (|| -> Result<_, String> {
+            let gpu = gpu.ok_or_else(|| format!("rank {rank} did not load"))?;
+            let name = ar::name(n).ok_or_else(|| format!("no one-shot kernel for {n} ranks"))?;
+            if n > ar::MAX_RANKS || ordinals.len() != n {
+                return Err(format!("{n} ranks over {} devices", ordinals.len()));
+            }
+            gpu.function(&name).map_err(|e| e.to_string())?;
+            let peers = enable_peer_access(gpu, ordinals)?;
+            let staging = gpu
+                .zeros::<f32>(ar::staging_floats(n, cap))
+                .map_err(|e| e.to_string())?;
+            let signal = gpu
+                .zeros::<u32>(ar::SIGNAL_WORDS)
+                .map_err(|e| e.to_string())?;
+            // The zeros are in place before any peer may write a flag.
+            gpu.synchronize().map_err(|e| e.to_string())?;
+            Ok((gpu.clone(), name, peers, staging, signal))
+        })();
+        rv.post(
+            rank,
+            match &local {
+                Ok((gpu, _, _, staging, signal)) => Posted {
+                    refused: None,
+                    staging: gpu.ptr(staging),
+                    signal: gpu.ptr(signal),
+                },
+                Err(why) => Posted {
+                    refused: Some(why.clone()),
+                    ..Posted::default()
+                },
+            },
+        );
+        rv.barrier.wait();
+        let all = rv.all();
+        let refused = all
+            .iter()
+            .enumerate()
+            .find_map(|(r, p)| p.refused.as_ref().map(|w| format!("rank {r}: {w}")));
+        let made = match (local, refused) {
+            (Ok((gpu, name, peers, staging, signal)), None) => {
+                let mut table: Vec<u64> = all.iter().map(|p| p.staging).collect();
+                table.extend(all.iter().map(|p| p.signal));
+                gpu.upload(&table)
+                    .and_then(|t| gpu.synchronize().map(|_| t))
+                    .map(|table| PeerReduce {
+                        gpu,
+                        rank,
+                        n_ranks: n,
+                        cap,
+                        name,
+                        _staging: staging,
+                        signal,
+                        table,
+                        _peers: peers,
+                    })
+                    .map_err(|e| e.to_string())
+            }
+            (_, Some(why)) => Err(why),
+            (Err(why), None) => Err(why),
+        };
+        // Second meeting: every table is uploaded (or the group knows one failed).
+        rv.post(
+            rank,
+            Posted {
+                refused: made.as_ref().err().cloned(),
+                ..Posted::default()
+            },
+        );
+        rv.barrier.wait();
+        let late = rv
+            .all()
+            .iter()
+            .enumerate()
+            .find_map(|(r, p)| p.refused.as_ref().map(|w| format!("rank {r}: {w}")));
+        match (made, late) {
+            (Ok(p), None) => Ok(p),
+            (_, Some(why)) => Err(why),
+            (Err(why), None) => Err(why),
+        }
+    }
+
+    /// Whether the kernel takes `n` floats at `ptr`.
+    pub fn can_take(&self, n: usize, ptr: u64) -> bool {
+        ar::eligible(n, ptr, self.cap)
+    }
+
+    /// The kernel's name (the group size's).
+    pub fn kernel_name(&self) -> &str {
+        &self.name
+    }
+
+    /// The kernel's arguments for a tensor of `n` floats at `x` (check [`Self::can_take`]).
+    pub fn args(&self, x: u64, n: usize) -> ar::AllReduceArgs {
+        ar::AllReduceArgs {
+            x,
+            n4: (n / 4) as u32,
+            table: self.gpu.ptr(&self.table),
+            signal: self.gpu.ptr(&self.signal),
+            rank: self.rank as u32,
+            cap4: (self.cap / 4) as u32,
+        }
+    }
+
+    /// Sums `n` floats at `x` over the group, in place, on this rank's stream (the check
+    /// binary's way; the engine launches through its backend).
+    ///
+    /// # Safety
+    /// `x` must hold `n` floats on this rank's device, and every rank must make the same
+    /// sequence of calls (each waits for the others).
+    pub unsafe fn all_reduce(&self, x: u64, n: usize) -> Result<(), CudaError> {
+        if !self.can_take(n, x) {
+            return Err(CudaError::BadLength {
+                what:
+                    "peer all-reduce (16-byte aligned, a multiple of 4 floats, within the staging)",
+                got: n,
+                want: self.cap,
+            });
+        }
+        let f = self.gpu.function(&self.name)?;
+        let l = ar::launch();
+        let mut params: Vec<KernelParam> = self
+            .args(x, n)
+            .values()
+            .into_iter()
+            .map(KernelParam::from)
+            .collect();
+        if self.gpu.timeline() {
+            params.push(KernelParam::P(0));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: l.grid,
+            block_dim: l.block,
+            shared_mem_bytes: l.shared_bytes,
+        };
+        // SAFETY: the parameters are the kernel's (`AllReduceArgs`, then the timeline slot
+        // when the module has one); the caller vouches for `x`.
+        unsafe { self.gpu.launch(&f, cfg, &params) }
+    }
+}
