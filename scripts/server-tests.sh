@@ -3,7 +3,8 @@
 # outside, as any client sees it: the official
 # `openai` Python package (tests/server/*.py, pytest) and the chat page in headless Chromium
 # (tests/server/browser, playwright-core). Installs what it needs through each project's own
-# client, once and cached: a venv with pinned openai + pytest, another with schemathesis,
+# client, once and cached: a venv with pinned openai + pytest, another with schemathesis, one
+# with lm-eval (scored against llama.cpp's Python bindings from scripts/oracles.sh),
 # Debian's chromium (apt-get, as root, only when missing) and playwright-core (npm ci from the
 # committed lock file).
 # Builds smelt (or reuses the build), fetches both test models, starts one server on a
@@ -43,6 +44,27 @@ if ! "$st_venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.v
     die "pip install of schemathesis failed"
 fi
 export SMELT_SCHEMATHESIS=$st_venv/bin/st
+
+# lm-eval (tests/server/test_lmeval.py) in a venv of its own, as a user installs it: its API
+# extra needs no torch; its datasets/numpy pins must not move the ones above.
+LMEVAL_VERSION=0.4.13
+lm_venv=${SMELT_LMEVAL_VENV:-$HOME/.cache/smelt/venv-lmeval-$LMEVAL_VERSION}
+step "lm-eval[api] $LMEVAL_VERSION ($lm_venv)"
+if ! "$lm_venv/bin/python" -c "import importlib.metadata as m, sys, requests, datasets; sys.exit(m.version('lm_eval') != '$LMEVAL_VERSION')" 2>/dev/null; then
+  python3 -m venv "$lm_venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+  "$lm_venv/bin/python" -m pip install -q --disable-pip-version-check "lm-eval[api]==$LMEVAL_VERSION" ||
+    die "pip install of lm-eval[api] failed"
+fi
+[ -x "$lm_venv/bin/lm_eval" ] || die "$lm_venv/bin/lm_eval is missing after installing lm-eval"
+export SMELT_LMEVAL_BIN=$lm_venv/bin/lm_eval
+# llama.cpp's Python bindings score the same samples (scripts/oracle/llamacpp_lmeval.py);
+# scripts/test.sh has installed them already and exports SMELT_PYTHON.
+if [ -z "${SMELT_PYTHON:-}" ]; then
+  step "python oracles (llama-cpp-python, for the lm-eval comparison)"
+  SMELT_PYTHON=$(scripts/oracles.sh | tail -n1)
+fi
+"$SMELT_PYTHON" -c 'import llama_cpp' || die "SMELT_PYTHON=$SMELT_PYTHON has no llama_cpp: run scripts/oracles.sh"
+export SMELT_PYTHON
 
 step "chromium ($chromium)"
 if [ ! -x "$chromium" ]; then

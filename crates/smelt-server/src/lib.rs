@@ -29,6 +29,7 @@ mod openapi;
 mod reply;
 mod routes;
 pub mod scheduler;
+mod tokenize;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

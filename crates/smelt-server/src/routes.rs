@@ -38,6 +38,9 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
+        .route("/tokenize", post(crate::tokenize::tokenize))
+        .route("/detokenize", post(crate::tokenize::detokenize))
+        .route("/tokenizer_info", get(crate::tokenize::tokenizer_info))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             guard::api_auth,
