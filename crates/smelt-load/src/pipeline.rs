@@ -10,8 +10,6 @@
 //! writer), and the stage (CPU: quantizes in `complete`, so reading the next chunks overlaps
 //! it; GPU: copies and kernels run on the slot's stream between `submit` and `complete`).
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -334,36 +332,8 @@ pub fn run<S: Stage>(
     Ok(summary)
 }
 
-/// Reads `buf.len()` bytes of `file` at `offset` with up to `threads` parallel reads of at
-/// least `piece` bytes each (the page cache copies at several GB/s per core; a disk queue
-/// likes several large requests in flight).
-pub fn pread_parallel(
-    file: &File,
-    offset: u64,
-    buf: &mut [u8],
-    threads: usize,
-    piece: usize,
-) -> std::io::Result<()> {
-    let n = buf.len().div_ceil(piece.max(1)).clamp(1, threads.max(1));
-    if n == 1 {
-        return file.read_exact_at(buf, offset);
-    }
-    let per = buf.len().div_ceil(n);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = buf
-            .chunks_mut(per)
-            .enumerate()
-            .map(|(i, part)| {
-                let at = offset + (i * per) as u64;
-                s.spawn(move || file.read_exact_at(part, at))
-            })
-            .collect();
-        handles.into_iter().try_for_each(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("panic")))
-        })
-    })
-}
+/// Parallel positional reads, shared with the CUDA backend's in-situ quantization.
+pub use smelt_gguf::pread_parallel;
 
 /// Copies `src` into `dst` with up to `threads` threads (a mapped file's pages fault in
 /// in parallel).
@@ -455,7 +425,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("smelt-pread-{}", std::process::id()));
         let data: Vec<u8> = (0..100_003u32).map(|i| (i * 7 % 251) as u8).collect();
         std::fs::write(&dir, &data).expect("writes");
-        let f = File::open(&dir).expect("opens");
+        let f = std::fs::File::open(&dir).expect("opens");
         let mut buf = vec![0u8; 90_000];
         pread_parallel(&f, 77, &mut buf, 7, 1000).expect("reads");
         assert_eq!(&buf[..], &data[77..90_077]);

@@ -16,7 +16,6 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -94,30 +93,15 @@ fn settle(slot: &mut Slot, flight: &mut Option<InFlight>) -> Result<(), EngineEr
     Ok(())
 }
 
-/// Reads `buf.len()` bytes at `offset` of `file` with parallel reads of a few MiB (the
-/// page cache copies at several GB/s per core; a disk likes several requests in flight).
+/// Reads `buf.len()` bytes at `offset` of `file` with parallel reads of a few MiB
+/// ([`smelt_gguf::pread_parallel`], 4 to 16 readers).
 fn pread_parallel(file: &File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
     const PIECE: usize = 4 << 20;
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(4)
         .clamp(4, 16);
-    let n = buf.len().div_ceil(PIECE).clamp(1, threads);
-    if n == 1 {
-        return file.read_exact_at(buf, offset);
-    }
-    let per = buf.len().div_ceil(n);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = buf
-            .chunks_mut(per)
-            .enumerate()
-            .map(|(i, part)| s.spawn(move || file.read_exact_at(part, offset + (i * per) as u64)))
-            .collect();
-        handles.into_iter().try_for_each(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("a reader panicked")))
-        })
-    })
+    smelt_gguf::pread_parallel(file, offset, buf, threads, PIECE)
 }
 
 /// `rows` rows of `cols` values of `src_ty` quantized to `dst` as smelt's CPU quantizer
