@@ -34,11 +34,13 @@ pub const TILE_TOKENS: usize = f16::BN as usize;
 /// Words of one tile of that plan (`moe::tile_words`).
 const TILE_WORDS: u32 = f16::BN + 2;
 
-/// Average tokens an expert at and above which a step's expert matmuls should take the
-/// grouped GEMM instead of the grouped GEMV (whose largest tile is eight tokens): a first
-/// rule, not yet measured, so the engine keeps the GEMV by default and `bench/gpu/moe.sh`
-/// runs this rule beside it (`SMELT_CUDA_MOE_GEMM_MIN`, `moe_check --speed`).
-pub const MIN_PER_EXPERT: usize = 16;
+/// Average tokens an expert at and above which a step's expert matmuls take the grouped
+/// GEMM instead of the grouped GEMV (whose largest tile is eight tokens), as measured on an
+/// H100 (`bench/gpu/moe.sh`, bench/RESULTS.md 2026-11-27; one Qwen3-30B-A3B layer, Q4_K):
+/// GEMM / GEMV time 1.17 at 2 an expert, 0.66 at 4, 0.33 at 8, 0.11 at 32; a 512-token
+/// prompt of the whole model 19,109 tok/s against 2,152 on the GEMV (llama.cpp 10,348).
+/// `SMELT_CUDA_MOE_GEMM_MIN` overrides it.
+pub const MIN_PER_EXPERT: usize = 4;
 
 /// Whether a step of `n_slots` (token, expert) slots over `n_expert` experts takes the
 /// grouped GEMM: at least `min_per_expert` slots an expert on average (0: always,
@@ -106,7 +108,7 @@ pub fn launch(nrows: usize, max_tiles: usize, pair: bool) -> Launch {
 pub fn kernel<F: GemmF16Format>(k: &Kernel) {
     f16::attributes(k, F::GROUPED_BLOCKS_PER_SM);
     let a = GroupedRegs::declare(k);
-    let smem = f16::Smem::declare(k);
+    let smem = f16::Smem::declare(k, f16::PROMPT);
     let tid = k.tid_x();
     // Blocks of z = 1 multiply the second array (its output chosen after the loop, so
     // no register holds it through the loop).
@@ -148,9 +150,10 @@ pub fn kernel<F: GemmF16Format>(k: &Kernel) {
         hold: false,
     };
     let zero = k.u32(0);
-    let p = f16::multiply::<F>(
+    let p = f16::multiply::<F, 4, 4>(
         k,
         &smem,
+        f16::PROMPT,
         tid,
         rows,
         (tokens, token),
@@ -280,9 +283,10 @@ mod tests {
         assert_eq!(l.grid, (6, 160, 2));
         assert_eq!(l.block, (THREADS, 1, 1));
         assert_eq!(launch(2048, 0, false).grid, (16, 1, 1));
-        // Qwen3-30B-A3B: 128 experts, 8 a token: a 512-token prompt (32 an expert) takes
-        // the GEMM, 32 decoding sequences (2 an expert) the GEMV.
+        // Qwen3-30B-A3B: 128 experts, 8 a token: a 512-token prompt (32 an expert) and
+        // 64 decoding sequences (4) take the GEMM, 32 decoding sequences (2) the GEMV.
         assert!(preferred(512 * 8, 128, MIN_PER_EXPERT));
+        assert!(preferred(64 * 8, 128, MIN_PER_EXPERT));
         assert!(!preferred(32 * 8, 128, MIN_PER_EXPERT));
         assert!(preferred(1, 128, 0) && !preferred(1 << 40, 128, usize::MAX));
         assert_eq!(name(GgmlType::Q4_K), Some("gemm_f16_moe_q4_k"));
