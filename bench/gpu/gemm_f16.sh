@@ -39,6 +39,8 @@ if [ "${SKIP_PARITY:-0}" != 1 ]; then
   SMELT_CUDA_GEMM_NARROW_MAX=0 SMELT_CUDA_GEMM_F16_MIN=$f16min /tmp/cuda_parity-new check $(ls $B/*.gguf) 2>&1 | tee -a "$log" | grep -E "spread ids|FAIL|PASS" | cut -c1-200 || status=1
   echo "== cuda_parity, narrow GEMM from 1 to 64 tokens" | tee -a "$log"
   SMELT_CUDA_GEMM_MIN=1 SMELT_CUDA_GEMM_NARROW_MAX=64 /tmp/cuda_parity-new check $(ls $B/*.gguf) 2>&1 | tee -a "$log" | grep -E "spread ids|FAIL|PASS" | cut -c1-200 || status=1
+  echo "== cuda_parity, batch-wide f16 GEMM from 1 to 64 tokens" | tee -a "$log"
+  SMELT_CUDA_GEMM_MIN=1 SMELT_CUDA_GEMM_SMALL_MAX=64 /tmp/cuda_parity-new check $(ls $B/*.gguf) 2>&1 | tee -a "$log" | grep -E "spread ids|FAIL|PASS" | cut -c1-200 || status=1
 fi
 m=/tmp/llama3-8b-q4_k.gguf
 /tmp/smelt-new synth --shape llama3-8b --quant q4_k -o $m > /dev/null

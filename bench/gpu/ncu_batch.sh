@@ -2,7 +2,8 @@
 # Why batched decode's GEMMs run at a fifth of the copy rate: Nsight Compute on the GEMM
 # launches of real decode steps of 32 sequences (Llama-3-8B-shape Q4_K), for each GEMM
 # the engine can pick at that size (int8, f16, narrow), so the stall reasons, achieved DRAM
-# bandwidth, occupancy and issue rate say which limit each kernel hits.
+# bandwidth, occupancy and issue rate say which limit each kernel hits (PATHS: which of
+# int8 f16 narrow small to profile, default all).
 #
 # Here:  bash bench/gpu/gemm.sh build (into .gpu-lead)
 # There: bash bench/gpu/ncu_batch.sh   carry [".gpu-lead"]   (after gemm_f16.sh, which
@@ -28,8 +29,9 @@ batch=${BATCH:-32}
 table="$out/ncu-table.md"
 echo "| path | kernel | grid | regs | dur us | DRAM % | mem % | SM % | occupancy % | top stalls |" > "$table"
 echo "|---|---|---|---|---|---|---|---|---|---|" >> "$table"
-for path in int8 f16 narrow; do
+for path in ${PATHS:-int8 f16 narrow small}; do
   case $path in
+    small) envs="SMELT_CUDA_GEMM_SMALL_MAX=64"; re="regex:^gemm_f16s(32|64)_q4_k$" ;;
     int8) envs="SMELT_CUDA_GEMM_F16_MIN=1000000000"; re="regex:^gemm_q4_k$" ;;
     f16) envs="SMELT_CUDA_GEMM_F16_MIN=16"; re="regex:^gemm_f16_q4_k$" ;;
     narrow) envs="SMELT_CUDA_GEMM_NARROW_MAX=64"; re="regex:^gemm_narrow32_q4_k$" ;;

@@ -892,15 +892,18 @@ fn main() -> Result<()> {
         let failures = gemm_f16_check::parity(&gpu, &mut rng)?;
         let rows = gemm_f16_check::speed(&gpu)?;
         println!("\n== summary: f16 GEMM vs int8 GEMM, microseconds a launch ==");
-        println!("| type | rows x k | tokens | int8 | f16 (1 block) | f16 (2 blocks) | best f16 / int8 | narrow | narrow / int8 | int8 act | f16 act |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| type | rows x k | tokens | int8 | f16 (1 block) | f16 (2 blocks) | best f16 / int8 | narrow | narrow / int8 | batch-wide f16 | batch-wide / int8 | int8 act | f16 act |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for r in &rows {
             let best = r.f16_us[0].min(r.f16_us[1]);
             let (narrow, ratio) = r.narrow_us.map_or(("-".into(), "-".into()), |us| {
                 (format!("{us:.1}"), format!("{:.2}", us / r.int8_us))
             });
+            let (small, sratio) = r.small_us.map_or(("-".into(), "-".into()), |us| {
+                (format!("{us:.1}"), format!("{:.2}", us / r.int8_us))
+            });
             println!(
-                "| {:?} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {narrow} | {ratio} | {:.1} | {:.1} |",
+                "| {:?} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {narrow} | {ratio} | {small} | {sratio} | {:.1} | {:.1} |",
                 r.ty,
                 r.shape,
                 r.ntok,

@@ -203,6 +203,7 @@ pub fn all() -> Vec<Entry> {
     v.extend(formats::gpu_repack::entries());
     v.extend(crate::gemm::catalog());
     v.extend(crate::gemm::f16::catalog());
+    v.extend(crate::gemm::f16_small::catalog());
     v.extend(crate::gemm::narrow::catalog());
     v.extend(crate::gemm::grouped::catalog());
     v.extend(crate::moe::catalog());

@@ -9,7 +9,7 @@
 use anyhow::Result;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use rand::Rng;
-use smelt_kernels::gemm::{self, f16, narrow};
+use smelt_kernels::gemm::{self, f16, f16_small, narrow};
 use smelt_kernels::{catalog, GgmlType, TILE};
 
 use super::gemm_check::{
@@ -58,6 +58,7 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
         let mut worst = 0f64;
         let mut cases = 0;
         let (mut nworst, mut ncases) = (0f64, 0);
+        let (mut sworst, mut scases) = (0f64, 0);
         for &(nrows, k, ntok) in &shapes {
             let ggml = random_weights(rng, ty, nrows, k)?;
             let packed = catalog::repack(ty, &ggml, nrows, k)?;
@@ -139,8 +140,40 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                     nworst = nworst.max(case.check(&got, &want, &mag, &mut failures));
                 }
             }
+            // The batch-wide f16 GEMMs: each shape's kernel on every shape.
+            let small_names = f16_small::TYPES
+                .iter()
+                .find(|(t, _)| *t == ty)
+                .map(|(_, n)| *n);
+            for (sname, shape) in small_names
+                .into_iter()
+                .flat_map(|n| n.into_iter().zip([f16_small::N32, f16_small::N64]))
+            {
+                let sf = gpu.module.load_function(sname)?;
+                for splits in [
+                    1,
+                    f16::splits_for(shape, nrows, ntiles, Some(ntok), SMS).max(ntiles.min(3)),
+                ] {
+                    let a = args(nrows, ntok, k, row_bytes, splits);
+                    let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
+                    let mut ws = gpu
+                        .stream
+                        .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
+                    let l = f16::launch_for(shape, &a);
+                    launch_as(gpu, &sf, &a, l, &wd, &h, &mut y, &mut ws)?;
+                    let got = gpu.stream.clone_dtoh(&y)?;
+                    let case = Case {
+                        name: sname,
+                        shape: (nrows, k, ntok, splits),
+                        bar: 1e-4,
+                    };
+                    scases += 1;
+                    sworst = sworst.max(case.check(&got, &want, &mag, &mut failures));
+                }
+            }
         }
         println!("{name}: {cases} cases, worst |y - ref| / sum|w x| {worst:.2e}");
+        println!("batch-wide f16 GEMMs of {ty:?}: {scases} cases, worst |y - ref| / sum|w x| {sworst:.2e}");
         println!("narrow GEMMs of {ty:?}: {ncases} cases, worst |y - ref| / sum|w x| {nworst:.2e}");
     }
     Ok(failures)
@@ -158,6 +191,8 @@ pub struct Row {
     pub act_us: [f64; 2],
     /// The narrow GEMM (on the f16 rows), at 128 tokens and fewer.
     pub narrow_us: Option<f64>,
+    /// The batch-wide f16 GEMM (`f16_small`), at 128 tokens and fewer.
+    pub small_us: Option<f64>,
 }
 
 /// The f16 GEMMs beside the int8 ones at Llama-3-8B shapes, 16..2048 tokens.
@@ -255,6 +290,26 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                     }
                     None => None,
                 };
+                let small_us = match f16_small::name(ty, ntok).filter(|_| ntok <= 128) {
+                    Some(sname) => {
+                        let sf = gpu.module.load_function(sname)?;
+                        let a_s = args(
+                            nrows,
+                            ntok,
+                            k,
+                            row_bytes,
+                            f16_small::splits(nrows, k / TILE, ntok, SMS),
+                        );
+                        let mut wsps = workspace(gpu, &a_s)?;
+                        Some(
+                            time_launches(&gpu.stream, 5, 2, launches, |i| {
+                                let l = f16_small::launch(&a_s);
+                                launch_as(gpu, &sf, &a_s, l, &ws[i % copies], &h, &mut y, &mut wsps)
+                            })? * 1e3,
+                        )
+                    }
+                    None => None,
+                };
                 let mut qq = gpu
                     .stream
                     .alloc_zeros::<u8>(gemm::activation_row_bytes(ty, k)? * ntok)?;
@@ -274,13 +329,17 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                     f16_us,
                     act_us,
                     narrow_us,
+                    small_us,
                 };
                 let bytes = (nrows * row_bytes) as f64;
                 let narrow_col = row.narrow_us.map_or("-".to_string(), |us| {
                     format!("{us:8.1} us ({:.0} GB/s)", bytes / us / 1e3)
                 });
+                let small_col = row.small_us.map_or("-".to_string(), |us| {
+                    format!("{us:8.1} us ({:.0} GB/s)", bytes / us / 1e3)
+                });
                 println!(
-                    "{:?} {:>11} x {:4}: int8 {:8.1} us | f16 {:8.1} / {:8.1} us (1/2 blocks) | narrow {narrow_col} | act {:.1} / {:.1} us",
+                    "{:?} {:>11} x {:4}: int8 {:8.1} us | f16 {:8.1} / {:8.1} us (1/2 blocks) | narrow {narrow_col} | batch-wide {small_col} | act {:.1} / {:.1} us",
                     row.ty, row.shape, row.ntok, row.int8_us, row.f16_us[0], row.f16_us[1], row.act_us[0], row.act_us[1]
                 );
                 rows.push(row);

@@ -49,9 +49,35 @@ const STEPS: u32 = TILE as u32 / KT;
 /// Bytes of one row (or token) of [`KT`] halves in shared memory: 16 more, so the eight
 /// rows an `ldmatrix` reads fall in different banks.
 const STRIDE: u32 = KT * 2 + 16;
-/// `mma` tiles of a warp: 4 of 16 rows, 4 of 8 tokens.
+/// `mma` tiles of a prompt block's warp: 4 of 16 rows, 4 of 8 tokens.
 const MI: usize = 4;
 const NI: usize = 4;
+
+/// A block's rows x tokens. Its eight warps each take `16 MI` rows x `8 NI` tokens, `MI`
+/// and `NI` being [`multiply`]'s const parameters; the rows are a multiple of 128 (the
+/// staging covers 128 rows a pass).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub rows: u32,
+    pub tokens: u32,
+    /// Steps of weights a thread has in flight (1 or 2 register sets) while the block
+    /// multiplies the current one.
+    pub ahead: u32,
+}
+
+/// Prompts: [`BM`] x [`BN`], warps of 64 x 32, one step ahead.
+pub const PROMPT: Shape = Shape {
+    rows: BM,
+    tokens: BN,
+    ahead: 1,
+};
+
+impl Shape {
+    /// Static shared memory of a block of this shape.
+    pub const fn shared_bytes(self) -> usize {
+        ((self.rows + self.tokens) * STRIDE) as usize
+    }
+}
 /// Static shared memory of a block: the step's weights and tokens as halves.
 pub const SHARED_BYTES: usize = ((BM + BN) * STRIDE) as usize;
 const _: () = assert!(SHARED_BYTES <= 48 * 1024);
@@ -68,15 +94,31 @@ pub fn preferred(nrows: usize, ntok: usize) -> bool {
 
 /// Splits of the K range for the f16 GEMM: [`super::splits`] for its larger blocks.
 pub fn splits(nrows: usize, ntiles: usize, ntok: Option<usize>, sm_count: usize) -> usize {
-    super::splits_for_blocks((BM, BN), nrows, ntiles, ntok, sm_count)
+    splits_for(PROMPT, nrows, ntiles, ntok, sm_count)
+}
+
+/// [`splits`] for blocks of `shape`.
+pub fn splits_for(
+    shape: Shape,
+    nrows: usize,
+    ntiles: usize,
+    ntok: Option<usize>,
+    sm_count: usize,
+) -> usize {
+    super::splits_for_blocks((shape.rows, shape.tokens), nrows, ntiles, ntok, sm_count)
 }
 
 /// The launch of an f16 GEMM for `a` (grid of [`BM`] x [`BN`] blocks, `a`'s splits).
 pub fn launch(a: &super::Args) -> Launch {
+    launch_for(PROMPT, a)
+}
+
+/// [`launch`] for blocks of `shape`.
+pub fn launch_for(shape: Shape, a: &super::Args) -> Launch {
     Launch::new(
         (
-            a.ntok.div_ceil(BN).max(1),
-            a.nrows.div_ceil(BM).max(1),
+            a.ntok.div_ceil(shape.tokens).max(1),
+            a.nrows.div_ceil(shape.rows).max(1),
             a.ntiles.div_ceil(a.kslice()).max(1),
         ),
         (THREADS, 1, 1),
@@ -410,6 +452,15 @@ pub const BLOCKS_PER_SM: u32 = 2;
 
 /// [`kernel`] built for `blocks` blocks an SM on sm_90.
 pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
+    kernel_shaped::<F, MI, NI>(k, blocks, PROMPT)
+}
+
+/// The f16 GEMM in blocks of `shape` (warps of `16 MI` x `8 NI`), `blocks` an SM on sm_90.
+pub fn kernel_shaped<F: GemmF16Format, const MI: usize, const NI: usize>(
+    k: &Kernel,
+    blocks: u32,
+    shape: Shape,
+) {
     attributes(k, blocks);
     let GemmRegs {
         w,
@@ -421,10 +472,10 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
         row_bytes,
         kslice,
     } = GemmRegs::declare(k);
-    let smem = Smem::declare(k);
+    let smem = Smem::declare(k, shape);
     let tid = k.tid_x();
-    let tok0 = k.mul(k.reg(), k.ctaid_x(), BN);
-    let row0 = k.mul(k.reg(), k.ctaid_y(), BM);
+    let tok0 = k.mul(k.reg(), k.ctaid_x(), shape.tokens);
+    let row0 = k.mul(k.reg(), k.ctaid_y(), shape.rows);
     let last_row = k.sub(k.reg(), nrows, 1u32);
     let last_tok = k.sub(k.reg(), ntok, 1u32);
     let tok_stride = k.mul(k.reg(), ntiles, (TILE * 2) as u32);
@@ -448,7 +499,16 @@ pub fn kernel_blocks<F: GemmF16Format>(k: &Kernel, blocks: u32) {
         stride: tok_stride,
         hold: true,
     };
-    let p = multiply::<F>(k, &smem, tid, rows, (tokens, token), (first, end), true);
+    let p = multiply::<F, MI, NI>(
+        k,
+        &smem,
+        shape,
+        tid,
+        rows,
+        (tokens, token),
+        (first, end),
+        true,
+    );
     store_outputs(
         k,
         &p.acc,
@@ -482,10 +542,10 @@ pub(super) struct Smem {
 }
 
 impl Smem {
-    /// Declares it (once a kernel).
-    pub(super) fn declare(k: &Kernel) -> Smem {
-        let aq_s = k.shared::<U32>("gemmh_a", BM * STRIDE / 4, 16);
-        let bq_s = k.shared::<U32>("gemmh_b", BN * STRIDE / 4, 16);
+    /// Declares it for blocks of `shape` (once a kernel).
+    pub(super) fn declare(k: &Kernel, shape: Shape) -> Smem {
+        let aq_s = k.shared::<U32>("gemmh_a", shape.rows * STRIDE / 4, 16);
+        let bq_s = k.shared::<U32>("gemmh_b", shape.tokens * STRIDE / 4, 16);
         Smem {
             aq: k.shared_base(&aq_s),
             bq: k.shared_base(&bq_s),
@@ -495,7 +555,7 @@ impl Smem {
 
 /// A block's products: each thread's accumulators, and its first row (`arow`) and token
 /// (`ctok`) in the block, as [`store_outputs`] takes them.
-pub(super) struct Products {
+pub(super) struct Products<const MI: usize, const NI: usize> {
     pub acc: [[[Reg<F32>; 4]; NI]; MI],
     pub arow: Reg<U32>,
     pub ctok: Reg<U32>,
@@ -511,22 +571,34 @@ pub(super) struct Tokens {
     pub hold: bool,
 }
 
-/// The body both f16 GEMMs share: the [`BM`] rows of `rows` times the block's [`BN`]
-/// tokens over the K tiles `[first, end)`. `token(k, local)` gives the row (in `tokens`) of
+/// The body both f16 GEMMs share: the `shape.rows` rows of `rows` times the block's
+/// `shape.tokens` tokens over the K tiles `[first, end)`, each warp `16 MI` x `8 NI`. `token(k, local)` gives the row (in `tokens`) of
 /// the block's token `local` and whether it is a real token (the others are not copied,
 /// and their outputs must not be stored). With `wait`, the programmatic launch wait comes
 /// just before the first weight load (a kernel that read its predecessor's output earlier
 /// has waited already).
-pub(super) fn multiply<F: GemmF16Format>(
+#[allow(clippy::too_many_arguments)]
+pub(super) fn multiply<F: GemmF16Format, const MI: usize, const NI: usize>(
     k: &Kernel,
     smem: &Smem,
+    shape: Shape,
     tid: Reg<U32>,
     rows: Rows,
     (tokens, token): (Tokens, impl Fn(&Kernel, Reg<U32>) -> (Reg<U32>, Reg<Pred>)),
     (first, end): (Reg<U32>, Reg<U32>),
     wait: bool,
-) -> Products {
+) -> Products<MI, NI> {
     let Smem { aq, bq } = *smem;
+    let (wrows, wtoks) = (16 * MI as u32, 8 * NI as u32);
+    let row_warps = shape.rows / wrows;
+    assert!(
+        row_warps.is_power_of_two()
+            && row_warps * (shape.tokens / wtoks) == THREADS / 32
+            && shape.rows % 128 == 0
+            && shape.tokens % 32 == 0
+            && (shape.ahead == 1 || shape.ahead == 2),
+        "f16 GEMM shape {shape:?} with warps of {wrows} x {wtoks}"
+    );
     // Token halves: thread copies 16-byte chunk `tid % 8` of a step's 128 bytes of tokens
     // `tid / 8 + 32 i`.
     let bch = k.and(k.reg(), tid, 7u32);
@@ -541,7 +613,7 @@ pub(super) fn multiply<F: GemmF16Format>(
     };
     // Each copy's address (held) or token row (made again each step), and validity.
     type Held = Result<Reg<U64>, Reg<U32>>;
-    let copies: Vec<(Held, Reg<Pred>)> = (0..BN / 32)
+    let copies: Vec<(Held, Reg<Pred>)> = (0..shape.tokens / 32)
         .map(|i| {
             let local = k.add(k.reg(), bt0, 32 * i);
             let (r, valid) = token(k, local);
@@ -556,36 +628,59 @@ pub(super) fn multiply<F: GemmF16Format>(
     let bdst = k.mad(k.reg(), bt0, STRIDE, bq);
     k.mad(bdst, bch, 16u32, bdst);
 
-    // Warp (wm, wn) computes rows 64 wm.. and tokens 32 wn..; lane (g, t). `ldmatrix`:
+    // Warp (wm, wn) computes rows `wrows wm..` and tokens `wtoks wn..`; lane (g, t). `ldmatrix`:
     // lane 8 m + r gives row r of matrix m; an m-tile's four are (rows 0-7, k 0-7),
     // (8-15, 0-7), (0-7, 8-15), (8-15, 8-15); a pair of n-tiles' (tokens 0-7, k 0-7),
     // (0-7, 8-15), then tokens 8-15.
     let warp = k.shr(k.reg(), tid, 5u32);
     let lane = k.and(k.reg(), tid, 31u32);
     let t = k.and(k.reg(), lane, 3u32);
-    let wm = k.and(k.reg(), warp, 1u32);
-    let wn = k.shr(k.reg(), warp, 1u32);
-    let arow = k.mad(k.reg(), wm, 64u32, k.shr(k.reg(), lane, 2u32));
-    let ctok = k.mad(k.reg(), wn, 32u32, k.shl(k.reg(), t, 1u32));
+    let wm = k.and(k.reg(), warp, row_warps - 1);
+    let wn = k.shr(k.reg(), warp, row_warps.trailing_zeros());
+    let arow = k.mad(k.reg(), wm, wrows, k.shr(k.reg(), lane, 2u32));
+    let ctok = k.mad(k.reg(), wn, wtoks, k.shl(k.reg(), t, 1u32));
     let r = k.and(k.reg(), lane, 7u32);
     let lo = k.bfe(k.reg(), lane, 3u32, 1u32);
     let hi = k.shr(k.reg(), lane, 4u32);
     let a_lm = {
-        let row = k.mad(k.reg(), wm, 64u32, r);
+        let row = k.mad(k.reg(), wm, wrows, r);
         k.mad(row, lo, 8u32, row);
         let a = k.mad(k.reg(), row, STRIDE, aq);
         k.mad(a, hi, 16u32, a)
     };
     let b_lm = {
-        let tok = k.mad(k.reg(), wn, 32u32, r);
+        let tok = k.mad(k.reg(), wn, wtoks, r);
         k.mad(tok, hi, 8u32, tok);
         let b = k.mad(k.reg(), tok, STRIDE, bq);
         k.mad(b, lo, 16u32, b)
     };
 
-    let stage = Stage { tid, aq, rows };
-    let setup = F::stage_setup(k, &stage);
-    let regs = F::step_regs(k);
+    // The staging covers 128 rows a pass: pass p stages rows 128 p.. with its own registers,
+    // `shape.ahead` sets of them (step q in set q % ahead).
+    let passes: Vec<(F::StageSetup, Vec<F::StepRegs>)> = (0..shape.rows / 128)
+        .map(|p| {
+            let stage = if p == 0 {
+                Stage { tid, aq, rows }
+            } else {
+                Stage {
+                    tid,
+                    aq: k.add(k.reg(), aq, p * 128 * STRIDE),
+                    rows: Rows {
+                        row0: k.add(k.reg(), rows.row0, p * 128),
+                        ..rows
+                    },
+                }
+            };
+            let setup = F::stage_setup(k, &stage);
+            (setup, (0..shape.ahead).map(|_| F::step_regs(k)).collect())
+        })
+        .collect();
+    let ahead = shape.ahead;
+    let load_step = |k: &Kernel, tile: Reg<U32>, q: u32| {
+        for (setup, sets) in &passes {
+            F::load_step(k, setup, &sets[(q % ahead) as usize], tile, q);
+        }
+    };
     let acc: [[[Reg<F32>; 4]; NI]; MI] =
         std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
 
@@ -593,7 +688,9 @@ pub(super) fn multiply<F: GemmF16Format>(
         k.grid_dep_wait();
     }
     k.if_(k.lt(first, end), |k| {
-        F::load_step(k, &setup, &regs, first, 0)
+        for q in 0..ahead {
+            load_step(k, first, q);
+        }
     });
     k.stride_loop(first, end, 1u32, |k, tile| {
         let next_tile = k.add(k.reg(), tile, 1u32);
@@ -615,13 +712,15 @@ pub(super) fn multiply<F: GemmF16Format>(
                 });
             }
             k.cp_async_commit();
-            F::stage_step(k, &setup, &regs, q);
-            // The next step's weights, in flight during this step's products.
-            if q + 1 < STEPS {
-                F::load_step(k, &setup, &regs, tile, q + 1);
+            for (setup, sets) in &passes {
+                F::stage_step(k, setup, &sets[(q % ahead) as usize], q);
+            }
+            // Step q + ahead's weights, in flight during this step's products.
+            if q + ahead < STEPS {
+                load_step(k, tile, q + ahead);
             } else {
                 k.if_(k.lt(next_tile, end), |k| {
-                    F::load_step(k, &setup, &regs, next_tile, 0)
+                    load_step(k, next_tile, q + ahead - STEPS)
                 });
             }
             k.cp_async_wait(0);
@@ -636,15 +735,17 @@ pub(super) fn multiply<F: GemmF16Format>(
                     );
                     f
                 });
-                let b: [[Reg<B32>; 4]; NI / 2] = std::array::from_fn(|nj| {
-                    let f = k.regs::<B32, 4>();
-                    k.ldmatrix(
-                        f,
-                        b_lm.at(nj as i64 * 16 * STRIDE as i64 + 32 * step),
-                        false,
-                    );
-                    f
-                });
+                let b: Vec<[Reg<B32>; 4]> = (0..NI / 2)
+                    .map(|nj| {
+                        let f = k.regs::<B32, 4>();
+                        k.ldmatrix(
+                            f,
+                            b_lm.at(nj as i64 * 16 * STRIDE as i64 + 32 * step),
+                            false,
+                        );
+                        f
+                    })
+                    .collect();
                 for (mi, am) in a.iter().enumerate() {
                     for ni in 0..NI {
                         let c = acc[mi][ni];

@@ -28,6 +28,7 @@
 pub mod act;
 pub mod f16;
 mod f16_q6_k;
+pub mod f16_small;
 mod formats;
 pub mod grouped;
 mod legacy;

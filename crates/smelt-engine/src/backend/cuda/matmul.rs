@@ -87,9 +87,19 @@ impl Cuda {
                         Some(min) => n >= min,
                         None => gemm::f16::preferred(rows, n),
                     });
-                    let f16 = if narrow.is_some() { None } else { f16 };
-                    let name = narrow.or(f16).unwrap_or(name);
-                    let q = if f16.is_some() || narrow.is_some() {
+                    // Batched decode: the f16 GEMM in blocks as wide as the batch.
+                    let small = gemm::f16_small::name(ty, n).filter(|_| {
+                        narrow.is_none()
+                            && n <= self.opts.gemm_small_max_tokens
+                            && gemm::f16_small::preferred(rows, cols, n)
+                    });
+                    let f16 = if narrow.is_some() || small.is_some() {
+                        None
+                    } else {
+                        f16
+                    };
+                    let name = narrow.or(small).or(f16).unwrap_or(name);
+                    let q = if f16.is_some() || narrow.is_some() || small.is_some() {
                         self.gemm_f16_rows(x)?
                     } else if gemm::reads_q8_1_tiles(ty) {
                         self.q8_1_tiles(x)?
@@ -107,6 +117,8 @@ impl Cuda {
                         row_bytes: row_bytes as u32,
                         splits: if narrow.is_some() {
                             gemm::narrow::splits(rows, ntiles, n, self.gpu.sm_count())
+                        } else if small.is_some() {
+                            gemm::f16_small::splits(rows, ntiles, n, self.gpu.sm_count())
                         } else if f16.is_some() {
                             gemm::f16::splits(rows, ntiles, Some(n), self.gpu.sm_count())
                         } else {
@@ -124,6 +136,8 @@ impl Cuda {
                     }
                     let grid = if narrow.is_some() {
                         gemm::narrow::launch(&a)
+                    } else if small.is_some() {
+                        gemm::f16_small::launch(&a)
                     } else if f16.is_some() {
                         gemm::f16::launch(&a)
                     } else {

@@ -17,7 +17,8 @@
 //! | `SMELT_CUDA_GEMM_MIN` | `gemm_min_tokens` | `gemm::MIN_TOKENS` |
 //! | `SMELT_CUDA_GEMM_F16_MIN` | `gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
 //! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (off: measured slower) |
-//! | `SMELT_CUDA_MOE_GEMM_MIN` | `moe_gemm_min_per_expert` | off until measured (`gemm::grouped::MIN_PER_EXPERT` to try) |
+//! | `SMELT_CUDA_GEMM_SMALL_MAX` (0: off) | `gemm_small_max_tokens` | `gemm::f16_small::MAX_TOKENS` (64, measured) |
+//! | `SMELT_CUDA_MOE_GEMM_MIN` | `moe_gemm_min_per_expert` | `gemm::grouped::MIN_PER_EXPERT` (measured) |
 //! | `SMELT_CUDA_FLASH_SEQS` | `flash_decode_seqs` | [`super::FLASH_DECODE_SEQS`] |
 //! | `SMELT_CUDA_BATCH_INVARIANT=1` | `batch_invariant` | off |
 //! | `SMELT_CUDA_SPLITS` | `attn_splits` | one block per SM |
@@ -72,11 +73,15 @@ pub struct CudaOptions {
     /// narrow GEMM where the weight type has one (`gemm::narrow::TYPES`); 0 in
     /// batch-invariant mode.
     pub gemm_narrow_max_tokens: usize,
+    /// Matmuls of at most this many tokens (and at least `gemm_min_tokens`) run on the f16
+    /// GEMM in batch-wide blocks (`gemm::f16_small`) where the weight type has one; 0 in
+    /// batch-invariant mode.
+    pub gemm_small_max_tokens: usize,
     /// Expert matmuls run on the grouped GEMM (`gemm::grouped`, where the weight type has
     /// one) when their step has at least this many (token, expert) slots an expert on
-    /// average, else on the grouped GEMV (`usize::MAX`: never, as in batch-invariant mode
-    /// and by default until the GEMM is measured on the card, `bench/gpu/moe.sh`; 0:
-    /// always, for the GPU checks).
+    /// average, else on the grouped GEMV (default `gemm::grouped::MIN_PER_EXPERT`, measured
+    /// with `bench/gpu/moe.sh`; `usize::MAX`: never, as in batch-invariant mode; 0: always,
+    /// for the GPU checks).
     pub moe_gemm_min_per_expert: usize,
     /// Steps of at least this many sequences run every attention row on the prompt kernel.
     pub flash_decode_seqs: usize,
@@ -162,10 +167,15 @@ impl CudaOptions {
             } else {
                 num("SMELT_CUDA_GEMM_NARROW_MAX").unwrap_or(gemm::narrow::MAX_TOKENS)
             },
+            gemm_small_max_tokens: if batch_invariant {
+                0
+            } else {
+                num("SMELT_CUDA_GEMM_SMALL_MAX").unwrap_or(gemm::f16_small::MAX_TOKENS)
+            },
             moe_gemm_min_per_expert: if batch_invariant {
                 usize::MAX
             } else {
-                num("SMELT_CUDA_MOE_GEMM_MIN").unwrap_or(usize::MAX)
+                num("SMELT_CUDA_MOE_GEMM_MIN").unwrap_or(gemm::grouped::MIN_PER_EXPERT)
             },
             flash_decode_seqs: num("SMELT_CUDA_FLASH_SEQS").unwrap_or(super::FLASH_DECODE_SEQS),
             batch_invariant,
@@ -209,7 +219,8 @@ mod tests {
         assert_eq!(o.gemm_min_tokens, gemm::MIN_TOKENS);
         assert_eq!(o.gemm_f16_min_tokens, None);
         assert_eq!(o.gemm_narrow_max_tokens, gemm::narrow::MAX_TOKENS);
-        assert_eq!(o.moe_gemm_min_per_expert, usize::MAX);
+        assert_eq!(o.gemm_small_max_tokens, gemm::f16_small::MAX_TOKENS);
+        assert_eq!(o.moe_gemm_min_per_expert, gemm::grouped::MIN_PER_EXPERT);
         assert_eq!(o.flash_decode_seqs, super::super::FLASH_DECODE_SEQS);
         assert_eq!(o.profile, Profile::Off);
         assert_eq!(o.gemv_rows, (0, usize::MAX));
@@ -244,10 +255,13 @@ mod tests {
             assert_eq!(o.gemm_min_tokens, 1);
             assert_eq!(o.gemm_f16_min_tokens, Some(usize::MAX));
             assert_eq!(o.gemm_narrow_max_tokens, 0);
+            assert_eq!(o.gemm_small_max_tokens, 0);
             assert_eq!(o.moe_gemm_min_per_expert, usize::MAX);
         }
         let o = with(&[("SMELT_CUDA_GEMM_NARROW_MAX", "64")], false);
         assert_eq!(o.gemm_narrow_max_tokens, 64);
+        let o = with(&[("SMELT_CUDA_GEMM_SMALL_MAX", "64")], false);
+        assert_eq!(o.gemm_small_max_tokens, 64);
         assert_eq!(
             with(&[("SMELT_CUDA_MOE_GEMM_MIN", "0")], false).moe_gemm_min_per_expert,
             0
