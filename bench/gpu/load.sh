@@ -7,8 +7,8 @@
 #   the device (quantized and repacked there, never back on the host) against the model the
 #   file `smelt quantize --type T --device cuda` writes, byte for byte
 #   (SMELT_CUDA_WEIGHT_DIGEST=1 hashes every weight in device memory), for q6_k (repacked)
-#   and q4_k_m (Q4_K written in place). The device path is opt-in (SMELT_ISQ_ON_DEVICE=1)
-#   until this run shows it; the rows say which path they time;
+#   and q4_k_m (Q4_K written in place). The device path is the default since this run
+#   showed it (2026-11-27); the rows set SMELT_ISQ_ON_DEVICE=1 / 0 to say which they time;
 # - a bf16 Llama-3-8B-shape GGUF (smelt synth; SmolLM2's tokenizer, so its vocabulary of
 #   49,152: 14.8 GB) read by `cat` (page cache warm, and cold when drop_caches works) beside
 #   `smelt quantize --device cuda` to q6_k and q4_k_m, `smelt run --isq q6_k --device cuda`
@@ -202,8 +202,8 @@ rm -f $W/l8-q4km-gpu.gguf
 s=$(SMELT_ISQ_ON_DEVICE=1 tokens $W/isq.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
 row "smelt run --isq q6_k --device $DEV: launch to 8 tokens (SMELT_ISQ_ON_DEVICE=1: quantized on the device)" "$s" "$(ratio "$s" $catw)"
 isq_wall=$s
-s=$(tokens $W/isqhost.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
-row "same through host memory (the default today: quantize, download, repack on the host, upload)" "$s" "$(ratio "$s" $catw); tokens vs on the device: $(same $W/isq.tok $W/isqhost.tok)"
+s=$(SMELT_ISQ_ON_DEVICE=0 tokens $W/isqhost.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
+row "same through host memory (SMELT_ISQ_ON_DEVICE=0: quantize, download, repack on the host, upload)" "$s" "$(ratio "$s" $catw); tokens vs on the device: $(same $W/isq.tok $W/isqhost.tok)"
 s=$(tokens $W/file.tok $S run --model $W/l8-q6_k-gpu.gguf --device $DEV --prompt-ids $ids --max-tokens 8 --json)
 row "smelt run of the q6_k file --device $DEV: launch to 8 tokens" "$s" "$(ratio "$s" $catw); tokens vs --isq: $(same $W/isq.tok $W/file.tok)"
 

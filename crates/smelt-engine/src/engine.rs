@@ -44,7 +44,7 @@ pub struct EngineOptions {
     /// Slower decode of one sequence; the CPU is batch-invariant already.
     pub batch_invariant: bool,
     /// On a GPU: quantize these weights on the device as they load (`--isq` of a GGUF
-    /// file with `SMELT_ISQ_ON_DEVICE=1`: the source's weights never come back to the host;
+    /// file, unless `SMELT_ISQ_ON_DEVICE=0`: the source's weights never come back to the host;
     /// see [`crate::backend::cuda::isq`]). The CPU ignores it (it is given a quantized model).
     pub device_isq: Option<Arc<crate::backend::cuda::isq::DeviceIsq>>,
 }

@@ -233,15 +233,17 @@ pub fn open(path: &Path, isq: Option<&str>, device: Device) -> Result<Gguf> {
     Ok(g)
 }
 
-/// `--isq` straight into a GPU's memory, with `SMELT_ISQ_ON_DEVICE=1` (opt-in until a GPU
-/// run has shown it gives the file's weights byte for byte and loads faster:
-/// `bench/gpu/load.sh`): [`plan_for_device`], else `None` (the path through host memory).
+/// `--isq` straight into a GPU's memory ([`plan_for_device`]), the default since an H100
+/// run showed it gives the `smelt quantize` file's weights byte for byte and loads 4.7x
+/// faster than the path through host memory (`bench/gpu/load.sh`, bench/RESULTS.md
+/// 2026-11-27: 8B bf16 to q6_k, launch to 8 tokens 1.45 s against 6.76 s);
+/// `SMELT_ISQ_ON_DEVICE=0` takes the host path (`None`).
 pub fn device_plan(
     path: &Path,
     isq: Option<&str>,
     device: Device,
 ) -> Result<Option<(Gguf, smelt_engine::backend::cuda::isq::DeviceIsq)>> {
-    if !std::env::var("SMELT_ISQ_ON_DEVICE").is_ok_and(|v| v == "1") {
+    if std::env::var("SMELT_ISQ_ON_DEVICE").is_ok_and(|v| v == "0") {
         return Ok(None);
     }
     plan_for_device(path, isq, device)
