@@ -58,6 +58,41 @@ impl Rendezvous {
     }
 }
 
+/// Zeroed device memory from `cuMemAlloc`, for the areas the peers write. cudarc allocates
+/// from the device's stream-ordered pool (`cuMemAllocAsync`), and `cuCtxEnablePeerAccess`
+/// does not open pool memory to peers (that takes `cuMemPoolSetAccess`): the first run on
+/// two H100s faulted with `CUDA_ERROR_ILLEGAL_ADDRESS` on its first flag
+/// (bench/RESULTS.md, 2026-11-27).
+struct PeerBuf {
+    ptr: sys::CUdeviceptr,
+    ctx: Arc<CudaContext>,
+}
+
+impl PeerBuf {
+    fn zeroed(gpu: &Gpu, bytes: usize) -> Result<PeerBuf, String> {
+        let ctx = gpu.context().clone();
+        ctx.bind_to_thread().map_err(|e| e.to_string())?;
+        // SAFETY: the context is current; the allocation is freed once, on drop.
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes) }
+            .map_err(|e| format!("cuMemAlloc of {bytes} bytes: {e}"))?;
+        let buf = PeerBuf { ptr, ctx };
+        // SAFETY: `ptr` holds `bytes` bytes on this context's device.
+        unsafe { cudarc::driver::result::memset_d8_sync(ptr, 0, bytes) }
+            .map_err(|e| format!("cuMemsetD8: {e}"))?;
+        Ok(buf)
+    }
+}
+
+impl Drop for PeerBuf {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by `cuMemAlloc` in this context, freed only here. Any kernel
+            // using it was launched on a stream the owner synchronises before dropping.
+            let _ = unsafe { cudarc::driver::result::free_sync(self.ptr) };
+        }
+    }
+}
+
 /// One rank's part of a peer all-reduce group.
 pub struct PeerReduce {
     gpu: Arc<Gpu>,
@@ -66,8 +101,8 @@ pub struct PeerReduce {
     /// Largest message in floats.
     pub cap: usize,
     name: String,
-    _staging: CudaSlice<f32>,
-    signal: CudaSlice<u32>,
+    _staging: PeerBuf,
+    signal: PeerBuf,
     table: CudaSlice<u64>,
     /// The peers' contexts, kept while peer access to them is in use.
     _peers: Vec<Arc<CudaContext>>,
@@ -136,12 +171,8 @@ impl PeerReduce {
             }
             gpu.function(&name).map_err(|e| e.to_string())?;
             let peers = enable_peer_access(gpu, ordinals)?;
-            let staging = gpu
-                .zeros::<f32>(ar::staging_floats(n, cap))
-                .map_err(|e| e.to_string())?;
-            let signal = gpu
-                .zeros::<u32>(ar::SIGNAL_WORDS)
-                .map_err(|e| e.to_string())?;
+            let staging = PeerBuf::zeroed(gpu, 4 * ar::staging_floats(n, cap))?;
+            let signal = PeerBuf::zeroed(gpu, 4 * ar::SIGNAL_WORDS)?;
             // The zeros are in place before any peer may write a flag.
             gpu.synchronize().map_err(|e| e.to_string())?;
             Ok((gpu.clone(), name, peers, staging, signal))
@@ -149,10 +180,10 @@ impl PeerReduce {
         rv.post(
             rank,
             match &local {
-                Ok((gpu, _, _, staging, signal)) => Posted {
+                Ok((_, _, _, staging, signal)) => Posted {
                     refused: None,
-                    staging: gpu.ptr(staging),
-                    signal: gpu.ptr(signal),
+                    staging: staging.ptr,
+                    signal: signal.ptr,
                 },
                 Err(why) => Posted {
                     refused: Some(why.clone()),
@@ -225,7 +256,7 @@ impl PeerReduce {
             x,
             n4: (n / 4) as u32,
             table: self.gpu.ptr(&self.table),
-            signal: self.gpu.ptr(&self.signal),
+            signal: self.signal.ptr,
             rank: self.rank as u32,
             cap4: (self.cap / 4) as u32,
         }
