@@ -33,6 +33,7 @@ mod vocab;
 
 pub use chat::{BuiltinTemplate, ChatMessage, ChatTemplate, Marked};
 pub use error::TokenizerError;
+pub use pretokenize::pre_tokenizer_key;
 pub use stream::DecodeStream;
 pub use tokenizer::Tokenizer;
 pub use vocab::VocabKind;

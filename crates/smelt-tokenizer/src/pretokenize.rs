@@ -6,6 +6,9 @@
 //! ids, so they are reproduced here as scanners too; every other pattern runs through
 //! `fancy-regex` with llama.cpp's exact expression.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
 use fancy_regex::Regex;
 
 use crate::unicode::{
@@ -118,6 +121,41 @@ enum Step {
     Wide(Box<Regex>),
 }
 
+/// What decides how a byte-level BPE vocabulary whose `tokenizer.ggml.pre` is `name` encodes
+/// text: the split patterns and whether a whole word that is a token skips the merges; `None`
+/// for a name smelt does not know. Two names with the same key give the same ids from
+/// `encode(text, false, _)` for the same vocabulary (they may differ in the BOS default and in
+/// detokenize's space clean-up), so a caller trying names in turn can skip repeats.
+pub fn pre_tokenizer_key(name: &str) -> Option<(&'static [&'static str], bool)> {
+    PreType::from_name(name)
+        .ok()
+        .map(|p| (p.patterns, p.ignore_merges))
+}
+
+/// `p` compiled (over the collapsed text when `collapsed`), from a cache shared by every
+/// tokenizer of the process: compiling one of these patterns builds DFAs and costs
+/// milliseconds, and a Hugging Face folder's conversion builds a tokenizer for each candidate
+/// pre-tokenizer (`smelt_load`'s `detect_pre`). The patterns are this file's constants, so the
+/// cache holds a few dozen entries at most; a clone shares the compiled program.
+fn compiled(p: &'static str, collapsed: bool) -> Result<Regex, TokenizerError> {
+    static CACHE: OnceLock<Mutex<HashMap<(&'static str, bool), Regex>>> = OnceLock::new();
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(re) = cache.get(&(p, collapsed)) {
+        return Ok(re.clone());
+    }
+    let re = if collapsed {
+        Regex::new(&collapse_pattern(p))
+    } else {
+        Regex::new(p)
+    }
+    .map_err(|e| TokenizerError::Regex(p.to_string(), e.to_string()))?;
+    cache.insert((p, collapsed), re.clone());
+    Ok(re)
+}
+
 /// A compiled pre-tokenizer.
 pub(crate) struct PreTokenizer {
     steps: Vec<Step>,
@@ -131,17 +169,8 @@ impl PreTokenizer {
             .map(|&p| match p {
                 GPT2 => Ok(Step::Gpt2),
                 LLAMA3 => Ok(Step::Llama3),
-                _ => {
-                    let err =
-                        |e: fancy_regex::Error| TokenizerError::Regex(p.to_string(), e.to_string());
-                    if p.contains(r"\p{") {
-                        Ok(Step::Collapsed(Box::new(
-                            Regex::new(&collapse_pattern(p)).map_err(err)?,
-                        )))
-                    } else {
-                        Ok(Step::Wide(Box::new(Regex::new(p).map_err(err)?)))
-                    }
-                }
+                _ if p.contains(r"\p{") => Ok(Step::Collapsed(Box::new(compiled(p, true)?))),
+                _ => Ok(Step::Wide(Box::new(compiled(p, false)?))),
             })
             .collect::<Result<_, TokenizerError>>()?;
         Ok(PreTokenizer { steps })
@@ -495,6 +524,16 @@ mod tests {
     fn words(pre: &str, text: &str) -> Vec<String> {
         let p = PreTokenizer::new(&PreType::from_name(pre).unwrap()).unwrap();
         p.split(text)
+    }
+
+    #[test]
+    fn pre_tokenizer_keys_group_names_that_encode_alike() {
+        let key = |n| pre_tokenizer_key(n).unwrap();
+        assert_eq!(key("llama-bpe"), key("falcon3"));
+        assert_eq!(key("qwen2"), key("stablelm2")); // differ only in the space clean-up
+        assert_ne!(key("llama-bpe"), key("dbrx")); // same pattern, merges not skipped
+        assert_ne!(key("gpt-2"), key("smollm"));
+        assert_eq!(pre_tokenizer_key("no-such-pre"), None);
     }
 
     #[test]

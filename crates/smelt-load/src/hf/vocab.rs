@@ -4,7 +4,7 @@
 //! pre-tokenizer name chosen the way convert chooses it (a hash of how the tokenizer
 //! encodes a fixed text, looked up in convert's table of known models).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use serde_json::{Map, Value as Json};
@@ -627,7 +627,16 @@ fn detect_pre(md: &Metadata) -> Result<String, LoadError> {
     let bos = md.get_u64("tokenizer.ggml.bos_token_id").map(|b| b as u32);
     let mut probe = md.clone();
     let mut hashes = Vec::new();
+    // Names that split and merge alike give the same ids, hence the same hashes: each such
+    // group is encoded once (a refused folder tries every name, and each try builds a
+    // tokenizer and encodes CHKTXT).
+    let mut tried = HashSet::new();
     for name in names {
+        if let Some(key) = smelt_tokenizer::pre_tokenizer_key(name) {
+            if !tried.insert(key) {
+                continue;
+            }
+        }
         probe.insert("tokenizer.ggml.pre", Value::from(name));
         let Ok(tok) = smelt_tokenizer::Tokenizer::from_gguf(&probe) else {
             continue;
