@@ -4,6 +4,9 @@
 
 #![no_main]
 
+#[path = "common/alloc_limit.rs"]
+mod alloc_limit;
+
 use libfuzzer_sys::fuzz_target;
 use smelt_gguf::{Gguf, GgufWriter, TensorSpec};
 

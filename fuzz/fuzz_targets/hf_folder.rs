@@ -10,6 +10,9 @@
 
 #![no_main]
 
+#[path = "common/alloc_limit.rs"]
+mod alloc_limit;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 

@@ -5,6 +5,9 @@
 
 #![no_main]
 
+#[path = "common/alloc_limit.rs"]
+mod alloc_limit;
+
 use libfuzzer_sys::fuzz_target;
 use smelt_openai::openai::{parse_chat, parse_completion};
 use smelt_openai::{grammar, tools, ApiError};
