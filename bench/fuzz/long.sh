@@ -8,14 +8,14 @@
 #   bash bench/fuzz/build.sh            # -> .gpu-fuzz/{bin/*.gz,models/*.gguf}
 # and the seeds committed under fuzz/seeds/. Run from the checkout (or a copy of it):
 #   bash bench/fuzz/long.sh [--runs N] [--time S] [--cores C] [--jobs TARGET=J ...]
-#                           [--dir .gpu-fuzz] [TARGET ...]
+#                           [--dir .gpu-fuzz] [--plan] [TARGET ...]
 # --time caps every process's wall time (default 500 s; a process still running 20 s after
 # it is stopped with SIGINT, which makes libFuzzer print its totals): with unpacking, the
 # whole run ends within S + 40 s. --cores (default: all) are shared out as below; --jobs sets
-# one target's process count by hand.
+# one target's process count by hand; --plan prints the shares and stops.
 #
 # Sharing: a target gets one core when one core reaches N executions within S at the speed
-# measured here (COST below); the other cores go to the rest in proportion to the core-seconds
+# measured here (COST below) with a fifth to spare; the other cores go to the rest in proportion to the core-seconds
 # they need, so that each reaches the same share of N. Each process runs N/J executions with
 # its own corpus and seed; a crash stops only its own process, and every crashing input is
 # kept under $OUT (default bench/out/fuzz-long/<target>/) with that process's log. The table
@@ -34,6 +34,7 @@ runs=10000000
 time_cap=500
 cores=$(nproc)
 dir=.gpu-fuzz
+plan=0
 declare -A jobs_set=()
 targets=()
 while [ $# -gt 0 ]; do
@@ -43,31 +44,18 @@ while [ $# -gt 0 ]; do
     --cores) cores=$2; shift 2 ;;
     --jobs) jobs_set[${2%%=*}]=${2#*=}; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
+    --plan) plan=1; shift ;;
     -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     -*) echo "fuzz-long: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
 [ ${#targets[@]} -gt 0 ] || targets=(gguf_read tokenize_chat hf_folder request_json)
-out=${OUT:-$root/bench/out/fuzz-long}
+
 case $dir in /*) ;; *) dir=$root/$dir ;; esac
 die() { echo "fuzz-long: $*" >&2; exit 1; }
-[ -d "$dir/bin" ] || die "$dir/bin is missing: build the binaries with bench/fuzz/build.sh and carry $dir"
+[ "$plan" -eq 1 ] || [ -d "$dir/bin" ] || die "$dir/bin is missing: build the binaries with bench/fuzz/build.sh and carry $dir"
 for t in "${targets[@]}"; do [ -n "${COST[$t]:-}" ] || die "unknown target $t"; done
-
-# Scratch space in memory where there is some: hf_folder writes its three files per input.
-if [ -d /dev/shm ] && [ -w /dev/shm ]; then work=$(mktemp -d -p /dev/shm); else work=$(mktemp -d); fi
-trap 'rm -rf "$work"' EXIT
-for t in "${targets[@]}"; do
-  if [ -f "$dir/bin/$t.gz" ]; then gzip -dc "$dir/bin/$t.gz" >"$work/$t"
-  elif [ -f "$dir/bin/$t" ]; then cp "$dir/bin/$t" "$work/$t"
-  else die "no binary for $t in $dir/bin"; fi
-  chmod +x "$work/$t"
-done
-# tokenize_chat reads the test models' tokenizers (metadata-only copies, see build.sh).
-export SMELT_MODELS=${SMELT_MODELS:-$dir/models}
-mkdir -p "$work/tmp"
-export TMPDIR=$work/tmp
 
 # The shares: one core for a target that needs at most one, the rest by need.
 declare -A jobs=()
@@ -77,7 +65,7 @@ rest=()
 for t in "${targets[@]}"; do
   need[$t]=$(awk -v n="$runs" -v c="${COST[$t]}" 'BEGIN { printf "%.0f", n * c / 1e6 }')
   if [ -n "${jobs_set[$t]:-}" ]; then jobs[$t]=${jobs_set[$t]}; left=$((left - jobs[$t]))
-  elif [ "${need[$t]}" -le "$time_cap" ]; then jobs[$t]=1; left=$((left - 1))
+  elif [ $((need[$t] * 6 / 5)) -le "$time_cap" ]; then jobs[$t]=1; left=$((left - 1))
   else rest+=("$t"); fi
 done
 if [ ${#rest[@]} -gt 0 ]; then
@@ -98,6 +86,26 @@ if [ ${#rest[@]} -gt 0 ]; then
   done
 fi
 
+if [ "$plan" -eq 1 ]; then
+  for t in "${targets[@]}"; do echo "$t: ${jobs[$t]} processes (needs ${need[$t]} core-seconds at ${COST[$t]} us each)"; done
+  exit 0
+fi
+
+# Scratch space in memory where there is some: hf_folder writes its three files per input.
+if [ -d /dev/shm ] && [ -w /dev/shm ]; then work=$(mktemp -d -p /dev/shm); else work=$(mktemp -d); fi
+trap 'rm -rf "$work"' EXIT
+for t in "${targets[@]}"; do
+  if [ -f "$dir/bin/$t.gz" ]; then gzip -dc "$dir/bin/$t.gz" >"$work/$t"
+  elif [ -f "$dir/bin/$t" ]; then cp "$dir/bin/$t" "$work/$t"
+  else die "no binary for $t in $dir/bin"; fi
+  chmod +x "$work/$t"
+done
+# tokenize_chat reads the test models' tokenizers (metadata-only copies, see build.sh).
+export SMELT_MODELS=${SMELT_MODELS:-$dir/models}
+mkdir -p "$work/tmp"
+export TMPDIR=$work/tmp
+
+out=${OUT:-$root/bench/out/fuzz-long}
 declare -A t0=() pids=()
 for t in "${targets[@]}"; do
   case $t in
