@@ -24,11 +24,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 
-# Microseconds per execution on one core of this project's 2-core build VM (binaries of
-# build.sh: no sanitizer, debug assertions on), from 60 s runs from the seeds; only their
+# Microseconds per execution on one core, averaged over the 500 s run of bench/RESULTS.md
+# (16-core H100 host, binaries of build.sh: no sanitizer, debug assertions on); only their
 # ratios matter. tokenize_chat runs two tokenizers and eight chat-template renders per
 # input; hf_folder converts whole folders.
-declare -A COST=([gguf_read]=15 [request_json]=40 [tokenize_chat]=1000 [hf_folder]=800)
+declare -A COST=([gguf_read]=11 [request_json]=50 [tokenize_chat]=1450 [hf_folder]=370)
 
 runs=10000000
 time_cap=500
