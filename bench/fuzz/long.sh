@@ -15,7 +15,7 @@
 # one target's process count by hand; --plan prints the shares and stops.
 #
 # Sharing: a target gets one core when one core reaches N executions within S at the speed
-# measured here (COST below) with a fifth to spare; the other cores go to the rest in proportion to the core-seconds
+# in COST below with a fifth to spare; the other cores go to the rest in proportion to the core-seconds
 # they need, so that each reaches the same share of N. Each process runs N/J executions with
 # its own corpus and seed; a crash stops only its own process, and every crashing input is
 # kept under $OUT (default bench/out/fuzz-long/<target>/) with that process's log. The table
