@@ -1,9 +1,11 @@
 """Tool calling through the official `openai` client, against servers started with a
-Qwen-style (Hermes `<tool_call>`) and a Llama-3.1-style (JSON `parameters`) chat template:
+Qwen-style (Hermes `<tool_call>`), a Llama-3.1-style (JSON `parameters`) and a Mistral-style
+(`[TOOL_CALLS] [...]`) chat template:
 a forced call (`required` / a named function) comes back as OpenAI `tool_calls` whose
 arguments validate against the tool's schema, streamed as OpenAI streams calls and not;
 the call and a `tool` message go back through the template for the answer; `none` gives
-text; a template without a tool format refuses tools with a 400."""
+text; `parallel_tool_calls` lets a forced answer hold one call or more, each valid; a
+template without a tool format refuses tools with a 400."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ TOOLS = [
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module", params=["qwen-tools.jinja", "llama3-tools.jinja"])
+@pytest.fixture(scope="module", params=["qwen-tools.jinja", "llama3-tools.jinja", "mistral-tools.jinja"])
 def tool_client(request, smelt_bin: str, model_path: str):
     with extra_server(smelt_bin, model_path, "--chat-template", str(TEMPLATES / request.param)) as url:
         c = make_client(url)
@@ -88,8 +90,10 @@ def test_named_call_round_trip(tool_client) -> None:
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21, "sky": "sunny"})},
     ]
+    # ignore_eos: the tiny model may end at once after a tool result (it does after
+    # Mistral's [/TOOL_RESULTS]); the text, not its length, is the point here.
     r2 = client.chat.completions.create(model=model, messages=follow, tools=TOOLS, tool_choice="none",
-                                        max_tokens=8, temperature=0)
+                                        max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
     assert r2.choices[0].message.tool_calls is None
     assert r2.choices[0].message.content
     # The tool result reached the prompt: it is longer than the first request's by about it.
@@ -117,6 +121,41 @@ def test_required_picks_a_tool(tool_client) -> None:
         assert calls[0]["name"] in ("get_weather", "get_time")
         schema = TOOLS[0 if calls[0]["name"] == "get_weather" else 1]["function"]["parameters"]
         jsonschema.validate(json.loads(calls[0]["arguments"]), schema)
+
+
+def test_parallel_calls_are_each_valid(tool_client) -> None:
+    """With `parallel_tool_calls` (OpenAI's default) a forced answer holds several calls,
+    each with its own index and id, each valid, streamed as not. This tiny model goes on
+    calling until `max_tokens` cuts it off: the answer then says `length`, keeps its
+    complete calls, and never passes an unfinished call off as one."""
+    client, model = tool_client
+    ask = [{"role": "user", "content": "What are the weather and the local time in Paris and in Rome?"}]
+    kw = dict(model=model, messages=ask, tools=TOOLS, tool_choice="required", max_tokens=160,
+              temperature=0, parallel_tool_calls=True)
+    # Once first, so both answers below start from the same cached prompt blocks (a cold
+    # prompt is cut into other chunks, which can move a near-tie).
+    client.chat.completions.create(**{**kw, "max_tokens": 1})
+    r = client.chat.completions.create(**kw)
+    finish = r.choices[0].finish_reason
+    assert finish in ("tool_calls", "length"), r.choices[0]
+    whole = [{"name": c.function.name, "arguments": c.function.arguments, "id": c.id}
+             for c in r.choices[0].message.tool_calls or []]
+    # Greedy, this model writes several calls in the Hermes and Llama 3 formats (until cut
+    # off) and one in Mistral's, closing its list.
+    assert len(whole) >= (2 if finish == "length" else 1), r.choices[0]
+    assert len({c["id"] for c in whole}) == len(whole), whole
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for c in whole:
+        jsonschema.validate(json.loads(c["arguments"]), schemas[c["name"]])
+    streamed, streamed_finish, _ = streamed_calls(client.chat.completions.create(**kw, stream=True))
+    assert streamed_finish == finish
+    pairs = lambda calls: [(c["name"], c["arguments"]) for c in calls]  # noqa: E731
+    if finish == "tool_calls":
+        assert pairs(streamed) == pairs(whole)
+    else:
+        # The stream may have begun the call that max_tokens cut off.
+        assert pairs(streamed[: len(whole)]) == pairs(whole)
+        assert len(streamed) <= len(whole) + 1
 
 
 def test_tools_need_a_tool_format(client: openai.OpenAI, model_id: str) -> None:

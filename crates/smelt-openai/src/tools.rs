@@ -142,7 +142,7 @@ fn parse_values(format: ToolFormat, text: &str) -> (String, Vec<ToolCall>) {
             let calls: Vec<ToolCall> = match serde_json::from_str::<Value>(body) {
                 Ok(Value::Array(items)) => items.iter().filter_map(call_of).collect(),
                 Ok(v) => call_of(&v).into_iter().collect(),
-                Err(_) => Vec::new(),
+                Err(_) => return cut_off(format, text, &text[..start]),
             };
             if calls.is_empty() {
                 return (text.to_string(), Vec::new());
@@ -172,12 +172,37 @@ fn parse_values(format: ToolFormat, text: &str) -> (String, Vec<ToolCall>) {
                     .and_then(call_of)
                 {
                     Some(c) => calls.push(c),
-                    None => return (text.to_string(), Vec::new()),
+                    None => return cut_off(format, text, ""),
                 }
             }
             (String::new(), calls)
         }
     }
+}
+
+/// An answer whose calls do not all parse, most often because `max_tokens` cut the last
+/// one off: its complete calls, and the unfinished rest as content after `before` (the
+/// text before the calls), as the Hermes reader keeps an unfinished `<tool_call>`.
+fn cut_off(format: ToolFormat, text: &str, before: &str) -> (String, Vec<ToolCall>) {
+    let (done, rest) = crate::tool_stream::complete_calls(format, text);
+    if done.is_empty() {
+        return (text.to_string(), Vec::new());
+    }
+    let calls = done
+        .into_iter()
+        .map(|(name, arguments)| ToolCall {
+            id: call_id(),
+            name,
+            arguments,
+        })
+        .collect();
+    let content = [before.trim(), text[rest..].trim()]
+        .iter()
+        .filter(|t| !t.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
+    (content, calls)
 }
 
 /// What `tool_choice` asks.
@@ -387,6 +412,21 @@ pub fn split_think(text: &str) -> (Option<String>, String) {
     (Some(reasoning), content)
 }
 
+/// [`split_think`] for an answer whose `<think>` block the prompt opened (the template's
+/// generation prompt ends with `<think>`, as DeepSeek-R1's and QwQ's do): the answer starts
+/// inside the block, so with no `</think>` all of it is reasoning (a thought cut off by
+/// `max_tokens`), as vLLM's reasoning parsers read it.
+pub fn split_think_opened(text: &str) -> (Option<String>, String) {
+    if text.contains("</think>") {
+        return split_think(text);
+    }
+    let reasoning = text.trim();
+    (
+        (!reasoning.is_empty()).then(|| reasoning.to_string()),
+        String::new(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,6 +481,23 @@ mod tests {
             "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]",
         );
         assert_eq!((c.as_str(), calls.len()), ("", 1));
+        // Cut off by max_tokens in the second call: the first is kept, the rest is text.
+        let (c, calls) = parse(
+            ToolFormat::Llama3,
+            "{\"name\": \"f\", \"parameters\": {}}; {\"name\": \"g\", \"para",
+        );
+        assert_eq!(calls.len(), 1);
+        assert_eq!(
+            (calls[0].name.as_str(), c.as_str()),
+            ("f", "{\"name\": \"g\", \"para")
+        );
+        let (c, calls) = parse(
+            ToolFormat::Mistral,
+            "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"k\": 2}}, {\"name\": \"g",
+        );
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].arguments, "{\"k\":2}");
+        assert_eq!(c, "{\"name\": \"g");
         let (c, calls) = parse(ToolFormat::Hermes, "<tool_call>not json</tool_call>");
         assert_eq!(
             (c.as_str(), calls.len()),
@@ -459,5 +516,15 @@ mod tests {
             (Some("hmm".into()), "yes".into())
         );
         assert_eq!(split_think("just text"), (None, "just text".into()));
+        // The prompt opened the block: no closing tag means all of it is reasoning.
+        assert_eq!(
+            split_think_opened("\nstill thinking"),
+            (Some("still thinking".into()), String::new())
+        );
+        assert_eq!(
+            split_think_opened("hmm\n</think>\n\nyes"),
+            (Some("hmm".into()), "yes".into())
+        );
+        assert_eq!(split_think_opened(""), (None, String::new()));
     }
 }
