@@ -44,7 +44,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 def tool_client(request, smelt_bin: str, model_path: str):
     with extra_server(smelt_bin, model_path, "--chat-template", str(TEMPLATES / request.param)) as url:
         c = make_client(url)
-        yield c, c.models.list().data[0].id
+        yield c, c.models.list().data[0].id, request.param
 
 
 def streamed_calls(stream) -> tuple[list[dict], str | None, str]:
@@ -67,7 +67,7 @@ def streamed_calls(stream) -> tuple[list[dict], str | None, str]:
 
 
 def test_named_call_round_trip(tool_client) -> None:
-    client, model = tool_client
+    client, model, _ = tool_client
     choice = {"type": "function", "function": {"name": "get_weather"}}
     r = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice=choice,
                                        max_tokens=60, temperature=0)
@@ -105,7 +105,7 @@ def test_named_call_round_trip(tool_client) -> None:
 
 
 def test_required_picks_a_tool(tool_client) -> None:
-    client, model = tool_client
+    client, model, _ = tool_client
     for stream in (False, True):
         kw = dict(model=model, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=80,
                   temperature=0, parallel_tool_calls=False)
@@ -128,7 +128,7 @@ def test_parallel_calls_are_each_valid(tool_client) -> None:
     each with its own index and id, each valid, streamed as not. This tiny model goes on
     calling until `max_tokens` cuts it off: the answer then says `length`, keeps its
     complete calls, and never passes an unfinished call off as one."""
-    client, model = tool_client
+    client, model, _ = tool_client
     ask = [{"role": "user", "content": "What are the weather and the local time in Paris and in Rome?"}]
     kw = dict(model=model, messages=ask, tools=TOOLS, tool_choice="required", max_tokens=160,
               temperature=0, parallel_tool_calls=True)
@@ -158,6 +158,40 @@ def test_parallel_calls_are_each_valid(tool_client) -> None:
         assert len(streamed) <= len(whole) + 1
 
 
+# What each template's model writes for a call, as a regex (smelt's extension) can force it:
+# with `tool_choice` auto nothing forces a call, so this shows the reading of free text.
+CALL_TEXT = {
+    "qwen-tools.jinja": r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Paris", "unit": "celsius"\}\}\n</tool_call>',
+    "llama3-tools.jinja": r'\{"name": "get_weather", "parameters": \{"city": "Paris", "unit": "celsius"\}\}',
+    "mistral-tools.jinja": r'\[TOOL_CALLS\] \[\{"name": "get_weather", "arguments": \{"city": "Paris", "unit": "celsius"\}\}\]',
+}
+
+
+def test_auto_reads_a_call_the_model_writes(tool_client) -> None:
+    """`tool_choice` auto (the default with tools): a call the model writes in its
+    template's format comes back as `tool_calls`, streamed in pieces as not; plain text
+    stays content."""
+    client, model, template = tool_client
+    kw = dict(model=model, messages=ASK, tools=TOOLS, max_tokens=60, temperature=0,
+              extra_body={"response_format": {"type": "regex", "regex": CALL_TEXT[template]}})
+    r = client.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and call.id
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+    assert not r.choices[0].message.content
+    calls, finish, content = streamed_calls(client.chat.completions.create(**kw, stream=True))
+    assert finish == "tool_calls" and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", call.function.arguments)]
+    # Text that is no call stays text.
+    plain = client.chat.completions.create(
+        model=model, messages=ASK, tools=TOOLS, max_tokens=20, temperature=0,
+        extra_body={"response_format": {"type": "regex", "regex": "It is sunny in Paris\\."}})
+    assert plain.choices[0].message.content == "It is sunny in Paris."
+    assert plain.choices[0].message.tool_calls is None
+    assert plain.choices[0].finish_reason == "stop"
+
+
 def test_tools_need_a_tool_format(client: openai.OpenAI, model_id: str) -> None:
     """SmolLM2's own template shows no tool-call format: tools are refused, not ignored."""
     with pytest.raises(openai.BadRequestError) as err:
@@ -172,7 +206,7 @@ def test_tools_need_a_tool_format(client: openai.OpenAI, model_id: str) -> None:
 def test_arguments_stream_in_pieces(tool_client) -> None:
     """Arguments arrive piece by piece, as OpenAI streams them, and the openai client's own
     stream accumulation (`chat.completions.stream`) adds them up to the non-streamed call."""
-    client, model = tool_client
+    client, model, _ = tool_client
     strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
     choice = {"type": "function", "function": {"name": "get_weather"}}
     kw = dict(model=model, messages=ASK, tools=strict, tool_choice=choice, max_tokens=60,
