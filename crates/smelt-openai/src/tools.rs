@@ -321,13 +321,22 @@ fn lark_str(s: &str) -> String {
 }
 
 /// The grammar that forces calls to `tools` (all of them, or the named one) in `format`;
-/// one call, or one or more when `parallel`.
+/// one call, or one or more when `parallel`. `control` gives the id of a marker (such as
+/// Mistral's `[TOOL_CALLS]`) that the model's vocabulary holds as one control token: the
+/// grammar then forces that token, as the model writes it, rather than the marker spelled
+/// out in text pieces (control tokens are never produced from text).
 pub fn grammar(
     format: ToolFormat,
     tools: &[Value],
     only: Option<&str>,
     parallel: bool,
+    control: &dyn Fn(&str) -> Option<u32>,
 ) -> TopLevelGrammar {
+    // A marker: its control token where the vocabulary has one, else its text.
+    let marker = |text: &str| match control(text) {
+        Some(id) => format!("<[{id}]>"),
+        None => lark_str(text),
+    };
     let args_key = if format == ToolFormat::Llama3 {
         "parameters"
     } else {
@@ -363,9 +372,9 @@ pub fn grammar(
         ToolFormat::Hermes => {
             // `<tool_call>\n{...}\n</tool_call>`, several separated by a newline.
             let one = format!(
-                "{} {call} {}",
-                lark_str("<tool_call>\n"),
-                lark_str("\n</tool_call>")
+                "{} \"\\n\" {call} \"\\n\" {}",
+                marker("<tool_call>"),
+                marker("</tool_call>")
             );
             if parallel {
                 format!("start: call (\"\\n\" call)*\ncall: {one}\n")
@@ -377,7 +386,7 @@ pub fn grammar(
             let sep = if parallel { "(\", \" call)*" } else { "" };
             format!(
                 "start: {} \"[\" call {sep} \"]\"\ncall: {call}\n",
-                lark_str("[TOOL_CALLS]")
+                marker("[TOOL_CALLS]")
             )
         }
         ToolFormat::Llama3 => {
@@ -503,6 +512,31 @@ mod tests {
             (c.as_str(), calls.len()),
             ("<tool_call>not json</tool_call>", 0)
         );
+    }
+
+    /// A marker the vocabulary holds as a control token is forced as that token; without
+    /// one, as text.
+    #[test]
+    fn markers_are_control_tokens_where_the_vocabulary_has_them() {
+        let tools = [
+            json!({"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {}}}}),
+        ];
+        let lark = |format, control: &dyn Fn(&str) -> Option<u32>| -> String {
+            let g = grammar(format, &tools, None, false, control);
+            g.grammars[0].lark_grammar.clone().expect("a Lark grammar")
+        };
+        let mistral = lark(ToolFormat::Mistral, &|t| (t == "[TOOL_CALLS]").then_some(5));
+        assert!(mistral.starts_with("start: <[5]> \"[\""), "{mistral}");
+        let text = lark(ToolFormat::Mistral, &|_| None);
+        assert!(text.starts_with("start: \"[TOOL_CALLS]\" \"[\""), "{text}");
+        let hermes = lark(ToolFormat::Hermes, &|t| match t {
+            "<tool_call>" => Some(7),
+            "</tool_call>" => Some(8),
+            _ => None,
+        });
+        assert!(hermes.starts_with("start: <[7]> \"\\n\" %json"), "{hermes}");
+        assert!(hermes.trim_end().ends_with("\"\\n\" <[8]>"), "{hermes}");
     }
 
     #[test]

@@ -505,7 +505,11 @@ async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError
                 ));
             }
             let parallel = req.parallel_tool_calls.unwrap_or(true) && only.is_none();
-            grammar = Some(tools::grammar(f, &tool_list, only, parallel));
+            // A marker the vocabulary holds as a control token (Mistral's [TOOL_CALLS])
+            // is forced as that token, the one the model was trained to write.
+            let tok = &model.tokenizer;
+            let control = |t: &str| tok.token_id(t).filter(|&id| tok.is_control(id));
+            grammar = Some(tools::grammar(f, &tool_list, only, parallel, &control));
         }
     }
     // With tool_choice none the template still lists the tools (as vLLM does), and the
