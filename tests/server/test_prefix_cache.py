@@ -1,7 +1,7 @@
 """Prefix caching against a real `smelt serve`: a second request that shares a ~2,000-token
 system prompt with the first gets its first token at least 5x sooner (its KV blocks are
-reused, not computed), /metrics counts the hits, and an answer computed on cached blocks is
-the same tokens as computed cold."""
+reused, not computed), /metrics counts the hits and gives the hit rate, and an answer
+computed on cached blocks is the same tokens as computed cold."""
 
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ def test_shared_system_prompt_is_computed_once(client, model_id, http) -> None:
     assert hits1 - hits0 < 100, "the nonce keeps the first request cold"
     assert hits2 - hits1 >= 1900, (hits1, hits2)
     assert metric(http, "smelt_prefix_cache_query_tokens_total") - queried0 >= 2 * 1900
+    # The hit rate as a figure of its own (hits over lookups since load), and the cache on.
+    rate = metric(http, "smelt_prefix_cache_hit_rate")
+    hits, queried = (metric(http, f"smelt_prefix_cache_{k}_tokens_total") for k in ("hit", "query"))
+    assert 0 < rate <= 1 and abs(rate - hits / queried) < 1e-9, (rate, hits, queried)
+    assert metric(http, "smelt_prefix_cache_enabled") == 1
     assert cold >= 5 * warm, f"first token: {cold:.3f} s cold, {warm:.3f} s with the prefix cached"
     # Computed from cached blocks, the first question's answer is the same tokens again.
     _, again = first_token_seconds(client, model_id, ask("How many marbles are in box 3?"))

@@ -1,7 +1,7 @@
 """Structured output through the official `openai` client: `response_format` json_schema
 (20 schemas of different shapes, strict, streamed and not) and json_object always give JSON
 that parses and validates; `client.beta.chat.completions.parse` fills a pydantic model; the
-regex extension matches. SmolLM2-135M is far too small to follow a schema by itself, so a
+regex and Lark grammar extensions match. SmolLM2-135M is far too small to follow a schema by itself, so a
 valid answer on every try shows the grammar masks at work."""
 
 from __future__ import annotations
@@ -154,12 +154,31 @@ def test_regex_extension(client: openai.OpenAI, model_id: str) -> None:
     assert re.fullmatch(r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]", r.choices[0].message.content)
 
 
+def test_lark_grammar_extension(client: openai.OpenAI, model_id: str) -> None:
+    """smelt's `grammar` response format (Lark, as llguidance reads it): the answer is a
+    sentence of the grammar, greedy and sampled, streamed and not."""
+    lark = 'start: "The answer is " ANSWER "."\nANSWER: "yes" | "no" | /[0-9]{1,3}/\n'
+    shape = re.compile(r"The answer is (yes|no|[0-9]{1,3})\.")
+    for temperature, stream in ((0, False), (1.0, True)):
+        r = client.chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": "Is the sky blue?"}], max_tokens=20,
+            temperature=temperature, seed=11, stream=stream,
+            extra_body={"response_format": {"type": "grammar", "grammar": lark}})
+        if stream:
+            text = "".join(c.choices[0].delta.content or "" for c in r if c.choices)
+        else:
+            assert r.choices[0].finish_reason == "stop", r.choices[0]
+            text = r.choices[0].message.content
+        assert shape.fullmatch(text), text
+
+
 def test_bad_response_format_is_400(client: openai.OpenAI, model_id: str) -> None:
     for rf, param in [
         ({"type": "xml"}, "response_format"),
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "extra": 1}},
          "response_format.json_schema.extra"),
         ({"type": "regex", "regex": "("}, "response_format"),
+        ({"type": "grammar", "grammar": "start: ("}, "response_format"),
         # A schema keyword the grammar compiler cannot enforce is refused, not ignored.
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
             "type": "array", "items": {"type": "integer"}, "uniqueItems": True}}}, "response_format"),

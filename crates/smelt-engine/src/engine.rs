@@ -323,6 +323,11 @@ impl Engine {
         self.table.set_prefix_cache(on && !hybrid);
     }
 
+    /// Whether prefix caching is on (never for a model with recurrent layers).
+    pub fn prefix_cache_on(&self) -> bool {
+        self.table.prefix_cache_on()
+    }
+
     /// Prompt tokens looked up in the prefix cache, and found there, since loading.
     pub fn prefix_cache_stats(&self) -> (u64, u64) {
         (self.table.prefix_queried, self.table.prefix_hits)

@@ -83,6 +83,11 @@ impl BlockTable {
         }
     }
 
+    /// Whether prefix caching is on.
+    pub fn prefix_cache_on(&self) -> bool {
+        self.prefix
+    }
+
     /// Turns prefix caching on or off; off drops what is cached.
     pub fn set_prefix_cache(&mut self, on: bool) {
         self.prefix = on;

@@ -224,9 +224,42 @@ pub fn scan(format: ToolFormat, text: &str) -> Vec<PartialCall> {
         .collect()
 }
 
+/// The complete call objects at the start of `text` and where the first unfinished one
+/// begins (`text.len()` when none is): what an answer cut off by `max_tokens` in the middle
+/// of a call keeps of its calls. Stops at the first object that is not a complete call.
+pub fn complete_calls(format: ToolFormat, text: &str) -> (Vec<(String, String)>, usize) {
+    let mut calls = Vec::new();
+    for s in object_starts(format, text) {
+        match scan_object(&text[s..]) {
+            (
+                PartialCall {
+                    name: Some(name),
+                    arguments: Some(arguments),
+                    arguments_done: true,
+                    done: true,
+                },
+                Some(_),
+            ) => calls.push((name, arguments)),
+            _ => return (calls, s),
+        }
+    }
+    (calls, text.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cut_off_answer_keeps_its_complete_calls() {
+        let text = "{\"name\": \"f\", \"parameters\": {\"a\": 1}}; {\"name\": \"g\", \"param";
+        let (calls, rest) = complete_calls(ToolFormat::Llama3, text);
+        assert_eq!(calls, vec![("f".to_string(), "{\"a\":1}".to_string())]);
+        assert_eq!(&text[rest..], "{\"name\": \"g\", \"param");
+        let whole = "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}}]";
+        assert_eq!(complete_calls(ToolFormat::Mistral, whole).1, whole.len());
+        assert_eq!(complete_calls(ToolFormat::Llama3, "{\"x\": 1}").0, vec![]);
+    }
 
     #[test]
     fn minify_keeps_strings() {

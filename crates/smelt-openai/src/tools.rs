@@ -142,7 +142,7 @@ fn parse_values(format: ToolFormat, text: &str) -> (String, Vec<ToolCall>) {
             let calls: Vec<ToolCall> = match serde_json::from_str::<Value>(body) {
                 Ok(Value::Array(items)) => items.iter().filter_map(call_of).collect(),
                 Ok(v) => call_of(&v).into_iter().collect(),
-                Err(_) => Vec::new(),
+                Err(_) => return cut_off(format, text, &text[..start]),
             };
             if calls.is_empty() {
                 return (text.to_string(), Vec::new());
@@ -172,12 +172,37 @@ fn parse_values(format: ToolFormat, text: &str) -> (String, Vec<ToolCall>) {
                     .and_then(call_of)
                 {
                     Some(c) => calls.push(c),
-                    None => return (text.to_string(), Vec::new()),
+                    None => return cut_off(format, text, ""),
                 }
             }
             (String::new(), calls)
         }
     }
+}
+
+/// An answer whose calls do not all parse, most often because `max_tokens` cut the last
+/// one off: its complete calls, and the unfinished rest as content after `before` (the
+/// text before the calls), as the Hermes reader keeps an unfinished `<tool_call>`.
+fn cut_off(format: ToolFormat, text: &str, before: &str) -> (String, Vec<ToolCall>) {
+    let (done, rest) = crate::tool_stream::complete_calls(format, text);
+    if done.is_empty() {
+        return (text.to_string(), Vec::new());
+    }
+    let calls = done
+        .into_iter()
+        .map(|(name, arguments)| ToolCall {
+            id: call_id(),
+            name,
+            arguments,
+        })
+        .collect();
+    let content = [before.trim(), text[rest..].trim()]
+        .iter()
+        .filter(|t| !t.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
+    (content, calls)
 }
 
 /// What `tool_choice` asks.
@@ -296,13 +321,22 @@ fn lark_str(s: &str) -> String {
 }
 
 /// The grammar that forces calls to `tools` (all of them, or the named one) in `format`;
-/// one call, or one or more when `parallel`.
+/// one call, or one or more when `parallel`. `control` gives the id of a marker (such as
+/// Mistral's `[TOOL_CALLS]`) that the model's vocabulary holds as one control token: the
+/// grammar then forces that token, as the model writes it, rather than the marker spelled
+/// out in text pieces (control tokens are never produced from text).
 pub fn grammar(
     format: ToolFormat,
     tools: &[Value],
     only: Option<&str>,
     parallel: bool,
+    control: &dyn Fn(&str) -> Option<u32>,
 ) -> TopLevelGrammar {
+    // A marker: its control token where the vocabulary has one, else its text.
+    let marker = |text: &str| match control(text) {
+        Some(id) => format!("<[{id}]>"),
+        None => lark_str(text),
+    };
     let args_key = if format == ToolFormat::Llama3 {
         "parameters"
     } else {
@@ -338,9 +372,9 @@ pub fn grammar(
         ToolFormat::Hermes => {
             // `<tool_call>\n{...}\n</tool_call>`, several separated by a newline.
             let one = format!(
-                "{} {call} {}",
-                lark_str("<tool_call>\n"),
-                lark_str("\n</tool_call>")
+                "{} \"\\n\" {call} \"\\n\" {}",
+                marker("<tool_call>"),
+                marker("</tool_call>")
             );
             if parallel {
                 format!("start: call (\"\\n\" call)*\ncall: {one}\n")
@@ -352,7 +386,7 @@ pub fn grammar(
             let sep = if parallel { "(\", \" call)*" } else { "" };
             format!(
                 "start: {} \"[\" call {sep} \"]\"\ncall: {call}\n",
-                lark_str("[TOOL_CALLS]")
+                marker("[TOOL_CALLS]")
             )
         }
         ToolFormat::Llama3 => {
@@ -385,6 +419,21 @@ pub fn split_think(text: &str) -> (Option<String>, String) {
         .to_string();
     let content = text[end + "</think>".len()..].trim_start().to_string();
     (Some(reasoning), content)
+}
+
+/// [`split_think`] for an answer whose `<think>` block the prompt opened (the template's
+/// generation prompt ends with `<think>`, as DeepSeek-R1's and QwQ's do): the answer starts
+/// inside the block, so with no `</think>` all of it is reasoning (a thought cut off by
+/// `max_tokens`), as vLLM's reasoning parsers read it.
+pub fn split_think_opened(text: &str) -> (Option<String>, String) {
+    if text.contains("</think>") {
+        return split_think(text);
+    }
+    let reasoning = text.trim();
+    (
+        (!reasoning.is_empty()).then(|| reasoning.to_string()),
+        String::new(),
+    )
 }
 
 #[cfg(test)]
@@ -441,11 +490,53 @@ mod tests {
             "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]",
         );
         assert_eq!((c.as_str(), calls.len()), ("", 1));
+        // Cut off by max_tokens in the second call: the first is kept, the rest is text.
+        let (c, calls) = parse(
+            ToolFormat::Llama3,
+            "{\"name\": \"f\", \"parameters\": {}}; {\"name\": \"g\", \"para",
+        );
+        assert_eq!(calls.len(), 1);
+        assert_eq!(
+            (calls[0].name.as_str(), c.as_str()),
+            ("f", "{\"name\": \"g\", \"para")
+        );
+        let (c, calls) = parse(
+            ToolFormat::Mistral,
+            "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"k\": 2}}, {\"name\": \"g",
+        );
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].arguments, "{\"k\":2}");
+        assert_eq!(c, "{\"name\": \"g");
         let (c, calls) = parse(ToolFormat::Hermes, "<tool_call>not json</tool_call>");
         assert_eq!(
             (c.as_str(), calls.len()),
             ("<tool_call>not json</tool_call>", 0)
         );
+    }
+
+    /// A marker the vocabulary holds as a control token is forced as that token; without
+    /// one, as text.
+    #[test]
+    fn markers_are_control_tokens_where_the_vocabulary_has_them() {
+        let tools = [
+            json!({"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {}}}}),
+        ];
+        let lark = |format, control: &dyn Fn(&str) -> Option<u32>| -> String {
+            let g = grammar(format, &tools, None, false, control);
+            g.grammars[0].lark_grammar.clone().expect("a Lark grammar")
+        };
+        let mistral = lark(ToolFormat::Mistral, &|t| (t == "[TOOL_CALLS]").then_some(5));
+        assert!(mistral.starts_with("start: <[5]> \"[\""), "{mistral}");
+        let text = lark(ToolFormat::Mistral, &|_| None);
+        assert!(text.starts_with("start: \"[TOOL_CALLS]\" \"[\""), "{text}");
+        let hermes = lark(ToolFormat::Hermes, &|t| match t {
+            "<tool_call>" => Some(7),
+            "</tool_call>" => Some(8),
+            _ => None,
+        });
+        assert!(hermes.starts_with("start: <[7]> \"\\n\" %json"), "{hermes}");
+        assert!(hermes.trim_end().ends_with("\"\\n\" <[8]>"), "{hermes}");
     }
 
     #[test]
@@ -459,5 +550,15 @@ mod tests {
             (Some("hmm".into()), "yes".into())
         );
         assert_eq!(split_think("just text"), (None, "just text".into()));
+        // The prompt opened the block: no closing tag means all of it is reasoning.
+        assert_eq!(
+            split_think_opened("\nstill thinking"),
+            (Some("still thinking".into()), String::new())
+        );
+        assert_eq!(
+            split_think_opened("hmm\n</think>\n\nyes"),
+            (Some("hmm".into()), "yes".into())
+        );
+        assert_eq!(split_think_opened(""), (None, String::new()));
     }
 }

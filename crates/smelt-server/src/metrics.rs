@@ -94,6 +94,9 @@ pub struct ModelStats {
     /// and those found there.
     pub prefix_query_tokens: AtomicU64,
     pub prefix_hit_tokens: AtomicU64,
+    /// 1 when the model caches prompt prefixes, 0 when it does not (turned off, or a model
+    /// with recurrent layers, which cannot).
+    pub prefix_cache_enabled: AtomicU64,
     pub ttft: Histogram,
     pub itl: Histogram,
 }
@@ -113,6 +116,7 @@ impl Default for ModelStats {
             grammar_mask_us: AtomicU64::new(0),
             prefix_query_tokens: AtomicU64::new(0),
             prefix_hit_tokens: AtomicU64::new(0),
+            prefix_cache_enabled: AtomicU64::new(0),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
         }
@@ -190,7 +194,7 @@ impl ServerStats {
                 |s| &s.prefix_hit_tokens,
             ),
         ];
-        let gauges: [Family<AtomicU64>; 4] = [
+        let gauges: [Family<AtomicU64>; 5] = [
             (
                 "smelt_queue_depth",
                 "Requests waiting for a place in the batch.",
@@ -207,6 +211,12 @@ impl ServerStats {
             ("smelt_kv_blocks_free", "KV cache blocks free.", |s| {
                 &s.kv_blocks_free
             }),
+            (
+                "smelt_prefix_cache_enabled",
+                "1 when the model caches prompt prefixes; 0 when off (--no-prefix-cache, or a \
+                 model with recurrent layers, which cannot).",
+                |s| &s.prefix_cache_enabled,
+            ),
         ];
         for (kind, list) in [("counter", &counters[..]), ("gauge", &gauges[..])] {
             for (name, help, get) in list.iter() {
@@ -216,6 +226,19 @@ impl ServerStats {
                     let _ = writeln!(out, "{name}{{model=\"{}\"}} {v}", escape(id));
                 }
             }
+        }
+        // The hit rate itself, for dashboards without PromQL: hits over lookups since load.
+        let name = "smelt_prefix_cache_hit_rate";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Prompt tokens found in the prefix cache over those looked up, since \
+             the model loaded (0 before any lookup).\n# TYPE {name} gauge"
+        );
+        for (id, s) in models {
+            let q = s.prefix_query_tokens.load(Ordering::Relaxed);
+            let h = s.prefix_hit_tokens.load(Ordering::Relaxed);
+            let rate = if q == 0 { 0.0 } else { h as f64 / q as f64 };
+            let _ = writeln!(out, "{name}{{model=\"{}\"}} {rate}", escape(id));
         }
         let hists: [Family<Histogram>; 2] = [
             (
@@ -274,10 +297,15 @@ mod tests {
         srv.count_response(429);
         let m = Arc::new(ModelStats::default());
         m.running.store(3, Ordering::Relaxed);
+        m.prefix_query_tokens.store(400, Ordering::Relaxed);
+        m.prefix_hit_tokens.store(100, Ordering::Relaxed);
+        m.prefix_cache_enabled.store(1, Ordering::Relaxed);
         let text = srv.render(&[("a\"b".to_string(), m)]);
         assert!(text.contains("smelt_requests_total{status=\"200\"} 2\n"));
         assert!(text.contains("smelt_requests_total{status=\"429\"} 1\n"));
         assert!(text.contains("smelt_running_sequences{model=\"a\\\"b\"} 3\n"));
+        assert!(text.contains("smelt_prefix_cache_hit_rate{model=\"a\\\"b\"} 0.25\n"));
+        assert!(text.contains("smelt_prefix_cache_enabled{model=\"a\\\"b\"} 1\n"));
         for family in [
             "smelt_prompt_tokens_total",
             "smelt_generated_tokens_total",

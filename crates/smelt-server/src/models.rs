@@ -342,11 +342,21 @@ pub fn load(
 ) -> Result<ModelEntry, String> {
     let loader = Arc::clone(loader);
     let r = reference.to_string();
+    let log_id = id.clone();
     let started = scheduler::spawn(
         id.clone(),
         move || {
             let mut m = loader(&r)?;
             m.engine.set_prefix_cache(prefix_cache);
+            let cache_on = m.engine.prefix_cache_on();
+            if prefix_cache && !cache_on {
+                // Said once, at load: a user reading /metrics' zero hits should know why.
+                tracing::warn!(
+                    model = %log_id,
+                    "no prefix caching for this model: its recurrent layers keep a state per \
+                     sequence that cached KV blocks do not hold (every prompt is computed in full)"
+                );
+            }
             let template = match &chat_template {
                 Some(spec) => ChatTemplate::from_spec(spec, &m.tokenizer)
                     .map_err(|e| format!("the --chat-template: {e}")),
@@ -359,12 +369,17 @@ pub fn load(
             Ok((
                 m.engine,
                 Arc::new(m.tokenizer),
-                (m.path, template, info, weights, pooling),
+                (m.path, template, info, weights, pooling, cache_on),
             ))
         },
         cfg,
     )?;
-    let (path, template, info, weights, pooling) = started.extra;
+    let (path, template, info, weights, pooling, cache_on) = started.extra;
+    started
+        .handle
+        .stats
+        .prefix_cache_enabled
+        .store(u64::from(cache_on), std::sync::atomic::Ordering::Relaxed);
     // The KV cache as f32 keys and values, every layer, every block.
     let kv = (started.total_blocks * EngineOptions::default().block_size) as u64
         * info.n_layer as u64

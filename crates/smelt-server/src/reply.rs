@@ -45,6 +45,9 @@ pub(crate) struct Reply {
     pub tools: Option<ToolFormat>,
     /// Chat: split `<think>` text off into `reasoning_content`.
     pub think: bool,
+    /// Chat: the prompt ends inside an opened `<think>` block, so the answer starts as
+    /// reasoning (until `</think>`, or all of it without one).
+    pub think_open: bool,
 }
 
 /// A unique response id (`chatcmpl-...` / `cmpl-...`).
@@ -150,7 +153,9 @@ fn calls_json(calls: &[ToolCall]) -> Value {
 /// A chat answer's message: content, and tool calls and reasoning where the text holds them;
 /// whether it made tool calls.
 fn chat_message(r: &Reply, text: String) -> (Value, bool) {
-    let (reasoning, text) = if r.think {
+    let (reasoning, text) = if r.think_open {
+        tools::split_think_opened(&text)
+    } else if r.think {
         tools::split_think(&text)
     } else {
         (None, text)
@@ -241,7 +246,9 @@ pub(crate) async fn collect(mut rx: Events, r: Reply) -> Result<Response, ApiErr
                         "index": i,
                         "message": message,
                         "logprobs": logprobs,
-                        "finish_reason": if called { "tool_calls" } else { finish },
+                        // Cut off by max_tokens, an answer says so even after calls
+                        // (its last call may be unfinished), as OpenAI's does.
+                        "finish_reason": if called && finish != "length" { "tool_calls" } else { finish },
                     })
                 }
                 Kind::Completion => json!({
@@ -290,6 +297,12 @@ struct ChoiceState {
     held: String,
     /// Tool calls streamed so far: their ids and the arguments text sent.
     calls: Vec<(String, String)>,
+    /// Some reasoning went out already (before it, leading whitespace is dropped, as the
+    /// non-streamed answer trims it).
+    reasoning_sent: bool,
+    /// A `<think>` block just ended: the whitespace after it is dropped (as the non-streamed
+    /// answer trims it) until the answer's first text.
+    after_think: bool,
     done: bool,
 }
 
@@ -358,10 +371,14 @@ impl StreamState {
         loop {
             match st.mode {
                 Mode::Start => {
+                    if st.after_think {
+                        st.held = st.held.trim_start().to_string();
+                    }
                     let t = st.held.trim_start();
                     if t.is_empty() {
                         break;
                     }
+                    st.after_think = false;
                     if think && "<think>".starts_with(t) && t.len() < "<think>".len() {
                         break;
                     }
@@ -383,14 +400,23 @@ impl StreamState {
                     st.mode = Mode::Content;
                 }
                 Mode::Reasoning => {
+                    if !st.reasoning_sent {
+                        st.held = st.held.trim_start().to_string();
+                    }
                     if let Some(end) = st.held.find("</think>") {
-                        reasoning.push_str(&st.held[..end]);
+                        // The whitespace before the tag is not reasoning (trimmed as the
+                        // non-streamed answer is).
+                        reasoning.push_str(st.held[..end].trim_end());
                         st.held = st.held[end + "</think>".len()..].trim_start().to_string();
-                        st.mode = Mode::Content;
+                        // What follows is read as a fresh answer (a bare JSON call too).
+                        st.mode = Mode::Start;
+                        st.after_think = true;
                         continue;
                     }
+                    // Held back: a possible start of `</think>`, and trailing whitespace,
+                    // which is reasoning only if more reasoning follows it.
                     let keep = partial_marker(&st.held, "</think>");
-                    let send = st.held.len() - keep;
+                    let send = st.held[..st.held.len() - keep].trim_end().len();
                     reasoning.push_str(&st.held[..send]);
                     st.held.drain(..send);
                     break;
@@ -416,8 +442,8 @@ impl StreamState {
                 Mode::Calls => break,
             }
         }
-        let reasoning = reasoning.trim_end_matches('\n').to_string();
         if !reasoning.is_empty() {
+            self.choices[i].reasoning_sent = true;
             self.delta(i, json!({"reasoning_content": reasoning}), None);
         }
         if !content.is_empty() || logprob.is_some() {
@@ -541,16 +567,30 @@ impl StreamState {
                             ),
                         }
                     }
-                    if !calls.is_empty() || !streamed.is_empty() {
+                    if (!calls.is_empty() || !streamed.is_empty()) && finish != FinishReason::Length
+                    {
                         reason = "tool_calls";
                     }
                 }
                 (Mode::Reasoning, _) => {
-                    if !held.is_empty() {
-                        self.delta(i, json!({"reasoning_content": held}), None);
+                    // Cut off while thinking: the rest is reasoning, its end trimmed.
+                    let rest = held.trim_end();
+                    let rest = if st.reasoning_sent {
+                        rest
+                    } else {
+                        rest.trim_start()
+                    };
+                    if !rest.is_empty() {
+                        self.delta(i, json!({"reasoning_content": rest}), None);
                     }
                 }
                 _ => {
+                    // Only whitespace after a `<think>` block: no content, as not streamed.
+                    let held = if st.after_think {
+                        held.trim_start()
+                    } else {
+                        &held
+                    };
                     if !held.is_empty() {
                         self.delta(i, json!({"content": held}), None);
                     }
@@ -614,9 +654,15 @@ pub(crate) fn stream(rx: Events, r: Reply) -> impl Stream<Item = Result<SseEvent
             .map(|_| ChoiceState {
                 started: false,
                 offset: 0,
-                mode: Mode::Start,
+                mode: if r.think_open {
+                    Mode::Reasoning
+                } else {
+                    Mode::Start
+                },
                 held: String::new(),
                 calls: Vec::new(),
+                reasoning_sent: false,
+                after_think: false,
                 done: false,
             })
             .collect(),

@@ -505,7 +505,11 @@ async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError
                 ));
             }
             let parallel = req.parallel_tool_calls.unwrap_or(true) && only.is_none();
-            grammar = Some(tools::grammar(f, &tool_list, only, parallel));
+            // A marker the vocabulary holds as a control token (Mistral's [TOOL_CALLS])
+            // is forced as that token, the one the model was trained to write.
+            let tok = &model.tokenizer;
+            let control = |t: &str| tok.token_id(t).filter(|&id| tok.is_control(id));
+            grammar = Some(tools::grammar(f, &tool_list, only, parallel, &control));
         }
     }
     // With tool_choice none the template still lists the tools (as vLLM does), and the
@@ -559,10 +563,12 @@ async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError
             }
         }
     };
+    let think_open = model.think && opens_think(&model.tokenizer, &ids);
     let shape = Shape {
         echo: None,
         tools: tool_format,
         think: model.think,
+        think_open,
         grammar,
         grammar_param: "response_format",
     };
@@ -642,10 +648,21 @@ async fn completions_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, A
         echo: echo.then_some(text),
         tools: None,
         think: false,
+        think_open: false,
         grammar: None,
         grammar_param: "",
     };
     run(&model, ids, p, logprobs, Kind::Completion, arrived, shape).await
+}
+
+/// Whether a rendered chat prompt ends inside an opened `<think>` block (DeepSeek-R1's and
+/// QwQ's templates open it in the generation prompt): its last tokens' text, special tokens
+/// rendered.
+fn opens_think(tok: &Tokenizer, ids: &[u32]) -> bool {
+    let tail = &ids[ids.len().saturating_sub(16)..];
+    String::from_utf8_lossy(&tok.detokenize(tail, false, true))
+        .trim_end()
+        .ends_with("<think>")
 }
 
 /// How a request's answer is shaped beyond sampling: echo, tool calls, reasoning, a grammar.
@@ -654,6 +671,8 @@ struct Shape {
     echo: Option<String>,
     tools: Option<ToolFormat>,
     think: bool,
+    /// The prompt ends inside a `<think>` block the template opened.
+    think_open: bool,
     grammar: Option<llguidance::api::TopLevelGrammar>,
     /// The field a grammar that does not compile is blamed on.
     grammar_param: &'static str,
@@ -762,6 +781,7 @@ async fn run(
         echo: shape.echo,
         tools: shape.tools,
         think: shape.think,
+        think_open: shape.think_open,
     };
     if p.stream {
         let mut headers = HeaderMap::new();

@@ -1,9 +1,13 @@
 // The chat page: plain JS over the server's own OpenAI API, so the page exercises exactly
 // what any client sees. No framework and no build step: the server embeds this file as is,
-// with two vendored libraries for answers in markdown (marked renders, DOMPurify sanitizes).
+// with three vendored libraries for answers in markdown (marked renders, DOMPurify
+// sanitizes, highlight.js colours code). The conversation, the sampling settings and the API
+// key are kept in the browser (localStorage), so a reload goes on where it was.
 "use strict";
 
 const KEY_STORAGE = "smelt.apiKey";
+const CONVERSATION_STORAGE = "smelt.conversation";
+const SETTINGS_STORAGE = "smelt.settings";
 
 const el = (id) => document.getElementById(id);
 const modelSelect = el("model");
@@ -11,6 +15,16 @@ const keyInput = el("api-key");
 const maxTokensInput = el("max-tokens");
 const temperatureInput = el("temperature");
 const systemBox = el("system-prompt");
+/** Sampling settings: input id -> request field; empty means the server's default. */
+const SAMPLING = {
+  "top-p": "top_p",
+  "top-k": "top_k",
+  "min-p": "min_p",
+  "repetition-penalty": "repetition_penalty",
+  seed: "seed",
+};
+/** Every setting kept across reloads (the model too). */
+const SETTINGS = ["model", "max-tokens", "temperature", "system-prompt", ...Object.keys(SAMPLING)];
 const conversationList = el("conversation");
 const promptBox = el("prompt");
 const sendButton = el("send");
@@ -61,8 +75,62 @@ function renderMarkdown(target, text) {
   target.dataset.raw = text;
   if (window.marked && window.DOMPurify) {
     target.innerHTML = DOMPurify.sanitize(marked.parse(text, { breaks: true, gfm: true }));
+    highlightCode(target);
   } else {
     target.textContent = text;
+  }
+}
+
+/** Colours the code blocks under `target` (highlight.js works on their text, which
+ * DOMPurify has left as text, and writes only its own spans): by the fence's language, or
+ * guessed when there is none and the block is not too long to guess on every token. */
+function highlightCode(target) {
+  if (!window.hljs) return;
+  for (const code of target.querySelectorAll("pre code")) {
+    const tagged = [...code.classList].some((c) => c.startsWith("language-"));
+    if (tagged || code.textContent.length < 4000) hljs.highlightElement(code);
+  }
+}
+if (window.hljs) hljs.configure({ ignoreUnescapedHTML: true });
+
+function saveConversation() {
+  if (messages.length) localStorage.setItem(CONVERSATION_STORAGE, JSON.stringify(messages));
+  else localStorage.removeItem(CONVERSATION_STORAGE);
+}
+
+function saveSettings() {
+  const values = {};
+  for (const id of SETTINGS) values[id] = el(id).value;
+  localStorage.setItem(SETTINGS_STORAGE, JSON.stringify(values));
+}
+
+/** The kept settings and conversation, shown again after a reload. */
+function restore() {
+  try {
+    const values = JSON.parse(localStorage.getItem(SETTINGS_STORAGE) || "{}");
+    for (const id of SETTINGS) {
+      if (id !== "model" && typeof values[id] === "string") el(id).value = values[id];
+    }
+    const kept = JSON.parse(localStorage.getItem(CONVERSATION_STORAGE) || "[]");
+    if (Array.isArray(kept)) {
+      messages = kept.filter((m) => m && typeof m.role === "string" && typeof m.content === "string");
+      for (const m of messages) {
+        const body = addTurn(m.role, m.content);
+        if (m.role === "assistant") renderMarkdown(body, m.content);
+      }
+    }
+  } catch (_) {
+    // Unreadable (an older page's format): start afresh.
+    localStorage.removeItem(CONVERSATION_STORAGE);
+  }
+}
+
+/** The model kept from the last visit, when the server still serves it. */
+function keptModel() {
+  try {
+    return JSON.parse(localStorage.getItem(SETTINGS_STORAGE) || "{}").model || "";
+  } catch (_) {
+    return "";
   }
 }
 
@@ -87,7 +155,7 @@ async function loadModels() {
     const response = await fetch("/v1/models", { headers: headers() });
     if (!response.ok) throw new Error(await errorText(response));
     const list = await response.json();
-    const previous = modelSelect.value;
+    const previous = modelSelect.value || keptModel();
     modelSelect.replaceChildren();
     for (const model of list.data || []) {
       const option = document.createElement("option");
@@ -137,6 +205,16 @@ async function readEvents(body, onEvent) {
   }
 }
 
+/** The sampling fields set on the page. */
+function sampling() {
+  const fields = {};
+  for (const [id, field] of Object.entries(SAMPLING)) {
+    const value = el(id).value;
+    if (value !== "") fields[field] = Number(value);
+  }
+  return fields;
+}
+
 async function send(text) {
   const model = modelSelect.value;
   if (!model) {
@@ -172,6 +250,7 @@ async function send(text) {
         // Empty: the server's default (up to the context length).
         ...(maxTokensInput.value ? { max_tokens: Number(maxTokensInput.value) } : {}),
         ...(temperatureInput.value !== "" ? { temperature: Number(temperatureInput.value) } : {}),
+        ...sampling(),
       }),
       signal: controller.signal,
     });
@@ -192,7 +271,10 @@ async function send(text) {
       }
       return true;
     });
-    if (conversation === conversationId) messages = [...turns, { role: "assistant", content: reply }];
+    if (conversation === conversationId) {
+      messages = [...turns, { role: "assistant", content: reply }];
+      saveConversation();
+    }
     const tokens = usage ? `, ${usage.completion_tokens} tokens` : "";
     // Decode speed: the tokens after the first over the time since the first arrived.
     const secs = firstAt === null ? 0 : (performance.now() - firstAt) / 1000;
@@ -202,7 +284,10 @@ async function send(text) {
   } catch (err) {
     if (err.name === "AbortError") {
       // Keep what arrived: the user may continue from a stopped answer.
-      if (conversation === conversationId) messages = [...turns, { role: "assistant", content: reply }];
+      if (conversation === conversationId) {
+        messages = [...turns, { role: "assistant", content: reply }];
+        saveConversation();
+      }
       statusLine.textContent = "stopped";
       output.classList.add("stopped");
     } else {
@@ -241,6 +326,7 @@ el("clear").addEventListener("click", () => {
   if (controller) controller.abort();
   conversationId += 1;
   messages = [];
+  saveConversation();
   conversationList.replaceChildren();
   statusLine.textContent = "";
   clearError();
@@ -253,5 +339,7 @@ keyInput.addEventListener("change", () => {
   else localStorage.removeItem(KEY_STORAGE);
   loadModels();
 });
+for (const id of SETTINGS) el(id).addEventListener("change", saveSettings);
 
+restore();
 loadModels();

@@ -191,29 +191,51 @@ mod tests {
         assert!(missing.is_empty(), "{}", missing.join("\n"));
     }
 
+    /// Every command that runs or reads a model takes `-m`/`--model` with the same
+    /// reference (here an alias) and, without it, the same default model.
+    #[test]
+    fn every_model_command_takes_the_same_model_reference() {
+        use commands::model_ref::DEFAULT_MODEL;
+        let model_of = |args: &[&str]| -> String {
+            let cli = Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            match cli.command {
+                Command::Run(a) => a.model,
+                Command::Chat(a) => a.model,
+                Command::Perplexity(a) => a.model,
+                Command::Bench(a) => a.model,
+                Command::Serve(a) => a.model.first().cloned().unwrap_or(DEFAULT_MODEL.into()),
+                Command::Inspect(a) => a.model.or(a.file).unwrap_or(DEFAULT_MODEL.into()),
+                other => panic!("not a model command: {other:?}"),
+            }
+        };
+        for (cmd, extra) in [
+            ("run", &["--prompt", "x"][..]),
+            ("chat", &[][..]),
+            ("perplexity", &["--file", "f.txt"][..]),
+            ("bench", &[][..]),
+            ("serve", &[][..]),
+            ("inspect", &[][..]),
+        ] {
+            for flag in ["-m", "--model"] {
+                let args: Vec<&str> = ["smelt", cmd, flag, "gemma3-270m"]
+                    .into_iter()
+                    .chain(extra.iter().copied())
+                    .collect();
+                assert_eq!(model_of(&args), "gemma3-270m", "{args:?}");
+            }
+            let args: Vec<&str> = ["smelt", cmd]
+                .into_iter()
+                .chain(extra.iter().copied())
+                .collect();
+            assert_eq!(model_of(&args), DEFAULT_MODEL, "{args:?}");
+        }
+    }
+
     #[test]
     fn the_version_names_the_build_and_the_gpu_kernels() {
         let v = version();
         assert!(v.starts_with(env!("CARGO_PKG_VERSION")), "{v}");
         assert!(v.contains("commit "), "{v}");
         assert!(v.contains("GPU kernels:") && v.contains("q4_k"), "{v}");
-    }
-
-    #[test]
-    fn every_model_command_defaults_to_one_model_and_takes_dash_m() {
-        for cmd in ["run", "chat", "perplexity", "bench", "serve", "inspect"] {
-            let sub = Cli::command();
-            let sub = sub.find_subcommand(cmd).expect("a command");
-            let m = sub
-                .get_arguments()
-                .find(|a| a.get_long() == Some("model"))
-                .unwrap_or_else(|| panic!("{cmd} has --model"));
-            assert_eq!(m.get_short(), Some('m'), "{cmd}");
-        }
-        let cli = Cli::try_parse_from(["smelt", "run", "--prompt", "hi"]).expect("parses");
-        let Command::Run(r) = cli.command else {
-            panic!("run")
-        };
-        assert_eq!(r.model, commands::model_ref::DEFAULT_MODEL);
     }
 }

@@ -1,8 +1,9 @@
 //! What a new user does first (issue 21): `smelt run` and `smelt chat` with no flag but a
-//! prompt, on the default model, answer the question; `chat`, on a real terminal (a
-//! pseudo-terminal here), edits lines, recalls history with the Up arrow and stops an answer
-//! on Ctrl-C without quitting. Flags whose defaults serve these commands (threads, model,
-//! template) are left out on purpose.
+//! prompt, on the default model, answer the question on a real terminal (a pseudo-terminal
+//! here) and through a pipe; `chat` edits lines, recalls history with the Up arrow and stops
+//! an answer on Ctrl-C without quitting; `smelt --version` names the build and its GPU
+//! kernels; logs are coloured on a terminal only. Flags whose defaults serve these commands
+//! (threads, model, template) are left out on purpose.
 
 mod common;
 
@@ -35,10 +36,10 @@ fn run_with_only_a_prompt_answers_through_the_chat_template() {
     );
 }
 
-/// `smelt chat` on a pseudo-terminal, 60 s per expectation.
-fn chat_on_a_terminal(history: &std::path::Path) -> PtySession {
+/// `smelt ARGS` on a pseudo-terminal, 60 s per expectation; `strip` drops escape codes.
+fn on_a_terminal(args: &[&str], history: &std::path::Path, strip: bool) -> PtySession {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_smelt"));
-    cmd.arg("chat")
+    cmd.args(args)
         .env("TERM", "xterm")
         .env("SMELT_HISTORY", history)
         .env_remove("NO_COLOR");
@@ -46,9 +47,66 @@ fn chat_on_a_terminal(history: &std::path::Path) -> PtySession {
         cmd,
         Options::new()
             .timeout_ms(Some(60_000))
-            .strip_ansi_escape_codes(true),
+            .strip_ansi_escape_codes(strip),
     )
-    .expect("smelt chat starts on a pseudo-terminal")
+    .expect("smelt starts on a pseudo-terminal")
+}
+
+/// `smelt chat` on a pseudo-terminal.
+fn chat_on_a_terminal(history: &std::path::Path) -> PtySession {
+    on_a_terminal(&["chat"], history, true)
+}
+
+#[test]
+fn run_on_a_terminal_answers_the_question() {
+    model(SMOLLM);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut s = on_a_terminal(
+        &["run", "--prompt", QUESTION],
+        &dir.path().join("history"),
+        true,
+    );
+    let out = s.exp_eof().expect("smelt run ends");
+    let status = s.process().wait().expect("exit status");
+    assert!(
+        matches!(status, WaitStatus::Exited(_, 0)),
+        "smelt run exits 0: {status:?}: {out:?}"
+    );
+    assert!(out.contains('4'), "no answer on the terminal: {out:?}");
+}
+
+#[test]
+fn version_names_the_build_and_the_gpu_kernels() {
+    let out = smelt_ok(&["--version"]);
+    let first = out.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!("smelt {}", env!("CARGO_PKG_VERSION"))),
+        "{out}"
+    );
+    // Built from this checkout, so the commit is known.
+    assert!(first.contains("commit "), "{out}");
+    assert!(!first.contains("unknown"), "{out}");
+    assert!(
+        out.contains("GPU kernels:") && out.contains("q4_k"),
+        "{out}"
+    );
+}
+
+#[test]
+fn logs_on_a_terminal_are_coloured() {
+    model(SMOLLM);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut s = on_a_terminal(
+        &["serve", "--port", "0", "--threads", "1"],
+        &dir.path().join("history"),
+        false,
+    );
+    let before = s.exp_string("listening on").expect("smelt serve starts");
+    let _ = s.process_mut().kill(rexpect::process::Signal::SIGTERM);
+    assert!(
+        before.contains("\x1b["),
+        "no colour on a terminal: {before:?}"
+    );
 }
 
 #[test]

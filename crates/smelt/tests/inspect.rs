@@ -42,6 +42,22 @@ fn inspect_gemma_text_and_json() {
     assert_eq!(types.len(), 236);
 }
 
+/// `inspect` takes the model as every command does: an alias, as MODEL or `-m`, or nothing
+/// (the default model).
+#[test]
+fn inspect_takes_aliases_and_the_default_model() {
+    model(SMOLLM);
+    let want = smelt_ok(&["inspect", "smollm2-135m", "--json"]);
+    let j: serde_json::Value = serde_json::from_str(&want).expect("JSON");
+    assert_eq!(j["totals"]["tensors"], 272);
+    assert_eq!(smelt_ok(&["inspect", "-m", "smollm2-135m", "--json"]), want);
+    assert_eq!(
+        smelt_ok(&["inspect", "--model", "smollm2-135m", "--json"]),
+        want
+    );
+    assert_eq!(smelt_ok(&["inspect", "--json"]), want);
+}
+
 #[test]
 fn inspect_smollm_json() {
     let j = inspect_json(&model(SMOLLM));

@@ -1,8 +1,11 @@
 // The chat page in Debian's headless Chromium, driven by playwright-core: load `/`, pick the
 // model, send a message and watch the answer grow token by token (with its speed shown), stop
-// a long answer and see the server free its sequence, keep the API key across reloads, send
-// the temperature and system prompt set on the page, render markdown with nothing of a
-// model's HTML left to run, show an error, and save a screenshot to bench/out/chat-page.png. Run by scripts/server-tests.sh (SMELT_BASE_URL set).
+// a long answer and see the server free its sequence, keep the API key, the conversation and
+// the sampling settings across reloads (until "New chat"), send the temperature, sampling
+// settings and system prompt set on the page, render markdown and highlight code with nothing
+// of a model's HTML left to run, fetch nothing from anywhere but the server (the libraries
+// are vendored), show an error, and save a screenshot to bench/out/chat-page.png. Run by
+// scripts/server-tests.sh (SMELT_BASE_URL set).
 import assert from "node:assert/strict";
 import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -67,6 +70,9 @@ try {
   const page = context.pages()[0] ?? (await context.newPage());
   const pageErrors = [];
   page.on("pageerror", (e) => pageErrors.push(String(e)));
+  // Every request the page makes, to show it needs nothing outside the server (no CDN).
+  const fetched = [];
+  context.on("request", (r) => fetched.push(r.url()));
 
   await page.goto(base + "/");
   assert.equal(await page.title(), "smelt chat");
@@ -122,10 +128,20 @@ try {
   await page.reload();
   assert.equal(await page.inputValue("#api-key"), "e2e-key");
   await waitFor("the model picker after reload", async () => (await page.locator("#model option").count()) === models.length, 10_000);
+  // The conversation is kept in the browser: the two exchanges above are back.
+  assert.equal(await page.locator("li.turn").count(), 4, "the conversation was not kept across the reload");
+  assert.equal(await page.locator("li.assistant .content").first().textContent(), firstAnswer, "the kept first answer differs");
+  // Settings, sampling ones included, set on the page reach the request.
   await page.fill("#max-tokens", "8");
   await page.fill("#temperature", "0");
   await page.click("#settings summary");
   await page.fill("#system-prompt", "Answer in French.");
+  await page.fill("#top-p", "0.9");
+  await page.fill("#top-k", "40");
+  await page.fill("#seed", "42");
+  for (const id of ["#max-tokens", "#temperature", "#system-prompt", "#top-p", "#top-k", "#seed"]) {
+    await page.dispatchEvent(id, "change");
+  }
   const sent = page.waitForRequest((r) => r.url().endsWith("/v1/chat/completions"));
   await page.fill("#prompt", "Hi");
   await page.click("#send");
@@ -133,23 +149,62 @@ try {
   assert.equal(request.headers()["authorization"], "Bearer e2e-key");
   const body = JSON.parse(request.postData());
   assert.equal(body.temperature, 0);
+  assert.equal(body.top_p, 0.9);
+  assert.equal(body.top_k, 40);
+  assert.equal(body.seed, 42);
+  assert.equal(body.min_p, undefined, "an empty setting is left to the server");
   assert.deepEqual(body.messages[0], { role: "system", content: "Answer in French." });
   assert.equal(body.messages.filter((m) => m.role === "system").length, 1);
+  // The kept turns went with it: system, 2 x (user, assistant), the new question.
+  assert.equal(body.messages.length, 6, JSON.stringify(body.messages));
   await watchAnswer(page);
   await page.fill("#api-key", "");
   await page.dispatchEvent("#api-key", "change");
   assert.equal(await page.evaluate(() => localStorage.getItem("smelt.apiKey")), null);
+  // A reload keeps the settings and all three exchanges; "New chat" forgets the conversation
+  // (not the settings), also across a reload.
+  await page.reload();
+  assert.equal(await page.locator("li.turn").count(), 6);
+  assert.equal(await page.inputValue("#temperature"), "0");
+  assert.equal(await page.inputValue("#seed"), "42");
+  assert.equal(await page.inputValue("#system-prompt"), "Answer in French.");
+  await page.click("#clear");
+  await page.reload();
+  assert.equal(await page.locator("li.turn").count(), 0, "New chat did not forget the conversation");
+  assert.equal(await page.evaluate(() => localStorage.getItem("smelt.conversation")), null);
+  assert.equal(await page.inputValue("#seed"), "42");
+  await waitFor("the model picker after New chat", async () => (await page.locator("#model option").count()) === models.length, 10_000);
 
-  // 4. Markdown renders as HTML, and a model's HTML cannot run (DOMPurify).
+  // 4. Markdown renders as HTML, code is highlighted (highlight.js), and a model's HTML
+  // cannot run (DOMPurify), in a code block neither.
   const html = await page.evaluate(() => {
     const d = document.createElement("div");
-    renderMarkdown(d, "**bold** and `code`\n\n```\nfn main() {}\n```\n\n<img src=x onerror=alert(1)><script>alert(2)</script>");
+    renderMarkdown(d, "**bold** and `code`\n\n```rust\nfn main() { let x = \"hi\"; }\n```\n\n" +
+      "```html\n<script>alert(3)</script>\n```\n\n<img src=x onerror=alert(1)><script>alert(2)</script>");
     return d.innerHTML;
   });
   assert.match(html, /<strong>bold<\/strong>/);
   assert.match(html, /<code>code<\/code>/);
-  assert.match(html, /<pre><code>fn main\(\) \{\}/);
+  assert.match(html, /<pre><code class="language-rust hljs"/, html);
+  assert.match(html, /<span class="hljs-keyword">fn<\/span>/, html);
+  assert.match(html, /<span class="hljs-string">"hi"<\/span>/, html);
+  assert.match(html, /&lt;script&gt;|hljs-tag">&lt;/, html);
   assert.doesNotMatch(html, /onerror|<script/i, html);
+  // Highlighted code has colour of its own.
+  const keywordColour = await page.evaluate(() => {
+    const d = document.createElement("div");
+    d.className = "content";
+    const li = document.createElement("li");
+    li.className = "turn assistant";
+    li.append(d);
+    document.getElementById("conversation").append(li);
+    renderMarkdown(d, "```rust\nfn f() {}\n```");
+    const colour = getComputedStyle(d.querySelector(".hljs-keyword")).color;
+    const plain = getComputedStyle(d.querySelector("code")).color;
+    li.remove();
+    return [colour, plain];
+  });
+  assert.notEqual(keywordColour[0], keywordColour[1], "keywords are not coloured");
 
   // 5. Errors are shown: a prompt longer than the server's context answers 400.
   await page.fill("#prompt", "word ".repeat(6000));
@@ -159,6 +214,11 @@ try {
   assert.equal(await page.locator("#send").isEnabled(), true);
 
   assert.deepEqual(pageErrors, [], "JavaScript errors on the page");
+  const outside = fetched.filter((u) => !u.startsWith(base + "/"));
+  assert.deepEqual(outside, [], "the page fetched something from outside the server");
+  for (const lib of ["/vendor/marked.js", "/vendor/purify.js", "/vendor/highlight.js"]) {
+    assert.ok(fetched.includes(base + lib), `${lib} was not loaded from the server: ${fetched}`);
+  }
   console.log("chat page: all checks passed");
 } catch (err) {
   failed = true;
