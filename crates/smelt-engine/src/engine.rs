@@ -41,7 +41,9 @@ pub struct EngineOptions {
     /// On a GPU: a sequence's results never depend on the other sequences of its steps or
     /// on how its prompt was cut into chunks (every matmul on the tensor-core GEMM with K
     /// split by the matrix shape alone, every attention on the tiled prompt kernel).
-    /// Slower decode of one sequence; the CPU is batch-invariant already.
+    /// Slower decode of one sequence. The CPU's results never depend on the other
+    /// sequences of a step, but a prompt cut into chunks can round differently there
+    /// (a 17-token SmolLM2 prompt: first logprob -12.2936 in one chunk, -12.2619 in 16 + 1).
     pub batch_invariant: bool,
     /// On a GPU: quantize these weights on the device as they load (`--isq` of a GGUF
     /// file, unless `SMELT_ISQ_ON_DEVICE=0`: the source's weights never come back to the host;

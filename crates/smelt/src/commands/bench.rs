@@ -53,8 +53,9 @@ pub struct BenchArgs {
     /// On a GPU, make every sequence's output independent of the others in its steps and
     /// of how its prompt is cut into chunks (same tokens alone or among 64): every matmul
     /// on the tensor-core GEMM and every attention on the tiled prompt kernel. Costs single-
-    /// stream decode speed (about a quarter of it on an H100); the CPU is batch-invariant
-    /// already [default: off]
+    /// stream decode speed (about a quarter of it on an H100). On the CPU a sequence's
+    /// output never depends on the others in its steps, but a prompt cut into chunks can
+    /// round differently [default: off]
     #[arg(long)]
     pub batch_invariant: bool,
     /// Repetitions; the median is reported.
