@@ -20,6 +20,7 @@ fn main() {
     // missing one would rerun this script on every build.
     println!("cargo:rerun-if-changed=build.rs");
     let branch = git(&["symbolic-ref", "-q", "HEAD"]);
+    let mut watched = 0;
     for what in ["HEAD", "packed-refs"]
         .into_iter()
         .map(str::to_string)
@@ -29,6 +30,18 @@ fn main() {
             let p = root.join(p);
             if p.exists() {
                 println!("cargo:rerun-if-changed={}", p.display());
+                watched += 1;
+            }
+        }
+    }
+    // git failed (not installed, or refused the checkout for a moment): still watch the
+    // checkout's HEAD where there is one, or this script's "unknown" would stay in every
+    // later build of this configuration (cargo reruns it only for what it was told).
+    if watched == 0 {
+        for p in [root.join(".git/HEAD"), root.join(".git")] {
+            if p.is_file() {
+                println!("cargo:rerun-if-changed={}", p.display());
+                break;
             }
         }
     }
