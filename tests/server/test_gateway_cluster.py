@@ -271,13 +271,15 @@ def test_two_gateways_side_by_side_share_the_nodes(smelt_bin, model_path) -> Non
     """Two gateways, the same nodes and catalogue, no link between them (as behind a load
     balancer): each routes to where a model is, whichever gateway loaded it; neither loads a
     second copy of what the other loaded; an eviction by one is seen by the other; and no
-    node ever holds more than its room (one 300 MB model in 400 MB here)."""
+    node ever holds more than its room (one 300 MB model in 400 MB here), even when both
+    load into the same room at once."""
     d = models_dir(model_path)
     nodes = {n: Node(smelt_bin, d) for n in "ab"}
     catalogue = [
         {"name": "smol", "source": "smollm2-135m", "memory_mb": 300},
         {"name": "gemma", "source": "gemma3-270m", "memory_mb": 300},
         {"name": "smol-2", "source": "smollm2-135m", "memory_mb": 300},
+        {"name": "gemma-2", "source": "gemma3-270m", "memory_mb": 300},
     ]
     g1 = Gateway(smelt_bin, nodes, catalogue, node_mb=400)
     g2 = Gateway(smelt_bin, nodes, catalogue, node_mb=400)
@@ -335,6 +337,32 @@ def test_two_gateways_side_by_side_share_the_nodes(smelt_bin, model_path) -> Non
         assert sum(loads(gw, m) for gw in gws for m in ("smol", "gemma", "smol-2")) == 4
         ask(c1, "smol")
         assert loads(g1, "smol") == 1, "g1 used the smol g2 loaded"
+
+        # Both at once, each planning on the same view (both nodes full, equal room): both
+        # pick x and would each load there. The node takes one load and refuses the other
+        # (`expect_loaded`), whose gateway reads it again and plans anew; meanwhile no node
+        # holds more than its room.
+        most: dict[str, int] = {}
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                for name, n in nodes.items():
+                    most[name] = max(most.get(name, 0), len(on_node(n)))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                both = list(pool.map(lambda cm: ask(*cm), [(c1, "smol-2"), (c2, "gemma-2")]))
+        finally:
+            stop.set()
+            watcher.join()
+        assert all(both), both
+        assert most == {"a": 1, "b": 1}, most
+        for gw in gws:
+            gw.settle()
+        within_room()
     finally:
         for gw in gws:
             gw.stop()
