@@ -1,7 +1,9 @@
 """`smelt gateway` over three real `smelt serve` nodes (CPU, started empty): models load
 where there is room and evict the least recently used unpinned idle model, pinned models stay,
 503 when only pinned models are left; and `kill -9` of a node under 16 clients loses no
-request, its models load elsewhere on demand, and the node restarted comes back."""
+request, its models load elsewhere on demand, and the node restarted comes back; two
+gateways side by side over the same nodes route by what the nodes say, load nothing twice
+and keep every node within its room."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import openai
 import pytest
 
 from conftest import make_client, metric, parse_metrics
-from gateway_helpers import ADMIN_KEY, Gateway, Node, wait_for
+from gateway_helpers import ADMIN_KEY, NODE_KEY, Gateway, Node, wait_for
 
 MB_NODE = 700  # two 300 MB models per node, not three
 CHAT = [{"role": "user", "content": "Say hi."}]
@@ -64,16 +66,21 @@ def test_loads_evict_the_lru_keep_pins_and_503_when_all_pinned(smelt_bin, model_
         assert client.models.retrieve("smol-a").model_dump()["state"] == "unloaded"
         seen: set[str] = set()
         loading_on: set[str] = set()
+        on_c: set[str] = set()  # smol-a's state on c as /admin/nodes says
         stop = threading.Event()
 
         watching = threading.Event()
 
         def watch() -> None:
             with httpx.Client(timeout=10) as h:
+                admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
                 while not stop.is_set():
                     m = h.get(gw.url + "/v1/models/smol-a").json()
                     seen.add(m["state"])
                     loading_on.update(m["loading_on"])
+                    nodes_now = h.get(gw.url + "/admin/nodes", headers=admin).json()["data"]
+                    c = next(n for n in nodes_now if n["name"] == "c")
+                    on_c.update(x["state"] for x in c["models"] if x["id"] == "smol-a")
                     watching.set()
                     time.sleep(0.005)
 
@@ -87,6 +94,7 @@ def test_loads_evict_the_lru_keep_pins_and_503_when_all_pinned(smelt_bin, model_
             watcher.join()
         assert {"loading", "loaded"} <= seen, seen
         assert loading_on == {"c"}, loading_on
+        assert {"loading", "loaded"} <= on_c, on_c
         assert gw.where("smol-a") == ["c"]
 
         # smol-b: no node has room; only c has an unpinned idle model (smol-a): evicted.
@@ -242,3 +250,121 @@ def test_a_node_joins_by_itself_and_rejoins_a_restarted_gateway(smelt_bin, model
         gw.stop()
         if node:
             node.stop()
+
+
+def loads(gw: Gateway, model: str) -> float:
+    """Loads of `model` this gateway asked for, successful or not (0 before the first)."""
+    with httpx.Client(base_url=gw.url) as h:
+        return sum(v for n, lab, v in parse_metrics(h.get("/metrics").text)
+                   if n == "smelt_gateway_loads_total" and lab.get("model") == model)
+
+
+def on_node(node: Node) -> list[str]:
+    """The models a node itself says it has loaded (its own /admin/models)."""
+    r = httpx.get(node.url + "/admin/models", timeout=10,
+                  headers={"Authorization": f"Bearer {NODE_KEY}"})
+    assert r.status_code == 200, r.text
+    return sorted(m["id"] for m in r.json()["data"])
+
+
+def test_two_gateways_side_by_side_share_the_nodes(smelt_bin, model_path) -> None:
+    """Two gateways, the same nodes and catalogue, no link between them (as behind a load
+    balancer): each routes to where a model is, whichever gateway loaded it; neither loads a
+    second copy of what the other loaded; an eviction by one is seen by the other; and no
+    node ever holds more than its room (one 300 MB model in 400 MB here), even when both
+    load into the same room at once."""
+    d = models_dir(model_path)
+    nodes = {n: Node(smelt_bin, d) for n in "ab"}
+    catalogue = [
+        {"name": "smol", "source": "smollm2-135m", "memory_mb": 300},
+        {"name": "gemma", "source": "gemma3-270m", "memory_mb": 300},
+        {"name": "smol-2", "source": "smollm2-135m", "memory_mb": 300},
+        {"name": "gemma-2", "source": "gemma3-270m", "memory_mb": 300},
+    ]
+    g1 = Gateway(smelt_bin, nodes, catalogue, node_mb=400)
+    g2 = Gateway(smelt_bin, nodes, catalogue, node_mb=400)
+    gws = (g1, g2)
+
+    def within_room() -> None:
+        for name, n in nodes.items():
+            assert len(on_node(n)) <= 1, (name, on_node(n))
+        for gw in gws:
+            for n in gw.node_states().values():
+                assert n["used_bytes"] <= n["room_bytes"], n
+
+    def both_see(placement: dict[str, dict[str, str]]) -> None:
+        for gw in gws:
+            wait_for(f"{gw.url} saw {placement}", lambda: gw.placement() == placement, 30,
+                     gw.log)
+
+    try:
+        for n in nodes.values():
+            n.start()
+        for gw in gws:
+            gw.start()
+        c1, c2 = make_client(g1.url), make_client(g2.url)
+
+        # Loaded through g1; once the nodes say so, g2 routes there and loads nothing.
+        ask(c1, "smol")
+        [x] = g1.where("smol")
+        y = "b" if x == "a" else "a"
+        both_see({x: {"smol": "loaded"}, y: {}})
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda i: ask((c1, c2)[i % 2], "smol"), range(8)))
+        assert all(answers), answers
+        assert (loads(g1, "smol"), loads(g2, "smol")) == (1, 0)
+        for gw in gws:
+            with httpx.Client(base_url=gw.url) as h:
+                assert metric(h, "smelt_gateway_requests_total", model="smol", node=x) >= 4
+        assert (on_node(nodes[x]), on_node(nodes[y])) == (["smol"], [])
+
+        # Loaded through g2 on the node with room left; g1 then uses it where it is.
+        ask(c2, "gemma")
+        both_see({x: {"smol": "loaded"}, y: {"gemma": "loaded"}})
+        ask(c1, "gemma")
+        assert (loads(g1, "gemma"), loads(g2, "gemma")) == (0, 1)
+        within_room()
+
+        # No room left: g1 evicts the idle smol on x (equal room on both: the config's
+        # first node), and g2, which saw only the nodes, adopts the change.
+        ask(c1, "smol-2")
+        both_see({x: {"smol-2": "loaded"}, y: {"gemma": "loaded"}})
+        within_room()
+        # smol again, through g2: it evicts smol-2, which g1 loaded, and loads smol there.
+        ask(c2, "smol")
+        both_see({x: {"smol": "loaded"}, y: {"gemma": "loaded"}})
+        within_room()
+        assert sum(loads(gw, m) for gw in gws for m in ("smol", "gemma", "smol-2")) == 4
+        ask(c1, "smol")
+        assert loads(g1, "smol") == 1, "g1 used the smol g2 loaded"
+
+        # Both at once, each planning on the same view (both nodes full, equal room): both
+        # pick x and would each load there. The node takes one load and refuses the other
+        # (`expect_loaded`), whose gateway reads it again and plans anew; meanwhile no node
+        # holds more than its room.
+        most: dict[str, int] = {}
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                for name, n in nodes.items():
+                    most[name] = max(most.get(name, 0), len(on_node(n)))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                both = list(pool.map(lambda cm: ask(*cm), [(c1, "smol-2"), (c2, "gemma-2")]))
+        finally:
+            stop.set()
+            watcher.join()
+        assert all(both), both
+        assert most == {"a": 1, "b": 1}, most
+        for gw in gws:
+            gw.settle()
+        within_room()
+    finally:
+        for gw in gws:
+            gw.stop()
+        for n in nodes.values():
+            n.stop()

@@ -189,7 +189,15 @@ pub fn spawn_load(sh: Arc<Shared>, i: usize, model: String, evict: Vec<String>) 
                 tracing::info!(node = %node, model = %model, seconds = secs, "loaded");
                 sh.cluster().finish_load(i, &model, Some(r));
             }
-            Err(why) => {
+            Err(LoadError::Changed(why)) => {
+                // Another gateway (or a load by hand) took the room this load counted on: no
+                // fault of the node. The view is read again at once and waiting requests
+                // route anew on it.
+                tracing::info!(node = %node, model = %model, "load refused, the node's models changed: {why}");
+                sh.cluster().finish_load(i, &model, None);
+                poll(&sh, i).await;
+            }
+            Err(LoadError::Failed(why)) => {
                 tracing::warn!(node = %node, model = %model, "load failed: {why}");
                 sh.note_load_failure(
                     &model,
@@ -203,28 +211,56 @@ pub fn spawn_load(sh: Arc<Shared>, i: usize, model: String, evict: Vec<String>) 
     });
 }
 
-/// Asks node `i` to load `model` (its catalogue `source`, served under the catalogue name).
-async fn load(sh: &Shared, i: usize, model: &str) -> Result<Reported, String> {
-    let source = sh
-        .cluster()
-        .catalogue
-        .get(model)
-        .map(|s| s.source.clone())
-        .ok_or("not in the catalogue")?;
+/// Why a load did not happen.
+enum LoadError {
+    /// The node holds models this gateway did not know of (409 `models_changed`).
+    Changed(String),
+    Failed(String),
+}
+
+impl From<&str> for LoadError {
+    fn from(why: &str) -> Self {
+        LoadError::Failed(why.into())
+    }
+}
+
+/// Asks node `i` to load `model` (its catalogue `source`, served under the catalogue name),
+/// on condition that the node holds nothing beyond what this gateway counts there: with
+/// several gateways side by side, a load planned on a view another one has overtaken is
+/// refused by the node instead of taking the node past its room.
+async fn load(sh: &Shared, i: usize, model: &str) -> Result<Reported, LoadError> {
+    let (source, expect) = {
+        let c = sh.cluster();
+        let source = c
+            .catalogue
+            .get(model)
+            .map(|s| s.source.clone())
+            .ok_or("not in the catalogue")?;
+        let expect: Vec<String> = c.nodes[i]
+            .models
+            .keys()
+            .filter(|m| *m != model)
+            .cloned()
+            .collect();
+        (source, expect)
+    };
     let r = request(sh, i, reqwest::Method::POST, "/admin/models")
         .ok_or("no such node")?
         .timeout(LOAD_TIMEOUT)
-        .json(&json!({"model": source, "id": model}))
+        .json(&json!({"model": source, "id": model, "expect_loaded": expect}))
         .send()
         .await
         .map_err(|e| {
             sh.cluster().set_down(i);
-            format!("the node did not answer ({e})")
+            LoadError::Failed(format!("the node did not answer ({e})"))
         })?;
     let status = r.status();
-    let v: Value = r.json().await.map_err(|e| e.to_string())?;
+    let v: Value = r
+        .json()
+        .await
+        .map_err(|e| LoadError::Failed(e.to_string()))?;
     if status.is_success() {
-        return reported(&v["loaded"]).ok_or_else(|| format!("odd answer: {v}"));
+        return reported(&v["loaded"]).ok_or_else(|| LoadError::Failed(format!("odd answer: {v}")));
     }
     if v["error"]["code"] == "model_exists" {
         // Already there (a load by hand, another gateway): what it takes comes with the next
@@ -236,7 +272,10 @@ async fn load(sh: &Shared, i: usize, model: &str) -> Result<Reported, String> {
             kv_free: 0,
         });
     }
-    Err(format!("{status}: {}", error_text(&v)))
+    if v["error"]["code"] == "models_changed" {
+        return Err(LoadError::Changed(error_text(&v)));
+    }
+    Err(LoadError::Failed(format!("{status}: {}", error_text(&v))))
 }
 
 /// Asks node `i` to unload `model`; one it does not have counts as unloaded.

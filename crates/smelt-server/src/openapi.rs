@@ -182,15 +182,16 @@ pub(crate) const SPEC: &str = r##"{
     "/admin/models": {
       "get": {"summary": "Loaded models with their paths, context and load", "security": [{"bearer": []}],
         "responses": {"200": {"description": "list"}, "401": {"$ref": "#/components/responses/Unauthorized"}}},
-      "post": {"summary": "Load {\"model\": path-or-alias, \"id\"?: string} or unload {\"action\": \"unload\", \"id\": string}",
+      "post": {"summary": "Load {\"model\": path-or-alias, \"id\"?: string, \"expect_loaded\"?: [id]} or unload {\"action\": \"unload\", \"id\": string}",
         "security": [{"bearer": []}],
         "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "properties": {
-          "action": {"enum": ["load", "unload"]}, "model": {"type": "string"}, "id": {"type": "string"}}}}}},
+          "action": {"enum": ["load", "unload"]}, "model": {"type": "string"}, "id": {"type": "string"},
+          "expect_loaded": {"type": "array", "items": {"type": "string"}}}}}}},
         "responses": {"200": {"description": "{\"loaded\": model} or {\"unloaded\": id}"},
           "400": {"$ref": "#/components/responses/BadRequest"}, "401": {"$ref": "#/components/responses/Unauthorized"},
           "403": {"description": "admin disabled, or a model outside --models-dir and the aliases"},
           "404": {"$ref": "#/components/responses/NotFound"},
-          "409": {"description": "the models' memory limit would be exceeded"}}}},
+          "409": {"description": "the models' memory limit would be exceeded, or the server holds a model outside expect_loaded (models_changed)"}}}},
     "/": {"get": {"summary": "The chat page (embedded static files: /, /app.js, /style.css)",
       "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}}}}
   }

@@ -221,8 +221,11 @@ fn admin_json(m: &ModelEntry) -> Value {
     })
 }
 
-/// `{"model": path-or-alias, "id"?: ...}` loads; `{"action": "unload", "id": ...}` (or just
-/// `{"id": ...}`) unloads.
+/// `{"model": path-or-alias, "id"?: ..., "expect_loaded"?: [ids]}` loads;
+/// `{"action": "unload", "id": ...}` (or just `{"id": ...}`) unloads. `expect_loaded` makes
+/// the load conditional: refused (409 `models_changed`) when the server holds a model not in
+/// the list, so a client that planned the load on what it last read of `/admin/models` (one
+/// of several gateways) never loads into room another client took meanwhile.
 async fn admin_post(State(st): St, body: Body) -> Result<Json<Value>, ApiError> {
     let v: Value = openai::parse(&body.map_err(body_error)?)?;
     let field = |k: &str| -> Result<Option<String>, ApiError> {
@@ -233,6 +236,23 @@ async fn admin_post(State(st): St, body: Body) -> Result<Json<Value>, ApiError> 
         }
     };
     let (action, model, id) = (field("action")?, field("model")?, field("id")?);
+    let expect = match v.get("expect_loaded") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .map(|x| x.as_str().map(str::to_string))
+                .collect::<Option<Vec<String>>>()
+                .ok_or_else(|| {
+                    ApiError::invalid_param("expect_loaded", "expect_loaded must list model ids")
+                })?,
+        ),
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "expect_loaded",
+                "expect_loaded must list model ids",
+            ))
+        }
+    };
     let action = match (action.as_deref(), &model) {
         (Some(a), _) => a.to_string(),
         (None, Some(_)) => "load".into(),
@@ -243,7 +263,7 @@ async fn admin_post(State(st): St, body: Body) -> Result<Json<Value>, ApiError> 
             let model = model.ok_or_else(|| {
                 ApiError::invalid_param("model", "load needs `model`: a GGUF path or an alias")
             })?;
-            let m = admin_load(&st, &model, id).await?;
+            let m = admin_load(&st, &model, id, expect).await?;
             Ok(Json(json!({"loaded": admin_json(&m)})))
         }
         "unload" => {
@@ -262,18 +282,44 @@ async fn admin_post(State(st): St, body: Body) -> Result<Json<Value>, ApiError> 
 }
 
 /// A load asked for through `/admin/models`: a checked id, a reference inside the allowed
-/// places, one load at a time within the memory limit, and errors that say what failed but
-/// never quote the file (the server log has the loader's own words).
+/// places, one load at a time within the memory limit and, with `expect`, only while the
+/// server holds no model outside it; errors say what failed but never quote the file (the
+/// server log has the loader's own words).
 async fn admin_load(
     st: &Arc<AppState>,
     reference: &str,
     id: Option<String>,
+    expect: Option<Vec<String>>,
 ) -> Result<Arc<ModelEntry>, ApiError> {
     if let Some(id) = &id {
         models::check_id(id).map_err(|e| ApiError::invalid_param("id", e))?;
     }
     let target = st.confine.check(reference)?;
     let _one = st.loading.lock().await;
+    if let Some(expect) = &expect {
+        // Checked under the load lock: no other load can slip in between check and load.
+        let unexpected: Vec<String> = st
+            .models
+            .list()
+            .iter()
+            .map(|m| m.id.clone())
+            .filter(|m| !expect.contains(m) && Some(m) != id.as_ref())
+            .collect();
+        if !unexpected.is_empty() {
+            return Err(ApiError {
+                status: StatusCode::CONFLICT,
+                code: Some("models_changed"),
+                ..ApiError::invalid_param(
+                    "expect_loaded",
+                    format!(
+                        "the server holds models this load did not expect ({}): read \
+                         /admin/models again and decide anew",
+                        guard::clip(&unexpected.join(", "), 200)
+                    ),
+                )
+            });
+        }
+    }
     let used = || st.models.list().iter().map(|m| m.bytes).sum::<u64>();
     let over = |need: u64| -> Option<ApiError> {
         let cap = st.config.max_models_bytes?;

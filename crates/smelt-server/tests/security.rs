@@ -397,7 +397,19 @@ async fn loads_stay_inside_the_models_folders() {
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["error"]["param"], "id");
     }
-    // The start-up model again under a new id: past the memory limit.
+    // A load on condition that the server holds nothing beyond `expect_loaded` (what a
+    // gateway saw when it planned the load): refused while it holds the start-up model...
+    let copy = |expect: Value| json!({"model": model_path().display().to_string(), "id": "copy", "expect_loaded": expect});
+    let r = s.post("/admin/models", &copy(json!([]))).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(error_code(r).await, "models_changed");
+    let r = s.post("/admin/models", &copy(json!("no list"))).await;
+    assert_eq!(r.status(), 400);
+    // ... and, with that model expected, it goes on to the memory limit: the start-up model
+    // again under a new id does not fit.
+    let r = s.post("/admin/models", &copy(json!([MODEL_ID]))).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(error_code(r).await, "memory_limit");
     let r = load(&s, model_path().display().to_string(), Some("copy".into())).await;
     assert_eq!(r.status(), 409);
     assert_eq!(error_code(r).await, "memory_limit");
