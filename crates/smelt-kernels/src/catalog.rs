@@ -194,6 +194,22 @@ pub fn repack(ty: GgmlType, ggml: &[u8], rows: usize, k: usize) -> Result<Vec<u8
 /// A kernel's name and the function that emits it.
 pub type Entry = (String, Box<dyn Fn(&Kernel)>);
 
+/// Test helper: the kernels of `entries()` build for sm_80 and sm_90 (each target's
+/// static limits, shared memory included), and each of `names` is an entry of the PTX.
+#[cfg(test)]
+pub(crate) fn assert_builds(entries: impl Fn() -> Vec<Entry>, names: &[&str]) {
+    for target in [Target::Sm80, Target::Sm90] {
+        let mut m = Module::new(target);
+        for (name, build) in entries() {
+            m.kernel(&name, |k| build(k)).unwrap();
+        }
+        let ptx = m.to_ptx();
+        for n in names {
+            assert!(ptx.contains(&format!(".entry {n}(")), "{n} for {target:?}");
+        }
+    }
+}
+
 /// Every kernel: its name and the function that emits it.
 pub fn all() -> Vec<Entry> {
     let mut v: Vec<Entry> = vec![(QUANTIZE.to_string(), Box::new(act::quantize_kernel))];
