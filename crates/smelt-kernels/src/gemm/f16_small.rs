@@ -118,16 +118,7 @@ mod tests {
         for s in [N32, N64] {
             assert!(s.shared_bytes() <= 48 * 1024, "{s:?}");
         }
-        let a = super::super::Args {
-            w: 0,
-            x: 0,
-            y: 0,
-            nrows: 4097,
-            ntok: 40,
-            ntiles: 16,
-            row_bytes: 16 * 144,
-            splits: 4,
-        };
+        let a = super::super::Args::q4_k_for_test(4097, 40, 16);
         let l = launch(&a);
         assert_eq!(l.grid, (1, 33, 4));
         let l = launch(&super::super::Args { ntok: 20, ..a });

@@ -200,6 +200,21 @@ pub struct Args {
 }
 
 impl Args {
+    /// Test fixture: Q4_K rows of `ntiles` tiles, no addresses, four splits.
+    #[cfg(test)]
+    pub(crate) fn q4_k_for_test(nrows: u32, ntok: u32, ntiles: u32) -> Args {
+        Args {
+            w: 0,
+            x: 0,
+            y: 0,
+            nrows,
+            ntok,
+            ntiles,
+            row_bytes: ntiles * 144,
+            splits: 4,
+        }
+    }
+
     /// Tiles per split.
     pub fn kslice(&self) -> u32 {
         self.ntiles.div_ceil(self.splits.max(1)).max(1)

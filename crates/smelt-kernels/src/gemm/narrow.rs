@@ -319,16 +319,7 @@ mod tests {
         assert_eq!(name(GgmlType::Q4_K, 16), Some("gemm_narrow16_q4_k"));
         assert_eq!(name(GgmlType::Q4_K, 17), Some("gemm_narrow32_q4_k"));
         assert_eq!(name(GgmlType::Q6_K, 16), None);
-        let a = super::super::Args {
-            w: 0,
-            x: 0,
-            y: 0,
-            nrows: 4097,
-            ntok: 40,
-            ntiles: 16,
-            row_bytes: 16 * 144,
-            splits: 4,
-        };
+        let a = super::super::Args::q4_k_for_test(4097, 40, 16);
         let l = launch(&a);
         assert_eq!(l.grid, (2, 33, 4));
         assert_eq!(l.block, (256, 1, 1));
