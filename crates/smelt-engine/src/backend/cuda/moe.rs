@@ -253,19 +253,15 @@ impl Cuda {
         out: &mut CudaTensor,
         pair: Option<(&CudaWeight, &mut CudaTensor)>,
     ) -> Result<(), CudaError> {
-        let CudaWeight::Experts {
+        let e = ExpertArray::of(w)?;
+        let ExpertArray {
             ptr,
             ty,
             n_expert,
             rows,
             cols,
             row_bytes,
-        } = *w
-        else {
-            return Err(CudaError::Init(
-                "matmul_id of a weight that is not an expert array".into(),
-            ));
-        };
+        } = e;
         let (n, k) = (route.rows, route.cols / 2);
         if x.cols != cols {
             return Err(CudaError::BadLength {
@@ -287,24 +283,14 @@ impl Cuda {
         };
         let (w2, mut pair_out) = match pair {
             None => (ptr, None),
-            Some((
-                CudaWeight::Experts {
-                    ptr: p2,
-                    ty: t2,
-                    n_expert: e2,
-                    rows: r2,
-                    cols: c2,
-                    row_bytes: b2,
-                },
-                o2,
-            )) if (*t2, *e2, *r2, *c2, *b2) == (ty, n_expert, rows, cols, row_bytes) => {
-                (*p2, Some(o2))
-            }
-            Some(_) => {
-                return Err(CudaError::Init(
-                    "paired expert matmul of arrays of different shapes".into(),
-                ))
-            }
+            Some((w2, o2)) => match ExpertArray::of(w2) {
+                Ok(e2) if e2.shape() == e.shape() => (e2.ptr, Some(o2)),
+                _ => {
+                    return Err(CudaError::Init(
+                        "paired expert matmul of arrays of different shapes".into(),
+                    ))
+                }
+            },
         };
         self.flush()?;
         self.settle_split_norm()?;
@@ -351,7 +337,7 @@ impl Cuda {
                 ),
             )?;
         } else {
-            self.op_gemv_id(w, w2, x, route, [out.ptr, y2], pair_out.is_some(), x_div)?;
+            self.op_gemv_id(e, w2, x, route, [out.ptr, y2], pair_out.is_some(), x_div)?;
         }
         // The output must not stand for a cached input.
         let overlaps = |c: &CudaTensor| {
@@ -371,12 +357,12 @@ impl Cuda {
         Ok(())
     }
 
-    /// The grouped GEMV of [`Cuda::op_matmul_id`]: `w` into `y[0]`, and with `pair` the
-    /// array at `w2` (of `w`'s shape) into `y[1]`.
+    /// The grouped GEMV of [`Cuda::op_matmul_id`]: `e` into `y[0]`, and with `pair` the
+    /// array at `w2` (of `e`'s shape) into `y[1]`.
     #[allow(clippy::too_many_arguments)]
     fn op_gemv_id(
         &self,
-        w: &CudaWeight,
+        e: ExpertArray,
         w2: u64,
         x: &CudaTensor,
         route: &CudaTensor,
@@ -384,19 +370,14 @@ impl Cuda {
         pair: bool,
         x_div: usize,
     ) -> Result<(), CudaError> {
-        let CudaWeight::Experts {
+        let ExpertArray {
             ptr,
             ty,
             n_expert,
             rows,
             cols,
             row_bytes,
-        } = *w
-        else {
-            return Err(CudaError::Init(
-                "matmul_id of a weight that is not an expert array".into(),
-            ));
-        };
+        } = e;
         let (n, k) = (route.rows, route.cols / 2);
         let cached = *lock(&self.quantized);
         let q = match cached {
@@ -511,5 +492,47 @@ impl Cuda {
         });
         self.take_error()?;
         Ok(t)
+    }
+}
+
+/// An expert array's fields ([`CudaWeight::Experts`]), taken once by the op that checks the
+/// weight and passed to the launch it picks.
+#[derive(Clone, Copy)]
+struct ExpertArray {
+    ptr: u64,
+    ty: GgmlType,
+    n_expert: usize,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+}
+
+impl ExpertArray {
+    fn of(w: &CudaWeight) -> Result<ExpertArray, CudaError> {
+        match *w {
+            CudaWeight::Experts {
+                ptr,
+                ty,
+                n_expert,
+                rows,
+                cols,
+                row_bytes,
+            } => Ok(ExpertArray {
+                ptr,
+                ty,
+                n_expert,
+                rows,
+                cols,
+                row_bytes,
+            }),
+            _ => Err(CudaError::Init(
+                "matmul_id of a weight that is not an expert array".into(),
+            )),
+        }
+    }
+
+    /// Everything but the address.
+    fn shape(&self) -> (GgmlType, usize, usize, usize, usize) {
+        (self.ty, self.n_expert, self.rows, self.cols, self.row_bytes)
     }
 }
