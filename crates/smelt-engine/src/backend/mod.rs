@@ -145,6 +145,17 @@ pub trait Backend: Send + Sync {
     fn load_embedding(&self, gguf: &Arc<Gguf>, name: &str) -> Result<Self::Weight, EngineError> {
         self.load_weight(gguf, name)
     }
+    /// Loads matrices that multiply the same input one after the other (a layer's Q, K
+    /// and V; gate and up) as a group, for [`Backend::matmul_group`]: a backend may place
+    /// them so that one kernel multiplies them all (the CUDA backend puts a group's rows
+    /// one after the other in one piece of device memory).
+    fn load_weight_group(
+        &self,
+        gguf: &Arc<Gguf>,
+        names: &[&str],
+    ) -> Result<Vec<Self::Weight>, EngineError> {
+        names.iter().map(|n| self.load_weight(gguf, n)).collect()
+    }
     /// `(rows, cols)` of a weight (a vector is one row).
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
 
@@ -165,6 +176,29 @@ pub trait Backend: Send + Sync {
         x: &Self::Tensor,
         out: &mut Self::Tensor,
     ) -> Result<(), EngineError>;
+    /// `outs[i][t] = ws[i] x[t]` for every weight of a group loaded by
+    /// [`Backend::load_weight_group`] (in its order) and every row `t` of `x`: the fused
+    /// op of several matmuls of one input. A backend may run members as one kernel (the
+    /// CUDA backend's single-token GEMV, see `backend::cuda::fusion`); the results are
+    /// those of the matmuls one by one.
+    fn matmul_group(
+        &self,
+        ws: &[&Self::Weight],
+        x: &Self::Tensor,
+        outs: &mut [&mut Self::Tensor],
+    ) -> Result<(), EngineError> {
+        if ws.len() != outs.len() {
+            return Err(EngineError::BadOptions(format!(
+                "matmul_group of {} weights into {} outputs",
+                ws.len(),
+                outs.len()
+            )));
+        }
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(w, x, out)?;
+        }
+        Ok(())
+    }
     /// Adds a bias vector to every row.
     fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Weight);
     /// RMS norm over chunks of `w`'s length (a whole row, or each head), times `w`.

@@ -50,10 +50,7 @@ impl<W> Proj<W> {
         let n = b.shape(x).0;
         let (mut p, mut q) = (b.alloc(n, widths.0), b.alloc(n, widths.1));
         match self {
-            Proj::Split(w1, w2) => {
-                b.matmul(w1, x, &mut p)?;
-                b.matmul(w2, x, &mut q)?;
-            }
+            Proj::Split(w1, w2) => b.matmul_group(&[w1, w2], x, &mut [&mut p, &mut q])?,
             Proj::Fused { w, first, second } => {
                 let mut all = b.alloc(n, first.len() + second.len());
                 b.matmul(w, x, &mut all)?;
@@ -119,6 +116,26 @@ impl<B: Backend> DeltaBlock<B> {
             }
             b.load_weight(gguf, &name)
         };
+        // Two matrices of one input, loaded as a group (`Backend::matmul_group`).
+        let pair = |a: String, wa: Vec<u64>, c: String, wc: Vec<u64>| {
+            for (name, want) in [(&a, wa), (&c, wc)] {
+                let t = gguf
+                    .tensor(name)
+                    .ok_or_else(|| EngineError::MissingTensor(name.clone()))?;
+                if t.shape != want {
+                    return Err(EngineError::BadShape {
+                        name: name.clone(),
+                        got: t.shape.clone(),
+                        want,
+                    });
+                }
+            }
+            let mut ws = b.load_weight_group(gguf, &[&a, &c])?;
+            match (ws.pop(), ws.pop()) {
+                (Some(second), Some(first)) => Ok(Proj::Split(first, second)),
+                _ => Err(EngineError::MissingTensor(a)),
+            }
+        };
         let n = |s: &str| format!("blk.{il}.{s}.weight");
         let (e, ch, vd, hv) = (
             n_embd as u64,
@@ -134,10 +151,7 @@ impl<B: Backend> DeltaBlock<B> {
                 second: z_cols,
             }
         } else {
-            Proj::Split(
-                need(n("attn_qkv"), vec![e, ch])?,
-                need(n("attn_gate"), vec![e, vd])?,
-            )
+            pair(n("attn_qkv"), vec![e, ch], n("attn_gate"), vec![e, vd])?
         };
         let ba = if gguf.tensor(&n("ssm_ba")).is_some() {
             Proj::Fused {
@@ -146,10 +160,7 @@ impl<B: Backend> DeltaBlock<B> {
                 second: a_cols,
             }
         } else {
-            Proj::Split(
-                need(n("ssm_beta"), vec![e, hv])?,
-                need(n("ssm_alpha"), vec![e, hv])?,
-            )
+            pair(n("ssm_beta"), vec![e, hv], n("ssm_alpha"), vec![e, hv])?
         };
         Ok(DeltaBlock {
             index,

@@ -122,6 +122,22 @@ impl<B: Backend> Model<B> {
             }
             Ok(w)
         };
+        // Matrices that multiply the same input, loaded as one group (`Backend::matmul_group`).
+        let need_group = |parts: &[(&str, (usize, usize))]| -> Result<Vec<B::Weight>, EngineError> {
+            let names: Vec<&str> = parts.iter().map(|p| p.0).collect();
+            let ws = b.load_weight_group(gguf, &names)?;
+            for (w, &(name, shape)) in ws.iter().zip(parts) {
+                let got = b.weight_shape(w);
+                if got != shape {
+                    return Err(EngineError::BadShape {
+                        name: name.into(),
+                        got: vec![got.1 as u64, got.0 as u64],
+                        want: vec![shape.1 as u64, shape.0 as u64],
+                    });
+                }
+            }
+            Ok(ws)
+        };
         let opt = |name: &str, shape: (usize, usize)| -> Result<Option<B::Weight>, EngineError> {
             if gguf.tensor(name).is_some() {
                 need(name, shape).map(Some)
@@ -167,17 +183,35 @@ impl<B: Backend> Model<B> {
                         info.rms_eps,
                     )?)
                 }
-                None => Mixer::Attn(Attn {
-                    wq: need(&n("attn_q"), (q_rows, e))?,
-                    wk: need(&n("attn_k"), (nkv * hd, e))?,
-                    wv: need(&n("attn_v"), (nkv * hd, e))?,
-                    wo: need(&n("attn_output"), (e, nh * hd))?,
-                    bq: req_if(info.arch == Arch::Qwen2, bias("attn_q"), (1, nh * hd))?,
-                    bk: req_if(info.arch == Arch::Qwen2, bias("attn_k"), (1, nkv * hd))?,
-                    bv: req_if(info.arch == Arch::Qwen2, bias("attn_v"), (1, nkv * hd))?,
-                    q_norm: req_if(qk_norm, n("attn_q_norm"), (1, hd))?,
-                    k_norm: req_if(qk_norm, n("attn_k_norm"), (1, hd))?,
-                }),
+                None => {
+                    let (q, k, v) = (n("attn_q"), n("attn_k"), n("attn_v"));
+                    let (kv_shape, q_shape) = ((nkv * hd, e), (q_rows, e));
+                    // Q, K and V multiply one input: one group, except a gated Q (its
+                    // output is split per head before use, so it goes alone).
+                    let mut qkv = if info.attn_gate {
+                        let wq = need(&q, q_shape)?;
+                        let mut kv = need_group(&[(&k, kv_shape), (&v, kv_shape)])?;
+                        kv.insert(0, wq);
+                        kv
+                    } else {
+                        need_group(&[(&q, q_shape), (&k, kv_shape), (&v, kv_shape)])?
+                    };
+                    let (wv, wk, wq) = (qkv.pop(), qkv.pop(), qkv.pop());
+                    let (Some(wq), Some(wk), Some(wv)) = (wq, wk, wv) else {
+                        return Err(EngineError::MissingTensor(q));
+                    };
+                    Mixer::Attn(Attn {
+                        wq,
+                        wk,
+                        wv,
+                        wo: need(&n("attn_output"), (e, nh * hd))?,
+                        bq: req_if(info.arch == Arch::Qwen2, bias("attn_q"), (1, nh * hd))?,
+                        bk: req_if(info.arch == Arch::Qwen2, bias("attn_k"), (1, nkv * hd))?,
+                        bv: req_if(info.arch == Arch::Qwen2, bias("attn_v"), (1, nkv * hd))?,
+                        q_norm: req_if(qk_norm, n("attn_q_norm"), (1, hd))?,
+                        k_norm: req_if(qk_norm, n("attn_k_norm"), (1, hd))?,
+                    })
+                }
             };
             // Qwen3.5 names its pre-FFN norm `post_attention_norm`; Gemma's is a sandwich
             // norm on the attention output.
@@ -198,11 +232,18 @@ impl<B: Backend> Model<B> {
                 ffn_norm: need(&n(ffn_norm_name), (1, e))?,
                 ffn: match &info.moe {
                     Some(m) => Ffn::Moe(MoeFfn::load(b, gguf, il, e, m)?),
-                    None => Ffn::Dense {
-                        gate: need(&n("ffn_gate"), (ff, e))?,
-                        up: need(&n("ffn_up"), (ff, e))?,
-                        down: need(&n("ffn_down"), (e, ff))?,
-                    },
+                    None => {
+                        let (gate, up) = (n("ffn_gate"), n("ffn_up"));
+                        let mut gu = need_group(&[(&gate, (ff, e)), (&up, (ff, e))])?;
+                        let (Some(up), Some(gate)) = (gu.pop(), gu.pop()) else {
+                            return Err(EngineError::MissingTensor(gate));
+                        };
+                        Ffn::Dense {
+                            gate,
+                            up,
+                            down: need(&n("ffn_down"), (e, ff))?,
+                        }
+                    }
                 },
                 post_ffn_norm: req_if(gemma, n("post_ffw_norm"), (1, e))?,
             });
@@ -394,13 +435,16 @@ impl<B: Backend> Model<B> {
                         b.matmul(&a.wq, &s.h, &mut full)?;
                         let mut g = b.alloc(n, qd);
                         b.split_gated_q(&full, i.head_dim, &mut s.q, &mut g)?;
+                        b.matmul_group(&[&a.wk, &a.wv], &s.h, &mut [&mut s.k, &mut s.v])?;
                         Some(g)
                     } else {
-                        b.matmul(&a.wq, &s.h, &mut s.q)?;
+                        b.matmul_group(
+                            &[&a.wq, &a.wk, &a.wv],
+                            &s.h,
+                            &mut [&mut s.q, &mut s.k, &mut s.v],
+                        )?;
                         None
                     };
-                    b.matmul(&a.wk, &s.h, &mut s.k)?;
-                    b.matmul(&a.wv, &s.h, &mut s.v)?;
                     if let Some(bq) = &a.bq {
                         b.add_bias(&mut s.q, bq);
                     }
@@ -480,8 +524,7 @@ impl<B: Backend> Model<B> {
             b.rms_norm(&x, &l.ffn_norm, i.rms_eps, &mut s.h);
             match &l.ffn {
                 Ffn::Dense { gate, up, down } => {
-                    b.matmul(gate, &s.h, &mut s.gate)?;
-                    b.matmul(up, &s.h, &mut s.up)?;
+                    b.matmul_group(&[gate, up], &s.h, &mut [&mut s.gate, &mut s.up])?;
                     b.glu(&mut s.gate, &s.up, glu);
                     b.matmul(down, &s.gate, &mut s.o)?;
                 }

@@ -99,10 +99,19 @@ impl<B: Backend> MoeFfn<B> {
                     check(&n, want)?;
                     b.load_weight(gguf, &n)
                 };
+                let gate_inp = mat("ffn_gate_inp_shexp", vec![e])?;
+                // Gate and up multiply one input: a group (`Backend::matmul_group`).
+                let (gn, un) = (name("ffn_gate_shexp"), name("ffn_up_shexp"));
+                check(&gn, vec![e, sf])?;
+                check(&un, vec![e, sf])?;
+                let mut gu = b.load_weight_group(gguf, &[&gn, &un])?;
+                let (Some(up), Some(gate)) = (gu.pop(), gu.pop()) else {
+                    return Err(EngineError::MissingTensor(gn));
+                };
                 Some(Shared {
-                    gate_inp: mat("ffn_gate_inp_shexp", vec![e])?,
-                    gate: mat("ffn_gate_shexp", vec![e, sf])?,
-                    up: mat("ffn_up_shexp", vec![e, sf])?,
+                    gate_inp,
+                    gate,
+                    up,
                     down: mat("ffn_down_shexp", vec![sf, e])?,
                     n_ff: sf as usize,
                 })
@@ -151,8 +160,7 @@ impl<B: Backend> MoeFfn<B> {
         if let Some(s) = &self.shared {
             let mut g = b.alloc(n, s.n_ff);
             let mut u = b.alloc(n, s.n_ff);
-            b.matmul(&s.gate, x, &mut g)?;
-            b.matmul(&s.up, x, &mut u)?;
+            b.matmul_group(&[&s.gate, &s.up], x, &mut [&mut g, &mut u])?;
             b.glu(&mut g, &u, Glu::Silu);
             let mut y = b.alloc(n, b.shape(x).1);
             b.matmul(&s.down, &g, &mut y)?;

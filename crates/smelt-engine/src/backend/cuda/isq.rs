@@ -165,6 +165,13 @@ impl Cuda {
         Ok(Some(l.stats))
     }
 
+    /// The type the ISQ plan gives tensor `name`, if it changes it.
+    pub(super) fn isq_type(&self, name: &str) -> Option<GgmlType> {
+        lock(&self.isq)
+            .as_ref()
+            .and_then(|l| l.plan.types.get(name).copied())
+    }
+
     /// Loads tensor `info` as the ISQ plan says, if it names it (else `None`: the caller
     /// loads the file's bytes).
     pub(super) fn load_isq(

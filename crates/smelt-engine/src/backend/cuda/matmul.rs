@@ -1,7 +1,8 @@
 //! The backend's matmul: the tensor-core GEMM for many tokens (`smelt_kernels::gemm`, on
 //! its own activation tiles), the GEMV for few, and the single-token GEMV's fusions with
-//! its neighbours at decode (a deferred GEMV joined by the next one of the same activations,
-//! the split residual norm around it, rope and KV append in the Q|K|V GEMV's epilogue).
+//! its neighbours at decode (the members of a matmul group that [`super::fusion`] runs as
+//! one GEMV, the split residual norm around it, rope and KV append in the Q|K|V GEMV's
+//! epilogue).
 
 use smelt_cuda::CudaError;
 use smelt_gguf::GgmlType;
@@ -15,12 +16,15 @@ use crate::backend::RopeStyle;
 
 impl Cuda {
     /// `out = W x`: activations quantized to q8_1 tiles, then the GEMV over at most
-    /// [`gemv::MAX_TOKENS`] tokens per launch.
+    /// [`gemv::MAX_TOKENS`] tokens per launch. With `continues` (the planner's word,
+    /// [`super::fusion::runs`], that `W` continues the previous member of its group), a
+    /// single-token GEMV joins the deferred one of that member.
     pub(super) fn matmul_inner(
         &self,
         w: &CudaWeight,
         x: &CudaTensor,
         out: &mut CudaTensor,
+        continues: bool,
     ) -> Result<(), CudaError> {
         let CudaWeight::Matrix {
             ptr: wp,
@@ -46,8 +50,10 @@ impl Cuda {
         if n == 0 {
             return Ok(());
         }
-        // One token: join the deferred GEMV when this one continues it in memory.
-        let joined = {
+        // One token of a run the planner fused: join the deferred GEMV of the previous
+        // member (the checks are the planner's promises: when one fails, this member runs
+        // alone, unfused but correct).
+        let joined = continues && {
             let mut pending = lock(&self.pending_gemv);
             match pending.as_mut() {
                 Some(p)

@@ -12,16 +12,22 @@
 //! the kernels from the step buffer ([`step`]), never passed as scalars, so a decode step
 //! can be captured once and replayed ([`runner`]).
 //!
+//! Matmuls of one input that the model names as a group (`Backend::matmul_group`: Q|K|V,
+//! gate|up) run as one single-token GEMV at decode where [`fusion`]'s planner says so: the
+//! loader puts a group's rows one after the other and the op its outputs, so the fusion
+//! does not depend on load or allocation order.
+//!
 //! A few ops are deferred to the next call so that neighbours can run as one launch (at
 //! decode a row is one block, and launch latency, not bandwidth, is the cost of the small
-//! ops): a single-token GEMV whose weights and output continue the previous one in memory
-//! joins it (Q|K|V, gate|up: weights are bump-allocated in load order), Q's rope takes K's
-//! row along, the residual add runs inside the next norm, and a whole-row norm writes the
-//! q8_1 tiles its GEMVs read (the matmul finds them in a one-entry cache). Every other op
-//! launches what is deferred first, so the order of effects is the model's.
+//! ops): that GEMV waits for the ops that read its output (rope and KV append in its
+//! epilogue, or the residual add and norm split around it), Q's rope takes K's row along,
+//! the residual add runs inside the next norm, and a whole-row norm writes the q8_1 tiles
+//! its GEMVs read (the matmul finds them in a one-entry cache). Every other op launches
+//! what is deferred first, so the order of effects is the model's.
 
 mod arena;
 pub mod comm;
+pub mod fusion;
 pub mod isq;
 mod matmul;
 mod moe;
@@ -63,8 +69,8 @@ pub struct CudaTensor {
 }
 
 /// A weight on the device, at `ptr` in the backend's weight memory (which lives as long as
-/// the backend). Weights loaded one after the other are adjacent there, so a layer's Q, K
-/// and V (and gate and up) can be multiplied by one GEMV launch over all their rows.
+/// the backend). The members of a group (`load_weight_group`: a layer's Q, K and V; gate
+/// and up) are adjacent there, so one GEMV launch can multiply all their rows.
 pub enum CudaWeight {
     /// A matmul operand in the GEMV's row layout.
     Matrix {
@@ -98,6 +104,27 @@ pub enum CudaWeight {
 }
 
 impl CudaWeight {
+    /// What the fusion planner needs of a matrix ([`fusion::Member`]); `None` for the
+    /// other kinds of weight.
+    fn member(&self) -> Option<fusion::Member> {
+        match *self {
+            CudaWeight::Matrix {
+                ptr,
+                ty,
+                rows,
+                cols,
+                row_bytes,
+            } => Some(fusion::Member {
+                ptr,
+                ty,
+                rows,
+                cols,
+                row_bytes,
+            }),
+            _ => None,
+        }
+    }
+
     fn ptr(&self) -> u64 {
         match self {
             CudaWeight::Matrix { ptr, .. }
@@ -145,8 +172,9 @@ struct SplitNorm {
     out_pending: bool,
 }
 
-/// A single-token GEMV not launched yet: the next matmul of the same activations, whose
-/// weights and output follow these in memory, joins it (one launch, more rows in flight).
+/// A single-token GEMV not launched yet: the next members of its run
+/// ([`fusion::runs`]) join it (one launch, more rows in flight), and the ops that read its
+/// output may fuse with it (rope + KV append, a split residual norm).
 #[derive(Clone, Copy, Debug)]
 struct PendingGemv {
     w: u64,
@@ -489,21 +517,47 @@ impl Cuda {
     /// the current chunk; a new chunk is allocated on the device's stream), unwritten.
     fn reserve_weight(&self, n: usize) -> Result<u64, CudaError> {
         let len = n.max(1).div_ceil(arena::ALIGN) * arena::ALIGN;
+        self.weight_room(len)?;
+        let mut w = lock(&self.weights);
+        let p = w.1;
+        w.1 += len as u64;
+        drop(w);
+        lock(&self.weight_ranges).push((p, n));
+        Ok(p)
+    }
+
+    /// Makes the current weight chunk hold `len` more bytes: a new chunk (on the device's
+    /// stream) when it does not.
+    fn weight_room(&self, len: usize) -> Result<(), CudaError> {
         let mut w = lock(&self.weights);
         if w.1 + len as u64 > w.2 {
             let size = len.max(WEIGHT_CHUNK);
-            // SAFETY: fully written below (and the tail of a chunk is never read).
+            // SAFETY: written by the uploads that reserve it (and the tail of a chunk is
+            // never read).
             let buf = unsafe { self.gpu.stream().alloc::<u8>(size) }?;
             let base = self.gpu.ptr(&buf);
             w.0.push(buf);
             w.1 = base;
             w.2 = base + size as u64;
         }
-        let p = w.1;
-        w.1 += len as u64;
-        drop(w);
-        lock(&self.weight_ranges).push((p, n));
-        Ok(p)
+        Ok(())
+    }
+
+    /// Bytes of weight memory tensor `name` takes as a matmul operand (as `load` will
+    /// place it: the ISQ plan's type, the GEMV's row layout, rounded up as reserved).
+    fn planned_bytes(&self, gguf: &Gguf, name: &str) -> Result<usize, EngineError> {
+        let info = gguf
+            .tensor(name)
+            .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
+        let ty = self.isq_type(name).unwrap_or(info.ty);
+        let (rows, cols) = (info.n_rows() as usize, info.row_len() as usize);
+        let bytes = match weights::plan(name, ty, info.shape.len(), rows, cols, Role::Matmul)? {
+            WeightPlan::Gemv { row_bytes } | WeightPlan::Embedding { row_bytes } => {
+                rows * row_bytes
+            }
+            WeightPlan::Vector => rows * cols * 4,
+        };
+        Ok(bytes.max(1).div_ceil(arena::ALIGN) * arena::ALIGN)
     }
 
     /// A hash of every weight's bytes in weight memory, in load order, and their count and
@@ -604,6 +658,36 @@ impl Cuda {
             Some((x, y)) => self.op_add(&x, &y),
             None => Ok(()),
         }
+    }
+
+    /// Makes the outputs of a fused single-token run (`ws` the run's weights) follow one
+    /// another, as the one GEMV writes them: left where they are when they already do
+    /// ([`fusion::outputs_follow`]), else views, in order, of one new scratch buffer.
+    fn place_run_outputs(
+        &self,
+        ws: &[&CudaWeight],
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), CudaError> {
+        let widths: Vec<usize> = ws
+            .iter()
+            .map(|w| w.member().map_or(0, |m| m.rows))
+            .collect();
+        let at: Vec<(u64, usize)> = outs.iter().map(|o| (o.ptr, o.cap)).collect();
+        if fusion::outputs_follow(&at, &widths) {
+            return Ok(());
+        }
+        let total: usize = widths.iter().sum();
+        let mut p = self.scratch(total * 4)?;
+        for (o, &w) in outs.iter_mut().zip(&widths) {
+            **o = CudaTensor {
+                ptr: p,
+                rows: 1,
+                cols: w,
+                cap: w,
+            };
+            p += (w * 4) as u64;
+        }
+        Ok(())
     }
 
     /// Gives `t` room for `rows x cols` (a new scratch buffer when it has less) and that shape.
@@ -878,6 +962,22 @@ impl Backend for Cuda {
         self.load(gguf, name, Role::Embedding)
     }
 
+    /// The group's members in one weight chunk, one after the other (weights are
+    /// bump-allocated in load order: only a chunk boundary could part them), so that
+    /// [`fusion::runs`] can give a run of them to one GEMV.
+    fn load_weight_group(
+        &self,
+        gguf: &Arc<Gguf>,
+        names: &[&str],
+    ) -> Result<Vec<CudaWeight>, EngineError> {
+        let mut total = 0;
+        for n in names {
+            total += self.planned_bytes(gguf, n)?;
+        }
+        self.weight_room(total)?;
+        names.iter().map(|n| self.load_weight(gguf, n)).collect()
+    }
+
     fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {
         match w {
             CudaWeight::Matrix { rows, cols, .. }
@@ -956,7 +1056,47 @@ impl Backend for Cuda {
                 self.flush_gemv()?;
             }
             self.flush_add()?;
-            self.matmul_inner(w, x, out)
+            self.matmul_inner(w, x, out, false)
+        });
+        self.take_error()
+    }
+
+    fn matmul_group(
+        &self,
+        ws: &[&CudaWeight],
+        x: &CudaTensor,
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), EngineError> {
+        if ws.len() != outs.len() {
+            return Err(EngineError::BadOptions(format!(
+                "matmul_group of {} weights into {} outputs",
+                ws.len(),
+                outs.len()
+            )));
+        }
+        if ws.iter().any(|w| matches!(w, CudaWeight::Dense { .. })) {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul(w, x, out)?;
+            }
+            return Ok(());
+        }
+        self.run_raw(|| {
+            self.flush_rope()?;
+            // A deferred add may read the deferred GEMV's output: that GEMV goes first.
+            if lock(&self.pending_add).is_some() {
+                self.flush_gemv()?;
+            }
+            self.flush_add()?;
+            let members: Vec<Option<fusion::Member>> = ws.iter().map(|w| w.member()).collect();
+            for run in fusion::runs(&members, x.rows) {
+                if run.len() > 1 {
+                    self.place_run_outputs(&ws[run.clone()], &mut outs[run.clone()])?;
+                }
+                for i in run.clone() {
+                    self.matmul_inner(ws[i], x, outs[i], i > run.start)?;
+                }
+            }
+            Ok(())
         });
         self.take_error()
     }
