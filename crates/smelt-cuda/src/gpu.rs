@@ -11,7 +11,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use smelt_ptx::{GridDep, Target};
 
-use crate::{cache, guard, util, CudaError};
+use crate::{cache, guard, util, CudaError, GpuOptions};
 
 /// An opened device. Cheap to share (`Arc<Gpu>`); all work goes to its one stream.
 pub struct Gpu {
@@ -90,7 +90,7 @@ impl From<smelt_kernels::ops::ArgValue> for KernelParam {
 /// they wait); `early` (`chain-gemv`); `early-prefetch` (`early` and the GEMVs' early
 /// loads); `hoist` (`gemv` and the GEMVs' early loads: the default,
 /// `smelt_kernels::catalog::GRID_DEPS`). Off before sm_90 whatever it says.
-fn grid_dep_from_env(target: Target) -> (GridDep, GridDep) {
+fn grid_dep_from(pdl: Option<&str>, target: Target) -> (GridDep, GridDep) {
     let wait = smelt_kernels::catalog::GRID_DEP;
     let launch = GridDep {
         wait: true,
@@ -110,33 +110,32 @@ fn grid_dep_from_env(target: Target) -> (GridDep, GridDep) {
         early_work: true,
         ..launch
     };
-    let (other, gemv) = match std::env::var("SMELT_CUDA_PDL").as_deref() {
-        Ok("0") => (GridDep::default(), GridDep::default()),
-        Ok("wait") => (wait, wait),
-        Ok("launch") => (launch, launch),
-        Ok("gemv") => (wait, launch),
-        Ok("small") => (launch, wait),
-        Ok("chain") => (after, after),
-        Ok("chain-gemv") => (after, launch),
-        Ok("prefetch") => (GridDep::ALL, GridDep::ALL),
-        Ok("early") => (early_after, launch),
-        Ok("early-prefetch") => (early_after, early_launch),
-        Ok("hoist") => (wait, early_launch),
+    let (other, gemv) = match pdl {
+        Some("0") => (GridDep::default(), GridDep::default()),
+        Some("wait") => (wait, wait),
+        Some("launch") => (launch, launch),
+        Some("gemv") => (wait, launch),
+        Some("small") => (launch, wait),
+        Some("chain") => (after, after),
+        Some("chain-gemv") => (after, launch),
+        Some("prefetch") => (GridDep::ALL, GridDep::ALL),
+        Some("early") => (early_after, launch),
+        Some("early-prefetch") => (early_after, early_launch),
+        Some("hoist") => (wait, early_launch),
         _ => smelt_kernels::catalog::GRID_DEPS,
     };
     (other.for_target(target), gemv.for_target(target))
 }
 
-/// A `/`-separated list of kernel-name parts from the environment variable `var` (`none`:
-/// empty), or `default` when it is unset.
-fn env_list(var: &str, default: &[&str]) -> Vec<String> {
-    match std::env::var(var) {
-        Ok(v) => v
+/// A `/`-separated list of kernel-name parts (`none`: empty), or `default` when unset.
+fn name_list(v: Option<&str>, default: &[&str]) -> Vec<String> {
+    match v {
+        Some(v) => v
             .split('/')
             .filter(|p| !p.is_empty() && *p != "none")
             .map(str::to_string)
             .collect(),
-        Err(_) => default.iter().map(|p| p.to_string()).collect(),
+        None => default.iter().map(|p| p.to_string()).collect(),
     }
 }
 
@@ -190,8 +189,14 @@ pub fn target_for(cc: (i32, i32)) -> Result<Target, CudaError> {
 
 impl Gpu {
     /// Opens device `ordinal`: its primary context, a stream of its own (the legacy default
-    /// stream cannot be captured into a graph), and the kernel module JIT-compiled for it.
+    /// stream cannot be captured into a graph), and the kernel module JIT-compiled for it,
+    /// with the settings of the environment ([`GpuOptions::from_env`]).
     pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
+        Self::open_with(ordinal, &GpuOptions::from_env())
+    }
+
+    /// [`Gpu::open`] with settings `opts`.
+    pub fn open_with(ordinal: usize, opts: &GpuOptions) -> Result<Arc<Gpu>, CudaError> {
         guard(|| {
             let count = usize::try_from(cudarc::driver::result::device::get_count()?).unwrap_or(0);
             if ordinal >= count {
@@ -204,20 +209,20 @@ impl Gpu {
             let cc = ctx.compute_capability()?;
             let target = target_for(cc)?;
             let t = Instant::now();
-            let (other, gemv) = grid_dep_from_env(target);
+            let (other, gemv) = grid_dep_from(opts.pdl.as_deref(), target);
             let grid_dep = GridDep {
                 wait: other.wait || gemv.wait,
                 ..other
             };
-            let timeline = std::env::var("SMELT_CUDA_TIMELINE").is_ok_and(|v| v == "1");
+            let timeline = opts.timeline;
             // Kernels besides the GEMVs that let their successor launch after their own
             // wait (name prefixes), GEMVs that do no early work (name parts): to measure.
-            let after = env_list(
-                "SMELT_CUDA_PDL_AFTER",
+            let after = name_list(
+                opts.pdl_after.as_deref(),
                 smelt_kernels::catalog::LAUNCH_AFTER_WAIT,
             );
-            let late = env_list(
-                "SMELT_CUDA_EARLY_SKIP",
+            let late = name_list(
+                opts.early_skip.as_deref(),
                 smelt_kernels::catalog::NO_EARLY_WORK,
             );
             let after: Vec<&str> = after.iter().map(String::as_str).collect();
@@ -235,7 +240,7 @@ impl Gpu {
             })?;
             let runtime = ctx.load_module(Ptx::from_src(util::module(target)?.to_ptx()))?;
             let load_time = t.elapsed();
-            if std::env::var("SMELT_CUDA_LOAD_LOG").is_ok_and(|v| v == "1") {
+            if opts.load_log {
                 eprintln!(
                     "cuda:{ordinal} kernels: PTX generated in {:.0} ms, ready in {:.0} ms ({})",
                     generated.as_secs_f64() * 1e3,
@@ -250,9 +255,9 @@ impl Gpu {
             let sm_count = ctx.attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )?;
-            let carveout = match std::env::var("SMELT_CUDA_CARVEOUT") {
-                Ok(spec) => carveouts(&spec),
-                Err(_) => {
+            let carveout = match &opts.carveout {
+                Some(spec) => carveouts(spec),
+                None => {
                     let max = ctx.attribute(
                         cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
                     )?;

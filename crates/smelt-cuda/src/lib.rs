@@ -7,6 +7,7 @@
 //!
 //! - [`cache`]: compiled kernel modules kept across runs (start-up without the JIT).
 //! - [`gpu`]: [`Gpu::open`], kernel lookup, upload/download.
+//! - [`options`]: the `SMELT_CUDA_*` settings of a device's module and launches.
 //! - [`graph`]: stream capture into a replayable [`Graph`].
 //! - [`gemv_bench`]: GEMV bandwidth at real shapes (GPU checks, `smelt bench --kernels`).
 //! - [`staged`]: pipelined quantization through reused pinned staging slots and streams.
@@ -21,6 +22,7 @@ pub mod gemv_bench;
 pub mod gpu;
 pub mod graph;
 pub mod nccl;
+pub mod options;
 pub mod peer;
 pub mod quantize;
 pub mod staged;
@@ -36,6 +38,7 @@ pub use cudarc::driver::{
 pub use error::CudaError;
 pub use gpu::{Gpu, KernelParam};
 pub use graph::Graph;
+pub use options::GpuOptions;
 
 /// The runtime's own kernels (benchmark input fill) as one module for `target`: what
 /// [`Gpu::open`] loads beside the kernel catalog, exposed so CI can assemble it.

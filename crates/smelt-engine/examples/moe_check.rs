@@ -226,7 +226,7 @@ fn check_case(
         .collect();
     // Which kernel this backend runs the step's expert matmuls on.
     let on_gemm = grouped::name(ty).is_some()
-        && grouped::preferred(n * k, ne, gpu.options().moe_gemm_min_per_expert);
+        && grouped::preferred(n * k, ne, gpu.options().matmul.moe_gemm_min_per_expert);
     for per_slot in [false, true] {
         let xs = if per_slot {
             floats(rng, n * k * cols, 1.0)
@@ -512,7 +512,7 @@ fn main() -> ExitCode {
     let open = |min: Option<usize>| {
         let mut opts = CudaOptions::from_env(false);
         if let Some(m) = min {
-            opts.moe_gemm_min_per_expert = m;
+            opts.matmul.moe_gemm_min_per_expert = m;
         }
         Cuda::open_with(0, opts)
     };

@@ -208,7 +208,9 @@ impl TpRunner {
             .collect();
         // The one-shot peer all-reduce for small messages (`SMELT_TP_PEER=1`; off by default
         // until measured on a GPU; every rank reads the same setting, so all decide alike).
-        let peer_max = CudaOptions::from_env(batch_invariant).peer_max_bytes(n);
+        let cuda_opts = CudaOptions::from_env(batch_invariant);
+        let peer_max = cuda_opts.peer_max_bytes(n);
+        let skip_all_reduce = cuda_opts.tp.skip_all_reduce;
         let rendezvous =
             (cuda && n > 1 && peer_max > 0).then(|| smelt_cuda::peer::Rendezvous::new(n));
         let peer_cells: Vec<Arc<OnceLock<smelt_cuda::peer::PeerReduce>>> =
@@ -267,7 +269,11 @@ impl TpRunner {
                             Device::Cuda(ordinal) => {
                                 let reduce: Option<Box<dyn AllReduce<crate::backend::cuda::Cuda>>> =
                                     comm.map(|c| {
-                                        Box::new(NcclReduce::new(c, peer_cell.clone())) as _
+                                        Box::new(NcclReduce::new(
+                                            c,
+                                            peer_cell.clone(),
+                                            skip_all_reduce,
+                                        )) as _
                                     });
                                 let e = CudaEngine::load_rank(
                                     &g,

@@ -330,7 +330,7 @@ fn gpu_load(path: &Path, gguf: smelt_gguf::Gguf, opts: &EngineOptions, n: usize)
         None => format!("weights to cuda:{n}"),
     };
     eprintln!("{}: {what}: {}", path.display(), summary.line());
-    if std::env::var("SMELT_CUDA_LOAD_LOG").is_ok_and(|v| v == "1") {
+    if smelt_cuda::GpuOptions::from_env().load_log {
         eprintln!(
             "smelt: engine ready {:.2} s after launch",
             crate::started().elapsed().as_secs_f64()

@@ -215,7 +215,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             return Err(e.into());
         }
         let g = result.with_context(|| format!("generation failed on {}", m.path.display()))?;
-        if std::env::var("SMELT_CUDA_LOAD_LOG").is_ok_and(|v| v == "1") {
+        if smelt_cuda::GpuOptions::from_env().load_log {
             eprintln!(
                 "smelt: {} tokens generated {:.2} s after launch (prompt {:.1} ms, decode {:.1} ms)",
                 g.tokens.len(),

@@ -44,8 +44,8 @@ pub struct NcclReduce {
 }
 
 impl NcclReduce {
-    pub fn new(comm: Comm, peer: Arc<OnceLock<PeerReduce>>) -> Self {
-        let skip = std::env::var("SMELT_TP_SKIP_ALLREDUCE").is_ok_and(|v| v == "1");
+    /// `skip`: [`super::options::TpOptions::skip_all_reduce`].
+    pub fn new(comm: Comm, peer: Arc<OnceLock<PeerReduce>>, skip: bool) -> Self {
         if skip && comm.rank == 0 {
             eprintln!(
                 "smelt: SMELT_TP_SKIP_ALLREDUCE=1 leaves out every all-reduce: outputs are \

@@ -77,7 +77,7 @@ impl Cuda {
         self.flush_gemv()?;
         // Many tokens: the tensor-core GEMM, on its own activation tiles (a split norm's
         // q8_1 tiles stand for an output not written yet: those stay on the GEMV).
-        if n >= self.opts.gemm_min_tokens {
+        if n >= self.opts.matmul.gemm_min_tokens {
             if let Some(name) = gemm::name(ty) {
                 let split = matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
                 if !split {
@@ -87,16 +87,18 @@ impl Cuda {
                     // products for those formats take), the K-quants the GEMM's own (a
                     // scale per 256, as ggml-cpu's Q8_K).
                     // Batches of a few dozen tokens: the narrow GEMM on the same rows.
-                    let narrow =
-                        gemm::narrow::name(ty, n).filter(|_| n <= self.opts.gemm_narrow_max_tokens);
-                    let f16 = gemm::f16::name(ty).filter(|_| match self.opts.gemm_f16_min_tokens {
-                        Some(min) => n >= min,
-                        None => gemm::f16::preferred(rows, n),
+                    let narrow = gemm::narrow::name(ty, n)
+                        .filter(|_| n <= self.opts.matmul.gemm_narrow_max_tokens);
+                    let f16 = gemm::f16::name(ty).filter(|_| {
+                        match self.opts.matmul.gemm_f16_min_tokens {
+                            Some(min) => n >= min,
+                            None => gemm::f16::preferred(rows, n),
+                        }
                     });
                     // Batched decode: the f16 GEMM in blocks as wide as the batch.
                     let small = gemm::f16_small::name(ty, n).filter(|_| {
                         narrow.is_none()
-                            && n <= self.opts.gemm_small_max_tokens
+                            && n <= self.opts.matmul.gemm_small_max_tokens
                             && gemm::f16_small::preferred(rows, cols, n)
                     });
                     let f16 = if narrow.is_some() || small.is_some() {
@@ -240,9 +242,9 @@ impl Cuda {
         rope: Option<&gemv::RopeKvArgs>,
     ) -> Result<(), CudaError> {
         let mut cfg = gemv::Config::new(ntok);
-        if ntok == 1 && rows <= self.opts.gemv_rows.0 {
+        if ntok == 1 && rows <= self.opts.matmul.gemv_rows.0 {
             cfg.rows_per_warp = 1;
-        } else if ntok == 1 && rows >= self.opts.gemv_rows.1 {
+        } else if ntok == 1 && rows >= self.opts.matmul.gemv_rows.1 {
             cfg.rows_per_warp = 4;
         }
         if let Some(r) = rms {
@@ -322,8 +324,8 @@ impl Cuda {
         let (Some(r), Some(p)) = (*lock(&self.pending_rope), *lock(&self.pending_gemv)) else {
             return Ok(false);
         };
-        let fits = self.opts.fuse_rope_kv
-            && self.opts.gemv_rope_kv
+        let fits = self.opts.fuse.rope_kv
+            && self.opts.fuse.gemv_rope_kv
             && r.p.style == RopeStyle::Normal
             && r.head_dim.is_multiple_of(2)
             && lock(&self.pending_add).is_none()
@@ -363,7 +365,7 @@ impl Cuda {
         let apart =
             out.ptr + (out.cap * 4) as u64 <= x.ptr || x.ptr + (x.cap * 4) as u64 <= out.ptr;
         let nparts = n / gemv::NORM_ROWS_PER_CTA as usize;
-        let fits = self.opts.split_norm
+        let fits = self.opts.fuse.split_norm
             && px.ptr == x.ptr
             && x.rows == 1
             && x.cols == n

@@ -327,11 +327,11 @@ impl Cuda {
     /// Opens CUDA device `ordinal` with settings `opts` (the GPU checks run one op on both
     /// of two kernels a setting chooses between).
     pub fn open_with(ordinal: usize, opts: CudaOptions) -> Result<Cuda, EngineError> {
-        let gpu = Gpu::open(ordinal)?;
-        if !opts.skip.is_empty() {
+        let gpu = Gpu::open_with(ordinal, &opts.launch.gpu)?;
+        if !opts.debug.skip.is_empty() {
             eprintln!(
                 "smelt: SMELT_CUDA_SKIP leaves out kernels starting with {:?}: outputs are wrong, for timing only",
-                opts.skip
+                opts.debug.skip
             );
         }
         let timeline = match gpu.timeline() {
@@ -356,10 +356,13 @@ impl Cuda {
             weights: Mutex::new((Vec::new(), 0, 0)),
             weight_ranges: Mutex::new(Vec::new()),
             isq: Mutex::new(None),
-            profile: (opts.profile != options::Profile::Off)
+            profile: (opts.debug.profile != options::Profile::Off)
                 .then(|| Mutex::new(profile::Profile::default())),
             timeline,
-            digest: opts.digest.then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
+            digest: opts
+                .debug
+                .digest
+                .then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
             opts,
         })
     }
@@ -372,6 +375,7 @@ impl Cuda {
     /// Whether kernel `name` is left out by `SMELT_CUDA_SKIP` (timing ablations).
     pub(crate) fn skipped(&self, name: &str) -> bool {
         self.opts
+            .debug
             .skip
             .iter()
             .any(|p| p == "all" || name.starts_with(p.as_str()))
@@ -384,7 +388,7 @@ impl Cuda {
     /// partition is not), and in steps of at least [`FLASH_DECODE_SEQS`] sequences, where
     /// one block per sequence and head group already fills the GPU.
     pub(crate) fn flash_min_tokens(&self, n_seqs: usize) -> usize {
-        if self.opts.batch_invariant || n_seqs >= self.opts.flash_decode_seqs {
+        if self.opts.batch_invariant || n_seqs >= self.opts.attention.flash_decode_seqs {
             1
         } else {
             smelt_kernels::ops::flash::MIN_TOKENS
@@ -393,12 +397,12 @@ impl Cuda {
 
     /// Whether prompt steps are profiled too (`SMELT_CUDA_PROFILE=all`).
     pub fn profiling_all_steps(&self) -> bool {
-        self.opts.profile == options::Profile::All
+        self.opts.debug.profile == options::Profile::All
     }
 
     /// Whether decode steps are captured and replayed as CUDA graphs.
     pub fn graphs(&self) -> bool {
-        self.opts.graphs
+        self.opts.launch.graphs
     }
 
     /// Whether kernels are being timed one by one (graphs are then off).
@@ -496,7 +500,7 @@ impl Cuda {
     /// current chunk) and returns its address.
     fn upload_weight(&self, bytes: &[u8]) -> Result<u64, CudaError> {
         let p = self.reserve_weight(bytes.len())?;
-        if !bytes.is_empty() && upload::plain() {
+        if !bytes.is_empty() && self.opts.launch.plain_upload {
             self.gpu.synchronize()?;
             // SAFETY: `p` has room for `bytes`; a synchronous copy from host memory.
             unsafe { cu::memcpy_htod_sync(p, bytes) }?;
@@ -896,13 +900,18 @@ impl Cuda {
             }
             WeightPlan::Gemv { .. } => {
                 let row_bytes = catalog::row_bytes(ty, cols).map_err(CudaError::from)?;
-                let packed =
-                    upload::repack_parallel(ty, data, rows, cols, row_bytes).map_err(|e| {
-                        EngineError::BadMetadata {
-                            key: name.into(),
-                            why: format!("repacking for the GPU: {e}"),
-                        }
-                    })?;
+                let packed = upload::repack_parallel(
+                    ty,
+                    data,
+                    rows,
+                    cols,
+                    row_bytes,
+                    self.opts.launch.plain_upload,
+                )
+                .map_err(|e| EngineError::BadMetadata {
+                    key: name.into(),
+                    why: format!("repacking for the GPU: {e}"),
+                })?;
                 CudaWeight::Matrix {
                     ptr: self.upload_weight(&packed)?,
                     ty,
@@ -1120,7 +1129,7 @@ impl Backend for Cuda {
                 .filter(|(px, y)| px.ptr == x.ptr && self.can_fuse_add_norm(x, y, w, out))
                 .map(|&(_, y)| y);
             // A whole-row norm feeds matmuls: write its q8_1 tiles in the same kernel.
-            if self.opts.fuse_quantize && self.can_norm_quantize(x, w, out) {
+            if self.opts.fuse.quantize && self.can_norm_quantize(x, w, out) {
                 if pending.is_some() && fusable.is_none() {
                     if let Some((px, y)) = pending {
                         self.op_add(&px, &y)?;
@@ -1159,7 +1168,7 @@ impl Backend for Cuda {
         // deferred GEMV that writes `y` stays deferred too: with the norm, the two may run
         // as one (`split_norm`); any other op launches the GEMV, then the add.
         self.run_raw(|| {
-            let keep = self.opts.split_norm
+            let keep = self.opts.fuse.split_norm
                 && lock(&self.pending_add).is_none()
                 && matches!(*lock(&self.pending_gemv), Some(p) if p.out == y.ptr && y.rows == 1);
             if keep {
@@ -1178,7 +1187,7 @@ impl Backend for Cuda {
         self.run(|| {
             // The GLU's output feeds the down projection: write its q8_1 tiles in the same
             // kernel (one launch per layer less at decode).
-            if self.opts.fuse_quantize && self.can_glu_quantize(gate, up) {
+            if self.opts.fuse.quantize && self.can_glu_quantize(gate, up) {
                 let q = self.scratch(act::row_bytes(gate.cols)? * gate.rows)?;
                 self.op_glu_q8(gate, up, act, q)?;
                 *lock(&self.quantized) = Some(Quantized {
@@ -1203,8 +1212,8 @@ impl Backend for Cuda {
         self.run_raw(|| {
             // A decode row of the deferred Q|K|V GEMV's output stays deferred with it: the
             // GEMV may do this rope (and the KV append after it) in its epilogue.
-            let keep_gemv = self.opts.fuse_rope_kv
-                && self.opts.gemv_rope_kv
+            let keep_gemv = self.opts.fuse.rope_kv
+                && self.opts.fuse.gemv_rope_kv
                 && p.style == RopeStyle::Normal
                 && x.rows == 1
                 && lock(&self.pending_add).is_none()
@@ -1369,7 +1378,7 @@ impl Backend for Cuda {
             // launch.
             let pending = lock(&self.pending_rope).take();
             if let Some(r) = pending {
-                if self.opts.fuse_rope_kv && self.can_rope_kv(&r, kv, k, v, &s) {
+                if self.opts.fuse.rope_kv && self.can_rope_kv(&r, kv, k, v, &s) {
                     return self.op_rope_kv(&r, kv, layer, v, &s);
                 }
                 self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors)?;
@@ -1399,7 +1408,7 @@ impl Backend for Cuda {
             }
             // The output feeds the output projection: the combine writes its q8_1 tiles
             // too when the shape allows (one launch per layer less at decode).
-            let tiles = if self.opts.fuse_quantize
+            let tiles = if self.opts.fuse.quantize
                 && smelt_kernels::ops::attention::reduce_q8_fits(p.n_head, p.head_dim)
             {
                 Some(self.scratch(act::row_bytes(out.cols)? * out.rows)?)

@@ -306,7 +306,7 @@ impl Cuda {
         // Enough tokens an expert: the grouped tensor-core GEMM on f16 rows of `x`, over
         // the plan's 128-slot tiles; else the grouped GEMV on q8_1 tiles.
         let grouped = gemm::grouped::name(ty).filter(|_| {
-            gemm::grouped::preferred(n_slots, n_expert, self.opts.moe_gemm_min_per_expert)
+            gemm::grouped::preferred(n_slots, n_expert, self.opts.matmul.moe_gemm_min_per_expert)
         });
         if let Some(name) = grouped {
             let h = self.gemm_f16_rows(x)?;

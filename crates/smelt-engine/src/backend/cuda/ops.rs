@@ -554,7 +554,7 @@ impl Cuda {
     /// The split argmax's per-row words and counters (`ARGMAX_ROWS` of each, allocated
     /// once, zero between launches), or None when it is off or `rows` do not fit.
     fn argmax_state(&self, rows: usize) -> Result<Option<u64>, CudaError> {
-        if !self.opts.split_argmax || rows > ARGMAX_ROWS {
+        if !self.opts.launch.split_argmax || rows > ARGMAX_ROWS {
             return Ok(None);
         }
         let mut st = super::lock(&self.argmax_state);
@@ -769,7 +769,7 @@ impl Cuda {
             q_tiles: u32_of(q_tiles, "attention q tiles")?,
             window: u32_of(p.window.unwrap_or(0), "attention window")?,
             scale: p.scale,
-            stage_blocks: self.opts.attn_stage,
+            stage_blocks: self.opts.attention.stage,
             skip_tokens,
         };
         let mut list = args(&a.values());
@@ -839,7 +839,7 @@ impl Cuda {
         const COUNTERS: usize = 1 << 16;
         let groups =
             ops::attention::combine_counters(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv);
-        if !self.opts.fuse_attn_combine
+        if !self.opts.fuse.attn_combine
             || !ops::attention::combine_fits(p.n_head, p.head_dim, splits)
             || groups > COUNTERS
         {
@@ -860,7 +860,7 @@ impl Cuda {
     /// splits). Rounded down: a block's staged keys leave room for one block per SM in the
     /// kernels' carveout, and 17 x 8 blocks on 132 SMs ran four of them after the rest.
     fn splits(&self, n_seqs: usize, n_head_kv: usize) -> usize {
-        if let Some(n) = self.opts.attn_splits {
+        if let Some(n) = self.opts.attention.splits {
             return n.clamp(1, ops::attention::MAX_SPLITS);
         }
         // Batch-invariant: as many splits as for one sequence, whatever the batch.

@@ -7,32 +7,43 @@
 //!
 //! | variable | field | default |
 //! |---|---|---|
-//! | `SMELT_CUDA_FUSED=0` | every fusion below off | on |
-//! | `SMELT_CUDA_SPLIT_NORM=0` | `split_norm` | on |
-//! | `SMELT_CUDA_ATTN_COMBINE=0` | `fuse_attn_combine` | on |
-//! | `SMELT_CUDA_ROPE_KV=0` | `fuse_rope_kv` | on |
-//! | `SMELT_CUDA_GEMV_ROPE=0` | `gemv_rope_kv` | on |
-//! | `SMELT_CUDA_ARGMAX_SPLIT=0` | `split_argmax` | on |
-//! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `gemv_rows` | off |
-//! | `SMELT_CUDA_GEMM_MIN` | `gemm_min_tokens` | `gemm::MIN_TOKENS` |
-//! | `SMELT_CUDA_GEMM_F16_MIN` | `gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
-//! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (off: measured slower) |
-//! | `SMELT_CUDA_GEMM_SMALL_MAX` (0: off) | `gemm_small_max_tokens` | `gemm::f16_small::MAX_TOKENS` (64, measured) |
-//! | `SMELT_CUDA_MOE_GEMM_MIN` | `moe_gemm_min_per_expert` | `gemm::grouped::MIN_PER_EXPERT` (measured) |
-//! | `SMELT_CUDA_FLASH_SEQS` | `flash_decode_seqs` | [`super::FLASH_DECODE_SEQS`] |
 //! | `SMELT_CUDA_BATCH_INVARIANT=1` | `batch_invariant` | off |
-//! | `SMELT_CUDA_SPLITS` | `attn_splits` | one block per SM |
-//! | `SMELT_CUDA_ATTN_STAGE` | `attn_stage` | 32 |
-//! | `SMELT_CUDA_PROFILE=1` / `all` | `profile` | off |
-//! | `SMELT_CUDA_DIGEST=1` | `digest` | off |
-//! | `SMELT_CUDA_GRAPHS=0` | `graphs` | on |
-//! | `SMELT_CUDA_SKIP` | `skip` | none |
-//! | `SMELT_TP_PEER=1` | `peer_all_reduce` | off (not yet measured on a GPU) |
-//! | `SMELT_TP_PEER_MAX` (bytes; set: on) | `peer_all_reduce_max` | `allreduce::default_max_bytes` |
+//! | **fusions** | `fuse` ([`FuseOptions`]) | |
+//! | `SMELT_CUDA_FUSED=0` | every fusion below off (`quantize` included) | on |
+//! | `SMELT_CUDA_SPLIT_NORM=0` | `fuse.split_norm` | on |
+//! | `SMELT_CUDA_ATTN_COMBINE=0` | `fuse.attn_combine` | on |
+//! | `SMELT_CUDA_ROPE_KV=0` | `fuse.rope_kv` | on |
+//! | `SMELT_CUDA_GEMV_ROPE=0` | `fuse.gemv_rope_kv` | on |
+//! | **matmul kernel choice** | `matmul` ([`MatmulOptions`]) | |
+//! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `matmul.gemv_rows` | off |
+//! | `SMELT_CUDA_GEMM_MIN` | `matmul.gemm_min_tokens` | `gemm::MIN_TOKENS` |
+//! | `SMELT_CUDA_GEMM_F16_MIN` | `matmul.gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
+//! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `matmul.gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (off: measured slower) |
+//! | `SMELT_CUDA_GEMM_SMALL_MAX` (0: off) | `matmul.gemm_small_max_tokens` | `gemm::f16_small::MAX_TOKENS` (64, measured) |
+//! | `SMELT_CUDA_MOE_GEMM_MIN` | `matmul.moe_gemm_min_per_expert` | `gemm::grouped::MIN_PER_EXPERT` (measured) |
+//! | **attention** | `attention` ([`AttentionOptions`]) | |
+//! | `SMELT_CUDA_FLASH_SEQS` | `attention.flash_decode_seqs` | [`super::FLASH_DECODE_SEQS`] |
+//! | `SMELT_CUDA_SPLITS` | `attention.splits` | one block per SM |
+//! | `SMELT_CUDA_ATTN_STAGE` | `attention.stage` | 32 |
+//! | **launches and loading** | `launch` ([`LaunchOptions`]) | |
+//! | `SMELT_CUDA_GRAPHS=0` | `launch.graphs` | on (off while profiling) |
+//! | `SMELT_CUDA_ARGMAX_SPLIT=0` | `launch.split_argmax` | on |
+//! | `SMELT_CUDA_UPLOAD=plain` | `launch.plain_upload` | off |
+//! | `SMELT_CUDA_PDL`, `_PDL_AFTER`, `_EARLY_SKIP`, `_CARVEOUT`, `_TIMELINE`, `_LOAD_LOG` | `launch.gpu` ([`smelt_cuda::GpuOptions`], its table) | the catalog's |
+//! | **measurement and debugging** | `debug` ([`DebugOptions`]) | |
+//! | `SMELT_CUDA_PROFILE=1` / `all` | `debug.profile` | off |
+//! | `SMELT_CUDA_DIGEST=1` | `debug.digest` | off |
+//! | `SMELT_CUDA_WEIGHT_DIGEST=1` | `debug.weight_digest` | off |
+//! | `SMELT_CUDA_SKIP` | `debug.skip` | none |
+//! | **tensor parallelism** | `tp` ([`TpOptions`]) | |
+//! | `SMELT_TP_PEER=1` | `tp.peer_all_reduce` | off (not yet measured on a GPU) |
+//! | `SMELT_TP_PEER_MAX` (bytes; set: on) | `tp.peer_all_reduce_max` | `allreduce::default_max_bytes` |
+//! | `SMELT_TP_SKIP_ALLREDUCE=1` | `tp.skip_all_reduce` | off |
 //!
-//! (`SMELT_CUDA_PDL`, `SMELT_CUDA_TIMELINE` and `SMELT_CUDA_CARVEOUT` shape the kernel
-//! module and are read by `smelt_cuda::Gpu::open`.)
+//! Nothing else under `backend::cuda`, `smelt-cuda` or `smelt-kernels` reads a `SMELT_CUDA_*`
+//! variable: code that needs one takes it from these structs.
 
+use smelt_cuda::GpuOptions;
 use smelt_kernels::gemm;
 
 /// Which steps `SMELT_CUDA_PROFILE` times kernel by kernel.
@@ -45,21 +56,40 @@ pub enum Profile {
     All,
 }
 
-/// The CUDA backend's settings (see the module doc for the variables).
+/// The CUDA backend's settings, grouped by job (see the module doc for the variables).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CudaOptions {
-    /// Whole-row norms write the q8_1 tiles of their output too.
-    pub fuse_quantize: bool,
+    /// Results independent of the batch (`EngineOptions::batch_invariant`): every matmul on
+    /// the GEMM split by shape alone, every attention on the prompt kernel (it also sets
+    /// the matmul choices below).
+    pub batch_invariant: bool,
+    pub fuse: FuseOptions,
+    pub matmul: MatmulOptions,
+    pub attention: AttentionOptions,
+    pub launch: LaunchOptions,
+    pub debug: DebugOptions,
+    pub tp: TpOptions,
+}
+
+/// Which kernels take over their neighbours' work (each on by default; off to measure it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FuseOptions {
+    /// Whole-row norms, the GLU and the attention's combine write the q8_1 tiles of their
+    /// output too.
+    pub quantize: bool,
     /// A decode row's residual add and RMS norm run inside the GEMVs around them.
     pub split_norm: bool,
     /// The attention's last block per group combines the splits and writes q8_1 tiles.
-    pub fuse_attn_combine: bool,
+    pub attn_combine: bool,
     /// A decode row's rope of Q|K and its KV append run as one kernel.
-    pub fuse_rope_kv: bool,
-    /// With `fuse_rope_kv`, the Q|K|V GEMV does them in its epilogue.
+    pub rope_kv: bool,
+    /// With `rope_kv`, the Q|K|V GEMV does them in its epilogue.
     pub gemv_rope_kv: bool,
-    /// The greedy argmax splits each row over many blocks.
-    pub split_argmax: bool,
+}
+
+/// Which kernel multiplies a matrix, by token count and shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatmulOptions {
     /// Single-token GEMVs of at most `.0` rows run one row per warp, of at least `.1` four.
     pub gemv_rows: (usize, usize),
     /// Matmuls of at least this many tokens run on the tensor-core GEMM.
@@ -83,23 +113,51 @@ pub struct CudaOptions {
     /// with `bench/gpu/moe.sh`; `usize::MAX`: never, as in batch-invariant mode; 0: always,
     /// for the GPU checks).
     pub moe_gemm_min_per_expert: usize,
+}
+
+/// How attention is split over the GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttentionOptions {
     /// Steps of at least this many sequences run every attention row on the prompt kernel.
     pub flash_decode_seqs: usize,
-    /// Results independent of the batch (`EngineOptions::batch_invariant`): every matmul on
-    /// the GEMM split by shape alone, every attention on the prompt kernel.
-    pub batch_invariant: bool,
     /// Fixed key splits of the decode attention (tuning only).
-    pub attn_splits: Option<usize>,
+    pub splits: Option<usize>,
     /// Most KV blocks of its split an attention block stages in shared memory.
-    pub attn_stage: u32,
+    pub stage: u32,
+}
+
+/// How work reaches the device: graphs, launch shapes, weight uploads, the kernel module.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchOptions {
+    /// Decode steps captured and replayed as CUDA graphs (off while profiling).
+    pub graphs: bool,
+    /// The greedy argmax splits each row over many blocks.
+    pub split_argmax: bool,
+    /// Weights repacked on one thread and copied synchronously, one at a time: the serial
+    /// path the pipelined upload replaced, to measure it and to check both give the same
+    /// model.
+    pub plain_upload: bool,
+    /// The device's kernel module and launch dependencies (`Gpu::open_with`).
+    pub gpu: GpuOptions,
+}
+
+/// Measurement and debugging switches (all off by default).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DebugOptions {
     pub profile: Profile,
     /// Hash every host copy, printed at drop (launch settings must not change a bit).
     pub digest: bool,
-    /// Decode steps captured and replayed as CUDA graphs.
-    pub graphs: bool,
+    /// Print a hash of the weights in device memory after a load (a file's and `--isq`'s
+    /// must match).
+    pub weight_digest: bool,
     /// Kernel-name prefixes not launched (timing ablations; outputs are wrong).
     pub skip: Vec<String>,
-    /// Tensor parallelism: small all-reduces run on the one-shot peer-memory kernel
+}
+
+/// Tensor parallelism's all-reduce.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TpOptions {
+    /// Small all-reduces run on the one-shot peer-memory kernel
     /// (`smelt_kernels::allreduce`) instead of NCCL. Off by default until a GPU run has
     /// checked and timed it (bench/gpu/tp.sh MODE=ar); on with `SMELT_TP_PEER=1` or a
     /// `SMELT_TP_PEER_MAX`.
@@ -108,16 +166,20 @@ pub struct CudaOptions {
     /// NCCL; `None` is the table `smelt_kernels::allreduce::default_max_bytes` (by group
     /// size), `Some(0)` NCCL only.
     pub peer_all_reduce_max: Option<usize>,
+    /// Every all-reduce left out (each rank keeps its partial sums, so outputs are wrong):
+    /// a timing ablation that shows a step's time without communication.
+    pub skip_all_reduce: bool,
 }
 
 impl CudaOptions {
     /// The largest all-reduce (bytes) the peer kernel takes in a group of `n_ranks` (0:
     /// NCCL for every size).
     pub fn peer_max_bytes(&self, n_ranks: usize) -> usize {
-        if !self.peer_all_reduce {
+        if !self.tp.peer_all_reduce {
             return 0;
         }
-        self.peer_all_reduce_max
+        self.tp
+            .peer_all_reduce_max
             .unwrap_or_else(|| smelt_kernels::allreduce::default_max_bytes(n_ranks))
     }
 }
@@ -142,58 +204,74 @@ impl CudaOptions {
             _ => Profile::Off,
         };
         Self {
-            fuse_quantize: fused,
-            split_norm: fused && on("SMELT_CUDA_SPLIT_NORM"),
-            fuse_attn_combine: fused && on("SMELT_CUDA_ATTN_COMBINE"),
-            fuse_rope_kv: fused && on("SMELT_CUDA_ROPE_KV"),
-            gemv_rope_kv: on("SMELT_CUDA_GEMV_ROPE"),
-            split_argmax: on("SMELT_CUDA_ARGMAX_SPLIT"),
-            gemv_rows: (
-                num("SMELT_CUDA_GEMV_R1_ROWS").unwrap_or(0),
-                num("SMELT_CUDA_GEMV_R4_ROWS").unwrap_or(usize::MAX),
-            ),
-            gemm_min_tokens: if batch_invariant {
-                1
-            } else {
-                num("SMELT_CUDA_GEMM_MIN").unwrap_or(gemm::MIN_TOKENS)
-            },
-            gemm_f16_min_tokens: if batch_invariant {
-                Some(usize::MAX)
-            } else {
-                num("SMELT_CUDA_GEMM_F16_MIN")
-            },
-            gemm_narrow_max_tokens: if batch_invariant {
-                0
-            } else {
-                num("SMELT_CUDA_GEMM_NARROW_MAX").unwrap_or(gemm::narrow::MAX_TOKENS)
-            },
-            gemm_small_max_tokens: if batch_invariant {
-                0
-            } else {
-                num("SMELT_CUDA_GEMM_SMALL_MAX").unwrap_or(gemm::f16_small::MAX_TOKENS)
-            },
-            moe_gemm_min_per_expert: if batch_invariant {
-                usize::MAX
-            } else {
-                num("SMELT_CUDA_MOE_GEMM_MIN").unwrap_or(gemm::grouped::MIN_PER_EXPERT)
-            },
-            flash_decode_seqs: num("SMELT_CUDA_FLASH_SEQS").unwrap_or(super::FLASH_DECODE_SEQS),
             batch_invariant,
-            attn_splits: num("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
-            attn_stage: num("SMELT_CUDA_ATTN_STAGE").map_or(32, |n| n.min(32) as u32),
-            profile,
-            digest: set("SMELT_CUDA_DIGEST"),
-            graphs: on("SMELT_CUDA_GRAPHS") && profile == Profile::Off,
-            skip: var("SMELT_CUDA_SKIP")
-                .unwrap_or_default()
-                .split([',', '+'])
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-                .map(String::from)
-                .collect(),
-            peer_all_reduce: set("SMELT_TP_PEER")
-                || num("SMELT_TP_PEER_MAX").is_some_and(|n| n > 0),
-            peer_all_reduce_max: num("SMELT_TP_PEER_MAX"),
+            fuse: FuseOptions {
+                quantize: fused,
+                split_norm: fused && on("SMELT_CUDA_SPLIT_NORM"),
+                attn_combine: fused && on("SMELT_CUDA_ATTN_COMBINE"),
+                rope_kv: fused && on("SMELT_CUDA_ROPE_KV"),
+                gemv_rope_kv: on("SMELT_CUDA_GEMV_ROPE"),
+            },
+            matmul: MatmulOptions {
+                gemv_rows: (
+                    num("SMELT_CUDA_GEMV_R1_ROWS").unwrap_or(0),
+                    num("SMELT_CUDA_GEMV_R4_ROWS").unwrap_or(usize::MAX),
+                ),
+                gemm_min_tokens: if batch_invariant {
+                    1
+                } else {
+                    num("SMELT_CUDA_GEMM_MIN").unwrap_or(gemm::MIN_TOKENS)
+                },
+                gemm_f16_min_tokens: if batch_invariant {
+                    Some(usize::MAX)
+                } else {
+                    num("SMELT_CUDA_GEMM_F16_MIN")
+                },
+                gemm_narrow_max_tokens: if batch_invariant {
+                    0
+                } else {
+                    num("SMELT_CUDA_GEMM_NARROW_MAX").unwrap_or(gemm::narrow::MAX_TOKENS)
+                },
+                gemm_small_max_tokens: if batch_invariant {
+                    0
+                } else {
+                    num("SMELT_CUDA_GEMM_SMALL_MAX").unwrap_or(gemm::f16_small::MAX_TOKENS)
+                },
+                moe_gemm_min_per_expert: if batch_invariant {
+                    usize::MAX
+                } else {
+                    num("SMELT_CUDA_MOE_GEMM_MIN").unwrap_or(gemm::grouped::MIN_PER_EXPERT)
+                },
+            },
+            attention: AttentionOptions {
+                flash_decode_seqs: num("SMELT_CUDA_FLASH_SEQS").unwrap_or(super::FLASH_DECODE_SEQS),
+                splits: num("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
+                stage: num("SMELT_CUDA_ATTN_STAGE").map_or(32, |n| n.min(32) as u32),
+            },
+            launch: LaunchOptions {
+                graphs: on("SMELT_CUDA_GRAPHS") && profile == Profile::Off,
+                split_argmax: on("SMELT_CUDA_ARGMAX_SPLIT"),
+                plain_upload: var("SMELT_CUDA_UPLOAD").is_some_and(|v| v == "plain"),
+                gpu: GpuOptions::from_vars(&var),
+            },
+            debug: DebugOptions {
+                profile,
+                digest: set("SMELT_CUDA_DIGEST"),
+                weight_digest: set("SMELT_CUDA_WEIGHT_DIGEST"),
+                skip: var("SMELT_CUDA_SKIP")
+                    .unwrap_or_default()
+                    .split([',', '+'])
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(String::from)
+                    .collect(),
+            },
+            tp: TpOptions {
+                peer_all_reduce: set("SMELT_TP_PEER")
+                    || num("SMELT_TP_PEER_MAX").is_some_and(|n| n > 0),
+                peer_all_reduce_max: num("SMELT_TP_PEER_MAX"),
+                skip_all_reduce: set("SMELT_TP_SKIP_ALLREDUCE"),
+            },
         }
     }
 }
@@ -214,19 +292,30 @@ mod tests {
     #[test]
     fn defaults_are_the_measured_choices() {
         let o = with(&[], false);
-        assert!(o.fuse_quantize && o.split_norm && o.fuse_attn_combine && o.fuse_rope_kv);
-        assert!(o.gemv_rope_kv && o.split_argmax && o.graphs && !o.digest);
-        assert_eq!(o.gemm_min_tokens, gemm::MIN_TOKENS);
-        assert_eq!(o.gemm_f16_min_tokens, None);
-        assert_eq!(o.gemm_narrow_max_tokens, gemm::narrow::MAX_TOKENS);
-        assert_eq!(o.gemm_small_max_tokens, gemm::f16_small::MAX_TOKENS);
-        assert_eq!(o.moe_gemm_min_per_expert, gemm::grouped::MIN_PER_EXPERT);
-        assert_eq!(o.flash_decode_seqs, super::super::FLASH_DECODE_SEQS);
-        assert_eq!(o.profile, Profile::Off);
-        assert_eq!(o.gemv_rows, (0, usize::MAX));
-        assert!(o.skip.is_empty() && o.attn_splits.is_none() && !o.batch_invariant);
+        let f = &o.fuse;
+        assert!(f.quantize && f.split_norm && f.attn_combine && f.rope_kv && f.gemv_rope_kv);
+        assert!(o.launch.split_argmax && o.launch.graphs && !o.launch.plain_upload);
+        assert!(!o.debug.digest && !o.debug.weight_digest);
+        assert_eq!(o.launch.gpu, GpuOptions::default());
+        assert_eq!(o.matmul.gemm_min_tokens, gemm::MIN_TOKENS);
+        assert_eq!(o.matmul.gemm_f16_min_tokens, None);
+        assert_eq!(o.matmul.gemm_narrow_max_tokens, gemm::narrow::MAX_TOKENS);
+        assert_eq!(o.matmul.gemm_small_max_tokens, gemm::f16_small::MAX_TOKENS);
+        assert_eq!(
+            o.matmul.moe_gemm_min_per_expert,
+            gemm::grouped::MIN_PER_EXPERT
+        );
+        assert_eq!(
+            o.attention.flash_decode_seqs,
+            super::super::FLASH_DECODE_SEQS
+        );
+        assert_eq!(o.attention.stage, 32);
+        assert_eq!(o.debug.profile, Profile::Off);
+        assert_eq!(o.matmul.gemv_rows, (0, usize::MAX));
+        assert!(o.debug.skip.is_empty() && o.attention.splits.is_none() && !o.batch_invariant);
         // The peer all-reduce stays off until a GPU run has measured it.
-        assert!(!o.peer_all_reduce && o.peer_all_reduce_max.is_none());
+        assert!(!o.tp.peer_all_reduce && o.tp.peer_all_reduce_max.is_none());
+        assert!(!o.tp.skip_all_reduce);
         assert_eq!(o.peer_max_bytes(2), 0);
         let on = with(&[("SMELT_TP_PEER", "1")], false);
         assert_eq!(on.peer_max_bytes(2), 1 << 20);
@@ -240,9 +329,10 @@ mod tests {
     #[test]
     fn fused_off_turns_every_fusion_off() {
         let o = with(&[("SMELT_CUDA_FUSED", "0")], false);
-        assert!(!o.fuse_quantize && !o.split_norm && !o.fuse_attn_combine && !o.fuse_rope_kv);
+        let f = &o.fuse;
+        assert!(!f.quantize && !f.split_norm && !f.attn_combine && !f.rope_kv);
         let o = with(&[("SMELT_CUDA_SPLIT_NORM", "0")], false);
-        assert!(o.fuse_quantize && !o.split_norm);
+        assert!(o.fuse.quantize && !o.fuse.split_norm);
     }
 
     #[test]
@@ -252,27 +342,33 @@ mod tests {
             with(&[("SMELT_CUDA_BATCH_INVARIANT", "1")], false),
         ] {
             assert!(o.batch_invariant);
-            assert_eq!(o.gemm_min_tokens, 1);
-            assert_eq!(o.gemm_f16_min_tokens, Some(usize::MAX));
-            assert_eq!(o.gemm_narrow_max_tokens, 0);
-            assert_eq!(o.gemm_small_max_tokens, 0);
-            assert_eq!(o.moe_gemm_min_per_expert, usize::MAX);
+            assert_eq!(o.matmul.gemm_min_tokens, 1);
+            assert_eq!(o.matmul.gemm_f16_min_tokens, Some(usize::MAX));
+            assert_eq!(o.matmul.gemm_narrow_max_tokens, 0);
+            assert_eq!(o.matmul.gemm_small_max_tokens, 0);
+            assert_eq!(o.matmul.moe_gemm_min_per_expert, usize::MAX);
         }
         let o = with(&[("SMELT_CUDA_GEMM_NARROW_MAX", "64")], false);
-        assert_eq!(o.gemm_narrow_max_tokens, 64);
+        assert_eq!(o.matmul.gemm_narrow_max_tokens, 64);
         let o = with(&[("SMELT_CUDA_GEMM_SMALL_MAX", "64")], false);
-        assert_eq!(o.gemm_small_max_tokens, 64);
+        assert_eq!(o.matmul.gemm_small_max_tokens, 64);
         assert_eq!(
-            with(&[("SMELT_CUDA_MOE_GEMM_MIN", "0")], false).moe_gemm_min_per_expert,
+            with(&[("SMELT_CUDA_MOE_GEMM_MIN", "0")], false)
+                .matmul
+                .moe_gemm_min_per_expert,
             0
         );
         let rule = gemm::grouped::MIN_PER_EXPERT.to_string();
         assert_eq!(
-            with(&[("SMELT_CUDA_MOE_GEMM_MIN", &rule)], false).moe_gemm_min_per_expert,
+            with(&[("SMELT_CUDA_MOE_GEMM_MIN", &rule)], false)
+                .matmul
+                .moe_gemm_min_per_expert,
             gemm::grouped::MIN_PER_EXPERT
         );
         assert_eq!(
-            with(&[("SMELT_CUDA_GEMM_MIN", "64")], false).gemm_min_tokens,
+            with(&[("SMELT_CUDA_GEMM_MIN", "64")], false)
+                .matmul
+                .gemm_min_tokens,
             64
         );
     }
@@ -286,13 +382,32 @@ mod tests {
             ],
             false,
         );
-        assert_eq!(o.profile, Profile::All);
-        assert!(!o.graphs);
-        assert_eq!(o.skip, ["gemv_", "attention"]);
-        assert_eq!(with(&[("SMELT_CUDA_SPLITS", "0")], false).attn_splits, None);
+        assert_eq!(o.debug.profile, Profile::All);
+        assert!(!o.launch.graphs);
+        assert_eq!(o.debug.skip, ["gemv_", "attention"]);
         assert_eq!(
-            with(&[("SMELT_CUDA_ATTN_STAGE", "99")], false).attn_stage,
+            with(&[("SMELT_CUDA_SPLITS", "0")], false).attention.splits,
+            None
+        );
+        assert_eq!(
+            with(&[("SMELT_CUDA_ATTN_STAGE", "99")], false)
+                .attention
+                .stage,
             32
         );
+        // The device's settings come from the same variables.
+        let g = with(
+            &[
+                ("SMELT_CUDA_PDL", "0"),
+                ("SMELT_CUDA_CARVEOUT", "driver"),
+                ("SMELT_CUDA_TIMELINE", "1"),
+                ("SMELT_CUDA_UPLOAD", "plain"),
+                ("SMELT_TP_SKIP_ALLREDUCE", "1"),
+            ],
+            false,
+        );
+        assert_eq!(g.launch.gpu.pdl.as_deref(), Some("0"));
+        assert_eq!(g.launch.gpu.carveout.as_deref(), Some("driver"));
+        assert!(g.launch.gpu.timeline && g.launch.plain_upload && g.tp.skip_all_reduce);
     }
 }

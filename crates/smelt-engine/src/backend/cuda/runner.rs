@@ -118,9 +118,9 @@ impl CudaEngine {
         reduce: Option<Box<dyn AllReduce<Cuda>>>,
         isq: Option<Arc<super::isq::DeviceIsq>>,
     ) -> Result<CudaEngine, EngineError> {
-        let log = std::env::var("SMELT_CUDA_LOAD_LOG").is_ok_and(|v| v == "1");
         let t0 = std::time::Instant::now();
         let backend = Cuda::open(ordinal, batch_invariant)?;
+        let log = backend.options().launch.gpu.load_log;
         let opened = t0.elapsed();
         if let Some(plan) = isq {
             backend.start_isq(plan, gguf)?;
@@ -138,7 +138,7 @@ impl CudaEngine {
                 stats.map_or(String::new(), |s| format!(" (ISQ: {})", s.line()))
             );
         }
-        if std::env::var("SMELT_CUDA_WEIGHT_DIGEST").is_ok_and(|v| v == "1") {
+        if backend.options().debug.weight_digest {
             let (h, n, bytes) = backend.weights_digest()?;
             eprintln!("cuda:{ordinal} weights digest: {h:016x} ({n} weights, {bytes} bytes)");
         }

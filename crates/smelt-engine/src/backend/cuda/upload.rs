@@ -20,12 +20,6 @@ pub fn loaded_bytes() -> u64 {
     LOADED_BYTES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// `SMELT_CUDA_UPLOAD=plain`: the serial path this replaced (one repack thread, one
-/// synchronous copy per weight), to measure it and to check both give the same model.
-pub(crate) fn plain() -> bool {
-    std::env::var("SMELT_CUDA_UPLOAD").is_ok_and(|v| v == "plain")
-}
-
 /// Bytes per staging buffer.
 const PIECE: usize = 32 << 20;
 
@@ -104,10 +98,11 @@ pub(crate) fn repack_parallel(
     rows: usize,
     cols: usize,
     row_bytes: usize,
+    plain: bool,
 ) -> Result<Vec<u8>, smelt_kernels::KernelError> {
     use rayon::prelude::*;
     let ggml_row = ggml.len() / rows.max(1);
-    if rows < 64 || ggml_row * rows != ggml.len() || plain() {
+    if rows < 64 || ggml_row * rows != ggml.len() || plain {
         return smelt_kernels::catalog::repack(ty, ggml, rows, cols);
     }
     let group = rows.div_ceil(rayon::current_num_threads() * 4).max(16);
@@ -144,7 +139,7 @@ mod tests {
             let ggml = smelt_quant::quantize_tensor(ty, &vals, cols, Some(1)).expect("quantizes");
             let row_bytes = smelt_kernels::catalog::row_bytes(ty, cols).expect("row bytes");
             let one = smelt_kernels::catalog::repack(ty, &ggml, rows, cols).expect("repack");
-            let par = repack_parallel(ty, &ggml, rows, cols, row_bytes).expect("parallel");
+            let par = repack_parallel(ty, &ggml, rows, cols, row_bytes, false).expect("parallel");
             assert!(one == par, "{ty}");
         }
     }
