@@ -1,0 +1,542 @@
+//! The [`Backend`] trait's ops on the CUDA backend: each op checks its shapes, decides
+//! what it fuses with (the deferred GEMV, add or rope before it, see [`super::deferred`];
+//! a matmul group's runs, see [`super::fusion`]) and launches its kernels (`ops`,
+//! `matmul`, `moe`). Apart from the backend's state and memory so that the model-facing
+//! surface reads as one list.
+
+use std::sync::Arc;
+
+use smelt_cuda::CudaError;
+use smelt_gguf::Gguf;
+use smelt_kernels::act;
+
+use super::weights::Role;
+use super::{fusion, lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingRope, Quantized};
+use crate::backend::{AttnParams, AttnSeq, Backend, Glu, MoeRouting, RopeParams, RopeStyle};
+use crate::EngineError;
+
+impl Backend for Cuda {
+    type Tensor = CudaTensor;
+    type Weight = CudaWeight;
+    type KvStore = CudaKv;
+
+    fn load_weight(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CudaWeight, EngineError> {
+        if let Some(w) = self.load_router(gguf, name)? {
+            return Ok(w);
+        }
+        self.load(gguf, name, Role::Matmul)
+    }
+
+    fn load_embedding(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CudaWeight, EngineError> {
+        self.load(gguf, name, Role::Embedding)
+    }
+
+    /// The group's members in one weight chunk, one after the other (weights are
+    /// bump-allocated in load order: only a chunk boundary could part them), so that
+    /// [`fusion::runs`] can give a run of them to one GEMV.
+    fn load_weight_group(
+        &self,
+        gguf: &Arc<Gguf>,
+        names: &[&str],
+    ) -> Result<Vec<CudaWeight>, EngineError> {
+        let mut total = 0;
+        for n in names {
+            total += self.planned_bytes(gguf, n)?;
+        }
+        self.weight_room(total)?;
+        names.iter().map(|n| self.load_weight(gguf, n)).collect()
+    }
+
+    fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {
+        match w {
+            CudaWeight::Matrix { rows, cols, .. }
+            | CudaWeight::Embedding { rows, cols, .. }
+            | CudaWeight::Experts { rows, cols, .. }
+            | CudaWeight::Dense { rows, cols, .. } => (*rows, *cols),
+            CudaWeight::Vector { len, .. } => (1, *len),
+        }
+    }
+
+    fn alloc(&self, rows: usize, cols: usize) -> CudaTensor {
+        let mut ptr = 0;
+        // Touches no memory: neither launches the deferred add nor forgets the cache.
+        self.run_raw(|| {
+            ptr = self.scratch(rows * cols * 4)?;
+            Ok(())
+        });
+        CudaTensor {
+            ptr,
+            rows,
+            cols,
+            cap: rows * cols,
+        }
+    }
+
+    fn shape(&self, x: &CudaTensor) -> (usize, usize) {
+        (x.rows, x.cols)
+    }
+
+    fn embed(
+        &self,
+        table: &CudaWeight,
+        tokens: &[u32],
+        out: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        let CudaWeight::Embedding { rows, .. } = table else {
+            return Err(EngineError::BadMetadata {
+                key: "token_embd.weight".into(),
+                why: "not loaded as an embedding table".into(),
+            });
+        };
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= *rows) {
+            return Err(EngineError::BadToken {
+                token,
+                n_vocab: *rows,
+            });
+        }
+        self.run(|| {
+            let s = self.step_ptrs()?;
+            if s.n_tokens != tokens.len() || out.rows != tokens.len() {
+                return Err(CudaError::BadLength {
+                    what: "embed tokens (not the step's)",
+                    got: tokens.len(),
+                    want: s.n_tokens,
+                });
+            }
+            self.op_embed(table, s.tokens, out)
+        });
+        self.take_error()
+    }
+
+    fn matmul(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        if let CudaWeight::Dense { .. } = w {
+            self.run_raw(|| self.op_dense(w, x, out));
+            return self.take_error();
+        }
+        self.run_raw(|| {
+            self.flush_rope()?;
+            // A deferred add may read the deferred GEMV's output: that GEMV goes first.
+            if lock(&self.pending_add).is_some() {
+                self.flush_gemv()?;
+            }
+            self.flush_add()?;
+            self.matmul_inner(w, x, out, false)
+        });
+        self.take_error()
+    }
+
+    fn matmul_group(
+        &self,
+        ws: &[&CudaWeight],
+        x: &CudaTensor,
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), EngineError> {
+        if ws.len() != outs.len() {
+            return Err(EngineError::BadOptions(format!(
+                "matmul_group of {} weights into {} outputs",
+                ws.len(),
+                outs.len()
+            )));
+        }
+        if ws.iter().any(|w| matches!(w, CudaWeight::Dense { .. })) {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul(w, x, out)?;
+            }
+            return Ok(());
+        }
+        self.run_raw(|| {
+            self.flush_rope()?;
+            // A deferred add may read the deferred GEMV's output: that GEMV goes first.
+            if lock(&self.pending_add).is_some() {
+                self.flush_gemv()?;
+            }
+            self.flush_add()?;
+            let members: Vec<Option<fusion::Member>> = ws.iter().map(|w| w.member()).collect();
+            for run in fusion::runs(&members, x.rows) {
+                if run.len() > 1 {
+                    self.place_run_outputs(&ws[run.clone()], &mut outs[run.clone()])?;
+                }
+                for i in run.clone() {
+                    self.matmul_inner(ws[i], x, outs[i], i > run.start)?;
+                }
+            }
+            Ok(())
+        });
+        self.take_error()
+    }
+
+    fn add_bias(&self, x: &mut CudaTensor, bias: &CudaWeight) {
+        self.run(|| self.op_add_bias(x, bias));
+    }
+
+    fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) {
+        self.run_raw(|| {
+            self.flush_rope()?;
+            self.forget_quantized()?;
+            self.ensure(out, x.rows, x.cols)?;
+            if self.split_norm(x, w, eps, out)? {
+                return Ok(());
+            }
+            self.flush_gemv()?;
+            let pending = lock(&self.pending_add).take();
+            let fusable = pending
+                .as_ref()
+                .filter(|(px, y)| px.ptr == x.ptr && self.can_fuse_add_norm(x, y, w, out))
+                .map(|&(_, y)| y);
+            // A whole-row norm feeds matmuls: write its q8_1 tiles in the same kernel.
+            if self.opts.fuse.quantize && self.can_norm_quantize(x, w, out) {
+                if pending.is_some() && fusable.is_none() {
+                    if let Some((px, y)) = pending {
+                        self.op_add(&px, &y)?;
+                    }
+                }
+                let q = self.scratch(act::row_bytes(x.cols)? * x.rows)?;
+                self.op_norm_q8(x, fusable.as_ref(), w, eps, out, q)?;
+                *lock(&self.quantized) = Some(Quantized {
+                    x: *out,
+                    q,
+                    rms: None,
+                });
+                return Ok(());
+            }
+            match pending {
+                // The residual add just before this norm of the same rows: one pass.
+                Some((px, y)) if px.ptr == x.ptr && self.can_fuse_add_norm(x, &y, w, out) => {
+                    self.op_add_rms_norm(x, &y, w, eps, out)
+                }
+                other => {
+                    if let Some((px, y)) = other {
+                        self.op_add(&px, &y)?;
+                    }
+                    self.op_rms_norm(x, w, eps, out)
+                }
+            }
+        });
+    }
+
+    fn scale(&self, x: &mut CudaTensor, s: f32) {
+        self.run(|| self.op_scale(x, s));
+    }
+
+    fn add(&self, x: &mut CudaTensor, y: &CudaTensor) {
+        // Deferred: launched by the next op, fused into it when that is `x`'s norm. A
+        // deferred GEMV that writes `y` stays deferred too: with the norm, the two may run
+        // as one (`split_norm`); any other op launches the GEMV, then the add.
+        self.run_raw(|| {
+            let keep = self.opts.fuse.split_norm
+                && lock(&self.pending_add).is_none()
+                && matches!(*lock(&self.pending_gemv), Some(p) if p.out == y.ptr && y.rows == 1);
+            if keep {
+                self.flush_rope()?;
+                self.flush_add()?;
+            } else {
+                self.flush()?;
+            }
+            self.forget_quantized()?;
+            *lock(&self.pending_add) = Some((*x, *y));
+            Ok(())
+        });
+    }
+
+    fn glu(&self, gate: &mut CudaTensor, up: &CudaTensor, act: Glu) {
+        self.run(|| {
+            // The GLU's output feeds the down projection: write its q8_1 tiles in the same
+            // kernel (one launch per layer less at decode).
+            if self.opts.fuse.quantize && self.can_glu_quantize(gate, up) {
+                let q = self.scratch(act::row_bytes(gate.cols)? * gate.rows)?;
+                self.op_glu_q8(gate, up, act, q)?;
+                *lock(&self.quantized) = Some(Quantized {
+                    x: *gate,
+                    q,
+                    rms: None,
+                });
+                return Ok(());
+            }
+            self.op_glu(gate, up, act)
+        });
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaTensor,
+        positions: &[u32],
+        head_dim: usize,
+        p: &RopeParams,
+        freq_factors: Option<&CudaWeight>,
+    ) {
+        self.run_raw(|| {
+            // A decode row of the deferred Q|K|V GEMV's output stays deferred with it: the
+            // GEMV may do this rope (and the KV append after it) in its epilogue.
+            let keep_gemv = self.opts.fuse.rope_kv
+                && self.opts.fuse.gemv_rope_kv
+                && p.style == RopeStyle::Normal
+                && x.rows == 1
+                && lock(&self.pending_add).is_none()
+                && matches!(*lock(&self.pending_gemv), Some(g)
+                    if x.ptr >= g.out && x.ptr + (x.cols * 4) as u64 <= g.out + (g.rows * 4) as u64);
+            if !keep_gemv {
+                self.flush_gemv()?;
+                self.flush_add()?;
+                self.forget_quantized()?;
+            }
+            let s = self.step_ptrs()?;
+            if s.n_tokens != positions.len() || x.rows != positions.len() {
+                return Err(CudaError::BadLength {
+                    what: "rope positions (not the step's)",
+                    got: positions.len(),
+                    want: s.n_tokens,
+                });
+            }
+            let ff = match freq_factors {
+                Some(w) => w.ptr(),
+                None => 0,
+            };
+            // One row (a decode step): Q and K, adjacent in memory, rotate in one launch.
+            let mut pending = lock(&self.pending_rope);
+            if let Some(r) = pending.as_mut() {
+                if x.rows == 1
+                    && r.x.rows == 1
+                    && r.head_dim == head_dim
+                    && r.p == *p
+                    && r.freq_factors == ff
+                    && r.positions == s.positions
+                    && r.x.ptr + (r.x.cols * 4) as u64 == x.ptr
+                {
+                    r.x.cols += x.cols;
+                    r.x.cap = r.x.cols;
+                    return Ok(());
+                }
+            }
+            let prev = pending.take();
+            if x.rows == 1 {
+                *pending = Some(PendingRope {
+                    x: *x,
+                    positions: s.positions,
+                    head_dim,
+                    p: *p,
+                    freq_factors: ff,
+                });
+            }
+            drop(pending);
+            if let Some(r) = prev {
+                // Its rows may be the deferred GEMV's output: that GEMV first.
+                self.flush_gemv()?;
+                self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors)?;
+            }
+            if x.rows != 1 {
+                self.op_rope(x, s.positions, head_dim, p, ff)?;
+            }
+            Ok(())
+        });
+    }
+
+    fn gather_rows(&self, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
+        // Every row in order (a decode step's logits row): the tensor itself, no copy, and
+        // the deferred add + GEMV before it stay deferred for the norm that follows.
+        if rows.iter().copied().eq(0..x.rows) {
+            return *x;
+        }
+        let out = self.alloc(rows.len(), x.cols);
+        self.run(|| {
+            let row_bytes = x.cols * 4;
+            // One copy per run of consecutive rows (one in all for a decode batch).
+            let mut i = 0;
+            while i < rows.len() {
+                let mut j = i + 1;
+                while j < rows.len() && rows[j] == rows[j - 1] + 1 {
+                    j += 1;
+                }
+                if rows[j - 1] >= x.rows {
+                    return Err(CudaError::BadLength {
+                        what: "gathered row",
+                        got: rows[j - 1],
+                        want: x.rows,
+                    });
+                }
+                self.copy_rows(
+                    out.ptr + (i * row_bytes) as u64,
+                    x.ptr + (rows[i] * row_bytes) as u64,
+                    (j - i) * row_bytes,
+                )?;
+                i = j;
+            }
+            Ok(())
+        });
+        out
+    }
+
+    fn to_host(&self, x: &CudaTensor) -> Vec<f32> {
+        let mut v = Vec::new();
+        self.run(|| {
+            v = self.download(x)?;
+            Ok(())
+        });
+        v
+    }
+
+    fn argmax_rows(&self, x: &CudaTensor) -> Vec<u32> {
+        self.to_host(x)
+            .chunks(x.cols.max(1))
+            .map(crate::sampler::argmax)
+            .collect()
+    }
+
+    fn kv_alloc(
+        &self,
+        n_layer: usize,
+        n_blocks: usize,
+        block_size: usize,
+        kv_dim: usize,
+    ) -> CudaKv {
+        let mut kv = CudaKv {
+            k: Vec::new(),
+            v: Vec::new(),
+            n_blocks,
+            block_size,
+            kv_dim,
+        };
+        self.run(|| {
+            let n = n_blocks * block_size * kv_dim;
+            for _ in 0..n_layer {
+                kv.k.push(self.gpu.zeros::<u16>(n)?);
+                kv.v.push(self.gpu.zeros::<u16>(n)?);
+            }
+            Ok(())
+        });
+        kv
+    }
+
+    fn kv_write(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        seqs: &[AttnSeq<'_>],
+    ) {
+        self.run_raw(|| {
+            let s = self.step_ptrs()?;
+            if s.n_seqs != seqs.len() {
+                return Err(CudaError::BadLength {
+                    what: "kv_write sequences (not the step's)",
+                    got: seqs.len(),
+                    want: s.n_seqs,
+                });
+            }
+            if self.rope_kv_in_gemv(kv, layer, k, v, &s)? {
+                return self.forget_quantized();
+            }
+            self.flush_gemv()?;
+            self.flush_add()?;
+            self.forget_quantized()?;
+            // A decode row's deferred rope of Q|K ends with this K: rope and append in one
+            // launch.
+            let pending = lock(&self.pending_rope).take();
+            if let Some(r) = pending {
+                if self.opts.fuse.rope_kv && self.can_rope_kv(&r, kv, k, v, &s) {
+                    return self.op_rope_kv(&r, kv, layer, v, &s);
+                }
+                self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors)?;
+            }
+            self.op_kv_write(kv, layer, k, v, &s)
+        });
+    }
+
+    fn attention(
+        &self,
+        q: &CudaTensor,
+        kv: &CudaKv,
+        layer: usize,
+        seqs: &[AttnSeq<'_>],
+        p: &AttnParams,
+        out: &mut CudaTensor,
+    ) {
+        self.run(|| {
+            self.ensure(out, q.rows, p.n_head * p.head_dim)?;
+            let s = self.step_ptrs()?;
+            if s.n_seqs != seqs.len() {
+                return Err(CudaError::BadLength {
+                    what: "attention sequences (not the step's)",
+                    got: seqs.len(),
+                    want: s.n_seqs,
+                });
+            }
+            // The output feeds the output projection: the combine writes its q8_1 tiles
+            // too when the shape allows (one launch per layer less at decode).
+            let tiles = if self.opts.fuse.quantize
+                && smelt_kernels::ops::attention::reduce_q8_fits(p.n_head, p.head_dim)
+            {
+                Some(self.scratch(act::row_bytes(out.cols)? * out.rows)?)
+            } else {
+                None
+            };
+            let min = self.flash_min_tokens(seqs.len());
+            let short = seqs.iter().any(|x| x.n_tokens < min);
+            self.op_attention(q, kv, layer, &s, p, out, tiles, short)?;
+            if let Some(t) = tiles {
+                *lock(&self.quantized) = Some(Quantized {
+                    x: *out,
+                    q: t,
+                    rms: None,
+                });
+            }
+            Ok(())
+        });
+    }
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn load_experts(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CudaWeight, EngineError> {
+        self.load_experts_inner(gguf, name)
+    }
+
+    fn moe_route(
+        &self,
+        logits: &CudaTensor,
+        p: &MoeRouting,
+        route: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        self.run_raw(|| self.op_moe_route(logits, p, route));
+        self.take_error()
+    }
+
+    fn matmul_id(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        route: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        self.run_raw(|| self.op_matmul_id(w, x, route, out, None));
+        self.take_error()
+    }
+
+    fn matmul_id_pair(
+        &self,
+        w: [&CudaWeight; 2],
+        x: &CudaTensor,
+        route: &CudaTensor,
+        out: [&mut CudaTensor; 2],
+    ) -> Result<(), EngineError> {
+        let [o0, o1] = out;
+        self.run_raw(|| self.op_matmul_id(w[0], x, route, o0, Some((w[1], o1))));
+        self.take_error()
+    }
+
+    fn moe_combine(
+        &self,
+        y: &CudaTensor,
+        route: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        self.run(|| self.op_moe_combine(y, route, out));
+        self.take_error()
+    }
+}

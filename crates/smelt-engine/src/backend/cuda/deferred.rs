@@ -1,0 +1,117 @@
+//! What waits for the next op: the deferred GEMV, add and rope that a following op may
+//! fuse with (see the module doc of [`super`]), the cached q8_1 tiles of the last matmul
+//! input, and how each is launched or forgotten when the next op cannot take it. Apart
+//! from the ops so that the rules of what may wait, and for what, read in one place.
+
+use smelt_cuda::CudaError;
+
+use super::{fusion, lock, Cuda, CudaTensor, CudaWeight, PendingGemv, Quantized, SplitNorm};
+
+impl Cuda {
+    /// Forgets the cached matmul input; a split norm whose output no GEMV wrote yet writes
+    /// it now (with the plain norm kernel: the residual is already updated).
+    pub(super) fn forget_quantized(&self) -> Result<(), CudaError> {
+        *lock(&self.gemm_quantized) = None;
+        let cached = lock(&self.quantized).take();
+        if let Some(Quantized {
+            rms:
+                Some(
+                    n @ SplitNorm {
+                        out_pending: true, ..
+                    },
+                ),
+            ..
+        }) = cached
+        {
+            let g = CudaWeight::Vector {
+                ptr: n.g,
+                len: n.res.cols,
+            };
+            self.op_rms_norm(&n.res, &g, n.eps, &n.out)?;
+        }
+        Ok(())
+    }
+
+    /// Launches whatever is deferred (a GEMV, an add or a rope; at most one is at a time).
+    pub fn flush(&self) -> Result<(), CudaError> {
+        self.flush_gemv()?;
+        self.flush_rope()?;
+        self.flush_add()
+    }
+
+    pub(super) fn flush_rope(&self) -> Result<(), CudaError> {
+        let pending = lock(&self.pending_rope).take();
+        match pending {
+            Some(r) => self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn flush_gemv(&self) -> Result<(), CudaError> {
+        let pending = lock(&self.pending_gemv).take();
+        match pending {
+            Some(p) => self.launch_pending_gemv(&p, None),
+            None => Ok(()),
+        }
+    }
+
+    /// Launches the deferred single-token GEMV `p` (with the rope + KV-append epilogue's
+    /// parameters `rope`, see [`Cuda::launch_gemv`]).
+    pub(super) fn launch_pending_gemv(
+        &self,
+        p: &PendingGemv,
+        rope: Option<&smelt_kernels::gemv::RopeKvArgs>,
+    ) -> Result<(), CudaError> {
+        self.launch_gemv(
+            p.w,
+            p.ty,
+            p.rows,
+            p.cols,
+            p.row_bytes,
+            p.q,
+            p.out,
+            1,
+            p.rms.as_ref(),
+            rope,
+        )
+    }
+
+    /// Launches the deferred add, if any.
+    pub(super) fn flush_add(&self) -> Result<(), CudaError> {
+        let pending = lock(&self.pending_add).take();
+        match pending {
+            Some((x, y)) => self.op_add(&x, &y),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes the outputs of a fused single-token run (`ws` the run's weights) follow one
+    /// another, as the one GEMV writes them: left where they are when they already do
+    /// ([`fusion::outputs_follow`]), else views, in order, of one new scratch buffer.
+    pub(super) fn place_run_outputs(
+        &self,
+        ws: &[&CudaWeight],
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), CudaError> {
+        let widths: Vec<usize> = ws
+            .iter()
+            .map(|w| w.member().map_or(0, |m| m.rows))
+            .collect();
+        let at: Vec<(u64, usize)> = outs.iter().map(|o| (o.ptr, o.cap)).collect();
+        if fusion::outputs_follow(&at, &widths) {
+            return Ok(());
+        }
+        let total: usize = widths.iter().sum();
+        let mut p = self.scratch(total * 4)?;
+        for (o, &w) in outs.iter_mut().zip(&widths) {
+            **o = CudaTensor {
+                ptr: p,
+                rows: 1,
+                cols: w,
+                cap: w,
+            };
+            p += (w * 4) as u64;
+        }
+        Ok(())
+    }
+}
