@@ -276,6 +276,10 @@ pub struct Cuda {
     /// under different launch settings can be shown to compute the same bits (a race
     /// between kernels would change them).
     digest: Option<Mutex<(u64, u64)>>,
+    /// With `digest`: an FNV-1a hash of every kernel launch's name and shape, in launch
+    /// order, and their count (a graph's kernels count once, when captured), printed beside
+    /// it: two builds that launch the same kernels in the same order print the same line.
+    launch_digest: Option<Mutex<(u64, u64)>>,
 }
 
 impl Drop for Cuda {
@@ -283,6 +287,10 @@ impl Drop for Cuda {
         if let Some(d) = &self.digest {
             let d = lock(d);
             eprintln!("CUDA digest: {:016x} over {} host copies", d.0, d.1);
+        }
+        if let Some(d) = &self.launch_digest {
+            let d = lock(d);
+            eprintln!("CUDA launches: {:016x} over {} launches", d.0, d.1);
         }
         if let Some(p) = &self.profile {
             let p = lock(p);
@@ -343,6 +351,10 @@ impl Cuda {
             profile: (opts.debug.profile != options::Profile::Off)
                 .then(|| Mutex::new(profile::Profile::default())),
             timeline,
+            launch_digest: opts
+                .debug
+                .digest
+                .then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
             digest: opts
                 .debug
                 .digest

@@ -46,6 +46,18 @@ impl Cuda {
         if self.skipped(name) {
             return Ok(());
         }
+        if let Some(d) = &self.launch_digest {
+            let mut d = super::lock(d);
+            let (g, b) = (l.grid, l.block);
+            let shape = [g.0, g.1, g.2, b.0, b.1, b.2, l.shared_bytes];
+            let bytes = name
+                .bytes()
+                .chain(shape.iter().flat_map(|v| v.to_le_bytes()));
+            for byte in bytes {
+                d.0 = (d.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            }
+            d.1 += 1;
+        }
         let f = self.gpu.function(name)?;
         let cfg = LaunchConfig {
             grid_dim: l.grid,
