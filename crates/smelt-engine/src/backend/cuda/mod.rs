@@ -28,12 +28,13 @@
 //! The files, by job: this one holds the backend's state (the types every file shares,
 //! opening, settings, errors); `backend_ops` the [`crate::backend::Backend`] ops and
 //! their fusion decisions; `deferred` what waits for the next op; [`fusion`] the
-//! matmul-group planner; `matmul`, `ops` and `moe` the kernel launches; `memory`
+//! matmul-group planner; `matmul`, `ops`, `attention` and `moe` the kernel launches; `memory`
 //! weight memory, tensor loading and the scratch arena; `step_io` the step buffer and the
 //! copy of the logits; [`runner`] the engine's step loop with its CUDA graphs; [`options`]
 //! every setting.
 
 mod arena;
+mod attention;
 mod backend_ops;
 pub mod comm;
 mod deferred;

@@ -6,7 +6,7 @@ use smelt_cuda::{CudaError, LaunchConfig};
 use smelt_kernels::ops::{self, Launch};
 
 use super::{Cuda, CudaKv, CudaTensor, CudaWeight, PendingRope, StepPtrs};
-use crate::backend::{AttnParams, Glu, RopeParams, RopeStyle};
+use crate::backend::{Glu, RopeParams, RopeStyle};
 
 /// One kernel parameter.
 pub(crate) use smelt_cuda::KernelParam as Arg;
@@ -21,7 +21,7 @@ pub(super) fn args(values: &[ops::ArgValue]) -> Vec<Arg> {
     values.iter().copied().map(Arg::from).collect()
 }
 
-fn u32_of(n: usize, what: &'static str) -> Result<u32, CudaError> {
+pub(super) fn u32_of(n: usize, what: &'static str) -> Result<u32, CudaError> {
     u32::try_from(n).map_err(|_| CudaError::BadLength {
         what,
         got: n,
@@ -483,7 +483,12 @@ impl Cuda {
     }
 
     /// The device addresses of layer `layer`'s K and V caches.
-    fn kv_layer(&self, kv: &CudaKv, layer: usize, what: &str) -> Result<(u64, u64), CudaError> {
+    pub(super) fn kv_layer(
+        &self,
+        kv: &CudaKv,
+        layer: usize,
+        what: &str,
+    ) -> Result<(u64, u64), CudaError> {
         match (kv.k.get(layer), kv.v.get(layer)) {
             (Some(kc), Some(vc)) => Ok((self.gpu.ptr(kc), self.gpu.ptr(vc))),
             _ => Err(CudaError::Init(format!(
@@ -609,274 +614,5 @@ impl Cuda {
                 .values(),
             ),
         )
-    }
-
-    pub(crate) fn op_kv_write(
-        &self,
-        kv: &CudaKv,
-        layer: usize,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        s: &StepPtrs,
-    ) -> Result<(), CudaError> {
-        let (kc, vc) = self.kv_layer(kv, layer, "kv_write")?;
-        if k.cols != kv.kv_dim || v.cols != kv.kv_dim || k.rows != v.rows {
-            return Err(CudaError::BadLength {
-                what: "kv_write row",
-                got: k.cols,
-                want: kv.kv_dim,
-            });
-        }
-        self.launch(
-            ops::kv::KV_APPEND,
-            ops::kv::launch(s.n_seqs, s.max_tokens, kv.kv_dim),
-            &args(
-                &ops::kv::KvAppendArgs {
-                    k: k.ptr,
-                    v: v.ptr,
-                    k_cache: kc,
-                    v_cache: vc,
-                    seqs: s.descs,
-                    block_tables: s.block_tables,
-                    kv_dim: kv.kv_dim as u32,
-                    block_size: kv.block_size as u32,
-                }
-                .values(),
-            ),
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn op_attention(
-        &self,
-        q: &CudaTensor,
-        kv: &CudaKv,
-        layer: usize,
-        s: &StepPtrs,
-        p: &AttnParams,
-        out: &CudaTensor,
-        tiles: Option<u64>,
-        short_seqs: bool,
-    ) -> Result<(), CudaError> {
-        let (kc, vc) = self.kv_layer(kv, layer, "attention")?;
-        if p.n_head_kv == 0
-            || !p.n_head.is_multiple_of(p.n_head_kv)
-            || q.cols != p.n_head * p.head_dim
-            || kv.kv_dim != p.n_head_kv * p.head_dim
-        {
-            return Err(CudaError::BadLength {
-                what: "attention heads",
-                got: q.cols,
-                want: p.n_head * p.head_dim,
-            });
-        }
-        let window = u32_of(p.window.unwrap_or(0), "attention window")?;
-        let Some(name) = ops::attention::name(p.head_dim) else {
-            // A head size with no kernel of its own: the generic one, slower but correct.
-            if !ops::attention::any_fits(p.head_dim) {
-                return Err(CudaError::NoKernel(format!(
-                    "attention for head_dim {} (kernels exist for {:?}, and the generic one takes up to {})",
-                    p.head_dim,
-                    ops::attention::HEAD_DIMS,
-                    ops::attention::ANY_MAX_HEAD_DIM
-                )));
-            }
-            let a = ops::attention::AnyArgs {
-                q: q.ptr,
-                k_cache: kc,
-                v_cache: vc,
-                seqs: s.descs,
-                block_tables: s.block_tables,
-                out: out.ptr,
-                n_head: u32_of(p.n_head, "attention heads")?,
-                n_head_kv: u32_of(p.n_head_kv, "attention kv heads")?,
-                head_dim: u32_of(p.head_dim, "attention head_dim")?,
-                block_size: u32_of(kv.block_size, "attention block size")?,
-                window,
-                scale: p.scale,
-            };
-            self.launch(
-                ops::attention::ANY,
-                ops::attention::any_launch(s.n_seqs, s.max_tokens, p.n_head),
-                &args(&a.values()),
-            )?;
-            return match tiles {
-                Some(t) => self.quantize_q8_1(out.ptr, t, out.cols, out.rows),
-                None => Ok(()),
-            };
-        };
-        // Prompt chunks: the tensor-core kernel, whole rows at once (no partials).
-        if s.max_tokens >= self.flash_min_tokens(s.n_seqs) {
-            if let Some(flash) = ops::flash::name(p.head_dim) {
-                let min = self.flash_min_tokens(s.n_seqs) as u32;
-                // A mixed step (decode rows beside prompt chunks): the split kernel takes
-                // the short sequences first (it spreads a long context over many blocks,
-                // where the prompt kernel would give it one), its reduce writes every row,
-                // and the prompt kernel then writes the long sequences' rows over those
-                // (it waits for the reduce at entry).
-                if short_seqs {
-                    self.split_attention(q, kc, vc, kv.block_size, s, p, name, out, None, min)?;
-                }
-                let a = ops::flash::Args {
-                    q: q.ptr,
-                    k_cache: kc,
-                    v_cache: vc,
-                    seqs: s.descs,
-                    block_tables: s.block_tables,
-                    out: out.ptr,
-                    n_head: p.n_head as u32,
-                    n_head_kv: p.n_head_kv as u32,
-                    block_size: kv.block_size as u32,
-                    window,
-                    scale: p.scale,
-                    min_tokens: if short_seqs { min } else { 0 },
-                };
-                let l = ops::flash::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv);
-                self.launch(flash, l, &args(&a.values()))?;
-                return match tiles {
-                    Some(t) => self.quantize_q8_1(out.ptr, t, out.cols, out.rows),
-                    None => Ok(()),
-                };
-            }
-        }
-        self.split_attention(q, kc, vc, kv.block_size, s, p, name, out, tiles, 0)
-    }
-
-    /// The split attention (`name`, one of `attention::name`'s) and its combine: in one
-    /// launch when `tiles` are wanted and the combining kernel takes the shape, else the
-    /// attention then the reduce (writing the tiles too when wanted). `skip_tokens`: the
-    /// split kernel's (sequences of at least that many tokens left to the prompt kernel,
-    /// whose rows the reduce then fills from stale partials until it overwrites them).
-    #[allow(clippy::too_many_arguments)]
-    fn split_attention(
-        &self,
-        q: &CudaTensor,
-        kc: u64,
-        vc: u64,
-        block_size: usize,
-        s: &StepPtrs,
-        p: &AttnParams,
-        name: &str,
-        out: &CudaTensor,
-        tiles: Option<u64>,
-        skip_tokens: u32,
-    ) -> Result<(), CudaError> {
-        let splits = self.splits(s.n_seqs, p.n_head_kv);
-        let (acc_len, ml_len) = ops::attention::partial_lens(q.rows, p.n_head, splits, p.head_dim);
-        let acc = self.scratch(acc_len * 4)?;
-        let ml = self.scratch(ml_len * 4)?;
-        let q_tiles = ops::attention::q_tiles(s.max_tokens, p.n_head, p.n_head_kv);
-        let a = ops::attention::Args {
-            q: q.ptr,
-            k_cache: kc,
-            v_cache: vc,
-            seqs: s.descs,
-            block_tables: s.block_tables,
-            part_acc: acc,
-            part_ml: ml,
-            n_head: p.n_head as u32,
-            n_head_kv: p.n_head_kv as u32,
-            block_size: block_size as u32,
-            n_splits: splits as u32,
-            q_tiles: u32_of(q_tiles, "attention q tiles")?,
-            window: u32_of(p.window.unwrap_or(0), "attention window")?,
-            scale: p.scale,
-            stage_blocks: self.opts.attention.stage,
-            skip_tokens,
-        };
-        let mut list = args(&a.values());
-        let grid = ops::attention::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv, splits);
-        // The attention's last block per group combines and writes the tiles too.
-        if let (Some(t), Some(counters)) = (tiles, self.combine_counters(s, p, splits)?) {
-            let combine = ops::attention::combine_name(p.head_dim).ok_or_else(|| {
-                CudaError::NoKernel(format!("combining attention for head_dim {}", p.head_dim))
-            })?;
-            let c = ops::attention::CombineArgs {
-                out: out.ptr,
-                q8: t,
-                counters,
-            };
-            list.extend(c.values().into_iter().map(Arg::from));
-            return self.launch(combine, grid, &list);
-        }
-        self.launch(name, grid, &list)?;
-        let l = ops::attention::reduce_launch(q.rows, p.n_head, p.head_dim);
-        match tiles {
-            // The combine also writes the q8_1 tiles the output projection reads.
-            Some(t) if ops::attention::reduce_q8_fits(p.n_head, p.head_dim) => self.launch(
-                ops::attention::REDUCE_Q8,
-                l,
-                &args(
-                    &ops::attention::ReduceQ8Args {
-                        part_acc: acc,
-                        part_ml: ml,
-                        out: out.ptr,
-                        q: t,
-                        n_splits: splits as u32,
-                        head_dim: p.head_dim as u32,
-                    }
-                    .values(),
-                ),
-            ),
-            Some(_) => Err(CudaError::Init(format!(
-                "attention_reduce_q8_1 does not take {} heads of {}",
-                p.n_head, p.head_dim
-            ))),
-            None => self.launch(
-                ops::attention::REDUCE,
-                l,
-                &args(
-                    &ops::attention::ReduceArgs {
-                        part_acc: acc,
-                        part_ml: ml,
-                        out: out.ptr,
-                        n_splits: splits as u32,
-                        head_dim: p.head_dim as u32,
-                    }
-                    .values(),
-                ),
-            ),
-        }
-    }
-
-    /// The counters of the combining attention for this launch, or None when it does not
-    /// apply (switched off, a shape it does not take, more groups than counters).
-    fn combine_counters(
-        &self,
-        s: &StepPtrs,
-        p: &AttnParams,
-        splits: usize,
-    ) -> Result<Option<u64>, CudaError> {
-        /// Counters allocated once: 256 KiB, far more groups than any decode step has.
-        const COUNTERS: usize = 1 << 16;
-        let groups =
-            ops::attention::combine_counters(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv);
-        if !self.opts.fuse.attn_combine
-            || !ops::attention::combine_fits(p.n_head, p.head_dim, splits)
-            || groups > COUNTERS
-        {
-            return Ok(None);
-        }
-        let mut c = super::lock(&self.attn_counters);
-        if c.is_none() {
-            *c = Some(self.gpu.zeros::<u32>(COUNTERS)?);
-        }
-        Ok(c.as_ref().map(|c| self.gpu.ptr(c)))
-    }
-
-    /// Key splits per (sequence, KV head): at most one block per multiprocessor,
-    /// independent of sequence length (a graph captured at one length replays at any).
-    /// Fewer splits than the kernels' default (twice the SMs): at decode lengths each
-    /// split's partial output costs as much to write and combine as its keys cost to read
-    /// (H100, 2026-11-22: the combine step took more time than the attention itself at 64
-    /// splits). Rounded down: a block's staged keys leave room for one block per SM in the
-    /// kernels' carveout, and 17 x 8 blocks on 132 SMs ran four of them after the rest.
-    fn splits(&self, n_seqs: usize, n_head_kv: usize) -> usize {
-        if let Some(n) = self.opts.attention.splits {
-            return n.clamp(1, ops::attention::MAX_SPLITS);
-        }
-        // Batch-invariant: as many splits as for one sequence, whatever the batch.
-        let n_seqs = if self.opts.batch_invariant { 1 } else { n_seqs };
-        (self.gpu.sm_count() / (n_seqs * n_head_kv).max(1)).clamp(4, 64)
     }
 }
