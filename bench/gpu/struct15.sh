@@ -37,6 +37,9 @@ case "${1:-run}" in
     for v in old new; do
       dir=$PWD
       [ $v = old ] && dir=$src
+      # Both trees share one target dir, and cargo judges a workspace crate fresh by its
+      # files' times (paths relative to the crate): newer times make it rebuild each tree.
+      find "$dir/crates" -type f -exec touch {} +
       (cd "$dir" && CARGO_TARGET_DIR=$T cargo build --release -p smelt --bin smelt \
         && CARGO_TARGET_DIR=$T cargo build --release -p smelt-engine --example cuda_parity)
       strip -o $B/$v/smelt $T/release/smelt
@@ -44,6 +47,8 @@ case "${1:-run}" in
       gzip -f $B/$v/smelt $B/$v/cuda_parity
     done
     rm -rf "$src"
+    cmp -s <(gunzip -c $B/old/smelt.gz) <(gunzip -c $B/new/smelt.gz) \
+      && { echo "struct15.sh: old and new smelt are the same binary" >&2; exit 1; }
     echo "$base" > $B/old/COMMIT
     git rev-parse HEAD > $B/new/COMMIT
     gunzip -c $B/new/cuda_parity.gz > /tmp/struct15-cuda_parity && chmod +x /tmp/struct15-cuda_parity
