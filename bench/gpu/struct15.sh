@@ -69,7 +69,9 @@ case "${1:-run}" in
     mkdir -p $bin
     for v in old new; do
       for f in smelt cuda_parity; do
-        gunzip -c $B/$v/$f.gz > $bin/$v-$f && chmod +x $bin/$v-$f
+        # gzipped by the build, or xz'd by hand to fit the carry beside the models.
+        if [ -f $B/$v/$f.xz ]; then xz -dc $B/$v/$f.xz; else gunzip -c $B/$v/$f.gz; fi > $bin/$v-$f
+        chmod +x $bin/$v-$f
       done
     done
     models="$B/smollm2-4l.gguf $B/gemma3-6l.gguf"
