@@ -91,8 +91,9 @@ case "${1:-run}" in
           | tee -a "$log" | grep "CUDA digest" | head -1 | awk '{print $3}')
         prof=$(SMELT_CUDA_PROFILE=1 $bin/$v-smelt bench --model $m --device cuda --prompt 64 --gen 8 --reps 1 2>&1 | tee -a "$log")
         cnt[$v]=$(echo "$prof" | sed -n 's/.* in \([0-9.]*\) launches\/step.*/\1/p' | head -1)
-        # Kernel name and launches per step, sorted: the set of kernels a decode step runs.
-        echo "$prof" | awk -F'|' '/^\| [a-z]/ && $2 !~ /kernel/ {gsub(/ /,"",$2); gsub(/ /,"",$3); print $2, $3}' \
+        # Kernel name and launches per step, sorted: the set of kernels a decode step runs
+        # (not the bench's own pp/tg rows, whose speeds always differ).
+        echo "$prof" | awk -F'|' '/^\| [a-z]/ && $2 !~ /kernel/ && $2 !~ /^ *(pp|tg)[0-9]/ {gsub(/ /,"",$2); gsub(/ /,"",$3); print $2, $3}' \
           | sort > $bin/$name-$v.kernels
         kern[$v]=$(md5sum < $bin/$name-$v.kernels | cut -c1-8)
       done
