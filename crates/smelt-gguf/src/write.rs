@@ -41,6 +41,14 @@ impl GgufWriter<BufWriter<std::fs::File>> {
         let layout = Layout::new(metadata, &tensors, Some(path))?;
         let file =
             std::fs::File::create(path).map_err(|e| GgufError::io(Some(path), "create", e))?;
+        // The file at its final size first, so no write extends it (a filesystem then
+        // updates the size once, not with every write).
+        let total = header(metadata, &tensors, &layout)
+            .len()
+            .next_multiple_of(layout.alignment as usize) as u64
+            + layout.data_bytes;
+        file.set_len(total)
+            .map_err(|e| GgufError::io(Some(path), "size", e))?;
         Self::start(
             BufWriter::with_capacity(1 << 20, file),
             Some(path.to_path_buf()),
@@ -51,14 +59,17 @@ impl GgufWriter<BufWriter<std::fs::File>> {
     }
 }
 
-/// What the specs imply: alignment and each tensor's size.
-struct Layout {
-    alignment: u64,
-    sizes: Vec<u64>,
+/// What the specs imply: alignment, each tensor's size and its offset in the data section,
+/// and the data section's size (every tensor padded to the alignment).
+pub(crate) struct Layout {
+    pub(crate) alignment: u64,
+    pub(crate) sizes: Vec<u64>,
+    pub(crate) offsets: Vec<u64>,
+    pub(crate) data_bytes: u64,
 }
 
 impl Layout {
-    fn new(
+    pub(crate) fn new(
         metadata: &Metadata,
         tensors: &[TensorSpec],
         path: Option<&Path>,
@@ -92,6 +103,7 @@ impl Layout {
         }
         let mut seen = std::collections::HashMap::with_capacity(tensors.len());
         let mut sizes = Vec::with_capacity(tensors.len());
+        let mut offsets = Vec::with_capacity(tensors.len());
         let mut offset = 0u64;
         for (i, t) in tensors.iter().enumerate() {
             let field = || format!("tensor '{}' (#{i})", t.name);
@@ -102,13 +114,19 @@ impl Layout {
                 ));
             }
             let size = tensor::validate(&t.name, t.ty, &t.shape).map_err(|e| err(field(), e))?;
+            offsets.push(offset);
             offset = offset
                 .checked_add(size)
                 .and_then(|o| o.checked_next_multiple_of(alignment))
                 .ok_or_else(|| err(field(), "total data size overflows u64".into()))?;
             sizes.push(size);
         }
-        Ok(Self { alignment, sizes })
+        Ok(Self {
+            alignment,
+            sizes,
+            offsets,
+            data_bytes: offset,
+        })
     }
 }
 
@@ -133,6 +151,7 @@ impl<W: Write> GgufWriter<W> {
         specs: Vec<TensorSpec>,
         layout: Layout,
     ) -> Result<Self, GgufError> {
+        let head = header(metadata, &specs, &layout);
         let mut w = Self {
             out,
             path,
@@ -143,28 +162,6 @@ impl<W: Write> GgufWriter<W> {
             pos: 0,
             partial: 0,
         };
-        let mut head = Vec::with_capacity(4096);
-        head.extend_from_slice(MAGIC);
-        head.extend_from_slice(&VERSION.to_le_bytes());
-        head.extend_from_slice(&(w.specs.len() as u64).to_le_bytes());
-        head.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
-        for (key, value) in metadata.iter() {
-            put_str(&mut head, key);
-            head.extend_from_slice(&value.type_id().to_le_bytes());
-            put_value(&mut head, value);
-        }
-        let mut offset = 0u64;
-        for (spec, &size) in w.specs.iter().zip(&w.sizes) {
-            put_str(&mut head, &spec.name);
-            head.extend_from_slice(&(spec.shape.len() as u32).to_le_bytes());
-            for d in &spec.shape {
-                head.extend_from_slice(&d.to_le_bytes());
-            }
-            head.extend_from_slice(&spec.ty.id().to_le_bytes());
-            head.extend_from_slice(&offset.to_le_bytes());
-            // Layout::new checked this sum.
-            offset = (offset + size).next_multiple_of(w.alignment);
-        }
         w.emit(&head)?;
         w.pad()?;
         Ok(w)
@@ -262,6 +259,30 @@ impl<W: Write> GgufWriter<W> {
         }
         Ok(())
     }
+}
+
+/// The v3 header, key-values and tensor infos (without the padding before the data).
+pub(crate) fn header(metadata: &Metadata, specs: &[TensorSpec], layout: &Layout) -> Vec<u8> {
+    let mut head = Vec::with_capacity(4096);
+    head.extend_from_slice(MAGIC);
+    head.extend_from_slice(&VERSION.to_le_bytes());
+    head.extend_from_slice(&(specs.len() as u64).to_le_bytes());
+    head.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    for (key, value) in metadata.iter() {
+        put_str(&mut head, key);
+        head.extend_from_slice(&value.type_id().to_le_bytes());
+        put_value(&mut head, value);
+    }
+    for (spec, &offset) in specs.iter().zip(&layout.offsets) {
+        put_str(&mut head, &spec.name);
+        head.extend_from_slice(&(spec.shape.len() as u32).to_le_bytes());
+        for d in &spec.shape {
+            head.extend_from_slice(&d.to_le_bytes());
+        }
+        head.extend_from_slice(&spec.ty.id().to_le_bytes());
+        head.extend_from_slice(&offset.to_le_bytes());
+    }
+    head
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {

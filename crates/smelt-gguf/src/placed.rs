@@ -1,0 +1,316 @@
+//! A GGUF file written at known places: the header and every tensor's offset follow from
+//! the specs, so a pipelined quantizer can write each chunk where it belongs, from any
+//! thread and in any order, instead of funnelling the whole output through one stream.
+//!
+//! The file is created at its final size before the first byte of data (padding between
+//! tensors stays a hole that reads as zeros): the same bytes [`crate::GgufWriter`] writes,
+//! with no write extending the file. [`finish`] checks that every tensor got exactly its
+//! bytes.
+//!
+//! Two ways to put the bytes in: positioned writes (`pwrite`, the default), which a
+//! filesystem runs one at a time per file (buffered writes take the inode's lock), or copies
+//! into a shared mapping of the file ([`GgufPlacedWriter::create_mapped`]), whose page
+//! faults run in parallel; a measurement switch until a GPU machine's run says which is
+//! faster there (a full disk is a SIGBUS on a mapping, where `pwrite` returns an error).
+//!
+//! [`finish`]: GgufPlacedWriter::finish
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::error::GgufError;
+use crate::metadata::Metadata;
+use crate::tensor::TensorSpec;
+use crate::write::{header, Layout};
+
+/// See the module docs. `Sync`: [`GgufPlacedWriter::write_at`] takes `&self`.
+#[derive(Debug)]
+pub struct GgufPlacedWriter {
+    file: File,
+    map: Option<Mapped>,
+    path: PathBuf,
+    names: Vec<String>,
+    /// Where tensor data starts in the file (the header padded to the alignment).
+    data_start: u64,
+    offsets: Vec<u64>,
+    sizes: Vec<u64>,
+    /// Bytes written into each tensor so far.
+    written: Vec<AtomicU64>,
+    len: u64,
+}
+
+impl GgufPlacedWriter {
+    /// Creates (or truncates) `path` at its final size and writes the header.
+    pub fn create(
+        path: impl AsRef<Path>,
+        metadata: &Metadata,
+        tensors: Vec<TensorSpec>,
+    ) -> Result<Self, GgufError> {
+        Self::create_with(path.as_ref(), metadata, tensors, false)
+    }
+
+    /// [`Self::create`], with data copied into a shared mapping of the file instead of
+    /// written with `pwrite` (see the module docs).
+    pub fn create_mapped(
+        path: impl AsRef<Path>,
+        metadata: &Metadata,
+        tensors: Vec<TensorSpec>,
+    ) -> Result<Self, GgufError> {
+        Self::create_with(path.as_ref(), metadata, tensors, true)
+    }
+
+    fn create_with(
+        path: &Path,
+        metadata: &Metadata,
+        tensors: Vec<TensorSpec>,
+        mapped: bool,
+    ) -> Result<Self, GgufError> {
+        // Validate before touching the file, so a bad spec leaves no half-written output.
+        let layout = Layout::new(metadata, &tensors, Some(path))?;
+        let head = header(metadata, &tensors, &layout);
+        let data_start = (head.len() as u64).next_multiple_of(layout.alignment);
+        let len = data_start + layout.data_bytes;
+        let io = |what, e| GgufError::io(Some(path), what, e);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| io("create", e))?;
+        file.set_len(len).map_err(|e| io("size", e))?;
+        file.write_all_at(&head, 0).map_err(|e| io("write", e))?;
+        let map = if mapped && len > 0 {
+            Some(Mapped::new(&file).map_err(|e| io("map", e))?)
+        } else {
+            None
+        };
+        Ok(Self {
+            file,
+            map,
+            path: path.to_path_buf(),
+            names: tensors.into_iter().map(|t| t.name).collect(),
+            data_start,
+            offsets: layout.offsets,
+            written: layout.sizes.iter().map(|_| AtomicU64::new(0)).collect(),
+            sizes: layout.sizes,
+            len,
+        })
+    }
+
+    /// The file's size.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the file holds no data (a header only).
+    pub fn is_empty(&self) -> bool {
+        self.data_start == self.len
+    }
+
+    /// Writes `data` at byte `offset` of tensor `tensor` (its index in the specs). A range
+    /// outside the tensor is refused and nothing is written; ranges are not checked against
+    /// each other (the caller writes each byte once, which [`Self::finish`] counts).
+    pub fn write_at(&self, tensor: usize, offset: u64, data: &[u8]) -> Result<(), GgufError> {
+        let (Some(&size), Some(&at)) = (self.sizes.get(tensor), self.offsets.get(tensor)) else {
+            return Err(GgufError::invalid(
+                Some(&self.path),
+                format!("tensor #{tensor}"),
+                format!("there are {} tensors", self.sizes.len()),
+            ));
+        };
+        let end = offset.checked_add(data.len() as u64);
+        if end.is_none_or(|e| e > size) {
+            return Err(GgufError::invalid(
+                Some(&self.path),
+                format!("tensor '{}' (#{tensor})", self.names[tensor]),
+                format!("bytes {offset}..+{} are past its {size} bytes", data.len()),
+            ));
+        }
+        let pos = self.data_start + at + offset;
+        match &self.map {
+            Some(m) => m.copy_in(pos, data).map_err(|why| {
+                GgufError::invalid(
+                    Some(&self.path),
+                    format!("tensor '{}' (#{tensor})", self.names[tensor]),
+                    why,
+                )
+            })?,
+            None => self
+                .file
+                .write_all_at(data, pos)
+                .map_err(|e| GgufError::io(Some(&self.path), "write", e))?,
+        }
+        self.written[tensor].fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Checks that every tensor got exactly its bytes, and closes the file.
+    pub fn finish(self) -> Result<(), GgufError> {
+        for (i, (w, &size)) in self.written.iter().zip(&self.sizes).enumerate() {
+            let got = w.load(Ordering::Relaxed);
+            if got != size {
+                return Err(GgufError::invalid(
+                    Some(&self.path),
+                    format!("tensor '{}' (#{i})", self.names[i]),
+                    format!("{got} bytes written, expected {size}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A shared writable mapping of the whole file, written by copies into ranges that are
+/// claimed first, so no two copies ever touch the same bytes.
+struct Mapped {
+    map: memmap2::MmapRaw,
+    /// Claimed ranges, start -> end (each byte is written once).
+    claimed: Mutex<BTreeMap<u64, u64>>,
+}
+
+impl std::fmt::Debug for Mapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapped")
+            .field("len", &self.map.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Mapped {
+    fn new(file: &File) -> std::io::Result<Self> {
+        Ok(Self {
+            map: memmap2::MmapOptions::new().map_raw(file)?,
+            claimed: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Copies `data` to byte `pos` of the file; refuses a range another copy claimed.
+    fn copy_in(&self, pos: u64, data: &[u8]) -> Result<(), String> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end = pos + data.len() as u64;
+        if end > self.map.len() as u64 {
+            return Err(format!("bytes {pos}..{end} are past the file's end"));
+        }
+        {
+            let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+            let before = claimed.range(..end).next_back();
+            if before.is_some_and(|(_, &e)| e > pos) {
+                return Err(format!("bytes {pos}..{end} were already written"));
+            }
+            claimed.insert(pos, end);
+        }
+        // SAFETY: `pos..end` lies inside the mapping (checked above) and was claimed by
+        // this call alone (no claimed range overlaps it, and claims are never released),
+        // so no other copy or reference touches these bytes; the mapping lives as long as
+        // `self`.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.map.as_mut_ptr().add(pos as usize),
+                data.len(),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{GgmlType, GgufWriter, Value};
+
+    fn specs() -> Vec<TensorSpec> {
+        vec![
+            TensorSpec {
+                name: "a".into(),
+                ty: GgmlType::F32,
+                shape: vec![4, 3],
+            },
+            TensorSpec {
+                name: "b".into(),
+                ty: GgmlType::F16,
+                shape: vec![5],
+            },
+            TensorSpec {
+                name: "c".into(),
+                ty: GgmlType::F32,
+                shape: vec![7],
+            },
+        ]
+    }
+
+    /// Chunks written out of order, from several threads, make the file the stream writer
+    /// makes (header, data and zero padding alike); the stream writer's own file is created
+    /// at its size too, and is still the same bytes.
+    #[test]
+    fn placed_chunks_in_any_order_make_the_stream_writers_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut md = Metadata::new();
+        md.insert("general.architecture", Value::from("llama"));
+        md.insert("general.alignment", Value::U32(64));
+        let a: Vec<u8> = (0..48).collect();
+        let b: Vec<u8> = (100..110).collect();
+        let c: Vec<u8> = (200..228).collect();
+        let stream = dir.path().join("stream.gguf");
+        let mut w = GgufWriter::create(&stream, &md, specs()).expect("writer");
+        w.write_tensor("a", &a).expect("a");
+        w.write_tensor("b", &b).expect("b");
+        w.write_tensor("c", &c).expect("c");
+        w.finish().expect("finish");
+        let want = std::fs::read(&stream).expect("reads");
+
+        for mapped in [false, true] {
+            let placed = dir.path().join(format!("placed-{mapped}.gguf"));
+            let p = if mapped {
+                GgufPlacedWriter::create_mapped(&placed, &md, specs())
+            } else {
+                GgufPlacedWriter::create(&placed, &md, specs())
+            }
+            .expect("placed");
+            assert_eq!(p.len(), want.len() as u64);
+            std::thread::scope(|s| {
+                s.spawn(|| p.write_at(2, 10, &c[10..]).expect("c1"));
+                s.spawn(|| p.write_at(0, 16, &a[16..]).expect("a1"));
+                s.spawn(|| p.write_at(1, 0, &b).expect("b"));
+            });
+            p.write_at(2, 0, &c[..10]).expect("c0");
+            p.write_at(0, 0, &a[..16]).expect("a0");
+            if mapped {
+                let e = p.write_at(0, 8, &a[8..24]).unwrap_err().to_string();
+                assert!(e.contains("already written"), "{e}");
+            }
+            p.finish().expect("finish");
+            assert_eq!(
+                std::fs::read(&placed).expect("reads"),
+                want,
+                "mapped: {mapped}"
+            );
+        }
+    }
+
+    #[test]
+    fn writes_past_a_tensor_and_missing_bytes_are_errors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = GgufPlacedWriter::create(dir.path().join("x.gguf"), &Metadata::new(), specs())
+            .expect("placed");
+        let e = p.write_at(1, 4, &[0; 7]).unwrap_err().to_string();
+        assert!(e.contains("'b'") && e.contains("past its 10 bytes"), "{e}");
+        assert!(p.write_at(3, 0, &[0]).is_err(), "no tensor #3");
+        p.write_at(0, 0, &[1; 48]).expect("a");
+        p.write_at(1, 0, &[2; 10]).expect("b");
+        p.write_at(2, 0, &[3; 27]).expect("c short");
+        let e = p.finish().unwrap_err().to_string();
+        assert!(
+            e.contains("'c'") && e.contains("27 bytes written, expected 28"),
+            "{e}"
+        );
+    }
+}
