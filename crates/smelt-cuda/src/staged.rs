@@ -97,6 +97,8 @@ pub struct Slot {
     dev_out: CudaSlice<u8>,
     dev_flags: CudaSlice<u32>,
     pending: Option<Pending>,
+    /// Output bytes of the chunk [`Slot::complete`] last lent (0 for `Output::Device`).
+    done_out: usize,
 }
 
 /// `n` slots on `gpu` for chunks of up to `max_in` source bytes, `max_out` output bytes and
@@ -145,6 +147,7 @@ fn slots_with(
             dev_flags: stream.alloc_zeros::<u32>(max_rows.max(1))?,
             stream,
             pending: None,
+            done_out: 0,
         });
     }
     for s in &v {
@@ -279,6 +282,7 @@ impl Slot {
         let Some(p) = self.pending.take() else {
             return Err(CudaError::Init("complete without submit".into()));
         };
+        self.done_out = 0;
         self.gpu.context().bind_to_thread()?;
         self.done.synchronize()?;
         let flags: Vec<u32> = self.host_flags.slice()[..p.rows * 4]
@@ -298,7 +302,19 @@ impl Slot {
         if !p.to_host {
             return Ok(&[]);
         }
+        self.done_out = p.out_bytes;
         Ok(&self.host_out.slice()[..p.out_bytes])
+    }
+
+    /// What [`Slot::complete`] last lent, again (a writer thread writes it after the
+    /// completing thread has moved on); empty before any.
+    pub fn output(&self) -> &[u8] {
+        &self.host_out.slice()[..self.done_out]
+    }
+
+    /// The pinned input, read-only (a chunk copied as it is goes out from here).
+    pub fn input_bytes(&self) -> &[u8] {
+        self.host_in.slice()
     }
 
     /// Whether a submitted chunk awaits [`Slot::complete`].

@@ -12,11 +12,11 @@ use std::rc::Rc;
 
 use indicatif::ProgressBar;
 use rayon::prelude::*;
-use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
+use smelt_gguf::{GgmlType, Gguf, GgufPlacedWriter, GgufWriter, Metadata, TensorSpec, Value};
 use smelt_quant::QuantError;
 
 use crate::error::QuantizeError;
-use crate::pipeline::{self, HostStage, Job, Summary, WriteFn};
+use crate::pipeline::{self, HostStage, Job, ProgressFn, Sink, Summary};
 use crate::LoadError;
 
 /// One tensor of the model being assembled: its GGUF name and shape (ggml order: row
@@ -138,16 +138,15 @@ pub trait TensorQuantizer: Send + Sync {
         progress: &dyn Fn(u64),
     ) -> Result<Vec<u8>, QuantizeError>;
 
-    /// Runs a model's chunks (see [`pipeline`]) and calls `write` with each one's output in
-    /// order, or `None` to let [`run`] overlap reading with [`TensorQuantizer::quantize`] on
-    /// each chunk (the default); a GPU quantizer runs them on its own staging slots and
-    /// streams.
+    /// Runs a model's chunks (see [`pipeline`]) into `sink`, or `None` to let [`run`]
+    /// overlap reading with [`TensorQuantizer::quantize`] on each chunk (the default); a GPU
+    /// quantizer runs them on its own staging slots and streams.
     fn run_pipelined(
         &self,
         _source: &dyn TensorSource,
         _jobs: &[Job],
-        _write: &mut WriteFn<'_>,
-        _progress: &dyn Fn(u64),
+        _sink: &mut Sink<'_, '_>,
+        _progress: &ProgressFn<'_>,
     ) -> Option<Result<Summary, LoadError>> {
         None
     }
@@ -158,33 +157,41 @@ pub fn run(
     q: &dyn TensorQuantizer,
     source: &dyn TensorSource,
     jobs: &[Job],
-    write: &mut WriteFn<'_>,
-    progress: &dyn Fn(u64),
+    sink: &mut Sink<'_, '_>,
+    progress: &ProgressFn<'_>,
 ) -> Result<Summary, LoadError> {
-    match q.run_pipelined(source, jobs, write, progress) {
+    match q.run_pipelined(source, jobs, sink, progress) {
         Some(r) => r,
-        None => run_on_host(q, source, jobs, write, progress),
+        None => run_on_host(q, source, jobs, sink, progress),
     }
 }
 
-/// Reading overlapped with `q`'s per-chunk quantization: [`pipeline::HostStage`] over `q`.
+/// Reading overlapped with `q`'s per-chunk quantization (and with writing, for a placed
+/// sink): [`pipeline::HostStage`] over `q`.
 pub fn run_on_host(
     q: &dyn TensorQuantizer,
     source: &dyn TensorSource,
     jobs: &[Job],
-    write: &mut WriteFn<'_>,
-    progress: &dyn Fn(u64),
+    sink: &mut Sink<'_, '_>,
+    progress: &ProgressFn<'_>,
 ) -> Result<Summary, LoadError> {
-    let slots = HostStage::slots(pipeline::HOST_SLOTS, pipeline::max_src(jobs));
-    pipeline::run(
+    let t = std::time::Instant::now();
+    let slots = HostStage::slots(
+        pipeline::HOST_SLOTS + sink.extra_slots(),
+        pipeline::max_src(jobs),
+    );
+    let setup = t.elapsed();
+    let mut s = pipeline::run(
         &HostStage(q),
         slots,
         source.tensors(),
         jobs,
         &|job, buf| source.read(job.tensor, job.src_offset, buf),
-        write,
+        sink,
         progress,
-    )
+    )?;
+    s.stages.setup = setup;
+    Ok(s)
 }
 
 /// smelt-quant on the CPU, all cores of rayon's current pool.
@@ -378,20 +385,81 @@ pub fn stream_chunked<W: Write>(
     let tensors = source.tensors();
     let jobs = pipeline::plan_jobs(tensors, types, requantize, chunk)?;
     bar.set_length(jobs.iter().map(|j| j.src_len as u64).sum());
+    let mut write = |job: &Job, bytes: &[u8]| {
+        let name = &tensors[job.tensor].name;
+        if job.src_offset == 0 {
+            bar.set_message(name.clone());
+        }
+        Ok(w.write_part(name, bytes, job.last)?)
+    };
     let summary = run(
         quantizer,
         source,
         &jobs,
-        &mut |job, bytes| {
-            let name = &tensors[job.tensor].name;
-            if job.src_offset == 0 {
-                bar.set_message(name.clone());
-            }
-            Ok(w.write_part(name, bytes, job.last)?)
-        },
+        &mut Sink::InOrder(&mut write),
         &|b| bar.inc(b),
     )?;
     w.finish()?;
+    bar.finish_and_clear();
+    Ok(summary)
+}
+
+/// [`stream`] into a file at known offsets ([`GgufPlacedWriter`], created with the output
+/// specs): `writers` threads write chunks as they complete while the next ones are
+/// quantized. Same bytes as [`stream`]'s.
+pub fn stream_placed(
+    source: &dyn TensorSource,
+    types: &[GgmlType],
+    requantize: bool,
+    quantizer: &dyn TensorQuantizer,
+    out: GgufPlacedWriter,
+    writers: usize,
+    bar: &ProgressBar,
+) -> Result<Summary, LoadError> {
+    stream_placed_chunked(
+        source,
+        types,
+        requantize,
+        quantizer,
+        out,
+        writers,
+        bar,
+        pipeline::CHUNK_BYTES,
+    )
+}
+
+/// [`stream_placed`] with chunks of at most `chunk` source bytes.
+#[allow(clippy::too_many_arguments)]
+pub fn stream_placed_chunked(
+    source: &dyn TensorSource,
+    types: &[GgmlType],
+    requantize: bool,
+    quantizer: &dyn TensorQuantizer,
+    out: GgufPlacedWriter,
+    writers: usize,
+    bar: &ProgressBar,
+    chunk: usize,
+) -> Result<Summary, LoadError> {
+    let tensors = source.tensors();
+    let jobs = pipeline::plan_jobs(tensors, types, requantize, chunk)?;
+    bar.set_length(jobs.iter().map(|j| j.src_len as u64).sum());
+    let write = |job: &Job, bytes: &[u8]| {
+        if job.src_offset == 0 {
+            bar.set_message(tensors[job.tensor].name.clone());
+        }
+        Ok(out.write_at(job.tensor, job.dst_offset, bytes)?)
+    };
+    let summary = run(
+        quantizer,
+        source,
+        &jobs,
+        &mut Sink::Placed {
+            write: &write,
+            threads: writers,
+        },
+        &|b| bar.inc(b),
+    )?;
+    out.finish()?;
     bar.finish_and_clear();
     Ok(summary)
 }
@@ -574,7 +642,206 @@ mod tests {
                 assert_eq!(s.read, read as u64, "chunk {chunk}");
             }
             assert!(got == want, "chunk {chunk}: bytes differ");
+            // The same chunks written at their offsets by writer threads, in whatever order
+            // they finish, into a file created at its size.
+            let dir = tempfile::tempdir().expect("tempdir");
+            for writers in [1, 3] {
+                let path = dir.path().join(format!("placed-{writers}.gguf"));
+                let out =
+                    GgufPlacedWriter::create(&path, &md, specs.clone()).expect("placed writer");
+                let s = stream_placed_chunked(
+                    &src,
+                    &types,
+                    true,
+                    &CpuQuantizer,
+                    out,
+                    writers,
+                    &ProgressBar::hidden(),
+                    chunk,
+                )
+                .expect("streams");
+                assert_eq!(s.stages.writers, writers);
+                assert!(
+                    std::fs::read(&path).expect("reads") == want,
+                    "chunk {chunk}, {writers} writers: bytes differ"
+                );
+            }
         }
+    }
+
+    /// A quantizer that fails on one chunk of a tensor (its rows' first value is 7.0).
+    struct FailOn7;
+    impl TensorQuantizer for FailOn7 {
+        fn name(&self) -> &str {
+            "fail-on-7"
+        }
+        fn quantize(
+            &self,
+            src_ty: GgmlType,
+            src: &[u8],
+            shape: &[u64],
+            dst: GgmlType,
+            progress: &dyn Fn(u64),
+        ) -> Result<Vec<u8>, QuantizeError> {
+            if src.get(..4) == Some(&7.0f32.to_le_bytes()[..]) {
+                return Err(QuantError::BadShape {
+                    len: 7,
+                    n_per_row: 7,
+                }
+                .into());
+            }
+            CpuQuantizer.quantize(src_ty, src, shape, dst, progress)
+        }
+    }
+
+    /// An early chunk's failure, among many chunks, ends the run with its error whichever
+    /// way it writes: the reader and the writers stop instead of waiting on each other
+    /// (the in-order run used to hang here once the reader filled every slot).
+    #[test]
+    fn an_early_failure_among_many_chunks_stops_every_thread() {
+        let mut v = vals(32 * 64, 6);
+        v[32 * 2] = 7.0;
+        let src = Mem(
+            vec![SourceTensor {
+                name: "blk.0.ffn_up.weight".into(),
+                shape: vec![32, 64],
+                ty: GgmlType::F32,
+            }],
+            vec![f32_bytes(&v)],
+        );
+        let specs = vec![TensorSpec {
+            name: "blk.0.ffn_up.weight".into(),
+            ty: GgmlType::Q8_0,
+            shape: vec![32, 64],
+        }];
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let w = GgufWriter::new(Vec::new(), &Metadata::new(), specs.clone()).expect("w");
+            let a = stream_chunked(
+                &src,
+                &[GgmlType::Q8_0],
+                true,
+                &FailOn7,
+                w,
+                &ProgressBar::hidden(),
+                128,
+            )
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+            let out = GgufPlacedWriter::create(dir.path().join("x.gguf"), &Metadata::new(), specs)
+                .expect("placed");
+            let b = stream_placed_chunked(
+                &src,
+                &[GgmlType::Q8_0],
+                true,
+                &FailOn7,
+                out,
+                2,
+                &ProgressBar::hidden(),
+                128,
+            )
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+            let _ = tx.send((a, b));
+        });
+        let (a, b) = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the failed runs return instead of hanging");
+        for e in [a, b] {
+            assert!(e.contains("blk.0.ffn_up.weight"), "{e}");
+        }
+    }
+
+    /// The CPU quantizer's stage reads ahead: the quantizer of chunk 0 waits until the
+    /// source has been asked for chunk 1, which only happens if reading runs beside
+    /// quantizing (a serial read-quantize-write loop fails here: its quantizer waits in
+    /// vain).
+    #[test]
+    fn reading_overlaps_quantizing() {
+        use std::sync::{Condvar, Mutex};
+        struct Gate {
+            asked: Mutex<usize>,
+            cv: Condvar,
+        }
+        struct Src<'g>(Mem, &'g Gate);
+        impl TensorSource for Src<'_> {
+            fn tensors(&self) -> &[SourceTensor] {
+                self.0.tensors()
+            }
+            fn data(&self, i: usize) -> Result<Cow<'_, [u8]>, LoadError> {
+                self.0.data(i)
+            }
+            fn read(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<(), LoadError> {
+                *self.1.asked.lock().expect("lock") += 1;
+                self.1.cv.notify_all();
+                self.0.read(i, offset, buf)
+            }
+        }
+        struct Waits<'g>(&'g Gate);
+        impl TensorQuantizer for Waits<'_> {
+            fn name(&self) -> &str {
+                "waits"
+            }
+            fn quantize(
+                &self,
+                src_ty: GgmlType,
+                src: &[u8],
+                shape: &[u64],
+                dst: GgmlType,
+                progress: &dyn Fn(u64),
+            ) -> Result<Vec<u8>, QuantizeError> {
+                let asked = self.0.asked.lock().expect("lock");
+                let (asked, timeout) = self
+                    .0
+                    .cv
+                    .wait_timeout_while(asked, std::time::Duration::from_secs(10), |n| *n < 2)
+                    .expect("wait");
+                assert!(
+                    !timeout.timed_out(),
+                    "the next chunk was not read while this one was quantized ({} reads)",
+                    *asked
+                );
+                drop(asked);
+                CpuQuantizer.quantize(src_ty, src, shape, dst, progress)
+            }
+        }
+        let gate = Gate {
+            asked: Mutex::new(0),
+            cv: Condvar::new(),
+        };
+        let v = vals(32 * 8, 7);
+        let src = Src(
+            Mem(
+                vec![SourceTensor {
+                    name: "w".into(),
+                    shape: vec![32, 8],
+                    ty: GgmlType::F32,
+                }],
+                vec![f32_bytes(&v)],
+            ),
+            &gate,
+        );
+        let specs = vec![TensorSpec {
+            name: "w".into(),
+            ty: GgmlType::Q8_0,
+            shape: vec![32, 8],
+        }];
+        let mut got = Vec::new();
+        let w = GgufWriter::new(&mut got, &Metadata::new(), specs).expect("writer");
+        let s = stream_chunked(
+            &src,
+            &[GgmlType::Q8_0],
+            true,
+            &Waits(&gate),
+            w,
+            &ProgressBar::hidden(),
+            128,
+        )
+        .expect("streams");
+        assert_eq!(s.read, 32 * 8 * 4);
     }
 
     /// A bad value in a late chunk stops the pipeline with the tensor's name (the reader

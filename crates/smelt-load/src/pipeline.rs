@@ -5,12 +5,17 @@
 //! the output bytes are the per-tensor quantizer's: every ggml format quantizes each row on
 //! its own, so cutting between rows changes nothing.
 //!
-//! Three actors: a reader thread (fills a free slot, then [`Stage::submit`]s it), the
-//! caller's thread ([`Stage::complete`]s slots in job order and hands the bytes to the
-//! writer), and the stage (CPU: quantizes in `complete`, so reading the next chunks overlaps
-//! it; GPU: copies and kernels run on the slot's stream between `submit` and `complete`).
+//! Four actors: a reader thread (fills a free slot, then [`Stage::submit`]s it), the
+//! caller's thread ([`Stage::complete`]s slots in job order), the writers (a [`Sink`]: the
+//! caller's thread writing in order into a stream, or writer threads putting each chunk at
+//! its own offset of a file already at its size, while the caller completes the next
+//! chunks), and the stage (CPU: quantizes in `complete`, so reading the next chunks and
+//! writing the last ones overlap it; GPU: copies and kernels run on the slot's stream
+//! between `submit` and `complete`). Each actor's busy and idle time is kept ([`Stages`]):
+//! `smelt quantize -v` prints where the time went.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use smelt_gguf::GgmlType;
@@ -37,7 +42,8 @@ pub struct Job {
     pub cols: usize,
     pub src_ty: GgmlType,
     pub dst_ty: GgmlType,
-    /// Output bytes of the chunk.
+    /// Byte offset of the chunk's output in the tensor's output data, and its length.
+    pub dst_offset: u64,
     pub out_len: usize,
     /// Whether the chunk is converted (else its bytes are copied as they are).
     pub convert: bool,
@@ -92,6 +98,7 @@ pub fn plan_jobs(
                 cols: to_usize(cols)?,
                 src_ty: t.ty,
                 dst_ty: dst,
+                dst_offset: 0,
                 out_len: 0,
                 convert: false,
                 last: true,
@@ -111,6 +118,7 @@ pub fn plan_jobs(
                     cols: to_usize(cols)?,
                     src_ty: t.ty,
                     dst_ty: dst,
+                    dst_offset: (r * dst_row) as u64,
                     out_len: k * dst_row,
                     convert: true,
                     last: r + k == rows,
@@ -130,6 +138,7 @@ pub fn plan_jobs(
                     cols: k,
                     src_ty: t.ty,
                     dst_ty: dst,
+                    dst_offset: off as u64,
                     out_len: k,
                     convert: false,
                     last: off + k == total,
@@ -149,13 +158,16 @@ pub trait Stage: Sync {
     fn input<'a>(&self, slot: &'a mut Self::Slot) -> &'a mut [u8];
     /// Called on the reader thread once `input` holds a converted job's bytes: start it.
     fn submit(&self, slot: &mut Self::Slot, job: &Job) -> Result<(), QuantizeError>;
-    /// Called in job order: the job's output bytes (waiting for them as needed).
-    fn complete<'a>(&self, slot: &'a mut Self::Slot, job: &Job) -> Result<&'a [u8], QuantizeError>;
+    /// Called in job order for converted jobs: finish the job (waiting for it as needed).
+    fn complete(&self, slot: &mut Self::Slot, job: &Job) -> Result<(), QuantizeError>;
+    /// The job's output bytes once complete; a copied job's are its input's first
+    /// `src_len` bytes. Called on a writer thread, or in order on the completing one.
+    fn output<'a>(&self, slot: &'a Self::Slot, job: &Job) -> &'a [u8];
 }
 
 /// The stage of any [`TensorQuantizer`] that quantizes host bytes (the CPU's: all cores of
 /// rayon's pool): it quantizes in `complete`, so the reader thread fills the next slots
-/// meanwhile.
+/// meanwhile (and writer threads write the previous ones).
 pub struct HostStage<'q>(pub &'q dyn TensorQuantizer);
 
 /// A host slot: the chunk's source bytes and its output.
@@ -184,9 +196,16 @@ impl Stage for HostStage<'_> {
     fn submit(&self, _: &mut HostSlot, _: &Job) -> Result<(), QuantizeError> {
         Ok(())
     }
-    fn complete<'a>(&self, slot: &'a mut HostSlot, job: &Job) -> Result<&'a [u8], QuantizeError> {
+    fn complete(&self, slot: &mut HostSlot, job: &Job) -> Result<(), QuantizeError> {
         slot.out = convert_with(self.0, job, &slot.input[..job.src_len])?;
-        Ok(&slot.out)
+        Ok(())
+    }
+    fn output<'a>(&self, slot: &'a HostSlot, job: &Job) -> &'a [u8] {
+        if job.convert {
+            &slot.out
+        } else {
+            &slot.input[..job.src_len]
+        }
     }
 }
 
@@ -213,8 +232,33 @@ pub fn max_src(jobs: &[Job]) -> usize {
     jobs.iter().map(|j| j.src_len).max().unwrap_or(0)
 }
 
-/// Slots the host stage keeps: one being read, one being quantized, one ready.
+/// Slots the host stage keeps: one being read, one being quantized, one ready (plus one
+/// per writer thread, [`Sink::extra_slots`]).
 pub const HOST_SLOTS: usize = 3;
+
+/// Where each actor of a run spent its time (wall time of each thread; the writers' summed).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Stages {
+    /// Before the first read: the caller's staging memory (a GPU's pinned slots).
+    pub setup: Duration,
+    /// Reader thread: reading source bytes into slots.
+    pub read: Duration,
+    /// Reader thread: starting converted jobs (a GPU's uploads and kernels queued).
+    pub submit: Duration,
+    /// Reader thread: waiting for a free slot (the stage or the writers were behind).
+    pub read_idle: Duration,
+    /// Completing thread: waiting for the reader's next slot.
+    pub complete_idle: Duration,
+    /// Completing thread: completing jobs (CPU: quantizing; GPU: waiting for the kernel and
+    /// the download, checking the rows).
+    pub complete: Duration,
+    /// Completing thread: writing in order, or handing slots to the writer threads.
+    pub hand_off: Duration,
+    /// Writer threads: writing (summed over them; in-order runs write in `hand_off`).
+    pub write: Duration,
+    /// Writer threads the run had (0: written in order).
+    pub writers: usize,
+}
 
 /// What a pipelined run moved, for the summary line.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -222,8 +266,10 @@ pub struct Summary {
     pub read: u64,
     pub written: u64,
     pub elapsed: Duration,
-    /// Time the writer spent waiting for chunks (the reader or the stage was behind).
+    /// Time the completing thread spent waiting for chunks (the reader or the stage was
+    /// behind).
     pub waited: Duration,
+    pub stages: Stages,
 }
 
 impl Summary {
@@ -239,41 +285,148 @@ impl Summary {
             gb(self.written)
         )
     }
+
+    /// Where the time went, one line (`SMELT_CUDA_LOAD_LOG=1` or `smelt quantize -v`):
+    /// `stages: setup 0.12 s | reader: read 1.80 s, submit 0.05 s, idle 0.90 s | completer:
+    /// idle 0.10 s, complete 0.30 s, hand-off 2.20 s | 1 writer: wrote 2.60 s (2.33 GB/s)`.
+    pub fn stages_line(&self) -> String {
+        let t = &self.stages;
+        let s = |d: Duration| format!("{:.2} s", d.as_secs_f64());
+        let writers = if t.writers == 0 {
+            "written in order by the completer (in its hand-off)".to_string()
+        } else {
+            let w = t.write.as_secs_f64();
+            let rate = if w > 0.0 {
+                self.written as f64 / 1e9 / (w / t.writers as f64)
+            } else {
+                0.0
+            };
+            format!(
+                "{} writer{}: wrote {} ({rate:.2} GB/s each busy second)",
+                t.writers,
+                if t.writers == 1 { "" } else { "s" },
+                s(t.write)
+            )
+        };
+        format!(
+            "stages: setup {} | reader: read {}, submit {}, idle {} | completer: idle {}, \
+             complete {}, hand-off {} | {writers}",
+            s(t.setup),
+            s(t.read),
+            s(t.submit),
+            s(t.read_idle),
+            s(t.complete_idle),
+            s(t.complete),
+            s(t.hand_off),
+        )
+    }
 }
 
 /// Takes each job's output bytes, in job order.
 pub type WriteFn<'a> = dyn FnMut(&Job, &[u8]) -> Result<(), LoadError> + 'a;
 
+/// Puts a job's output bytes where they belong (any job, any order, any thread).
+pub type PlaceFn<'a> = dyn Fn(&Job, &[u8]) -> Result<(), LoadError> + Sync + 'a;
+
 /// Fills `buf` with the job's source bytes.
 pub type ReadFn<'a> = dyn Fn(&Job, &mut [u8]) -> Result<(), LoadError> + Sync + 'a;
 
+/// Counts source bytes of finished jobs (called from any thread).
+pub type ProgressFn<'a> = dyn Fn(u64) + Sync + 'a;
+
+/// Where a run's output goes.
+pub enum Sink<'a, 'f> {
+    /// In job order on the completing thread (a stream: [`smelt_gguf::GgufWriter`]).
+    InOrder(&'a mut WriteFn<'f>),
+    /// From `threads` writer threads, as jobs complete: the completing thread hands a slot
+    /// over and goes on to the next job (a file written at known offsets,
+    /// [`smelt_gguf::GgufPlacedWriter`]).
+    Placed {
+        write: &'a PlaceFn<'f>,
+        threads: usize,
+    },
+}
+
+impl Sink<'_, '_> {
+    /// Slots to add to a stage's own: one per writer thread, each holding a chunk being
+    /// written.
+    pub fn extra_slots(&self) -> usize {
+        match self {
+            Sink::InOrder(_) => 0,
+            Sink::Placed { threads, .. } => (*threads).max(1),
+        }
+    }
+}
+
+/// Nanoseconds per [`Stages`] field, added to from several threads.
+#[derive(Default)]
+struct Clock {
+    read: AtomicU64,
+    submit: AtomicU64,
+    read_idle: AtomicU64,
+    complete_idle: AtomicU64,
+    complete: AtomicU64,
+    hand_off: AtomicU64,
+    write: AtomicU64,
+    read_bytes: AtomicU64,
+    written: AtomicU64,
+}
+
+impl Clock {
+    fn add(field: &AtomicU64, since: Instant) {
+        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        field.fetch_add(ns, Ordering::Relaxed);
+    }
+    fn get(field: &AtomicU64) -> Duration {
+        Duration::from_nanos(field.load(Ordering::Relaxed))
+    }
+}
+
+/// The first error of any thread of a run; once set, every thread stops at its next job.
+#[derive(Default)]
+struct Failure {
+    failed: AtomicBool,
+    first: Mutex<Option<LoadError>>,
+}
+
+impl Failure {
+    fn set(&self, e: LoadError) {
+        let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+        if first.is_none() {
+            *first = Some(e);
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+    fn is_set(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+    fn take(&self) -> Option<LoadError> {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
 /// Runs `jobs` through `stage` with `slots` (two or more keep reading and quantizing
-/// overlapped), calling `write` with each job's output in job order and `progress` with
-/// the source bytes of each finished job.
+/// overlapped; a placed sink needs [`Sink::extra_slots`] more to keep its writers busy),
+/// sending each job's output to `sink` and calling `progress` with the source bytes of
+/// each written job. The first error of any thread stops every thread and is returned.
 pub fn run<S: Stage>(
     stage: &S,
     slots: Vec<S::Slot>,
     tensors: &[SourceTensor],
     jobs: &[Job],
     read: &ReadFn<'_>,
-    write: &mut WriteFn<'_>,
-    progress: &dyn Fn(u64),
+    sink: &mut Sink<'_, '_>,
+    progress: &ProgressFn<'_>,
 ) -> Result<Summary, LoadError> {
     let start = Instant::now();
-    let mut summary = Summary::default();
     if slots.is_empty() {
         return Err(LoadError::Plan {
             why: "a pipeline needs at least one slot".into(),
         });
     }
     let n_slots = slots.len();
-    let (free_tx, free_rx) = mpsc::sync_channel::<S::Slot>(n_slots);
-    let (done_tx, done_rx) = mpsc::sync_channel::<Result<S::Slot, LoadError>>(n_slots);
-    for s in slots {
-        free_tx.send(s).map_err(|_| LoadError::Plan {
-            why: "pipeline slots".into(),
-        })?;
-    }
+    let clock = Clock::default();
+    let failure = Failure::default();
     let quant_err = |job: &Job, e: QuantizeError| LoadError::Quantize {
         name: tensors
             .get(job.tensor)
@@ -282,20 +435,42 @@ pub fn run<S: Stage>(
         to: job.dst_ty,
         source: e,
     };
-    std::thread::scope(|scope| -> Result<(), LoadError> {
+    let (clock, failure, quant_err) = (&clock, &failure, &quant_err);
+    let writers = match sink {
+        Sink::InOrder(_) => 0,
+        Sink::Placed { threads, .. } => (*threads).max(1),
+    };
+    std::thread::scope(|scope| {
+        // Every channel end lives in this scope, so each actor's end is dropped when it
+        // stops and the others' waits end (no thread hangs on a failed run).
+        let (free_tx, free_rx) = mpsc::sync_channel::<S::Slot>(n_slots);
+        let (done_tx, done_rx) = mpsc::sync_channel::<Result<S::Slot, LoadError>>(n_slots);
+        for s in slots {
+            // The receiver is alive and the channel has room for every slot.
+            let _ = free_tx.send(s);
+        }
         scope.spawn(move || {
             for job in jobs {
+                if failure.is_set() {
+                    return;
+                }
+                let t = Instant::now();
                 let Ok(mut slot) = free_rx.recv() else { return };
+                Clock::add(&clock.read_idle, t);
                 let r = (|| {
                     let buf = stage.input(&mut slot);
                     let buf = buf.get_mut(..job.src_len).ok_or_else(|| LoadError::Plan {
                         why: format!("a {} byte chunk does not fit its slot", job.src_len),
                     })?;
+                    let t = Instant::now();
                     read(job, buf)?;
+                    Clock::add(&clock.read, t);
                     if job.convert {
+                        let t = Instant::now();
                         stage
                             .submit(&mut slot, job)
                             .map_err(|e| quant_err(job, e))?;
+                        Clock::add(&clock.submit, t);
                     }
                     Ok(())
                 })();
@@ -305,31 +480,111 @@ pub fn run<S: Stage>(
                 }
             }
         });
-        for job in jobs {
-            let t = Instant::now();
-            let msg = done_rx.recv().map_err(|_| LoadError::Plan {
-                why: "the reader stopped".into(),
-            });
-            summary.waited += t.elapsed();
-            let mut slot = msg??;
-            let out: &[u8] = if job.convert {
-                stage
-                    .complete(&mut slot, job)
-                    .map_err(|e| quant_err(job, e))?
-            } else {
-                &stage.input(&mut slot)[..job.src_len]
-            };
-            write(job, out)?;
-            summary.read += job.src_len as u64;
-            summary.written += job.out_len as u64;
-            progress(job.src_len as u64);
-            // The reader may have finished already: a failed send is fine.
-            let _ = free_tx.send(slot);
+        let (write_tx, write_rx) = mpsc::sync_channel::<(usize, S::Slot)>(n_slots);
+        let write_rx = Arc::new(Mutex::new(write_rx));
+        if let Sink::Placed { write, .. } = sink {
+            let write: &PlaceFn<'_> = *write;
+            for _ in 0..writers {
+                let free_tx = free_tx.clone();
+                let write_rx = write_rx.clone();
+                scope.spawn(move || loop {
+                    let msg = write_rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok((j, slot)) = msg else { return };
+                    let job = &jobs[j];
+                    if !failure.is_set() {
+                        let t = Instant::now();
+                        match write(job, stage.output(&slot, job)) {
+                            Ok(()) => {
+                                Clock::add(&clock.write, t);
+                                clock
+                                    .read_bytes
+                                    .fetch_add(job.src_len as u64, Ordering::Relaxed);
+                                clock
+                                    .written
+                                    .fetch_add(job.out_len as u64, Ordering::Relaxed);
+                                progress(job.src_len as u64);
+                            }
+                            Err(e) => failure.set(e),
+                        }
+                    }
+                    // The reader may have stopped already: a failed send is fine.
+                    let _ = free_tx.send(slot);
+                });
+            }
         }
-        Ok(())
-    })?;
-    summary.elapsed = start.elapsed();
-    Ok(summary)
+        let completed = (|| -> Result<(), LoadError> {
+            for (j, job) in jobs.iter().enumerate() {
+                if failure.is_set() {
+                    return Ok(());
+                }
+                let t = Instant::now();
+                let msg = done_rx.recv().map_err(|_| LoadError::Plan {
+                    why: "the reader stopped".into(),
+                });
+                Clock::add(&clock.complete_idle, t);
+                let mut slot = msg??;
+                if job.convert {
+                    let t = Instant::now();
+                    stage
+                        .complete(&mut slot, job)
+                        .map_err(|e| quant_err(job, e))?;
+                    Clock::add(&clock.complete, t);
+                }
+                let t = Instant::now();
+                match sink {
+                    Sink::InOrder(write) => {
+                        write(job, stage.output(&slot, job))?;
+                        clock
+                            .read_bytes
+                            .fetch_add(job.src_len as u64, Ordering::Relaxed);
+                        clock
+                            .written
+                            .fetch_add(job.out_len as u64, Ordering::Relaxed);
+                        progress(job.src_len as u64);
+                        let _ = free_tx.send(slot);
+                    }
+                    Sink::Placed { .. } => {
+                        if write_tx.send((j, slot)).is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+                Clock::add(&clock.hand_off, t);
+            }
+            Ok(())
+        })();
+        if let Err(e) = completed {
+            failure.set(e);
+        }
+        drop((write_tx, write_rx, free_tx, done_rx));
+    });
+    if let Some(e) = failure.take() {
+        return Err(e);
+    }
+    let read = clock.read_bytes.load(Ordering::Relaxed);
+    let want: u64 = jobs.iter().map(|j| j.src_len as u64).sum();
+    if read != want {
+        return Err(LoadError::Plan {
+            why: format!("the pipeline stopped after {read} of {want} bytes"),
+        });
+    }
+    Ok(Summary {
+        read,
+        written: clock.written.load(Ordering::Relaxed),
+        elapsed: start.elapsed(),
+        waited: Clock::get(&clock.complete_idle),
+        stages: Stages {
+            setup: Duration::ZERO,
+            read: Clock::get(&clock.read),
+            submit: Clock::get(&clock.submit),
+            read_idle: Clock::get(&clock.read_idle),
+            complete_idle: Clock::get(&clock.complete_idle),
+            complete: Clock::get(&clock.complete),
+            hand_off: Clock::get(&clock.hand_off),
+            write: Clock::get(&clock.write),
+            writers,
+        },
+    })
 }
 
 /// Parallel positional reads, shared with the CUDA backend's in-situ quantization.
@@ -441,7 +696,7 @@ mod tests {
             read: 15_010_000_000,
             written: 6_160_000_000,
             elapsed: Duration::from_millis(4200),
-            waited: Duration::ZERO,
+            ..Summary::default()
         };
         assert_eq!(
             s.line(),

@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use smelt_engine::Device;
 use smelt_gguf::{Gguf, Metadata};
-use smelt_load::pipeline::{Stage, WriteFn};
+use smelt_load::pipeline::{ProgressFn, Sink, Stage};
 use smelt_load::{
     CpuQuantizer, IsqPlan, Job, LoadError, Planner, QuantizeError, SourceTensor, Summary,
     TensorQuantizer, TensorSource,
@@ -106,10 +106,10 @@ impl TensorQuantizer for GpuQuantizer {
         &self,
         source: &dyn TensorSource,
         jobs: &[Job],
-        write: &mut WriteFn<'_>,
-        progress: &dyn Fn(u64),
+        sink: &mut Sink<'_, '_>,
+        progress: &ProgressFn<'_>,
     ) -> Option<Result<Summary, LoadError>> {
-        Some(run_on_gpu(&self.gpu, source, jobs, write, progress))
+        Some(run_on_gpu(&self.gpu, source, jobs, sink, progress))
     }
 }
 
@@ -146,30 +146,40 @@ impl Stage for GpuStage {
         }
         Ok(())
     }
-    fn complete<'a>(&self, s: &'a mut GpuSlot, job: &Job) -> Result<&'a [u8], QuantizeError> {
+    fn complete(&self, s: &mut GpuSlot, job: &Job) -> Result<(), QuantizeError> {
         if s.on_gpu {
-            return Ok(s.slot.complete()?);
+            s.slot.complete()?;
+            return Ok(());
         }
         s.host_out =
             smelt_load::pipeline::convert_with(&CpuQuantizer, job, &s.slot.input()[..job.src_len])?;
-        Ok(&s.host_out)
+        Ok(())
+    }
+    fn output<'a>(&self, s: &'a GpuSlot, job: &Job) -> &'a [u8] {
+        match (job.convert, s.on_gpu) {
+            (false, _) => &s.slot.input_bytes()[..job.src_len],
+            (true, true) => s.slot.output(),
+            (true, false) => &s.host_out,
+        }
     }
 }
 
-/// Runs `jobs` through [`GPU_SLOTS`] staging slots on `gpu` (see [`smelt_load::pipeline`]).
+/// Runs `jobs` through [`GPU_SLOTS`] staging slots on `gpu`, plus one per writer thread of
+/// `sink` (see [`smelt_load::pipeline`]).
 pub fn run_on_gpu(
     gpu: &std::sync::Arc<smelt_cuda::Gpu>,
     source: &dyn TensorSource,
     jobs: &[Job],
-    write: &mut WriteFn<'_>,
-    progress: &dyn Fn(u64),
+    sink: &mut Sink<'_, '_>,
+    progress: &ProgressFn<'_>,
 ) -> Result<Summary, LoadError> {
+    let t = std::time::Instant::now();
     let on_gpu = || jobs.iter().filter(|j| j.convert && gpu_input(j).is_some());
     let max_out = on_gpu().map(|j| j.out_len).max().unwrap_or(0);
     let max_rows = on_gpu().map(|j| j.rows).max().unwrap_or(0);
     let slots = smelt_cuda::staged::slots(
         gpu,
-        GPU_SLOTS,
+        GPU_SLOTS + sink.extra_slots(),
         smelt_load::pipeline::max_src(jobs),
         max_out,
         max_rows,
@@ -185,15 +195,18 @@ pub fn run_on_gpu(
             host_out: Vec::new(),
         })
         .collect();
-    smelt_load::pipeline::run(
+    let setup = t.elapsed();
+    let mut s = smelt_load::pipeline::run(
         &GpuStage,
         slots,
         source.tensors(),
         jobs,
         &|job, buf| source.read(job.tensor, job.src_offset, buf),
-        write,
+        sink,
         progress,
-    )
+    )?;
+    s.stages.setup = setup;
+    Ok(s)
 }
 
 /// Opens `path` (GGUF file or Hugging Face folder) for the engine, quantized to `isq` when
@@ -221,7 +234,7 @@ pub fn open(path: &Path, isq: Option<&str>, device: Device) -> Result<Gguf> {
             read: input_bytes(path),
             written: g.file_size(),
             elapsed: start.elapsed(),
-            waited: std::time::Duration::ZERO,
+            ..Default::default()
         };
         eprintln!(
             "{}: {what} in memory, {} tensors; {}",

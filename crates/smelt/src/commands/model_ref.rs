@@ -320,7 +320,7 @@ fn gpu_load(path: &Path, gguf: smelt_gguf::Gguf, opts: &EngineOptions, n: usize)
         read: moved,
         written: moved,
         elapsed: start.elapsed(),
-        waited: std::time::Duration::ZERO,
+        ..Default::default()
     };
     let what = match &opts.device_isq {
         Some(p) => format!(

@@ -2,12 +2,20 @@
 //!
 //! Tensors stream in chunks of rows through `smelt_load::pipeline`: read ahead in large
 //! parallel reads into a few reused staging slots while earlier chunks are quantized (all
-//! CPU cores, or a GPU's copy engines and kernels on streams of their own) and written in
-//! order, so memory stays at a few chunks however large the model.
+//! CPU cores, or a GPU's copy engines and kernels on streams of their own) and written by a
+//! writer thread at their offsets in an output file created at its final size, so memory
+//! stays at a few chunks however large the model, and writing overlaps the rest.
+//!
+//! `-v` (or `SMELT_CUDA_LOAD_LOG=1`, which the load benchmarks set) prints where the time
+//! went. Measurement switches: `SMELT_WRITE=serial` writes in order through one buffered
+//! stream as before (file extended as it grows), `SMELT_WRITE=mmap` copies into a shared
+//! mapping of the file instead of `pwrite`; `SMELT_WRITE_THREADS=N` (default 1) sets the
+//! writer threads (buffered writes to one file take its inode lock, so more `pwrite`
+//! threads only queue on it; a mapping's page faults run in parallel).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
+use smelt_gguf::{GgmlType, Gguf, GgufPlacedWriter, GgufWriter, Metadata, TensorSpec, Value};
 use smelt_load::{TensorQuantizer, TensorSource};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -46,6 +54,39 @@ pub struct QuantizeArgs {
     /// to the CPU; other conversions stay on the CPU.
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
     pub device: String,
+    /// Say where the time went (reading, quantizing, writing, setup) at the end.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+}
+
+/// How the output is written (`SMELT_WRITE`, `SMELT_WRITE_THREADS`; see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteMode {
+    /// In order through one buffered stream, the file growing as it goes.
+    Serial,
+    /// At known offsets of a file created at its size, by this many writer threads.
+    Placed(usize),
+    /// The same, copied into a shared mapping of the file (a measurement switch).
+    Mapped(usize),
+}
+
+impl WriteMode {
+    fn from_env() -> Result<Self> {
+        let threads = match std::env::var("SMELT_WRITE_THREADS") {
+            Ok(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .with_context(|| format!("SMELT_WRITE_THREADS={v}: a number from 1 to 64"))?,
+            Err(_) => 1,
+        };
+        match std::env::var("SMELT_WRITE").as_deref() {
+            Err(_) | Ok("placed") => Ok(WriteMode::Placed(threads)),
+            Ok("serial") => Ok(WriteMode::Serial),
+            Ok("mmap") => Ok(WriteMode::Mapped(threads)),
+            Ok(other) => bail!("SMELT_WRITE={other}: `placed` (the default), `serial` or `mmap`"),
+        }
+    }
 }
 
 pub fn run(args: &QuantizeArgs) -> Result<()> {
@@ -58,7 +99,10 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         preset: args.preset,
         threads: args.threads,
         device: args.device.clone(),
+        verbose: args.verbose,
     };
+    let verbose = args.verbose || smelt_cuda::GpuOptions::from_env().load_log;
+    let mode = WriteMode::from_env()?;
     super::use_threads(args.threads)?;
     let target = Target::parse(&args.ty, args.preset).map_err(anyhow::Error::msg)?;
     let same_file = args.output.exists()
@@ -104,18 +148,49 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
             shape: t.shape.clone(),
         })
         .collect();
-    let partial = output::Partial::new(&args.output);
-    let w = GgufWriter::create(partial.path(), &md, specs)
-        .with_context(|| format!("cannot create {}", partial.path().display()))?;
-
+    let planned_at = start.elapsed();
     let quantizer: Box<dyn TensorQuantizer> = match open_gpu(&args.device)? {
         Some(gpu) => Box::new(super::isq::GpuQuantizer::new(gpu)),
         None => Box::new(smelt_load::CpuQuantizer),
     };
+    let ready_at = start.elapsed();
+    let partial = output::Partial::new(&args.output);
+    let cannot_create = || format!("cannot create {}", partial.path().display());
     let types: Vec<GgmlType> = planned.iter().map(|p| p.ty).collect();
     let bar = progress::bytes_bar(0, "quantize");
-    let summary = smelt_load::isq::stream(source, &types, true, quantizer.as_ref(), w, &bar)
-        .with_context(|| format!("cannot quantize into {}", args.output.display()))?;
+    let cannot = || format!("cannot quantize into {}", args.output.display());
+    let (summary, created) = match mode {
+        WriteMode::Serial => {
+            let file = std::fs::File::create(partial.path()).with_context(cannot_create)?;
+            let w = GgufWriter::new(std::io::BufWriter::with_capacity(1 << 20, file), &md, specs)
+                .with_context(cannot_create)?;
+            let created = start.elapsed();
+            let s = smelt_load::isq::stream(source, &types, true, quantizer.as_ref(), w, &bar)
+                .with_context(cannot)?;
+            (s, created)
+        }
+        WriteMode::Placed(writers) | WriteMode::Mapped(writers) => {
+            let w = if matches!(mode, WriteMode::Mapped(_)) {
+                GgufPlacedWriter::create_mapped(partial.path(), &md, specs)
+            } else {
+                GgufPlacedWriter::create(partial.path(), &md, specs)
+            }
+            .with_context(cannot_create)?;
+            let created = start.elapsed();
+            let s = smelt_load::isq::stream_placed(
+                source,
+                &types,
+                true,
+                quantizer.as_ref(),
+                w,
+                writers,
+                &bar,
+            )
+            .with_context(cannot)?;
+            (s, created)
+        }
+    };
+    let streamed_at = start.elapsed();
     partial.commit()?;
 
     let before = super::isq::input_bytes(&args.input);
@@ -137,6 +212,26 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         summary.line(),
         start.elapsed().as_secs_f64()
     );
+    if verbose {
+        let s = |d: std::time::Duration| format!("{:.2} s", d.as_secs_f64());
+        eprintln!(
+            "timing: input opened and planned {} | {} ready {} | output created {} ({}) | \
+             pipeline {} | closed and renamed {} | {} in all before exit",
+            s(planned_at),
+            quantizer.name(),
+            s(ready_at - planned_at),
+            s(created - ready_at),
+            match mode {
+                WriteMode::Serial => "serial".to_string(),
+                WriteMode::Placed(n) => format!("pwrite, {n} writer thread(s)"),
+                WriteMode::Mapped(n) => format!("mmap, {n} writer thread(s)"),
+            },
+            s(streamed_at - created),
+            s(start.elapsed() - streamed_at),
+            s(start.elapsed()),
+        );
+        eprintln!("{}", summary.stages_line());
+    }
     Ok(())
 }
 
