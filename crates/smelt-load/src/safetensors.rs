@@ -38,6 +38,8 @@ impl StTensor {
 
 struct Shard {
     path: PathBuf,
+    /// For large parallel reads (a mapping faults its pages in a few at a time).
+    file: std::fs::File,
     map: memmap2::Mmap,
     data_start: usize,
 }
@@ -136,6 +138,7 @@ impl Checkpoint {
             }
             shards.push(Shard {
                 path,
+                file: f,
                 map,
                 data_start,
             });
@@ -181,5 +184,26 @@ impl Checkpoint {
     pub fn bytes(&self, t: &StTensor) -> &[u8] {
         let s = &self.shards[t.shard];
         &s.map[s.data_start + t.start..s.data_start + t.end]
+    }
+
+    /// Bytes `offset..offset + buf.len()` of the tensor into `buf`, by parallel positioned
+    /// reads of its shard (the pipelined quantizer's reads of a folder).
+    pub fn read_at(&self, t: &StTensor, offset: u64, buf: &mut [u8]) -> Result<(), LoadError> {
+        let s = &self.shards[t.shard];
+        let len = (t.end - t.start) as u64;
+        if offset + buf.len() as u64 > len {
+            return Err(LoadError::BadTensor {
+                name: t.name.clone(),
+                why: format!("bytes {offset}..+{} past its {len} bytes", buf.len()),
+            });
+        }
+        crate::pipeline::pread_parallel(
+            &s.file,
+            (s.data_start + t.start) as u64 + offset,
+            buf,
+            crate::pipeline::read_threads(),
+            crate::pipeline::READ_PIECE,
+        )
+        .map_err(|e| LoadError::io(&s.path, e))
     }
 }

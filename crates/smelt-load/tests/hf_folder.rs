@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use smelt_engine::{Engine, EngineOptions, Logits, SeqInput};
 use smelt_gguf::{GgmlType, Gguf, Metadata, Value};
-use smelt_load::{CpuQuantizer, IsqPlan, Planner, SourceTensor};
+use smelt_load::{CpuQuantizer, IsqPlan, Planner, SourceTensor, TensorSource};
 use smelt_tokenizer::Tokenizer;
 
 fn root() -> PathBuf {
@@ -343,6 +343,30 @@ fn sharded_folder_loads_the_same_tensors() {
         assert_eq!((u.ty, &u.shape), (t.ty, &t.shape));
         assert!(one.tensor_data(t) == three.tensor_data(u), "{}", t.name);
     }
+}
+
+/// The pipelined quantizer's chunked reads of a folder (parallel reads of each shard;
+/// rope-permuted Q/K rows gathered row by row) give each tensor's converted bytes, for
+/// pieces that start and end anywhere in a row.
+#[test]
+fn chunked_reads_of_a_sharded_folder_are_its_tensors() {
+    let m = smelt_load::hf::open(&folder(3)).expect("three shards");
+    let src = &m.source;
+    let mut permuted = 0;
+    for (i, t) in src.tensors().iter().enumerate() {
+        let whole = src.data(i).expect("data");
+        permuted += usize::from(t.name.contains("attn_q") || t.name.contains("attn_k"));
+        for piece in [whole.len().max(1), 1000, 77_777] {
+            let mut got = vec![0u8; whole.len()];
+            for (k, part) in got.chunks_mut(piece).enumerate() {
+                src.read(i, (k * piece) as u64, part).expect("reads");
+            }
+            assert!(got == whole.as_ref(), "{} in pieces of {piece}", t.name);
+        }
+    }
+    assert!(permuted >= 2, "the folder has permuted Q/K weights");
+    let past = src.tensors()[0].shape.iter().product::<u64>() * 4;
+    assert!(src.read(0, past, &mut [0u8; 8]).is_err());
 }
 
 /// A scratch copy of a folder: small files copied (to be edited), big ones linked.

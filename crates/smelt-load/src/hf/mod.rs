@@ -429,18 +429,93 @@ impl TensorSource for HfSource {
             vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
         ))
     }
+
+    /// Copied weights (nearly all of a folder's bytes) come straight from their shard by
+    /// parallel reads, or row by row when rope-permuted; converted vectors through `data`.
+    fn read(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<(), LoadError> {
+        match &self.recipes[i] {
+            Recipe::Copy { src, permute_heads } => {
+                self.read_copy(&self.st[*src], *permute_heads, offset, buf)
+            }
+            _ => {
+                let d = self.data(i)?;
+                let at = usize::try_from(offset).unwrap_or(usize::MAX);
+                let src = at
+                    .checked_add(buf.len())
+                    .and_then(|end| d.get(at..end))
+                    .ok_or_else(|| LoadError::Plan {
+                        why: format!("tensor #{i}: bytes {offset}.. past its {} bytes", d.len()),
+                    })?;
+                buf.copy_from_slice(src);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl HfSource {
+    /// `buf` from a copied tensor's bytes at `offset`: straight from its shard by parallel
+    /// reads, or, for rope-permuted rows, each output row's piece gathered from its source
+    /// row (the whole tensor is never permuted for one chunk).
+    fn read_copy(
+        &self,
+        st: &StTensor,
+        permute_heads: Option<u64>,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), LoadError> {
+        let Some(heads) = permute_heads else {
+            return self.ckpt.read_at(st, offset, buf);
+        };
+        let bytes = self.ckpt.bytes(st);
+        let rows = st.shape.first().copied().unwrap_or(1);
+        let bad = |why: String| LoadError::BadTensor {
+            name: st.name.clone(),
+            why,
+        };
+        let row = row_of(bytes.len(), rows, heads).map_err(bad)?;
+        let end = offset as usize + buf.len();
+        if end > bytes.len() {
+            return Err(bad(format!(
+                "bytes {offset}..{end} past its {} bytes",
+                bytes.len()
+            )));
+        }
+        let hd = rows as usize / heads as usize;
+        let mut at = offset as usize;
+        let mut done = 0;
+        while at < end {
+            let dst = at / row;
+            let (h, r) = (dst / hd, dst % hd);
+            // Output row h*hd + i*2 + j comes from source row h*hd + j*half + i.
+            let src = h * hd + (r % 2) * (hd / 2) + r / 2;
+            let within = at % row;
+            let n = (row - within).min(end - at);
+            let from = src * row + within;
+            buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
+            at += n;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes per row of a tensor of `len` bytes and `rows` rows that splits into `heads` rope
+/// heads of an even number of rows.
+fn row_of(len: usize, rows: u64, heads: u64) -> Result<usize, String> {
+    if heads == 0 || rows % (heads * 2) != 0 || len as u64 % rows.max(1) != 0 {
+        return Err(format!(
+            "{rows} rows cannot be split into {heads} rope heads"
+        ));
+    }
+    Ok(len / rows as usize)
 }
 
 /// convert's `LlamaModel.permute`: within each of `heads` heads, rows `[j * half + i]`
 /// (j in 0..2, i in 0..half) move to `[i * 2 + j]`, turning HF's rotate-half rope layout into
 /// ggml's interleaved one. A pure row shuffle, so it works on the bytes of any dtype.
 pub fn permute_rows(bytes: &[u8], rows: u64, heads: u64) -> Result<Vec<u8>, String> {
-    if heads == 0 || rows % (heads * 2) != 0 || bytes.len() as u64 % rows.max(1) != 0 {
-        return Err(format!(
-            "{rows} rows cannot be split into {heads} rope heads"
-        ));
-    }
-    let row = bytes.len() / rows as usize;
+    let row = row_of(bytes.len(), rows, heads)?;
     let hd = (rows / heads) as usize;
     let half = hd / 2;
     let mut out = vec![0u8; bytes.len()];
