@@ -14,6 +14,11 @@
 #   `smelt quantize --device cuda` to q6_k and q4_k_m, `smelt run --isq q6_k --device cuda`
 #   to its first tokens (on the device, and through host memory as before) with a breakdown
 #   of where its time goes, the CPU quantizer on all cores and `cmp` of the GPU and CPU files;
+#   each `smelt quantize` with its own breakdown (setup, reading, completing, writing: its
+#   `timing:`/`stages:` lines), and q6_k written five ways in the same call (SMELT_WRITE=
+#   serial, the stream of before; placed, pwrite at known offsets, with 1 writer thread, the
+#   default, and 4; mmap with 4 and 8), each file compared with the default's; a `sync`
+#   before every timed write;
 # - the 8B Q4_K file: `smelt serve` from launch to its first answered request (kernel cache
 #   warm, page cache warm and dropped) beside llama.cpp's model load of the same file
 #   (LLAMACPP=1, the default: built in the background while the checks run, ~3 min);
@@ -69,6 +74,7 @@ log="$out/load.log"
 table="$out/load-table.md"
 checks="$out/load-checks.md"
 breakdown="$out/load-breakdown.md"
+qbreak="$out/load-quantize-stages.md"
 W=${LOAD_DIR:-/tmp/load}
 rm -rf "$W"; mkdir -p "$W"
 S=$W/smelt; Q=$W/quantize_check; TOK=$W/tok.gguf
@@ -82,6 +88,7 @@ LLAMACPP=${LLAMACPP:-1}; BIG=${BIG:-1}
 export SMELT_CUDA_LOAD_LOG=1
 export XDG_CACHE_HOME=$W/cache
 : > "$table"; : > "$checks"; : > "$breakdown"
+printf '| smelt quantize run | where its time went (its own clock; wall minus "in all" is the process exit) |\n|---|---|\n' > "$qbreak"
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   echo "cores $(nproc)"; free -g | head -2; df -h "$W" | tail -1; } 2>&1 | tee "$log"
 
@@ -122,6 +129,12 @@ gbs() { awk -v f="$1" -v t="${2%% *}" 'BEGIN { if (t > 0) printf "%.2f GB/s", f 
 gb() { awk -v b="$(stat -c %s "$1" 2>/dev/null || echo 0)" 'BEGIN { printf "%.2f GB", b / 1e9 }'; }
 catn() { cat "$1" > /dev/null; }
 last_wrote() { grep -a "^wrote" "$log" | tail -1 | sed 's/.*; read/read/'; }
+# stages NAME: the last quantize's own breakdown (its `timing:` and `stages:` lines, printed
+# under SMELT_CUDA_LOAD_LOG=1) as rows of the quantize breakdown table.
+qstages() {
+    { echo "| $1 | $(grep -a "^timing:" "$log" | tail -1 | sed 's/^timing: //') |"
+      echo "| | $(grep -a "^stages:" "$log" | tail -1 | sed 's/^stages: //') |"; } >> "$qbreak"
+}
 FAILED=0
 ids=$(seq -s, 100 1 116)
 
@@ -190,15 +203,38 @@ fi
 
 echo "== 8B bf16 ($(now) s)" | tee -a "$log"
 head2 "8B bf16, $(gb $bf)" "vs read / rate"
+# Every timed write starts with no dirty pages of earlier steps left to flush: writeback
+# throttling of someone else's bytes is not this command's time.
+sync
 catn $bf
 catw=$(secs cat $bf)
 row "cat > /dev/null (page cache warm)" "$catw" "$(gbs $size $catw)"
+sync
 s=$(secs $S quantize $bf $W/l8-q6k-gpu2.gguf --type q6_k --device $DEV)
 row "smelt quantize --device $DEV q6_k -> $(gb $W/l8-q6k-gpu2.gguf)" "$s" "$(ratio "$s" $catw); $(last_wrote)"
+qstages "8B q6_k --device $DEV, $s s wall"
 rm -f $W/l8-q6k-gpu2.gguf
+sync
 s=$(secs $S quantize $bf $W/l8-q4km-gpu.gguf --type q4_k_m --device $DEV)
 row "smelt quantize --device $DEV q4_k_m -> $(gb $W/l8-q4km-gpu.gguf)" "$s" "$(ratio "$s" $catw); $(last_wrote)"
+qstages "8B q4_k_m --device $DEV, $s s wall"
 rm -f $W/l8-q4km-gpu.gguf
+# How the output is written, A/B in one call: one buffered stream in order, the file growing
+# as it goes (SMELT_WRITE=serial, before 2026-11-27) against writer threads at known offsets
+# of a file created at its size (pwrite: the default, 1 thread, and 4 to see whether they
+# scale past the inode lock; mmap: copies into a shared mapping, 4 and 8 threads); each file
+# compared with the default's.
+# The last two only with time to spare (the 14B rows come later).
+for m in serial:1 mmap:4 placed:1 placed:4 mmap:8; do
+    case $m in placed:4|mmap:8) need=380 ;; *) need=280 ;; esac
+    [ "$(left)" -gt $need ] || continue
+    sync
+    f=$W/l8-q6k-ab.gguf
+    s=$(SMELT_WRITE=${m%%:*} SMELT_WRITE_THREADS=${m##*:} secs $S quantize $bf $f --type q6_k --device $DEV)
+    row "same q6_k, SMELT_WRITE=${m%%:*} SMELT_WRITE_THREADS=${m##*:}" "$s" "$(ratio "$s" $catw); file vs the q6_k file: $(same $f $W/l8-q6_k-gpu.gguf); $(last_wrote)"
+    qstages "8B q6_k, SMELT_WRITE=${m%%:*}, ${m##*:} thread(s), $s s wall"
+    rm -f $f
+done
 s=$(SMELT_ISQ_ON_DEVICE=1 tokens $W/isq.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
 row "smelt run --isq q6_k --device $DEV: launch to 8 tokens (SMELT_ISQ_ON_DEVICE=1: quantized on the device)" "$s" "$(ratio "$s" $catw)"
 isq_wall=$s
@@ -320,8 +356,10 @@ rm -f $q4
 echo "== CPU quantizer, cold reads ($(now) s)" | tee -a "$log"
 head2 "8B bf16 again" "note"
 if [ "$(left)" -gt 200 ]; then
+    sync
     s=$(secs -t 100 $S quantize $bf $W/l8-q6k-cpu.gguf --type q6_k)
     row "smelt quantize --device cpu q6_k ($(nproc) cores)" "$s" "$(ratio "$s" $catw); $(last_wrote)"
+    qstages "8B q6_k --device cpu, $s s wall"
     row "cmp q6_k: GPU file vs CPU file" "-" "$(cmp $W/l8-q6_k-gpu.gguf $W/l8-q6k-cpu.gguf >> "$log" 2>&1 && echo SAME || echo DIFFER)"
     rm -f $W/l8-q6k-cpu.gguf
 else
@@ -334,6 +372,7 @@ if [ "$(left)" -gt 180 ] && can_drop; then
     cold
     s=$(secs -t 60 $S quantize $bf $W/l8-q6k-cold.gguf --type q6_k --device $DEV)
     row "smelt quantize --device $DEV q6_k (cold)" "$s" "$(ratio "$s" $catc); $(last_wrote)"
+    qstages "8B q6_k --device $DEV, page cache dropped, $s s wall"
     rm -f $W/l8-q6k-cold.gguf
     cold
     s=$(SMELT_ISQ_ON_DEVICE=1 tokens $W/isqcold.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
@@ -341,8 +380,10 @@ if [ "$(left)" -gt 180 ] && can_drop; then
 fi
 if [ "$(left)" -gt 230 ]; then
     $S quantize $bf $W/l8-q4km-gpu.gguf --type q4_k_m --device $DEV > /dev/null 2>> "$log"
+    sync
     s=$(secs -t 120 $S quantize $bf $W/l8-q4km-cpu.gguf --type q4_k_m)
     row "smelt quantize --device cpu q4_k_m" "$s" "$(ratio "$s" $catw); $(last_wrote)"
+    qstages "8B q4_k_m --device cpu, $s s wall"
     row "cmp q4_k_m: GPU file vs CPU file" "-" "$(cmp $W/l8-q4km-gpu.gguf $W/l8-q4km-cpu.gguf >> "$log" 2>&1 && echo SAME || echo DIFFER)"
     rm -f $W/l8-q4km-cpu.gguf $W/l8-q4km-gpu.gguf
 fi
@@ -355,16 +396,20 @@ if [ "$BIG" = 1 ] && [ "$(left)" -gt 120 ]; then
     size=$(stat -c %s $b14 2>/dev/null || echo 0)
     echo "synth 14B: $s s; $(df -h $W | tail -1)" | tee -a "$log"
     head2 "$SHAPE14 bf16, $(gb $b14)" "vs read"
+    sync
     catn $b14
     c14=$(secs cat $b14)
     row "cat > /dev/null (warm)" "$c14" "$(gbs $size $c14)"
+    sync
     s=$(secs $S quantize $b14 $W/q14-q6k-gpu.gguf --type q6_k --device $DEV)
     row "smelt quantize --device $DEV q6_k" "$s" "$(ratio "$s" $c14); $(last_wrote)"
+    qstages "14B q6_k --device $DEV, $s s wall"
     s=$(SMELT_ISQ_ON_DEVICE=1 tokens $W/isq14.tok $S run --model $b14 --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
     row "smelt run --isq q6_k --device $DEV: launch to 8 tokens" "$s" "$(ratio "$s" $c14)"
     if [ "$(left)" -gt 45 ]; then
         s=$(secs -t $(( $(left) - 10 )) $S quantize $b14 $W/q14-q6k-cpu.gguf --type q6_k)
         row "smelt quantize --device cpu q6_k ($(nproc) cores)" "$s" "$(ratio "$s" $c14); $(last_wrote)"
+        qstages "14B q6_k --device cpu, $s s wall"
         row "cmp q6_k GPU vs CPU" "-" "$(cmp $W/q14-q6k-gpu.gguf $W/q14-q6k-cpu.gguf >> "$log" 2>&1 && echo SAME || echo DIFFER)"
     fi
     rm -f $W/q14-q6k-gpu.gguf $W/q14-q6k-cpu.gguf $b14
@@ -375,5 +420,7 @@ echo "== tables (total $(now) s)"
 cat "$checks"
 echo
 cat "$breakdown"
+echo
+cat "$qbreak"
 echo
 cat "$table"
