@@ -111,17 +111,25 @@ fn build(
     }
 }
 
-/// A byte-counting bar on stderr, hidden when stderr is not a terminal (logs, tests).
-fn bar(what: &str) -> ProgressBar {
+/// A byte-counting bar on stderr for every long load, conversion and quantization: bytes
+/// done of the total, the rate and the time left, in decimal units as the summary line
+/// (`1.20 GB/3.40 GB (2.10 GB/s, eta 1s)`); hidden when stderr is not a terminal (logs,
+/// CI, tests), so redirected output stays clean.
+pub fn bytes_bar(total: u64, what: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
-    let bar = ProgressBar::new(0);
-    if let Ok(style) = ProgressStyle::with_template(
-        "{prefix} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta}) {msg}",
-    ) {
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template(BAR_TEMPLATE) {
         bar.set_style(style);
     }
     bar.set_prefix(what.to_string());
     bar
+}
+
+/// The bar's look (indicatif's template language).
+pub const BAR_TEMPLATE: &str = "{prefix} [{elapsed_precise}] {wide_bar} {decimal_bytes}/{decimal_total_bytes} ({decimal_bytes_per_sec}, eta {eta}) {msg}";
+
+fn bar(what: &str) -> ProgressBar {
+    bytes_bar(0, what)
 }

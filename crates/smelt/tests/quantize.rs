@@ -394,3 +394,47 @@ fn stderr_off_a_terminal_is_one_summary_line() {
     assert!(wrote > 0.0 && wrote < read, "{summary}");
     assert!(lines[0].contains("(q8_0, cpu)"), "{}", lines[0]);
 }
+
+/// On a terminal (a pseudo-terminal here), `smelt quantize` draws a progress bar of bytes in
+/// decimal units with the rate and the time left, clears it, and ends with the summary line;
+/// `-v` adds where the time went.
+#[test]
+fn on_a_terminal_a_bar_shows_gb_the_rate_and_the_time_left() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (input, _) = toy_model(dir.path(), 512);
+    let out = dir.path().join("q.gguf");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_smelt"));
+    cmd.args(["quantize", "-v", "--type", "q6_k"])
+        .arg(&input)
+        .arg(&out)
+        .env("TERM", "xterm");
+    let mut s = rexpect::session::spawn_with_options(
+        cmd,
+        rexpect::session::Options::new()
+            .timeout_ms(Some(60_000))
+            .strip_ansi_escape_codes(true),
+    )
+    .expect("smelt starts on a pseudo-terminal");
+    let text = s.exp_eof().expect("smelt quantize ends");
+    let bar = text
+        .split(['\r', '\n'])
+        .find(|l| l.starts_with("quantize ["))
+        .unwrap_or_else(|| panic!("no bar drawn: {text:?}"));
+    assert!(
+        bar.contains("B/") && bar.contains("B/s, eta "),
+        "bar {bar:?} in {text:?}"
+    );
+    assert!(
+        !bar.contains("iB"),
+        "decimal units like the summary: {bar:?}"
+    );
+    assert!(
+        text.contains("wrote ") && text.contains(" GB/s), "),
+        "{text:?}"
+    );
+    assert!(
+        text.contains("stages: ") && text.contains("writer"),
+        "-v says where the time went: {text:?}"
+    );
+    assert!(out.is_file());
+}
