@@ -436,9 +436,9 @@ pub fn run<S: Stage>(
         source: e,
     };
     let (clock, failure, quant_err) = (&clock, &failure, &quant_err);
-    let writers = match sink {
-        Sink::InOrder(_) => 0,
-        Sink::Placed { threads, .. } => (*threads).max(1),
+    let (writers, placed): (usize, Option<&PlaceFn<'_>>) = match sink {
+        Sink::InOrder(_) => (0, None),
+        Sink::Placed { write, threads } => ((*threads).max(1), Some(*write)),
     };
     std::thread::scope(|scope| {
         // Every channel end lives in this scope, so each actor's end is dropped when it
@@ -482,8 +482,7 @@ pub fn run<S: Stage>(
         });
         let (write_tx, write_rx) = mpsc::sync_channel::<(usize, S::Slot)>(n_slots);
         let write_rx = Arc::new(Mutex::new(write_rx));
-        if let Sink::Placed { write, .. } = sink {
-            let write: &PlaceFn<'_> = *write;
+        if let Some(write) = placed {
             for _ in 0..writers {
                 let free_tx = free_tx.clone();
                 let write_rx = write_rx.clone();
