@@ -38,16 +38,21 @@ pub trait TensorSource: Sync {
     /// quantizer's reads; called from a reader thread, chunk by chunk in order).
     fn read(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<(), LoadError> {
         let d = self.data(i)?;
-        let at = usize::try_from(offset).unwrap_or(usize::MAX);
-        let src = at
-            .checked_add(buf.len())
-            .and_then(|end| d.get(at..end))
-            .ok_or_else(|| LoadError::Plan {
-                why: format!("tensor #{i}: bytes {offset}.. past its {} bytes", d.len()),
-            })?;
+        let src = byte_range(&d, i, offset, buf.len())?;
         pipeline::copy_parallel(buf, src, pipeline::read_threads(), pipeline::READ_PIECE);
         Ok(())
     }
+}
+
+/// Bytes `offset..offset + len` of tensor `i`'s bytes `d`, or the error that says they run
+/// past its end (the pipelined quantizer's reads of a source's tensor).
+pub(crate) fn byte_range(d: &[u8], i: usize, offset: u64, len: usize) -> Result<&[u8], LoadError> {
+    let at = usize::try_from(offset).unwrap_or(usize::MAX);
+    at.checked_add(len)
+        .and_then(|end| d.get(at..end))
+        .ok_or_else(|| LoadError::Plan {
+            why: format!("tensor #{i}: bytes {offset}.. past its {} bytes", d.len()),
+        })
 }
 
 /// A GGUF file's own tensors as a source (ISQ of a GGUF).

@@ -439,14 +439,7 @@ impl TensorSource for HfSource {
             }
             _ => {
                 let d = self.data(i)?;
-                let at = usize::try_from(offset).unwrap_or(usize::MAX);
-                let src = at
-                    .checked_add(buf.len())
-                    .and_then(|end| d.get(at..end))
-                    .ok_or_else(|| LoadError::Plan {
-                        why: format!("tensor #{i}: bytes {offset}.. past its {} bytes", d.len()),
-                    })?;
-                buf.copy_from_slice(src);
+                buf.copy_from_slice(crate::isq::byte_range(&d, i, offset, buf.len())?);
                 Ok(())
             }
         }
