@@ -113,11 +113,12 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                 .map(|(_, n)| *n);
             for nname in narrow_names.into_iter().flatten() {
                 let nf = gpu.module.load_function(nname)?;
-                let width = if nname == narrow::TYPES[0].1[0] {
-                    16
-                } else {
-                    32
-                };
+                // Each kernel's own token width: 8 << its index in the list.
+                let width = narrow::TYPES[0]
+                    .1
+                    .iter()
+                    .position(|n| *n == nname)
+                    .map_or(32, |i| 8u32 << i);
                 for splits in [
                     1,
                     narrow::splits(nrows, ntiles, ntok, SMS).max(ntiles.min(3)),

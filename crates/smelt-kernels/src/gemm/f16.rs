@@ -526,7 +526,13 @@ pub fn kernel_shaped<F: GemmF16Format, const MI: usize, const NI: usize>(
 /// The launch bounds of an f16 GEMM built for `blocks` blocks an SM on sm_90 (both
 /// kernels).
 pub(super) fn attributes(k: &Kernel, blocks: u32) {
-    k.max_threads(THREADS, 1, 1);
+    attributes_for(k, THREADS, blocks);
+}
+
+/// The launch bounds of a GEMM of `threads` threads a block built for `blocks` blocks an
+/// SM on sm_90.
+pub(super) fn attributes_for(k: &Kernel, threads: u32, blocks: u32) {
+    k.max_threads(threads, 1, 1);
     if matches!(
         k.target(),
         smelt_ptx::Target::Sm90 | smelt_ptx::Target::Sm90a

@@ -1,40 +1,47 @@
 //! The GEMM for batches of a few dozen tokens (batched decode): weights go from global
-//! memory straight into `mma` fragments in registers, with no shared-memory staging.
+//! memory straight into `mma` fragments in registers, with no shared-memory staging, and
+//! the block's activations come through a ring of shared-memory stages.
 //!
-//! At 16-64 tokens both staged GEMMs ([`super`], [`super::f16`]) run at a fifth of the copy
-//! rate (bench/RESULTS.md, 2026-11-26: 14336x4096 Q4_K at 16 tokens 54 us, 10 at the
-//! copy rate): every weight is loaded, unpacked, stored to shared memory and read back as a
-//! fragment, work that only pays when 128 tokens share it. Here each thread loads exactly
-//! the bytes of its own `mma.m16n8k16` A fragments and dequantizes them in registers, as
-//! Marlin does for int4 weights, so a weight costs one global load and about two
-//! instructions, and the activations (a few KB a tile) come through L1.
+//! At 16-64 tokens the staged GEMMs ([`super`], [`super::f16`], [`super::f16_small`]) are
+//! bound by their shared-memory pipe (Nsight Compute, bench/RESULTS.md 2026-11-27: 65-84%
+//! busy, 9-23% of DRAM bandwidth): every weight is loaded, unpacked, stored to shared
+//! memory and read back as a fragment, ~6 bytes of shared-memory traffic a weight, which
+//! only pays when 128 tokens share it. Here each thread loads exactly the bytes of its
+//! own `mma.m16n8k16` A fragments and dequantizes them in registers, as Marlin does for
+//! int4 weights, so a weight costs one global load, about two instructions and no shared
+//! memory at all; only the activations (32 tokens x 128 weights, 8 KB a stage) pass
+//! through shared memory, read by the block's four warps: ~1 byte of shared-memory
+//! traffic a weight.
 //!
 //! **Which weights a thread holds.** In a warp, lane `(g, c)` (`g = lane / 4`, `c = lane %
 //! 4`) takes, of each 144-byte Q4_K super-block of its four rows (`g`, `g + 8`, `g + 16`,
 //! `g + 24` of the warp's 32), the 16-byte header and quant bytes `32 c..32 c + 32`: the
 //! weights `64 c + l` (low nibbles, sub-block `2 c`) and `64 c + 32 + l` (high, `2 c + 1`)
 //! for `l < 32`, exactly the Q4_K GEMV's share ([`crate::formats::q4_k`]). A tile is then
-//! sixteen `k16` steps; in step `(h, t)` the four lanes of a row give the `mma` its 16 K
-//! positions as lane `c`'s weights `64 c + 32 h + 4 t + 0..4`. The `mma` does not care which
-//! physical K a logical K is, only that A and B agree: the activation rows of
-//! [`super::f16::act_kernel`] (values `0, 2, 1, 3` of every four) put exactly the matching
-//! values in lane `(g, c)`'s two B registers, one 8-byte load at the same offset.
+//! two halves `h` (low and high nibbles) of eight `k16` steps; in step `(h, t)` the four
+//! lanes of a row give the `mma` its 16 K positions as lane `c`'s weights `64 c + 32 h +
+//! 4 t + 0..4`. The `mma` does not care which physical K a logical K is, only that A and B
+//! agree: the activation rows of [`super::f16::act_kernel`] (values `0, 2, 1, 3` of every
+//! four) put exactly the matching values in lane `(g, c)`'s two B registers, 8 bytes at
+//! the same offset.
 //!
-//! **Shape.** A block of [`THREADS`] threads owns [`BM`] rows x `8 NI` tokens: four row
-//! warps of 32 rows (two `m16` tiles, so each B fragment feeds two `mma`s) times
-//! [`K_WARPS`] warps that take alternate tiles of the block's K slice and add their sums
-//! in shared memory at the end, in a fixed order. Loads of the next tile pair are issued
-//! before this pair's products (two register sets). Split K and its reduce are the other
-//! GEMMs' ([`super::Args`] with [`splits`]).
+//! **The activation ring.** A stage is one half `h` of one tile for the block's tokens:
+//! per token the four 64-byte chunks `128 c + 64 h..` of its tile row (chunk `c` at
+//! `64 c + 16 (c / 2)` of a 288-byte slot, so that the 16-byte reads of a quarter warp
+//! fall in 32 different banks). Three stages rotate: stage `s + 2` is copied
+//! (`cp.async`) while stage `s` is multiplied, one barrier a stage.
 //!
-//! **Status**: correct (`gpu_check --gemm-f16`: 28 ragged cases within 1.8e-6 of the
-//! twin; `cuda_parity` passes with it on) but not yet faster; see [`MAX_TOKENS`].
+//! **Shape.** A block of [`THREADS`] threads owns [`BM`] rows x `8 NI` tokens: four warps
+//! of 32 rows (two `m16` tiles, so each B fragment feeds two `mma`s), each over the
+//! block's whole K slice. The next tile's weights are loaded into a second register set
+//! while this tile's are multiplied. At ~200 registers a thread two blocks fit an SM. Split
+//! K and its reduce are the other GEMMs' ([`super::Args`] with [`splits`]).
 //!
 //! CPU twin: [`super::f16::cpu_with_magnitude`] (the weights are the f16 GEMM's to the
 //! bit: the same `q * A + B` with `A`, `B` rounded to halves; only the f32 summation
 //! order differs).
 
-use smelt_ptx::{FloatRound, Kernel, Load, MmaFloat, Reg, Store, B32, F32, U32, U64};
+use smelt_ptx::{CpAsyncCache, FloatRound, Kernel, Load, MmaFloat, Reg, B32, U32, U64};
 
 use super::f16::{dequant_pair, nibble_pair};
 use super::{split_range, store_outputs, GemmRegs, Out, Rows};
@@ -43,67 +50,110 @@ use crate::formats::{ld_weights, WeightLoad};
 use crate::ops::Launch;
 use crate::{GgmlType, TILE};
 
-/// Warps of a block along the rows, each of [`WARP_ROWS`] rows.
+/// Warps of a block, each of [`WARP_ROWS`] rows.
 pub const ROW_WARPS: u32 = 4;
 /// Rows of one warp: two `m16` tiles.
 pub const WARP_ROWS: u32 = 32;
 /// Rows of W per block.
 pub const BM: u32 = ROW_WARPS * WARP_ROWS;
-/// Warps of a block along K: warp `kw` takes tiles `first + kw, first + kw + K_WARPS, ...`.
-pub const K_WARPS: u32 = 2;
 /// Threads per block.
-pub const THREADS: u32 = 32 * ROW_WARPS * K_WARPS;
+pub const THREADS: u32 = 32 * ROW_WARPS;
+/// Blocks an SM asked of ptxas on sm_90 (a cap of 255 registers a thread).
+pub const BLOCKS_PER_SM: u32 = 2;
 /// `m16` tiles of a warp.
 const MI: usize = 2;
 /// Bytes of a Q4_K super-block.
 const BLOCK: u32 = 144;
+/// Activation stages in the shared-memory ring.
+const RING: u32 = 3;
+/// Bytes of one token's slot in a stage: four 64-byte chunks and 32 bytes of padding.
+const SLOT: u32 = 288;
 
-/// The engine's default: batches of at most this many tokens take this GEMM. None do:
-/// on an H100 (bench/RESULTS.md, 2026-11-26 21:20 UTC) it beat the int8 GEMM only at 16
-/// tokens on the large matrices (14336x4096: 41 against 54 us), and whole batched-decode
-/// steps were slower at every size (0.93x at 16 sequences, 0.69x at 32, 0.52x at 64): its
-/// time grows with the tokens, so it is bound by latency in the loop (activation loads
-/// from L2 each step group, one 256-thread block an SM at ~250 registers), not by the
-/// weights. `SMELT_CUDA_GEMM_NARROW_MAX` turns it on for the next measurement.
-pub const MAX_TOKENS: usize = 0;
-
-/// Formats with a narrow GEMM, and their kernels for blocks of 16 and of 32 tokens.
-pub const TYPES: [(GgmlType, [&str; 2]); 1] =
-    [(GgmlType::Q4_K, ["gemm_narrow16_q4_k", "gemm_narrow32_q4_k"])];
-
-/// The kernel for `ntok` tokens of type `ty`, if there is one: blocks of 16 tokens up to
-/// 16, else of 32.
-pub fn name(ty: GgmlType, ntok: usize) -> Option<&'static str> {
-    let (_, names) = TYPES.iter().find(|(t, _)| *t == ty)?;
-    Some(if ntok <= 16 { names[0] } else { names[1] })
+/// Byte offset of chunk `c` in a token's slot, as the kernel computes it (16-byte reads of a quarter warp, lanes
+/// `(g, c)` for two `g`, then hit 32 different banks with [`SLOT`]'s 72 words).
+#[cfg(test)]
+const fn chunk_at(c: u32) -> u32 {
+    64 * c + 16 * (c / 2)
 }
 
-/// Tokens per block of the kernel `name` picks for `ntok`.
+/// Bytes of one stage for blocks of `8 NI` tokens.
+pub const fn stage_bytes(ni: usize) -> u32 {
+    8 * ni as u32 * SLOT
+}
+
+/// Static shared memory of a block of `8 NI` tokens.
+pub const fn shared_bytes(ni: usize) -> usize {
+    (RING * stage_bytes(ni)) as usize
+}
+const _: () = assert!(shared_bytes(4) <= crate::catalog::MAX_SHARED_BYTES);
+
+/// The engine's default: every Q4_K matmul of at most this many tokens takes this GEMM.
+/// Whole decode steps of the Llama-3-8B-shape Q4_K on an H100 (bench/RESULTS.md,
+/// 2026-11-27 04:50 UTC, graphs, against the batch-wide f16 blocks and the int8 GEMM): 8
+/// sequences 1.00x, 16 1.06x, 32 1.01x, 64 0.92x; so up to 32.
+/// `SMELT_CUDA_GEMM_NARROW_MAX` sets it (0: off).
+pub const MAX_TOKENS: usize = 32;
+
+/// Formats with a narrow GEMM, and their kernels for blocks of 8, 16 and 32 tokens.
+pub const TYPES: [(GgmlType, [&str; 3]); 1] = [(
+    GgmlType::Q4_K,
+    ["gemm_narrow8_q4_k", "gemm_narrow16_q4_k", "gemm_narrow32_q4_k"],
+)];
+
+/// Tokens per block for `ntok` tokens: 8, 16, else 32 (more tokens are more blocks).
 pub fn block_tokens(ntok: usize) -> u32 {
-    if ntok <= 16 {
-        16
-    } else {
-        32
+    match ntok {
+        0..=8 => 8,
+        9..=16 => 16,
+        _ => 32,
     }
+}
+
+/// The kernel for `ntok` tokens of type `ty`, if there is one.
+pub fn name(ty: GgmlType, ntok: usize) -> Option<&'static str> {
+    let (_, names) = TYPES.iter().find(|(t, _)| *t == ty)?;
+    Some(names[block_tokens(ntok).trailing_zeros() as usize - 3])
 }
 
 /// The narrow GEMMs, for the catalog.
 pub fn catalog() -> Vec<crate::catalog::Entry> {
-    let [n16, n32] = TYPES[0].1;
+    let [n8, n16, n32] = TYPES[0].1;
     vec![
+        (n8.to_string(), Box::new(kernel::<1>)),
         (n16.to_string(), Box::new(kernel::<2>)),
         (n32.to_string(), Box::new(kernel::<4>)),
     ]
 }
 
-/// Splits of the K range: enough blocks for one on every SM (a block holds ~200
-/// registers a thread, so an SM runs one), each warp at least two tiles.
+/// Splits of the K range, chosen by how well the blocks fill the GPU's waves (two blocks an
+/// SM: `2 sm_count` slots a wave): the fewest splits whose blocks fill their last wave to
+/// at least [`MIN_FILL`] (every split at least two tiles), else the best filling count.
+/// The engine waits for a GEMM's last block before its reduce, so a wave and a quarter
+/// costs two waves: the first version (splits to fill every slot twice, whatever the
+/// remainder) ran 14336x4096 at 32 tokens as 336 blocks on 264 slots, 1.6x its
+/// microbenchmark time inside decode steps (bench/RESULTS.md, 2026-11-27 04:20 UTC).
 pub fn splits(nrows: usize, ntiles: usize, ntok: usize, sm_count: usize) -> usize {
     let blocks =
         nrows.div_ceil(BM as usize).max(1) * ntok.div_ceil(block_tokens(ntok) as usize).max(1);
-    let want = sm_count.div_ceil(blocks);
-    want.clamp(1, (ntiles / (2 * K_WARPS as usize)).max(1))
+    let slots = BLOCKS_PER_SM as usize * sm_count.max(1);
+    // The blocks a split count really launches (slices of whole tiles), and their fill.
+    let fill = |s: usize| {
+        let z = ntiles.div_ceil(ntiles.div_ceil(s).max(1)).max(1);
+        let n = blocks * z;
+        (n as f64 / (n.div_ceil(slots) * slots) as f64, z)
+    };
+    let max = (ntiles / 2).max(1);
+    if let Some(s) = (1..=max).find(|&s| fill(s).0 >= MIN_FILL) {
+        return fill(s).1;
+    }
+    let best = (1..=max)
+        .map(fill)
+        .fold((0.0, 1), |b, f| if f.0 > b.0 { f } else { b });
+    best.1
 }
+
+/// The share of its last wave a split count must fill to be taken ([`splits`]).
+pub const MIN_FILL: f64 = 0.8;
 
 /// The launch of a narrow GEMM for `a` (token blocks fastest, so blocks sharing rows run
 /// together and the second reads the weights from L2).
@@ -127,7 +177,7 @@ struct Set {
 /// `y = W x` for Q4_K weights `w` and f16 activation rows `x` ([`super::f16::act_kernel`])
 /// in blocks of `8 NI` tokens; see the module doc. Parameters [`super::GemmArgs`].
 pub fn kernel<const NI: usize>(k: &Kernel) {
-    k.max_threads(THREADS, 1, 1);
+    super::f16::attributes_for(k, THREADS, BLOCKS_PER_SM);
     let GemmRegs {
         w,
         x,
@@ -138,16 +188,15 @@ pub fn kernel<const NI: usize>(k: &Kernel) {
         row_bytes,
         kslice,
     } = GemmRegs::declare(k);
-    let red_s = k.shared::<F32>("narrow_sum", (MI * NI * 4) as u32 * ROW_WARPS * 32, 16);
-    let red = k.shared_base(&red_s);
+    let stage = stage_bytes(NI);
+    let ring_s = k.shared::<U32>("narrow_ring", RING * stage / 4, 16);
+    let ring = k.shared_base(&ring_s);
 
     let tid = k.tid_x();
     let warp = k.shr(k.reg(), tid, 5u32);
     let lane = k.and(k.reg(), tid, 31u32);
     let g = k.shr(k.reg(), lane, 2u32);
     let c = k.and(k.reg(), lane, 3u32);
-    let rw = k.and(k.reg(), warp, ROW_WARPS - 1);
-    let kw = k.shr(k.reg(), warp, ROW_WARPS.trailing_zeros());
     let bn = 8 * NI as u32;
     let tok0 = k.mul(k.reg(), k.ctaid_x(), bn);
     let row0 = k.mul(k.reg(), k.ctaid_y(), BM);
@@ -158,25 +207,58 @@ pub fn kernel<const NI: usize>(k: &Kernel) {
         row_bytes,
     };
     // The thread's rows: m-tile mi, half hh is warp row 16 mi + 8 hh + g.
-    let arow = k.mad(k.reg(), rw, WARP_ROWS, g);
+    let arow = k.mad(k.reg(), warp, WARP_ROWS, g);
     let row_at: [Reg<U64>; 4] = std::array::from_fn(|r| {
         let local = k.add(k.reg(), arow, 8 * r as u32);
         rows.row(k, local)
     });
     let setup = setup_with_quants_at(k, c, 16);
-    // The thread's tokens (one an n-tile, clamped to the last: their outputs are never
-    // stored), at its quarter of each tile's halves.
-    let last_tok = k.sub(k.reg(), ntok, 1u32);
     let tok_stride = k.mul(k.reg(), ntiles, (TILE * 2) as u32);
-    let x_at: [Reg<U64>; NI] = std::array::from_fn(|ni| {
-        let t = k.add(k.reg(), tok0, g);
-        k.add(t, t, 8 * ni as u32);
-        k.min(t, t, last_tok);
-        let a = k.add(k.reg(), x, k.mul_wide(k.reg::<U64>(), t, tok_stride));
-        k.add(a, a, k.mul_wide(k.reg::<U64>(), c, 128u32))
-    });
 
-    let acc: [[[Reg<F32>; 4]; NI]; MI] =
+    // The copies of a stage: piece `tid + 128 m` (16 bytes) is token `tid / 16 + 8 m`'s
+    // piece `p = tid % 16`, i.e. chunk `p / 4`, bytes `16 (p % 4)..` of it. Tokens past the
+    // end are not copied (their outputs are never stored).
+    let p = k.and(k.reg(), tid, 15u32);
+    let pc = k.shr(k.reg(), p, 2u32);
+    let pq = k.and(k.reg(), p, 3u32);
+    let src_in_row = k.mul(k.reg(), pc, 128u32);
+    k.mad(src_in_row, pq, 16u32, src_in_row);
+    let dst_in_slot = k.mul(k.reg(), pc, 64u32);
+    let half = k.shr(k.reg(), pc, 1u32);
+    k.mad(dst_in_slot, half, 16u32, dst_in_slot);
+    k.mad(dst_in_slot, pq, 16u32, dst_in_slot);
+    let copies: Vec<(Reg<U64>, Reg<U32>, Reg<smelt_ptx::Pred>)> = (0..NI as u32)
+        .map(|m| {
+            let j = k.shr(k.reg(), tid, 4u32);
+            k.add(j, j, 8 * m);
+            let t = k.add(k.reg(), tok0, j);
+            let valid = k.lt(t, ntok);
+            let src = k.add(k.reg(), x, k.mul_wide(k.reg::<U64>(), t, tok_stride));
+            k.add(src, src, k.mul_wide(k.reg::<U64>(), src_in_row, 1u32));
+            let dst = k.mad(k.reg(), j, SLOT, dst_in_slot);
+            (src, dst, valid)
+        })
+        .collect();
+    // Copies stage (tile, h) into the ring slot at byte `at`.
+    let copy_stage = |k: &Kernel, tile: Reg<U32>, h: u32, at: Reg<U32>| {
+        let off = k.mul_wide(k.reg::<U64>(), tile, (TILE * 2) as u32);
+        k.add(off, off, u64::from(64 * h));
+        for &(src, dst, valid) in &copies {
+            let s = k.add(k.reg(), src, off);
+            let d = k.add(k.reg(), dst, at);
+            k.guarded(valid, |k| {
+                k.cp_async(CpAsyncCache::Cg, d.at(0), s, 16);
+            });
+        }
+    };
+    // Lane (g, c)'s B reads: token 8 ni + g, chunk c.
+    let b_lane = k.mul(k.reg(), g, SLOT);
+    let cb = k.mul(k.reg(), c, 64u32);
+    let ch = k.shr(k.reg(), c, 1u32);
+    k.mad(cb, ch, 16u32, cb);
+    k.add(b_lane, b_lane, cb);
+
+    let acc: [[[Reg<smelt_ptx::F32>; 4]; NI]; MI] =
         std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
     let sets: [Set; 2] = std::array::from_fn(|_| Set {
         hdr: std::array::from_fn(|_| k.regs::<U32, 4>()),
@@ -195,107 +277,100 @@ pub fn kernel<const NI: usize>(k: &Kernel) {
         }
     };
     let magic = k.mov(k.reg::<B32>(), 0x6400_6400u32);
-    let compute = |k: &Kernel, set: &Set, tile: Reg<U32>| {
-        // The rows' group terms A = d sc, B = -dmin m of sub-blocks 2c + h, as halves.
-        let coef: [[(Reg<B32>, Reg<B32>); 2]; 4] = std::array::from_fn(|r| {
+
+    // The ring: `rd` is the slot of the stage being multiplied, `wr` that of the stage
+    // two ahead (the one multiplied last: every warp is past it after this stage's
+    // barrier).
+    let rd = k.mov(k.reg::<U32>(), ring);
+    let wr = k.add(k.reg(), ring, 2 * stage);
+    let ring_end = k.add(k.reg(), ring, RING * stage);
+    let (first, end, y) = split_range(k, y, nrows, ntok, ntiles, kslice);
+    // One stage: half h of tile `tile` (whose weights are in `set`); copies half h of
+    // the next tile into `wr`.
+    let stage_step = |k: &Kernel, set: &Set, tile: Reg<U32>, h: usize| {
+        k.cp_async_wait(1);
+        k.bar_sync();
+        let next = k.add(k.reg(), tile, 1u32);
+        k.if_(k.lt(next, end), |k| copy_stage(k, next, h as u32, wr));
+        k.cp_async_commit();
+        // The rows' group terms A = d sc, B = -dmin m of sub-block 2c + h, as halves.
+        let coef: [(Reg<B32>, Reg<B32>); 4] = std::array::from_fn(|r| {
             let hd = decode_header(k, &setup, set.hdr[r]);
-            std::array::from_fn(|h| {
-                let sc = k.cvt(k.reg::<F32>(), hd.scale[h], FloatRound::Rn);
-                let m = k.cvt(k.reg::<F32>(), hd.min[h], FloatRound::Rn);
-                let a = k.mul(k.reg(), hd.d, sc);
-                let b = k.mul(k.reg(), hd.neg_dmin, m);
-                (k.cvt_f16x2(k.reg(), a, a), k.cvt_f16x2(k.reg(), b, b))
-            })
+            let sc = k.cvt(k.reg::<smelt_ptx::F32>(), hd.scale[h], FloatRound::Rn);
+            let m = k.cvt(k.reg::<smelt_ptx::F32>(), hd.min[h], FloatRound::Rn);
+            let a = k.mul(k.reg(), hd.d, sc);
+            let b = k.mul(k.reg(), hd.neg_dmin, m);
+            (k.cvt_f16x2(k.reg(), a, a), k.cvt_f16x2(k.reg(), b, b))
         });
-        let toff = k.mul_wide(k.reg::<U64>(), tile, (TILE * 2) as u32);
-        let xt: [Reg<U64>; NI] = std::array::from_fn(|ni| k.add(k.reg(), x_at[ni], toff));
-        // `h` picks both the group terms of each row and the nibbles.
-        #[allow(clippy::needless_range_loop)]
-        for h in 0..2usize {
-            let (sa, sb) = if h == 0 { (0, 8) } else { (4, 12) };
-            for tq in 0..2usize {
-                // Halves 64 c + 32 h + 16 tq..+16 of each token: steps t = 4 tq..4 tq + 4.
-                let bq: [[Reg<B32>; 8]; NI] = std::array::from_fn(|ni| {
-                    let v = k.regs::<B32, 8>();
-                    let at = (64 * h + 32 * tq) as i64;
-                    k.ld_v4(Load::GLOBAL_NC, [v[0], v[1], v[2], v[3]], xt[ni].at(at));
-                    k.ld_v4(
-                        Load::GLOBAL_NC,
-                        [v[4], v[5], v[6], v[7]],
-                        xt[ni].at(at + 16),
-                    );
-                    v
-                });
-                for ti in 0..4usize {
-                    let t = 4 * tq + ti;
-                    for (mi, acc_m) in acc.iter().enumerate() {
-                        let (r0, r1) = (2 * mi, 2 * mi + 1);
-                        let frag = |r: usize, shift: u32| {
-                            let (a, b) = coef[r][h];
-                            let v = nibble_pair(k, set.qs[r][t], shift, magic);
-                            dequant_pair(k, v, magic, a, b)
-                        };
-                        let a = [frag(r0, sa), frag(r1, sa), frag(r0, sb), frag(r1, sb)];
-                        for (ni, &cfrag) in acc_m.iter().enumerate() {
-                            let b = [bq[ni][2 * ti], bq[ni][2 * ti + 1]];
-                            k.mma_m16n8k16(MmaFloat::F16, cfrag, a, b, cfrag);
-                        }
+        let (sa, sb) = if h == 0 { (0, 8) } else { (4, 12) };
+        let base = k.add(k.reg(), rd, b_lane);
+        for tq in 0..2usize {
+            // Halves 64 c + 32 h + 16 tq..+16 of each token: steps t = 4 tq..4 tq + 4.
+            let bq: [[Reg<B32>; 8]; NI] = std::array::from_fn(|ni| {
+                let v = k.regs::<B32, 8>();
+                let at = (ni as u32 * 8 * SLOT + 32 * tq as u32) as i64;
+                k.ld_v4(Load::SHARED, [v[0], v[1], v[2], v[3]], base.at(at));
+                k.ld_v4(Load::SHARED, [v[4], v[5], v[6], v[7]], base.at(at + 16));
+                v
+            });
+            for ti in 0..4usize {
+                let t = 4 * tq + ti;
+                for (mi, acc_m) in acc.iter().enumerate() {
+                    let (r0, r1) = (2 * mi, 2 * mi + 1);
+                    let frag = |r: usize, shift: u32| {
+                        let (a, b) = coef[r];
+                        let v = nibble_pair(k, set.qs[r][t], shift, magic);
+                        dequant_pair(k, v, magic, a, b)
+                    };
+                    let a = [frag(r0, sa), frag(r1, sa), frag(r0, sb), frag(r1, sb)];
+                    for (ni, &cfrag) in acc_m.iter().enumerate() {
+                        let b = [bq[ni][2 * ti], bq[ni][2 * ti + 1]];
+                        k.mma_m16n8k16(MmaFloat::F16, cfrag, a, b, cfrag);
                     }
                 }
             }
         }
+        // Rotate the ring: this stage's slot is the next write slot.
+        k.mov(wr, rd);
+        k.add(rd, rd, stage);
+        let wrap = k.ge(rd, ring_end);
+        let back = k.sub(k.reg(), rd, RING * stage);
+        k.selp(rd, back, rd, wrap);
+    };
+    let compute = |k: &Kernel, set: &Set, tile: Reg<U32>| {
+        stage_step(k, set, tile, 0);
+        stage_step(k, set, tile, 1);
     };
 
-    // This block's split: tiles [first, end); warp kw takes first + kw, + 2 K_WARPS, ...
-    // in pairs (set 0, set 1), the next pair's loads issued before this pair's products
-    // end. Loads past the end read the last tile again and are never used.
-    let (first, end, y) = split_range(k, y, nrows, ntok, ntiles, kslice);
+    // Tiles [first, end) in pairs (set 0, set 1), the next pair's weights loaded while
+    // this pair is multiplied. Weight loads past the end read the last tile again and are
+    // never used; they need nothing of the previous kernel, so the first go before the
+    // programmatic launch wait, the activations' copies after it.
     let last_tile = k.sub(k.reg(), end, 1u32);
     let clamp = |k: &Kernel, t: Reg<U32>, ahead: u32| {
         let a = k.add(k.reg(), t, ahead);
         k.min(a, a, last_tile)
     };
-    let t0 = k.add(k.reg(), first, kw);
-    k.grid_dep_wait();
-    load(k, &sets[0], clamp(k, t0, 0));
-    load(k, &sets[1], clamp(k, t0, K_WARPS));
-    k.stride_loop(t0, end, 2 * K_WARPS, |k, t| {
-        compute(k, &sets[0], t);
-        load(k, &sets[0], clamp(k, t, 2 * K_WARPS));
-        let t1 = k.add(k.reg(), t, K_WARPS);
-        k.if_(k.lt(t1, end), |k| compute(k, &sets[1], t1));
-        load(k, &sets[1], clamp(k, t, 3 * K_WARPS));
+    k.if_(k.lt(first, end), |k| {
+        load(k, &sets[0], clamp(k, first, 0));
+        load(k, &sets[1], clamp(k, first, 1));
     });
-
-    // K warps 1.. leave their sums in shared memory (value e of the thread at e * 128 +
-    // its index among the row warps: conflict-free), warp 0 adds them in order and stores.
-    let slot = k.mad(k.reg(), rw, 32u32, lane);
-    let slot_at = k.mad(k.reg(), slot, 4u32, red);
-    let flat: Vec<Reg<F32>> = acc.iter().flatten().flatten().copied().collect();
-    for kwi in 1..K_WARPS {
-        k.if_(k.cmp(smelt_ptx::Cmp::Eq, kw, kwi), |k| {
-            for (e, &v) in flat.iter().enumerate() {
-                k.st(
-                    Store::SHARED,
-                    slot_at.at((e as u32 * ROW_WARPS * 128) as i64),
-                    v,
-                );
-            }
-        });
-        k.bar_sync();
-        k.if_(k.cmp(smelt_ptx::Cmp::Eq, kw, 0u32), |k| {
-            for (e, &v) in flat.iter().enumerate() {
-                let o = k.ld(
-                    Load::SHARED,
-                    k.reg::<F32>(),
-                    slot_at.at((e as u32 * ROW_WARPS * 128) as i64),
-                );
-                k.add(v, v, o);
-            }
-        });
-        k.bar_sync();
-    }
-    k.exit_if(k.cmp(smelt_ptx::Cmp::Ne, kw, 0u32));
+    k.grid_dep_wait();
+    k.if_(k.lt(first, end), |k| {
+        copy_stage(k, first, 0, rd);
+        k.cp_async_commit();
+        let second = k.add(k.reg(), rd, stage);
+        copy_stage(k, first, 1, second);
+        k.cp_async_commit();
+    });
+    k.stride_loop(first, end, 2u32, |k, t| {
+        compute(k, &sets[0], t);
+        load(k, &sets[0], clamp(k, t, 2));
+        let t1 = k.add(k.reg(), t, 1u32);
+        k.if_(k.lt(t1, end), |k| compute(k, &sets[1], t1));
+        load(k, &sets[1], clamp(k, t, 3));
+    });
+    k.cp_async_wait(0);
     store_outputs(
         k,
         &acc,
@@ -316,19 +391,38 @@ mod tests {
 
     #[test]
     fn blocks_splits_and_names_follow_the_token_count() {
+        assert_eq!(name(GgmlType::Q4_K, 5), Some("gemm_narrow8_q4_k"));
         assert_eq!(name(GgmlType::Q4_K, 16), Some("gemm_narrow16_q4_k"));
         assert_eq!(name(GgmlType::Q4_K, 17), Some("gemm_narrow32_q4_k"));
+        assert_eq!(name(GgmlType::Q4_K, 64), Some("gemm_narrow32_q4_k"));
         assert_eq!(name(GgmlType::Q6_K, 16), None);
         let a = super::super::Args::q4_k_for_test(4097, 40, 16);
         let l = launch(&a);
         assert_eq!(l.grid, (2, 33, 4));
-        assert_eq!(l.block, (256, 1, 1));
-        // H100, 32 tokens: 4096x4096 is 32 blocks, four splits of four tiles (each warp
-        // two); 14336 rows fill the GPU alone.
-        assert_eq!(splits(4096, 16, 32, 132), 4);
+        assert_eq!(l.block, (128, 1, 1));
+        // H100 (264 slots), 32 tokens: 4096x4096 is 32 blocks, 8 splits (256 blocks:
+        // 97% of a wave); 14336 rows are 112 blocks, 2 splits (224: 85%, where 3 made
+        // 336, a wave and a quarter); 28672 rows one (224); K 14336 at 32 tokens, 7
+        // splits of 8 tiles (224); 1024 rows cannot fill a wave: the best, 8 splits.
+        assert_eq!(splits(4096, 16, 32, 132), 8);
         assert_eq!(splits(14336, 16, 32, 132), 2);
         assert_eq!(splits(28672, 16, 32, 132), 1);
-        assert_eq!(splits(4096, 56, 64, 132), 3);
+        assert_eq!(splits(4096, 56, 32, 132), 7);
+        assert_eq!(splits(1024, 16, 32, 132), 8);
+        // 64 tokens are two token blocks: 14336 rows fill 85% of a wave unsplit.
+        assert_eq!(splits(14336, 16, 64, 132), 1);
+        assert_eq!(splits(4096, 56, 64, 132), 4);
+        // The chunks of a slot: 16-byte reads of lanes (g, c), g < 2, in 32 banks.
+        let mut banks = std::collections::BTreeSet::new();
+        for g in 0..2 {
+            for c in 0..4 {
+                for w in 0..4 {
+                    banks.insert(((g * SLOT + chunk_at(c)) / 4 + w) % 32);
+                }
+            }
+        }
+        assert_eq!(banks.len(), 32);
+        assert!(chunk_at(3) + 64 <= SLOT);
     }
 
     #[test]

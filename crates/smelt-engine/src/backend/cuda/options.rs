@@ -18,7 +18,7 @@
 //! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `matmul.gemv_rows` | off |
 //! | `SMELT_CUDA_GEMM_MIN` | `matmul.gemm_min_tokens` | `gemm::MIN_TOKENS` |
 //! | `SMELT_CUDA_GEMM_F16_MIN` | `matmul.gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
-//! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `matmul.gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (off: measured slower) |
+//! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `matmul.gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (32, measured) |
 //! | `SMELT_CUDA_GEMM_SMALL_MAX` (0: off) | `matmul.gemm_small_max_tokens` | `gemm::f16_small::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_MOE_GEMM_MIN` | `matmul.moe_gemm_min_per_expert` | `gemm::grouped::MIN_PER_EXPERT` (measured) |
 //! | **attention** | `attention` ([`AttentionOptions`]) | |
