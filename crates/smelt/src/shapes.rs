@@ -164,9 +164,16 @@ const fn tiny(name: &'static str, n_head: u64, n_head_kv: u64) -> ModelShape {
     }
 }
 
-pub const SHAPES: [ModelShape; 18] = [
+pub const SHAPES: [ModelShape; 19] = [
     // Llama 3.0: no rope scaling (3.1 added it).
     llama("llama3-8b", 32, 4096, 14336, 32, 8),
+    // Llama 3.1 70B (about 40 GB at Q4_K): the size that needs two 80 GB GPUs
+    // (tensor parallelism, issue 19).
+    ModelShape {
+        rope_llama3: Some(Llama3Rope::LLAMA_3_1),
+        n_ctx_train: 131072,
+        ..llama("llama3-70b", 80, 8192, 28672, 64, 8)
+    },
     // Llama 3.2 1B: rope scaling factor 32.
     ModelShape {
         rope_llama3: Some(Llama3Rope {
@@ -519,6 +526,11 @@ mod tests {
             (billions("llama3-8b") - 8.03).abs() < 0.02,
             "{}",
             billions("llama3-8b")
+        );
+        assert!(
+            (billions("llama3-70b") - 70.55).abs() < 0.05,
+            "llama3-70b: {}",
+            billions("llama3-70b")
         );
         assert!(
             (billions("llama3-1b") - 1.24).abs() < 0.02,

@@ -28,8 +28,8 @@ use crate::{output, progress};
 
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Model shape: llama3-8b, llama3-1b, qwen3-32b, qwen2.5-0.5b, mistral-7b, llama2-7b,
-    /// or a two-layer test shape: llama3-tiny, mistral-tiny, qwen2-tiny, qwen3-tiny.
+    /// Model shape: llama3-8b, llama3-70b, llama3-1b, qwen3-32b, qwen2.5-0.5b, mistral-7b,
+    /// llama2-7b, or a two-layer test shape: llama3-tiny, mistral-tiny, qwen2-tiny, qwen3-tiny.
     #[arg(long)]
     pub shape: String,
     /// Weight type, as `smelt quantize --type` takes it: a format (q4_k, q8_0, f16... with
