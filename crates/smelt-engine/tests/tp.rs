@@ -176,10 +176,10 @@ fn run_whole(g: &Arc<Gguf>, prompt: &[u32]) -> Vec<Vec<f32>> {
     })
 }
 
-fn run_tp(g: &Gguf, n: usize, prompt: &[u32]) -> Vec<Vec<f32>> {
+fn run_tp(g: &Gguf, n: usize, prompt: &[u32], vocab_parallel: bool) -> Vec<Vec<f32>> {
     let opts = TpOptions {
         n_ranks: n,
-        vocab_parallel: false,
+        vocab_parallel,
     };
     let mut tp = CpuTp::load(g, opts, 8, 16).expect("tp load");
     drive(prompt, |toks, pos, seqs, rows| {
@@ -256,11 +256,17 @@ fn assert_close(whole: &[Vec<f32>], tp: &[Vec<f32>], rel: f32, what: &str) {
 
 const PROMPT: [u32; 9] = [1, 5, 9, 33, 2, 71, 40, 8, 96];
 
+/// The sharded forward against the whole model's, with the vocabulary-parallel head (the
+/// default with more than one rank).
 fn check(shape: Shape, ranks: &[usize]) {
+    check_head(shape, ranks, true)
+}
+
+fn check_head(shape: Shape, ranks: &[usize], vocab_parallel: bool) {
     let g = Arc::new(tiny(&shape, 7));
     let whole = run_whole(&g, &PROMPT);
     for &n in ranks {
-        let tp = run_tp(&g, n, &PROMPT);
+        let tp = run_tp(&g, n, &PROMPT, vocab_parallel);
         let rel = if shape.ty == GgmlType::F32 {
             1e-3
         } else {
@@ -312,6 +318,90 @@ fn sharded_forward_equals_whole_moe() {
     let mut s = dense("qwen3moe", GgmlType::F32);
     s.moe = Some((4, 2, 128));
     check(s, &[1, 2, 4]);
+    // Mixtral-like (GGUF `llama` with experts): one KV head, replicated on 2 and 4 ranks;
+    // Q8_0 experts of 128 rows (cut into 64 and 32).
+    let mut s = dense("llama", GgmlType::Q8_0);
+    s.moe = Some((8, 2, 128));
+    s.n_kv = 1;
+    s.n_head = 4;
+    check(s, &[2, 4]);
+}
+
+#[test]
+fn sharded_forward_equals_whole_head_replicated() {
+    // Every rank with the whole output head (SMELT_TP_VOCAB=0), as against the
+    // vocabulary-parallel head every other test runs.
+    check_head(dense("llama", GgmlType::F32), &[2, 3], false);
+}
+
+#[test]
+fn plan_splits_the_head_by_vocabulary_rows_unless_tied() {
+    let g = tiny(&dense("llama", GgmlType::F32), 1);
+    let plan = ShardPlan::new(
+        &g,
+        TpOptions {
+            n_ranks: 3,
+            vocab_parallel: true,
+        },
+    )
+    .expect("plan");
+    let v: Vec<_> = plan.ranks.iter().map(|r| r.vocab.clone()).collect();
+    assert_eq!(v, vec![0..32, 32..65, 65..97]);
+    match plan
+        .placement("output.weight", &[256, 97])
+        .expect("placement")
+    {
+        Placement::Split(s) => {
+            assert_eq!(s[1].rows, vec![32..65]);
+            assert_eq!(s[1].shape, vec![256, 33]);
+        }
+        Placement::Replicated => panic!("output.weight replicated"),
+    }
+    // The rank's file says which rows it holds, and its model computes only those.
+    let r1 = smelt_engine::tp::rank_gguf(&g, &plan, 1).expect("rank file");
+    let md = r1.metadata();
+    assert_eq!(md.get_u64("smelt.tp.vocab_start"), Some(32));
+    assert_eq!(md.get_u64("smelt.tp.vocab_rows"), Some(33));
+    assert_eq!(
+        r1.tensor("output.weight").expect("head").shape,
+        vec![256, 33]
+    );
+    assert!(matches!(
+        plan.placement("token_embd.weight", &[256, 97]),
+        Ok(Placement::Replicated)
+    ));
+    // Tied embeddings (no output.weight): the head is token_embd, kept whole.
+    let tied = Gguf::from_bytes({
+        let mut w = GgufWriter::new(
+            Vec::new(),
+            g.metadata(),
+            g.tensors()
+                .iter()
+                .filter(|t| t.name != "output.weight")
+                .map(|t| TensorSpec {
+                    name: t.name.clone(),
+                    ty: t.ty,
+                    shape: t.shape.clone(),
+                })
+                .collect(),
+        )
+        .expect("writer");
+        for t in g.tensors().iter().filter(|t| t.name != "output.weight") {
+            w.write_tensor(&t.name, g.tensor_data(t)).expect("write");
+        }
+        w.finish().expect("finish")
+    })
+    .expect("tied");
+    let plan = ShardPlan::new(
+        &tied,
+        TpOptions {
+            n_ranks: 2,
+            vocab_parallel: true,
+        },
+    )
+    .expect("plan");
+    assert!(!plan.opts.vocab_parallel);
+    assert!(plan.ranks.iter().all(|r| r.vocab == (0..97)));
 }
 
 #[test]
@@ -594,4 +684,33 @@ fn plan_places_delta_net_and_expert_tensors() {
     let counts = plan.rank_counts(1);
     assert!(counts.contains(&(format!("{a}.ssm.time_step_rank"), 4)));
     assert!(counts.contains(&(format!("{a}.expert_feed_forward_length"), 256)));
+}
+
+#[test]
+fn engine_tp_with_a_vocabulary_parallel_head_matches_the_whole_model() {
+    // The engine's rank threads (`--device cpu --tp N`) on a model with a head of its own,
+    // which the runner splits by vocabulary rows (the real test models tie theirs): 2 and
+    // 4 ranks, the logits gathered through the simulated all-reduce.
+    let opts = EngineOptions {
+        kv_tokens: 64,
+        ..EngineOptions::default()
+    };
+    let mut s = dense("llama", GgmlType::Q8_0);
+    s.n_vocab = 1001;
+    let g = Arc::new(tiny(&s, 11));
+    let mut whole = Engine::from_gguf(g.clone(), &opts).expect("load");
+    let (want, wls) = engine_greedy(&mut whole, &PROMPT, 6);
+    for n in [2usize, 4] {
+        let mut tp = Engine::from_gguf_tp(g.clone(), &opts, &vec![Device::Cpu; n]).expect("tp");
+        let (got, gls) = engine_greedy(&mut tp, &PROMPT, 6);
+        assert_eq!(gls[0].len(), 1001, "tp={n}: the whole vocabulary's logits");
+        // Same tokens, unless the whole model's top two were within the tolerance.
+        let steps = want.iter().zip(&got).take_while(|(a, b)| a == b).count() + 1;
+        assert_close(
+            &wls[..steps.min(wls.len())],
+            &gls[..steps.min(gls.len())],
+            1.5e-2,
+            &format!("engine tp={n}"),
+        );
+    }
 }

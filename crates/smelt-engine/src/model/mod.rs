@@ -75,6 +75,17 @@ enum Head {
 /// partial tensor and gets the same total back.
 pub trait AllReduce<B: Backend>: Send + Sync {
     fn all_reduce(&self, b: &B, x: &mut B::Tensor) -> Result<(), EngineError>;
+
+    /// The columns of every rank put side by side: `part` holds this rank's columns
+    /// `start..start + part.cols` of a `total`-column tensor (the same rows on every rank);
+    /// every rank gets the whole tensor (a vocabulary-parallel head's logits).
+    fn gather_cols(
+        &self,
+        b: &B,
+        part: &B::Tensor,
+        start: usize,
+        total: usize,
+    ) -> Result<B::Tensor, EngineError>;
 }
 
 /// A model's weights on a backend.
@@ -83,6 +94,9 @@ pub struct Model<B: Backend> {
     tok_embd: B::Weight,
     output_norm: B::Weight,
     output: B::Weight,
+    /// A tensor-parallel rank's slice of a vocabulary-parallel head: the first vocabulary
+    /// row `output` holds and how many (`None`: the whole vocabulary).
+    vocab_slice: Option<(usize, usize)>,
     rope_freqs: Option<B::Weight>,
     layers: Vec<Layer<B>>,
 }
@@ -259,8 +273,26 @@ impl<B: Backend> Model<B> {
                 want: vec![e as u64, info.n_vocab as u64],
             });
         }
+        // A rank of a vocabulary-parallel head holds some rows of it (crate::tp::plan).
+        let md = gguf.metadata();
+        let vocab_slice = match (
+            md.get_u64(crate::tp::plan::VOCAB_START_KEY),
+            md.get_u64(crate::tp::plan::VOCAB_ROWS_KEY),
+        ) {
+            (Some(s), Some(n)) if (s + n) as usize <= info.n_vocab && n > 0 => {
+                Some((s as usize, n as usize))
+            }
+            (None, None) => None,
+            (s, n) => {
+                return Err(EngineError::BadOptions(format!(
+                    "vocabulary slice {s:?} + {n:?} rows of {}",
+                    info.n_vocab
+                )))
+            }
+        };
+        let head_rows = vocab_slice.map_or(info.n_vocab, |(_, n)| n);
         // Tied embeddings: llama.cpp falls back to token_embd when output.weight is absent.
-        let output = match opt("output.weight", (info.n_vocab, e))? {
+        let output = match opt("output.weight", (head_rows, e))? {
             Some(w) => w,
             None => need("token_embd.weight", (info.n_vocab, e))?,
         };
@@ -268,6 +300,7 @@ impl<B: Backend> Model<B> {
             tok_embd,
             output_norm: need("output_norm.weight", (1, e))?,
             output,
+            vocab_slice,
             rope_freqs: opt("rope_freqs.weight", (1, info.n_rot / 2))?,
             layers,
             info,
@@ -552,8 +585,19 @@ impl<B: Backend> Model<B> {
         if head == Head::Hidden {
             return Ok(normed);
         }
-        let mut logits = b.alloc(out_rows.len(), i.n_vocab);
-        b.matmul(&self.output, &normed, &mut logits)?;
-        Ok(logits)
+        let Some((start, rows)) = self.vocab_slice else {
+            let mut logits = b.alloc(out_rows.len(), i.n_vocab);
+            b.matmul(&self.output, &normed, &mut logits)?;
+            return Ok(logits);
+        };
+        // A vocabulary-parallel head: this rank's slice, then every rank's side by side.
+        let Some(r) = reduce else {
+            return Err(EngineError::BadOptions(
+                "a vocabulary-parallel head's slice run without its group".into(),
+            ));
+        };
+        let mut part = b.alloc(out_rows.len(), rows);
+        b.matmul(&self.output, &normed, &mut part)?;
+        r.gather_cols(b, &part, start, i.n_vocab)
     }
 }

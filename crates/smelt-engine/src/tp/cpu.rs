@@ -57,6 +57,28 @@ impl SimComm {
     }
 }
 
+/// Writes the `rows x cols` block `part` at column `start` of the `rows x total` `out`.
+pub fn place_cols(
+    out: &mut [f32],
+    part: &[f32],
+    rows: usize,
+    cols: usize,
+    start: usize,
+    total: usize,
+) -> Result<(), EngineError> {
+    if start + cols > total || out.len() < rows * total || part.len() < rows * cols {
+        return Err(EngineError::BadOptions(format!(
+            "columns {start}..{} of {total} ({rows} rows)",
+            start + cols
+        )));
+    }
+    for r in 0..rows {
+        out[r * total + start..r * total + start + cols]
+            .copy_from_slice(&part[r * cols..(r + 1) * cols]);
+    }
+    Ok(())
+}
+
 /// One rank's handle on a [`SimComm`].
 pub struct SimReduce {
     pub comm: Arc<SimComm>,
@@ -68,6 +90,28 @@ impl AllReduce<Cpu> for SimReduce {
         let n = x.rows * x.cols;
         self.comm.all_reduce(self.rank, &mut x.data[..n]);
         Ok(())
+    }
+
+    fn gather_cols(
+        &self,
+        b: &Cpu,
+        part: &CpuTensor,
+        start: usize,
+        total: usize,
+    ) -> Result<CpuTensor, EngineError> {
+        // As the GPU does it: the part in place in a zeroed whole, then the sum (adding
+        // zeros changes no bits).
+        let mut out = b.alloc(part.rows, total);
+        place_cols(
+            &mut out.data,
+            &part.data,
+            part.rows,
+            part.cols,
+            start,
+            total,
+        )?;
+        self.all_reduce(b, &mut out)?;
+        Ok(out)
     }
 }
 

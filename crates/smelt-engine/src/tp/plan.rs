@@ -29,12 +29,19 @@ use smelt_gguf::{GgmlType, Gguf};
 use crate::model::ModelInfo;
 use crate::EngineError;
 
+/// Metadata of a rank's file with a vocabulary-parallel head: the first vocabulary row its
+/// `output.weight` holds, and how many.
+pub const VOCAB_START_KEY: &str = "smelt.tp.vocab_start";
+pub const VOCAB_ROWS_KEY: &str = "smelt.tp.vocab_rows";
+
 /// Options of a plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TpOptions {
     pub n_ranks: usize,
     /// Split the output head's vocabulary rows between ranks (the logits are then
-    /// gathered); otherwise every rank holds the whole head.
+    /// gathered); otherwise every rank holds the whole head. A model without an
+    /// `output.weight` of its own (tied embeddings: the head is `token_embd`, which every
+    /// rank needs whole for the embedding lookup) keeps its head whole regardless.
     pub vocab_parallel: bool,
 }
 
@@ -174,6 +181,8 @@ impl ShardPlan {
                 .max()
                 .unwrap_or(1)
         };
+        let mut opts = opts;
+        opts.vocab_parallel &= gguf.tensor("output.weight").is_some();
         let plan = Self::for_info(&info, opts, &block_of)?;
         plan.check(gguf)?;
         Ok(plan)
@@ -472,6 +481,11 @@ impl ShardPlan {
                     r.ff_shexp.len() as u64,
                 ));
             }
+        }
+        if r.vocab.len() != i.n_vocab {
+            // The rank's head rows (see `Model::load`): the first row's id and how many.
+            kv.push((VOCAB_START_KEY.into(), r.vocab.start as u64));
+            kv.push((VOCAB_ROWS_KEY.into(), r.vocab.len() as u64));
         }
         if let Some(d) = &i.delta {
             let per_k = d.n_v_heads / d.n_k_heads.max(1);

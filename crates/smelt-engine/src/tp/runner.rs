@@ -166,6 +166,8 @@ pub struct TpRunner {
     all_reduce: String,
     /// Time the last step took from hand-out to rank 0's answer.
     pub last_step: Duration,
+    /// How long waits for a step's answers poll before sleeping (see [`SPIN`]).
+    spin: Duration,
 }
 
 impl TpRunner {
@@ -196,7 +198,7 @@ impl TpRunner {
             gguf,
             TpOptions {
                 n_ranks: n,
-                vocab_parallel: false,
+                vocab_parallel: n > 1 && CudaOptions::from_env(batch_invariant).tp.vocab_parallel,
             },
         )?;
         let ordinals: Vec<usize> = devices
@@ -224,6 +226,7 @@ impl TpRunner {
             (0..n).map(|_| None).collect()
         };
         let sim = SimComm::new(n);
+        let spin = if cuda { SPIN } else { Duration::ZERO };
         let plan_arc = Arc::new(plan.clone());
         let mut workers = Vec::with_capacity(n);
         let mut loaded_rx = Vec::with_capacity(n);
@@ -317,7 +320,7 @@ impl TpRunner {
                             return;
                         }
                     };
-                    while let Ok(cmd) = rx_cmd.recv() {
+                    while let Ok(cmd) = spin_recv(&rx_cmd, spin) {
                         let out = match cmd {
                             Cmd::Step(m) => rank_step.step(&m).map(Reply::Step),
                             Cmd::TimeAllReduce { count, iters } => {
@@ -371,6 +374,7 @@ impl TpRunner {
             names,
             all_reduce,
             last_step: Duration::ZERO,
+            spin,
         };
         match first_err {
             Some(e) => Err(e),
@@ -441,7 +445,7 @@ impl TpRunner {
         let mut out = Vec::with_capacity(self.workers.len());
         let mut err = None;
         for (rank, w) in self.workers.iter().enumerate() {
-            match w.rx.recv() {
+            match spin_recv(&w.rx, self.spin) {
                 Ok(Ok(r)) => out.push(r),
                 Ok(Err(e)) => {
                     err.get_or_insert(EngineError::BadOptions(format!("rank {rank}: {e}")));
@@ -470,6 +474,38 @@ impl Drop for TpRunner {
                 let _ = h.join();
             }
         }
+    }
+}
+
+/// How long a rank thread (or the engine waiting for the ranks) polls its channel before
+/// it sleeps. A decode step is 1-3 ms and the engine's turn between steps (sampling,
+/// scheduling) tens of microseconds: a thread that slept in between costs a futex wake-up
+/// (5-50 us, more from a deep C-state) on each side of every step, and the ranks' graphs
+/// start as far apart as their wake-ups (the first all-reduce waits for the last rank).
+/// `--tp 1` measured 2.5% slower than one GPU with sleeping threads (2.16 against 2.11 ms
+/// a step, bench/RESULTS.md). Idle servers sleep after this long.
+const SPIN: Duration = Duration::from_millis(2);
+
+/// `rx.recv()`, polling for `spin` first (GPU ranks: [`SPIN`]; CPU ranks compute on the
+/// cores a poller would take, so they wait asleep).
+fn spin_recv<T>(rx: &Receiver<T>, spin: Duration) -> Result<T, std::sync::mpsc::RecvError> {
+    if spin.is_zero() {
+        return rx.recv();
+    }
+    use std::sync::mpsc::TryRecvError;
+    let t0 = Instant::now();
+    let mut polls = 0u32;
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Ok(v),
+            Err(TryRecvError::Disconnected) => return Err(std::sync::mpsc::RecvError),
+            Err(TryRecvError::Empty) => {}
+        }
+        polls += 1;
+        if polls % 64 == 0 && t0.elapsed() > spin {
+            return rx.recv();
+        }
+        std::hint::spin_loop();
     }
 }
 

@@ -148,18 +148,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .map(|r| r.tokens.iter().map(|t| batch::digest(t)).collect())
         .unwrap_or_default();
     // Tensor parallel: one all-reduce of a decode step's hidden state (batch x n_embd
-    // floats), and the two per layer a step makes.
+    // floats), and the time a step spends in all-reduces: two per layer, and with a
+    // vocabulary-parallel head the gather of its logits (batch x n_vocab floats).
     let all_reduce = match e.tp() {
-        Some(_) => {
-            let (n_embd, n_layer) = (e.info().n_embd, e.info().n_layer);
-            let t = e
-                .tp_mut()
-                .expect("tp engine")
-                .time_all_reduce(n_embd * args.batch, 200)?;
-            Some((
-                t.as_secs_f64() * 1e6,
-                2.0 * n_layer as f64 * t.as_secs_f64() * 1e3,
-            ))
+        Some(tp) => {
+            let (n_embd, n_layer, n_vocab) = (e.info().n_embd, e.info().n_layer, e.info().n_vocab);
+            let vocab = tp.plan.opts.vocab_parallel && tp.n_ranks() > 1;
+            let tp = e.tp_mut().expect("tp engine");
+            let t = tp.time_all_reduce(n_embd * args.batch, 200)?.as_secs_f64();
+            let head = if vocab {
+                tp.time_all_reduce(n_vocab * args.batch, 50)?.as_secs_f64()
+            } else {
+                0.0
+            };
+            Some((t * 1e6, (2.0 * n_layer as f64 * t + head) * 1e3))
         }
         None => None,
     };
@@ -188,6 +190,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "load_s": load_s,
             "tp": e.tp().map(|t| t.n_ranks()),
             "all_reduce": e.tp().map(|t| t.all_reduce_path().to_string()),
+            "vocab_parallel": e.tp().map(|t| t.plan.opts.vocab_parallel),
             "all_reduce_us": all_reduce.map(|a| a.0),
             "all_reduce_ms_per_step": all_reduce.map(|a| a.1),
         });
@@ -218,9 +221,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if let Some((us, ms)) = all_reduce {
             println!(
                 "all-reduce {us:.1} us each ({} floats, back to back); {ms:.3} ms per \
-                 decode step ({} of them)",
+                 decode step ({} of them{})",
                 e.info().n_embd * args.batch,
-                2 * e.info().n_layer
+                2 * e.info().n_layer,
+                if e.tp().is_some_and(|t| t.plan.opts.vocab_parallel) {
+                    ", and the vocabulary-parallel head's gather"
+                } else {
+                    ""
+                }
             );
         }
         println!("| test | tokens/s |");

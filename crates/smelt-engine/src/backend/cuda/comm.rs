@@ -3,6 +3,9 @@
 //! tensor), and forgetting the cached q8_1 tiles (their input changes under them). Small
 //! messages (a decode step's) run on the one-shot peer-memory kernel
 //! (`smelt_cuda::peer`), the rest on NCCL, split by size (`CudaOptions::peer_max_bytes`).
+//! A vocabulary-parallel head's logits are gathered through the same all-reduce: each
+//! rank's columns placed in a zeroed whole (a memset and a 2D copy, both captured in the
+//! step's graph like a kernel), then summed (adding zeros changes no bits).
 
 use std::sync::{Arc, OnceLock};
 
@@ -77,7 +80,77 @@ impl Cuda {
     }
 }
 
+impl Cuda {
+    /// A zeroed `rows x total` tensor holding `part` at column `start` (on the stream).
+    fn place_cols(
+        &self,
+        part: &CudaTensor,
+        start: usize,
+        total: usize,
+    ) -> Result<CudaTensor, CudaError> {
+        use smelt_cuda::cudarc::driver::sys;
+        if start + part.cols > total {
+            return Err(CudaError::Init(format!(
+                "gather of columns {start}..{} of {total}",
+                start + part.cols
+            )));
+        }
+        // The part may still be a deferred GEMV's output.
+        self.flush()?;
+        self.forget_quantized()?;
+        let rows = part.rows;
+        let ptr = self.scratch(rows * total * 4)?;
+        let out = CudaTensor {
+            ptr,
+            rows,
+            cols: total,
+            cap: rows * total,
+        };
+        if rows == 0 {
+            return Ok(out);
+        }
+        let stream = self.gpu.stream().cu_stream();
+        // SAFETY: `out` is this step's scratch of `rows * total` floats, `part` holds
+        // `rows * part.cols` floats, both on this device; the copy stays inside both.
+        unsafe {
+            sys::cuMemsetD32Async(ptr, 0, rows * total, stream).result()?;
+            let copy = sys::CUDA_MEMCPY2D {
+                srcXInBytes: 0,
+                srcY: 0,
+                srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                srcHost: std::ptr::null(),
+                srcDevice: part.ptr,
+                srcArray: std::ptr::null_mut(),
+                srcPitch: part.cols * 4,
+                dstXInBytes: start * 4,
+                dstY: 0,
+                dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                dstHost: std::ptr::null_mut(),
+                dstDevice: ptr,
+                dstArray: std::ptr::null_mut(),
+                dstPitch: total * 4,
+                WidthInBytes: part.cols * 4,
+                Height: rows,
+            };
+            sys::cuMemcpy2DAsync_v2(&copy, stream).result()?;
+        }
+        Ok(out)
+    }
+}
+
 impl AllReduce<Cuda> for NcclReduce {
+    fn gather_cols(
+        &self,
+        b: &Cuda,
+        part: &CudaTensor,
+        start: usize,
+        total: usize,
+    ) -> Result<CudaTensor, EngineError> {
+        let mut out = b.place_cols(part, start, total)?;
+        self.all_reduce(b, &mut out)?;
+        Ok(out)
+    }
+
     fn all_reduce(&self, b: &Cuda, x: &mut CudaTensor) -> Result<(), EngineError> {
         if self.skip {
             // The same flush as a real one, so the kernels around it are the same.

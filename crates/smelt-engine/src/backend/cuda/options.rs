@@ -39,6 +39,7 @@
 //! | `SMELT_TP_PEER=1` | `tp.peer_all_reduce` | off (not yet measured on a GPU) |
 //! | `SMELT_TP_PEER_MAX` (bytes; set: on) | `tp.peer_all_reduce_max` | `allreduce::default_max_bytes` |
 //! | `SMELT_TP_SKIP_ALLREDUCE=1` | `tp.skip_all_reduce` | off |
+//! | `SMELT_TP_VOCAB=0` | `tp.vocab_parallel` | on (more than one rank, an untied head) |
 //!
 //! Nothing else under `backend::cuda`, `smelt-cuda` or `smelt-kernels` reads a `SMELT_CUDA_*`
 //! variable: code that needs one takes it from these structs.
@@ -169,6 +170,11 @@ pub struct TpOptions {
     /// Every all-reduce left out (each rank keeps its partial sums, so outputs are wrong):
     /// a timing ablation that shows a step's time without communication.
     pub skip_all_reduce: bool,
+    /// The output head split by vocabulary rows between the ranks (each computes its
+    /// slice's logits; the slices are gathered through the all-reduce), where the model has
+    /// a head of its own (tied embeddings stay replicated). `SMELT_TP_VOCAB=0`: every rank
+    /// holds the whole head (to compare).
+    pub vocab_parallel: bool,
 }
 
 impl CudaOptions {
@@ -271,6 +277,7 @@ impl CudaOptions {
                     || num("SMELT_TP_PEER_MAX").is_some_and(|n| n > 0),
                 peer_all_reduce_max: num("SMELT_TP_PEER_MAX"),
                 skip_all_reduce: set("SMELT_TP_SKIP_ALLREDUCE"),
+                vocab_parallel: on("SMELT_TP_VOCAB"),
             },
         }
     }
