@@ -1,238 +1,274 @@
 #!/usr/bin/env bash
-# Tensor parallelism on a 2-GPU machine (issue 19), in one device call:
-#  0. NCCL: where it loads from, communicator init, all-reduce sums and latency (8 KB..1 MB);
-#  a. correctness: a tiny peaked-logits Llama (q8_0 and f16) greedy for 32 steps on one GPU,
-#     through the sharded path on one GPU (--tp 1), on 2 GPUs (--tp 2), on the CPU and on
-#     2 simulated CPU ranks: first divergence, logit gap, logits vs the CPU; then the same
-#     for the Llama-3-8B-shape Q4_K (random weights: ties are possible, gaps are reported);
-#  b. speed, Llama-3-8B-shape Q4_K: single-stream decode (tg128), prompt (pp512) and 32
-#     sequences batched, at TP=1 (plain), --tp 1 and --tp 2, with the all-reduce time;
-#  c. (MODE=full or peer, with .peer carried) llama.cpp on the same file: split none,
-#     layer, row (built first, before any timing, so the build does not share the CPU).
-# MODE=peer is the second run: 0, then b and c only (plain and --tp 2, single stream, 32
-# sequences, --tp 2 with NCCL_PROTO=LL, and --tp 2 with SMELT_TP_SKIP_ALLREDUCE=1: the step
-# without communication, a timing ablation; then a TP=2 decode timeline), no correctness
-# part (run 1 had it). NO_LLAMA=1 leaves llama.cpp out (about 3 minutes less).
-# MODE=ar (issue 19's custom all-reduce, ~6 minutes with llama.cpp): 0 with the peer
-# all-reduce probe (sums vs the CPU twin and NCCL, latency peer vs NCCL at 8 KB..4 MB, one by
-# one and from a graph); then llama.cpp's build starts in the background (niced) while the
-# greedy checks run (tiny q8_0 with the CPU, Llama-3-8B-shape Q4_K: TP=2 vs TP=1 tokens, peer
-# all-reduce on); then, build done, decode tg128 and pp512 at TP=1, TP=2 over NCCL only
-# and TP=2 with the peer all-reduce (SMELT_TP_PEER=1: off by default until this run has
-# checked and timed it); then llama.cpp none/layer/row. Not run yet (no device time was
-# left in the session that wrote it): the first run of it is the first GPU check of the
-# peer all-reduce. What it must print: ARPROBE lines with "sum vs twin exact , 40 calls
-# exact" at every size (else the peer path is wrong: keep it off), peer vs NCCL latency
-# per size (the size table `allreduce::default_max_bytes` should end where peer stops
-# winning), tp_check rc=0 with "tp2 | yes" rows, and tp2-peer's tg128 above tp2-nccl's.
+# Tensor parallelism (issue 19) on a 2- or 4-GPU machine, everything in ONE device call
+# (about 8 minutes on nvidia-h100-x4; less on 2 GPUs, where the TP=4 rows are left out):
+#  0. NCCL (where it loads from) and the one-shot peer all-reduce against its CPU twin and
+#     NCCL, at 2 and (4 GPUs) 4 ranks: sums bit-exact, latency at 8 KB .. 4 MB (ARPROBE);
+#  a. correctness: greedy 32 steps after a 40-token prompt, TP=1 (one GPU, and the sharded
+#     path --tp 1), TP=2, TP=4 (and the CPU, and 2/4 simulated CPU ranks for the dense
+#     one) on synthetic peaked models: llama3-tiny Q8_0 (dense), qwen3moe-tiny and
+#     mixtral-tiny Q8_0 (MoE: experts' rows split like a dense FFN, router replicated;
+#     mixtral-tiny has one KV head: replicated on every rank), first over NCCL, then the
+#     dense and one MoE model with the peer all-reduce on (SMELT_TP_PEER=1), then the
+#     Llama-3-8B-shape Q4_K (random weights: near-ties possible, gaps reported);
+#  b. speed, Llama-3-8B-shape Q4_K: pp512 and tg128 at TP=1, TP=2 and TP=4, over NCCL and
+#     with the peer all-reduce, with the all-reduce time per token (`smelt bench` times one
+#     step's all-reduce back to back: us each, ms a token) and the step without any
+#     all-reduce (SMELT_TP_SKIP_ALLREDUCE=1: wrong outputs, a timing ablation: the gap to
+#     the NCCL row is what communication costs inside the step), and with the whole output
+#     head on every rank (SMELT_TP_VOCAB=0) against the vocabulary-parallel one (default);
+#  c. llama.cpp (0.3.36 sources, built in the background while a runs) on the same file:
+#     --split-mode none, layer and tensor (llama.cpp's own tensor parallelism, NCCL when
+#     the build finds PyTorch's) on 2 and 4 GPUs. `row` is not run: this llama.cpp's CUDA
+#     backend has no split buffers any more ("device CUDA0 does not support split
+#     buffers", run of 2026-11-27 00:40);
+#  d. if the clock allows (it checks): Llama-3-70B-shape Q4_K (about 40 GB, written by
+#     `smelt synth` here: its GB/s is printed) at TP=2 (and TP=4), and llama.cpp layer/tensor
+#     on 2 GPUs beside it;
+#  e. if the clock allows: per-kernel time of a TP=1 and a TP=2 decode step
+#     (SMELT_CUDA_PROFILE=1), into the log only.
+# It prints a short table last (also $OUT/tp-table.md; the full log is $OUT/tp.log).
 # Every GPU command runs under `timeout` (a rank waiting for a peer that failed spins).
 #
-# Here:  CARGO_TARGET_DIR=T cargo build --release -p smelt --bin smelt
-#        CARGO_TARGET_DIR=T cargo build --release -p smelt-engine --example tp_check
-#        mkdir -p .gpu-tp; strip+gzip both into .gpu-tp/ (smelt.gz, tp_check.gz), or
-#        strip+`xz -9e` (smelt.xz, tp_check.xz: 5.7 MB, for MODE=ar beside the 50 MB .peer)
-#        for MODE=full and MODE=ar also: ../shared/peer/prepare.sh .peer (50 MB)
-# There: MODE=ar    bash bench/gpu/tp.sh   carry [".gpu-tp", ".peer"]   (~6 minutes)
-#        MODE=quick bash bench/gpu/tp.sh   carry [".gpu-tp"]            (~3 minutes: 0, a,
-#                                           and b's single-stream runs)
-#        MODE=full  bash bench/gpu/tp.sh   carry [".gpu-tp", ".peer"]   (~9 minutes)
-# Log: $OUT/tp.log (or bench/out), the table last.
+# Here (this machine, once):  bash bench/gpu/tp.sh prep
+#   builds smelt and the tp_check example (release), strips and xz's them into .gpu-tp/,
+#   and puts a slimmed llama-cpp-python 0.3.36 sdist (no git history, models, docs, other
+#   backends: ~4 MB xz) and the gguf/diskcache wheels beside them. .gpu-tp stays under 45 MB.
+# There:  bash bench/gpu/tp.sh      carry [".gpu-tp"]      kind nvidia-h100-x4 (or -x2)
+# What it must print: ARPROBE lines "sum vs twin exact , 40 calls exact" at every size (else
+# the peer path is wrong: keep it off; its rows then fail, NCCL rows stand); tp_check rc=0
+# with "yes" in every tp row; the 8B table (tok/s and x TP=1); llama.cpp's rows.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+mode=${1:-run}
+
+if [ "$mode" = prep ]; then
+  set -e
+  T=${CARGO_TARGET_DIR:-target}
+  CARGO_INCREMENTAL=0 nice -n 10 cargo build --release -p smelt --bin smelt \
+    -p smelt-engine --example tp_check
+  mkdir -p .gpu-tp
+  for f in smelt examples/tp_check; do
+    b=$(basename $f)
+    strip -o /tmp/$b.stripped "$T/release/$f"
+    xz -9e -T2 -c /tmp/$b.stripped > .gpu-tp/$b.xz
+    rm -f /tmp/$b.stripped
+  done
+  if [ ! -f .gpu-tp/llcpp.tar.xz ]; then
+    tmp=$(mktemp -d)
+    pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$tmp" llama-cpp-python==0.3.36
+    pip download -q --no-deps -d .gpu-tp gguf==0.19.0 diskcache==5.6.3
+    tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp"
+    src=$(ls -d "$tmp"/llama_cpp_python-*/)
+    v="$src/vendor/llama.cpp"
+    # What a CUDA build of the Python package does not read (mtmd stays: the package
+    # builds it).
+    rm -rf "$src/.git" "$v"/models/* "$v"/docs/* "$v/benches" "$v"/tests/*.cpp "$v/.github" \
+      "$v/examples" "$v/gguf-py" "$v/scripts" "$v/media"
+    (cd "$v/tools" && ls | grep -v '^mtmd$' | xargs rm -rf)
+    (cd "$v/ggml/src" && rm -rf ggml-virtgpu ggml-cann ggml-openvino ggml-webgpu ggml-et \
+      ggml-metal ggml-hexagon ggml-sycl ggml-vulkan ggml-opencl ggml-musa ggml-zdnn ggml-rpc \
+      ggml-blas ggml-zendnn)
+    tar cJf .gpu-tp/llcpp.tar.xz -C "$tmp" "$(basename "$src")"
+    rm -rf "$tmp"
+  fi
+  cp bench/gpu/tp_llamacpp.py .gpu-tp/
+  ls -la .gpu-tp; du -sh .gpu-tp
+  exit 0
+fi
+
 out=${OUT:-bench/out}
 mkdir -p "$out"
 log="$out/tp.log"
 table="$out/tp-table.md"
-mode=${MODE:-quick}
 export NCCL_NVLS_ENABLE=0
-for f in smelt tp_check; do
-  # xz where the carry is tight (python's lzma, in case the machine has no xz), else gzip.
-  if [ -f .gpu-tp/$f.xz ]; then
-    python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" .gpu-tp/$f.xz /tmp/$f
-  else
-    gunzip -c .gpu-tp/$f.gz > /tmp/$f
-  fi
-  chmod +x /tmp/$f
-done
-S=/tmp/smelt
-{ date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
-  nvidia-smi topo -m 2>/dev/null | head -4 || true; } | tee "$log"
-: > "$table"
+repo=$(pwd)
 t() { echo "$*" | tee -a "$table"; }
+: > "$table"
+xzcat_py() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
+for f in smelt tp_check; do xzcat_py .gpu-tp/$f.xz /tmp/$f; chmod +x /tmp/$f; done
+S=/tmp/smelt
+G=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$G" -ge 4 ]; then SIZES="2 4"; GPUS=0,1,2,3; else SIZES="2"; GPUS=0,1; fi
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
+  nvidia-smi topo -m 2>/dev/null | head -6 || true; nproc; } | tee "$log"
+t "GPUs: $G x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); TP sizes: 1 $SIZES"
 
-# MODE=ar (see the header). Defined before use; everything it prints to the table ends
-# the log.
-ar_mode() {
-  grep -h "ARPROBE" "$log" | tee -a "$table" > /dev/null
-  m=/tmp/llama3-8b-q4_k.gguf
-  repo=$(pwd)
-  if [ -d .peer ] && [ "${NO_LLAMA:-0}" != 1 ]; then
-    echo "== c0. llama.cpp build (background, niced)" | tee -a "$log"
-    ( cd /tmp && tar xzf "$repo/.peer/llcpp.tgz" &&
-      python3 -m pip install -q --no-index --no-deps --target /tmp/site "$repo"/.peer/*.whl &&
-      CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" \
-      CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-28} \
-      nice -n 19 python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/site ./llama_cpp_python-*/ ) \
-      > /tmp/llbuild.log 2>&1 && touch /tmp/llama-built &
-    llpid=$!
-  fi
-  echo "== a. greedy: tiny q8_0 (with the CPU), Llama-3-8B-shape Q4_K" | tee -a "$log"
-  $S synth --shape llama3-tiny --quant q8_0 --layers 4 -o /tmp/tiny-q8_0.gguf >> "$log" 2>&1
-  $S synth --shape llama3-8b --quant q4_k -o $m >> "$log" 2>&1 || echo "synth failed" | tee -a "$table"
-  for f in /tmp/tiny-q8_0.gguf $m; do
-    extra=; [ $f = /tmp/tiny-q8_0.gguf ] && extra=--cpu
-    echo "-- $(basename $f) greedy 32 steps (peer all-reduce on)" | tee -a "$table"
-    SMELT_TP_PEER=1 timeout 240 /tmp/tp_check $f --gpus 0,1 --steps 32 --prompt 40 $extra > /tmp/tc.out 2>>"$log"
-    rc=$?; cat /tmp/tc.out >> "$log"
-    grep '^|' /tmp/tc.out >> "$table"; grep 'FAIL' /tmp/tc.out | tee -a "$table"
-    echo "tp_check rc=$rc" | tee -a "$table"
-  done
-  if [ -n "${llpid:-}" ]; then
-    echo "== waiting for the llama.cpp build" | tee -a "$log"
-    wait $llpid; tail -3 /tmp/llbuild.log >> "$log"
-  fi
-  echo "== b. speed, Llama-3-8B-shape Q4_K" | tee -a "$log"
-  js() { grep -o "\"$1\":[0-9.e-]*" | head -1 | cut -d: -f2; }
-  jq_s() { grep -o "\"$1\":\"[^\"]*\"" | head -1 | cut -d'"' -f4; }
-  t ""
-  t "| llama3-8b q4_k | pp512 tok/s | tg128 tok/s | all-reduce | all-reduce us (1 token) | ms/step in all-reduce | vs TP=1 |"
-  t "|---|---:|---:|---|---:|---:|---|"
-  for cfg in "tp1|--device cuda:0|" "tp2-nccl|--device cuda:0,1 --tp 2|" "tp2-peer|--device cuda:0,1 --tp 2|1"; do
-    name=${cfg%%|*}; rest=${cfg#*|}; a=${rest%%|*}; peer=${rest#*|}
-    if [ -n "$peer" ]; then export SMELT_TP_PEER=1; else unset SMELT_TP_PEER; fi
-    r1=$(timeout 150 $S bench --model $m $a --prompt 512 --gen 128 --reps 3 --json 2>>"$log" | tr -d '\n')
-    echo "$name: $r1" >> "$log"
-    pp=$(echo "$r1" | js prompt_tok_s); tg=$(echo "$r1" | js decode_tok_s)
-    [ "$name" = tp1 ] && { pp0=$pp; tg0=$tg; }
-    ratio=$(python3 -c "
-def r(a, b):
-    try: return f'{float(a)/float(b):.2f}x'
-    except Exception: return '-'
-print('pp', r('$pp', '${pp0:-}'), 'tg', r('$tg', '${tg0:-}'))")
-    t "| $name | ${pp%.*} | ${tg%.*} | $(echo "$r1" | jq_s all_reduce) | $(echo "$r1" | js all_reduce_us) | $(echo "$r1" | js all_reduce_ms_per_step) | $ratio |"
-  done
-  unset SMELT_TP_PEER
-  if [ -f /tmp/llama-built ]; then
-    echo "== c. llama.cpp on the same file" | tee -a "$log"
-    export PYTHONPATH=/tmp/site
-    t ""
-    t "| llama.cpp split | pp512 tok/s | tg128 tok/s |"
-    t "|---|---:|---:|"
-    for sm in none layer row; do
-      r=$(timeout 120 python3 bench/gpu/tp_llamacpp.py $m $sm 512 128 3 2>>"$log" | grep RESULT); echo "$r" >> "$log"
-      t "| $sm | $(echo "$r" | sed -n 's/.*pp512: \([0-9.]*\).*/\1/p') | $(echo "$r" | sed -n 's/.*tg128: \([0-9.]*\).*/\1/p') |"
-    done
-  elif [ -d .peer ] && [ "${NO_LLAMA:-0}" != 1 ]; then
-    t "llama.cpp build failed (tail of its log above)"; tail -20 /tmp/llbuild.log >> "$log"
-  fi
-  echo "== table" | tee -a "$log"
-  cat "$table" | tee -a "$log"
-}
-
-echo "== 0. NCCL (found by smelt's own search) and the peer all-reduce" | tee -a "$log"
-timeout 200 /tmp/tp_check --nccl-probe --gpus 0,1 2>&1 | tee -a "$log"
-if ! grep -q "NCCLPROBE loaded" "$log"; then
-  # Not found on its own: point at PyTorch's copy and say so.
-  lib=$(python3 - <<'PY'
-import glob, importlib.util, os, site
-c = []
-try:
-    s = importlib.util.find_spec("nvidia.nccl")
-    c += [os.path.join(p, "lib", "libnccl.so.2") for p in (s.submodule_search_locations or [])]
-except Exception:
-    pass
+# NCCL for llama.cpp's build: PyTorch's wheel (headers and libnccl.so.2), if any.
+nccl_dir=$(python3 - <<'PY'
+import glob, os, site
 for sp in site.getsitepackages():
-    c += glob.glob(os.path.join(sp, "nvidia", "nccl", "lib", "libnccl.so.2"))
-print(next((x for x in c if os.path.isfile(x)), ""))
+    for d in glob.glob(os.path.join(sp, "nvidia", "nccl")):
+        if os.path.isfile(os.path.join(d, "lib", "libnccl.so.2")):
+            print(d); raise SystemExit
 PY
 )
-  echo "smelt's search found no NCCL; python says: ${lib:-nothing}" | tee -a "$log"
-  export SMELT_NCCL=$lib
-  timeout 200 /tmp/tp_check --nccl-probe --gpus 0,1 2>&1 | tee -a "$log"
-fi
-t "NCCL: $(grep -h 'NCCLPROBE loaded' "$log" | tail -1 | sed 's/NCCLPROBE //')"
-grep -h "NCCLPROBE all-reduce" "$log" | sed 's/NCCLPROBE /NCCL /' >> "$table"
-if [ "$mode" = ar ]; then
-  ar_mode
-  exit 0
-fi
+echo "PyTorch's NCCL: ${nccl_dir:-none}" | tee -a "$log"
 
-m=/tmp/llama3-8b-q4_k.gguf
-if [ "$mode" != quick ] && [ -d .peer ] && [ "${NO_LLAMA:-0}" != 1 ]; then
-  echo "== c0. llama.cpp build (before any timing)" | tee -a "$log"
-  # The build of .peer/gpu-llamacpp.sh (about 3 minutes), without its own model and timing.
-  repo=$(pwd)
-  ( cd /tmp && tar xzf "$repo/.peer/llcpp.tgz" &&
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site "$repo"/.peer/*.whl &&
-    CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" \
-    CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-32} \
-    python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/site ./llama_cpp_python-*/ ) \
-    >> "$log" 2>&1 && touch /tmp/llama-built || echo "llama.cpp build failed" | tee -a "$table"
-fi
-
-if [ "$mode" != peer ]; then
-echo "== a. correctness: tiny peaked Llama" | tee -a "$log"
-for q in q8_0 q4_0; do
-  $S synth --shape llama3-tiny --quant $q --layers 4 -o /tmp/tiny-$q.gguf >> "$log" 2>&1
-  echo "-- llama3-tiny 4 layers $q" | tee -a "$log" "$table"
-  /tmp/tp_check /tmp/tiny-$q.gguf --gpus 0,1 --steps 32 --prompt 40 --cpu > /tmp/tc.out 2>>"$log"
-  rc=$?; cat /tmp/tc.out >> "$log"
-  grep '^|' /tmp/tc.out >> "$table"; grep 'FAIL' /tmp/tc.out | tee -a "$table"
-  echo "tp_check rc=$rc" | tee -a "$table"
-done
-
-fi
-
-echo "== b. Llama-3-8B-shape Q4_K" | tee -a "$log"
-$S synth --shape llama3-8b --quant q4_k -o $m >> "$log" 2>&1 || echo "synth failed" | tee -a "$table"
-if [ "$mode" = full ]; then
-  echo "-- llama3-8b q4_k greedy (random weights)" | tee -a "$table"
-  /tmp/tp_check $m --gpus 0,1 --steps 32 --prompt 40 > /tmp/tc.out 2>>"$log"
-  rc=$?; cat /tmp/tc.out >> "$log"; grep '^|' /tmp/tc.out >> "$table"; echo "tp_check rc=$rc" | tee -a "$table"
-fi
-js() { grep -o "\"$1\":[0-9.e-]*" | head -1 | cut -d: -f2; }
-t ""
-t "| llama3-8b q4_k | pp512 tok/s | tg128 tok/s | 32 seqs decode tok/s | all-reduce us (1 token) | all-reduce ms/step (1 token) | vs plain |"
-t "|---|---:|---:|---:|---:|---:|---|"
-cfgs=("plain:--device cuda:0" "tp1:--device cuda:0 --tp 1" "tp2:--device cuda:0,1 --tp 2")
-[ "$mode" = peer ] && cfgs=("plain:--device cuda:0" "tp2:--device cuda:0,1 --tp 2" "tp2-LL:--device cuda:0,1 --tp 2" "tp2-no-allreduce:--device cuda:0,1 --tp 2")
-for cfg in "${cfgs[@]}"; do
-  name=${cfg%%:*}; a=${cfg#*:}
-  if [ "$name" = tp2-LL ]; then export NCCL_PROTO=LL; else unset NCCL_PROTO; fi
-  # Timing ablation: the step without communication (wrong outputs), what a faster
-  # all-reduce could approach.
-  if [ "$name" = tp2-no-allreduce ]; then export SMELT_TP_SKIP_ALLREDUCE=1; else unset SMELT_TP_SKIP_ALLREDUCE; fi
-  r1=$($S bench --model $m $a --prompt 512 --gen 128 --reps 3 --json 2>>"$log" | tr -d '\n'); echo "$name single: $r1" >> "$log"
-  r2=
-  if [ "$mode" != quick ]; then
-    r2=$($S bench --model $m $a --prompt 128 --gen 64 --reps 1 --batch 32 --json 2>>"$log" | tr -d '\n'); echo "$name batch32: $r2" >> "$log"
+echo "== c0. llama.cpp build (background, niced)" | tee -a "$log"
+(
+  set -e
+  cd /tmp && xzcat_py "$repo/.gpu-tp/llcpp.tar.xz" /tmp/llcpp.tar && tar xf /tmp/llcpp.tar
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$repo"/.gpu-tp/*.whl
+  extra=
+  if [ -n "$nccl_dir" ] && [ -f "$nccl_dir/include/nccl.h" ]; then
+    mkdir -p /tmp/nccl/lib && ln -sf "$nccl_dir/include" /tmp/nccl/include &&
+      ln -sf "$nccl_dir/lib/libnccl.so.2" /tmp/nccl/lib/libnccl.so &&
+      ln -sf "$nccl_dir/lib/libnccl.so.2" /tmp/nccl/lib/libnccl.so.2 && extra="-DNCCL_ROOT=/tmp/nccl"
   fi
-  pp=$(echo "$r1" | js prompt_tok_s); tg=$(echo "$r1" | js decode_tok_s); bt=$(echo "$r2" | js batch_decode_tok_s)
-  [ "$name" = plain ] && { pp0=$pp; tg0=$tg; bt0=$bt; }
-  ratio=$(python3 -c "
-def r(a, b):
-    try: return f'{float(a)/float(b):.2f}x'
-    except Exception: return '-'
-print('pp', r('$pp', '${pp0:-}'), 'tg', r('$tg', '${tg0:-}'), 'batch', r('$bt', '${bt0:-}'))")
-  t "| $name | ${pp%.*} | ${tg%.*} | ${bt%.*} | $(echo "$r1" | js all_reduce_us) | $(echo "$r1" | js all_reduce_ms_per_step) | $ratio |"
+  echo "llama.cpp NCCL: ${extra:-none}"
+  CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF $extra" \
+    CMAKE_BUILD_PARALLEL_LEVEL=$(( $(nproc) > 8 ? $(nproc) - 4 : 4 )) \
+    nice -n 19 python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/site ./llama_cpp_python-*/
+) > /tmp/llbuild.log 2>&1 && touch /tmp/llama-built &
+llpid=$!
+
+echo "== 0. NCCL and the peer all-reduce" | tee -a "$log"
+for gs in 0,1 $([ "$G" -ge 4 ] && echo 0,1,2,3); do
+  timeout 120 /tmp/tp_check --nccl-probe --gpus $gs > /tmp/probe.out 2>&1
+  echo "probe rc=$?" >> /tmp/probe.out
+  if ! grep -q "NCCLPROBE loaded" /tmp/probe.out && [ -n "$nccl_dir" ]; then
+    # smelt's own search found no NCCL: point at PyTorch's, and say so.
+    echo "smelt's search found no NCCL; SMELT_NCCL=$nccl_dir/lib/libnccl.so.2" | tee -a "$log" "$table"
+    export SMELT_NCCL=$nccl_dir/lib/libnccl.so.2
+    timeout 120 /tmp/tp_check --nccl-probe --gpus $gs > /tmp/probe.out 2>&1
+    echo "probe rc=$?" >> /tmp/probe.out
+  fi
+  cat /tmp/probe.out >> "$log"
+  n=$(echo $gs | tr ',' '\n' | wc -l)
+  t "-- $n GPUs: $(grep -h 'NCCLPROBE loaded' /tmp/probe.out | sed 's/NCCLPROBE //')"
+  # The table keeps 8 KB, 64 KB and 1 MB (the log has every size) and any failure.
+  grep -hE "ARPROBE (8 KB|64 KB|1024 KB|FAIL)|NCCLPROBE FAIL|WRONG|probe rc=[1-9]" /tmp/probe.out |
+    sed "s/^/[$n GPUs] /" >> "$table"
 done
-unset NCCL_PROTO SMELT_TP_SKIP_ALLREDUCE
-if [ "$mode" = peer ]; then
-  # Where a TP=2 decode step's time goes (each rank's kernels; NCCL's are the gaps).
-  SMELT_CUDA_TIMELINE=1 $S bench --model $m --device cuda:0,1 --tp 2 --prompt 64 --gen 64 --reps 1 > /tmp/tl.out 2>&1
-  cat /tmp/tl.out >> "$log"
+peer_ok=1
+grep -q "WRONG\|ARPROBE FAIL" "$log" && peer_ok=0
+grep -q "ARPROBE 8 KB" "$log" || peer_ok=0
+t "peer all-reduce checked exact: $([ $peer_ok = 1 ] && echo yes || echo NO: peer rows below are for the record only)"
+
+echo "== a. correctness" | tee -a "$log"
+check() { # name file [extra args...]
+  local name=$1 f=$2; shift 2
+  echo "-- $name" | tee -a "$table" >> "$log"
+  timeout 120 /tmp/tp_check $f --gpus $GPUS --ranks ${SIZES// /,} --steps 32 --prompt 40 "$@" > /tmp/tc.out 2>>"$log"
+  local rc=$?; cat /tmp/tc.out >> "$log"
+  grep '^|' /tmp/tc.out | grep -v '^|---' | grep -v '^| run' >> "$table"; grep 'FAIL' /tmp/tc.out | tee -a "$table" > /dev/null
+  t "tp_check rc=$rc"
+}
+m8=/tmp/llama3-8b-q4_k.gguf
+$S synth --shape llama3-tiny --quant q8_0 --layers 4 -o /tmp/tiny.gguf >> "$log" 2>&1
+$S synth --shape qwen3moe-tiny --quant q8_0 -o /tmp/qmoe.gguf >> "$log" 2>&1
+$S synth --shape mixtral-tiny --quant q8_0 -o /tmp/mixtral.gguf >> "$log" 2>&1
+t "| run | tokens = ref | first divergence | ref logit gap there | max dlogit vs cpu | ms/token |"
+t "|---|---|---|---|---|---|"
+check "llama3-tiny q8_0, NCCL" /tmp/tiny.gguf --cpu
+SMELT_TP_VOCAB=0 check "llama3-tiny q8_0, NCCL, whole head on every rank" /tmp/tiny.gguf
+check "qwen3moe-tiny q8_0, NCCL" /tmp/qmoe.gguf
+check "mixtral-tiny q8_0 (1 KV head), NCCL" /tmp/mixtral.gguf
+if [ $peer_ok = 1 ]; then
+  SMELT_TP_PEER=1 check "llama3-tiny q8_0, peer all-reduce" /tmp/tiny.gguf
+  SMELT_TP_PEER=1 check "qwen3moe-tiny q8_0, peer all-reduce" /tmp/qmoe.gguf
+fi
+ts=$SECONDS
+$S synth --shape llama3-8b --quant q4_k -o $m8 >> "$log" 2>&1 || t "synth 8b failed"
+echo "synth llama3-8b: $((SECONDS - ts)) s" >> "$log"
+check "llama3-8b q4_k (random weights), NCCL" $m8
+
+echo "== waiting for the llama.cpp build ($SECONDS s)" | tee -a "$log"
+wait $llpid; tail -3 /tmp/llbuild.log >> "$log"
+echo "llama.cpp built at $SECONDS s" >> "$log"
+
+echo "== b. speed, Llama-3-8B-shape Q4_K" | tee -a "$log"
+js() { grep -o "\"$1\":[0-9.e-]*" | head -1 | cut -d: -f2; }
+jq_s() { grep -o "\"$1\":\"[^\"]*\"" | head -1 | cut -d'"' -f4; }
+ratio() { python3 -c "
+try: print(f'{float(\"$1\")/float(\"$2\"):.2f}x')
+except Exception: print('-')"; }
+bench_row() { # model name args env... -> one table row
+  local m=$1 name=$2 a=$3 gen=${4:-128} reps=${5:-3}
+  local r
+  r=$(timeout 100 $S bench --model $m $a --prompt 512 --gen $gen --reps $reps --json 2>>"$log" | tr -d '\n')
+  echo "$name: $r" >> "$log"
+  local pp tg
+  pp=$(echo "$r" | js prompt_tok_s); tg=$(echo "$r" | js decode_tok_s)
+  if [ "$name" = tp1 ]; then pp0=$pp; tg0=$tg; fi
+  t "| $name | ${pp%.*} | ${tg%.*} | $(echo "$r" | js decode_ms_per_token | cut -c1-5) | $(echo "$r" | jq_s all_reduce)$(echo "$r" | grep -q '"vocab_parallel":true' && echo ', vocab head') | $(echo "$r" | js all_reduce_us) | $(echo "$r" | js all_reduce_ms_per_step | cut -c1-5) | pp $(ratio "$pp" "${pp0:-}") tg $(ratio "$tg" "${tg0:-}") |"
+}
+t ""
+t "| llama3-8b q4_k | pp512 tok/s | tg128 tok/s | ms/token | all-reduce | us each (1 token) | ms a token in all-reduce | vs TP=1 |"
+t "|---|---:|---:|---:|---|---:|---:|---|"
+pp0=; tg0=
+bench_row $m8 tp1 "--device cuda:0"
+bench_row $m8 tp1-sharded "--device cuda:0 --tp 1"
+for n in $SIZES; do
+  d=cuda:$(seq -s, 0 $((n - 1)))
+  bench_row $m8 tp$n-nccl "--device $d --tp $n"
+  [ $peer_ok = 1 ] && SMELT_TP_PEER=1 bench_row $m8 tp$n-peer "--device $d --tp $n"
+  SMELT_TP_SKIP_ALLREDUCE=1 bench_row $m8 tp$n-no-allreduce "--device $d --tp $n"
+  SMELT_TP_VOCAB=0 bench_row $m8 tp$n-nccl-whole-head "--device $d --tp $n"
+done
+
+ll_row() { # model split gpus-list name gen
+  local m=$1 sm=$2 vis=$3 name=$4 gen=${5:-128} reps=${6:-3}
+  local r
+  r=$(CUDA_VISIBLE_DEVICES=$vis PYTHONPATH=/tmp/site LD_LIBRARY_PATH=/tmp/nccl/lib:${LD_LIBRARY_PATH:-} \
+    timeout 200 python3 .gpu-tp/tp_llamacpp.py $m $sm 512 $gen $reps 2>>"$log" | grep RESULT)
+  echo "$name: $r" >> "$log"
+  local pp tg
+  pp=$(echo "$r" | sed -n 's/.*pp512: \([0-9.]*\).*/\1/p'); tg=$(echo "$r" | sed -n "s/.*tg$gen: \([0-9.]*\).*/\1/p")
+  t "| $name | ${pp:-failed} | ${tg:-failed} | pp $(ratio "$pp" "${pp0:-}") tg $(ratio "$tg" "${tg0:-}") |"
+}
+if [ -f /tmp/llama-built ]; then
+  echo "== c. llama.cpp on the same file ($SECONDS s)" | tee -a "$log"
+  t ""
+  t "| llama.cpp (same file) | pp512 tok/s | tg128 tok/s | vs smelt TP=1 |"
+  t "|---|---:|---:|---|"
+  ll_row $m8 none 0 "none (1 GPU)"
+  for n in $SIZES; do
+    vis=$(seq -s, 0 $((n - 1)))
+    ll_row $m8 layer $vis "layer, $n GPUs"
+    ll_row $m8 tensor $vis "tensor, $n GPUs"
+  done
+else
+  t "llama.cpp build failed (its log's tail is in tp.log)"; tail -30 /tmp/llbuild.log >> "$log"
 fi
 
-if [ -f /tmp/llama-built ]; then
-  echo "== c. llama.cpp on the same file" | tee -a "$log"
-  export PYTHONPATH=/tmp/site
+# d. 70B at TP=2 (and 4), if the clock allows: synth ~40 GB, then load and time.
+if [ $SECONDS -lt 380 ]; then
+  echo "== d. Llama-3-70B-shape Q4_K ($SECONDS s)" | tee -a "$log"
+  m70=/tmp/llama3-70b-q4_k.gguf
+  ts=$SECONDS
+  timeout 150 $S synth --shape llama3-70b --quant q4_k -o $m70 >> "$log" 2>&1
+  rc=$?; dt=$((SECONDS - ts))
+  gb=$(python3 -c "import os; print(f'{os.path.getsize(\"$m70\")/1e9:.1f}')" 2>/dev/null || echo 0)
   t ""
-  t "| llama.cpp split | pp512 tok/s | tg128 tok/s |"
-  t "|---|---:|---:|"
-  for sm in none layer row; do
-    r=$(python3 bench/gpu/tp_llamacpp.py $m $sm 512 128 3 2>>"$log" | grep RESULT); echo "$r" >> "$log"
-    t "| $sm | $(echo "$r" | sed -n 's/.*pp512: \([0-9.]*\).*/\1/p') | $(echo "$r" | sed -n 's/.*tg128: \([0-9.]*\).*/\1/p') |"
-  done
+  t "70B synth: rc=$rc, $gb GB in $dt s ($(python3 -c "print(f'{$gb/max($dt,1):.2f}')") GB/s, $(nproc) cores)"
+  if [ $rc = 0 ]; then
+    t "| llama3-70b q4_k | pp512 tok/s | tg64 tok/s | ms/token | all-reduce | us each | ms a token | - |"
+    t "|---|---:|---:|---:|---|---:|---:|---|"
+    pp0=; tg0=
+    for n in $SIZES; do
+      [ $SECONDS -lt 450 ] || break
+      d=cuda:$(seq -s, 0 $((n - 1)))
+      bench_row $m70 tp$n-nccl "--device $d --tp $n" 64 1
+    done
+    if [ -f /tmp/llama-built ] && [ $SECONDS -lt 470 ]; then
+      ll_row $m70 layer 0,1 "llama.cpp 70B layer, 2 GPUs" 64 1
+    fi
+    if [ -f /tmp/llama-built ] && [ $SECONDS -lt 500 ]; then
+      ll_row $m70 tensor 0,1 "llama.cpp 70B tensor, 2 GPUs" 64 1
+    fi
+  fi
+  rm -f $m70
+else
+  t "70B left out: $SECONDS s used before it"
 fi
-echo "== table" | tee -a "$log"
+
+# e. where a decode step's time goes (log only).
+if [ $SECONDS -lt 510 ]; then
+  echo "== e. per-kernel profile, TP=1 and TP=2 decode ($SECONDS s)" | tee -a "$log"
+  SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1
+  SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0,1 --tp 2 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1
+fi
+echo "== table ($SECONDS s)" | tee -a "$log"
+t "wall: $SECONDS s"
 cat "$table" | tee -a "$log"

@@ -1,7 +1,7 @@
 """llama.cpp (llama-cpp-python's C API) on several GPUs of one machine: one GGUF with
---split-mode none (GPU 0 alone), layer, or row; pp (one batch of N prompt tokens) and tg
+--split-mode none (GPU 0 alone), layer, row, or tensor (llama.cpp's tensor parallelism); pp (one batch of N prompt tokens) and tg
 (single-token decodes), as bench/gpu/tp.sh compares with smelt's --tp.
-Usage: tp_llamacpp.py MODEL none|layer|row PP TG [REPS]"""
+Usage: tp_llamacpp.py MODEL none|layer|row|tensor PP TG [REPS]"""
 import ctypes, statistics, sys, time
 
 import llama_cpp as L
@@ -12,7 +12,7 @@ reps = int(sys.argv[5]) if len(sys.argv) > 5 else 3
 L.llama_backend_init()
 mp = L.llama_model_default_params()
 mp.n_gpu_layers = 999
-mp.split_mode = {"none": 0, "layer": 1, "row": 2}[mode]
+mp.split_mode = {"none": 0, "layer": 1, "row": 2, "tensor": 3}[mode]
 mp.main_gpu = 0
 model = L.llama_model_load_from_file(path.encode(), mp)
 assert model, "model did not load"

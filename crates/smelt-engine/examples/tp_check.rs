@@ -5,7 +5,9 @@
 //! divergence and the reference's logit gap there, and the largest logit difference at the
 //! prompt's end against the CPU's (relative to the logits' scale).
 //!
-//! Usage: tp_check MODEL [--gpus 0,1] [--steps 32] [--prompt 40] [--cpu]
+//! Usage: tp_check MODEL [--gpus 0,1] [--ranks 2,4] [--steps 32] [--prompt 40] [--cpu]
+//! (`--ranks`: the group sizes run, each on the first GPUs of `--gpus`; default every size
+//! from 2 to the number of GPUs).
 //! Prints one `TPCHECK` line per configuration (machine-readable) and a table last.
 //!
 //! `tp_check --nccl-probe [--gpus 0,1]`: where NCCL was loaded from and its version, then
@@ -332,6 +334,7 @@ fn main() {
     let mut steps = 32;
     let mut plen = 40;
     let mut cpu = false;
+    let mut ranks: Option<Vec<usize>> = None;
     let mut i = 2;
     while i < args.len() {
         match args[i].as_str() {
@@ -340,6 +343,15 @@ fn main() {
                     .split(',')
                     .map(|s| s.parse().expect("gpu ordinal"))
                     .collect();
+                i += 1;
+            }
+            "--ranks" => {
+                ranks = Some(
+                    args[i + 1]
+                        .split(',')
+                        .map(|s| s.parse().expect("group size"))
+                        .collect(),
+                );
                 i += 1;
             }
             "--steps" => {
@@ -392,7 +404,8 @@ fn main() {
         "tp1".into(),
         Engine::from_gguf_tp(gguf.clone(), &opts(g0), &[g0]),
     );
-    for n in 2..=gpus.len() {
+    let sizes = ranks.unwrap_or_else(|| (2..=gpus.len()).collect());
+    for n in sizes.into_iter().filter(|&n| n >= 2 && n <= gpus.len()) {
         let devs: Vec<Device> = gpus[..n].iter().map(|&o| Device::Cuda(o)).collect();
         go(
             format!("tp{n}"),
@@ -404,10 +417,12 @@ fn main() {
             "cpu".into(),
             Engine::from_gguf(gguf.clone(), &opts(Device::Cpu)),
         );
-        go(
-            "cpu-tp2".into(),
-            Engine::from_gguf_tp(gguf.clone(), &opts(Device::Cpu), &[Device::Cpu; 2]),
-        );
+        for n in [2, 4] {
+            go(
+                format!("cpu-tp{n}"),
+                Engine::from_gguf_tp(gguf.clone(), &opts(Device::Cpu), &vec![Device::Cpu; n]),
+            );
+        }
     }
     if runs.is_empty() {
         println!("TPCHECK nothing ran");
