@@ -247,14 +247,14 @@ if [ $SECONDS -lt 380 ]; then
     t "|---|---:|---:|---:|---|---:|---:|---|"
     pp0=; tg0=
     for n in $SIZES; do
-      [ $SECONDS -lt 450 ] || break
+      [ $SECONDS -lt 430 ] || break
       d=cuda:$(seq -s, 0 $((n - 1)))
       bench_row $m70 tp$n-nccl "--device $d --tp $n" 64 1
     done
-    if [ -f /tmp/llama-built ] && [ $SECONDS -lt 470 ]; then
+    if [ -f /tmp/llama-built ] && [ $SECONDS -lt 455 ]; then
       ll_row $m70 layer 0,1 "llama.cpp 70B layer, 2 GPUs" 64 1
     fi
-    if [ -f /tmp/llama-built ] && [ $SECONDS -lt 500 ]; then
+    if [ -f /tmp/llama-built ] && [ $SECONDS -lt 480 ]; then
       ll_row $m70 tensor 0,1 "llama.cpp 70B tensor, 2 GPUs" 64 1
     fi
   fi
@@ -264,7 +264,7 @@ else
 fi
 
 # e. where a decode step's time goes (log only).
-if [ $SECONDS -lt 510 ]; then
+if [ $SECONDS -lt 490 ]; then
   echo "== e. per-kernel profile, TP=1 and TP=2 decode ($SECONDS s)" | tee -a "$log"
   SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1
   SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0,1 --tp 2 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1
