@@ -502,7 +502,7 @@ fn spin_recv<T>(rx: &Receiver<T>, spin: Duration) -> Result<T, std::sync::mpsc::
             Err(TryRecvError::Empty) => {}
         }
         polls += 1;
-        if polls % 64 == 0 && t0.elapsed() > spin {
+        if polls.is_multiple_of(64) && t0.elapsed() > spin {
             return rx.recv();
         }
         std::hint::spin_loop();
