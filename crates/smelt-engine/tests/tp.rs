@@ -714,3 +714,117 @@ fn engine_tp_with_a_vocabulary_parallel_head_matches_the_whole_model() {
         );
     }
 }
+
+/// A metadata-only model of architecture `a` with these `{a}.*` integer keys.
+fn shape_only(a: &str, keys: &[(&str, u32)]) -> smelt_engine::ModelInfo {
+    let mut m = Metadata::new();
+    m.insert("general.architecture", Value::String(a.into()));
+    for (k, v) in keys {
+        m.insert(format!("{a}.{k}"), Value::U32(*v));
+    }
+    m.insert(
+        format!("{a}.attention.layer_norm_rms_epsilon"),
+        Value::F32(1e-5),
+    );
+    let w = GgufWriter::new(Vec::new(), &m, Vec::new()).expect("header");
+    let g = Gguf::from_bytes(w.finish().expect("finish")).expect("parse");
+    smelt_engine::ModelInfo::from_gguf(&g).expect("info")
+}
+
+#[test]
+fn plans_of_real_shapes_in_k_quants_for_2_4_and_8_gpus() {
+    // TP=4 readiness, from the shapes alone (K-quant blocks of 256 columns everywhere):
+    // Llama 3 8B and 70B split at 2, 4 and 8 (8B at 8: one KV head a rank; 70B: heads of
+    // 128 cut every 2 heads), Mixtral 8x7B's experts (14336 rows) too. Qwen3-30B-A3B's
+    // experts of 768 rows split unevenly on 256-column blocks at 2 and cannot be cut at 4:
+    // refused with the way out in the message, not run wrong.
+    let llama = |layers, e, ff, heads, kv| {
+        shape_only(
+            "llama",
+            &[
+                ("embedding_length", e),
+                ("block_count", layers),
+                ("feed_forward_length", ff),
+                ("attention.head_count", heads),
+                ("attention.head_count_kv", kv),
+                ("vocab_size", 128_256),
+            ],
+        )
+    };
+    let k = |_: &str| 256usize;
+    for (name, info) in [
+        ("llama3-8b", llama(32, 4096, 14336, 32, 8)),
+        ("llama3-70b", llama(80, 8192, 28672, 64, 8)),
+    ] {
+        for n in [2usize, 4, 8] {
+            let opts = TpOptions {
+                n_ranks: n,
+                vocab_parallel: true,
+            };
+            let p = ShardPlan::for_info(&info, opts, &k)
+                .unwrap_or_else(|e| panic!("{name} tp={n}: {e}"));
+            let kv_each = info.n_head_kv / n.min(info.n_head_kv);
+            for (r, s) in p.ranks.iter().enumerate() {
+                assert_eq!(s.q_heads.len(), info.n_head / n, "{name} tp={n} rank {r}");
+                assert_eq!(s.kv_heads.len(), kv_each, "{name} tp={n} rank {r}");
+                assert_eq!(s.ff.len(), info.n_ff / n, "{name} tp={n} rank {r}");
+                assert_eq!(s.ff.start % 256, 0, "{name} tp={n} rank {r}");
+                assert!(s.vocab.len() >= 128_256 / n, "{name} tp={n} rank {r}");
+            }
+        }
+    }
+    let mixtral = shape_only(
+        "llama",
+        &[
+            ("embedding_length", 4096),
+            ("block_count", 32),
+            ("feed_forward_length", 14336),
+            ("attention.head_count", 32),
+            ("attention.head_count_kv", 8),
+            ("vocab_size", 32000),
+            ("expert_count", 8),
+            ("expert_used_count", 2),
+            ("expert_feed_forward_length", 14336),
+        ],
+    );
+    for n in [2usize, 4] {
+        let opts = TpOptions {
+            n_ranks: n,
+            vocab_parallel: true,
+        };
+        let p = ShardPlan::for_info(&mixtral, opts, &k).expect("mixtral");
+        assert!(p.ranks.iter().all(|r| r.ff_exp.len() == 14336 / n));
+    }
+    let qwen3_30b = shape_only(
+        "qwen3moe",
+        &[
+            ("embedding_length", 2048),
+            ("block_count", 48),
+            ("feed_forward_length", 6144),
+            ("attention.head_count", 32),
+            ("attention.head_count_kv", 4),
+            ("attention.key_length", 128),
+            ("attention.value_length", 128),
+            ("vocab_size", 151_936),
+            ("expert_count", 128),
+            ("expert_used_count", 8),
+            ("expert_feed_forward_length", 768),
+        ],
+    );
+    let opts = |n| TpOptions {
+        n_ranks: n,
+        vocab_parallel: true,
+    };
+    // Two ranks: cut at 512 (uneven, on a block), so 512 and 256 rows.
+    let p = ShardPlan::for_info(&qwen3_30b, opts(2), &k).expect("qwen3-30b-a3b tp=2");
+    let rows: Vec<usize> = p.ranks.iter().map(|r| r.ff_exp.len()).collect();
+    assert_eq!(rows, vec![512, 256]);
+    // Four ranks: a rank would get none.
+    let err = ShardPlan::for_info(&qwen3_30b, opts(4), &k)
+        .expect_err("768 expert rows on 256-column blocks over 4 ranks")
+        .to_string();
+    assert!(err.contains("expert rows") && err.contains("256"), "{err}");
+    // With 32-column blocks (Q8_0) they split.
+    let p = ShardPlan::for_info(&qwen3_30b, opts(4), &|_| 32).expect("q8_0 experts");
+    assert!(p.ranks.iter().all(|r| r.ff_exp.len() == 192));
+}
