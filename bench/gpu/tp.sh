@@ -123,6 +123,7 @@ echo "== c0. llama.cpp build (background, niced)" | tee -a "$log"
 llpid=$!
 
 echo "== 0. NCCL and the peer all-reduce" | tee -a "$log"
+PEER_SIZES=
 for gs in 0,1 $([ "$G" -ge 4 ] && echo 0,1,2,3); do
   timeout 120 /tmp/tp_check --nccl-probe --gpus $gs > /tmp/probe.out 2>&1
   echo "probe rc=$?" >> /tmp/probe.out
@@ -134,16 +135,19 @@ for gs in 0,1 $([ "$G" -ge 4 ] && echo 0,1,2,3); do
     echo "probe rc=$?" >> /tmp/probe.out
   fi
   cat /tmp/probe.out >> "$log"
+  grep -q "probe rc=0" /tmp/probe.out && grep -q "ARPROBE 8 KB" /tmp/probe.out &&
+    ! grep -q "WRONG\|ARPROBE FAIL" /tmp/probe.out && PEER_SIZES="$PEER_SIZES $(echo $gs | tr ',' '\n' | wc -l)"
   n=$(echo $gs | tr ',' '\n' | wc -l)
   t "-- $n GPUs: $(grep -h 'NCCLPROBE loaded' /tmp/probe.out | sed 's/NCCLPROBE //')"
   # The table keeps 8 KB, 64 KB and 1 MB (the log has every size) and any failure.
   grep -hE "ARPROBE (8 KB|64 KB|1024 KB|FAIL)|NCCLPROBE FAIL|WRONG|probe rc=[1-9]" /tmp/probe.out |
     sed "s/^/[$n GPUs] /" >> "$table"
 done
-peer_ok=1
-grep -q "WRONG\|ARPROBE FAIL" "$log" && peer_ok=0
-grep -q "ARPROBE 8 KB" "$log" || peer_ok=0
-t "peer all-reduce checked exact: $([ $peer_ok = 1 ] && echo yes || echo NO: peer rows below are for the record only)"
+# The group sizes whose probe ended well (a fault ends it with a panic, not a WRONG line):
+# only those run the peer rows below.
+PEER_SIZES=$(echo $PEER_SIZES)
+peer_ok=0; [ -n "$PEER_SIZES" ] && peer_ok=1
+t "peer all-reduce checked exact for group sizes: ${PEER_SIZES:-none} (peer rows run only for these)"
 
 echo "== a. correctness" | tee -a "$log"
 check() { # name file [extra args...]
@@ -165,13 +169,16 @@ SMELT_TP_VOCAB=0 check "llama3-tiny q8_0, NCCL, whole head on every rank" /tmp/t
 check "qwen3moe-tiny q8_0, NCCL" /tmp/qmoe.gguf
 check "mixtral-tiny q8_0 (1 KV head), NCCL" /tmp/mixtral.gguf
 if [ $peer_ok = 1 ]; then
-  SMELT_TP_PEER=1 check "llama3-tiny q8_0, peer all-reduce" /tmp/tiny.gguf
-  SMELT_TP_PEER=1 check "qwen3moe-tiny q8_0, peer all-reduce" /tmp/qmoe.gguf
+  SMELT_TP_PEER=1 SIZES="$PEER_SIZES" check "llama3-tiny q8_0, peer all-reduce" /tmp/tiny.gguf
+  SMELT_TP_PEER=1 SIZES="$PEER_SIZES" check "qwen3moe-tiny q8_0, peer all-reduce" /tmp/qmoe.gguf
 fi
 ts=$SECONDS
 $S synth --shape llama3-8b --quant q4_k -o $m8 >> "$log" 2>&1 || t "synth 8b failed"
 echo "synth llama3-8b: $((SECONDS - ts)) s" >> "$log"
-check "llama3-8b q4_k (random weights), NCCL" $m8
+# Random weights: a deep random model amplifies the reordered sums of a split (the CPU's
+# own simulated ranks differ from its whole model by 5% of the logits' scale on a random
+# Llama-3-1B shape, 2026-11-27), so this row reports; the peaked tiny models decide.
+check "llama3-8b q4_k (random weights: informational, reordered sums amplify), NCCL" $m8
 
 echo "== waiting for the llama.cpp build ($SECONDS s)" | tee -a "$log"
 wait $llpid; tail -3 /tmp/llbuild.log >> "$log"
@@ -202,7 +209,7 @@ bench_row $m8 tp1-sharded "--device cuda:0 --tp 1"
 for n in $SIZES; do
   d=cuda:$(seq -s, 0 $((n - 1)))
   bench_row $m8 tp$n-nccl "--device $d --tp $n"
-  [ $peer_ok = 1 ] && SMELT_TP_PEER=1 bench_row $m8 tp$n-peer "--device $d --tp $n"
+  case " $PEER_SIZES " in *" $n "*) SMELT_TP_PEER=1 bench_row $m8 tp$n-peer "--device $d --tp $n" ;; esac
   SMELT_TP_SKIP_ALLREDUCE=1 bench_row $m8 tp$n-no-allreduce "--device $d --tp $n"
   SMELT_TP_VOCAB=0 bench_row $m8 tp$n-nccl-whole-head "--device $d --tp $n"
 done
