@@ -26,6 +26,8 @@
 #     on 2 GPUs beside it;
 #  e. if the clock allows: per-kernel time of a TP=1 and a TP=2 decode step
 #     (SMELT_CUDA_PROFILE=1), into the log only.
+# PEER_ONLY=1 (about 2.5 minutes): 0, the peer greedy checks, and tg/pp at TP=1 and, per
+# group size, NCCL against peer: the rerun after the peer all-reduce's start-up race fix.
 # It prints a short table last (also $OUT/tp-table.md; the full log is $OUT/tp.log).
 # Every GPU command runs under `timeout` (a rank waiting for a peer that failed spins).
 #
@@ -104,6 +106,9 @@ PY
 )
 echo "PyTorch's NCCL: ${nccl_dir:-none}" | tee -a "$log"
 
+llpid=
+rm -f /tmp/llama-built
+if [ "${PEER_ONLY:-0}" != 1 ]; then
 echo "== c0. llama.cpp build (background, niced)" | tee -a "$log"
 (
   set -e
@@ -121,6 +126,7 @@ echo "== c0. llama.cpp build (background, niced)" | tee -a "$log"
     nice -n 19 python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/site ./llama_cpp_python-*/
 ) > /tmp/llbuild.log 2>&1 && touch /tmp/llama-built &
 llpid=$!
+fi
 
 echo "== 0. NCCL and the peer all-reduce" | tee -a "$log"
 PEER_SIZES=
@@ -164,10 +170,12 @@ $S synth --shape qwen3moe-tiny --quant q8_0 -o /tmp/qmoe.gguf >> "$log" 2>&1
 $S synth --shape mixtral-tiny --quant q8_0 -o /tmp/mixtral.gguf >> "$log" 2>&1
 t "| run | tokens = ref | first divergence | ref logit gap there | max dlogit vs cpu | ms/token |"
 t "|---|---|---|---|---|---|"
-check "llama3-tiny q8_0, NCCL" /tmp/tiny.gguf --cpu
-SMELT_TP_VOCAB=0 check "llama3-tiny q8_0, NCCL, whole head on every rank" /tmp/tiny.gguf
-check "qwen3moe-tiny q8_0, NCCL" /tmp/qmoe.gguf
-check "mixtral-tiny q8_0 (1 KV head), NCCL" /tmp/mixtral.gguf
+if [ "${PEER_ONLY:-0}" != 1 ]; then
+  check "llama3-tiny q8_0, NCCL" /tmp/tiny.gguf --cpu
+  SMELT_TP_VOCAB=0 check "llama3-tiny q8_0, NCCL, whole head on every rank" /tmp/tiny.gguf
+  check "qwen3moe-tiny q8_0, NCCL" /tmp/qmoe.gguf
+  check "mixtral-tiny q8_0 (1 KV head), NCCL" /tmp/mixtral.gguf
+fi
 if [ $peer_ok = 1 ]; then
   SMELT_TP_PEER=1 SIZES="$PEER_SIZES" check "llama3-tiny q8_0, peer all-reduce" /tmp/tiny.gguf
   SMELT_TP_PEER=1 SIZES="$PEER_SIZES" check "qwen3moe-tiny q8_0, peer all-reduce" /tmp/qmoe.gguf
@@ -178,10 +186,10 @@ echo "synth llama3-8b: $((SECONDS - ts)) s" >> "$log"
 # Random weights: a deep random model amplifies the reordered sums of a split (the CPU's
 # own simulated ranks differ from its whole model by 5% of the logits' scale on a random
 # Llama-3-1B shape, 2026-11-27), so this row reports; the peaked tiny models decide.
-check "llama3-8b q4_k (random weights: informational, reordered sums amplify), NCCL" $m8
+[ "${PEER_ONLY:-0}" != 1 ] && check "llama3-8b q4_k (random weights: informational, reordered sums amplify), NCCL" $m8
 
 echo "== waiting for the llama.cpp build ($SECONDS s)" | tee -a "$log"
-wait $llpid; tail -3 /tmp/llbuild.log >> "$log"
+[ -n "$llpid" ] && { wait $llpid; tail -3 /tmp/llbuild.log >> "$log"; }
 echo "llama.cpp built at $SECONDS s" >> "$log"
 
 echo "== b. speed, Llama-3-8B-shape Q4_K" | tee -a "$log"
@@ -205,11 +213,12 @@ t "| llama3-8b q4_k | pp512 tok/s | tg128 tok/s | ms/token | all-reduce | us eac
 t "|---|---:|---:|---:|---|---:|---:|---|"
 pp0=; tg0=
 bench_row $m8 tp1 "--device cuda:0"
-bench_row $m8 tp1-sharded "--device cuda:0 --tp 1"
+[ "${PEER_ONLY:-0}" != 1 ] && bench_row $m8 tp1-sharded "--device cuda:0 --tp 1"
 for n in $SIZES; do
   d=cuda:$(seq -s, 0 $((n - 1)))
   bench_row $m8 tp$n-nccl "--device $d --tp $n"
   case " $PEER_SIZES " in *" $n "*) SMELT_TP_PEER=1 bench_row $m8 tp$n-peer "--device $d --tp $n" ;; esac
+  [ "${PEER_ONLY:-0}" = 1 ] && continue
   SMELT_TP_SKIP_ALLREDUCE=1 bench_row $m8 tp$n-no-allreduce "--device $d --tp $n"
   SMELT_TP_VOCAB=0 bench_row $m8 tp$n-nccl-whole-head "--device $d --tp $n"
 done
@@ -224,7 +233,7 @@ ll_row() { # model split gpus-list name gen
   pp=$(echo "$r" | sed -n 's/.*pp512: \([0-9.]*\).*/\1/p'); tg=$(echo "$r" | sed -n "s/.*tg$gen: \([0-9.]*\).*/\1/p")
   t "| $name | ${pp:-failed} | ${tg:-failed} | pp $(ratio "$pp" "${pp0:-}") tg $(ratio "$tg" "${tg0:-}") |"
 }
-if [ -f /tmp/llama-built ]; then
+if [ -n "$llpid" ] && [ -f /tmp/llama-built ]; then
   echo "== c. llama.cpp on the same file ($SECONDS s)" | tee -a "$log"
   t ""
   t "| llama.cpp (same file) | pp512 tok/s | tg128 tok/s | vs smelt TP=1 |"
@@ -235,12 +244,14 @@ if [ -f /tmp/llama-built ]; then
     ll_row $m8 layer $vis "layer, $n GPUs"
     ll_row $m8 tensor $vis "tensor, $n GPUs"
   done
-else
+elif [ -n "$llpid" ]; then
   t "llama.cpp build failed (its log's tail is in tp.log)"; tail -30 /tmp/llbuild.log >> "$log"
 fi
 
 # d. 70B at TP=2 (and 4), if the clock allows: synth ~40 GB, then load and time.
-if [ $SECONDS -lt 380 ]; then
+if [ "${PEER_ONLY:-0}" = 1 ]; then
+  t "PEER_ONLY=1: llama.cpp and 70B left out"
+elif [ $SECONDS -lt 380 ]; then
   echo "== d. Llama-3-70B-shape Q4_K ($SECONDS s)" | tee -a "$log"
   m70=/tmp/llama3-70b-q4_k.gguf
   ts=$SECONDS
@@ -271,7 +282,7 @@ else
 fi
 
 # e. where a decode step's time goes (log only).
-if [ $SECONDS -lt 490 ]; then
+if [ "${PEER_ONLY:-0}" != 1 ] && [ $SECONDS -lt 490 ]; then
   echo "== e. per-kernel profile, TP=1 and TP=2 decode ($SECONDS s)" | tee -a "$log"
   SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1
   SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0,1 --tp 2 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1
