@@ -10,6 +10,10 @@
 //!    heads, head_dim 128) at contexts 512 and 4096, in GB/s of KV bytes read, rotating
 //!    over enough KV copies that L2 cannot serve them; and the other ops at 8B shapes.
 //!
+//! `--delta` runs only the hybrid models' kernels (`delta_net`: convolution, norms, the
+//! delta-rule step, gather/split/sigmoid gate; `common/delta_check.rs`) and times the step
+//! kernel at the Qwen3.6-27B shape.
+//!
 //! `--attention` runs only the attention checks (the split kernels for every head size, the
 //! generic kernel, the tensor-core prompt attention) and times the prompt attention against
 //! the split kernel at Llama-3-8B shape; `--parity-only` skips every timing.
@@ -17,6 +21,8 @@
 //! Exit status 1 when any parity check fails. No CUDA toolkit: PTX from `smelt-ptx`,
 //! loaded by the driver through cudarc.
 
+#[path = "common/delta_check.rs"]
+mod delta_check;
 #[path = "common/timing.rs"]
 mod timing;
 
@@ -67,6 +73,7 @@ impl Gpu {
         for (name, build) in ops::catalog()
             .into_iter()
             .chain(smelt_kernels::fused::catalog())
+            .chain(smelt_kernels::delta_net::catalog())
         {
             m.kernel(&name, |k| build(k))?;
         }
@@ -1753,7 +1760,7 @@ fn main() -> Result<()> {
     // A check that errors (a launch refused, say) is a failure of its own; the others
     // still run, so one bad kernel does not hide the rest of the report.
     type CheckFn = fn(&Gpu, &mut StdRng, &mut Report) -> Result<()>;
-    let checks: [(&str, CheckFn); 9] = [
+    let checks: [(&str, CheckFn); 10] = [
         ("norms", check_norms),
         ("rope", check_rope),
         ("rope + kv append", check_rope_kv),
@@ -1763,13 +1770,18 @@ fn main() -> Result<()> {
         ("prompt attention", check_prefill),
         ("argmax + softmax", check_rows),
         ("sample", check_sample),
+        ("delta-net", |g, r, rep| delta_check::check(g, r, rep)),
     ];
     // `--attention`: the attention checks and the prompt attention's timings only (about
     // a minute with the build's PTX load).
     let only_attention = std::env::args().any(|a| a == "--attention");
     let attention_checks = ["kv + attention", "prompt attention"];
+    let only_delta = std::env::args().any(|a| a == "--delta");
     for (name, check) in checks {
         if only_attention && !attention_checks.contains(&name) {
+            continue;
+        }
+        if only_delta && name != "delta-net" {
             continue;
         }
         if let Err(e) = check(&gpu, &mut rng, &mut rep) {
@@ -1784,6 +1796,11 @@ fn main() -> Result<()> {
     }
     let table = if std::env::args().any(|a| a == "--parity-only") {
         Vec::new()
+    } else if only_delta {
+        delta_check::speed(&gpu, &mut rng).unwrap_or_else(|e| {
+            println!("delta speed: ERROR {e:#}");
+            vec![format!("delta speed measurement failed: {e:#}")]
+        })
     } else if only_attention {
         prefill_speed(&gpu, &mut rng).unwrap_or_else(|e| {
             println!("prefill speed: ERROR {e:#}");
