@@ -134,12 +134,6 @@ impl Engine {
         }
         let n_blocks = opts.kv_tokens.div_ceil(opts.block_size);
         if let Device::Cuda(ordinal) = opts.device {
-            // The GPU backend has no kernels for these yet: say so before loading anything.
-            if let Some(what) = ModelInfo::from_gguf(&gguf)?.cpu_only() {
-                return Err(EngineError::NotSupported(format!(
-                    "{what} is not yet supported on cuda; use --device cpu"
-                )));
-            }
             let kv = KvPlan {
                 min_blocks: n_blocks,
                 block_size: opts.block_size,
@@ -153,10 +147,15 @@ impl Engine {
                 opts.device_isq.clone(),
             )?;
             let n_blocks = cuda.kv_blocks();
+            let mut table = BlockTable::new(n_blocks, opts.block_size);
+            // As on the CPU: a hybrid's recurrent state is not in the KV blocks.
+            if cuda.model().info.delta.is_some() {
+                table.set_prefix_cache(false);
+            }
             return Ok(Engine {
                 gguf,
                 inner: Inner::Cuda(Box::new(cuda)),
-                table: BlockTable::new(n_blocks, opts.block_size),
+                table,
                 device: opts.device,
             });
         }
@@ -222,7 +221,7 @@ impl Engine {
         if cuda {
             if let Some(what) = ModelInfo::from_gguf(&gguf)?.cpu_only() {
                 return Err(EngineError::NotSupported(format!(
-                    "{what} is not yet supported on cuda; use --device cpu"
+                    "{what} is not yet supported with --tp on cuda; use one GPU or --device cpu"
                 )));
             }
         }
@@ -338,8 +337,12 @@ impl Engine {
     /// Drops a sequence and returns its KV blocks (and its recurrent state) at once.
     pub fn free_sequence(&mut self, seq: SeqId) {
         self.table.free_sequence(seq);
-        if let Inner::Cpu { states, .. } = &mut self.inner {
-            states.remove(&seq);
+        match &mut self.inner {
+            Inner::Cpu { states, .. } => {
+                states.remove(&seq);
+            }
+            Inner::Cuda(c) => c.free_state(seq),
+            Inner::Tp(_) => {}
         }
     }
 
@@ -541,10 +544,16 @@ impl Engine {
                     data
                 })
             }
-            Inner::Cuda(c) if out == Out::Hidden => {
-                StepOut::Logits(c.hidden(&tokens, &positions, &seqs, &out_rows)?)
+            Inner::Cuda(c) if out == Out::Hidden => StepOut::Logits(c.hidden_seqs(
+                Some(&seq_ids),
+                &tokens,
+                &positions,
+                &seqs,
+                &out_rows,
+            )?),
+            Inner::Cuda(c) => {
+                c.forward_seqs(&seq_ids, &tokens, &positions, &seqs, &out_rows, greedy)?
             }
-            Inner::Cuda(c) => c.forward(&tokens, &positions, &seqs, &out_rows, greedy)?,
             Inner::Tp(t) => t.step(crate::tp::runner::StepMsg {
                 tokens,
                 positions,

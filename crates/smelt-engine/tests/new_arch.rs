@@ -349,11 +349,12 @@ fn qwen3next_fused_ssm_in_equals_llama_cpp() {
     );
 }
 
-/// The GPU backend has no delta-net kernels yet: asking for a hybrid is a clear error
-/// before anything is loaded (no GPU needed to check it), naming the model and the way
-/// out. The MoE models (routed experts, no shared expert) are not refused.
+/// One GPU runs the hybrids (`backend::cuda::delta`), tensor parallelism does not yet:
+/// asking for a hybrid with `--tp` is a clear error before anything is loaded (no GPU
+/// needed to check it), naming the model and the way out. The MoE models (routed experts,
+/// no shared expert) are not refused.
 #[test]
-fn hybrids_refuse_cuda_with_a_clear_error_moe_models_do_not() {
+fn hybrids_refuse_tensor_parallel_with_a_clear_error_moe_models_do_not() {
     let dir = tempfile::tempdir().expect("tempdir");
     for (arch, refused) in [
         ("qwen3moe", None),
@@ -368,14 +369,13 @@ fn hybrids_refuse_cuda_with_a_clear_error_moe_models_do_not() {
         assert!(info.moe.is_some() || info.delta.is_some(), "{arch}");
         assert_eq!(info.cpu_only().as_deref(), refused, "{arch}");
         let Some(name) = refused else { continue };
-        let opts = EngineOptions {
-            device: smelt_engine::Device::Cuda(0),
-            ..EngineOptions::default()
-        };
-        let err = Engine::from_gguf(gguf, &opts).err().expect("refused");
+        let devices = [smelt_engine::Device::Cuda(0), smelt_engine::Device::Cuda(1)];
+        let err = Engine::from_gguf_tp(gguf, &EngineOptions::default(), &devices)
+            .err()
+            .expect("refused");
         assert_eq!(
             err.to_string(),
-            format!("{name} is not yet supported on cuda; use --device cpu")
+            format!("{name} is not yet supported with --tp on cuda; use one GPU or --device cpu")
         );
     }
 }

@@ -12,7 +12,10 @@ use smelt_kernels::act;
 
 use super::weights::Role;
 use super::{fusion, lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingRope, Quantized};
-use crate::backend::{AttnParams, AttnSeq, Backend, Glu, MoeRouting, RopeParams, RopeStyle};
+use crate::backend::{
+    AttnParams, AttnSeq, Backend, DeltaParams, DeltaState, DeltaWeights, Glu, MoeRouting,
+    RopeParams, RopeStyle,
+};
 use crate::EngineError;
 
 impl Backend for Cuda {
@@ -537,6 +540,48 @@ impl Backend for Cuda {
         out: &mut CudaTensor,
     ) -> Result<(), EngineError> {
         self.run(|| self.op_moe_combine(y, route, out));
+        self.take_error()
+    }
+
+    fn gather_cols(
+        &self,
+        x: &CudaTensor,
+        cols: &[u32],
+        out: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        self.run(|| self.op_gather_cols(x, cols, out));
+        self.take_error()
+    }
+
+    fn split_gated_q(
+        &self,
+        x: &CudaTensor,
+        head_dim: usize,
+        q: &mut CudaTensor,
+        gate: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        self.run(|| self.op_split_halves(x, head_dim, q, gate));
+        self.take_error()
+    }
+
+    fn mul_sigmoid(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<(), EngineError> {
+        self.run(|| self.op_mul_sigmoid(x, gate));
+        self.take_error()
+    }
+
+    fn delta_net(
+        &self,
+        p: &DeltaParams,
+        w: &DeltaWeights<'_, CudaWeight>,
+        qkv: &CudaTensor,
+        z: &CudaTensor,
+        alpha: &CudaTensor,
+        beta: &CudaTensor,
+        seqs: &[AttnSeq<'_>],
+        states: &mut [&mut DeltaState<CudaTensor>],
+        out: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        self.run(|| self.op_delta_net(p, w, qkv, z, alpha, beta, seqs, states, out));
         self.take_error()
     }
 }

@@ -28,7 +28,9 @@
 //! The files, by job: this one holds the backend's state (the types every file shares,
 //! opening, settings, errors); `backend_ops` the [`crate::backend::Backend`] ops and
 //! their fusion decisions; `deferred` what waits for the next op; [`fusion`] the
-//! matmul-group planner; `matmul`, `ops`, `attention` and `moe` the kernel launches; `memory`
+//! matmul-group planner; `matmul`, `ops`, `attention`, `moe` and [`delta`] (the hybrid
+//! models' delta-net layers and gates, and each sequence's recurrent state) the kernel
+//! launches; `memory`
 //! weight memory, tensor loading and the scratch arena; `step_io` the step buffer and the
 //! copy of the logits; [`runner`] the engine's step loop with its CUDA graphs; [`options`]
 //! every setting.
@@ -38,6 +40,7 @@ mod attention;
 mod backend_ops;
 pub mod comm;
 mod deferred;
+pub mod delta;
 pub mod fusion;
 pub mod isq;
 mod matmul;
@@ -250,6 +253,8 @@ pub struct Cuda {
     pending_rope: Mutex<Option<PendingRope>>,
     /// The expert plan of this step's last route (`moe`).
     moe_plan: Mutex<moe::PlanCache>,
+    /// Column lists of `gather_cols` on the device ([`delta`]).
+    columns: Mutex<delta::ColumnCache>,
     staging: Mutex<Option<Staging>>,
     /// Pinned buffers weights are uploaded through (made at the first upload).
     uploader: Mutex<Option<upload::Uploader>>,
@@ -342,6 +347,7 @@ impl Cuda {
             pending_gemv: Mutex::new(None),
             pending_rope: Mutex::new(None),
             moe_plan: Mutex::new(None),
+            columns: Mutex::new(Default::default()),
             staging: Mutex::new(None),
             uploader: Mutex::new(None),
             attn_counters: Mutex::new(None),

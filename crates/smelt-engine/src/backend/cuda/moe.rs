@@ -78,8 +78,8 @@ impl Cuda {
         })
     }
 
-    /// A router's float weights (`ffn_gate_inp`, which llama.cpp never quantizes) as an
-    /// f32 matrix for [`moe::dense_f32_kernel`]; `None` for any other tensor.
+    /// A router's float weights (`ffn_gate_inp`, which llama.cpp never quantizes; the
+    /// shared expert's gate `ffn_gate_inp_shexp` too) as an f32 matrix for [`moe::dense_f32_kernel`]; `None` for any other tensor.
     pub(super) fn load_router(
         &self,
         gguf: &Arc<Gguf>,
@@ -89,7 +89,11 @@ impl Cuda {
             return Ok(None);
         };
         let float = matches!(info.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-        if !name.ends_with("ffn_gate_inp.weight") || info.shape.len() != 2 || !float {
+        // The shared expert's gate (`ffn_gate_inp_shexp`, one logit per token) is a
+        // one-row router.
+        let router = name.ends_with("ffn_gate_inp.weight") && info.shape.len() == 2;
+        let shared_gate = name.ends_with("ffn_gate_inp_shexp.weight") && info.shape.len() <= 2;
+        if !(router || shared_gate) || !float {
             return Ok(None);
         }
         let (rows, cols) = (info.n_rows() as usize, info.row_len() as usize);

@@ -10,15 +10,18 @@
 //! fraction of the device's memory once the weights are loaded and one step of the largest
 //! size has run (its activations measured, as vLLM's profile run measures them).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use smelt_cuda::{CudaError, Graph};
 use smelt_gguf::Gguf;
 
+use super::delta::{self, SeqState};
 use super::step::{GraphCache, GraphKey, Plan};
 use super::{Cuda, CudaKv, CudaTensor};
-use crate::backend::{AttnSeq, Backend};
+use crate::backend::{AttnSeq, Backend, DeltaState};
 use crate::gpu_memory::{self, GpuMemory};
+use crate::kv_cache::SeqId;
 use crate::model::{AllReduce, Model};
 use crate::EngineError;
 
@@ -40,6 +43,9 @@ struct Captured {
     /// The step's result on the device: the logits, or the greedy tokens.
     out: CudaTensor,
 }
+
+/// The step's sequences' recurrent states, as the model takes them.
+type States<'a, 'b> = &'a mut [&'b mut Vec<DeltaState<CudaTensor>>];
 
 /// What a step hands back to the host.
 pub enum StepOut {
@@ -71,6 +77,9 @@ pub struct CudaEngine {
     replays: u64,
     /// On a rank of a tensor-parallel group: the all-reduce after row-parallel matmuls.
     reduce: Option<Box<dyn AllReduce<Cuda>>>,
+    /// Each sequence's recurrent state (hybrid models), made at its first step and
+    /// dropped with it ([`CudaEngine::free_state`]).
+    states: HashMap<SeqId, SeqState>,
 }
 
 impl CudaEngine {
@@ -125,6 +134,9 @@ impl CudaEngine {
         if let Some(plan) = isq {
             backend.start_isq(plan, gguf)?;
         }
+        if let Some(d) = &crate::model::ModelInfo::from_gguf(gguf)?.delta {
+            delta::check_shape(d)?;
+        }
         let model = Model::load(&backend, gguf)?;
         let stats = backend.finish_isq()?;
         backend.take_error()?;
@@ -165,6 +177,7 @@ impl CudaEngine {
             use_graphs,
             replays: 0,
             reduce,
+            states: HashMap::new(),
         };
         if let Some((fraction, step)) = kv.fill {
             let n_blocks = e.blocks_that_fit(fraction, step, kv.min_blocks)?;
@@ -221,7 +234,12 @@ impl CudaEngine {
         }
         // Eager: a graph captured now would keep the measuring cache's addresses.
         let use_graphs = std::mem::replace(&mut self.use_graphs, false);
-        let ran = self.forward(&tokens, &positions, &seqs, &out_rows, true);
+        // A hybrid's two sequences get states of their own, dropped after.
+        let ids: Vec<SeqId> = (0..seqs.len() as u64)
+            .map(|i| SeqId(u64::MAX - i))
+            .collect();
+        let ran = self.forward_inner(&tokens, &positions, &seqs, &out_rows, true, Some(&ids));
+        self.states.clear();
         self.use_graphs = use_graphs;
         ran?;
         // The measuring cache goes before the real one comes.
@@ -229,7 +247,16 @@ impl CudaEngine {
         self.kv.v.clear();
         self.backend.gpu().synchronize()?;
         let (free, total) = self.backend.gpu().mem_info()?;
-        let used = total.saturating_sub(free);
+        // A hybrid's sequences take recurrent state beside their KV blocks: room is kept
+        // for that of `SMELT_CUDA_STATE_SEQS` sequences (default 64).
+        let reserve = self.model.info.delta.as_ref().map_or(0, |d| {
+            let seqs = std::env::var("SMELT_CUDA_STATE_SEQS")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(64);
+            seqs * delta::state_bytes(d)
+        });
+        let used = total.saturating_sub(free) + reserve;
         let n = gpu_memory::kv_blocks(total, used, fraction, block_bytes);
         if n < min_blocks {
             return Err(EngineError::BadOptions(format!(
@@ -274,6 +301,7 @@ impl CudaEngine {
         positions: &[u32],
         seqs: &[AttnSeq<'_>],
         out_rows: &[usize],
+        states: States<'_, '_>,
     ) -> Result<CudaTensor, EngineError> {
         self.backend.upload_step()?;
         // Only decode steps (one token per sequence) are timed, unless every step is asked
@@ -286,7 +314,7 @@ impl CudaEngine {
         let logits = self.model.forward_tp(
             &self.backend,
             &mut self.kv,
-            &mut [],
+            states,
             tokens,
             positions,
             seqs,
@@ -310,12 +338,47 @@ impl CudaEngine {
         seqs: &[AttnSeq<'_>],
         out_rows: &[usize],
     ) -> Result<Vec<f32>, EngineError> {
+        self.hidden_seqs(None, tokens, positions, seqs, out_rows)
+    }
+
+    /// [`CudaEngine::hidden`] of the sequences `ids` (in `seqs` order; a hybrid model
+    /// needs them, for their recurrent states).
+    pub fn hidden_seqs(
+        &mut self,
+        ids: Option<&[SeqId]>,
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+    ) -> Result<Vec<f32>, EngineError> {
+        let (ids, mut taken) = self.take_states(ids, seqs.len())?;
+        let addrs: Vec<u64> = taken.iter().map(|s| s.addr).collect();
+        let mut refs: Vec<&mut Vec<DeltaState<CudaTensor>>> =
+            taken.iter_mut().map(|s| &mut s.layers).collect();
+        let ran = self.hidden_with(tokens, positions, seqs, out_rows, &mut refs, &addrs);
+        drop(refs);
+        self.put_states(ids, taken);
+        ran
+    }
+
+    fn hidden_with(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+        states: States<'_, '_>,
+        addrs: &[u64],
+    ) -> Result<Vec<f32>, EngineError> {
         self.backend.begin_step(tokens, positions, seqs)?;
+        if !addrs.is_empty() {
+            self.backend.set_state_addrs(addrs)?;
+        }
         self.backend.upload_step()?;
         let h = self.model.hidden_with_state(
             &self.backend,
             &mut self.kv,
-            &mut [],
+            states,
             tokens,
             positions,
             seqs,
@@ -342,12 +405,111 @@ impl CudaEngine {
         out_rows: &[usize],
         greedy: bool,
     ) -> Result<StepOut, EngineError> {
+        self.forward_inner(tokens, positions, seqs, out_rows, greedy, None)
+    }
+
+    /// [`CudaEngine::forward`] of the sequences `ids` (in `seqs` order): a hybrid model
+    /// reads and advances their recurrent states (made at a sequence's first step, dropped
+    /// by [`CudaEngine::free_state`]).
+    pub fn forward_seqs(
+        &mut self,
+        ids: &[SeqId],
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+        greedy: bool,
+    ) -> Result<StepOut, EngineError> {
+        self.forward_inner(tokens, positions, seqs, out_rows, greedy, Some(ids))
+    }
+
+    /// Drops a sequence's recurrent state (its device memory goes back at once).
+    pub fn free_state(&mut self, id: SeqId) {
+        self.states.remove(&id);
+    }
+
+    /// Sequences holding a recurrent state.
+    pub fn n_states(&self) -> usize {
+        self.states.len()
+    }
+
+    /// The states of `ids` out of the map (fresh ones for new sequences), for a step of
+    /// `n_seqs` sequences; none for a model without delta-net layers.
+    fn take_states(
+        &mut self,
+        ids: Option<&[SeqId]>,
+        n_seqs: usize,
+    ) -> Result<(Vec<SeqId>, Vec<SeqState>), EngineError> {
+        let Some(d) = self.model.info.delta.clone() else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let Some(ids) = ids.filter(|i| i.len() == n_seqs) else {
+            return Err(EngineError::BadOptions(format!(
+                "a step of a hybrid model needs the ids of its {n_seqs} sequences (their recurrent states)"
+            )));
+        };
+        let mut taken = Vec::with_capacity(ids.len());
+        for id in ids {
+            let st = match self.states.remove(id) {
+                Some(s) => s,
+                None => match self.backend.new_seq_state(&d) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.put_states(ids[..taken.len()].to_vec(), taken);
+                        return Err(e);
+                    }
+                },
+            };
+            taken.push(st);
+        }
+        Ok((ids.to_vec(), taken))
+    }
+
+    fn put_states(&mut self, ids: Vec<SeqId>, taken: Vec<SeqState>) {
+        for (id, st) in ids.into_iter().zip(taken) {
+            self.states.insert(id, st);
+        }
+    }
+
+    fn forward_inner(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+        greedy: bool,
+        ids: Option<&[SeqId]>,
+    ) -> Result<StepOut, EngineError> {
+        let (ids, mut taken) = self.take_states(ids, seqs.len())?;
+        let addrs: Vec<u64> = taken.iter().map(|s| s.addr).collect();
+        let mut refs: Vec<&mut Vec<DeltaState<CudaTensor>>> =
+            taken.iter_mut().map(|s| &mut s.layers).collect();
+        let ran = self.step_with(tokens, positions, seqs, out_rows, greedy, &mut refs, &addrs);
+        drop(refs);
+        self.put_states(ids, taken);
+        ran
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn step_with(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+        greedy: bool,
+        states: States<'_, '_>,
+        addrs: &[u64],
+    ) -> Result<StepOut, EngineError> {
         let key = if self.use_graphs {
             GraphKey::decode(seqs, out_rows, greedy)
         } else {
             None
         };
         self.backend.begin_step(tokens, positions, seqs)?;
+        if !addrs.is_empty() {
+            self.backend.set_state_addrs(addrs)?;
+        }
         self.backend.timeline_begin(tokens.len() == seqs.len())?;
         let plan = self.graphs.plan(key.as_ref(), self.backend.generation());
         let out = match (plan, key) {
@@ -369,7 +531,7 @@ impl CudaEngine {
                         let l = model.forward_tp(
                             backend,
                             kv,
-                            &mut [],
+                            &mut *states,
                             tokens,
                             positions,
                             seqs,
@@ -406,13 +568,13 @@ impl CudaEngine {
                         );
                         self.use_graphs = false;
                         self.graphs.give_up(&key);
-                        let l = self.eager(tokens, positions, seqs, out_rows)?;
+                        let l = self.eager(tokens, positions, seqs, out_rows, states)?;
                         step_result(&self.backend, l, greedy)?
                     }
                 }
             }
             _ => {
-                let l = self.eager(tokens, positions, seqs, out_rows)?;
+                let l = self.eager(tokens, positions, seqs, out_rows, states)?;
                 step_result(&self.backend, l, greedy)?
             }
         };

@@ -50,9 +50,14 @@ impl StepLayout {
     pub fn block_tables(&self) -> usize {
         self.descs() + DESC_WORDS * self.cap_seqs
     }
+    /// Each sequence's recurrent-state address (a u64 in two words, in sequence order;
+    /// hybrid models): even, so 8-byte aligned (the capacities are powers of two).
+    pub fn state_addrs(&self) -> usize {
+        self.block_tables() + self.cap_blocks
+    }
     /// Words in all.
     pub fn words(&self) -> usize {
-        self.block_tables() + self.cap_blocks
+        self.state_addrs() + 2 * self.cap_seqs
     }
 
     /// Whether a step of this size fits.
@@ -234,7 +239,8 @@ mod tests {
         assert_eq!(&w[l.block_tables()..l.block_tables() + 5], &[7, 8, 3, 4, 9]);
         // Sections do not overlap.
         assert!(l.positions() >= 3 && l.descs() >= l.positions() + 3);
-        assert!(l.block_tables() >= l.descs() + 8 && l.words() >= l.block_tables() + 5);
+        assert!(l.block_tables() >= l.descs() + 8 && l.state_addrs() >= l.block_tables() + 5);
+        assert!(l.state_addrs() % 2 == 0 && l.words() >= l.state_addrs() + 2 * 2);
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub(super) struct StepBuf {
     n_seqs: usize,
     max_tokens: usize,
     generation: u64,
+    /// The step's recurrent-state addresses as written into the buffer (hybrid models).
+    state_addrs: Vec<u64>,
 }
 
 unsafe impl Send for StepBuf {}
@@ -46,6 +48,8 @@ pub(crate) struct StepPtrs {
     pub positions: u64,
     pub descs: u64,
     pub block_tables: u64,
+    /// Each sequence's recurrent-state address (u64 each, sequence order).
+    pub state_addrs: u64,
     pub n_tokens: usize,
     pub n_seqs: usize,
     /// Most new tokens of one sequence in this step (launch shapes of kv_append and
@@ -94,6 +98,7 @@ impl Cuda {
                 n_seqs: 0,
                 max_tokens: 0,
                 generation,
+                state_addrs: Vec::new(),
             });
         }
         let Some(s) = step.as_mut() else {
@@ -106,6 +111,7 @@ impl Cuda {
         s.n_tokens = tokens.len();
         s.n_seqs = seqs.len();
         s.max_tokens = seqs.iter().map(|q| q.n_tokens).max().unwrap_or(0);
+        s.state_addrs.clear();
         drop(step);
         // Nothing of the last step's scratch is read again: forget what pointed into it.
         *lock(&self.quantized) = None;
@@ -117,6 +123,44 @@ impl Cuda {
         let mut chunk = Self::new_chunk(&self.gpu);
         lock(&self.scratch).reset(0, &mut chunk)?;
         Ok(())
+    }
+
+    /// Writes each sequence's recurrent-state address (hybrid models: one device block per
+    /// sequence holding every delta-net layer's state, see `delta`) into the step buffer,
+    /// after [`Cuda::begin_step`] and before [`Cuda::upload_step`]: the delta-net kernels
+    /// read them there, so a captured decode graph finds the states of whichever sequences
+    /// a replay runs.
+    pub fn set_state_addrs(&self, addrs: &[u64]) -> Result<(), EngineError> {
+        let mut step = lock(&self.step);
+        let Some(s) = step.as_mut() else {
+            return Err(EngineError::BadOptions(
+                "set_state_addrs before begin_step".into(),
+            ));
+        };
+        if addrs.len() != s.n_seqs {
+            return Err(EngineError::BadOptions(format!(
+                "{} state addresses for {} sequences",
+                addrs.len(),
+                s.n_seqs
+            )));
+        }
+        // SAFETY: `host_ptr` is `layout.words()` words of pinned memory; the addresses'
+        // section holds `2 * cap_seqs` of them, and `n_seqs <= cap_seqs`.
+        let words = unsafe { std::slice::from_raw_parts_mut(s.host_ptr, s.layout.words()) };
+        let at = s.layout.state_addrs();
+        for (i, &a) in addrs.iter().enumerate() {
+            words[at + 2 * i] = a as u32;
+            words[at + 2 * i + 1] = (a >> 32) as u32;
+        }
+        s.state_addrs = addrs.to_vec();
+        Ok(())
+    }
+
+    /// The state addresses [`Cuda::set_state_addrs`] wrote for this step.
+    pub(super) fn state_addrs_host(&self) -> Vec<u64> {
+        lock(&self.step)
+            .as_ref()
+            .map_or(Vec::new(), |s| s.state_addrs.clone())
     }
 
     /// Enqueues the copy of the step buffer to the device (captured into a decode graph,
@@ -154,6 +198,7 @@ impl Cuda {
             positions: at(s.layout.positions()),
             descs: at(s.layout.descs()),
             block_tables: at(s.layout.block_tables()),
+            state_addrs: at(s.layout.state_addrs()),
             n_tokens: s.n_tokens,
             n_seqs: s.n_seqs,
             max_tokens: s.max_tokens,

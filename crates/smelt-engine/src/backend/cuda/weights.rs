@@ -59,7 +59,9 @@ pub fn plan(
         name: format!("{name} (no CUDA kernel for this type in role {role:?})"),
         ty,
     };
-    if n_dims <= 1 {
+    // The delta-net convolution's taps (`[channels][kernel]`) are read as floats by its
+    // kernel, never multiplied as a matrix.
+    if n_dims <= 1 || name.ends_with("ssm_conv1d.weight") {
         return Ok(WeightPlan::Vector);
     }
     if rows == 0 || cols == 0 {
