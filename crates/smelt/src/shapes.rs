@@ -399,6 +399,32 @@ pub const SHAPES: [ModelShape; 19] = [
         }),
         ..tiny("qwen3next-tiny", 4, 2)
     },
+    // Qwen3.5-MoE: Qwen3.5's layers (sectioned rope, tiled value heads) with 16 experts of
+    // 256 (4 per token) and a gated shared expert.
+    ModelShape {
+        arch: "qwen35moe",
+        n_layer: 3,
+        head_dim: 128,
+        rope_freq_base: 10_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        moe: Some(MoeShape {
+            n_expert: 16,
+            n_expert_used: 4,
+            n_ff_exp: 256,
+            n_ff_shared: 256,
+        }),
+        hybrid: Some(HybridShape {
+            full_attention_interval: 3,
+            conv_kernel: 4,
+            head_dim: 64,
+            n_k_heads: 2,
+            n_v_heads: 4,
+            n_rot: 32,
+            rope_sections: Some([6, 5, 5, 0]),
+        }),
+        ..tiny("qwen35moe-tiny", 4, 2)
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static ModelShape> {

@@ -316,3 +316,20 @@ fn qwen3next_equals_llama_cpp() {
         HYBRID_MUST_AGREE,
     );
 }
+
+/// Qwen3.5-MoE: Qwen3.5's hybrid layers (sectioned rope, tiled value heads, split
+/// projections) with routed experts and a gated shared expert.
+#[test]
+fn qwen35moe_equals_llama_cpp() {
+    same_tokens_within(
+        "qwen35moe-tiny",
+        "qwen35moe",
+        &[
+            "blk.0.ssm_beta.weight",
+            "blk.1.ffn_gate_inp_shexp.weight",
+            "blk.2.ffn_down_exps.weight",
+        ],
+        &[("expert_count", 16), ("ssm.time_step_rank", 4)],
+        HYBRID_MUST_AGREE,
+    );
+}
