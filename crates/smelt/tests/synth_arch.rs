@@ -104,6 +104,11 @@ fn smelt_greedy(model: &Path, prompts_jsonl: &Path) -> Vec<(Vec<u64>, Vec<u64>)>
 /// near-tie late in a long continuation may go either way (reported, not failed).
 const HYBRID_MUST_AGREE: usize = 32;
 
+/// A first divergence where llama.cpp's own top-1 margin is below this is a float tie
+/// (the two engines requantize activations differently): reported, not failed. A real
+/// difference moves tokens with clear margins (the medians here are above 0.05).
+const TIE_MARGIN: f64 = 0.02;
+
 /// Synthesizes `shape` in every type of [`TYPES`], checks the file carries `must_have`
 /// (the tensors and keys that make the architecture what it is), and requires smelt's
 /// greedy tokens to equal llama.cpp's on every prompt.
@@ -193,7 +198,7 @@ fn same_tokens_within(
                     r.margins[same]
                 );
             }
-            if same < must_agree {
+            if same < must_agree && r.margins[same] >= TIE_MARGIN {
                 failures.push(format!(
                     "{shape} {ty} {text:?}: first {same}/{N} tokens agree; then llama.cpp {} \
                      (its top-1 margin {:.4}), smelt {:?}",
