@@ -240,7 +240,7 @@ mod tests {
         // Sections do not overlap.
         assert!(l.positions() >= 3 && l.descs() >= l.positions() + 3);
         assert!(l.block_tables() >= l.descs() + 8 && l.state_addrs() >= l.block_tables() + 5);
-        assert!(l.state_addrs() % 2 == 0 && l.words() >= l.state_addrs() + 2 * 2);
+        assert!(l.state_addrs().is_multiple_of(2) && l.words() >= l.state_addrs() + 2 * 2);
     }
 
     #[test]
