@@ -11,9 +11,10 @@
 #     and Q4_K);
 #  3. speed against llama.cpp built in this call (from the carried sdist, ../shared/peer),
 #     both on the same `smelt synth` Q4_K file: pp512, tg128 and 32 sequences' aggregate
-#     decode, for the dense 27B hybrid (qwen3.6-27b) and, when time is left (RUN_80B_BEFORE_S,
-#     default 330 s gone by), qwen3-next-80b-a3b (about 45 GB in Q4_K: fits an 80 GB card;
-#     the 27B file is deleted first for disk room).
+#     decode, for qwen3-next-80b-a3b (about 45 GB in Q4_K: fits an 80 GB card; written in
+#     the background from the start) then, when time is left (LATER_BEFORE_S, default 450 s
+#     gone by: the llama.cpp build takes about 350 s), the dense 27B hybrid (qwen3.6-27b; the
+#     80B file is deleted first for disk room). H100, run 1: the 27B part took 33 s.
 #
 # What it prints last: a table of PASS/FAIL rows (ops_check's delta rows; cuda_parity per
 # tiny model), the step kernel's timings, then llama.cpp vs smelt rows per model.
@@ -21,8 +22,8 @@
 # Here:  bash bench/gpu/hybrid.sh pack   (release build, stripped gzipped binaries into the
 #        git-ignored .gpu-dn/, and .peer/ through ../shared/peer/prepare.sh when missing)
 # There: bash bench/gpu/hybrid.sh        carry [".gpu-dn", ".peer"]   (about 9 minutes;
-#        SKIP_SPEED=1: parity only, about 1 minute; SHAPES="qwen3-next-80b-a3b" to time only
-#        that one)
+#        SKIP_SPEED=1: parity only, about 2 minutes; SHAPES="qwen3.6-27b" to time only that
+#        one)
 # Log: $OUT/hybrid.log (or bench/out), the table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,7 +54,7 @@ SECONDS=0
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true; } | tee "$log"
 echo "| check | result |" > "$table"
 echo "|---|---|" >> "$table"
-shapes=${SHAPES:-qwen3.6-27b qwen3-next-80b-a3b}
+shapes=${SHAPES:-qwen3-next-80b-a3b qwen3.6-27b}
 first=${shapes%% *}
 if [ "${SKIP_SPEED:-0}" != 1 ]; then
   # CPU work first, in the background, while the GPU checks run: the llama.cpp build
@@ -104,7 +105,7 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
   for shape in $shapes; do
     M=/tmp/hy-$shape.gguf
     if [ "$shape" != "$first" ]; then
-      if [ "$SECONDS" -gt "${RUN_80B_BEFORE_S:-330}" ]; then
+      if [ "$SECONDS" -gt "${LATER_BEFORE_S:-450}" ]; then
         echo "| $shape | left out: ${SECONDS} s gone by (SHAPES=$shape runs it alone) | | |" >> "$table"
         continue
       fi
