@@ -97,7 +97,11 @@ pub const MAX_TOKENS: usize = 32;
 /// Formats with a narrow GEMM, and their kernels for blocks of 8, 16 and 32 tokens.
 pub const TYPES: [(GgmlType, [&str; 3]); 1] = [(
     GgmlType::Q4_K,
-    ["gemm_narrow8_q4_k", "gemm_narrow16_q4_k", "gemm_narrow32_q4_k"],
+    [
+        "gemm_narrow8_q4_k",
+        "gemm_narrow16_q4_k",
+        "gemm_narrow32_q4_k",
+    ],
 )];
 
 /// Tokens per block for `ntok` tokens: 8, 16, else 32 (more tokens are more blocks).
