@@ -164,7 +164,7 @@ const fn tiny(name: &'static str, n_head: u64, n_head_kv: u64) -> ModelShape {
     }
 }
 
-pub const SHAPES: [ModelShape; 19] = [
+pub const SHAPES: [ModelShape; 20] = [
     // Llama 3.0: no rope scaling (3.1 added it).
     llama("llama3-8b", 32, 4096, 14336, 32, 8),
     // Llama 3.1 70B (about 40 GB at Q4_K): the size that needs two 80 GB GPUs
