@@ -164,6 +164,39 @@ const fn tiny(name: &'static str, n_head: u64, n_head_kv: u64) -> ModelShape {
     }
 }
 
+/// The tiny hybrid MoE shapes (Qwen3-Next, Qwen3.5-MoE): delta, delta, attention; 16
+/// experts of 256 (4 per token) and a shared one; they differ in their rope sections.
+const fn tiny_hybrid_moe(
+    name: &'static str,
+    arch: &'static str,
+    rope_sections: Option<[i32; 4]>,
+) -> ModelShape {
+    ModelShape {
+        arch,
+        n_layer: 3,
+        head_dim: 128,
+        rope_freq_base: 10_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        moe: Some(MoeShape {
+            n_expert: 16,
+            n_expert_used: 4,
+            n_ff_exp: 256,
+            n_ff_shared: 256,
+        }),
+        hybrid: Some(HybridShape {
+            full_attention_interval: 3,
+            conv_kernel: 4,
+            head_dim: 64,
+            n_k_heads: 2,
+            n_v_heads: 4,
+            n_rot: 32,
+            rope_sections,
+        }),
+        ..tiny(name, 4, 2)
+    }
+}
+
 pub const SHAPES: [ModelShape; 20] = [
     // Llama 3.0: no rope scaling (3.1 added it).
     llama("llama3-8b", 32, 4096, 14336, 32, 8),
@@ -375,56 +408,10 @@ pub const SHAPES: [ModelShape; 20] = [
         ..tiny("qwen35-tiny", 4, 2)
     },
     // Qwen3-Next: delta, delta, attention; 16 experts of 256 (4 per token) and a shared one.
-    ModelShape {
-        arch: "qwen3next",
-        n_layer: 3,
-        head_dim: 128,
-        rope_freq_base: 10_000_000.0,
-        rms_eps: 1e-6,
-        qk_norm: true,
-        moe: Some(MoeShape {
-            n_expert: 16,
-            n_expert_used: 4,
-            n_ff_exp: 256,
-            n_ff_shared: 256,
-        }),
-        hybrid: Some(HybridShape {
-            full_attention_interval: 3,
-            conv_kernel: 4,
-            head_dim: 64,
-            n_k_heads: 2,
-            n_v_heads: 4,
-            n_rot: 32,
-            rope_sections: None,
-        }),
-        ..tiny("qwen3next-tiny", 4, 2)
-    },
+    tiny_hybrid_moe("qwen3next-tiny", "qwen3next", None),
     // Qwen3.5-MoE: Qwen3.5's layers (sectioned rope, tiled value heads) with 16 experts of
     // 256 (4 per token) and a gated shared expert.
-    ModelShape {
-        arch: "qwen35moe",
-        n_layer: 3,
-        head_dim: 128,
-        rope_freq_base: 10_000_000.0,
-        rms_eps: 1e-6,
-        qk_norm: true,
-        moe: Some(MoeShape {
-            n_expert: 16,
-            n_expert_used: 4,
-            n_ff_exp: 256,
-            n_ff_shared: 256,
-        }),
-        hybrid: Some(HybridShape {
-            full_attention_interval: 3,
-            conv_kernel: 4,
-            head_dim: 64,
-            n_k_heads: 2,
-            n_v_heads: 4,
-            n_rot: 32,
-            rope_sections: Some([6, 5, 5, 0]),
-        }),
-        ..tiny("qwen35moe-tiny", 4, 2)
-    },
+    tiny_hybrid_moe("qwen35moe-tiny", "qwen35moe", Some([6, 5, 5, 0])),
 ];
 
 pub fn find(name: &str) -> Option<&'static ModelShape> {
