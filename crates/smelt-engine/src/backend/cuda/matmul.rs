@@ -8,6 +8,7 @@ use smelt_cuda::CudaError;
 use smelt_gguf::GgmlType;
 use smelt_kernels::{act, catalog, gemm, gemv, TILE};
 
+use super::matmul_choice::{choose, Activations, Choice};
 use super::ops::args;
 use super::{
     lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingGemv, Quantized, SplitNorm, StepPtrs,
@@ -75,100 +76,56 @@ impl Cuda {
             return Ok(());
         }
         self.flush_gemv()?;
-        // Many tokens: the tensor-core GEMM, on its own activation tiles (a split norm's
-        // q8_1 tiles stand for an output not written yet: those stay on the GEMV).
-        if n >= self.opts.matmul.gemm_min_tokens {
-            if let Some(name) = gemm::name(ty) {
-                let split = matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
-                if !split {
-                    // Formats with an f16 GEMM take it (on f16 rows of the activations)
-                    // where it measured faster (`gemm_f16_min_tokens`). Else float group
-                    // scales read the GEMV's q8_1 tiles (a scale per 32, as ggml-cpu's dot
-                    // products for those formats take), the K-quants the GEMM's own (a
-                    // scale per 256, as ggml-cpu's Q8_K).
-                    // Batches of a few dozen tokens: the narrow GEMM on the same rows.
-                    let narrow = gemm::narrow::name(ty, n)
-                        .filter(|_| n <= self.opts.matmul.gemm_narrow_max_tokens);
-                    let f16 = gemm::f16::name(ty).filter(|_| {
-                        match self.opts.matmul.gemm_f16_min_tokens {
-                            Some(min) => n >= min,
-                            None => gemm::f16::preferred(rows, n),
-                        }
-                    });
-                    // Batched decode: the f16 GEMM in blocks as wide as the batch.
-                    let small = gemm::f16_small::name(ty, n).filter(|_| {
-                        narrow.is_none()
-                            && n <= self.opts.matmul.gemm_small_max_tokens
-                            && gemm::f16_small::preferred(rows, cols, n)
-                    });
-                    let f16 = if narrow.is_some() || small.is_some() {
-                        None
-                    } else {
-                        f16
-                    };
-                    let name = narrow.or(small).or(f16).unwrap_or(name);
-                    let q = if f16.is_some() || narrow.is_some() || small.is_some() {
-                        self.gemm_f16_rows(x)?
-                    } else if gemm::reads_q8_1_tiles(ty) {
-                        self.q8_1_tiles(x)?
-                    } else {
-                        self.gemm_tiles(x)?
-                    };
-                    let ntiles = cols.div_ceil(TILE);
-                    let mut a = gemm::Args {
-                        w: wp,
-                        x: q,
-                        y: out.ptr,
-                        nrows: rows as u32,
-                        ntok: n as u32,
-                        ntiles: ntiles as u32,
-                        row_bytes: row_bytes as u32,
-                        splits: if narrow.is_some() {
-                            gemm::narrow::splits(rows, ntiles, n, self.gpu.sm_count())
-                        } else if small.is_some() {
-                            gemm::f16_small::splits(rows, ntiles, n, self.gpu.sm_count())
-                        } else if f16.is_some() {
-                            gemm::f16::splits(rows, ntiles, Some(n), self.gpu.sm_count())
-                        } else {
-                            gemm::splits(
-                                rows,
-                                ntiles,
-                                (!self.opts.batch_invariant).then_some(n),
-                                self.gpu.sm_count(),
-                            )
-                        } as u32,
-                    };
-                    // Split K: the slices' sums go to a workspace, reduced in split order.
-                    if a.workspace_floats() > 0 {
-                        a.y = self.scratch(a.workspace_floats() * 4)?;
-                    }
-                    let grid = if narrow.is_some() {
-                        gemm::narrow::launch(&a)
-                    } else if small.is_some() {
-                        gemm::f16_small::launch(&a)
-                    } else if f16.is_some() {
-                        gemm::f16::launch(&a)
-                    } else {
-                        a.launch()
-                    };
-                    self.launch(name, grid, &args(&a.values()))?;
-                    if let Some((vals, l)) = a.reduce(out.ptr) {
-                        self.launch(gemm::REDUCE, l, &args(&vals.values()))?;
-                    }
-                    // The output must not be a cached input.
-                    let overlaps = |c: &CudaTensor| {
-                        out.ptr < c.ptr + (c.cap * 4) as u64
-                            && c.ptr < out.ptr + (out.cap * 4) as u64
-                    };
-                    if lock(&self.gemm_quantized).is_some_and(|c| overlaps(&c.x)) {
-                        *lock(&self.gemm_quantized) = None;
-                    }
-                    if lock(&self.quantized).is_some_and(|c| overlaps(&c.x)) {
-                        *lock(&self.quantized) = None;
-                    }
-                    return Ok(());
-                }
+        // Many tokens: the tensor-core GEMM the tuning rules pick (`matmul_choice`), on its
+        // own activations (a split norm's q8_1 tiles stand for an output not written yet:
+        // those stay on the GEMV).
+        let split_norm =
+            matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
+        if let Choice::Gemm { family, name } =
+            choose(&self.opts.matmul, ty, rows, cols, n, split_norm)
+        {
+            let q = match family.activations(ty) {
+                Activations::F16Rows => self.gemm_f16_rows(x)?,
+                Activations::Q8_1Tiles => self.q8_1_tiles(x)?,
+                Activations::GemmTiles => self.gemm_tiles(x)?,
+            };
+            let ntiles = cols.div_ceil(TILE);
+            let splits = family.splits(
+                rows,
+                ntiles,
+                n,
+                self.gpu.sm_count(),
+                self.opts.batch_invariant,
+            );
+            let mut a = gemm::Args {
+                w: wp,
+                x: q,
+                y: out.ptr,
+                nrows: rows as u32,
+                ntok: n as u32,
+                ntiles: ntiles as u32,
+                row_bytes: row_bytes as u32,
+                splits: splits as u32,
+            };
+            // Split K: the slices' sums go to a workspace, reduced in split order.
+            if a.workspace_floats() > 0 {
+                a.y = self.scratch(a.workspace_floats() * 4)?;
             }
+            self.launch(name, family.launch(&a), &args(&a.values()))?;
+            if let Some((vals, l)) = a.reduce(out.ptr) {
+                self.launch(gemm::REDUCE, l, &args(&vals.values()))?;
+            }
+            // The output must not be a cached input.
+            let overlaps = |c: &CudaTensor| {
+                out.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < out.ptr + (out.cap * 4) as u64
+            };
+            if lock(&self.gemm_quantized).is_some_and(|c| overlaps(&c.x)) {
+                *lock(&self.gemm_quantized) = None;
+            }
+            if lock(&self.quantized).is_some_and(|c| overlaps(&c.x)) {
+                *lock(&self.quantized) = None;
+            }
+            return Ok(());
         }
         let act_row = act::row_bytes(cols)?;
         let cached = *lock(&self.quantized);

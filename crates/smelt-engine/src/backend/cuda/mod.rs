@@ -44,6 +44,7 @@ pub mod delta;
 pub mod fusion;
 pub mod isq;
 mod matmul;
+mod matmul_choice;
 mod memory;
 mod moe;
 mod ops;

@@ -1,0 +1,215 @@
+//! Which kernel multiplies a matrix: one pure function of the weight type, the matrix's
+//! shape and the token count, over the measured crossovers in [`MatmulOptions`] (read once
+//! when the backend opens) and the shape rules of the kernel modules, each of which cites
+//! the H100 measurement it came from (`gemm::f16::preferred`, `gemm::f16_small::preferred`,
+//! `gemm::narrow::MAX_TOKENS`, `gemm::MIN_TOKENS`).
+//!
+//! Why apart from the launch code: the choice was an if-chain inside the matmul, so what a
+//! shape runs on could only be seen on a GPU. Here it is data the CPU tests check for the
+//! shapes of the models we measure, and one place to change when a new kernel wins.
+
+use smelt_gguf::GgmlType;
+use smelt_kernels::gemm;
+
+use super::options::MatmulOptions;
+
+/// A tensor-core GEMM family (they differ in block shape, activation format and K splits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Family {
+    /// `gemm::narrow`: weights straight into `mma` fragments, batches of a few dozen.
+    Narrow,
+    /// `gemm::f16_small`: the f16 GEMM in blocks as wide as the batch.
+    F16Small,
+    /// `gemm::f16`: the f16 GEMM of prompts, 128 x 128 blocks.
+    F16,
+    /// The int8 GEMM (`gemm::kernel`), on q8_1 or the GEMM's own tiles.
+    Int8,
+}
+
+/// What a matmul of many tokens reads as its activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Activations {
+    /// f16 rows (`gemm::f16::act_kernel`).
+    F16Rows,
+    /// The GEMV's q8_1 tiles (float group scales: a scale per 32, as ggml-cpu's dot
+    /// products for those formats take).
+    Q8_1Tiles,
+    /// The int8 GEMM's own tiles (the K-quants: a scale per 256, as ggml-cpu's Q8_K).
+    GemmTiles,
+}
+
+/// The kernel a matmul runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Choice {
+    /// The GEMV, at most `gemv::MAX_TOKENS` tokens a launch.
+    Gemv,
+    /// A tensor-core GEMM: its family and kernel name.
+    Gemm { family: Family, name: &'static str },
+}
+
+impl Family {
+    /// The activations this family reads for weights of type `ty`.
+    pub(super) fn activations(self, ty: GgmlType) -> Activations {
+        match self {
+            Family::Narrow | Family::F16Small | Family::F16 => Activations::F16Rows,
+            Family::Int8 if gemm::reads_q8_1_tiles(ty) => Activations::Q8_1Tiles,
+            Family::Int8 => Activations::GemmTiles,
+        }
+    }
+
+    /// K splits for `rows` x `ntiles` tiles and `n` tokens on `sm_count` SMs; with
+    /// `batch_invariant` the int8 GEMM splits by shape only (the other families are off
+    /// in that mode).
+    pub(super) fn splits(
+        self,
+        rows: usize,
+        ntiles: usize,
+        n: usize,
+        sm_count: usize,
+        batch_invariant: bool,
+    ) -> usize {
+        match self {
+            Family::Narrow => gemm::narrow::splits(rows, ntiles, n, sm_count),
+            Family::F16Small => gemm::f16_small::splits(rows, ntiles, n, sm_count),
+            Family::F16 => gemm::f16::splits(rows, ntiles, Some(n), sm_count),
+            Family::Int8 => gemm::splits(rows, ntiles, (!batch_invariant).then_some(n), sm_count),
+        }
+    }
+
+    /// The launch shape of `a` on this family's kernels.
+    pub(super) fn launch(self, a: &gemm::Args) -> smelt_kernels::ops::Launch {
+        match self {
+            Family::Narrow => gemm::narrow::launch(a),
+            Family::F16Small => gemm::f16_small::launch(a),
+            Family::F16 => gemm::f16::launch(a),
+            Family::Int8 => a.launch(),
+        }
+    }
+}
+
+/// The kernel for `n` tokens times a `rows` x `cols` matrix of type `ty`. `split_norm`: the
+/// input is a split norm's q8_1 tiles standing for an output not written yet, which only
+/// the GEMV reads. In order: fewer than `gemm_min_tokens` tokens, a type without a GEMM or
+/// a split norm take the GEMV; else the narrow GEMM up to `gemm_narrow_max_tokens`, the
+/// batch-wide f16 blocks up to `gemm_small_max_tokens` where their shape rule says, the f16
+/// GEMM where its rule (or `gemm_f16_min_tokens`) says, the int8 GEMM otherwise.
+pub(super) fn choose(
+    m: &MatmulOptions,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n: usize,
+    split_norm: bool,
+) -> Choice {
+    let Some(int8) = gemm::name(ty) else {
+        return Choice::Gemv;
+    };
+    if n < m.gemm_min_tokens || split_norm {
+        return Choice::Gemv;
+    }
+    let gemm = |family, name| Choice::Gemm { family, name };
+    if let Some(name) = gemm::narrow::name(ty, n).filter(|_| n <= m.gemm_narrow_max_tokens) {
+        return gemm(Family::Narrow, name);
+    }
+    if let Some(name) = gemm::f16_small::name(ty, n)
+        .filter(|_| n <= m.gemm_small_max_tokens && gemm::f16_small::preferred(rows, cols, n))
+    {
+        return gemm(Family::F16Small, name);
+    }
+    let f16_wins = match m.gemm_f16_min_tokens {
+        Some(min) => n >= min,
+        None => gemm::f16::preferred(rows, n),
+    };
+    if let Some(name) = gemm::f16::name(ty).filter(|_| f16_wins) {
+        return gemm(Family::F16, name);
+    }
+    gemm(Family::Int8, int8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::options::CudaOptions;
+    use super::*;
+
+    fn family(c: Choice) -> Option<Family> {
+        match c {
+            Choice::Gemv => None,
+            Choice::Gemm { family, .. } => Some(family),
+        }
+    }
+
+    /// The defaults on the Llama-3-8B shape's matrices (rows x cols) at the token counts of
+    /// decode, batched decode and prompts: what bench/RESULTS.md measured fastest.
+    #[test]
+    fn defaults_pick_the_measured_kernels_for_llama3_8b() {
+        let o = CudaOptions::from_vars(|_| None, false);
+        let m = &o.matmul;
+        let q4 = GgmlType::Q4_K;
+        let pick = |rows, cols, n| family(choose(m, q4, rows, cols, n, false));
+        for (rows, cols) in [(14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)] {
+            // One token, and batches under the GEMM's crossover: the GEMV.
+            assert_eq!(pick(rows, cols, 1), None);
+            assert_eq!(pick(rows, cols, 8), None);
+            // 16-32 tokens: the narrow GEMM (2026-11-27 04:50 UTC).
+            assert_eq!(pick(rows, cols, 16), Some(Family::Narrow));
+            assert_eq!(pick(rows, cols, 32), Some(Family::Narrow));
+        }
+        // 33-64 tokens: the batch-wide f16 blocks on the MLP's matrices, the int8 GEMM on
+        // the small ones (2026-11-27 00:35 UTC).
+        assert_eq!(pick(14336, 4096, 48), Some(Family::Int8));
+        assert_eq!(pick(4096, 14336, 64), Some(Family::F16Small));
+        assert_eq!(pick(1024, 4096, 64), Some(Family::Int8));
+        // Prompts: the f16 GEMM from 128 tokens on 4096+ rows, from 256 on every shape.
+        assert_eq!(pick(4096, 4096, 128), Some(Family::F16));
+        assert_eq!(pick(1024, 4096, 128), Some(Family::Int8));
+        assert_eq!(pick(1024, 4096, 512), Some(Family::F16));
+    }
+
+    #[test]
+    fn types_without_a_gemm_and_split_norms_stay_on_the_gemv() {
+        let o = CudaOptions::from_vars(|_| None, false);
+        let m = &o.matmul;
+        assert_eq!(
+            choose(m, GgmlType::Q4_K, 4096, 4096, 512, true),
+            Choice::Gemv
+        );
+        // Q6_K has the int8 and f16 GEMMs but no narrow one: batches take the int8 GEMM.
+        assert_eq!(
+            family(choose(m, GgmlType::Q6_K, 4096, 4096, 32, false)),
+            Some(Family::Int8)
+        );
+        assert_eq!(
+            choose(m, GgmlType::F32, 4096, 4096, 512, false),
+            Choice::Gemv
+        );
+    }
+
+    #[test]
+    fn batch_invariant_mode_uses_one_kernel_for_every_batch() {
+        let o = CudaOptions::from_vars(|_| None, true);
+        let m = &o.matmul;
+        for n in [1, 2, 16, 32, 64, 512] {
+            assert_eq!(
+                family(choose(m, GgmlType::Q4_K, 4096, 4096, n, false)),
+                Some(Family::Int8),
+                "{n} tokens"
+            );
+        }
+    }
+
+    #[test]
+    fn each_family_reads_its_activations() {
+        assert_eq!(
+            Family::Narrow.activations(GgmlType::Q4_K),
+            Activations::F16Rows
+        );
+        assert_eq!(
+            Family::Int8.activations(GgmlType::Q4_K),
+            Activations::GemmTiles
+        );
+        assert_eq!(
+            Family::Int8.activations(GgmlType::Q4_0),
+            Activations::Q8_1Tiles
+        );
+    }
+}
