@@ -9,8 +9,9 @@
 #   bash bench/gpu/ops.sh perf     # timings at real model shapes (time a launch, GB/s)
 #   bash bench/gpu/ops.sh check -o gemv,rope -s 7x1000   # any gpu_ops arguments
 #
-# Prints a line per case (op, shape, error, PASS/FAIL), the seconds each op took, then the
-# summary table (op, cases, failed, worst error, metric, tolerance, result) last. Exit status
+# gpu_ops prints a line per case (op, shape, error, PASS/FAIL), a table with a row per kernel
+# family (cases, failed, worst error, metric, tolerance), then a row per registered op (cases,
+# failures, seconds); this script shows the failures and that last table (the rest is in the log). Exit status
 # 1 when any case fails. Full log under $OUT (or bench/out) as gpu_ops.log. GPU_DIR names
 # another carry folder than .gpu-ops (both steps).
 set -euo pipefail
@@ -41,9 +42,14 @@ case "${1:-check}" in
     status=0
     # The module cache of the engine's backend (the MoE cases open it) stays in /tmp.
     SMELT_KERNEL_CACHE=/tmp/smelt-kernel-cache $B "$@" 2>&1 | tee -a "$out/gpu_ops.log" > /tmp/gpu_ops.out || status=1
-    # Cases first (long), the summary table last.
-    grep -E "FAIL|ERROR|^== |first failure" /tmp/gpu_ops.out | grep -v "^== summary" | grep -vE "^== [a-z_0-9]+ ==$" | head -80 || true
-    sed -n '/^== seconds per op/,$p' /tmp/gpu_ops.out
+    # What failed (the first 60 lines of it), the perf tables in perf mode, then the summary
+    # table, a row per registered op, last; every case's line and the table of every
+    # kernel's row are in the log.
+    head -3 /tmp/gpu_ops.out
+    grep -E "FAIL|ERROR|first failure" /tmp/gpu_ops.out | grep -v "^| " | head -60 || true
+    sed -n '/^== perf/,/^== seconds/p' /tmp/gpu_ops.out | grep -v "^== seconds" || true
+    grep "^== summary" /tmp/gpu_ops.out || true
+    sed -n '/^| registered op/,$p' /tmp/gpu_ops.out
     exit $status
     ;;
 esac

@@ -47,6 +47,7 @@ impl Gpu {
             Target::Sm80
         };
         let mut m = catalog::module_selected(target, keep)?;
+        m.set_grid_dep(catalog::GRID_DEP);
         m.kernel("fill", fill_kernel)?;
         m.kernel("fill_bf16", super::isq::fill_bf16_kernel)?;
         let n = catalog::all().iter().filter(|(n, _)| keep(n)).count();
@@ -260,6 +261,8 @@ fn line(op: &str, shape: &str, err: &str, ok: bool) {
 
 /// One op's row of the summary table.
 pub struct Row {
+    /// The registered op whose run reported it (`Case::op`).
+    pub group: String,
     pub op: String,
     pub cases: usize,
     pub fails: usize,
@@ -274,6 +277,8 @@ pub struct Row {
 pub struct Report {
     pub rows: Vec<Row>,
     pub perf: Vec<String>,
+    /// The registered op now running: its rows are filed under it.
+    pub group: String,
 }
 
 impl Report {
@@ -282,6 +287,7 @@ impl Report {
             return &mut self.rows[i];
         }
         self.rows.push(Row {
+            group: self.group.clone(),
             op: op.to_string(),
             cases: 0,
             fails: 0,

@@ -347,6 +347,7 @@ fn main() -> Result<()> {
         };
         println!("\n== {} ==", c.op);
         let t = Instant::now();
+        rep.group = c.op.to_string();
         // A check that errors (a launch refused, say) is a failure of its own; the others
         // still run, so one bad kernel does not hide the rest of the report.
         let before: usize = rep.rows.iter().map(|r| r.cases).sum();
@@ -381,6 +382,7 @@ fn main() -> Result<()> {
         a.seed,
         start.elapsed().as_secs_f64()
     );
+    // Every row, then a row per registered op (short enough to read last).
     println!("| op | cases | failed | worst error | metric | tolerance | result |");
     println!("|---|---:|---:|---:|---|---|---|");
     for r in &rep.rows {
@@ -393,6 +395,29 @@ fn main() -> Result<()> {
             r.metric,
             r.tol,
             if r.fails == 0 { "PASS" } else { "FAIL" }
+        );
+    }
+    println!();
+    println!("| registered op | rows | cases | failed cases | failing rows | seconds | result |");
+    println!("|---|---:|---:|---:|---|---:|---|");
+    for (op, secs) in &times {
+        let rows: Vec<_> = rep.rows.iter().filter(|r| r.group == *op).collect();
+        let failing: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.fails > 0)
+            .map(|r| r.op.as_str())
+            .collect();
+        println!(
+            "| {op} | {} | {} | {} | {} | {secs:.1} | {} |",
+            rows.len(),
+            rows.iter().map(|r| r.cases).sum::<usize>(),
+            rows.iter().map(|r| r.fails).sum::<usize>(),
+            if failing.is_empty() {
+                "-".to_string()
+            } else {
+                failing.join(", ")
+            },
+            if failing.is_empty() { "PASS" } else { "FAIL" }
         );
     }
     for r in rep.rows.iter().filter(|r| r.fails > 0) {
