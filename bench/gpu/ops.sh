@@ -12,7 +12,8 @@
 # gpu_ops prints a line per case (op, shape, error, PASS/FAIL), a table with a row per kernel
 # family (cases, failed, worst error, metric, tolerance), then a row per registered op (cases,
 # failures, seconds); this script shows the failures and that last table (the rest is in the log). Exit status
-# 1 when any case fails. Full log under $OUT (or bench/out) as gpu_ops.log. GPU_DIR names
+# 1 when any case fails. Full log under $OUT (or bench/out) as gpu_ops.log (perf mode:
+# gpu_ops-perf.log). GPU_DIR names
 # another carry folder than .gpu-ops (both steps).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,10 +39,12 @@ case "${1:-check}" in
     gunzip -c "$D/gpu_ops.gz" > $B && chmod +x $B
     out=${OUT:-bench/out}
     mkdir -p "$out"
-    { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true; } | tee "$out/gpu_ops.log"
+    log="$out/gpu_ops.log"
+    [ "${1:-}" = perf ] && log="$out/gpu_ops-perf.log"
+    { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true; } | tee "$log"
     status=0
     # The module cache of the engine's backend (the MoE cases open it) stays in /tmp.
-    SMELT_KERNEL_CACHE=/tmp/smelt-kernel-cache $B "$@" 2>&1 | tee -a "$out/gpu_ops.log" > /tmp/gpu_ops.out || status=1
+    SMELT_KERNEL_CACHE=/tmp/smelt-kernel-cache $B "$@" 2>&1 | tee -a "$log" > /tmp/gpu_ops.out || status=1
     # What failed (the first 60 lines of it), the perf tables in perf mode, then the summary
     # table, a row per registered op, last; every case's line and the table of every
     # kernel's row are in the log.
