@@ -147,3 +147,16 @@ fn a_tiny_gemv_case_builds_on_the_cpu() {
         assert!(worst_over_magnitude(&poisoned, &want, &mag).is_nan());
     }
 }
+
+/// Every registered op's inputs and CPU twins at a tiny ragged shape (`tiny::run`): the CPU
+/// half of its GPU case, which CI can run.
+#[test]
+fn every_op_builds_its_tiny_case_on_the_cpu() {
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for c in registry() {
+        let n = gpu_ops::tiny::run(c.op, &mut rng).unwrap_or_else(|e| panic!("{}: {e:#}", c.op));
+        assert!(n > 0, "{}: no reference values", c.op);
+    }
+    assert!(gpu_ops::tiny::run("no such op", &mut rng).is_err());
+}

@@ -277,7 +277,7 @@ fn adversarial(rng: &mut impl Rng, big: f32) -> Case {
     }
 }
 
-fn to_input(x: &[f32], input: Input) -> Vec<u8> {
+pub fn to_input(x: &[f32], input: Input) -> Vec<u8> {
     match input {
         Input::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
         Input::F16 => x

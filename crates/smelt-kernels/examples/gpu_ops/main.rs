@@ -36,6 +36,7 @@ pub mod moe;
 pub mod ops;
 pub mod rows;
 pub mod timing;
+pub mod tiny;
 
 use std::time::Instant;
 
