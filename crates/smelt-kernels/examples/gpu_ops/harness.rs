@@ -20,7 +20,10 @@ use smelt_ptx::{Kernel, Store, Target, U32};
 
 pub struct Gpu {
     pub stream: Arc<CudaStream>,
+    /// The catalog's kernels (all, or those of the selected ops).
     pub module: Arc<CudaModule>,
+    /// The harness's own fill kernels.
+    extra: Arc<CudaModule>,
     pub sms: usize,
     pub name: String,
 }
@@ -35,8 +38,10 @@ pub fn cfg(l: Launch) -> LaunchConfig {
 
 impl Gpu {
     /// Opens device 0 and loads the catalog's kernels whose names pass `keep`, plus the
-    /// harness's own fill kernels.
-    pub fn new(keep: &dyn Fn(&str) -> bool) -> Result<Self> {
+    /// harness's own fill kernels. With `all`, the whole catalog as the engine builds it,
+    /// through the engine's cubin cache (`smelt_cuda::cache`): the engine's backend, which
+    /// the MoE cases open, then finds it there instead of compiling it again.
+    pub fn new(keep: &dyn Fn(&str) -> bool, all: bool) -> Result<Self> {
         let ctx = CudaContext::new(0).context("no CUDA device")?;
         // One stream, so cudarc's per-slice event tracking only costs launch time.
         unsafe { ctx.disable_event_tracking() };
@@ -46,33 +51,48 @@ impl Gpu {
         } else {
             Target::Sm80
         };
-        let mut m = catalog::module_selected(target, keep)?;
-        m.set_grid_dep(catalog::GRID_DEP);
-        m.kernel("fill", fill_kernel)?;
-        m.kernel("fill_bf16", super::isq::fill_bf16_kernel)?;
-        let n = catalog::all().iter().filter(|(n, _)| keep(n)).count();
+        let mut fills = smelt_ptx::Module::new(target);
+        fills.kernel("fill", fill_kernel)?;
+        fills.kernel("fill_bf16", super::isq::fill_bf16_kernel)?;
+        let extra = ctx.load_module(Ptx::from_src(fills.to_ptx()))?;
         let t = Instant::now();
-        let ptx = m.to_ptx();
-        let module = ctx.load_module(Ptx::from_src(ptx.clone()))?;
+        let name = ctx.name().unwrap_or_default();
+        let (module, n, how) = if all {
+            let cc = ctx.compute_capability()?;
+            let settings = format!("gpu_ops|{target:?}");
+            let (m, how) = smelt_cuda::cache::load(&ctx, &name, cc, &settings, || {
+                let m = catalog::module(target)
+                    .map_err(|e| smelt_cuda::CudaError::Init(e.to_string()))?;
+                Ok(m.to_ptx())
+            })?;
+            (m, catalog::all().len(), format!("{how:?}"))
+        } else {
+            let m = catalog::module_selected(target, keep)?;
+            let n = catalog::all().iter().filter(|(n, _)| keep(n)).count();
+            let m = ctx.load_module(Ptx::from_src(m.to_ptx()))?;
+            (m, n, "JIT".to_string())
+        };
         let sms = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .unwrap_or(132) as usize;
-        let name = ctx.name().unwrap_or_default();
         println!(
-            "{name}: {n} kernels for {target}, {} KiB of PTX, loaded in {:.1} s, {sms} SMs",
-            ptx.len() / 1024,
+            "{name}: {n} kernels for {target}, loaded in {:.1} s ({how}), {sms} SMs",
             t.elapsed().as_secs_f64()
         );
         Ok(Self {
             // A stream of its own: the legacy default stream cannot be captured into a graph.
             stream: ctx.new_stream()?,
             module,
+            extra,
             sms,
             name,
         })
     }
 
     pub fn f(&self, name: &str) -> Result<CudaFunction> {
+        if name.starts_with("fill") {
+            return Ok(self.extra.load_function(name)?);
+        }
         self.module.load_function(name).with_context(|| {
             format!("kernel {name} (not in the module: a case's `covers`/`needs` misses it?)")
         })

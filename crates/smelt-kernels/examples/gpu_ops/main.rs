@@ -327,7 +327,9 @@ fn main() -> Result<()> {
     }
     harness::SHAPES.set(a.shapes.clone()).expect("set once");
     let start = Instant::now();
-    let gpu = Gpu::new(&|k| cases.iter().any(|c| c.loads(k)))?;
+    // Every op selected (no -o): the whole catalog, cached for the engine's backend too.
+    let all = a.ops.is_empty();
+    let gpu = Gpu::new(&|k| cases.iter().any(|c| c.loads(k)), all)?;
     println!(
         "mode {}, seed {}, ops: {}",
         a.mode,
