@@ -44,11 +44,12 @@ case "${1:-check}" in
     { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true; } | tee "$log"
     status=0
     # The module cache of the engine's backend (the MoE cases open it) stays in /tmp.
-    SMELT_KERNEL_CACHE=/tmp/smelt-kernel-cache $B "$@" 2>&1 | tee -a "$log" > /tmp/gpu_ops.out || status=1
+    SMELT_CUDA_LOAD_LOG=1 SMELT_KERNEL_CACHE=/tmp/smelt-kernel-cache $B "$@" 2>&1 | tee -a "$log" > /tmp/gpu_ops.out || status=1
     # What failed (the first 60 lines of it), the perf tables in perf mode, then the summary
     # table, a row per registered op, last; every case's line and the table of every
     # kernel's row are in the log.
     head -3 /tmp/gpu_ops.out
+    grep "kernels: PTX generated" /tmp/gpu_ops.out || true
     grep -E "FAIL|ERROR|first failure" /tmp/gpu_ops.out | grep -v "^| " | head -60 || true
     sed -n '/^== perf/,/^== seconds/p' /tmp/gpu_ops.out | grep -v "^== seconds" || true
     grep "^== summary" /tmp/gpu_ops.out || true

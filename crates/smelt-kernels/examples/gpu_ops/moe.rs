@@ -22,8 +22,9 @@
 //! - the whole MoE block (`model::moe::MoeFfn::forward`: router, route, paired gate/up,
 //!   GLU, down, combine) on both backends from the same input, for a prompt (the planned,
 //!   tiled path), a decode row and a small batch: the same experts for every token and
-//!   the outputs within relative RMS 2e-2 (the backends requantize the activations
-//!   differently: ggml's Q8_0/Q8_K pairing on the CPU, q8_1 on the GPU). A whole model's
+//!   the outputs within relative RMS 3e-2 for K-quants, 2e-3 for Q8_0 (the backends
+//!   requantize the activations differently: ggml's Q8_0/Q8_K pairing on the CPU, q8_1 on
+//!   the GPU; `block_bar`). A whole model's
 //!   logits can still part more than that on a token whose router has a near-tie: a
 //!   requantization difference upstream then picks another expert on one side.
 //!
@@ -304,6 +305,22 @@ fn check_case(
     Ok(())
 }
 
+/// The bar on the relative RMS difference of the two backends' MoE block outputs. They
+/// quantize the activations differently: the CPU pairs a K-quant weight with Q8_K rows
+/// (one scale per 256 values), the GPU with q8_1 (one per 32), so for K-quants the outputs
+/// differ by the CPU's coarser rounding: 1.4-1.9e-2 over 15 Q4_K cases on an H100
+/// (2026-11-27), 2.13e-2 on one single-token case (256 values: the noisiest), against the
+/// 2e-2 bar `moe_check` had with a fixed seed. A wiring fault (a wrong expert or weight, an
+/// unwritten row) is O(1), so 3e-2 still catches one. Q8_0 rows are q8 blocks of 32 on both
+/// sides: 2e-7 to 5e-5 there, bar 2e-3.
+fn block_bar(ty: GgmlType) -> f64 {
+    if ty.block_size() == 256 {
+        3e-2
+    } else {
+        2e-3
+    }
+}
+
 /// The whole MoE block on both backends: a layer with `ne` experts of `ff` x `e`, `k` per
 /// token, from the same `n` input rows.
 #[allow(clippy::too_many_arguments)]
@@ -401,7 +418,7 @@ fn check_block(
             op,
             format!("{ty:?} {ne}e k{k} {ff}x{e} n{n} (rel RMS)"),
             rel,
-            2e-2,
+            block_bar(ty),
         );
     }
     Ok(())
