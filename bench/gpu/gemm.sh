@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The tensor-core GEMM on the GPU machine, in one device call: kernel parity and speed
-# (gpu_check --gemm), whole-model CUDA-vs-CPU parity of prompt logits (cuda_parity, whose
+# (gpu_ops check/perf -o gemm), whole-model CUDA-vs-CPU parity of prompt logits (cuda_parity, whose
 # 40-token prompts now run through the GEMM), and prompt/decode speed of a Llama-3-8B-shape
 # Q4_K with the GEMM and without it (SMELT_CUDA_GEMM_MIN past every prompt), optionally
 # beside llama.cpp built in the same call.
@@ -21,12 +21,12 @@ case "${1:-run}" in
   build)
     set -e
     cargo build --release -p smelt --bin smelt
-    cargo build --release -p smelt-kernels --example gpu_check
+    cargo build --release -p smelt-kernels --example gpu_ops
     cargo build --release -p smelt-engine --example cuda_parity
     T=${CARGO_TARGET_DIR:-target}/release
     mkdir -p $B
     strip -o $B/smelt $T/smelt
-    strip -o $B/gpu_check $T/examples/gpu_check
+    strip -o $B/gpu_ops $T/examples/gpu_ops
     strip -o $B/cuda_parity $T/examples/cuda_parity
     $T/examples/cuda_parity shrink .models/SmolLM2-135M-Instruct.Q4_1.gguf $B/smollm2-4l.gguf --layers 4 --vocab 8192
     $T/examples/cuda_parity shrink .models/gemma-3-270m-q4_k_m.gguf $B/gemma3-6l.gguf --layers 6 --vocab 8192 --window 24
@@ -42,16 +42,17 @@ case "${1:-run}" in
     { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true; } | tee "$log"
     status=0
     if [ "${SKIP_KERNELS:-0}" != 1 ]; then
-      echo "== gpu_check --gemm" | tee -a "$log"
-      $B/gpu_check --gemm 2>&1 | tee -a "$log" || status=1
+      echo "== gpu_ops -o gemm (parity), gpu_ops perf -o gemm (speed)" | tee -a "$log"
+      $B/gpu_ops -o gemm 2>&1 | tee -a "$log" | sed -n '/^== summary/,$p' || status=1
+      $B/gpu_ops perf -o gemm 2>&1 | tee -a "$log" | sed -n '/^== perf/,/^== seconds/p' || status=1
     fi
     if [ "${SKIP_PARITY:-0}" != 1 ] && [ -s $B/gemma3-6l.gguf ]; then
       echo "== cuda_parity (prompt rows through the GEMM)" | tee -a "$log"
       $B/cuda_parity check $(ls $B/*.gguf) 2>&1 | tee -a "$log" | tail -25 || status=1
     fi
-    if [ "${SKIP_PARITY:-0}" != 1 ] && [ -x $B/ops_check ]; then
-      echo "== ops_check --attention (split and prompt attention, every head size)" | tee -a "$log"
-      $B/ops_check --attention 2>&1 | tee -a "$log" | tail -30 || status=1
+    if [ "${SKIP_PARITY:-0}" != 1 ]; then
+      echo "== gpu_ops -o attention (split and prompt attention, every head size)" | tee -a "$log"
+      $B/gpu_ops -o attention 2>&1 | tee -a "$log" | sed -n '/^== summary/,$p' || status=1
     fi
     m=/tmp/llama3-8b-q4_k.gguf
     if [ "${1:-}" = "--peer" ]; then

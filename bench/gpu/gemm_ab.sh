@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A GEMM change on the GPU machine, in one device call: the GEMM variants timed against
-# each other (gpu_check --gemm-variants, which also checks they give identical outputs),
-# the kernels' parity (gpu_check --parity-only), whole-model parity (cuda_parity), then smelt before
+# each other (gpu_ops -o gemm_variants, which also checks they give identical outputs),
+# the kernels' parity (gpu_ops -o gemv,gemm), whole-model parity (cuda_parity), then smelt before
 # and after the change interleaved round by round on a Llama-3-8B-shape Q4_K: pp512,
 # pp4096, and aggregate decode of 32 and 64 sequences. Only ratios within this call count.
 #
@@ -10,7 +10,7 @@
 # There: bash bench/gpu/gemm_ab.sh    carry [".gpu-lead", ".gpu-old"]
 # Environment there: ROUNDS (default 2), SKIP_KERNELS=1, SKIP_PARITY=1, CASES (default
 # "pp512 pp4096 b32 b64"), QUANT (the model's weight type, default q4_k), GEMM=1 (also
-# gpu_check --gemm's parity and speed table), VARIANTS=0 (skip --gemm-variants). smelt and
+# gpu_ops perf -o gemm's speed table), VARIANTS=0 (skip gemm_variants). smelt, gpu_ops and
 # cuda_parity may be gzipped. Log: $OUT/gemm_ab.log (or bench/out), the table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +18,7 @@ out=${OUT:-bench/out}
 mkdir -p "$out"
 log="$out/gemm_ab.log"
 B=.gpu-lead
-for f in smelt cuda_parity; do
+for f in smelt cuda_parity gpu_ops; do
   [ -f $B/$f.gz ] && { gunzip -c $B/$f.gz > /tmp/$f-new; chmod +x /tmp/$f-new; } || cp $B/$f /tmp/$f-new
 done
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true; } | tee "$log"
@@ -26,15 +26,15 @@ done
 status=0
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then
   if [ "${VARIANTS:-1}" = 1 ]; then
-    echo "== gpu_check --gemm-variants" | tee -a "$log"
-    $B/gpu_check --gemm-variants 2>&1 | tee -a "$log" || status=1
+    echo "== gpu_ops -o gemm_variants" | tee -a "$log"
+    /tmp/gpu_ops-new -o gemm_variants 2>&1 | tee -a "$log" | sed -n '/^== summary/,$p' || status=1
   fi
   if [ "${GEMM:-0}" = 1 ]; then
-    echo "== gpu_check --gemm" | tee -a "$log"
-    $B/gpu_check --gemm 2>&1 | tee -a "$log" | grep -E "cases|FAIL|failures" || status=1
+    echo "== gpu_ops perf -o gemm" | tee -a "$log"
+    /tmp/gpu_ops-new perf -o gemm 2>&1 | tee -a "$log" | sed -n '/^== perf/,/^== seconds/p' || status=1
   fi
-  echo "== gpu_check --parity-only (the GEMVs and the GEMMs)" | tee -a "$log"
-  $B/gpu_check --parity-only 2>&1 | tee -a "$log" | tail -3 || status=1
+  echo "== gpu_ops -o gemv,gemm (the GEMVs and the GEMMs)" | tee -a "$log"
+  /tmp/gpu_ops-new -o gemv,gemm 2>&1 | tee -a "$log" | tail -3 || status=1
 fi
 if [ "${SKIP_PARITY:-0}" != 1 ]; then
   echo "== cuda_parity" | tee -a "$log"

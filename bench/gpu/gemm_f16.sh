@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The f16 GEMM against the int8 GEMM on the GPU machine, in one device call: kernel parity
-# and speed side by side (gpu_check --gemm-f16), whole-model CUDA-vs-CPU parity with the
+# and speed side by side (gpu_ops check/perf -o gemm_f16), whole-model CUDA-vs-CPU parity with the
 # int8 path and with every many-token Q4_K matmul on the f16 path (cuda_parity), then smelt
 # with and without the f16 path (SMELT_CUDA_GEMM_F16_MIN) interleaved round by round on a
 # Llama-3-8B-shape Q4_K: pp512, pp4096 and aggregate decode of 16, 32 and 64 sequences.
@@ -23,14 +23,15 @@ B=.gpu-lead
 for f in smelt cuda_parity; do
   if [ -f $B/$f.gz ]; then gunzip -c $B/$f.gz > /tmp/$f-new; chmod +x /tmp/$f-new; else cp $B/$f /tmp/$f-new; fi
 done
-[ -f $B/gpu_check.gz ] && gunzip -c $B/gpu_check.gz > /tmp/gpu_check-new && chmod +x /tmp/gpu_check-new || cp $B/gpu_check /tmp/gpu_check-new
+[ -f $B/gpu_ops.gz ] && gunzip -c $B/gpu_ops.gz > /tmp/gpu_ops-new && chmod +x /tmp/gpu_ops-new || cp $B/gpu_ops /tmp/gpu_ops-new
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true; } | tee "$log"
 status=0
 f16min=${F16_MIN:-16}
 f16env=${F16_MIN:+SMELT_CUDA_GEMM_F16_MIN=$F16_MIN}
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then
-  echo "== gpu_check --gemm-f16" | tee -a "$log"
-  /tmp/gpu_check-new --gemm-f16 2>&1 | tee -a "$log" | grep -E "cases|FAIL|failures" || status=1
+  echo "== gpu_ops -o gemm_f16, then perf -o gemm_f16" | tee -a "$log"
+  /tmp/gpu_ops-new -o gemm_f16 2>&1 | tee -a "$log" | sed -n '/^== summary/,$p' || status=1
+  /tmp/gpu_ops-new perf -o gemm_f16 2>&1 | tee -a "$log" | sed -n '/^== perf/,/^== seconds/p' || status=1
 fi
 if [ "${SKIP_PARITY:-0}" != 1 ]; then
   echo "== cuda_parity, int8 GEMM" | tee -a "$log"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The hybrid models on the GPU (issue 16: Qwen3.5/3.6 and Qwen3-Next, Gated DeltaNet
 # layers beside gated attention), everything in one device call:
-#  1. kernel parity: `ops_check --delta` runs the delta-net kernels (convolution + SiLU,
+#  1. kernel parity: `gpu_ops -o delta` runs the delta-net kernels (convolution + SiLU,
 #     strided q/k L2 norm, the delta-rule step over decode rows and prompt chunks of several
 #     sequences at their own state addresses, gated norm, column gather, split halves,
-#     sigmoid gate) against their CPU twins, then times the step kernel at the 27B shape;
+#     sigmoid gate) against their CPU twins, then `gpu_ops perf -o delta` times the step
+#     kernel at the 27B shape;
 #  2. whole-model parity: `cuda_parity check` (CUDA logits vs the CPU engine and an F32
 #     reference, greedy tokens, three sequences decoded together as one graph) on tiny
 #     synthetic qwen35, qwen35moe and qwen3next models (`smelt synth --shape *-tiny`, Q8_0
@@ -16,7 +17,7 @@
 #     gone by: the llama.cpp build takes about 350 s), the dense 27B hybrid (qwen3.6-27b; the
 #     80B file is deleted first for disk room). H100, run 1: the 27B part took 33 s.
 #
-# What it prints last: a table of PASS/FAIL rows (ops_check's delta rows; cuda_parity per
+# What it prints last: a table of PASS/FAIL rows (gpu_ops's delta rows; cuda_parity per
 # tiny model), the step kernel's timings, then llama.cpp vs smelt rows per model.
 #
 # Here:  bash bench/gpu/hybrid.sh pack   (release build, stripped gzipped binaries into the
@@ -30,10 +31,10 @@ cd "$(dirname "$0")/../.."
 if [ "${1:-}" = pack ]; then
   set -e
   cargo build --release -p smelt --bin smelt -p smelt-engine --example cuda_parity \
-    -p smelt-kernels --example ops_check
+    -p smelt-kernels --example gpu_ops
   t=${CARGO_TARGET_DIR:-target}/release
   mkdir -p .gpu-dn
-  for b in "$t/smelt" "$t/examples/cuda_parity" "$t/examples/ops_check"; do
+  for b in "$t/smelt" "$t/examples/cuda_parity" "$t/examples/gpu_ops"; do
     strip -o "/tmp/$(basename "$b")" "$b"
     gzip -9 -c "/tmp/$(basename "$b")" > ".gpu-dn/$(basename "$b").gz"
   done
@@ -47,7 +48,7 @@ log="$out/hybrid.log"
 table="$out/hybrid-table.md"
 B=/tmp/hy-bin
 mkdir -p $B
-for b in smelt cuda_parity ops_check; do
+for b in smelt cuda_parity gpu_ops; do
   gunzip -c .gpu-dn/$b.gz > $B/$b && chmod +x $B/$b
 done
 SECONDS=0
@@ -65,12 +66,12 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
   synpid=$!
 fi
 
-echo "== 1. kernel parity (ops_check --delta)" | tee -a "$log"
-$B/ops_check --delta 2>&1 | tee -a "$log" > /tmp/hy-ops.out
-grep -q "^parity failures: 0" /tmp/hy-ops.out && r=PASS || r=FAIL
-echo "| delta-net kernels vs CPU twins (ops_check --delta) | $r |" >> "$table"
-grep "^| delta" /tmp/hy-ops.out | grep -v "us / layer\|x [0-9]* |" | sed 's/^/    /' >> "$table"
-step_speed=$(grep "^| delta step\|^|---|---|---:|---:|" /tmp/hy-ops.out)
+echo "== 1. kernel parity (gpu_ops -o delta)" | tee -a "$log"
+$B/gpu_ops -o delta 2>&1 | tee -a "$log" > /tmp/hy-ops.out && r=PASS || r=FAIL
+echo "| delta-net kernels vs CPU twins (gpu_ops -o delta) | $r |" >> "$table"
+grep "^| delta" /tmp/hy-ops.out | sed 's/^/    /' >> "$table"
+$B/gpu_ops perf -o delta 2>&1 | tee -a "$log" > /tmp/hy-ops-perf.out
+step_speed=$(grep "^| delta step\|^|---|---|---:|---:|" /tmp/hy-ops-perf.out)
 
 echo "== 2. whole-model parity (cuda_parity)" | tee -a "$log"
 for shape in qwen35-tiny qwen35moe-tiny qwen3next-tiny; do

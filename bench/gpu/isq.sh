@@ -14,11 +14,11 @@ cd "$(dirname "$0")/../.."
 dir=.gpu-quant
 case "${1:-run}" in
   build)
-    cargo build --release --example quantize_check -p smelt-kernels
+    cargo build --release --example gpu_ops -p smelt-kernels
     cargo build --release -p smelt
     cargo build --release --manifest-path bench/candle-quant/Cargo.toml
     mkdir -p "$dir"
-    strip -o "$dir/quantize_check" target/release/examples/quantize_check
+    strip -o "$dir/gpu_ops" target/release/examples/gpu_ops
     strip -o "$dir/smelt" target/release/smelt
     strip -o "$dir/candle-quant" bench/candle-quant/target/release/candle-quant
     du -sh "$dir"/*
@@ -27,7 +27,7 @@ case "${1:-run}" in
     out=${OUT:-bench/out}
     mkdir -p "$out"
     log="$out/isq.log"
-    for b in quantize_check smelt candle-quant; do
+    for b in gpu_ops smelt candle-quant; do
       if [ ! -x "$dir/$b" ]; then
         echo "isq.sh: $dir/$b is missing: run 'bench/gpu/isq.sh build' here first and carry $dir" >&2
         exit 1
@@ -37,8 +37,10 @@ case "${1:-run}" in
       echo "cpu: $(nproc) x $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"; } | tee "$log"
     status=0
 
-    echo "== GPU parity and speed (quantize_check) ==" | tee -a "$log"
-    "$dir/quantize_check" 2>&1 | tee "$out/check.log" | tee -a "$log" || status=1
+    echo "== GPU parity and speed (gpu_ops -o isq_quantize, with the 4096x14336 tensor) ==" | tee -a "$log"
+    "$dir/gpu_ops" -o isq_quantize 2>&1 | tee "$out/check.log" | tee -a "$log" || status=1
+    "$dir/gpu_ops" -o isq_quantize -s 4096x14336 2>&1 | tee -a "$out/check.log" | tee -a "$log" | tail -4 || status=1
+    "$dir/gpu_ops" perf -o isq_quantize 2>&1 | tee -a "$out/check.log" | tee -a "$log" || status=1
 
     echo "== smelt quantize --device cuda vs cpu (byte-identical files) ==" | tee -a "$log"
     tmp=$(mktemp -d)
@@ -84,7 +86,7 @@ for name, s in rows:
 EOF
     rm -rf "$cq"
     echo "== parity summary ==" | tee -a "$log"
-    grep -E '^(PASS|FAIL)|pairs' "$out/check.log" | tee -a "$log" || true
+    grep -E '^\| isq |^gpu_ops:' "$out/check.log" | tee -a "$log" || true
     grep -A12 'speed: bf16' "$out/check.log" | tee -a "$log" || true
     grep 'matrices' "$out/check.log" | tee -a "$log" || true
     exit "$status"

@@ -3,7 +3,7 @@
 # must-show table last:
 # - checks first (not timed; a failure skips the rest): the repack kernels (ggml blocks
 #   into the GEMV's rows on the device) against their CPU twin for every GEMV format
-#   (quantize_check --repack-only), and the model `smelt run --isq T --device cuda` puts on
+#   (gpu_ops -o repack), and the model `smelt run --isq T --device cuda` puts on
 #   the device (quantized and repacked there, never back on the host) against the model the
 #   file `smelt quantize --type T --device cuda` writes, byte for byte
 #   (SMELT_CUDA_WEIGHT_DIGEST=1 hashes every weight in device memory), for q6_k (repacked)
@@ -25,7 +25,7 @@
 # - the largest bf16 shape that fits the disk with its outputs (BIG=1, the default:
 #   qwen3-14b, ~29 GB) the same way, with the CPU quantizer beside it.
 #
-# Here:  cargo build --release -p smelt && cargo build --release -p smelt-kernels --example quantize_check
+# Here:  cargo build --release -p smelt && cargo build --release -p smelt-kernels --example gpu_ops
 #        bench/gpu/load.sh pack      (strips and xz's both into .gpu-load/, with tok.gguf.xz:
 #                                     a GGUF holding only SmolLM2's tokenizer keys)
 #        ../shared/peer/prepare.sh .peer   (or a copy of an existing .peer: llama.cpp's sdist)
@@ -47,8 +47,8 @@ if [ "${1:-}" = pack ]; then
     rm -f .gpu-load/*
     strip -o /tmp/smelt-pack "$t/release/smelt"
     xz -9e -T2 -c /tmp/smelt-pack > .gpu-load/smelt.xz
-    strip -o /tmp/qc-pack "$t/release/examples/quantize_check"
-    xz -9e -T2 -c /tmp/qc-pack > .gpu-load/quantize_check.xz
+    strip -o /tmp/qc-pack "$t/release/examples/gpu_ops"
+    xz -9e -T2 -c /tmp/qc-pack > .gpu-load/gpu_ops.xz
     # SmolLM2's tokenizer keys alone (no tensors): what `smelt synth --tokenizer-from` reads.
     scripts/fetch-models.sh smollm2-135m > /dev/null
     py=$(ls /root/.cache/smelt/venv-llcpp-*/bin/python 2>/dev/null | head -1)
@@ -77,10 +77,10 @@ breakdown="$out/load-breakdown.md"
 qbreak="$out/load-quantize-stages.md"
 W=${LOAD_DIR:-/tmp/load}
 rm -rf "$W"; mkdir -p "$W"
-S=$W/smelt; Q=$W/quantize_check; TOK=$W/tok.gguf
+S=$W/smelt; Q=$W/gpu_ops; TOK=$W/tok.gguf
 xz -dc .gpu-load/smelt.xz > $S && chmod +x $S
 xz -dc .gpu-load/tok.gguf.xz > $TOK
-[ -s .gpu-load/quantize_check.xz ] && xz -dc .gpu-load/quantize_check.xz > $Q && chmod +x $Q
+[ -s .gpu-load/gpu_ops.xz ] && xz -dc .gpu-load/gpu_ops.xz > $Q && chmod +x $Q
 T0=$EPOCHREALTIME
 BUDGET=${BUDGET:-540}
 SHAPE8=${SHAPE8:-llama3-8b}; SHAPE14=${SHAPE14:-qwen3-14b}; DEV=${DEV:-cuda}
@@ -156,10 +156,10 @@ fi
 echo "== checks ($(now) s)" | tee -a "$log"
 printf '| check | result |\n|---|---|\n' | tee -a "$log" "$checks"
 if [ "$DEV" = cuda ] && [ -x "$Q" ]; then
-    timeout 120 $Q --repack-only > "$W/repack.txt" 2>&1; rc=$?
+    timeout 120 $Q -o repack > "$W/repack.txt" 2>&1; rc=$?
     cat "$W/repack.txt" >> "$log"
-    grep "repack " "$W/repack.txt" | sed 's/^ */  /'
-    n=$(grep -c "shapes: PASS" "$W/repack.txt")
+    grep "^| repack " "$W/repack.txt" | sed 's/^ */  /'
+    n=$(grep "^| repack " "$W/repack.txt" | grep -c "| PASS |")
     [ $rc = 0 ] && [ "$n" -ge 12 ] && r="PASS ($n formats)" || { r="FAIL (rc=$rc, $n formats pass)"; FAILED=1; }
     check "repack kernels vs CPU twin (catalog::repack), every GEMV format, ragged rows, poisoned outputs" "$r"
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mixture-of-experts on the GPU (issue 16), everything in one device call:
-#  1. op parity: `moe_check` runs the CUDA backend's router matmul, router (softmax and
+#  1. op parity: `gpu_ops -o moe` runs the CUDA backend's router matmul, router (softmax and
 #     sigmoid top-k), grouped expert GEMV (per token and per slot inputs, 1 to 300 tokens,
 #     8 to 512 experts, skewed routes), the grouped tensor-core GEMM (`gemm::grouped`, the
 #     Q4_K and Q6_K cases again with every step forced onto it) and combine against their CPU
@@ -17,10 +17,10 @@
 #     with the grouped GEMM at 16+ slots an expert (SMELT_CUDA_MOE_GEMM_MIN=16, or
 #     MOE_GEMM_MIN=n to try another rule).
 #
-# What it prints last: a table of PASS/FAIL rows (moe_check's ops, "grouped gemm" and "moe
+# What it prints last: a table of PASS/FAIL rows (gpu_ops's moe ops, "grouped gemm" and "moe
 # block gemm" among them; cuda_parity per tiny model, plain and "grouped GEMM everywhere"),
 # then llama.cpp vs smelt rows (pp512 on the GEMV and on the grouped GEMM, tg128, 32
-# sequences), then moe_check's per-layer table (tokens, slots an expert, grouped GEMV us,
+# sequences), then `gpu_ops perf -o moe`'s per-layer table (tokens, slots an expert, grouped GEMV us,
 # grouped GEMM us, GEMM/GEMV): the data to set the default of SMELT_CUDA_MOE_GEMM_MIN
 # (CudaOptions::moe_gemm_min_per_expert) from.
 #
@@ -34,10 +34,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = pack ]; then
   set -e
-  cargo build --release -p smelt --bin smelt -p smelt-engine --example cuda_parity --example moe_check
+  cargo build --release -p smelt --bin smelt -p smelt-engine --example cuda_parity -p smelt-kernels --example gpu_ops
   t=${CARGO_TARGET_DIR:-target}/release
   mkdir -p .gpu-moe
-  for b in "$t/smelt" "$t/examples/cuda_parity" "$t/examples/moe_check"; do
+  for b in "$t/smelt" "$t/examples/cuda_parity" "$t/examples/gpu_ops"; do
     strip -o "/tmp/$(basename "$b")" "$b"
     gzip -9 -c "/tmp/$(basename "$b")" > ".gpu-moe/$(basename "$b").gz"
   done
@@ -51,7 +51,7 @@ log="$out/moe.log"
 table="$out/moe-table.md"
 B=/tmp/moe-bin
 mkdir -p $B
-for b in smelt cuda_parity moe_check; do
+for b in smelt cuda_parity gpu_ops; do
   gunzip -c .gpu-moe/$b.gz > $B/$b && chmod +x $B/$b
 done
 SECONDS=0
@@ -67,14 +67,14 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
   synpid=$!
 fi
 
-echo "== 1. op parity (moe_check)" | tee -a "$log"
-speed_flag=--speed
-[ "${SKIP_SPEED:-0}" = 1 ] && speed_flag=
-$B/moe_check $speed_flag 2>&1 | tee -a "$log" > /tmp/moe-check.out
-grep -q "moe_check: all PASS" /tmp/moe-check.out && r=PASS || r=FAIL
-echo "| MoE ops vs CPU twins (moe_check) | $r |" >> "$table"
-sed -n '/^| op /,/^moe_check:/p' /tmp/moe-check.out | grep "^|" | sed 's/^/    /' >> "$table"
-moe_speed=$(sed -n '/^== speed/,$p' /tmp/moe-check.out)
+echo "== 1. op parity (gpu_ops -o moe)" | tee -a "$log"
+$B/gpu_ops -o moe 2>&1 | tee -a "$log" > /tmp/moe-check.out && r=PASS || r=FAIL
+echo "| MoE ops vs CPU twins (gpu_ops -o moe) | $r |" >> "$table"
+sed -n '/^== summary/,$p' /tmp/moe-check.out | grep "^|" | sed 's/^/    /' >> "$table"
+if [ "${SKIP_SPEED:-0}" != 1 ]; then
+  $B/gpu_ops perf -o moe 2>&1 | tee -a "$log" > /tmp/moe-perf.out
+  moe_speed=$(sed -n '/^== perf/,/^== seconds/p' /tmp/moe-perf.out | grep -v "^== seconds")
+fi
 
 echo "== 2. whole-model parity (cuda_parity)" | tee -a "$log"
 models=()

@@ -7,7 +7,7 @@
 # and in chunks of 16.
 #
 # Here:  ../shared/peer/prepare.sh .peer; mkdir -p .gpu-peer; gzip -9 -c SMELT > .gpu-peer/smelt.gz
-#        (and, to check the GEMMs too, gzip -9 -c GPU_CHECK > .gpu-peer/gpu_check.gz)
+#        (and, to check the GEMMs too, gzip -9 -c GPU_OPS > .gpu-peer/gpu_ops.gz)
 # There: bash bench/gpu/peer.sh    carry [".gpu-peer", ".peer"]   (about 8 minutes)
 # Environment there: QUANT (Q4_K, Q6_K or Q8_0; default Q4_K), SHAPE (default llama3-8b),
 # SKIP_INVARIANT=1. Log: $OUT/peer.log (or bench/out), the table last.
@@ -63,10 +63,10 @@ if [ "${SKIP_INVARIANT:-0}" != 1 ]; then
   echo "invariant: batch 8, prompts in chunks of 16: first sequence's digest $d" | tee -a "$log" "$table"
   unset SMELT_CUDA_BATCH_INVARIANT
 fi
-if [ -s .gpu-peer/gpu_check.gz ]; then
-  echo "== gpu_check --gemm (GEMM parity for every weight type, speed)" | tee -a "$log"
-  gunzip -c .gpu-peer/gpu_check.gz > /tmp/gpu_check && chmod +x /tmp/gpu_check
-  /tmp/gpu_check --gemm 2>&1 | tee -a "$log" | grep -E "cases|FAIL|failures" | tee -a "$table"
+if [ -s .gpu-peer/gpu_ops.gz ]; then
+  echo "== gpu_ops -o gemm (GEMM parity for every weight type)" | tee -a "$log"
+  gunzip -c .gpu-peer/gpu_ops.gz > /tmp/gpu_ops && chmod +x /tmp/gpu_ops
+  /tmp/gpu_ops -o gemm 2>&1 | tee -a "$log" | sed -n '/^== summary/,$p' | tee -a "$table"
 fi
 echo "== table ($q $shape)" | tee -a "$log"
 cat "$table" | tee -a "$log"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # After a change to how the backend drives its kernels (launches, arguments, dispatch),
-# everything that exercises a launch path, in one device call: kernel parity (gpu_check
-# --parity-only: GEMVs with their epilogues, GEMMs; ops_check --parity-only: every op),
+# everything that exercises a launch path, in one device call: kernel parity (gpu_ops:
+# every op of the catalog against its CPU twin),
 # whole-model CUDA-vs-CPU parity of the cut real models (cuda_parity), the GPU quantizer
 # byte-identical to the CPU's (smelt quantize --device cuda vs cpu), the GEMV bench path
 # (smelt bench --kernels), and prompt/decode/batched speed of a Llama-3-8B-shape Q4_K so a
 # slowdown shows.
 #
-# Here:  bash bench/gpu/gemm.sh build, then gzip -9 .gpu-lead/smelt and .gpu-lead/cuda_parity
+# Here:  bash bench/gpu/gemm.sh build, then gzip -9 .gpu-lead/smelt, .gpu-lead/cuda_parity and .gpu-lead/gpu_ops
 #        (the carry limit), with the cut models in .gpu-lead
 # There: bash bench/gpu/smoke.sh    carry [".gpu-lead"]
 # Log: $OUT/smoke.log (or bench/out), a PASS/FAIL table last.
@@ -17,7 +17,7 @@ out=${OUT:-bench/out}
 mkdir -p "$out"
 log="$out/smoke.log"
 B=.gpu-lead
-for f in smelt cuda_parity; do
+for f in smelt cuda_parity gpu_ops; do
   [ -f $B/$f.gz ] && { gunzip -c $B/$f.gz > /tmp/$f; chmod +x /tmp/$f; } || cp $B/$f /tmp/$f
 done
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true; } | tee "$log"
@@ -28,8 +28,7 @@ check() { # name command...
   if "$@" >> "$log" 2>&1; then table+=("| $name | PASS |"); else table+=("| $name | FAIL |"); fi
   tail -3 "$log"
 }
-check "gpu_check --parity-only" $B/gpu_check --parity-only
-check "ops_check --parity-only" $B/ops_check --parity-only
+check "gpu_ops (every op vs its CPU twin)" /tmp/gpu_ops
 check "cuda_parity" /tmp/cuda_parity check $(ls $B/*.gguf)
 /tmp/smelt synth --shape llama3-tiny --quant f16 -o /tmp/f16.gguf > /dev/null 2>&1
 isq() {

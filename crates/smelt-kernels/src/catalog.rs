@@ -326,6 +326,35 @@ pub fn module_with(
     no_early_work: &[&str],
     timeline: bool,
 ) -> Result<Module, PtxError> {
+    module_of(
+        target,
+        (other, gemv),
+        (after_wait, no_early_work),
+        timeline,
+        &|_| true,
+    )
+}
+
+/// [`module`] holding only the kernels whose names pass `keep`: the GPU op harness
+/// (`examples/gpu_ops`) loads just the kernels of the ops it runs, since the driver's JIT
+/// of the whole catalog takes over half a minute.
+pub fn module_selected(target: Target, keep: &dyn Fn(&str) -> bool) -> Result<Module, PtxError> {
+    module_of(
+        target,
+        GRID_DEPS,
+        (LAUNCH_AFTER_WAIT, NO_EARLY_WORK),
+        false,
+        keep,
+    )
+}
+
+fn module_of(
+    target: Target,
+    (other, gemv): (GridDep, GridDep),
+    (after_wait, no_early_work): (&[&str], &[&str]),
+    timeline: bool,
+    keep: &dyn Fn(&str) -> bool,
+) -> Result<Module, PtxError> {
     let mut m = Module::new(target);
     m.set_timeline(timeline);
     let early = GridDep {
@@ -333,7 +362,7 @@ pub fn module_with(
         launch_after_wait: true,
         ..other
     };
-    for (name, build) in all() {
+    for (name, build) in all().into_iter().filter(|(n, _)| keep(n)) {
         m.set_grid_dep(if is_gemv(&name) {
             GridDep {
                 early_work: gemv.early_work && !no_early_work.iter().any(|p| name.contains(p)),

@@ -22,7 +22,7 @@
 //!
 //! The CUDA backend runs them (`backend::cuda::delta` in smelt-engine); each kernel has its
 //! CPU twin here, tied to the CPU backend's functions by `tests/twins_vs_engine.rs`,
-//! ptxas checks in `tests/ptxas.rs`, GPU parity in `examples/ops_check.rs --delta`.
+//! ptxas checks in `tests/ptxas.rs`, GPU parity in `examples/gpu_ops` (`-o delta`).
 
 use smelt_ptx::{Cmp, Kernel, Load, Reg, Shfl, Store, F32, FULL_WARP, U32, U64};
 

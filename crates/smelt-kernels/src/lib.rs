@@ -4,9 +4,8 @@
 //!
 //! What is here so far: the decode-time matrix-vector products (GEMV, 1 to 8 tokens) of
 //! quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) with
-//! activations quantized on the GPU to q8_1. `examples/gpu_check.rs` (run through
-//! `bench/gpu/gemv.sh`) checks every kernel against its twin on a GPU and times it against
-//! a device copy; `tests/ptxas.rs` assembles every kernel for sm_80 and sm_90 in CI.
+//! activations quantized on the GPU to q8_1. `examples/gpu_ops` (run through
+//! `bench/gpu/ops.sh`) checks every kernel against its twin on a GPU (`perf` times them); `tests/ptxas.rs` assembles every kernel for sm_80 and sm_90 in CI.
 //!
 //! - [`act`]: the activation format (q8_1 blocks, laid out in 256-weight tiles so a
 //!   thread's 64 quants are contiguous and 16-byte aligned), its quantize kernel and twin.

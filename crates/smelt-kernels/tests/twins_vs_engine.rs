@@ -2,7 +2,7 @@
 //! for: equal where the twin follows the backend's float operations (norms, rope, GELU,
 //! bias), within the backend's own approximations elsewhere (SiLU's vector exp; attention,
 //! whose backend rounds the probabilities to f16 and sums in ggml's lane order, against
-//! the twin's exact f64 softmax). The GPU check (`examples/ops_check.rs`) compares the
+//! the twin's exact f64 softmax). The GPU check (`examples/gpu_ops`) compares the
 //! kernels with the twins, so this ties the GPU kernels to the CPU backend.
 
 use rand::{Rng, SeedableRng};

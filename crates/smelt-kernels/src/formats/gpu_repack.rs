@@ -12,7 +12,7 @@
 //! thread per output byte (grid-stride) finds the field and block it belongs to and copies
 //! that source byte, or writes 0 for padding, so every byte of the destination is written
 //! (the engine's weight memory is not zeroed). Its CPU twin is the host repack
-//! ([`crate::catalog::repack`]); `examples/quantize_check.rs repack` compares them on a GPU.
+//! ([`crate::catalog::repack`]); `examples/gpu_ops` (`-o repack`) compares them on a GPU.
 
 use smelt_ptx::{Kernel, Load, Narrow, Store, U32};
 

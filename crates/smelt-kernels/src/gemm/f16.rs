@@ -83,7 +83,7 @@ pub const SHARED_BYTES: usize = ((BM + BN) * STRIDE) as usize;
 const _: () = assert!(SHARED_BYTES <= 48 * 1024);
 
 /// Whether a matmul of `nrows` rows and `ntok` tokens runs faster on the f16 GEMM than on
-/// the int8 one, as measured on an H100 (`gpu_check --gemm-f16`, bench/RESULTS.md
+/// the int8 one, as measured on an H100 (`gpu_ops perf -o gemm_f16`, bench/RESULTS.md
 /// 2026-11-26 17:40 UTC; Q4_K, Llama-3-8B shapes): at 512+ tokens every shape (0.58-0.83 of
 /// the int8 GEMM's time), at 128 the matrices of 4096+ rows (0.64-0.82) but not 1024 rows
 /// (1.63: eight row blocks cannot fill the GPU), under 128 none (0.87-1.59: a block's 128
@@ -447,7 +447,7 @@ pub fn kernel<F: GemmF16Format>(k: &Kernel) {
 }
 
 /// Blocks an SM the catalog's f16 GEMMs ask ptxas to fit on sm_90 (a register cap: 128 a
-/// thread for two); `gpu_check --gemm-f16` times one and two.
+/// thread for two); `gpu_ops perf -o gemm_f16` times one and two.
 pub const BLOCKS_PER_SM: u32 = 2;
 
 /// [`kernel`] built for `blocks` blocks an SM on sm_90.

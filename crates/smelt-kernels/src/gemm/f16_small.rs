@@ -43,7 +43,7 @@ pub const N64: Shape = Shape {
 pub const MAX_TOKENS: usize = 64;
 
 /// Whether a matmul of `nrows` x `k` weights and `ntok` tokens runs faster here than on
-/// the int8 GEMM, as measured on an H100 (`gpu_check --gemm-f16`, bench/RESULTS.md
+/// the int8 GEMM, as measured on an H100 (`gpu_ops perf -o gemm_f16`, bench/RESULTS.md
 /// 2026-11-27, one step of weights in flight; time against the int8 GEMM's):
 /// 14336x4096 0.72 at 16 and 32 tokens, 1.04 at 64; 4096x14336 0.64 / 0.66 / 0.78;
 /// 4096x4096 1.29 / 1.29 / 1.04; 1024x4096 1.70 / 1.74 / 1.48. Small matrices make too

@@ -130,8 +130,8 @@ const _: () = assert!(SHARED_BYTES <= 48 * 1024);
 /// (`SMELT_CUDA_GEMM_MIN` moves it for that measurement).
 pub const MIN_TOKENS: usize = 16;
 
-/// Build-time choices of the GEMM kernel that only speed decides, so `gpu_check
-/// --gemm-variants` can time each against [`VARIANT`] on the card. (An L2 prefetch of the
+/// Build-time choices of the GEMM kernel that only speed decides, so `gpu_ops -o
+/// gemm_variants` can time each against [`VARIANT`] on the card. (An L2 prefetch of the
 /// next tiles was one, and lost 5-15% everywhere on an H100: bench/RESULTS.md, 2026-11-26.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {

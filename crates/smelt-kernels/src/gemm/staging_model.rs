@@ -4,7 +4,7 @@
 //! per-tile floats). The test combines them as `compute_tile` does ([`Scales`]) and checks
 //! every weight against ggml's dequantization (`smelt_quant`): a wrong offset, bit position
 //! or scale unpacking in a format's layout shows here; the PTX itself is checked on the GPU
-//! (`gpu_check --gemm`).
+//! (`gpu_ops perf -o gemm`).
 
 use super::Scales;
 use crate::formats::{repack, GpuFormat, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1};

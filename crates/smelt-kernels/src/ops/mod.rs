@@ -9,7 +9,7 @@
 //!   host passes them (pointers are device addresses, `u32`/`f32` are by value);
 //! - a host helper returning its [`Launch`] dimensions for a given shape;
 //! - a CPU twin with the same semantics, on plain slices, which the GPU check
-//!   (`examples/ops_check.rs`) compares the kernel against.
+//!   (`examples/gpu_ops`) compares the kernel against.
 //!
 //! Following the GPU contract (`DESIGN.md`, and the CUDA backend that calls these), what
 //! changes from one decode step to the next (token ids, positions, sequence descriptors,

@@ -469,7 +469,7 @@ impl Cuda {
 
 impl Cuda {
     /// A scratch tensor of this step holding `data` (`rows x cols`): inputs of the GPU
-    /// checks (`examples/moe_check.rs`).
+    /// checks (`smelt-kernels/examples/gpu_ops/moe.rs`, `gpu_ops -o moe`).
     pub fn upload(
         &self,
         data: &[f32],

@@ -1,4 +1,4 @@
-//! The f16 GEMM's part of the GPU check (`gpu_check --gemm-f16`): the activation
+//! The f16 GEMMs (`gemm::f16`, the batch-wide `f16_small`, the `narrow` ones): the activation
 //! conversion byte-exact against its twin, every f16 GEMM against its CPU twin on ragged
 //! shapes with poisoned outputs, then its speed beside the int8 GEMM it would replace at
 //! Llama-3-8B shapes (with one and two blocks an SM), which is what the engine's choice
@@ -8,15 +8,17 @@
 
 use anyhow::Result;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use rand::Rng;
+use rand::rngs::StdRng;
 use smelt_kernels::gemm::{self, f16, f16_small, narrow};
 use smelt_kernels::{catalog, GgmlType, TILE};
 
-use super::gemm_check::{
-    activations, args, launch, launch_as, weight_copies, workspace, Case, SMS,
-};
+use super::gemm::{activations, args, launch, launch_as, weight_copies, workspace, Case, SMS};
+use super::harness::{random_floats, random_weights, want, Gpu, Report};
 use super::timing::time_launches;
-use super::{random_floats, random_weights, Gpu};
+
+/// The f16 GEMMs (each name starts `gemm_f16`: plain, batch-wide and narrow), the
+/// activation conversion among them.
+pub const COVERS: &[&str] = &["gemm_f16_act", "gemm_f16_q*", "gemm_f16s*", "gemm_narrow*"];
 
 /// Converts `ntok` rows of `k` floats into the f16 GEMM's rows.
 fn convert(
@@ -40,10 +42,9 @@ fn convert(
     Ok(())
 }
 
-/// Every f16 GEMM against its twin; returns the number of failures.
-pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
-    let mut failures = 0;
-    println!("\n== f16 GEMM parity (fresh random inputs, poisoned outputs) ==");
+/// Every f16 GEMM (plain, narrow, batch-wide) against its twin, and the activation
+/// conversion byte for byte.
+pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     let shapes = [
         (64, 256, 64),
         (1, 256, 1),
@@ -55,11 +56,10 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
     ];
     for (ty, name) in f16::TYPES {
         let f = gpu.module.load_function(name)?;
-        let mut worst = 0f64;
-        let mut cases = 0;
-        let (mut nworst, mut ncases) = (0f64, 0);
-        let (mut sworst, mut scases) = (0f64, 0);
         for &(nrows, k, ntok) in &shapes {
+            if !want(&format!("{nrows}x{k} x {ntok}")) {
+                continue;
+            }
             let ggml = random_weights(rng, ty, nrows, k)?;
             let packed = catalog::repack(ty, &ggml, nrows, k)?;
             let row_bytes = catalog::row_bytes(ty, k)?;
@@ -77,14 +77,8 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                 .collect();
             let want_h = f16::act_cpu(&x, k)?;
             let hdiff = got_h.iter().zip(&want_h).filter(|(a, b)| a != b).count();
-            if hdiff != 0 {
-                failures += 1;
-                println!(
-                    "{} k={k} tokens={ntok}: FAIL {hdiff} of {} halves differ",
-                    f16::ACT,
-                    want_h.len()
-                );
-            }
+            let note = format!("{hdiff} of {} halves differ", want_h.len());
+            rep.verdict(f16::ACT, &format!("k {k} x {ntok}"), hdiff == 0, &note);
             let (want, mag) = f16::cpu_with_magnitude(ty, &ggml, nrows, k, &want_h, ntok)?;
             let ntiles = k.div_ceil(TILE);
             for splits in [1, f16::splits(nrows, ntiles, None, SMS).max(ntiles.min(3))] {
@@ -102,8 +96,7 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                     shape: (nrows, k, ntok, splits),
                     bar: 1e-4,
                 };
-                cases += 1;
-                worst = worst.max(case.check(&got, &want, &mag, &mut failures));
+                case.check(rep, &got, &want, &mag);
             }
             // The narrow GEMMs of this type read the same weights and rows: both token
             // widths on every shape (ragged token blocks included).
@@ -137,8 +130,7 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                         shape: (nrows, k, ntok, splits),
                         bar: 1e-4,
                     };
-                    ncases += 1;
-                    nworst = nworst.max(case.check(&got, &want, &mag, &mut failures));
+                    case.check(rep, &got, &want, &mag);
                 }
             }
             // The batch-wide f16 GEMMs: each shape's kernel on every shape.
@@ -168,16 +160,12 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                         shape: (nrows, k, ntok, splits),
                         bar: 1e-4,
                     };
-                    scases += 1;
-                    sworst = sworst.max(case.check(&got, &want, &mag, &mut failures));
+                    case.check(rep, &got, &want, &mag);
                 }
             }
         }
-        println!("{name}: {cases} cases, worst |y - ref| / sum|w x| {worst:.2e}");
-        println!("batch-wide f16 GEMMs of {ty:?}: {scases} cases, worst |y - ref| / sum|w x| {sworst:.2e}");
-        println!("narrow GEMMs of {ty:?}: {ncases} cases, worst |y - ref| / sum|w x| {nworst:.2e}");
     }
-    Ok(failures)
+    Ok(())
 }
 
 /// One row of the f16-vs-int8 table: microseconds a launch.
@@ -316,7 +304,7 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                     .alloc_zeros::<u8>(gemm::activation_row_bytes(ty, k)? * ntok)?;
                 let act_us = [
                     time_launches(&gpu.stream, 5, 2, 20, |_| {
-                        super::gemm_check::quantize_for(gpu, ty, &xd, &mut qq, k, ntok)
+                        super::gemm::quantize_for(gpu, ty, &xd, &mut qq, k, ntok)
                     })? * 1e3,
                     time_launches(&gpu.stream, 5, 2, 20, |_| {
                         convert(gpu, &xd, &mut h, k, ntok)
@@ -348,4 +336,36 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
         }
     }
     Ok(rows)
+}
+
+/// The f16-vs-int8 table (`speed`), into the report's perf lines.
+pub fn perf(gpu: &Gpu, _rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let rows = speed(gpu)?;
+    rep.perf
+        .push("f16 GEMM vs int8 GEMM, microseconds a launch:".into());
+    rep.perf.push("| type | rows x k | tokens | int8 | f16 (1 block) | f16 (2 blocks) | best f16 / int8 | narrow | narrow / int8 | batch-wide f16 | batch-wide / int8 | int8 act | f16 act |".into());
+    rep.perf
+        .push("|---|---|---|---|---|---|---|---|---|---|---|---|---|".into());
+    for r in &rows {
+        let best = r.f16_us[0].min(r.f16_us[1]);
+        let (narrow, ratio) = r.narrow_us.map_or(("-".into(), "-".into()), |us| {
+            (format!("{us:.1}"), format!("{:.2}", us / r.int8_us))
+        });
+        let (small, sratio) = r.small_us.map_or(("-".into(), "-".into()), |us| {
+            (format!("{us:.1}"), format!("{:.2}", us / r.int8_us))
+        });
+        rep.perf.push(format!(
+            "| {:?} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {narrow} | {ratio} | {small} | {sratio} | {:.1} | {:.1} |",
+            r.ty,
+            r.shape,
+            r.ntok,
+            r.int8_us,
+            r.f16_us[0],
+            r.f16_us[1],
+            best / r.int8_us,
+            r.act_us[0],
+            r.act_us[1]
+        ));
+    }
+    Ok(())
 }

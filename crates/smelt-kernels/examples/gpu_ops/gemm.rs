@@ -1,18 +1,25 @@
-//! The tensor-core GEMM's part of the GPU check (`gpu_check --gemm`): parity of every GEMM
-//! against its CPU twin (the GEMV's f64 product) on ragged rows, tokens and lengths with
-//! poisoned outputs, then its speed at Llama-3-8B shapes beside the GEMV path it replaces
-//! (eight tokens a launch), which is what the token-count crossover is chosen from.
+//! The int8 tensor-core GEMMs (`gemm`, every weight type, the split-K reduce, the
+//! activation tiles' quantizer): parity against the CPU twin (the GEMV's f64 product) on
+//! ragged rows, tokens and lengths with poisoned outputs; perf: each at Llama-3-8B shapes
+//! beside the GEMV path it replaces (eight tokens a launch), which is what the token-count
+//! crossover is chosen from. `gemm_variants` (only with `-o gemm_variants`) times the
+//! GEMM's build-time choices (`gemm::Variant`) against each other and checks they give
+//! byte-identical outputs.
 
 use anyhow::Result;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use rand::{Rng, SeedableRng};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 use smelt_kernels::gemm::{self, Args};
 use smelt_kernels::gemv::Config;
 use smelt_kernels::ops::ArgValue;
 use smelt_kernels::{act, catalog, GgmlType, TILE};
 
+use super::harness::{random_floats, random_weights, want, worst_over_magnitude, Gpu, Report};
 use super::timing::time_launches;
-use super::{random_floats, random_weights, worst_over_magnitude, Gpu};
+
+/// The int8 GEMMs, their split-K reduce and their activation quantizer.
+pub const COVERS: &[&str] = &["gemm_q*", "gemm_iq*", "gemm_reduce", "quantize_q8_tile"];
 
 /// Launches GEMM `f` with `a` (its pointers replaced by the slices'), into the split
 /// workspace `ws` then reduced into `y` when `a` has more than one split.
@@ -147,7 +154,7 @@ pub(crate) fn activations(
     ntok: usize,
     seed: u64,
 ) -> Result<(CudaSlice<f32>, CudaSlice<u8>)> {
-    let x = random_floats(&mut rand::rngs::StdRng::seed_from_u64(seed), k * ntok, 1.0);
+    let x = random_floats(&mut StdRng::seed_from_u64(seed), k * ntok, 1.0);
     let xd = gpu.stream.clone_htod(&x)?;
     let mut q = gpu
         .stream
@@ -172,10 +179,9 @@ pub(crate) fn args(nrows: usize, ntok: usize, k: usize, row_bytes: usize, splits
     }
 }
 
-/// Every GEMM against the CPU twin; returns the number of failures.
-pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
-    let mut failures = 0;
-    println!("\n== GEMM parity (fresh random inputs, poisoned outputs) ==");
+/// Every GEMM against the CPU twin (one split, and the split count the engine picks), and
+/// its activation quantizer byte for byte.
+pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     let shapes = [
         (64, 256, 64),
         (1, 256, 1),
@@ -188,9 +194,10 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
     ];
     for (ty, name) in gemm::TYPES {
         let f = gpu.module.load_function(name)?;
-        let mut worst = 0f64;
-        let mut cases = 0;
         for &(nrows, k, ntok) in shapes.iter().filter(|s| s.1 % ty.block_size() == 0) {
+            if !want(&format!("{nrows}x{k} x {ntok}")) {
+                continue;
+            }
             let ggml = random_weights(rng, ty, nrows, k)?;
             let packed = catalog::repack(ty, &ggml, nrows, k)?;
             let row_bytes = catalog::row_bytes(ty, k)?;
@@ -208,13 +215,13 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                 gemm::act::quantize_cpu(&x, k)?
             };
             let qdiff = qh.iter().zip(&want_q).filter(|(a, b)| a != b).count();
-            if qdiff != 0 {
-                failures += 1;
-                println!(
-                    "{} k={k} tokens={ntok}: FAIL {qdiff} of {qbytes} bytes differ",
-                    gemm::act::QUANTIZE
-                );
-            }
+            let qop = if gemm::reads_q8_1_tiles(ty) {
+                "gemm act (quantize_q8_1)"
+            } else {
+                gemm::act::QUANTIZE
+            };
+            let note = format!("{qdiff} of {qbytes} bytes differ");
+            rep.verdict(qop, &format!("{name} k {k} x {ntok}"), qdiff == 0, &note);
             let (want, mag) = gemm::cpu_with_magnitude(ty, &ggml, nrows, k, &qh, ntok)?;
             // One split, and the split count the engine picks (a K range in slices).
             let ntiles = k.div_ceil(TILE);
@@ -231,13 +238,11 @@ pub fn parity(gpu: &Gpu, rng: &mut impl Rng) -> Result<usize> {
                     shape: (nrows, k, ntok, splits),
                     bar: 1e-5,
                 };
-                cases += 1;
-                worst = worst.max(case.check(&got, &want, &mag, &mut failures));
+                case.check(rep, &got, &want, &mag);
             }
         }
-        println!("{name}: {cases} cases, worst |y - ref| / sum|w x| {worst:.2e}");
     }
-    Ok(failures)
+    Ok(())
 }
 
 /// One parity case of a GEMM: its kernel, shape (`rows, k, tokens, splits`) and the bar on
@@ -249,19 +254,13 @@ pub(crate) struct Case<'a> {
 }
 
 impl Case<'_> {
-    /// Checks `got` against the twin's `want` (with magnitudes `mag`); prints the first bad
-    /// output and counts a failure past the bar. Returns the case's error (infinite for NaN).
-    pub(crate) fn check(
-        &self,
-        got: &[f32],
-        want: &[f32],
-        mag: &[f64],
-        failures: &mut usize,
-    ) -> f64 {
+    /// Checks `got` against the twin's `want` (with magnitudes `mag`) as one case of the
+    /// report; prints the first bad output past the bar.
+    pub(crate) fn check(&self, rep: &mut Report, got: &[f32], want: &[f32], mag: &[f64]) {
         let (nrows, k, ntok, splits) = self.shape;
         let bound = worst_over_magnitude(got, want, mag);
-        if bound.is_nan() || bound >= self.bar {
-            *failures += 1;
+        let shape = format!("{nrows}x{k} x {ntok} tokens, {splits} splits");
+        if !rep.case(self.name, &shape, "|y - ref| / sum|w x|", bound, self.bar) {
             let bad = got
                 .iter()
                 .zip(want)
@@ -271,18 +270,12 @@ impl Case<'_> {
                 })
                 .unwrap_or(0);
             println!(
-                "{} {nrows}x{k} x {ntok} tokens, {splits} splits: FAIL error/magnitude {bound:.3e}; output {bad} (token {}, row {}): gpu {} cpu {}",
-                self.name,
+                "    output {bad} (token {}, row {}): gpu {} cpu {}",
                 bad / nrows,
                 bad % nrows,
                 got[bad],
                 want[bad]
             );
-        }
-        if bound.is_nan() {
-            f64::INFINITY
-        } else {
-            bound
         }
     }
 }
@@ -394,7 +387,7 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// The GEMM variants `--gemm-variants` times: the build-time choices of
+/// The GEMM variants `-o gemm_variants` times: the build-time choices of
 /// [`gemm::Variant`], each against the catalog's [`gemm::VARIANT`].
 const VARIANTS: [(&str, gemm::Variant); 2] = [
     ("base", gemm::Variant { ldmatrix: false }),
@@ -510,4 +503,35 @@ pub fn variants(gpu: &Gpu) -> Result<usize> {
         }
     }
     Ok(differ)
+}
+
+/// The GEMMs' speed table (`speed`), into the report's perf lines.
+pub fn perf(gpu: &Gpu, _rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let rows = speed(gpu)?;
+    rep.perf
+        .push("GEMM (int8 tensor cores) vs GEMV launches of 8 tokens:".into());
+    rep.perf
+        .push("| kernel | rows x k | tokens | GEMM us | TOPS | GEMV x8 us |".into());
+    rep.perf.push("|---|---|---|---|---|---|".into());
+    for r in &rows {
+        rep.perf.push(format!(
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1} |",
+            r.name, r.shape, r.ntok, r.gemm_us, r.tops, r.gemv_us
+        ));
+    }
+    Ok(())
+}
+
+/// The build-time variants: byte-identical outputs (a case per variant and shape that
+/// differs counts as failed), and their timings into the perf lines.
+pub fn check_variants(gpu: &Gpu, _rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let differ = variants(gpu)?;
+    let note = format!("{differ} variant outputs differ");
+    rep.verdict(
+        "gemm_variants",
+        "8B shapes, 16..2048 tokens",
+        differ == 0,
+        &note,
+    );
+    Ok(())
 }

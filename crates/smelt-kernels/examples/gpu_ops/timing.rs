@@ -1,4 +1,4 @@
-//! Kernel timings the GPU check examples share: CUDA events around many launches on one
+//! Kernel timings the harness's perf mode shares: CUDA events around many launches on one
 //! stream, the median of several repetitions, per launch.
 
 use anyhow::{Context, Result};

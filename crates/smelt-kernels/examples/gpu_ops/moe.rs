@@ -1,5 +1,5 @@
-//! GPU check of the CUDA backend's mixture-of-experts ops against their CPU twins, run on
-//! the GPU machine by `bench/gpu/moe.sh`: each op goes through the backend as the model
+//! The mixture-of-experts ops against their CPU twins (`-o moe`; `bench/gpu/moe.sh` runs it
+//! beside whole-model parity): each op goes through the backend as the model
 //! calls it (`Backend::moe_route`, `matmul_id`, `moe_combine`, the router's f32 matmul), on
 //! fresh random inputs, with outputs poisoned with NaN first, over ragged shapes (rows that
 //! are not a multiple of a block's rows, one token and many, x per token and per slot, all
@@ -22,24 +22,25 @@
 //! - the whole MoE block (`model::moe::MoeFfn::forward`: router, route, paired gate/up,
 //!   GLU, down, combine) on both backends from the same input, for a prompt (the planned,
 //!   tiled path), a decode row and a small batch: the same experts for every token and
-//!   the outputs within relative RMS 2e-2 (the backends requantize the activations
-//!   differently: ggml's Q8_0/Q8_K pairing on the CPU, q8_1 on the GPU). A whole model's
+//!   the outputs within relative RMS 3e-2 for K-quants, 2e-3 for Q8_0 (the backends
+//!   requantize the activations differently: ggml's Q8_0/Q8_K pairing on the CPU, q8_1 on
+//!   the GPU; `block_bar`). A whole model's
 //!   logits can still part more than that on a token whose router has a near-tie: a
 //!   requantization difference upstream then picks another expert on one side.
 //!
 //! The MoE block runs on that second backend too (`moe block gemm`).
 //!
-//! Prints one line per op and case, PASS or FAIL, then a table; exit status 1 on a failure.
-//! With `--speed`, it then times one layer's expert matmuls (paired gate/up, then down) at
+//! These go through the engine's CUDA backend (opened twice: the engine's own choice, and
+//! one that puts every expert matmul on the grouped GEMM), which loads its own module.
+//! Perf: times one layer's expert matmuls (paired gate/up, then down) at
 //! the Qwen3-30B-A3B shape for 32 to 1024 tokens on the grouped GEMV and on the grouped
 //! GEMM, and prints a table of both (the data the engine's choice between them,
 //! `gemm::grouped::MIN_PER_EXPERT`, is made from).
 
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use smelt_engine::backend::cpu::moe as cpu_moe;
 use smelt_engine::backend::cuda::options::CudaOptions;
 use smelt_engine::backend::cuda::{Cuda, CudaTensor};
@@ -48,25 +49,16 @@ use smelt_gguf::{GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
 use smelt_kernels::gemm::{f16 as gemm_f16, grouped};
 use smelt_kernels::{act, gemv};
 
+use super::harness::{want, Gpu, Report};
+
+/// The router, the plan, the grouped GEMV (per type and tile), the grouped GEMM, the
+/// combine and the router's f32 matmul.
+pub const COVERS: &[&str] = &["moe_*", "gemm_f16_moe_*", "matmul_f32_rows"];
+
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// A check file, its two expert tensors' ggml bytes and the router's weights.
 type ExpertsFile = (Arc<Gguf>, [Vec<u8>; 2], Vec<f32>);
-
-struct Report {
-    rows: Vec<(String, String, f64, f64, bool)>,
-}
-
-impl Report {
-    fn add(&mut self, op: &str, case: String, worst: f64, bar: f64) {
-        let ok = worst <= bar;
-        println!(
-            "{op:<14} {case:<48} worst {worst:.3e} (bar {bar:.0e}) {}",
-            if ok { "PASS" } else { "FAIL" }
-        );
-        self.rows.push((op.into(), case, worst, bar, ok));
-    }
-}
 
 fn floats(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-scale..scale)).collect()
@@ -313,6 +305,22 @@ fn check_case(
     Ok(())
 }
 
+/// The bar on the relative RMS difference of the two backends' MoE block outputs. They
+/// quantize the activations differently: the CPU pairs a K-quant weight with Q8_K rows
+/// (one scale per 256 values), the GPU with q8_1 (one per 32), so for K-quants the outputs
+/// differ by the CPU's coarser rounding: 1.4-1.9e-2 over 15 Q4_K cases on an H100
+/// (2026-11-27), 2.13e-2 on one single-token case (256 values: the noisiest), against the
+/// 2e-2 bar `moe_check` had with a fixed seed. A wiring fault (a wrong expert or weight, an
+/// unwritten row) is O(1), so 3e-2 still catches one. Q8_0 rows are q8 blocks of 32 on both
+/// sides: 2e-7 to 5e-5 there, bar 2e-3.
+fn block_bar(ty: GgmlType) -> f64 {
+    if ty.block_size() == 256 {
+        3e-2
+    } else {
+        2e-3
+    }
+}
+
 /// The whole MoE block on both backends: a layer with `ne` experts of `ff` x `e`, `k` per
 /// token, from the same `n` input rows.
 #[allow(clippy::too_many_arguments)]
@@ -410,7 +418,7 @@ fn check_block(
             op,
             format!("{ty:?} {ne}e k{k} {ff}x{e} n{n} (rel RMS)"),
             rel,
-            2e-2,
+            block_bar(ty),
         );
     }
     Ok(())
@@ -507,25 +515,19 @@ fn speed(gemv_gpu: &Cuda, gemm_gpu: &Cuda, rng: &mut StdRng) -> Res<Vec<(usize, 
     Ok(rows)
 }
 
-fn main() -> ExitCode {
-    let timing = std::env::args().any(|a| a == "--speed");
-    let open = |min: Option<usize>| {
-        let mut opts = CudaOptions::from_env(false);
-        if let Some(m) = min {
-            opts.matmul.moe_gemm_min_per_expert = m;
-        }
-        Cuda::open_with(0, opts)
-    };
+/// The engine's CUDA backend, with `min` as the grouped GEMM's least rows an expert.
+fn open(min: Option<usize>) -> anyhow::Result<Cuda> {
+    let mut opts = CudaOptions::from_env(false);
+    if let Some(m) = min {
+        opts.matmul.moe_gemm_min_per_expert = m;
+    }
+    Cuda::open_with(0, opts).map_err(|e| anyhow::anyhow!("CUDA backend: {e}"))
+}
+
+/// Every MoE op against its twin, and the whole block on both backends.
+pub fn check(_gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> anyhow::Result<()> {
     // The engine's own choice, and one that puts every expert matmul on the grouped GEMM.
-    let (gpu, ggpu) = match (open(None), open(Some(0))) {
-        (Ok(g), Ok(gg)) => (g, gg),
-        (Err(e), _) | (_, Err(e)) => {
-            eprintln!("moe_check: no CUDA device: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let mut rng = StdRng::seed_from_u64(0x005e_ed0e);
-    let mut rep = Report { rows: Vec::new() };
+    let (gpu, ggpu) = (open(None)?, open(Some(0))?);
     // (type, experts, k, tokens, rows, cols, gating, skewed)
     let cases = [
         (GgmlType::Q4_K, 128, 8, 1, 768, 2048, Gating::Softmax, false),
@@ -559,12 +561,11 @@ fn main() -> ExitCode {
         .map(|c| (&gpu, c))
         .chain(grouped_cases.map(|c| (&ggpu, c)));
     for (g, &(ty, ne, k, n, rows, cols, gating, skew)) in runs {
-        if let Err(e) = check_case(
-            g, &mut rng, &mut rep, ty, ne, k, n, rows, cols, gating, skew,
-        ) {
-            println!("{ty:?} {ne}e n{n}: ERROR {e}");
-            rep.rows
-                .push(("error".into(), e.to_string(), f64::NAN, 0.0, false));
+        if !want(&format!("{ty:?} {ne}e k{k} n{n} {rows}x{cols}")) {
+            continue;
+        }
+        if let Err(e) = check_case(g, rng, rep, ty, ne, k, n, rows, cols, gating, skew) {
+            rep.error(&format!("moe {ty:?} {ne}e n{n}"), &anyhow::anyhow!("{e}"));
         }
     }
     for (g, op, ty, ne, k, e, ff) in [
@@ -574,87 +575,32 @@ fn main() -> ExitCode {
         (&ggpu, "moe block gemm", GgmlType::Q4_K, 16, 4, 256, 256),
         (&ggpu, "moe block gemm", GgmlType::Q4_K, 128, 8, 512, 256),
     ] {
-        if let Err(err) = check_block(
-            g,
-            op,
-            &mut rng,
-            &mut rep,
-            ty,
-            ne,
-            k,
-            e,
-            ff,
-            &[40, 1, 3, 200],
-        ) {
-            println!("{op} {ty:?} {ne}e: ERROR {err}");
-            rep.rows
-                .push(("error".into(), err.to_string(), f64::NAN, 0.0, false));
-        }
-    }
-    let failed = rep.rows.iter().filter(|r| !r.4).count();
-    println!("\n| op | cases | worst | bar | result |\n|---|---:|---:|---:|---|");
-    for op in [
-        "router matmul",
-        "route",
-        "matmul_id",
-        "grouped gemm",
-        "combine",
-        "moe block",
-        "moe block gemm",
-        "error",
-    ] {
-        let rows: Vec<_> = rep.rows.iter().filter(|r| r.0 == op).collect();
-        if rows.is_empty() {
+        if !want(&format!("{op} {ty:?} {ne}e")) {
             continue;
         }
-        let worst = rows.iter().map(|r| r.2).fold(0f64, f64::max);
-        let ok = rows.iter().all(|r| r.4);
-        println!(
-            "| {op} | {} | {worst:.2e} | {:.0e} | {} |",
-            rows.len(),
-            rows[0].3,
-            if ok { "PASS" } else { "FAIL" }
-        );
-    }
-    if failed > 0 {
-        println!("moe_check: {failed} FAILED");
-    } else {
-        println!("moe_check: all PASS");
-    }
-    if timing {
-        // The GEMV backend: every expert matmul on the grouped GEMV.
-        let gemv_gpu = match open(Some(usize::MAX)) {
-            Ok(g) => g,
-            Err(e) => {
-                eprintln!("moe_check: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        drop(gpu);
-        match speed(&gemv_gpu, &ggpu, &mut rng) {
-            Ok(rows) => {
-                println!("\n== speed: one layer's expert matmuls, Qwen3-30B-A3B shape, Q4_K (us)");
-                println!(
-                    "| tokens | slots an expert | grouped GEMV | grouped GEMM | GEMM / GEMV |"
-                );
-                println!("|---:|---:|---:|---:|---:|");
-                for (n, [a, b]) in rows {
-                    println!(
-                        "| {n} | {:.0} | {a:.1} | {b:.1} | {:.2} |",
-                        (n * 8) as f64 / 128.0,
-                        b / a
-                    );
-                }
-            }
-            Err(e) => {
-                println!("moe_check speed: ERROR {e}");
-                return ExitCode::FAILURE;
-            }
+        if let Err(err) = check_block(g, op, rng, rep, ty, ne, k, e, ff, &[40, 1, 3, 200]) {
+            rep.error(&format!("{op} {ty:?} {ne}e"), &anyhow::anyhow!("{err}"));
         }
     }
-    if failed > 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
+    Ok(())
+}
+
+/// One layer's expert matmuls at the Qwen3-30B-A3B shape on the grouped GEMV and GEMM.
+pub fn perf(_gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> anyhow::Result<()> {
+    // The GEMV backend: every expert matmul on the grouped GEMV.
+    let (gemv_gpu, ggpu) = (open(Some(usize::MAX))?, open(Some(0))?);
+    let rows = speed(&gemv_gpu, &ggpu, rng).map_err(|e| anyhow::anyhow!("{e}"))?;
+    rep.perf
+        .push("MoE: one layer's expert matmuls, Qwen3-30B-A3B shape, Q4_K (us):".into());
+    rep.perf
+        .push("| tokens | slots an expert | grouped GEMV | grouped GEMM | GEMM / GEMV |".into());
+    rep.perf.push("|---:|---:|---:|---:|---:|".into());
+    for (n, [a, b]) in rows {
+        rep.perf.push(format!(
+            "| {n} | {:.0} | {a:.1} | {b:.1} | {:.2} |",
+            (n * 8) as f64 / 128.0,
+            b / a
+        ));
     }
+    Ok(())
 }

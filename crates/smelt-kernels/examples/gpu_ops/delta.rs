@@ -1,5 +1,5 @@
-//! GPU parity of the hybrid models' kernels (`smelt_kernels::delta_net`) against their CPU
-//! twins, as `ops_check` checks the other ops (`ops_check --delta` runs only these): the
+//! The hybrid models' kernels (`smelt_kernels::delta_net`) against their CPU twins (`-o
+//! delta` runs only these): the
 //! convolution and the delta-rule step over several sequences of 1 to 70 tokens at their own
 //! state addresses and offsets (a decode row beside prompt chunks), the strided q/k L2
 //! norm, the gated output norm, the column gather, the split halves and the sigmoid gate,
@@ -7,11 +7,15 @@
 //! heads of 128): one decode token for 1 and 32 sequences, a 512-token prompt.
 
 use anyhow::Result;
+use rand::rngs::StdRng;
 use rand::Rng;
 use smelt_kernels::delta_net as dn;
 
+use super::harness::{floats, launch_values, nan, ptr, Check, Gpu, Report};
 use super::timing::time_launches;
-use super::{floats, launch_values, nan, ptr, Check, Gpu, Report};
+
+/// Every delta-net kernel.
+pub const COVERS: &[&str] = &["delta_*"];
 
 /// One test batch: sequences of `lens` tokens, rows in order, each with its descriptor
 /// `{row, n_tokens, 0, 0}`.
@@ -62,8 +66,11 @@ fn state_of(
     Ok(all[at..at + len].to_vec())
 }
 
-fn check_conv(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
-    let (mut out_c, mut win_c) = (Check::default(), Check::default());
+pub fn check_conv(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let (mut out_c, mut win_c) = (
+        Check::new("delta conv1d + silu"),
+        Check::new("delta conv1d window"),
+    );
     for (ch, lens) in [
         (512usize, vec![1usize]),
         (200, vec![1, 5, 1]),
@@ -116,8 +123,11 @@ fn check_conv(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
     Ok(())
 }
 
-fn check_norms(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
-    let (mut l2, mut gated) = (Check::default(), Check::default());
+pub fn check_norms(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let (mut l2, mut gated) = (
+        Check::new("delta l2 norm (strided)"),
+        Check::new("delta gated norm"),
+    );
     for (rows, s, hk, hv) in [
         (1usize, 128usize, 16usize, 48usize),
         (7, 64, 2, 4),
@@ -268,8 +278,11 @@ fn step_case(
     Ok(())
 }
 
-fn check_step(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
-    let (mut out_c, mut state_c) = (Check::default(), Check::default());
+pub fn check_step(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let (mut out_c, mut state_c) = (
+        Check::new("delta step (outputs)"),
+        Check::new("delta step (state)"),
+    );
     for (s, hk, hv, lens) in [
         (128usize, 16usize, 48usize, vec![1usize]),
         (128, 16, 32, vec![1, 1, 1]),
@@ -296,8 +309,12 @@ fn check_step(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
     Ok(())
 }
 
-fn check_small(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
-    let (mut gather, mut split, mut sig) = (Check::default(), Check::default(), Check::default());
+pub fn check_small(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let (mut gather, mut split, mut sig) = (
+        Check::new("delta gather_cols"),
+        Check::new("delta split_halves"),
+        Check::new("delta mul_sigmoid"),
+    );
     for (rows, x_cols) in [(1usize, 96usize), (5, 1000), (3, 7)] {
         let x = floats(rng, rows * x_cols, 2.0);
         let cols: Vec<u32> = (0..x_cols * 2 / 3)
@@ -387,7 +404,7 @@ fn check_small(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
 }
 
 /// Every parity check of the hybrid kernels.
-pub fn check(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
+pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     check_conv(gpu, rng, rep)?;
     check_norms(gpu, rng, rep)?;
     check_step(gpu, rng, rep)?;
@@ -397,7 +414,7 @@ pub fn check(gpu: &Gpu, rng: &mut impl Rng, rep: &mut Report) -> Result<()> {
 /// The step kernel at Qwen3.6-27B's delta-net shape (16 key / 48 value heads of 128):
 /// microseconds per layer for one decode token of 1 and 32 sequences and for a 512-token
 /// prompt, and the state bytes read + written per second at decode.
-pub fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
+pub fn perf(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     let (s, hk, hv) = (128usize, 16usize, 48usize);
     let ch = (2 * hk + hv) * s;
     let mut lines = vec![
@@ -453,5 +470,6 @@ pub fn speed(gpu: &Gpu, rng: &mut impl Rng) -> Result<Vec<String>> {
             bytes / (ms * 1e-3) / 1e9
         ));
     }
-    Ok(lines)
+    rep.perf.extend(lines);
+    Ok(())
 }

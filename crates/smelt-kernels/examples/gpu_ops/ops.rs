@@ -1,0 +1,675 @@
+//! The small ops against their CPU twins (`smelt_kernels::ops`, `fused`): RMS norms (plain,
+//! with the residual add, into q8_1 tiles), rope (normal, NeoX, frequency factors, long
+//! positions) and the fused rope + KV append, the GLUs (f32 and into q8_1 tiles), the
+//! elementwise adds/scales, the embedding lookups and dequantizers of every table type;
+//! ragged rows and columns, outputs poisoned with NaN / 0xFFFF first.
+
+use anyhow::Result;
+use cudarc::driver::PushKernelArg;
+use half::f16;
+use rand::rngs::StdRng;
+use rand::Rng;
+use smelt_kernels::ops::{attention, elementwise, embed, kv, norm, rope};
+use smelt_kernels::GgmlType;
+
+use super::attention::{f16_bits, paged};
+use super::harness::{floats, nan, Check, Gpu, Report};
+
+pub const NORM: &[&str] = &["rms_norm", "add_rms_norm"];
+pub const ROPE: &[&str] = &["rope_normal", "rope_neox"];
+pub const ROPE_KV: &[&str] = &["rope_kv_*"];
+pub const GLU_Q8: &[&str] = &["glu_*_q8_1"];
+pub const REDUCE_Q8: &[&str] = &["attention_reduce_q8_1"];
+pub const NORM_Q8: &[&str] = &["rms_norm_q8_1", "add_rms_norm_q8_1"];
+pub const ELEMENTWISE: &[&str] = &[
+    "glu_silu",
+    "glu_gelu",
+    "add_f32",
+    "scale_f32",
+    "add_bias_f32",
+];
+pub const EMBED: &[&str] = &["embed_*", "dequantize_*"];
+
+pub fn check_norms(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let (mut plain, mut fused, mut resid) = (
+        Check::new("rms_norm"),
+        Check::new("add_rms_norm (out)"),
+        Check::new("add_rms_norm (x += y)"),
+    );
+    // (rows, cols, chunk): whole rows and per-head chunks, ragged sizes.
+    for (rows, cols, n) in [
+        (1, 4096, 4096),
+        (5, 576, 576),
+        (3, 2304, 2304),
+        (7, 1000, 1000),
+        (4, 4096, 128),
+        (9, 576, 64),
+        (2, 8192, 8192),
+        (1, 33, 33),
+    ] {
+        let x = floats(rng, rows * cols, 3.0);
+        let w = floats(rng, n, 1.5);
+        let eps = 1e-6;
+        let mut want = vec![0f32; rows * cols];
+        norm::rms_norm_cpu(&x, &w, eps, &mut want);
+        let (xd, wd) = (gpu.stream.clone_htod(&x)?, gpu.stream.clone_htod(&w)?);
+        let mut od = gpu.stream.clone_htod(&nan(rows * cols))?;
+        let n32 = n as u32;
+        launch!(
+            gpu,
+            norm::RMS_NORM,
+            norm::launch(rows * cols / n, n),
+            [&xd, &wd, &mut od, &n32, &eps]
+        );
+        let case = format!("{rows}x{cols}/{n}");
+        plain.add(&case, &gpu.stream.clone_dtoh(&od)?, &want, 1e-6, 2e-6);
+
+        let y = floats(rng, rows * cols, 1.0);
+        let mut xw = x.clone();
+        norm::add_rms_norm_cpu(&mut xw, &y, &w, eps, &mut want);
+        let mut xd = gpu.stream.clone_htod(&x)?;
+        let yd = gpu.stream.clone_htod(&y)?;
+        let mut od = gpu.stream.clone_htod(&nan(rows * cols))?;
+        launch!(
+            gpu,
+            norm::ADD_RMS_NORM,
+            norm::launch(rows * cols / n, n),
+            [&mut xd, &yd, &wd, &mut od, &n32, &eps]
+        );
+        fused.add(&case, &gpu.stream.clone_dtoh(&od)?, &want, 1e-6, 2e-6);
+        resid.add(&case, &gpu.stream.clone_dtoh(&xd)?, &xw, 0.0, 0.0);
+    }
+    rep.push("rms_norm", plain, "1e-6 + 2e-6|r|");
+    rep.push("add_rms_norm (out)", fused, "1e-6 + 2e-6|r|");
+    rep.push("add_rms_norm (x += y)", resid, "exact");
+    Ok(())
+}
+
+pub fn check_rope(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    for style in [rope::RopeStyle::Normal, rope::RopeStyle::Neox] {
+        let mut c = Check::new(rope::name(style));
+        // (rows, heads, head_dim, n_rot, freq factors, base, scale)
+        for (rows, heads, hd, n_rot, ff, base, fscale) in [
+            (1, 32, 128, 128, false, 500000.0f32, 1.0f32),
+            (7, 8, 128, 128, true, 500000.0, 1.0),
+            (5, 9, 64, 64, false, 10000.0, 1.0),
+            (3, 4, 256, 256, false, 1000000.0, 0.125),
+            (4, 2, 128, 64, false, 10000.0, 1.0),
+            (2, 3, 80, 32, true, 10000.0, 0.5),
+        ] {
+            let cols = heads * hd;
+            let x = floats(rng, rows * cols, 2.0);
+            let mut pos: Vec<u32> = (0..rows).map(|_| rng.gen_range(0..8192)).collect();
+            pos[0] = 131_000; // a long context: the angle reduction must hold there
+            let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + (i % 7) as f32).collect();
+            let mut want = x.clone();
+            rope::rope_cpu(
+                &mut want,
+                &pos,
+                cols,
+                hd,
+                n_rot,
+                style,
+                base,
+                fscale,
+                ff.then_some(&factors[..]),
+            );
+            let mut xd = gpu.stream.clone_htod(&x)?;
+            let pd = gpu.stream.clone_htod(&pos)?;
+            let fd = gpu.stream.clone_htod(&factors)?;
+            let fptr: u64 = if ff {
+                let (p, _g) = cudarc::driver::DevicePtr::device_ptr(&fd, &gpu.stream);
+                p
+            } else {
+                0
+            };
+            let (c32, hd32, nr32) = (cols as u32, hd as u32, n_rot as u32);
+            let ts = rope::theta_scale(base, n_rot);
+            launch!(
+                gpu,
+                rope::name(style),
+                rope::launch(rows, cols, hd, n_rot),
+                [&mut xd, &pd, &fptr, &c32, &hd32, &nr32, &ts, &fscale]
+            );
+            c.add(
+                &format!("{rows}x{heads}x{hd} rot {n_rot} ff {ff}"),
+                &gpu.stream.clone_dtoh(&xd)?,
+                &want,
+                1e-5,
+                1e-5,
+            );
+        }
+        rep.push(rope::name(style), c, "1e-5 + 1e-5|r|");
+    }
+    Ok(())
+}
+
+/// The fused rope + KV append of one decode row (`rope_kv_*`): Q|K against the rope twin,
+/// the V cache exactly against the twin, and both caches bit for bit against the unfused
+/// GPU path (`rope_*` then `kv_append` on the same inputs), which the backend replaces.
+pub fn check_rope_kv(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    for style in [rope::RopeStyle::Normal, rope::RopeStyle::Neox] {
+        let (mut cx, mut cc) = (
+            Check::new(&format!("{} (Q|K)", rope::kv_name(style))),
+            Check::new(&format!("{} (caches)", rope::kv_name(style))),
+        );
+        // (n_head, n_head_kv, head_dim, position, block size, freq factors, base, scale)
+        for (n_head, n_head_kv, hd, pos, bs, ff, base, fscale) in [
+            (32, 8, 128, 4095, 16, false, 500000.0f32, 1.0f32),
+            (9, 3, 64, 37, 16, false, 10000.0, 1.0),
+            (8, 8, 128, 0, 32, true, 500000.0, 1.0),
+            (4, 1, 256, 131_000, 8, false, 1000000.0, 0.125),
+            (6, 2, 80, 700, 12, true, 10000.0, 0.5),
+        ] {
+            let kv_dim = n_head_kv * hd;
+            let cols = (n_head + n_head_kv) * hd;
+            let p = paged(rng, &[(pos, 1)], bs);
+            let cache_len = p.n_blocks * bs * kv_dim;
+            let (kc0, vc0) = (f16_bits(rng, cache_len), f16_bits(rng, cache_len));
+            let x = floats(rng, cols, 2.0);
+            let v = floats(rng, kv_dim, 1.0);
+            let factors: Vec<f32> = (0..hd / 2).map(|i| 1.0 + (i % 7) as f32).collect();
+            let words: Vec<u32> = p.seqs.iter().flat_map(|s| s.words()).collect();
+            let sd = gpu.stream.clone_htod(&words)?;
+            let td = gpu.stream.clone_htod(&p.tables)?;
+            let pd = gpu.stream.clone_htod(&[pos as u32])?;
+            let fd = gpu.stream.clone_htod(&factors)?;
+            let fptr: u64 = if ff {
+                let (p, _g) = cudarc::driver::DevicePtr::device_ptr(&fd, &gpu.stream);
+                p
+            } else {
+                0
+            };
+            let vd = gpu.stream.clone_htod(&v)?;
+            let ts = rope::theta_scale(base, hd);
+            // Fused.
+            let mut xd = gpu.stream.clone_htod(&x)?;
+            let mut kcd = gpu.stream.clone_htod(&kc0)?;
+            let mut vcd = gpu.stream.clone_htod(&vc0)?;
+            let (nh, nkv, hd32, bs32) = (n_head as u32, n_head_kv as u32, hd as u32, bs as u32);
+            launch!(
+                gpu,
+                rope::kv_name(style),
+                rope::kv_launch(n_head, n_head_kv, hd),
+                [
+                    &mut xd, &pd, &fptr, &vd, &mut kcd, &mut vcd, &sd, &td, &nh, &nkv, &hd32,
+                    &bs32, &ts, &fscale
+                ]
+            );
+            // Unfused, on the GPU: rope of the row, then kv_append of its K part.
+            let mut xu = gpu.stream.clone_htod(&x)?;
+            let mut kcu = gpu.stream.clone_htod(&kc0)?;
+            let mut vcu = gpu.stream.clone_htod(&vc0)?;
+            let (c32, kd32) = (cols as u32, kv_dim as u32);
+            launch!(
+                gpu,
+                rope::name(style),
+                rope::launch(1, cols, hd, hd),
+                [&mut xu, &pd, &fptr, &c32, &hd32, &hd32, &ts, &fscale]
+            );
+            let xu_host = gpu.stream.clone_dtoh(&xu)?;
+            let ku = gpu.stream.clone_htod(&xu_host[n_head * hd..])?;
+            launch!(
+                gpu,
+                kv::KV_APPEND,
+                kv::launch(1, 1, kv_dim),
+                [&ku, &vd, &mut kcu, &mut vcu, &sd, &td, &kd32, &bs32]
+            );
+            // The twin.
+            let (mut xw, mut kcw, mut vcw) = (x.clone(), kc0.clone(), vc0.clone());
+            rope::rope_kv_cpu(
+                &mut xw,
+                &v,
+                &mut kcw,
+                &mut vcw,
+                p.seqs[0],
+                &p.tables,
+                n_head,
+                n_head_kv,
+                hd,
+                bs,
+                style,
+                base,
+                fscale,
+                ff.then_some(&factors[..]),
+            );
+            let case = format!("{n_head}/{n_head_kv}x{hd} pos {pos} bs {bs} ff {ff}");
+            let xg = gpu.stream.clone_dtoh(&xd)?;
+            cx.add(&case, &xg, &xw, 1e-5, 1e-5);
+            cx.add(&format!("{case} vs rope_*"), &xg, &xu_host, 0.0, 0.0);
+            let (kg, vg) = (gpu.stream.clone_dtoh(&kcd)?, gpu.stream.clone_dtoh(&vcd)?);
+            cc.bits(
+                &format!("K {case} vs unfused"),
+                &kg,
+                &gpu.stream.clone_dtoh(&kcu)?,
+            );
+            cc.bits(
+                &format!("V {case} vs unfused"),
+                &vg,
+                &gpu.stream.clone_dtoh(&vcu)?,
+            );
+            cc.bits(&format!("V {case} vs twin"), &vg, &vcw);
+            // K against the twin: the roped values may differ in the last f32 bits
+            // (hardware sin/cos), so compare as floats.
+            let widen =
+                |b: &[u16]| -> Vec<f32> { b.iter().map(|&h| f16::from_bits(h).to_f32()).collect() };
+            cx.add(
+                &format!("K {case} vs twin"),
+                &widen(&kg),
+                &widen(&kcw),
+                2e-3,
+                2e-3,
+            );
+        }
+        rep.push(
+            &format!("{} (Q|K)", rope::kv_name(style)),
+            cx,
+            "1e-5 + 1e-5|r|, = rope_*",
+        );
+        rep.push(
+            &format!("{} (caches)", rope::kv_name(style)),
+            cc,
+            "exact (bits) vs unfused",
+        );
+    }
+    Ok(())
+}
+
+/// The fused norm + q8_1 kernels (`fused::kernel`, what a decode step runs before the
+/// GEMVs): the f32 output against the norm twin (launched with the same block size it is
+/// the same floats), the residual `x += y` exactly, the tiles byte for byte against the
+/// q8_1 twin of the GPU's own f32 output; rows whose last tile is partly padded.
+pub fn check_norm_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    use smelt_kernels::{act, fused};
+    for add in [false, true] {
+        let name = if add {
+            fused::ADD_RMS_NORM_Q8
+        } else {
+            fused::RMS_NORM_Q8
+        };
+        let (mut cf, mut cq, mut cx) = (
+            Check::new(&format!("{name} (f32)")),
+            Check::new(&format!("{name} (q8_1 tiles)")),
+            Check::new(&format!("{name} (x += y)")),
+        );
+        for (rows, n) in [
+            (1usize, 4096usize),
+            (5, 576),
+            (3, 2304),
+            (7, 800),
+            (2, 8192),
+            (1, 32),
+        ] {
+            let case = format!("{rows}x{n}");
+            if !super::harness::want(&case) {
+                continue;
+            }
+            let x = floats(rng, rows * n, 3.0);
+            let y = floats(rng, rows * n, 1.0);
+            let w = floats(rng, n, 1.5);
+            let eps = 1e-6f32;
+            let mut xw = x.clone();
+            let (want, _) = fused::cpu(&mut xw, add.then_some(&y[..]), &w, eps)?;
+            let mut xd = gpu.stream.clone_htod(&x)?;
+            let (yd, wd) = (gpu.stream.clone_htod(&y)?, gpu.stream.clone_htod(&w)?);
+            let mut od = gpu.stream.clone_htod(&nan(rows * n))?;
+            let mut qd = gpu
+                .stream
+                .clone_htod(&vec![0xA5u8; rows * fused::q_row_bytes(n)?])?;
+            let (n32, ntiles) = (n as u32, n.div_ceil(smelt_kernels::TILE) as u32);
+            if add {
+                launch!(
+                    gpu,
+                    name,
+                    fused::launch(rows, n),
+                    [&mut xd, &yd, &wd, &mut od, &mut qd, &n32, &ntiles, &eps]
+                );
+            } else {
+                launch!(
+                    gpu,
+                    name,
+                    fused::launch(rows, n),
+                    [&mut xd, &wd, &mut od, &mut qd, &n32, &ntiles, &eps]
+                );
+            }
+            let got = gpu.stream.clone_dtoh(&od)?;
+            cf.add(&case, &got, &want, 1e-6, 2e-6);
+            let want_q: Vec<u16> = act::quantize_cpu(&got, n)?
+                .iter()
+                .map(|&b| u16::from(b))
+                .collect();
+            let got_q: Vec<u16> = gpu
+                .stream
+                .clone_dtoh(&qd)?
+                .iter()
+                .map(|&b| u16::from(b))
+                .collect();
+            cq.bits(&case, &got_q, &want_q);
+            if add {
+                cx.add(&case, &gpu.stream.clone_dtoh(&xd)?, &xw, 0.0, 0.0);
+            }
+        }
+        rep.push(&format!("{name} (f32)"), cf, "1e-6 + 2e-6|r|");
+        rep.push(&format!("{name} (q8_1 tiles)"), cq, "exact bytes");
+        if add {
+            rep.push(&format!("{name} (x += y)"), cx, "exact");
+        }
+    }
+    Ok(())
+}
+
+/// The fused GLU + q8_1 kernels: the f32 output against the GLU twin (as `glu_*`), the
+/// tiles byte for byte against the q8_1 twin of the GPU's own f32 output.
+pub fn check_glu_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    use smelt_kernels::{act, fused};
+    for a in [elementwise::Glu::Silu, elementwise::Glu::Gelu] {
+        let name = fused::glu_q8_name(a);
+        let (mut cf, mut cq) = (
+            Check::new(&format!("{name} (f32)")),
+            Check::new(&format!("{name} (q8_1 tiles)")),
+        );
+        for (rows, k) in [(1usize, 14336usize), (3, 2048), (2, 288), (5, 32)] {
+            let mut g = floats(rng, rows * k, 12.0);
+            let u = floats(rng, rows * k, 2.0);
+            let (mut gd, ud) = (gpu.stream.clone_htod(&g)?, gpu.stream.clone_htod(&u)?);
+            let ntiles = k.div_ceil(smelt_kernels::TILE) as u32;
+            let mut qd = gpu
+                .stream
+                .clone_htod(&vec![0xA5u8; rows * act::row_bytes(k)?])?;
+            let k32 = k as u32;
+            launch!(
+                gpu,
+                fused::glu_q8_name(a),
+                fused::glu_q8_launch(rows, k),
+                [&mut gd, &ud, &mut qd, &k32, &ntiles]
+            );
+            let got = gpu.stream.clone_dtoh(&gd)?;
+            elementwise::glu_cpu(&mut g, &u, a);
+            let rtol = match a {
+                elementwise::Glu::Silu => 2e-6,
+                elementwise::Glu::Gelu => 2e-3,
+            };
+            let case = format!("{rows}x{k}");
+            cf.add(&case, &got, &g, 1e-6, rtol);
+            let want_q: Vec<f32> = act::quantize_cpu(&got, k)?
+                .iter()
+                .map(|&b| f32::from(b))
+                .collect();
+            let got_q: Vec<f32> = gpu
+                .stream
+                .clone_dtoh(&qd)?
+                .iter()
+                .map(|&b| f32::from(b))
+                .collect();
+            cq.add(&case, &got_q, &want_q, 0.0, 0.0);
+        }
+        rep.push(&format!("{name} (f32)"), cf, "as glu");
+        rep.push(&format!("{name} (q8_1 tiles)"), cq, "exact bytes");
+    }
+    Ok(())
+}
+
+/// The attention combine with the q8_1 tiles of its output: on the same random partials,
+/// the f32 output equal to `attention_reduce`'s, the tiles byte for byte the q8_1 twin's.
+pub fn check_reduce_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    use smelt_kernels::act;
+    let (mut cf, mut cq) = (
+        Check::new(&format!("{} (f32)", attention::REDUCE_Q8)),
+        Check::new(&format!("{} (q8_1 tiles)", attention::REDUCE_Q8)),
+    );
+    for (rows, n_head, head_dim, splits) in [
+        (1usize, 32usize, 128usize, 17usize),
+        (3, 4, 256, 5),
+        (2, 8, 64, 1),
+    ] {
+        let n = rows * n_head * splits;
+        let acc = floats(rng, n * head_dim, 3.0);
+        let ml: Vec<f32> = (0..n)
+            .flat_map(|_| [rng.gen_range(-4.0f32..4.0), rng.gen_range(0.5f32..8.0)])
+            .collect();
+        let (accd, mld) = (gpu.stream.clone_htod(&acc)?, gpu.stream.clone_htod(&ml)?);
+        let cols = n_head * head_dim;
+        let mut plain = gpu.stream.clone_htod(&vec![f32::NAN; rows * cols])?;
+        let mut fused = gpu.stream.clone_htod(&vec![f32::NAN; rows * cols])?;
+        let mut qd = gpu
+            .stream
+            .clone_htod(&vec![0xA5u8; rows * act::row_bytes(cols)?])?;
+        let (ns, hd) = (splits as u32, head_dim as u32);
+        let l = attention::reduce_launch(rows, n_head, head_dim);
+        launch!(
+            gpu,
+            attention::REDUCE,
+            l,
+            [&accd, &mld, &mut plain, &ns, &hd]
+        );
+        launch!(
+            gpu,
+            attention::REDUCE_Q8,
+            l,
+            [&accd, &mld, &mut fused, &mut qd, &ns, &hd]
+        );
+        let want = gpu.stream.clone_dtoh(&plain)?;
+        let got = gpu.stream.clone_dtoh(&fused)?;
+        let case = format!("{rows}x{n_head}x{head_dim}, {splits} splits");
+        cf.add(&case, &got, &want, 0.0, 0.0);
+        let want_q: Vec<f32> = act::quantize_cpu(&want, cols)?
+            .iter()
+            .map(|&b| f32::from(b))
+            .collect();
+        let got_q: Vec<f32> = gpu
+            .stream
+            .clone_dtoh(&qd)?
+            .iter()
+            .map(|&b| f32::from(b))
+            .collect();
+        cq.add(&case, &got_q, &want_q, 0.0, 0.0);
+    }
+    rep.push(
+        &format!("{} (f32)", attention::REDUCE_Q8),
+        cf,
+        "= attention_reduce",
+    );
+    rep.push(
+        &format!("{} (q8_1 tiles)", attention::REDUCE_Q8),
+        cq,
+        "exact bytes",
+    );
+    Ok(())
+}
+
+pub fn check_elementwise(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    for act in [elementwise::Glu::Silu, elementwise::Glu::Gelu] {
+        let mut c = Check::new(elementwise::glu_name(act));
+        for n in [1usize, 255, 14336, 3 * 6912 + 5, 1 << 20] {
+            let mut g = floats(rng, n, 12.0);
+            let u = floats(rng, n, 2.0);
+            let (mut gd, ud) = (gpu.stream.clone_htod(&g)?, gpu.stream.clone_htod(&u)?);
+            let n32 = n as u32;
+            launch!(
+                gpu,
+                elementwise::glu_name(act),
+                elementwise::launch(n),
+                [&mut gd, &ud, &n32]
+            );
+            elementwise::glu_cpu(&mut g, &u, act);
+            let (atol, rtol) = match act {
+                elementwise::Glu::Silu => (1e-6, 2e-6),
+                elementwise::Glu::Gelu => (1e-6, 2e-3),
+            };
+            c.add(
+                &format!("n={n}"),
+                &gpu.stream.clone_dtoh(&gd)?,
+                &g,
+                atol,
+                rtol,
+            );
+        }
+        let tol = match act {
+            elementwise::Glu::Silu => "1e-6 + 2e-6|r|",
+            elementwise::Glu::Gelu => "1e-6 + 2e-3|r| (f16 ulp)",
+        };
+        rep.push(elementwise::glu_name(act), c, tol);
+    }
+    check_glu_q8(gpu, rng, rep)?;
+    check_reduce_q8(gpu, rng, rep)?;
+    let (mut ca, mut cs, mut cb) = (
+        Check::new(elementwise::ADD),
+        Check::new(elementwise::SCALE),
+        Check::new(elementwise::ADD_BIAS),
+    );
+    for (rows, cols) in [(1usize, 4096usize), (7, 896), (3, 1000), (513, 37)] {
+        let n = rows * cols;
+        let n32 = n as u32;
+        let mut x = floats(rng, n, 5.0);
+        let y = floats(rng, n, 5.0);
+        let mut xd = gpu.stream.clone_htod(&x)?;
+        let yd = gpu.stream.clone_htod(&y)?;
+        launch!(
+            gpu,
+            elementwise::ADD,
+            elementwise::launch(n),
+            [&mut xd, &yd, &n32]
+        );
+        elementwise::add_cpu(&mut x, &y);
+        ca.add(
+            &format!("{rows}x{cols}"),
+            &gpu.stream.clone_dtoh(&xd)?,
+            &x,
+            0.0,
+            0.0,
+        );
+        let s = rng.gen_range(0.1f32..3.0);
+        launch!(
+            gpu,
+            elementwise::SCALE,
+            elementwise::launch(n),
+            [&mut xd, &n32, &s]
+        );
+        elementwise::scale_cpu(&mut x, s);
+        cs.add(
+            &format!("{rows}x{cols}"),
+            &gpu.stream.clone_dtoh(&xd)?,
+            &x,
+            0.0,
+            0.0,
+        );
+        let b = floats(rng, cols, 1.0);
+        let bd = gpu.stream.clone_htod(&b)?;
+        let c32 = cols as u32;
+        launch!(
+            gpu,
+            elementwise::ADD_BIAS,
+            elementwise::launch_bias(rows, cols),
+            [&mut xd, &bd, &c32]
+        );
+        elementwise::add_bias_cpu(&mut x, &b);
+        cb.add(
+            &format!("{rows}x{cols}"),
+            &gpu.stream.clone_dtoh(&xd)?,
+            &x,
+            0.0,
+            0.0,
+        );
+    }
+    rep.push(elementwise::ADD, ca, "exact");
+    rep.push(elementwise::SCALE, cs, "exact");
+    rep.push(elementwise::ADD_BIAS, cb, "exact");
+    Ok(())
+}
+
+/// `rows` rows of `cols` values of `ty` in ggml bytes, from random floats.
+fn table(rng: &mut impl Rng, ty: GgmlType, rows: usize, cols: usize) -> Result<Vec<u8>> {
+    let x = floats(rng, rows * cols, 2.0);
+    Ok(match ty {
+        GgmlType::F32 => bytemuck::cast_slice(&x).to_vec(),
+        GgmlType::F16 => x
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => x
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        _ => {
+            let rb = embed::row_bytes(ty, cols)?;
+            let mut out = vec![0u8; rows * rb];
+            for (src, dst) in x.chunks(cols).zip(out.chunks_mut(rb)) {
+                smelt_quant::quantize_row(ty, src, dst)?;
+            }
+            out
+        }
+    })
+}
+
+pub fn check_embed(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    for ty in embed::TYPES {
+        let mut c = Check::new(&format!("embed+dequantize {}", ty.name()));
+        let cols_options: &[usize] = if ty.block_size() == 256 {
+            &[256, 768, 2304]
+        } else if ty.block_size() == 32 {
+            &[32, 96, 4128]
+        } else {
+            &[7, 576, 1000]
+        };
+        for (&cols, rows) in cols_options.iter().zip([129usize, 7, 33]) {
+            let t = table(rng, ty, rows, cols)?;
+            let rb = embed::row_bytes(ty, cols)?;
+            let td = gpu.stream.clone_htod(&t)?;
+            // Embedding: ids in range, repeated, and one past the table (NaN row).
+            let mut ids: Vec<u32> = (0..11).map(|_| rng.gen_range(0..rows as u32)).collect();
+            ids[3] = rows as u32;
+            let want = embed::embed_cpu(ty, &t, rows, cols, &ids)?;
+            let idd = gpu.stream.clone_htod(&ids)?;
+            let mut od = gpu.stream.clone_htod(&nan(ids.len() * cols))?;
+            let (c32, rb32, nv32) = (cols as u32, rb as u32, rows as u32);
+            launch!(
+                gpu,
+                &embed::embed_name(ty)?,
+                embed::launch(ids.len(), cols),
+                [&td, &idd, &mut od, &c32, &rb32, &nv32]
+            );
+            c.add(
+                &format!("embed {rows}x{cols}"),
+                &gpu.stream.clone_dtoh(&od)?,
+                &want,
+                0.0,
+                0.0,
+            );
+            // Dequantize the whole table, to f32 and to f16.
+            let want = embed::dequantize_cpu(ty, &t, rows, cols)?;
+            let mut od = gpu.stream.clone_htod(&nan(rows * cols))?;
+            launch!(
+                gpu,
+                &embed::dequantize_name(ty, embed::OutType::F32)?,
+                embed::launch(rows, cols),
+                [&td, &mut od, &c32, &rb32]
+            );
+            c.add(
+                &format!("dequantize f32 {rows}x{cols}"),
+                &gpu.stream.clone_dtoh(&od)?,
+                &want,
+                0.0,
+                0.0,
+            );
+            let want16 = embed::dequantize_f16_cpu(ty, &t, rows, cols)?;
+            let mut hd = gpu.stream.clone_htod(&vec![0xFFFFu16; rows * cols])?;
+            launch!(
+                gpu,
+                &embed::dequantize_name(ty, embed::OutType::F16)?,
+                embed::launch(rows, cols),
+                [&td, &mut hd, &c32, &rb32]
+            );
+            c.bits(
+                &format!("dequantize f16 {rows}x{cols}"),
+                &gpu.stream.clone_dtoh(&hd)?,
+                &want16,
+            );
+        }
+        rep.push(
+            &format!("embed+dequantize {}", ty.name()),
+            c,
+            "exact (bits)",
+        );
+    }
+    Ok(())
+}
