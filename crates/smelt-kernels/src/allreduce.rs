@@ -120,52 +120,81 @@ kernel_params! {
     }
 }
 
-/// The one-shot all-reduce for a group of `n_ranks` (module doc). Parameters:
-/// [`AllReduceArgs`]. Launch: [`launch`].
-pub fn kernel(k: &Kernel, n_ranks: usize) {
-    k.max_threads(THREADS, 1, 1);
-    let AllReduceRegs {
-        x,
-        n4,
-        table,
-        signal,
-        rank,
-        cap4,
-    } = AllReduceRegs::declare(k);
-    let n = n_ranks as u32;
-    let tid = k.tid_x();
+/// What one block of a one-shot call knows after [`begin`]: its call's flag and parity,
+/// where its counter lives, and the byte length of a staging slot.
+#[derive(Clone, Copy)]
+pub(crate) struct Call {
+    pub flag: Reg<U32>,
+    pub parity: Reg<U32>,
+    pub slot_bytes: Reg<U32>,
+    ctr: Reg<U64>,
+}
+
+/// Byte offset of the counters in a signal area.
+const COUNTERS: i64 = (BLOCKS as usize * MAX_RANKS * 4) as i64;
+
+/// Step 1 of the module doc for this block: its call counter, the call's flag and parity.
+pub(crate) fn begin(k: &Kernel, signal: Reg<U64>, cap4: Reg<U32>) -> Call {
     let b = k.ctaid_x();
-    let counters = (BLOCKS as usize * MAX_RANKS * 4) as i64;
-    let ctr_addr = k.elem_addr(signal, b, 4);
-    let count = k.load::<U32>(Load::GLOBAL.cache(LoadCache::Cg), ctr_addr.at(counters));
+    let ctr = k.elem_addr(signal, b, 4);
+    let count = k.load::<U32>(Load::GLOBAL.cache(LoadCache::Cg), ctr.at(COUNTERS));
     let flag = k.add(k.reg(), count, 1u32);
     let parity = k.and(k.reg(), flag, 1u32);
     let slot_bytes = k.shl(k.reg(), cap4, 4u32);
-    // Where this rank's share lands in every peer's staging: slot [parity][rank].
-    let my_slot = k.mad(k.reg(), parity, n, rank);
-    let my_off = k.mul_wide(k.reg::<U64>(), my_slot, slot_bytes);
+    Call {
+        flag,
+        parity,
+        slot_bytes,
+        ctr,
+    }
+}
+
+/// Where this rank's share lands in every peer's staging (slot `[parity][rank]`), one
+/// address per rank of the group (this rank's own entry unused).
+pub(crate) fn push_targets(
+    k: &Kernel,
+    call: &Call,
+    table: Reg<U64>,
+    rank: Reg<U32>,
+    n_ranks: usize,
+) -> Vec<Reg<U64>> {
+    let my_slot = k.mad(k.reg(), call.parity, n_ranks as u32, rank);
+    let my_off = k.mul_wide(k.reg::<U64>(), my_slot, call.slot_bytes);
     // `p == rank` is tested where it is used: eight predicates live across the loops would
     // not fit the hardware's seven (ptxas spills them).
-    let dst: Vec<Reg<U64>> = (0..n_ranks)
+    (0..n_ranks)
         .map(|p| {
             let base = k.load::<U64>(Load::GLOBAL_NC, table.at(8 * p as i64));
             k.add(base, base, my_off)
         })
-        .collect();
-    let first = k.mad(k.reg(), b, THREADS, tid);
-    let stride = BLOCKS * THREADS;
-    k.comment("push: this block's share of x into every peer's staging [parity][rank]");
-    k.stride_loop(first, n4, stride, |k, i| {
-        let src = k.elem_addr(x, i, 16);
-        let v = k.regs::<F32, 4>();
-        k.ld_v4(Load::GLOBAL, v, src);
-        let off = k.mul_wide(k.reg::<U64>(), i, 16u32);
-        for (p, &d) in dst.iter().enumerate() {
-            let a = k.add(k.reg::<U64>(), d, off);
-            let peer = k.cmp(Cmp::Ne, rank, p as u32);
-            k.guarded(peer, |k| k.st_v4(Store::GLOBAL, a, v));
-        }
-    });
+        .collect()
+}
+
+/// Stores the 16-byte vector `v` (vector index `i` of the message) into every peer's slot.
+pub(crate) fn push_vec(k: &Kernel, dst: &[Reg<U64>], rank: Reg<U32>, i: Reg<U32>, v: [Reg<F32>; 4]) {
+    let off = k.mul_wide(k.reg::<U64>(), i, 16u32);
+    for (p, &d) in dst.iter().enumerate() {
+        let a = k.add(k.reg::<U64>(), d, off);
+        let peer = k.cmp(Cmp::Ne, rank, p as u32);
+        k.guarded(peer, |k| k.st_v4(Store::GLOBAL, a, v));
+    }
+}
+
+/// Step 3 of the module doc: the block's pushes are released to every peer with its flag,
+/// and every peer's flag of this call is acquired; the block's threads meet before and
+/// after.
+pub(crate) fn handshake(
+    k: &Kernel,
+    call: &Call,
+    table: Reg<U64>,
+    signal: Reg<U64>,
+    rank: Reg<U32>,
+    n_ranks: usize,
+) {
+    let n = n_ranks as u32;
+    let tid = k.tid_x();
+    let b = k.ctaid_x();
+    let flag = call.flag;
     k.bar_sync();
     k.comment("barrier: thread p releases our flag into peer p and acquires p's flag");
     let peer = k.lt(tid, n);
@@ -193,18 +222,64 @@ pub fn kernel(k: &Kernel, n_ranks: usize) {
         k.bra_if(behind, spin);
     });
     k.bar_sync();
-    k.comment("reduce: ranks summed in rank order, the same bits on every rank");
+}
+
+/// Where rank `p`'s share of this call lies in this rank's own staging, for every `p`
+/// (this rank's own entry unused: its share is the input itself).
+pub(crate) fn sources(
+    k: &Kernel,
+    call: &Call,
+    table: Reg<U64>,
+    rank: Reg<U32>,
+    n_ranks: usize,
+) -> Vec<Reg<U64>> {
     let own = {
         let slot = k.elem_addr(table, rank, 8);
         k.load::<U64>(Load::GLOBAL_NC, slot)
     };
-    let src: Vec<Reg<U64>> = (0..n)
+    (0..n_ranks as u32)
         .map(|p| {
-            let s = k.mad(k.reg(), parity, n, p);
-            let off = k.mul_wide(k.reg::<U64>(), s, slot_bytes);
+            let s = k.mad(k.reg(), call.parity, n_ranks as u32, p);
+            let off = k.mul_wide(k.reg::<U64>(), s, call.slot_bytes);
             k.add(off, off, own)
         })
-        .collect();
+        .collect()
+}
+
+/// Step 5 of the module doc: thread 0 keeps the call's flag as the block's counter.
+pub(crate) fn end(k: &Kernel, call: &Call) {
+    let t0 = k.eq(k.tid_x(), 0u32);
+    k.guarded(t0, |k| k.st(Store::GLOBAL, call.ctr.at(COUNTERS), call.flag));
+}
+
+/// The one-shot all-reduce for a group of `n_ranks` (module doc). Parameters:
+/// [`AllReduceArgs`]. Launch: [`launch`].
+pub fn kernel(k: &Kernel, n_ranks: usize) {
+    k.max_threads(THREADS, 1, 1);
+    let AllReduceRegs {
+        x,
+        n4,
+        table,
+        signal,
+        rank,
+        cap4,
+    } = AllReduceRegs::declare(k);
+    let tid = k.tid_x();
+    let b = k.ctaid_x();
+    let call = begin(k, signal, cap4);
+    let dst = push_targets(k, &call, table, rank, n_ranks);
+    let first = k.mad(k.reg(), b, THREADS, tid);
+    let stride = BLOCKS * THREADS;
+    k.comment("push: this block's share of x into every peer's staging [parity][rank]");
+    k.stride_loop(first, n4, stride, |k, i| {
+        let src = k.elem_addr(x, i, 16);
+        let v = k.regs::<F32, 4>();
+        k.ld_v4(Load::GLOBAL, v, src);
+        push_vec(k, &dst, rank, i, v);
+    });
+    handshake(k, &call, table, signal, rank, n_ranks);
+    k.comment("reduce: ranks summed in rank order, the same bits on every rank");
+    let src = sources(k, &call, table, rank, n_ranks);
     k.stride_loop(first, n4, stride, |k, i| {
         let xa = k.elem_addr(x, i, 16);
         let off = k.mul_wide(k.reg::<U64>(), i, 16u32);
@@ -228,8 +303,7 @@ pub fn kernel(k: &Kernel, n_ranks: usize) {
         }
         k.st_v4(Store::GLOBAL, xa, acc);
     });
-    let t0 = k.eq(tid, 0u32);
-    k.guarded(t0, |k| k.st(Store::GLOBAL, ctr_addr.at(counters), flag));
+    end(k, &call);
 }
 
 /// What every rank holds after the all-reduce (the kernel's CPU twin): each element summed
