@@ -40,6 +40,7 @@
 //! | `SMELT_TP_PEER_MAX` (bytes; set: on) | `tp.peer_all_reduce_max` | `allreduce::default_max_bytes` |
 //! | `SMELT_TP_SKIP_ALLREDUCE=1` | `tp.skip_all_reduce` | off |
 //! | `SMELT_TP_VOCAB=0` | `tp.vocab_parallel` | on (more than one rank, an untied head) |
+//! | `SMELT_TP_FUSE=0` | `tp.fuse_norm` | on (where the peer all-reduce runs) |
 //!
 //! Nothing else under `backend::cuda`, `smelt-cuda` or `smelt-kernels` reads a `SMELT_CUDA_*`
 //! variable: code that needs one takes it from these structs.
@@ -175,6 +176,11 @@ pub struct TpOptions {
     /// a head of its own (tied embeddings stay replicated). `SMELT_TP_VOCAB=0`: every rank
     /// holds the whole head (to compare).
     pub vocab_parallel: bool,
+    /// Where the peer all-reduce takes a decode row, it runs fused with the residual add,
+    /// the next RMS norm and the q8_1 quantize (`smelt_kernels::allreduce_norm`): one
+    /// launch instead of two. `SMELT_TP_FUSE=0`: the peer all-reduce alone, then
+    /// `add_rms_norm_q8_1` (to compare; the floats are the same).
+    pub fuse_norm: bool,
 }
 
 impl CudaOptions {
@@ -278,6 +284,7 @@ impl CudaOptions {
                 peer_all_reduce_max: num("SMELT_TP_PEER_MAX"),
                 skip_all_reduce: set("SMELT_TP_SKIP_ALLREDUCE"),
                 vocab_parallel: on("SMELT_TP_VOCAB"),
+                fuse_norm: on("SMELT_TP_FUSE"),
             },
         }
     }
@@ -323,6 +330,8 @@ mod tests {
         // The peer all-reduce stays off until a GPU run has measured it.
         assert!(!o.tp.peer_all_reduce && o.tp.peer_all_reduce_max.is_none());
         assert!(!o.tp.skip_all_reduce);
+        assert!(o.tp.fuse_norm);
+        assert!(!with(&[("SMELT_TP_FUSE", "0")], false).tp.fuse_norm);
         assert_eq!(o.peer_max_bytes(2), 0);
         let on = with(&[("SMELT_TP_PEER", "1")], false);
         assert_eq!(on.peer_max_bytes(2), 1 << 20);
