@@ -171,7 +171,13 @@ pub(crate) fn push_targets(
 }
 
 /// Stores the 16-byte vector `v` (vector index `i` of the message) into every peer's slot.
-pub(crate) fn push_vec(k: &Kernel, dst: &[Reg<U64>], rank: Reg<U32>, i: Reg<U32>, v: [Reg<F32>; 4]) {
+pub(crate) fn push_vec(
+    k: &Kernel,
+    dst: &[Reg<U64>],
+    rank: Reg<U32>,
+    i: Reg<U32>,
+    v: [Reg<F32>; 4],
+) {
     let off = k.mul_wide(k.reg::<U64>(), i, 16u32);
     for (p, &d) in dst.iter().enumerate() {
         let a = k.add(k.reg::<U64>(), d, off);
@@ -249,7 +255,9 @@ pub(crate) fn sources(
 /// Step 5 of the module doc: thread 0 keeps the call's flag as the block's counter.
 pub(crate) fn end(k: &Kernel, call: &Call) {
     let t0 = k.eq(k.tid_x(), 0u32);
-    k.guarded(t0, |k| k.st(Store::GLOBAL, call.ctr.at(COUNTERS), call.flag));
+    k.guarded(t0, |k| {
+        k.st(Store::GLOBAL, call.ctr.at(COUNTERS), call.flag)
+    });
 }
 
 /// The one-shot all-reduce for a group of `n_ranks` (module doc). Parameters:
@@ -326,6 +334,31 @@ pub fn twin(inputs: &[&[f32]]) -> Vec<f32> {
 /// acquire): `calls[c][r]` is rank `r`'s input of call `c`; returns every rank's outputs.
 /// Tests check it against [`twin`], so the layout the kernel and the host share is pinned.
 pub fn protocol_twin(n_ranks: usize, cap: usize, calls: &[Vec<Vec<f32>>]) -> Vec<Vec<Vec<f32>>> {
+    protocol_twin_with(n_ranks, cap, calls, &|_, b, n4| plain_share(b, n4))
+}
+
+/// The 16-byte vectors block `b` of the plain kernel moves of a message of `n4` vectors
+/// (its grid-stride share).
+pub fn plain_share(b: usize, n4: usize) -> Vec<usize> {
+    let stride = (BLOCKS * THREADS) as usize;
+    (b * THREADS as usize..n4)
+        .step_by(stride)
+        .fold(Vec::new(), |mut v, start| {
+            v.extend(start..(start + THREADS as usize).min(n4));
+            v
+        })
+}
+
+/// [`protocol_twin`] with each call's blocks moving the vectors `share(call, block, n4)`
+/// gives them: calls of the plain kernel and of kernels that share its staging, flags and
+/// counters with another split of the message (`crate::allreduce_norm`: one row a block),
+/// in any order.
+pub fn protocol_twin_with(
+    n_ranks: usize,
+    cap: usize,
+    calls: &[Vec<Vec<f32>>],
+    share: &(dyn Fn(usize, usize, usize) -> Vec<usize> + Sync),
+) -> Vec<Vec<Vec<f32>>> {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
     let staging: Arc<Vec<Vec<AtomicU32>>> = Arc::new(
@@ -342,80 +375,75 @@ pub fn protocol_twin(n_ranks: usize, cap: usize, calls: &[Vec<Vec<f32>>]) -> Vec
             .map(|_| (0..SIGNAL_WORDS).map(|_| AtomicU32::new(0)).collect())
             .collect(),
     );
-    let calls = Arc::new(calls.to_vec());
-    let handles: Vec<_> = (0..n_ranks)
-        .map(|rank| {
-            let (staging, signal, calls) = (staging.clone(), signal.clone(), calls.clone());
-            std::thread::spawn(move || {
-                let mut outs = Vec::new();
-                let counters = BLOCKS as usize * MAX_RANKS;
-                let stride = (BLOCKS * THREADS) as usize;
-                for call in calls.iter() {
-                    let mut x = call[rank].clone();
-                    let n4 = x.len() / 4;
-                    for b in 0..BLOCKS as usize {
-                        let flag = signal[rank][counters + b].load(Ordering::Relaxed) + 1;
-                        let parity = (flag & 1) as usize;
-                        let idx: Vec<usize> = (b * THREADS as usize..n4).step_by(stride).fold(
-                            Vec::new(),
-                            |mut v, start| {
-                                v.extend(start..(start + THREADS as usize).min(n4));
-                                v
-                            },
-                        );
-                        for &i in &idx {
-                            for (p, peer) in staging.iter().enumerate() {
-                                if p == rank {
-                                    continue;
+    let calls = calls.to_vec();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n_ranks)
+            .map(|rank| {
+                let (staging, signal, calls) = (staging.clone(), signal.clone(), &calls);
+                scope.spawn(move || {
+                    let mut outs = Vec::new();
+                    let counters = BLOCKS as usize * MAX_RANKS;
+                    for (c, call) in calls.iter().enumerate() {
+                        let mut x = call[rank].clone();
+                        let n4 = x.len() / 4;
+                        for b in 0..BLOCKS as usize {
+                            let flag = signal[rank][counters + b].load(Ordering::Relaxed) + 1;
+                            let parity = (flag & 1) as usize;
+                            let idx = share(c, b, n4);
+                            for &i in &idx {
+                                for (p, peer) in staging.iter().enumerate() {
+                                    if p == rank {
+                                        continue;
+                                    }
+                                    let slot = (parity * n_ranks + rank) * cap;
+                                    for c in 0..4 {
+                                        peer[slot + 4 * i + c]
+                                            .store(x[4 * i + c].to_bits(), Ordering::Relaxed);
+                                    }
                                 }
-                                let slot = (parity * n_ranks + rank) * cap;
+                            }
+                            for (p, peer) in signal.iter().enumerate() {
+                                if p != rank {
+                                    peer[b * MAX_RANKS + rank].store(flag, Ordering::Release);
+                                }
+                            }
+                            for p in (0..n_ranks).filter(|&p| p != rank) {
+                                let w = &signal[rank][b * MAX_RANKS + p];
+                                while (w.load(Ordering::Acquire).wrapping_sub(flag) as i32) < 0 {
+                                    std::thread::yield_now();
+                                }
+                            }
+                            for &i in &idx {
                                 for c in 0..4 {
-                                    peer[slot + 4 * i + c]
-                                        .store(x[4 * i + c].to_bits(), Ordering::Relaxed);
+                                    let e = 4 * i + c;
+                                    let mut acc = 0f32;
+                                    for p in 0..n_ranks {
+                                        let v = if p == rank {
+                                            x[e]
+                                        } else {
+                                            let slot = (parity * n_ranks + p) * cap;
+                                            f32::from_bits(
+                                                staging[rank][slot + e].load(Ordering::Relaxed),
+                                            )
+                                        };
+                                        acc = if p == 0 { v } else { acc + v };
+                                    }
+                                    x[e] = acc;
                                 }
                             }
+                            signal[rank][counters + b].store(flag, Ordering::Relaxed);
                         }
-                        for (p, peer) in signal.iter().enumerate() {
-                            if p != rank {
-                                peer[b * MAX_RANKS + rank].store(flag, Ordering::Release);
-                            }
-                        }
-                        for p in (0..n_ranks).filter(|&p| p != rank) {
-                            let w = &signal[rank][b * MAX_RANKS + p];
-                            while (w.load(Ordering::Acquire).wrapping_sub(flag) as i32) < 0 {
-                                std::thread::yield_now();
-                            }
-                        }
-                        for &i in &idx {
-                            for c in 0..4 {
-                                let e = 4 * i + c;
-                                let mut acc = 0f32;
-                                for p in 0..n_ranks {
-                                    let v = if p == rank {
-                                        x[e]
-                                    } else {
-                                        let slot = (parity * n_ranks + p) * cap;
-                                        f32::from_bits(
-                                            staging[rank][slot + e].load(Ordering::Relaxed),
-                                        )
-                                    };
-                                    acc = if p == 0 { v } else { acc + v };
-                                }
-                                x[e] = acc;
-                            }
-                        }
-                        signal[rank][counters + b].store(flag, Ordering::Relaxed);
+                        outs.push(x);
                     }
-                    outs.push(x);
-                }
-                outs
+                    outs
+                })
             })
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("rank thread"))
-        .collect()
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
 }
 
 #[cfg(test)]

@@ -177,6 +177,17 @@ pub fn kernel(k: &Kernel, n_ranks: usize) {
     ar::end(k, &call);
 }
 
+/// The 16-byte vectors block `b` moves for `rows` rows of `n` floats: its row's, or none
+/// past the last row (it takes part in the handshake only). For
+/// [`crate::allreduce::protocol_twin_with`].
+pub fn row_share(rows: usize, n: usize, b: usize) -> Vec<usize> {
+    if b < rows {
+        (b * n / 4..(b + 1) * n / 4).collect()
+    } else {
+        Vec::new()
+    }
+}
+
 /// CPU twin of [`kernel`] on one rank: `partials[r]` is rank `r`'s `y`; `x` (rows of
 /// `w.len()`) is updated in place. Returns `(y after the call, out, q)`: the plain
 /// all-reduce's twin, then [`crate::fused::cpu`] with the add, so the same bits on every
@@ -248,6 +259,50 @@ mod tests {
         }
         let mut x = vec![0f32; 64];
         assert!(twin(&[&[0f32; 32], &[0f32; 32]], &mut x, &[1f32; 64], 1e-5).is_err());
+    }
+
+    #[test]
+    fn fused_and_plain_calls_share_the_staging_in_any_order() {
+        // The protocol model with the fused kernel's split (a row a block, the blocks past
+        // the last row only meeting) between plain calls: every rank gets the rank-order
+        // sum of every call, whatever the order of the two kernels and the row counts.
+        let n = 512;
+        let cap = 32 * n;
+        for n_ranks in [2, 4] {
+            // (rows of n, or 0 for a plain call of `plain` floats)
+            let shape: [(usize, usize); 8] = [
+                (1, 0),
+                (0, 4096),
+                (1, 0),
+                (1, 0),
+                (32, 0),
+                (0, cap),
+                (3, 0),
+                (0, 16),
+            ];
+            let calls: Vec<Vec<Vec<f32>>> = shape
+                .iter()
+                .enumerate()
+                .map(|(c, &(rows, plain))| {
+                    let len = if rows > 0 { rows * n } else { plain };
+                    (0..n_ranks)
+                        .map(|r| rows_of(r + 10 * c, len, 0.7))
+                        .collect()
+                })
+                .collect();
+            let outs = ar::protocol_twin_with(n_ranks, cap, &calls, &|c, b, n4| match shape[c] {
+                (0, _) => ar::plain_share(b, n4),
+                (rows, _) => row_share(rows, n, b),
+            });
+            for (c, call) in calls.iter().enumerate() {
+                let refs: Vec<&[f32]> = call.iter().map(Vec::as_slice).collect();
+                let want: Vec<u32> = ar::twin(&refs).iter().map(|f| f.to_bits()).collect();
+                for (r, out) in outs.iter().enumerate() {
+                    let got: Vec<u32> = out[c].iter().map(|f| f.to_bits()).collect();
+                    assert_eq!(got, want, "ranks {n_ranks}, call {c}, rank {r}");
+                }
+            }
+        }
     }
 
     #[test]
