@@ -237,7 +237,14 @@ for n in $SIZES; do
     bench_row $m8 tp$n-nccl "--device $d --tp $n"
     case " $PEER_SIZES " in *" $n "*)
       SMELT_TP_PEER=1 SMELT_TP_FUSE=0 bench_row $m8 tp$n-peer-unfused "--device $d --tp $n"
-      SMELT_TP_PEER=1 bench_row $m8 tp$n-peer-fused "--device $d --tp $n" ;;
+      SMELT_TP_PEER=1 bench_row $m8 tp$n-peer-fused "--device $d --tp $n"
+      # A rank's matrices have half the rows or columns: two launch settings tuned at TP=1
+      # (one row a warp: -2..-4% there; attention splits: one block per SM over the rank's
+      # KV heads) timed again at this size, against the row above.
+      if [ $n = 2 ]; then
+        SMELT_TP_PEER=1 SMELT_CUDA_GEMV_R1_ROWS=8192 bench_row $m8 tp2-fused-gemv-1row "--device $d --tp 2"
+        SMELT_TP_PEER=1 SMELT_CUDA_SPLITS=16 bench_row $m8 tp2-fused-16-splits "--device $d --tp 2"
+      fi ;;
     esac
     SMELT_TP_SKIP_ALLREDUCE=1 bench_row $m8 tp$n-no-allreduce "--device $d --tp $n"
     continue
