@@ -16,11 +16,11 @@
 //! the one-shot peer all-reduce (`smelt_cuda::peer`) against its CPU twin and NCCL at
 //! 8 KB .. 4 MB and a ragged size (bit-exact sums, 40 in-place calls back to back, sizes
 //! alternating between calls), and its latency beside NCCL's, launched one by one and
-//! replayed from a CUDA graph (`ARPROBE` lines); then the fused all-reduce + residual add
-//! + RMS norm + q8_1 kernel (`smelt_kernels::allreduce_norm`) against its CPU twin (every
-//! output bit-exact, 1 to 32 rows, 40 calls alternating with the plain kernel) and its time
-//! beside the unfused pair it replaces (plain peer all-reduce, then `add_rms_norm_q8_1`),
-//! in a graph (`ARNORM` lines).
+//! replayed from a CUDA graph (`ARPROBE` lines); then the kernel that fuses the all-reduce
+//! with the residual add, RMS norm and q8_1 quantize (`smelt_kernels::allreduce_norm`)
+//! against its CPU twin (every output bit-exact, 1 to 32 rows, 40 calls alternating with
+//! the plain kernel) and its time beside the unfused pair it replaces (plain peer
+//! all-reduce, then `add_rms_norm_q8_1`), in a graph (`ARNORM` lines).
 
 use std::sync::Arc;
 
@@ -211,8 +211,11 @@ fn norm_probe(gpus: &[usize], comms: &[smelt_cuda::nccl::Comm]) -> bool {
                             .collect();
                         let w: Vec<f32> = (0..n).map(|i| 0.5 + (i % 13) as f32 / 8.0).collect();
                         let mut xw = x0.clone();
-                        let (ys, outs, qs) =
-                            arn::twin(&refs, &mut xw, &w, eps).map_err(|e| e.to_string())?;
+                        let arn::TwinOut {
+                            y: ys,
+                            out: outs,
+                            q: qs,
+                        } = arn::twin(&refs, &mut xw, &w, eps).map_err(|e| e.to_string())?;
                         let qbytes = smelt_kernels::act::row_bytes(n).expect("tiles") * rows;
                         let yb = gpu.upload(&partials[c.rank]).expect("upload");
                         let xb = gpu.upload(&x0).expect("upload");
@@ -252,9 +255,9 @@ fn norm_probe(gpus: &[usize], comms: &[smelt_cuda::nccl::Comm]) -> bool {
                             // Every rank's y now holds the same sum: the next call adds it
                             // over the ranks again.
                             let same: Vec<&[f32]> = (0..nr).map(|_| ycur.as_slice()).collect();
-                            let (y2, o2, q2) =
+                            let t =
                                 arn::twin(&same, &mut xcur, &w, eps).map_err(|e| e.to_string())?;
-                            (ycur, ocur, qcur) = (y2, o2, q2);
+                            (ycur, ocur, qcur) = (t.y, t.out, t.q);
                             let r: Vec<&[f32]> = zs.iter().map(Vec::as_slice).collect();
                             let z = smelt_kernels::allreduce::twin(&r);
                             zs = vec![z; nr];

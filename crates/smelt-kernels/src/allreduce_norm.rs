@@ -188,16 +188,27 @@ pub fn row_share(rows: usize, n: usize, b: usize) -> Vec<usize> {
     }
 }
 
+/// What one rank holds after a call (see [`twin`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TwinOut {
+    /// The partials' sum (the kernel writes it over `y`).
+    pub y: Vec<f32>,
+    /// The norm's output.
+    pub out: Vec<f32>,
+    /// Its q8_1 tiles.
+    pub q: Vec<u8>,
+}
+
 /// CPU twin of [`kernel`] on one rank: `partials[r]` is rank `r`'s `y`; `x` (rows of
-/// `w.len()`) is updated in place. Returns `(y after the call, out, q)`: the plain
-/// all-reduce's twin, then [`crate::fused::cpu`] with the add, so the same bits on every
-/// rank and the same bits as the unfused path.
+/// `w.len()`) is updated in place. The plain all-reduce's twin, then
+/// [`crate::fused::cpu`] with the add, so the same bits on every rank and the same bits as
+/// the unfused path.
 pub fn twin(
     partials: &[&[f32]],
     x: &mut [f32],
     w: &[f32],
     eps: f32,
-) -> Result<(Vec<f32>, Vec<f32>, Vec<u8>), KernelError> {
+) -> Result<TwinOut, KernelError> {
     let sum = ar::twin(partials);
     if sum.len() != x.len() {
         return Err(KernelError::BadLength {
@@ -207,7 +218,7 @@ pub fn twin(
         });
     }
     let (out, q) = crate::fused::cpu(x, Some(&sum), w, eps)?;
-    Ok((sum, out, q))
+    Ok(TwinOut { y: sum, out, q })
 }
 
 #[cfg(test)]
@@ -237,7 +248,7 @@ mod tests {
             // Every rank's fused call (the same inputs in rank order on every rank).
             for _rank in 0..n_ranks {
                 let mut x = x0.clone();
-                let (y, out, q) = twin(&refs, &mut x, &w, 1e-5).unwrap();
+                let TwinOut { y, out, q } = twin(&refs, &mut x, &w, 1e-5).unwrap();
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&y), bits(&sum));
                 assert_eq!(bits(&x), bits(&xu));
@@ -248,7 +259,7 @@ mod tests {
             let mut rev: Vec<&[f32]> = refs.clone();
             rev.reverse();
             let mut x = x0.clone();
-            let (y_rev, _, _) = twin(&rev, &mut x, &w, 1e-5).unwrap();
+            let y_rev = twin(&rev, &mut x, &w, 1e-5).unwrap().y;
             if n_ranks == 4 {
                 assert_ne!(
                     y_rev.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
