@@ -31,8 +31,8 @@
 # DEC=1 (about 4-5 minutes; no llama.cpp build, no 70B: their numbers are in RESULTS.md):
 # the decode rows of issue 19's TP=2/4 goal: 0 with the fused all-reduce + add + norm +
 # q8_1 kernel against its CPU twin (ARNORM lines), greedy exactness of the tiny models over
-# NCCL, the peer all-reduce unfused (SMELT_TP_FUSE=0) and fused (the default with
-# SMELT_TP_PEER=1), then the 8B Q4_K at TP=1 and, per group size, NCCL, peer unfused, peer
+# NCCL, the peer all-reduce unfused and fused (SMELT_TP_FUSE=1: off by default until this
+# run has checked it), then the 8B Q4_K at TP=1 and, per group size, NCCL, peer unfused, peer
 # fused and no all-reduce (the ceiling), then per-kernel profiles of a TP=1 and a fused
 # TP=2 decode step into the log. NO_LLAMA=1 leaves llama.cpp out of any mode.
 # It prints a short table last (also $OUT/tp-table.md; the full log is $OUT/tp.log).
@@ -93,6 +93,9 @@ mkdir -p "$out"
 log="$out/tp.log"
 table="$out/tp-table.md"
 export NCCL_NVLS_ENABLE=0
+# The engine's peer all-reduce is on by default: every row here says which one it runs, and
+# a row that says nothing runs NCCL.
+export SMELT_TP_PEER=0 SMELT_TP_FUSE=0
 repo=$(pwd)
 t() { echo "$*" | tee -a "$table"; }
 : > "$table"
@@ -184,8 +187,8 @@ if [ "$DEC" = 1 ]; then
   check "llama3-tiny q8_0, NCCL" /tmp/tiny.gguf --cpu
   if [ $peer_ok = 1 ]; then
     SMELT_TP_PEER=1 SMELT_TP_FUSE=0 SIZES="$PEER_SIZES" check "llama3-tiny q8_0, peer all-reduce unfused" /tmp/tiny.gguf
-    SMELT_TP_PEER=1 SIZES="$PEER_SIZES" check "llama3-tiny q8_0, peer all-reduce fused with add+norm+q8_1" /tmp/tiny.gguf
-    SMELT_TP_PEER=1 SIZES="$PEER_SIZES" check "qwen3moe-tiny q8_0, peer fused" /tmp/qmoe.gguf
+    SMELT_TP_PEER=1 SMELT_TP_FUSE=1 SIZES="$PEER_SIZES" check "llama3-tiny q8_0, peer all-reduce fused with add+norm+q8_1" /tmp/tiny.gguf
+    SMELT_TP_PEER=1 SMELT_TP_FUSE=1 SIZES="$PEER_SIZES" check "qwen3moe-tiny q8_0, peer fused" /tmp/qmoe.gguf
   fi
 elif [ "${PEER_ONLY:-0}" != 1 ]; then
   check "llama3-tiny q8_0, NCCL" /tmp/tiny.gguf --cpu
@@ -237,13 +240,13 @@ for n in $SIZES; do
     bench_row $m8 tp$n-nccl "--device $d --tp $n"
     case " $PEER_SIZES " in *" $n "*)
       SMELT_TP_PEER=1 SMELT_TP_FUSE=0 bench_row $m8 tp$n-peer-unfused "--device $d --tp $n"
-      SMELT_TP_PEER=1 bench_row $m8 tp$n-peer-fused "--device $d --tp $n"
+      SMELT_TP_PEER=1 SMELT_TP_FUSE=1 bench_row $m8 tp$n-peer-fused "--device $d --tp $n"
       # A rank's matrices have half the rows or columns: two launch settings tuned at TP=1
       # (one row a warp: -2..-4% there; attention splits: one block per SM over the rank's
       # KV heads) timed again at this size, against the row above.
       if [ $n = 2 ]; then
-        SMELT_TP_PEER=1 SMELT_CUDA_GEMV_R1_ROWS=8192 bench_row $m8 tp2-fused-gemv-1row "--device $d --tp 2"
-        SMELT_TP_PEER=1 SMELT_CUDA_SPLITS=16 bench_row $m8 tp2-fused-16-splits "--device $d --tp 2"
+        SMELT_TP_PEER=1 SMELT_TP_FUSE=1 SMELT_CUDA_GEMV_R1_ROWS=8192 bench_row $m8 tp2-fused-gemv-1row "--device $d --tp 2"
+        SMELT_TP_PEER=1 SMELT_TP_FUSE=1 SMELT_CUDA_SPLITS=16 bench_row $m8 tp2-fused-16-splits "--device $d --tp 2"
       fi ;;
     esac
     SMELT_TP_SKIP_ALLREDUCE=1 bench_row $m8 tp$n-no-allreduce "--device $d --tp $n"
@@ -289,7 +292,7 @@ if [ "$DEC" = 1 ]; then
     echo "== e. per-kernel profile, TP=1 and fused TP=2 decode ($SECONDS s)" | tee -a "$log"
     SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1
     case " $PEER_SIZES " in *" 2 "*)
-      SMELT_TP_PEER=1 SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0,1 --tp 2 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1 ;;
+      SMELT_TP_PEER=1 SMELT_TP_FUSE=1 SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0,1 --tp 2 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1 ;;
     esac
   fi
 elif [ "${PEER_ONLY:-0}" = 1 ]; then

@@ -54,8 +54,8 @@ pub const RANKS: [usize; 3] = [2, 4, 8];
 /// Largest message (bytes) the one-shot kernel takes by default for `n_ranks` ranks; larger
 /// ones go to NCCL. Each rank reads `n_ranks - 1` remote copies' worth through its links,
 /// so the crossover falls as the group grows (vLLM's one-shot limits fall the same way).
-/// The engine uses it with `SMELT_TP_PEER=1` (off by default until a GPU run has timed
-/// it); `SMELT_TP_PEER_MAX` overrides it.
+/// The engine's default (the peer path is on unless `SMELT_TP_PEER=0`);
+/// `SMELT_TP_PEER_MAX` overrides it.
 pub fn default_max_bytes(n_ranks: usize) -> usize {
     match n_ranks {
         0 | 1 => 0,
