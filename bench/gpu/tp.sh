@@ -28,6 +28,13 @@
 #     (SMELT_CUDA_PROFILE=1), into the log only.
 # PEER_ONLY=1 (about 2.5 minutes): 0, the peer greedy checks, and tg/pp at TP=1 and, per
 # group size, NCCL against peer: the rerun after the peer all-reduce's start-up race fix.
+# DEC=1 (about 4-5 minutes; no llama.cpp build, no 70B: their numbers are in RESULTS.md):
+# the decode rows of issue 19's TP=2/4 goal: 0 with the fused all-reduce + add + norm +
+# q8_1 kernel against its CPU twin (ARNORM lines), greedy exactness of the tiny models over
+# NCCL, the peer all-reduce unfused and fused (SMELT_TP_FUSE=1: off by default until this
+# run has checked it), then the 8B Q4_K at TP=1 and, per group size, NCCL, peer unfused, peer
+# fused and no all-reduce (the ceiling), then per-kernel profiles of a TP=1 and a fused
+# TP=2 decode step into the log. NO_LLAMA=1 leaves llama.cpp out of any mode.
 # It prints a short table last (also $OUT/tp-table.md; the full log is $OUT/tp.log).
 # Every GPU command runs under `timeout` (a rank waiting for a peer that failed spins).
 #
@@ -55,7 +62,7 @@ if [ "$mode" = prep ]; then
     xz -9e -T2 -c /tmp/$b.stripped > .gpu-tp/$b.xz
     rm -f /tmp/$b.stripped
   done
-  if [ ! -f .gpu-tp/llcpp.tar.xz ]; then
+  if [ "${NO_LLAMA:-0}" != 1 ] && [ ! -f .gpu-tp/llcpp.tar.xz ]; then
     tmp=$(mktemp -d)
     pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$tmp" llama-cpp-python==0.3.36
     pip download -q --no-deps -d .gpu-tp gguf==0.19.0 diskcache==5.6.3
@@ -78,11 +85,17 @@ if [ "$mode" = prep ]; then
   exit 0
 fi
 
+DEC=${DEC:-0}
+NO_LLAMA=${NO_LLAMA:-0}
+[ "$DEC" = 1 ] && NO_LLAMA=1
 out=${OUT:-bench/out}
 mkdir -p "$out"
 log="$out/tp.log"
 table="$out/tp-table.md"
 export NCCL_NVLS_ENABLE=0
+# The engine's peer all-reduce is on by default: every row here says which one it runs, and
+# a row that says nothing runs NCCL.
+export SMELT_TP_PEER=0 SMELT_TP_FUSE=0
 repo=$(pwd)
 t() { echo "$*" | tee -a "$table"; }
 : > "$table"
@@ -108,7 +121,7 @@ echo "PyTorch's NCCL: ${nccl_dir:-none}" | tee -a "$log"
 
 llpid=
 rm -f /tmp/llama-built
-if [ "${PEER_ONLY:-0}" != 1 ]; then
+if [ "${PEER_ONLY:-0}" != 1 ] && [ "$NO_LLAMA" != 1 ]; then
 echo "== c0. llama.cpp build (background, niced)" | tee -a "$log"
 (
   set -e
@@ -146,7 +159,7 @@ for gs in 0,1 $([ "$G" -ge 4 ] && echo 0,1,2,3); do
   n=$(echo $gs | tr ',' '\n' | wc -l)
   t "-- $n GPUs: $(grep -h 'NCCLPROBE loaded' /tmp/probe.out | sed 's/NCCLPROBE //')"
   # The table keeps 8 KB, 64 KB and 1 MB (the log has every size) and any failure.
-  grep -hE "ARPROBE (8 KB|64 KB|1024 KB|FAIL)|NCCLPROBE FAIL|WRONG|probe rc=[1-9]" /tmp/probe.out |
+  grep -hE "ARPROBE (8 KB|64 KB|1024 KB|FAIL)|ARNORM|NCCLPROBE FAIL|WRONG|probe rc=[1-9]" /tmp/probe.out |
     sed "s/^/[$n GPUs] /" >> "$table"
 done
 # The group sizes whose probe ended well (a fault ends it with a panic, not a WRONG line):
@@ -170,13 +183,20 @@ $S synth --shape qwen3moe-tiny --quant q8_0 -o /tmp/qmoe.gguf >> "$log" 2>&1
 $S synth --shape mixtral-tiny --quant q8_0 -o /tmp/mixtral.gguf >> "$log" 2>&1
 t "| run | tokens = ref | first divergence | ref logit gap there | max dlogit vs cpu | ms/token |"
 t "|---|---|---|---|---|---|"
-if [ "${PEER_ONLY:-0}" != 1 ]; then
+if [ "$DEC" = 1 ]; then
+  check "llama3-tiny q8_0, NCCL" /tmp/tiny.gguf --cpu
+  if [ $peer_ok = 1 ]; then
+    SMELT_TP_PEER=1 SMELT_TP_FUSE=0 SIZES="$PEER_SIZES" check "llama3-tiny q8_0, peer all-reduce unfused" /tmp/tiny.gguf
+    SMELT_TP_PEER=1 SMELT_TP_FUSE=1 SIZES="$PEER_SIZES" check "llama3-tiny q8_0, peer all-reduce fused with add+norm+q8_1" /tmp/tiny.gguf
+    SMELT_TP_PEER=1 SMELT_TP_FUSE=1 SIZES="$PEER_SIZES" check "qwen3moe-tiny q8_0, peer fused" /tmp/qmoe.gguf
+  fi
+elif [ "${PEER_ONLY:-0}" != 1 ]; then
   check "llama3-tiny q8_0, NCCL" /tmp/tiny.gguf --cpu
   SMELT_TP_VOCAB=0 check "llama3-tiny q8_0, NCCL, whole head on every rank" /tmp/tiny.gguf
   check "qwen3moe-tiny q8_0, NCCL" /tmp/qmoe.gguf
   check "mixtral-tiny q8_0 (1 KV head), NCCL" /tmp/mixtral.gguf
 fi
-if [ $peer_ok = 1 ]; then
+if [ $peer_ok = 1 ] && [ "$DEC" != 1 ]; then
   SMELT_TP_PEER=1 SIZES="$PEER_SIZES" check "llama3-tiny q8_0, peer all-reduce" /tmp/tiny.gguf
   SMELT_TP_PEER=1 SIZES="$PEER_SIZES" check "qwen3moe-tiny q8_0, peer all-reduce" /tmp/qmoe.gguf
 fi
@@ -186,7 +206,7 @@ echo "synth llama3-8b: $((SECONDS - ts)) s" >> "$log"
 # Random weights: a deep random model amplifies the reordered sums of a split (the CPU's
 # own simulated ranks differ from its whole model by 5% of the logits' scale on a random
 # Llama-3-1B shape, 2026-11-27), so this row reports; the peaked tiny models decide.
-[ "${PEER_ONLY:-0}" != 1 ] && check "llama3-8b q4_k (random weights: informational, reordered sums amplify), NCCL" $m8
+[ "${PEER_ONLY:-0}" != 1 ] && [ "$DEC" != 1 ] && check "llama3-8b q4_k (random weights: informational, reordered sums amplify), NCCL" $m8
 
 echo "== waiting for the llama.cpp build ($SECONDS s)" | tee -a "$log"
 [ -n "$llpid" ] && { wait $llpid; tail -3 /tmp/llbuild.log >> "$log"; }
@@ -213,8 +233,25 @@ t "| llama3-8b q4_k | pp512 tok/s | tg128 tok/s | ms/token | all-reduce | us eac
 t "|---|---:|---:|---:|---|---:|---:|---|"
 pp0=; tg0=
 bench_row $m8 tp1 "--device cuda:0"
-[ "${PEER_ONLY:-0}" != 1 ] && bench_row $m8 tp1-sharded "--device cuda:0 --tp 1"
+[ "${PEER_ONLY:-0}" != 1 ] && [ "$DEC" != 1 ] && bench_row $m8 tp1-sharded "--device cuda:0 --tp 1"
 for n in $SIZES; do
+  if [ "$DEC" = 1 ]; then
+    d=cuda:$(seq -s, 0 $((n - 1)))
+    bench_row $m8 tp$n-nccl "--device $d --tp $n"
+    case " $PEER_SIZES " in *" $n "*)
+      SMELT_TP_PEER=1 SMELT_TP_FUSE=0 bench_row $m8 tp$n-peer-unfused "--device $d --tp $n"
+      SMELT_TP_PEER=1 SMELT_TP_FUSE=1 bench_row $m8 tp$n-peer-fused "--device $d --tp $n"
+      # A rank's matrices have half the rows or columns: two launch settings tuned at TP=1
+      # (one row a warp: -2..-4% there; attention splits: one block per SM over the rank's
+      # KV heads) timed again at this size, against the row above.
+      if [ $n = 2 ]; then
+        SMELT_TP_PEER=1 SMELT_TP_FUSE=1 SMELT_CUDA_GEMV_R1_ROWS=8192 bench_row $m8 tp2-fused-gemv-1row "--device $d --tp 2"
+        SMELT_TP_PEER=1 SMELT_TP_FUSE=1 SMELT_CUDA_SPLITS=16 bench_row $m8 tp2-fused-16-splits "--device $d --tp 2"
+      fi ;;
+    esac
+    SMELT_TP_SKIP_ALLREDUCE=1 bench_row $m8 tp$n-no-allreduce "--device $d --tp $n"
+    continue
+  fi
   d=cuda:$(seq -s, 0 $((n - 1)))
   bench_row $m8 tp$n-nccl "--device $d --tp $n"
   case " $PEER_SIZES " in *" $n "*) SMELT_TP_PEER=1 bench_row $m8 tp$n-peer "--device $d --tp $n" ;; esac
@@ -249,7 +286,16 @@ elif [ -n "$llpid" ]; then
 fi
 
 # d. 70B at TP=2 (and 4), if the clock allows: synth ~40 GB, then load and time.
-if [ "${PEER_ONLY:-0}" = 1 ]; then
+if [ "$DEC" = 1 ]; then
+  t "DEC=1: llama.cpp and 70B left out (their numbers are in bench/RESULTS.md)"
+  if [ $SECONDS -lt 330 ]; then
+    echo "== e. per-kernel profile, TP=1 and fused TP=2 decode ($SECONDS s)" | tee -a "$log"
+    SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1
+    case " $PEER_SIZES " in *" 2 "*)
+      SMELT_TP_PEER=1 SMELT_TP_FUSE=1 SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0,1 --tp 2 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1 ;;
+    esac
+  fi
+elif [ "${PEER_ONLY:-0}" = 1 ]; then
   t "PEER_ONLY=1: llama.cpp and 70B left out"
 elif [ $SECONDS -lt 380 ]; then
   echo "== d. Llama-3-70B-shape Q4_K ($SECONDS s)" | tee -a "$log"
@@ -282,7 +328,7 @@ else
 fi
 
 # e. where a decode step's time goes (log only).
-if [ "${PEER_ONLY:-0}" != 1 ] && [ $SECONDS -lt 490 ]; then
+if [ "${PEER_ONLY:-0}" != 1 ] && [ "$DEC" != 1 ] && [ $SECONDS -lt 490 ]; then
   echo "== e. per-kernel profile, TP=1 and TP=2 decode ($SECONDS s)" | tee -a "$log"
   SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1
   SMELT_CUDA_PROFILE=1 timeout 40 $S bench --model $m8 --device cuda:0,1 --tp 2 --prompt 64 --gen 16 --reps 1 >> "$log" 2>&1

@@ -17,6 +17,7 @@ use std::sync::{Arc, Barrier, Mutex};
 
 use cudarc::driver::{sys, CudaContext, CudaSlice, LaunchConfig};
 use smelt_kernels::allreduce as ar;
+use smelt_kernels::allreduce_norm as arn;
 
 use crate::{CudaError, Gpu, KernelParam};
 
@@ -114,6 +115,8 @@ pub struct PeerReduce {
     /// Largest message in floats.
     pub cap: usize,
     name: String,
+    /// The fused all-reduce + add + norm + quantize kernel's name (`arn::kernel`).
+    norm_name: String,
     _staging: PeerBuf,
     signal: PeerBuf,
     table: CudaSlice<u64>,
@@ -179,16 +182,18 @@ impl PeerReduce {
         let local = (|| -> Result<_, String> {
             let gpu = gpu.ok_or_else(|| format!("rank {rank} did not load"))?;
             let name = ar::name(n).ok_or_else(|| format!("no one-shot kernel for {n} ranks"))?;
+            let norm_name = arn::name(n).ok_or_else(|| format!("no fused kernel for {n} ranks"))?;
             if n > ar::MAX_RANKS || ordinals.len() != n {
                 return Err(format!("{n} ranks over {} devices", ordinals.len()));
             }
             gpu.function(&name).map_err(|e| e.to_string())?;
+            gpu.function(&norm_name).map_err(|e| e.to_string())?;
             let peers = enable_peer_access(gpu, ordinals)?;
             let staging = PeerBuf::zeroed(gpu, 4 * ar::staging_floats(n, cap))?;
             let signal = PeerBuf::zeroed(gpu, 4 * ar::SIGNAL_WORDS)?;
             // The zeros are in place before any peer may write a flag.
             gpu.synchronize().map_err(|e| e.to_string())?;
-            Ok((gpu.clone(), name, peers, staging, signal))
+            Ok((gpu.clone(), (name, norm_name), peers, staging, signal))
         })();
         let all = rv.meet(
             rank,
@@ -215,7 +220,7 @@ impl PeerReduce {
                 .map(|r| format!("rank {r} posted no address"))
         });
         let made = match (local, refused) {
-            (Ok((gpu, name, peers, staging, signal)), None) => {
+            (Ok((gpu, (name, norm_name), peers, staging, signal)), None) => {
                 let mut table: Vec<u64> = all.iter().map(|p| p.staging).collect();
                 table.extend(all.iter().map(|p| p.signal));
                 gpu.upload(&table)
@@ -226,6 +231,7 @@ impl PeerReduce {
                         n_ranks: n,
                         cap,
                         name,
+                        norm_name,
                         _staging: staging,
                         signal,
                         table,
@@ -275,6 +281,103 @@ impl PeerReduce {
             rank: self.rank as u32,
             cap4: (self.cap / 4) as u32,
         }
+    }
+
+    /// The fused kernel's name (`smelt_kernels::allreduce_norm`, the group size's).
+    pub fn norm_kernel_name(&self) -> &str {
+        &self.norm_name
+    }
+
+    /// Whether the fused kernel takes `rows` rows of `n` floats with partials at `y`.
+    pub fn can_take_rows(&self, rows: usize, n: usize, y: u64) -> bool {
+        arn::eligible(rows, n, y, self.cap)
+    }
+
+    /// The fused kernel's arguments: `rows` partial rows of `n` floats at `y` summed over
+    /// the group (in place), added into the residual `x`, normalised with weights `w` into
+    /// `out` and quantized into `q` (check [`Self::can_take_rows`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_args(
+        &self,
+        y: u64,
+        x: u64,
+        w: u64,
+        out: u64,
+        q: u64,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> arn::AllReduceNormArgs {
+        arn::AllReduceNormArgs {
+            y,
+            x,
+            w,
+            out,
+            q,
+            n: n as u32,
+            ntiles: n.div_ceil(smelt_kernels::TILE) as u32,
+            eps,
+            rows: rows as u32,
+            table: self.gpu.ptr(&self.table),
+            signal: self.signal.ptr,
+            rank: self.rank as u32,
+            cap4: (self.cap / 4) as u32,
+        }
+    }
+
+    /// The fused kernel on this rank's stream (the check binary's way; the engine launches
+    /// through its backend).
+    ///
+    /// # Safety
+    /// The pointers must hold what [`Self::norm_args`] says on this rank's device, `out`
+    /// apart from `x` and `y`, and every rank must make the same sequence of calls.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_reduce_add_norm(
+        &self,
+        y: u64,
+        x: u64,
+        w: u64,
+        out: u64,
+        q: u64,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        if !self.can_take_rows(rows, n, y) {
+            return Err(CudaError::BadLength {
+                what: "fused peer all-reduce (rows per block, whole q8_1 blocks, aligned, within the staging)",
+                got: rows * n,
+                want: self.cap,
+            });
+        }
+        let f = self.gpu.function(&self.norm_name)?;
+        let params: Vec<KernelParam> = self
+            .norm_args(y, x, w, out, q, rows, n, eps)
+            .values()
+            .into_iter()
+            .map(KernelParam::from)
+            .collect();
+        // SAFETY: the parameters are the kernel's; the caller vouches for the pointers.
+        unsafe { self.launch_params(&f, arn::launch(n), params) }
+    }
+
+    /// Launches `f` with `params` (and the timeline slot when the module has one).
+    unsafe fn launch_params(
+        &self,
+        f: &cudarc::driver::CudaFunction,
+        l: smelt_kernels::ops::Launch,
+        mut params: Vec<KernelParam>,
+    ) -> Result<(), CudaError> {
+        if self.gpu.timeline() {
+            params.push(KernelParam::P(0));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: l.grid,
+            block_dim: l.block,
+            shared_mem_bytes: l.shared_bytes,
+        };
+        // SAFETY: the caller passes the kernel's parameters.
+        unsafe { self.gpu.launch(f, cfg, &params) }
     }
 
     /// Sums `n` floats at `x` over the group, in place, on this rank's stream (the check

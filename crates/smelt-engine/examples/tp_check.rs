@@ -16,7 +16,11 @@
 //! the one-shot peer all-reduce (`smelt_cuda::peer`) against its CPU twin and NCCL at
 //! 8 KB .. 4 MB and a ragged size (bit-exact sums, 40 in-place calls back to back, sizes
 //! alternating between calls), and its latency beside NCCL's, launched one by one and
-//! replayed from a CUDA graph (`ARPROBE` lines).
+//! replayed from a CUDA graph (`ARPROBE` lines); then the kernel that fuses the all-reduce
+//! with the residual add, RMS norm and q8_1 quantize (`smelt_kernels::allreduce_norm`)
+//! against its CPU twin (every output bit-exact, 1 to 32 rows, 40 calls alternating with
+//! the plain kernel) and its time beside the unfused pair it replaces (plain peer
+//! all-reduce, then `add_rms_norm_q8_1`), in a graph (`ARNORM` lines).
 
 use std::sync::Arc;
 
@@ -130,6 +134,214 @@ fn nccl_probe(gpus: &[usize]) {
     if !peer_probe(gpus, &comms) {
         std::process::exit(1);
     }
+    if !norm_probe(gpus, &comms) {
+        std::process::exit(1);
+    }
+}
+
+/// Launches kernel `name` of `gpu`'s module with typed arguments `a`.
+fn launch_named(
+    gpu: &smelt_cuda::Gpu,
+    name: &str,
+    l: smelt_kernels::ops::Launch,
+    a: Vec<smelt_kernels::ops::ArgValue>,
+) {
+    let f = gpu.function(name).expect("kernel");
+    let mut params: Vec<smelt_cuda::KernelParam> =
+        a.into_iter().map(smelt_cuda::KernelParam::from).collect();
+    if gpu.timeline() {
+        params.push(smelt_cuda::KernelParam::P(0));
+    }
+    let cfg = smelt_cuda::cudarc::driver::LaunchConfig {
+        grid_dim: l.grid,
+        block_dim: l.block,
+        shared_mem_bytes: l.shared_bytes,
+    };
+    // SAFETY: the arguments are the kernel's typed ones; the callers' buffers hold them.
+    unsafe { gpu.launch(&f, cfg, &params) }.expect("launch");
+}
+
+/// One shape's fused-kernel results on one rank.
+struct NormResult {
+    rows: usize,
+    n: usize,
+    exact: bool,
+    repeated: bool,
+    fused_us: f64,
+    unfused_us: f64,
+}
+
+/// The fused all-reduce + add + norm + q8_1 kernel on every GPU of `gpus` against its CPU
+/// twin (y, x, out and q all bit-exact), then 40 calls alternating with the plain kernel,
+/// and its time in a graph beside the plain peer all-reduce followed by
+/// `add_rms_norm_q8_1`; false when anything differs.
+fn norm_probe(gpus: &[usize], comms: &[smelt_cuda::nccl::Comm]) -> bool {
+    use smelt_kernels::allreduce_norm as arn;
+    let nr = gpus.len();
+    let shapes = [
+        (1usize, 4096usize),
+        (1, 5120),
+        (4, 4096),
+        (32, 4096),
+        (1, 2048),
+    ];
+    let cap = 32 * 4096;
+    let eps = 1e-5f32;
+    let rv = smelt_cuda::peer::Rendezvous::new(nr);
+    let results: Vec<Result<Vec<NormResult>, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .zip(gpus)
+            .map(|(c, &o)| {
+                let rv = rv.clone();
+                s.spawn(move || -> Result<Vec<NormResult>, String> {
+                    let gpu = smelt_cuda::Gpu::open(o).map_err(|e| e.to_string())?;
+                    let p =
+                        smelt_cuda::peer::PeerReduce::start(Some(&gpu), c.rank, gpus, cap, &rv)?;
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    let mut out = Vec::new();
+                    for (si, &(rows, n)) in shapes.iter().enumerate() {
+                        let len = rows * n;
+                        let partials: Vec<Vec<f32>> =
+                            (0..nr).map(|r| probe_input(r, len, si)).collect();
+                        let refs: Vec<&[f32]> = partials.iter().map(Vec::as_slice).collect();
+                        let x0: Vec<f32> = probe_input(nr + 7, len, si)
+                            .iter()
+                            .map(|v| v * 3.0)
+                            .collect();
+                        let w: Vec<f32> = (0..n).map(|i| 0.5 + (i % 13) as f32 / 8.0).collect();
+                        let mut xw = x0.clone();
+                        let arn::TwinOut {
+                            y: ys,
+                            out: outs,
+                            q: qs,
+                        } = arn::twin(&refs, &mut xw, &w, eps).map_err(|e| e.to_string())?;
+                        let qbytes = smelt_kernels::act::row_bytes(n).expect("tiles") * rows;
+                        let yb = gpu.upload(&partials[c.rank]).expect("upload");
+                        let xb = gpu.upload(&x0).expect("upload");
+                        let wb = gpu.upload(&w).expect("upload");
+                        // Poisoned outputs: a value never written shows.
+                        let ob = gpu.upload(&vec![f32::NAN; len]).expect("upload");
+                        let qb = gpu.upload(&vec![0xA5u8; qbytes]).expect("upload");
+                        let (py, px, pw, po, pq) = (
+                            gpu.ptr(&yb),
+                            gpu.ptr(&xb),
+                            gpu.ptr(&wb),
+                            gpu.ptr(&ob),
+                            gpu.ptr(&qb),
+                        );
+                        // SAFETY: every buffer holds what `norm_args` says; every rank makes
+                        // the same calls.
+                        unsafe { p.all_reduce_add_norm(py, px, pw, po, pq, rows, n, eps) }
+                            .map_err(|e| e.to_string())?;
+                        let exact = bits(&gpu.download(&yb).expect("download")) == bits(&ys)
+                            && bits(&gpu.download(&xb).expect("download")) == bits(&xw)
+                            && bits(&gpu.download(&ob).expect("download")) == bits(&outs)
+                            && gpu.download(&qb).expect("download") == qs;
+                        // 40 more calls, each followed by a plain all-reduce of another
+                        // buffer: the two kernels share the staging and the counters.
+                        let zb = gpu.upload(&probe_input(c.rank, 4096, 77)).expect("upload");
+                        let mut zs: Vec<Vec<f32>> =
+                            (0..nr).map(|r| probe_input(r, 4096, 77)).collect();
+                        let mut ycur = ys.clone();
+                        let mut xcur = xw.clone();
+                        let (mut ocur, mut qcur) = (outs.clone(), qs.clone());
+                        for _ in 0..40 {
+                            // SAFETY: as above.
+                            unsafe { p.all_reduce_add_norm(py, px, pw, po, pq, rows, n, eps) }
+                                .map_err(|e| e.to_string())?;
+                            unsafe { p.all_reduce(gpu.ptr(&zb), 4096) }
+                                .map_err(|e| e.to_string())?;
+                            // Every rank's y now holds the same sum: the next call adds it
+                            // over the ranks again.
+                            let same: Vec<&[f32]> = (0..nr).map(|_| ycur.as_slice()).collect();
+                            let t =
+                                arn::twin(&same, &mut xcur, &w, eps).map_err(|e| e.to_string())?;
+                            (ycur, ocur, qcur) = (t.y, t.out, t.q);
+                            let r: Vec<&[f32]> = zs.iter().map(Vec::as_slice).collect();
+                            let z = smelt_kernels::allreduce::twin(&r);
+                            zs = vec![z; nr];
+                        }
+                        let repeated = bits(&gpu.download(&yb).expect("download")) == bits(&ycur)
+                            && bits(&gpu.download(&xb).expect("download")) == bits(&xcur)
+                            && bits(&gpu.download(&ob).expect("download")) == bits(&ocur)
+                            && gpu.download(&qb).expect("download") == qcur
+                            && bits(&gpu.download(&zb).expect("download")) == bits(&zs[0]);
+                        // Timing on zeros (sums stay finite call after call).
+                        let zy = gpu.zeros::<f32>(len).expect("zeros");
+                        let zx = gpu.zeros::<f32>(len).expect("zeros");
+                        let (pzy, pzx) = (gpu.ptr(&zy), gpu.ptr(&zx));
+                        let fused = || {
+                            // SAFETY: as above.
+                            unsafe { p.all_reduce_add_norm(pzy, pzx, pw, po, pq, rows, n, eps) }
+                                .expect("fused")
+                        };
+                        let unfused = || {
+                            // SAFETY: as above.
+                            unsafe { p.all_reduce(pzy, len) }.expect("peer");
+                            launch_named(
+                                &gpu,
+                                smelt_kernels::fused::ADD_RMS_NORM_Q8,
+                                smelt_kernels::fused::launch(rows, n),
+                                smelt_kernels::fused::AddNormQ8Args {
+                                    x: pzx,
+                                    y: pzy,
+                                    w: pw,
+                                    out: po,
+                                    q: pq,
+                                    n: n as u32,
+                                    ntiles: n.div_ceil(smelt_kernels::TILE) as u32,
+                                    eps,
+                                }
+                                .values(),
+                            );
+                        };
+                        let fused_us = per_call_graph(&gpu, &fused);
+                        let unfused_us = per_call_graph(&gpu, &unfused);
+                        out.push(NormResult {
+                            rows,
+                            n,
+                            exact,
+                            repeated,
+                            fused_us,
+                            unfused_us,
+                        });
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    });
+    let mut per_rank = Vec::new();
+    for (r, res) in results.into_iter().enumerate() {
+        match res {
+            Ok(v) => per_rank.push(v),
+            Err(why) => {
+                println!("ARNORM FAIL rank {r}: {why}");
+                return false;
+            }
+        }
+    }
+    let mut ok = true;
+    for i in 0..per_rank[0].len() {
+        let all = |f: &dyn Fn(&NormResult) -> bool| per_rank.iter().all(|r| f(&r[i]));
+        let slow =
+            |f: &dyn Fn(&NormResult) -> f64| per_rank.iter().map(|r| f(&r[i])).fold(0f64, f64::max);
+        let (exact, repeated) = (all(&|r| r.exact), all(&|r| r.repeated));
+        ok &= exact && repeated;
+        let r0 = &per_rank[0][i];
+        println!(
+            "ARNORM {nr} GPUs {} x {}: y/x/out/q vs twin {} , 40 calls with the plain kernel between {} | graph: fused {:.1} us, peer all-reduce + add_rms_norm_q8_1 {:.1} us",
+            r0.rows,
+            r0.n,
+            if exact { "exact" } else { "WRONG" },
+            if repeated { "exact" } else { "WRONG" },
+            slow(&|r| r.fused_us),
+            slow(&|r| r.unfused_us),
+        );
+    }
+    ok
 }
 
 /// Rank `r`'s input of `n` floats (fractions, so the order of the adds shows in the bits).

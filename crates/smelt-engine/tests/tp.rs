@@ -289,6 +289,41 @@ fn sharded_forward_equals_whole_dense_f32() {
 }
 
 #[test]
+fn the_all_reduces_run_as_the_fused_op_except_where_a_norm_comes_between() {
+    // Every all-reduce but the last layer's FFN one runs as all-reduce + add + next norm
+    // (what the CUDA backend runs as one kernel at decode); a model with post-norms (gemma3)
+    // has an op between the all-reduce and the add, so it keeps the plain all-reduce.
+    let one_step = |arch: &'static str| {
+        let s = dense(arch, GgmlType::F32);
+        let g = tiny(&s, 7);
+        let opts = TpOptions {
+            n_ranks: 2,
+            vocab_parallel: true,
+        };
+        let mut tp = CpuTp::load(&g, opts, 8, 16).expect("tp load");
+        let blocks: Vec<u32> = (0..8).collect();
+        let seqs = [AttnSeq {
+            row: 0,
+            n_tokens: 3,
+            start_pos: 0,
+            blocks: &blocks,
+        }];
+        tp.forward(&[1, 5, 9], &[0, 1, 2], &seqs, &[0, 1, 2])
+            .expect("tp forward");
+        (tp.fused_calls(), s.n_layer)
+    };
+    let (calls, layers) = one_step("llama");
+    assert_eq!(
+        calls,
+        2 * (2 * layers - 1),
+        "2 ranks, 2 per layer but the last FFN's"
+    );
+    assert_eq!(one_step("gemma3").0, 0);
+    // The results of the fused op are checked with every sharded forward above and below
+    // (equal to the whole model's).
+}
+
+#[test]
 fn sharded_forward_equals_whole_block_formats() {
     // Q8_0 (32-column blocks) cuts between any two heads of 64; Q4_K (256) every 4 heads.
     check(dense("llama", GgmlType::Q8_0), &[1, 2, 4]);

@@ -54,8 +54,8 @@ pub const RANKS: [usize; 3] = [2, 4, 8];
 /// Largest message (bytes) the one-shot kernel takes by default for `n_ranks` ranks; larger
 /// ones go to NCCL. Each rank reads `n_ranks - 1` remote copies' worth through its links,
 /// so the crossover falls as the group grows (vLLM's one-shot limits fall the same way).
-/// The engine uses it with `SMELT_TP_PEER=1` (off by default until a GPU run has timed
-/// it); `SMELT_TP_PEER_MAX` overrides it.
+/// The engine's default (the peer path is on unless `SMELT_TP_PEER=0`);
+/// `SMELT_TP_PEER_MAX` overrides it.
 pub fn default_max_bytes(n_ranks: usize) -> usize {
     match n_ranks {
         0 | 1 => 0,
@@ -120,52 +120,87 @@ kernel_params! {
     }
 }
 
-/// The one-shot all-reduce for a group of `n_ranks` (module doc). Parameters:
-/// [`AllReduceArgs`]. Launch: [`launch`].
-pub fn kernel(k: &Kernel, n_ranks: usize) {
-    k.max_threads(THREADS, 1, 1);
-    let AllReduceRegs {
-        x,
-        n4,
-        table,
-        signal,
-        rank,
-        cap4,
-    } = AllReduceRegs::declare(k);
-    let n = n_ranks as u32;
-    let tid = k.tid_x();
+/// What one block of a one-shot call knows after [`begin`]: its call's flag and parity,
+/// where its counter lives, and the byte length of a staging slot.
+#[derive(Clone, Copy)]
+pub(crate) struct Call {
+    pub flag: Reg<U32>,
+    pub parity: Reg<U32>,
+    pub slot_bytes: Reg<U32>,
+    ctr: Reg<U64>,
+}
+
+/// Byte offset of the counters in a signal area.
+const COUNTERS: i64 = (BLOCKS as usize * MAX_RANKS * 4) as i64;
+
+/// Step 1 of the module doc for this block: its call counter, the call's flag and parity.
+pub(crate) fn begin(k: &Kernel, signal: Reg<U64>, cap4: Reg<U32>) -> Call {
     let b = k.ctaid_x();
-    let counters = (BLOCKS as usize * MAX_RANKS * 4) as i64;
-    let ctr_addr = k.elem_addr(signal, b, 4);
-    let count = k.load::<U32>(Load::GLOBAL.cache(LoadCache::Cg), ctr_addr.at(counters));
+    let ctr = k.elem_addr(signal, b, 4);
+    let count = k.load::<U32>(Load::GLOBAL.cache(LoadCache::Cg), ctr.at(COUNTERS));
     let flag = k.add(k.reg(), count, 1u32);
     let parity = k.and(k.reg(), flag, 1u32);
     let slot_bytes = k.shl(k.reg(), cap4, 4u32);
-    // Where this rank's share lands in every peer's staging: slot [parity][rank].
-    let my_slot = k.mad(k.reg(), parity, n, rank);
-    let my_off = k.mul_wide(k.reg::<U64>(), my_slot, slot_bytes);
+    Call {
+        flag,
+        parity,
+        slot_bytes,
+        ctr,
+    }
+}
+
+/// Where this rank's share lands in every peer's staging (slot `[parity][rank]`), one
+/// address per rank of the group (this rank's own entry unused).
+pub(crate) fn push_targets(
+    k: &Kernel,
+    call: &Call,
+    table: Reg<U64>,
+    rank: Reg<U32>,
+    n_ranks: usize,
+) -> Vec<Reg<U64>> {
+    let my_slot = k.mad(k.reg(), call.parity, n_ranks as u32, rank);
+    let my_off = k.mul_wide(k.reg::<U64>(), my_slot, call.slot_bytes);
     // `p == rank` is tested where it is used: eight predicates live across the loops would
     // not fit the hardware's seven (ptxas spills them).
-    let dst: Vec<Reg<U64>> = (0..n_ranks)
+    (0..n_ranks)
         .map(|p| {
             let base = k.load::<U64>(Load::GLOBAL_NC, table.at(8 * p as i64));
             k.add(base, base, my_off)
         })
-        .collect();
-    let first = k.mad(k.reg(), b, THREADS, tid);
-    let stride = BLOCKS * THREADS;
-    k.comment("push: this block's share of x into every peer's staging [parity][rank]");
-    k.stride_loop(first, n4, stride, |k, i| {
-        let src = k.elem_addr(x, i, 16);
-        let v = k.regs::<F32, 4>();
-        k.ld_v4(Load::GLOBAL, v, src);
-        let off = k.mul_wide(k.reg::<U64>(), i, 16u32);
-        for (p, &d) in dst.iter().enumerate() {
-            let a = k.add(k.reg::<U64>(), d, off);
-            let peer = k.cmp(Cmp::Ne, rank, p as u32);
-            k.guarded(peer, |k| k.st_v4(Store::GLOBAL, a, v));
-        }
-    });
+        .collect()
+}
+
+/// Stores the 16-byte vector `v` (vector index `i` of the message) into every peer's slot.
+pub(crate) fn push_vec(
+    k: &Kernel,
+    dst: &[Reg<U64>],
+    rank: Reg<U32>,
+    i: Reg<U32>,
+    v: [Reg<F32>; 4],
+) {
+    let off = k.mul_wide(k.reg::<U64>(), i, 16u32);
+    for (p, &d) in dst.iter().enumerate() {
+        let a = k.add(k.reg::<U64>(), d, off);
+        let peer = k.cmp(Cmp::Ne, rank, p as u32);
+        k.guarded(peer, |k| k.st_v4(Store::GLOBAL, a, v));
+    }
+}
+
+/// Step 3 of the module doc: the block's pushes are released to every peer with its flag,
+/// and every peer's flag of this call is acquired; the block's threads meet before and
+/// after.
+pub(crate) fn handshake(
+    k: &Kernel,
+    call: &Call,
+    table: Reg<U64>,
+    signal: Reg<U64>,
+    rank: Reg<U32>,
+    n_ranks: usize,
+) {
+    let n = n_ranks as u32;
+    let tid = k.tid_x();
+    let b = k.ctaid_x();
+    let flag = call.flag;
     k.bar_sync();
     k.comment("barrier: thread p releases our flag into peer p and acquires p's flag");
     let peer = k.lt(tid, n);
@@ -193,18 +228,66 @@ pub fn kernel(k: &Kernel, n_ranks: usize) {
         k.bra_if(behind, spin);
     });
     k.bar_sync();
-    k.comment("reduce: ranks summed in rank order, the same bits on every rank");
+}
+
+/// Where rank `p`'s share of this call lies in this rank's own staging, for every `p`
+/// (this rank's own entry unused: its share is the input itself).
+pub(crate) fn sources(
+    k: &Kernel,
+    call: &Call,
+    table: Reg<U64>,
+    rank: Reg<U32>,
+    n_ranks: usize,
+) -> Vec<Reg<U64>> {
     let own = {
         let slot = k.elem_addr(table, rank, 8);
         k.load::<U64>(Load::GLOBAL_NC, slot)
     };
-    let src: Vec<Reg<U64>> = (0..n)
+    (0..n_ranks as u32)
         .map(|p| {
-            let s = k.mad(k.reg(), parity, n, p);
-            let off = k.mul_wide(k.reg::<U64>(), s, slot_bytes);
+            let s = k.mad(k.reg(), call.parity, n_ranks as u32, p);
+            let off = k.mul_wide(k.reg::<U64>(), s, call.slot_bytes);
             k.add(off, off, own)
         })
-        .collect();
+        .collect()
+}
+
+/// Step 5 of the module doc: thread 0 keeps the call's flag as the block's counter.
+pub(crate) fn end(k: &Kernel, call: &Call) {
+    let t0 = k.eq(k.tid_x(), 0u32);
+    k.guarded(t0, |k| {
+        k.st(Store::GLOBAL, call.ctr.at(COUNTERS), call.flag)
+    });
+}
+
+/// The one-shot all-reduce for a group of `n_ranks` (module doc). Parameters:
+/// [`AllReduceArgs`]. Launch: [`launch`].
+pub fn kernel(k: &Kernel, n_ranks: usize) {
+    k.max_threads(THREADS, 1, 1);
+    let AllReduceRegs {
+        x,
+        n4,
+        table,
+        signal,
+        rank,
+        cap4,
+    } = AllReduceRegs::declare(k);
+    let tid = k.tid_x();
+    let b = k.ctaid_x();
+    let call = begin(k, signal, cap4);
+    let dst = push_targets(k, &call, table, rank, n_ranks);
+    let first = k.mad(k.reg(), b, THREADS, tid);
+    let stride = BLOCKS * THREADS;
+    k.comment("push: this block's share of x into every peer's staging [parity][rank]");
+    k.stride_loop(first, n4, stride, |k, i| {
+        let src = k.elem_addr(x, i, 16);
+        let v = k.regs::<F32, 4>();
+        k.ld_v4(Load::GLOBAL, v, src);
+        push_vec(k, &dst, rank, i, v);
+    });
+    handshake(k, &call, table, signal, rank, n_ranks);
+    k.comment("reduce: ranks summed in rank order, the same bits on every rank");
+    let src = sources(k, &call, table, rank, n_ranks);
     k.stride_loop(first, n4, stride, |k, i| {
         let xa = k.elem_addr(x, i, 16);
         let off = k.mul_wide(k.reg::<U64>(), i, 16u32);
@@ -228,8 +311,7 @@ pub fn kernel(k: &Kernel, n_ranks: usize) {
         }
         k.st_v4(Store::GLOBAL, xa, acc);
     });
-    let t0 = k.eq(tid, 0u32);
-    k.guarded(t0, |k| k.st(Store::GLOBAL, ctr_addr.at(counters), flag));
+    end(k, &call);
 }
 
 /// What every rank holds after the all-reduce (the kernel's CPU twin): each element summed
@@ -252,6 +334,31 @@ pub fn twin(inputs: &[&[f32]]) -> Vec<f32> {
 /// acquire): `calls[c][r]` is rank `r`'s input of call `c`; returns every rank's outputs.
 /// Tests check it against [`twin`], so the layout the kernel and the host share is pinned.
 pub fn protocol_twin(n_ranks: usize, cap: usize, calls: &[Vec<Vec<f32>>]) -> Vec<Vec<Vec<f32>>> {
+    protocol_twin_with(n_ranks, cap, calls, &|_, b, n4| plain_share(b, n4))
+}
+
+/// The 16-byte vectors block `b` of the plain kernel moves of a message of `n4` vectors
+/// (its grid-stride share).
+pub fn plain_share(b: usize, n4: usize) -> Vec<usize> {
+    let stride = (BLOCKS * THREADS) as usize;
+    (b * THREADS as usize..n4)
+        .step_by(stride)
+        .fold(Vec::new(), |mut v, start| {
+            v.extend(start..(start + THREADS as usize).min(n4));
+            v
+        })
+}
+
+/// [`protocol_twin`] with each call's blocks moving the vectors `share(call, block, n4)`
+/// gives them: calls of the plain kernel and of kernels that share its staging, flags and
+/// counters with another split of the message (`crate::allreduce_norm`: one row a block),
+/// in any order.
+pub fn protocol_twin_with(
+    n_ranks: usize,
+    cap: usize,
+    calls: &[Vec<Vec<f32>>],
+    share: &(dyn Fn(usize, usize, usize) -> Vec<usize> + Sync),
+) -> Vec<Vec<Vec<f32>>> {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
     let staging: Arc<Vec<Vec<AtomicU32>>> = Arc::new(
@@ -268,80 +375,75 @@ pub fn protocol_twin(n_ranks: usize, cap: usize, calls: &[Vec<Vec<f32>>]) -> Vec
             .map(|_| (0..SIGNAL_WORDS).map(|_| AtomicU32::new(0)).collect())
             .collect(),
     );
-    let calls = Arc::new(calls.to_vec());
-    let handles: Vec<_> = (0..n_ranks)
-        .map(|rank| {
-            let (staging, signal, calls) = (staging.clone(), signal.clone(), calls.clone());
-            std::thread::spawn(move || {
-                let mut outs = Vec::new();
-                let counters = BLOCKS as usize * MAX_RANKS;
-                let stride = (BLOCKS * THREADS) as usize;
-                for call in calls.iter() {
-                    let mut x = call[rank].clone();
-                    let n4 = x.len() / 4;
-                    for b in 0..BLOCKS as usize {
-                        let flag = signal[rank][counters + b].load(Ordering::Relaxed) + 1;
-                        let parity = (flag & 1) as usize;
-                        let idx: Vec<usize> = (b * THREADS as usize..n4).step_by(stride).fold(
-                            Vec::new(),
-                            |mut v, start| {
-                                v.extend(start..(start + THREADS as usize).min(n4));
-                                v
-                            },
-                        );
-                        for &i in &idx {
-                            for (p, peer) in staging.iter().enumerate() {
-                                if p == rank {
-                                    continue;
+    let calls = calls.to_vec();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n_ranks)
+            .map(|rank| {
+                let (staging, signal, calls) = (staging.clone(), signal.clone(), &calls);
+                scope.spawn(move || {
+                    let mut outs = Vec::new();
+                    let counters = BLOCKS as usize * MAX_RANKS;
+                    for (c, call) in calls.iter().enumerate() {
+                        let mut x = call[rank].clone();
+                        let n4 = x.len() / 4;
+                        for b in 0..BLOCKS as usize {
+                            let flag = signal[rank][counters + b].load(Ordering::Relaxed) + 1;
+                            let parity = (flag & 1) as usize;
+                            let idx = share(c, b, n4);
+                            for &i in &idx {
+                                for (p, peer) in staging.iter().enumerate() {
+                                    if p == rank {
+                                        continue;
+                                    }
+                                    let slot = (parity * n_ranks + rank) * cap;
+                                    for c in 0..4 {
+                                        peer[slot + 4 * i + c]
+                                            .store(x[4 * i + c].to_bits(), Ordering::Relaxed);
+                                    }
                                 }
-                                let slot = (parity * n_ranks + rank) * cap;
+                            }
+                            for (p, peer) in signal.iter().enumerate() {
+                                if p != rank {
+                                    peer[b * MAX_RANKS + rank].store(flag, Ordering::Release);
+                                }
+                            }
+                            for p in (0..n_ranks).filter(|&p| p != rank) {
+                                let w = &signal[rank][b * MAX_RANKS + p];
+                                while (w.load(Ordering::Acquire).wrapping_sub(flag) as i32) < 0 {
+                                    std::thread::yield_now();
+                                }
+                            }
+                            for &i in &idx {
                                 for c in 0..4 {
-                                    peer[slot + 4 * i + c]
-                                        .store(x[4 * i + c].to_bits(), Ordering::Relaxed);
+                                    let e = 4 * i + c;
+                                    let mut acc = 0f32;
+                                    for p in 0..n_ranks {
+                                        let v = if p == rank {
+                                            x[e]
+                                        } else {
+                                            let slot = (parity * n_ranks + p) * cap;
+                                            f32::from_bits(
+                                                staging[rank][slot + e].load(Ordering::Relaxed),
+                                            )
+                                        };
+                                        acc = if p == 0 { v } else { acc + v };
+                                    }
+                                    x[e] = acc;
                                 }
                             }
+                            signal[rank][counters + b].store(flag, Ordering::Relaxed);
                         }
-                        for (p, peer) in signal.iter().enumerate() {
-                            if p != rank {
-                                peer[b * MAX_RANKS + rank].store(flag, Ordering::Release);
-                            }
-                        }
-                        for p in (0..n_ranks).filter(|&p| p != rank) {
-                            let w = &signal[rank][b * MAX_RANKS + p];
-                            while (w.load(Ordering::Acquire).wrapping_sub(flag) as i32) < 0 {
-                                std::thread::yield_now();
-                            }
-                        }
-                        for &i in &idx {
-                            for c in 0..4 {
-                                let e = 4 * i + c;
-                                let mut acc = 0f32;
-                                for p in 0..n_ranks {
-                                    let v = if p == rank {
-                                        x[e]
-                                    } else {
-                                        let slot = (parity * n_ranks + p) * cap;
-                                        f32::from_bits(
-                                            staging[rank][slot + e].load(Ordering::Relaxed),
-                                        )
-                                    };
-                                    acc = if p == 0 { v } else { acc + v };
-                                }
-                                x[e] = acc;
-                            }
-                        }
-                        signal[rank][counters + b].store(flag, Ordering::Relaxed);
+                        outs.push(x);
                     }
-                    outs.push(x);
-                }
-                outs
+                    outs
+                })
             })
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("rank thread"))
-        .collect()
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
 }
 
 #[cfg(test)]

@@ -225,6 +225,7 @@ pub fn all() -> Vec<Entry> {
     v.extend(crate::moe::catalog());
     v.extend(crate::delta_net::catalog());
     v.extend(crate::allreduce::catalog());
+    v.extend(crate::allreduce_norm::catalog());
     for ty in GEMV_TYPES {
         for t in crate::moe::TILE_TOKENS {
             with_format!(ty, F => {

@@ -137,13 +137,37 @@ pub fn kernel(k: &Kernel, add: bool) {
     }
     // The reduction's barriers also make every thread's `x` writes visible to the block.
     let total = block_sum(k, sum, &scratch);
+    let scale = rms_scale(k, total, n, eps);
+    norm_quantize_row(k, xs, os, w, q, row, n, ntiles, scale);
+}
+
+/// `1 / sqrt(total / n + eps)`, as the norm kernels compute it.
+pub(crate) fn rms_scale(k: &Kernel, total: Reg<F32>, n: Reg<U32>, eps: Reg<F32>) -> Reg<F32> {
     let nf = k.cvt(k.reg::<F32>(), n, FloatRound::Rn);
     let mean = k.div_rn(k.reg(), total, nf);
     k.add(mean, mean, eps);
     let root = k.sqrt_rn(k.reg(), mean);
-    let scale = k.div_rn(k.reg(), 1.0f32, root);
+    k.div_rn(k.reg(), 1.0f32, root)
+}
 
-    // Phase 2, as `act::quantize_kernel`: one warp per 256-value tile, eight per lane.
+/// Phase 2 of [`kernel`] for the block's row `row` (the residual row at `xs`, its norm
+/// output at `os`): `out = x * scale * w` and its q8_1 tiles, as `act::quantize_kernel`
+/// writes them, one warp per 256-value tile, eight values per lane. `x` may have been
+/// written by other threads of the block before a barrier.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn norm_quantize_row(
+    k: &Kernel,
+    xs: Reg<U64>,
+    os: Reg<U64>,
+    w: Reg<U64>,
+    q: Reg<U64>,
+    row: Reg<U32>,
+    n: Reg<U32>,
+    ntiles: Reg<U32>,
+    scale: Reg<F32>,
+) {
+    let tid = k.tid_x();
+    let step = k.ntid_x();
     let lane = k.and(k.reg(), tid, 31u32);
     let warp = k.shr(k.reg(), tid, 5u32);
     let nwarps = k.shr(k.reg(), step, 5u32);

@@ -16,11 +16,14 @@
 //! - [`gemm`]: the many-token matrix multiply on the tensor cores (int8 `mma.sync`), whose
 //!   CPU twin is the GEMV's.
 //! - [`allreduce`]: the one-shot all-reduce over peer GPU memory (tensor parallelism's
-//!   small messages), with its CPU twin and a CPU model of its flag protocol.
+//!   small messages), with its CPU twin and a CPU model of its flag protocol;
+//!   [`allreduce_norm`] the same all-reduce fused with the residual add, RMS norm and
+//!   q8_1 quantize that follow it at decode.
 //! - [`catalog`]: every kernel this crate emits, for ptxas in CI and for the GPU check.
 
 pub mod act;
 pub mod allreduce;
+pub mod allreduce_norm;
 pub mod catalog;
 pub mod delta_net;
 pub mod formats;

@@ -89,6 +89,7 @@ fn every_kernel_assembles_for_sm80_and_sm90_without_spills() {
     strict.extend(
         smelt_kernels::allreduce::catalog()
             .into_iter()
+            .chain(smelt_kernels::allreduce_norm::catalog())
             .map(|(n, _)| n),
     );
     let moe = |name: &str| {

@@ -76,6 +76,27 @@ enum Head {
 pub trait AllReduce<B: Backend>: Send + Sync {
     fn all_reduce(&self, b: &B, x: &mut B::Tensor) -> Result<(), EngineError>;
 
+    /// `o` summed over the ranks (as [`Self::all_reduce`]), then `x += o` and
+    /// `out = rms_norm(x) * w`: a row-parallel layer's output joining the residual stream,
+    /// and the next block's norm. One op, so that a backend can run it as one kernel (the
+    /// CUDA backend's peer all-reduce fused with the add, the norm and the next matmul's
+    /// q8_1 input, `smelt_kernels::allreduce_norm`); this default is the three ops. `o`
+    /// holds the sum afterwards, as after `all_reduce`.
+    fn all_reduce_add_norm(
+        &self,
+        b: &B,
+        o: &mut B::Tensor,
+        x: &mut B::Tensor,
+        w: &B::Weight,
+        eps: f32,
+        out: &mut B::Tensor,
+    ) -> Result<(), EngineError> {
+        self.all_reduce(b, o)?;
+        b.add(x, o);
+        b.rms_norm(x, w, eps, out);
+        Ok(())
+    }
+
     /// The columns of every rank put side by side: `part` holds this rank's columns
     /// `start..start + part.cols` of a `total`-column tensor (the same rows on every rank);
     /// every rank gets the whole tensor (a vocabulary-parallel head's logits).
@@ -454,8 +475,14 @@ impl<B: Backend> Model<B> {
             Glu::Silu
         };
         let mut gathered = false;
+        // `s.h` already holds this layer's attention norm of `x` (the previous layer's
+        // all-reduce computed it, `AllReduce::all_reduce_add_norm`).
+        let mut normed = false;
         for (il, l) in self.layers.iter().enumerate() {
-            b.rms_norm(&x, &l.attn_norm, i.rms_eps, &mut s.h);
+            if !std::mem::take(&mut normed) {
+                b.rms_norm(&x, &l.attn_norm, i.rms_eps, &mut s.h);
+            }
+            let last = il + 1 == self.layers.len();
             match &l.mixer {
                 Mixer::Delta(d) => {
                     let mut st: Vec<&mut DeltaState<B::Tensor>> =
@@ -534,27 +561,36 @@ impl<B: Backend> Model<B> {
                     b.matmul(&a.wo, &s.att, &mut s.o)?;
                 }
             }
-            if let Some(r) = reduce {
-                r.all_reduce(b, &mut s.o)?;
-            }
             // As llama.cpp (ggml_get_rows on inp_out_ids), the last layer keeps only the rows
             // whose logits are wanted after its attention: the FFN multiplies fewer rows, and
             // its batch-size-dependent kernels see the batch llama.cpp's see.
-            if il + 1 == self.layers.len() && !out_rows.iter().copied().eq(0..n) {
-                if out_rows.is_empty() {
-                    return Ok(b.alloc(0, out_cols));
+            let gather = last && !out_rows.iter().copied().eq(0..n);
+            // The all-reduce, the residual add and the FFN's norm as one op where nothing
+            // comes between them.
+            let fuse_attn = reduce.is_some() && !gather && l.post_attn_norm.is_none();
+            match reduce {
+                Some(r) if fuse_attn => {
+                    r.all_reduce_add_norm(b, &mut s.o, &mut x, &l.ffn_norm, i.rms_eps, &mut s.h)?
                 }
-                s.o = b.gather_rows(&s.o, out_rows);
-                x = b.gather_rows(&x, out_rows);
-                gathered = true;
+                Some(r) => r.all_reduce(b, &mut s.o)?,
+                None => {}
             }
-            if let Some(w) = &l.post_attn_norm {
-                b.rms_norm(&s.o, w, i.rms_eps, &mut s.tmp);
-                std::mem::swap(&mut s.o, &mut s.tmp);
+            if !fuse_attn {
+                if gather {
+                    if out_rows.is_empty() {
+                        return Ok(b.alloc(0, out_cols));
+                    }
+                    s.o = b.gather_rows(&s.o, out_rows);
+                    x = b.gather_rows(&x, out_rows);
+                    gathered = true;
+                }
+                if let Some(w) = &l.post_attn_norm {
+                    b.rms_norm(&s.o, w, i.rms_eps, &mut s.tmp);
+                    std::mem::swap(&mut s.o, &mut s.tmp);
+                }
+                b.add(&mut x, &s.o);
+                b.rms_norm(&x, &l.ffn_norm, i.rms_eps, &mut s.h);
             }
-            b.add(&mut x, &s.o);
-
-            b.rms_norm(&x, &l.ffn_norm, i.rms_eps, &mut s.h);
             match &l.ffn {
                 Ffn::Dense { gate, up, down } => {
                     b.matmul_group(&[gate, up], &s.h, &mut [&mut s.gate, &mut s.up])?;
@@ -563,8 +599,16 @@ impl<B: Backend> Model<B> {
                 }
                 Ffn::Moe(moe) => moe.forward(b, &s.h, &mut s.o)?,
             }
-            if let Some(r) = reduce {
-                r.all_reduce(b, &mut s.o)?;
+            // The same with the next layer's attention norm.
+            let next_norm = self.layers.get(il + 1).map(|n| &n.attn_norm);
+            match (reduce, next_norm) {
+                (Some(r), Some(w)) if l.post_ffn_norm.is_none() => {
+                    r.all_reduce_add_norm(b, &mut s.o, &mut x, w, i.rms_eps, &mut s.h)?;
+                    normed = true;
+                    continue;
+                }
+                (Some(r), _) => r.all_reduce(b, &mut s.o)?,
+                (None, _) => {}
             }
             if let Some(w) = &l.post_ffn_norm {
                 b.rms_norm(&s.o, w, i.rms_eps, &mut s.tmp);

@@ -3,6 +3,7 @@
 //! This is the reference the GPU runner is checked against, and what proves the plan (a
 //! sharded forward equals the whole model's) before any GPU runs it.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
 use smelt_gguf::Gguf;
@@ -20,6 +21,9 @@ pub struct SimComm {
     n: usize,
     barrier: Barrier,
     slots: Mutex<Vec<Vec<f32>>>,
+    /// Calls of the fused all-reduce + add + norm op, over every rank (what the model asks
+    /// for as one op, `AllReduce::all_reduce_add_norm`; a test counts them).
+    pub fused_calls: AtomicUsize,
 }
 
 impl SimComm {
@@ -28,6 +32,7 @@ impl SimComm {
             n,
             barrier: Barrier::new(n),
             slots: Mutex::new(vec![Vec::new(); n]),
+            fused_calls: AtomicUsize::new(0),
         })
     }
 
@@ -92,6 +97,23 @@ impl AllReduce<Cpu> for SimReduce {
         Ok(())
     }
 
+    fn all_reduce_add_norm(
+        &self,
+        b: &Cpu,
+        o: &mut CpuTensor,
+        x: &mut CpuTensor,
+        w: &<Cpu as Backend>::Weight,
+        eps: f32,
+        out: &mut CpuTensor,
+    ) -> Result<(), EngineError> {
+        self.comm.fused_calls.fetch_add(1, Ordering::Relaxed);
+        // The three ops, as the trait's default does them (the CPU has no launch to save).
+        self.all_reduce(b, o)?;
+        b.add(x, o);
+        b.rms_norm(x, w, eps, out);
+        Ok(())
+    }
+
     fn gather_cols(
         &self,
         b: &Cpu,
@@ -153,6 +175,13 @@ impl CpuTp {
             });
         }
         Ok(CpuTp { plan, ranks })
+    }
+
+    /// How many times the ranks ran the fused all-reduce + add + norm op, over all ranks.
+    pub fn fused_calls(&self) -> usize {
+        self.ranks
+            .first()
+            .map_or(0, |r| r.reduce.comm.fused_calls.load(Ordering::Relaxed))
     }
 
     /// Each rank's model (its shapes are the rank's).

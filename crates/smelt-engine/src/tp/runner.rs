@@ -208,8 +208,8 @@ impl TpRunner {
                 Device::Cpu => 0,
             })
             .collect();
-        // The one-shot peer all-reduce for small messages (`SMELT_TP_PEER=1`; off by default
-        // until measured on a GPU; every rank reads the same setting, so all decide alike).
+        // The one-shot peer all-reduce for small messages (on by default, `SMELT_TP_PEER=0`
+        // turns it off; every rank reads the same setting, so all decide alike).
         let cuda_opts = CudaOptions::from_env(batch_invariant);
         let peer_max = cuda_opts.peer_max_bytes(n);
         let skip_all_reduce = cuda_opts.tp.skip_all_reduce;

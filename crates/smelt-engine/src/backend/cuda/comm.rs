@@ -6,6 +6,11 @@
 //! A vocabulary-parallel head's logits are gathered through the same all-reduce: each
 //! rank's columns placed in a zeroed whole (a memset and a 2D copy, both captured in the
 //! step's graph like a kernel), then summed (adding zeros changes no bits).
+//!
+//! At decode the all-reduce, the residual add, the next norm and its q8_1 tiles run as one
+//! kernel where the peer path takes the message (`AllReduce::all_reduce_add_norm`,
+//! `smelt_kernels::allreduce_norm`; `CudaOptions::tp.fuse_norm`): the rows the norm writes
+//! and their tiles are left in the matmul input cache, as the plain norm leaves them.
 
 use std::sync::{Arc, OnceLock};
 
@@ -14,7 +19,8 @@ use smelt_cuda::peer::PeerReduce;
 use smelt_cuda::CudaError;
 
 use super::ops::args;
-use super::{Cuda, CudaTensor};
+use super::{lock, Cuda, CudaTensor, CudaWeight, Quantized};
+use crate::backend::Backend;
 use crate::model::AllReduce;
 use crate::EngineError;
 
@@ -76,6 +82,64 @@ impl Cuda {
             smelt_kernels::allreduce::launch(),
             &args(&a.values()),
         )?;
+        Ok(true)
+    }
+}
+
+impl Cuda {
+    /// `o` summed over the group, `x += o`, `out = rms_norm(x) * w` and `out`'s q8_1 tiles,
+    /// in one launch of the fused kernel where it takes the rows (the peer path on, the
+    /// message within its size, rows of whole q8_1 blocks, at most one per block); `false`
+    /// (nothing launched) otherwise. Every rank decides the same: the shapes are the same.
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_add_norm_peer(
+        &self,
+        p: &PeerReduce,
+        o: &CudaTensor,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+        out: &mut CudaTensor,
+    ) -> Result<bool, CudaError> {
+        let CudaWeight::Vector { ptr: wp, len: n } = *w else {
+            return Ok(false);
+        };
+        let rows = o.rows;
+        let apart = |a: &CudaTensor, b: &CudaTensor| {
+            a.ptr + (a.cap * 4) as u64 <= b.ptr || b.ptr + (b.cap * 4) as u64 <= a.ptr
+        };
+        let fits = self.opts.tp.fuse_norm
+            && self.opts.fuse.quantize
+            && o.cols == n
+            && x.cols == n
+            && x.rows == rows
+            && rows * n * 4 <= self.opts.peer_max_bytes(p.n_ranks)
+            && p.can_take_rows(rows, n, o.ptr)
+            && x.ptr.is_multiple_of(16)
+            && apart(o, x);
+        if !fits {
+            return Ok(false);
+        }
+        self.flush()?;
+        self.forget_quantized()?;
+        self.ensure(out, rows, n)?;
+        if !apart(out, x) || !apart(out, o) {
+            // The caller's output shares memory with an input: a buffer of its own.
+            out.ptr = self.scratch(rows * n * 4)?;
+            out.cap = rows * n;
+        }
+        let q = self.scratch(smelt_kernels::act::row_bytes(n)? * rows)?;
+        let a = p.norm_args(o.ptr, x.ptr, wp, out.ptr, q, rows, n, eps);
+        self.launch(
+            p.norm_kernel_name(),
+            smelt_kernels::allreduce_norm::launch(n),
+            &args(&a.values()),
+        )?;
+        *lock(&self.quantized) = Some(Quantized {
+            x: *out,
+            q,
+            rms: None,
+        });
         Ok(true)
     }
 }
@@ -164,6 +228,28 @@ impl AllReduce<Cuda> for NcclReduce {
             }
         }
         b.all_reduce_nccl(&self.comm, x)?;
+        Ok(())
+    }
+
+    fn all_reduce_add_norm(
+        &self,
+        b: &Cuda,
+        o: &mut CudaTensor,
+        x: &mut CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+        out: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        if !self.skip {
+            if let Some(p) = self.peer.get() {
+                if b.all_reduce_add_norm_peer(p, o, x, w, eps, out)? {
+                    return Ok(());
+                }
+            }
+        }
+        self.all_reduce(b, o)?;
+        b.add(x, o);
+        b.rms_norm(x, w, eps, out);
         Ok(())
     }
 }

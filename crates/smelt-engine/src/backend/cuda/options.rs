@@ -36,10 +36,11 @@
 //! | `SMELT_CUDA_WEIGHT_DIGEST=1` | `debug.weight_digest` | off |
 //! | `SMELT_CUDA_SKIP` | `debug.skip` | none |
 //! | **tensor parallelism** | `tp` ([`TpOptions`]) | |
-//! | `SMELT_TP_PEER=1` | `tp.peer_all_reduce` | off (not yet measured on a GPU) |
-//! | `SMELT_TP_PEER_MAX` (bytes; set: on) | `tp.peer_all_reduce_max` | `allreduce::default_max_bytes` |
+//! | `SMELT_TP_PEER=0` | `tp.peer_all_reduce` | on (exact and faster than NCCL on 2 and 4 H100s) |
+//! | `SMELT_TP_PEER_MAX` (bytes; 0: NCCL only) | `tp.peer_all_reduce_max` | `allreduce::default_max_bytes` |
 //! | `SMELT_TP_SKIP_ALLREDUCE=1` | `tp.skip_all_reduce` | off |
 //! | `SMELT_TP_VOCAB=0` | `tp.vocab_parallel` | on (more than one rank, an untied head) |
+//! | `SMELT_TP_FUSE=1` | `tp.fuse_norm` | off (not yet run on a GPU) |
 //!
 //! Nothing else under `backend::cuda`, `smelt-cuda` or `smelt-kernels` reads a `SMELT_CUDA_*`
 //! variable: code that needs one takes it from these structs.
@@ -159,9 +160,10 @@ pub struct DebugOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TpOptions {
     /// Small all-reduces run on the one-shot peer-memory kernel
-    /// (`smelt_kernels::allreduce`) instead of NCCL. Off by default until a GPU run has
-    /// checked and timed it (bench/gpu/tp.sh MODE=ar); on with `SMELT_TP_PEER=1` or a
-    /// `SMELT_TP_PEER_MAX`.
+    /// (`smelt_kernels::allreduce`) instead of NCCL (which takes the rest, and everything
+    /// where peer access is missing). On by default since `PEER_ONLY=1 bash bench/gpu/tp.sh`
+    /// (4x H100, 2026-11-27): sums exact on 2 and 4 GPUs, single-stream decode TP=2 514 tok/s
+    /// against NCCL's 466, TP=4 631 against 512. `SMELT_TP_PEER=0`: NCCL for every size.
     pub peer_all_reduce: bool,
     /// With `peer_all_reduce`, the largest message (bytes) it takes, larger ones going to
     /// NCCL; `None` is the table `smelt_kernels::allreduce::default_max_bytes` (by group
@@ -175,6 +177,11 @@ pub struct TpOptions {
     /// a head of its own (tied embeddings stay replicated). `SMELT_TP_VOCAB=0`: every rank
     /// holds the whole head (to compare).
     pub vocab_parallel: bool,
+    /// Where the peer all-reduce takes a decode row, it runs fused with the residual add,
+    /// the next RMS norm and the q8_1 quantize (`smelt_kernels::allreduce_norm`): one
+    /// launch instead of two, the same floats. Off by default until a GPU run has checked
+    /// it (`DEC=1 bash bench/gpu/tp.sh`); `SMELT_TP_FUSE=1` turns it on.
+    pub fuse_norm: bool,
 }
 
 impl CudaOptions {
@@ -273,11 +280,11 @@ impl CudaOptions {
                     .collect(),
             },
             tp: TpOptions {
-                peer_all_reduce: set("SMELT_TP_PEER")
-                    || num("SMELT_TP_PEER_MAX").is_some_and(|n| n > 0),
+                peer_all_reduce: on("SMELT_TP_PEER"),
                 peer_all_reduce_max: num("SMELT_TP_PEER_MAX"),
                 skip_all_reduce: set("SMELT_TP_SKIP_ALLREDUCE"),
                 vocab_parallel: on("SMELT_TP_VOCAB"),
+                fuse_norm: set("SMELT_TP_FUSE"),
             },
         }
     }
@@ -320,13 +327,16 @@ mod tests {
         assert_eq!(o.debug.profile, Profile::Off);
         assert_eq!(o.matmul.gemv_rows, (0, usize::MAX));
         assert!(o.debug.skip.is_empty() && o.attention.splits.is_none() && !o.batch_invariant);
-        // The peer all-reduce stays off until a GPU run has measured it.
-        assert!(!o.tp.peer_all_reduce && o.tp.peer_all_reduce_max.is_none());
+        // The peer all-reduce is on (checked on 2 and 4 H100s); the fused one waits for
+        // its GPU run.
+        assert!(o.tp.peer_all_reduce && o.tp.peer_all_reduce_max.is_none());
         assert!(!o.tp.skip_all_reduce);
-        assert_eq!(o.peer_max_bytes(2), 0);
-        let on = with(&[("SMELT_TP_PEER", "1")], false);
-        assert_eq!(on.peer_max_bytes(2), 1 << 20);
-        assert_eq!(on.peer_max_bytes(4), 512 << 10);
+        assert!(!o.tp.fuse_norm);
+        assert!(with(&[("SMELT_TP_FUSE", "1")], false).tp.fuse_norm);
+        assert_eq!(o.peer_max_bytes(2), 1 << 20);
+        assert_eq!(o.peer_max_bytes(4), 512 << 10);
+        assert_eq!(o.peer_max_bytes(1), 0);
+        assert_eq!(with(&[("SMELT_TP_PEER", "0")], false).peer_max_bytes(2), 0);
         let sized = with(&[("SMELT_TP_PEER_MAX", "65536")], false);
         assert_eq!(sized.peer_max_bytes(2), 65536);
         let off = with(&[("SMELT_TP_PEER", "1"), ("SMELT_TP_PEER_MAX", "0")], false);
