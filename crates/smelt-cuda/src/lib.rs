@@ -39,6 +39,7 @@ pub use error::CudaError;
 pub use gpu::{Gpu, KernelParam};
 pub use graph::Graph;
 pub use options::GpuOptions;
+pub use util::{fill_kernel, fill_with};
 
 /// The runtime's own kernels (benchmark input fill) as one module for `target`: what
 /// [`Gpu::open`] loads beside the kernel catalog, exposed so CI can assemble it.

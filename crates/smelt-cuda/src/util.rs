@@ -1,7 +1,7 @@
 //! Small kernels of the runtime itself (not model math): filling buffers with a hash so
 //! timings never run on zeros and nothing large crosses PCIe.
 
-use smelt_ptx::{Kernel, Store, U32};
+use smelt_ptx::{Kernel, Reg, Store, U32};
 
 /// Name of [`fill_kernel`].
 pub const FILL: &str = "smelt_fill_hash";
@@ -9,6 +9,13 @@ pub const FILL: &str = "smelt_fill_hash";
 /// Fills `n` 32-bit words at `p` with a hash of their index and `seed`. Parameters: `p`,
 /// `n`, `seed`; any grid (grid-stride loop).
 pub fn fill_kernel(k: &Kernel) {
+    fill_with(k, |_, h| h);
+}
+
+/// A fill kernel's body: word `i` of `p` (parameters `p`, `n`, `seed`; grid-stride loop) is
+/// `word(k, h)` of the hash `h` of `i` and `seed` ([`fill_kernel`] stores the hash itself;
+/// the GPU op harness makes finite bf16 pairs of it).
+pub fn fill_with(k: &Kernel, word: impl Fn(&Kernel, Reg<U32>) -> Reg<U32>) {
     let p = k.param_ptr("p");
     let n = k.param_u32("n");
     let seed = k.param_u32("seed");
@@ -19,7 +26,8 @@ pub fn fill_kernel(k: &Kernel) {
         k.mul(h, h, 0x2C1B_3C6Du32);
         let t = k.shr(k.reg(), h, 12u32);
         k.xor(h, h, t);
-        k.st(Store::GLOBAL, k.elem_addr(p, i, 4), h);
+        let v = word(k, h);
+        k.st(Store::GLOBAL, k.elem_addr(p, i, 4), v);
     });
 }
 

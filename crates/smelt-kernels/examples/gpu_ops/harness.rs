@@ -16,7 +16,7 @@ use cudarc::nvrtc::Ptx;
 use rand::Rng;
 use smelt_kernels::ops::{self, Launch};
 use smelt_kernels::{catalog, GgmlType};
-use smelt_ptx::{Kernel, Store, Target, U32};
+use smelt_ptx::Target;
 
 pub struct Gpu {
     pub stream: Arc<CudaStream>,
@@ -52,7 +52,7 @@ impl Gpu {
             Target::Sm80
         };
         let mut fills = smelt_ptx::Module::new(target);
-        fills.kernel("fill", fill_kernel)?;
+        fills.kernel("fill", smelt_cuda::fill_kernel)?;
         fills.kernel("fill_bf16", super::isq::fill_bf16_kernel)?;
         let extra = ctx.load_module(Ptx::from_src(fills.to_ptx()))?;
         let t = Instant::now();
@@ -115,23 +115,6 @@ impl Gpu {
         unsafe { l.launch(cfg) }?;
         Ok(buf)
     }
-}
-
-/// A small kernel that fills `n` words with a hash of their index, so timing never runs
-/// on zeros and nothing large crosses PCIe.
-pub fn fill_kernel(k: &Kernel) {
-    let p = k.param_ptr("p");
-    let n = k.param_u32("n");
-    let seed = k.param_u32("seed");
-    k.stride_loop(k.global_id_x(), n, k.grid_size_x(), |k, i| {
-        let h = k.mad(k.reg::<U32>(), i, 0x9E37_79B1u32, seed);
-        let t = k.shr(k.reg(), h, 15u32);
-        k.xor(h, h, t);
-        k.mul(h, h, 0x2C1B_3C6Du32);
-        let t = k.shr(k.reg(), h, 12u32);
-        k.xor(h, h, t);
-        k.st(Store::GLOBAL, k.elem_addr(p, i, 4), h);
-    });
 }
 
 /// Launches `$name` with `$launch` dimensions and the given arguments, in order.

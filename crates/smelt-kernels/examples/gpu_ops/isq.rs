@@ -25,7 +25,7 @@ use rand_distr_free::normal;
 use smelt_kernels::formats::gpu_repack;
 use smelt_kernels::quantize::{self, Input};
 use smelt_kernels::{catalog, GgmlType};
-use smelt_ptx::{Kernel, Store, U32};
+use smelt_ptx::Kernel;
 
 use super::harness::{want, Gpu, Report, SHAPES};
 
@@ -42,23 +42,14 @@ mod rand_distr_free {
 /// Fills `n` words with pairs of finite bf16 values (random sign and mantissa, exponents
 /// giving magnitudes 2^-7 .. 2): benchmark weights made on the device.
 pub fn fill_bf16_kernel(k: &Kernel) {
-    let p = k.param_ptr("p");
-    let n = k.param_u32("n");
-    let seed = k.param_u32("seed");
-    k.stride_loop(k.global_id_x(), n, k.grid_size_x(), |k, i| {
-        let h = k.mad(k.reg::<U32>(), i, 0x9E37_79B1u32, seed);
-        let t = k.shr(k.reg(), h, 15u32);
-        k.xor(h, h, t);
-        k.mul(h, h, 0x2C1B_3C6Du32);
-        let t = k.shr(k.reg(), h, 12u32);
-        k.xor(h, h, t);
+    smelt_cuda::fill_with(k, |k, h| {
         // Per half: keep sign and mantissa, exponent 120 + 3 random bits.
         let keep = k.and(k.reg(), h, 0x807F_807Fu32);
         let e = k.shr(k.reg(), h, 4u32);
         k.and(e, e, 0x0380_0380u32);
         k.or(keep, keep, e);
         k.or(keep, keep, 0x3C00_3C00u32);
-        k.st(Store::GLOBAL, k.elem_addr(p, i, 4), keep);
+        keep
     });
 }
 
