@@ -223,6 +223,12 @@ pub(crate) struct PendingRope {
 /// GEMM for every matmul) against 4,938 with the split attention.
 pub const FLASH_DECODE_SEQS: usize = 16;
 
+/// Delta-net steps whose longest sequence has at least this many tokens take the chunked
+/// kernels (`smelt_kernels::delta_chunk`), shorter ones the token-by-token step. Not yet
+/// measured: the step kernel takes ~2.2 us a token (H100, 27B shape), a chunk's two
+/// kernels are estimated at tens of microseconds.
+pub const DELTA_CHUNK_MIN_TOKENS: usize = 32;
+
 /// The KV cache: per layer, K and V as f16 `[n_blocks][block_size][kv_dim]`.
 pub struct CudaKv {
     pub k: Vec<CudaSlice<u16>>,
