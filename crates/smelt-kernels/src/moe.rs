@@ -765,11 +765,13 @@ pub const DENSE_UNROLL: u32 = 4;
 ///
 /// With `cols % 4 == 0` (every router: 2048 columns for Qwen3-30B-A3B and Qwen3-Next) each
 /// lane issues [`DENSE_UNROLL`] 16-byte loads of its row (and of `x`) before it multiplies:
-/// four round trips to memory for a 2048-wide row. The first version loaded 4 bytes a lane
-/// and iteration in a loop ptxas does not unroll, 64 round trips one after the other: at a
-/// decode step, a latency of tens of microseconds per router for 1 MB of weights, every MoE
-/// layer. Columns past the row's end are read at its last four (in bounds) and not added.
-/// Any other width takes the scalar loop.
+/// four round trips to memory for a 2048-wide row. The first version
+/// ([`dense_f32_scalar_kernel`]) loads 4 bytes a lane and iteration, 64 iterations for that
+/// row, each multiply-add waiting for its loads before the next iteration's issue (unless
+/// ptxas unrolls the loop): up to 64 round trips one after the other, every MoE layer of a
+/// decode step, for 1 MB of weights (`ops_check --delta` times both). Columns past the
+/// row's end are read at its last four (in bounds) and not added. Any other width takes
+/// the scalar loop.
 ///
 /// Parameters: `w, x, y, nrows, cols`. Launch: [`dense_launch`].
 pub fn dense_f32_kernel(k: &Kernel) {
