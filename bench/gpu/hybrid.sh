@@ -17,9 +17,10 @@
 #     the Qwen3.6-27B hybrid's pp512 and tg128 with chunked prompts (the default) and token
 #     by token (SMELT_CUDA_DELTA_CHUNK_MIN=100000); qwen3-30b-a3b's pp512 and tg128, then
 #     one profiled run of it (SMELT_CUDA_PROFILE=1: GPU time per kernel of a decode step);
-#  4. llama.cpp on the same two files; then, when no more than LATER_BEFORE_S (default 420)
-#     seconds are gone, qwen3-next-80b-a3b (about 45 GB in Q4_K: written after the other
-#     two are deleted, for disk room) on both.
+#     qwen3-next-80b-a3b's (about 45 GB in Q4_K, written once the 27B is deleted, in /tmp
+#     or /dev/shm, wherever 48 GB are free);
+#  4. llama.cpp on the 30B and the 80B files; then, when no more than LATER_BEFORE_S
+#     (default 470) seconds are gone, on the 27B, written again.
 #
 # What it prints last: the PASS/FAIL rows (ops_check's; cuda_parity per tiny model), the
 # kernel timings (step kernels, chunked kernels, router), the llama.cpp vs smelt rows per
@@ -63,7 +64,6 @@ echo "|---|---|" >> "$table"
 : > "$speed"
 M27=/tmp/hy-qwen3.6-27b.gguf
 M30=/tmp/hy-qwen3-30b-a3b.gguf
-M80=/tmp/hy-qwen3-next-80b-a3b.gguf
 if [ "${SKIP_SPEED:-0}" != 1 ]; then
   # CPU work first, in the background, while the GPU checks run: the llama.cpp build
   # (its own small llama3-1b check included) and the two smaller big models.
@@ -129,15 +129,31 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
   wait $synpid
   cat /tmp/hy-synth.log | tee -a "$log"
   echo "== 3. smelt alone at ${SECONDS} s" | tee -a "$log"
-  s27c=""; s27t=""; s30=""
+  s27c=""; s27t=""; s30=""; s80=""
   if [ -s $M27 ]; then
     s27c=$(sbench $M27)
     s27t=$(sbench $M27 SMELT_CUDA_DELTA_CHUNK_MIN=100000)
   fi
+  rm -f $M27
   if [ -s $M30 ]; then
     s30=$(sbench $M30)
     SMELT_CUDA_PROFILE=1 timeout 120 $B/smelt bench --model $M30 --device cuda --prompt 16 --gen 32 --reps 1 > /tmp/hy-prof.out 2>&1
     cat /tmp/hy-prof.out >> "$log"
+  fi
+  # The 80B (about 45 GB) where there is room for it beside the 30B: /tmp, else /dev/shm.
+  M80=""
+  if [ "${SKIP_80B:-0}" != 1 ]; then
+    for d in /tmp /dev/shm; do
+      avail=$(df -k --output=avail "$d" 2>/dev/null | tail -1)
+      echo "free in $d: $((${avail:-0} / 1048576)) GiB" | tee -a "$log"
+      if [ "${avail:-0}" -gt $((48 * 1048576)) ]; then M80=$d/hy-qwen3-next-80b-a3b.gguf; break; fi
+    done
+  fi
+  if [ -n "$M80" ]; then
+    t0=$SECONDS
+    $B/smelt synth --shape qwen3-next-80b-a3b --quant q4_k -o $M80 >> "$log" 2>&1
+    echo "synth qwen3-next-80b-a3b into $M80 rc=$? in $((SECONDS - t0)) s" | tee -a "$log"
+    [ -s "$M80" ] && s80=$(timeout 150 $B/smelt bench --model $M80 --device cuda --prompt 512 --gen 128 --reps 1 --json 2>>"$log" | tee -a "$log")
   fi
   echo "smelt alone done at ${SECONDS} s" | tee -a "$log"
   export PYTHONPATH=/tmp/site
@@ -145,16 +161,6 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
   echo "== 4. llama.cpp at ${SECONDS} s" | tee -a "$log"
   echo "| work (Q4_K, \`smelt synth\`) | llama.cpp | smelt | ratio |" >> "$speed"
   echo "|---|---:|---:|---:|" >> "$speed"
-  if [ -s $M27 ]; then
-    read -r lpp ltg <<< "$(lbench $M27 2)"
-    row "qwen3.6-27b pp512, chunked prompt (default)" "$lpp" "$(echo "$s27c" | js prompt_tok_s)"
-    row "qwen3.6-27b pp512, token by token (SMELT_CUDA_DELTA_CHUNK_MIN=100000)" "$lpp" "$(echo "$s27t" | js prompt_tok_s)"
-    row "qwen3.6-27b tg128 (chunked-prompt run)" "$ltg" "$(echo "$s27c" | js decode_tok_s)"
-    row "qwen3.6-27b tg128 (token-by-token run)" "$ltg" "$(echo "$s27t" | js decode_tok_s)"
-  else
-    echo "| qwen3.6-27b | synth failed | | |" >> "$speed"
-  fi
-  rm -f $M27
   if [ -s $M30 ]; then
     read -r lpp ltg <<< "$(lbench $M30 2)"
     row "qwen3-30b-a3b pp512" "$lpp" "$(echo "$s30" | js prompt_tok_s)"
@@ -163,25 +169,29 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
     echo "| qwen3-30b-a3b | synth failed | | |" >> "$speed"
   fi
   rm -f $M30
-  echo "27B and 30B done at ${SECONDS} s" | tee -a "$log"
-  if [ "${SKIP_80B:-0}" = 1 ]; then
-    echo "| qwen3-next-80b-a3b | left out (SKIP_80B=1) | | |" >> "$speed"
-  elif [ "$SECONDS" -gt "${LATER_BEFORE_S:-420}" ]; then
-    echo "| qwen3-next-80b-a3b | left out: ${SECONDS} s gone by | | |" >> "$speed"
+  if [ -n "$M80" ] && [ -s "$M80" ]; then
+    read -r lpp ltg <<< "$(lbench $M80 1)"
+    row "qwen3-next-80b-a3b pp512" "$lpp" "$(echo "$s80" | js prompt_tok_s)"
+    row "qwen3-next-80b-a3b tg128" "$ltg" "$(echo "$s80" | js decode_tok_s)"
   else
-    t0=$SECONDS
-    $B/smelt synth --shape qwen3-next-80b-a3b --quant q4_k -o $M80 >> "$log" 2>&1
-    echo "synth qwen3-next-80b-a3b rc=$? in $((SECONDS - t0)) s" | tee -a "$log"
-    if [ -s $M80 ]; then
-      s80=$(env timeout 150 $B/smelt bench --model $M80 --device cuda --prompt 512 --gen 128 --reps 1 --json 2>>"$log" | tee -a "$log")
-      read -r lpp ltg <<< "$(lbench $M80 1)"
-      row "qwen3-next-80b-a3b pp512" "$lpp" "$(echo "$s80" | js prompt_tok_s)"
-      row "qwen3-next-80b-a3b tg128" "$ltg" "$(echo "$s80" | js decode_tok_s)"
-    else
-      echo "| qwen3-next-80b-a3b | synth failed | | |" >> "$speed"
-    fi
-    rm -f $M80
+    echo "| qwen3-next-80b-a3b | left out (SKIP_80B=1, no room, or synth failed: see log) | | |" >> "$speed"
   fi
+  [ -n "$M80" ] && rm -f "$M80"
+  # llama.cpp on the 27B last, when time is left (the file is written again: it made room
+  # for the 80B).
+  lpp=""; ltg=""
+  if [ "$SECONDS" -lt "${LATER_BEFORE_S:-470}" ]; then
+    $B/smelt synth --shape qwen3.6-27b --quant q4_k -o $M27 >> "$log" 2>&1
+    [ -s $M27 ] && read -r lpp ltg <<< "$(lbench $M27 1)"
+    rm -f $M27
+  else
+    echo "llama.cpp on the 27B left out: ${SECONDS} s gone by" | tee -a "$log"
+  fi
+  row "qwen3.6-27b pp512, chunked prompt (default)" "$lpp" "$(echo "$s27c" | js prompt_tok_s)"
+  row "qwen3.6-27b pp512, token by token (SMELT_CUDA_DELTA_CHUNK_MIN=100000)" "$lpp" "$(echo "$s27t" | js prompt_tok_s)"
+  row "qwen3.6-27b tg128 (chunked-prompt run)" "$ltg" "$(echo "$s27c" | js decode_tok_s)"
+  row "qwen3.6-27b tg128 (token-by-token run)" "$ltg" "$(echo "$s27t" | js decode_tok_s)"
+  echo "speed done at ${SECONDS} s" | tee -a "$log"
 fi
 echo "== table (${SECONDS} s)" | tee -a "$log"
 {
