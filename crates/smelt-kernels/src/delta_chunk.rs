@@ -21,7 +21,7 @@
 //! state-free part is the prep kernel's). f32 on the CUDA cores throughout: TF32 tensor
 //! cores would leave the recurrence's 1e-3 tolerance to chance over many chunks.
 //! [`chunked_cpu`] is the twin (the same order of operations per output), tied to the
-//! token-by-token twin by this module's tests; GPU parity is `ops_check --delta`.
+//! token-by-token twin by this module's tests; GPU parity is `gpu_ops -o delta`.
 
 use smelt_ptx::{Cmp, Kernel, Load, Reg, Shfl, Store, F32, FULL_WARP, U32, U64};
 

@@ -769,7 +769,7 @@ pub const DENSE_UNROLL: u32 = 4;
 /// ([`dense_f32_scalar_kernel`]) loads 4 bytes a lane and iteration, 64 iterations for that
 /// row, each multiply-add waiting for its loads before the next iteration's issue (unless
 /// ptxas unrolls the loop): up to 64 round trips one after the other, every MoE layer of a
-/// decode step, for 1 MB of weights (`ops_check --delta` times both). Columns past the
+/// decode step, for 1 MB of weights (`gpu_ops -o delta` times both). Columns past the
 /// row's end are read at its last four (in bounds) and not added. Any other width takes
 /// the scalar loop.
 ///
