@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The hybrid and MoE models on the GPU (issue 16: Qwen3.5/3.6 and Qwen3-Next, Gated DeltaNet
 # layers beside gated attention; Qwen3-30B-A3B), everything in one device call:
-#  1. kernel parity: `ops_check --delta` runs the delta-net kernels (convolution + SiLU,
+#  1. kernel parity: `gpu_ops -o delta` (then `gpu_ops perf -o delta`) runs the delta-net kernels (convolution + SiLU,
 #     strided q/k L2 norm, the delta-rule step in both block shapes (32 state rows a block,
 #     the engine's; a block a head, run 1's), the chunked prompt kernels (`delta_chunk`) over
 #     ragged prompts of 1 to 512 tokens against the chunked and the token-by-token twins,
@@ -22,7 +22,7 @@
 #  4. llama.cpp on the 30B and the 80B files; then, when no more than LATER_BEFORE_S
 #     (default 470) seconds are gone, on the 27B, written again.
 #
-# What it prints last: the PASS/FAIL rows (ops_check's; cuda_parity per tiny model), the
+# What it prints last: the PASS/FAIL rows (gpu_ops's; cuda_parity per tiny model), the
 # kernel timings (step kernels, chunked kernels, router), the llama.cpp vs smelt rows per
 # model, and the top of the 30B decode profile.
 #
@@ -36,10 +36,10 @@ cd "$(dirname "$0")/../.."
 if [ "${1:-}" = pack ]; then
   set -e
   cargo build --release -p smelt --bin smelt -p smelt-engine --example cuda_parity \
-    -p smelt-kernels --example ops_check
+    -p smelt-kernels --example gpu_ops
   t=${CARGO_TARGET_DIR:-target}/release
   mkdir -p .gpu-dn
-  for b in "$t/smelt" "$t/examples/cuda_parity" "$t/examples/ops_check"; do
+  for b in "$t/smelt" "$t/examples/cuda_parity" "$t/examples/gpu_ops"; do
     strip -o "/tmp/$(basename "$b")" "$b"
     gzip -9 -c "/tmp/$(basename "$b")" > ".gpu-dn/$(basename "$b").gz"
   done
@@ -54,7 +54,7 @@ table="$out/hybrid-table.md"
 speed="$out/hybrid-speed.md"
 B=/tmp/hy-bin
 mkdir -p $B
-for b in smelt cuda_parity ops_check; do
+for b in smelt cuda_parity gpu_ops; do
   gunzip -c .gpu-dn/$b.gz > $B/$b && chmod +x $B/$b
 done
 SECONDS=0
@@ -77,12 +77,12 @@ if [ "${SKIP_SPEED:-0}" != 1 ]; then
   synpid=$!
 fi
 
-echo "== 1. kernel parity (ops_check --delta)" | tee -a "$log"
-timeout 240 $B/ops_check --delta 2>&1 | tee -a "$log" > /tmp/hy-ops.out
-grep -q "^parity failures: 0" /tmp/hy-ops.out && r=PASS || r=FAIL
-echo "| delta-net kernels + router matmul vs CPU twins (ops_check --delta) | $r |" >> "$table"
+echo "== 1. kernel parity (gpu_ops -o delta)" | tee -a "$log"
+timeout 240 $B/gpu_ops -o delta 2>&1 | tee -a "$log" > /tmp/hy-ops.out && r=PASS || r=FAIL
+echo "| delta-net kernels + router matmul vs CPU twins (gpu_ops -o delta) | $r |" >> "$table"
 grep "^| delta\|^| router" /tmp/hy-ops.out | grep -v "us / layer\|x [0-9]* |\| us |" | sed 's/^/    /' >> "$table"
-kernel_speed=$(grep "^| delta step\|^| delta chunked\|^| router f32 matmul, 1 token\|^| qwen3\|^| shared-expert\|^|---|---|---:|" /tmp/hy-ops.out | grep -v "| [0-9]* | [0-9.e-]* |")
+timeout 240 $B/gpu_ops perf -o delta 2>&1 | tee -a "$log" > /tmp/hy-ops-perf.out
+kernel_speed=$(grep "^| delta step\|^| delta chunked\|^| router f32 matmul, 1 token\|^| qwen3\|^| shared-expert\|^|---|---|---:|" /tmp/hy-ops-perf.out | grep -v "| [0-9]* | [0-9.e-]* |")
 
 echo "== 2. whole-model parity (cuda_parity)" | tee -a "$log"
 parity() { # shape quant [env]
