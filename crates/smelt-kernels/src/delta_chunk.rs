@@ -200,15 +200,12 @@ fn gates(
     });
     k.bar_sync();
     k.if_(k.lt(t, CHUNK as u32), |k| {
-        // Unrolled: every load issued at once (the same order of additions, zeros past t).
         let acc = k.f32(0.0);
-        let zero = k.f32(0.0);
-        for u in 0..CHUNK {
-            let g = k.load::<F32>(Load::SHARED, graw.at(4 * u as i64));
-            let upto = k.cmp(Cmp::Le, k.u32(u as u32), t);
-            k.selp(g, g, zero, upto);
+        let n = k.add(k.reg(), t, 1u32);
+        k.for_count(n, |k, u| {
+            let g = k.load::<F32>(Load::SHARED, sh(k, graw, u));
             k.add(acc, acc, g);
-        }
+        });
         k.st(Store::SHARED, sh(k, gc, t), acc);
     });
     k.bar_sync();
@@ -338,21 +335,21 @@ pub fn prep_kernel(k: &Kernel, s: usize) {
         .collect();
     let kk: Vec<Reg<F32>> = (0..m_cols).map(|_| k.f32(0.0)).collect();
     let qk: Vec<Reg<F32>> = (0..m_cols).map(|_| k.f32(0.0)).collect();
-    for ib in 0..s / 4 {
-        let off = 16 * ib as i64;
+    k.for_count((s / 4) as u32, |k, ib| {
+        let at = |a: Reg<U64>| -> Reg<U64> { k.elem_addr(a, ib, 16) };
         let kv = k.regs::<F32, 4>();
-        k.ld_v4(Load::GLOBAL_NC, kv, kt.at(off));
+        k.ld_v4(Load::GLOBAL_NC, kv, at(kt));
         let qv = k.regs::<F32, 4>();
-        k.ld_v4(Load::GLOBAL_NC, qv, qt.at(off));
+        k.ld_v4(Load::GLOBAL_NC, qv, at(qt));
         for m in 0..m_cols {
             let uv = k.regs::<F32, 4>();
-            k.ld_v4(Load::GLOBAL_NC, uv, ku[m].at(off));
+            k.ld_v4(Load::GLOBAL_NC, uv, at(ku[m]));
             for i in 0..4 {
                 k.fma(kk[m], kv[i], uv[i], kk[m]);
                 k.fma(qk[m], qv[i], uv[i], qk[m]);
             }
         }
-    }
+    });
     let gct = k.load::<F32>(Load::SHARED, sh(k, gc, t));
     let bt = k.load::<F32>(Load::SHARED, sh(k, bs, t));
     let in_chunk = k.lt(t, c);
@@ -387,22 +384,13 @@ pub fn prep_kernel(k: &Kernel, s: usize) {
         let active = k.lt(x, row);
         let acc = k.f32(0.0);
         k.if_(active, |k| {
-            // u = x + 1 + part + 4 m below row, unrolled (loads issued at once, indices
-            // clamped in bounds, terms past row zeroed).
             let start = k.add(k.reg(), x, 1u32);
             k.add(start, start, part);
-            let lrow = sh(k, lsm, k.mul(k.reg(), row, A_PITCH));
-            let zero = k.f32(0.0);
-            for m in 0..CHUNK / 4 {
-                let u = k.add(k.reg(), start, 4 * m as u32);
-                let inside = k.lt(u, row);
-                let uc = k.min(k.reg(), u, (CHUNK - 1) as u32);
-                let lt = k.load::<F32>(Load::SHARED, sh(k, lrow, uc));
-                let au = k.load::<F32>(Load::SHARED, sh(k, lsm, k.mad(k.reg(), uc, A_PITCH, x)));
-                let prod = k.mul(k.reg(), lt, au);
-                k.selp(prod, prod, zero, inside);
-                k.add(acc, acc, prod);
-            }
+            k.stride_loop(start, row, 4u32, |k, u| {
+                let lt = k.load::<F32>(Load::SHARED, sh(k, lsm, k.mad(k.reg(), row, A_PITCH, u)));
+                let au = k.load::<F32>(Load::SHARED, sh(k, lsm, k.mad(k.reg(), u, A_PITCH, x)));
+                k.fma(acc, lt, au, acc);
+            });
         });
         // The whole warp shuffles (inactive threads add zeros among themselves).
         for off in [1u32, 2] {
@@ -549,26 +537,25 @@ pub fn chunk_kernel(k: &Kernel, s: usize) {
             .collect();
         let y: Vec<Reg<F32>> = (0..rows).map(|_| k.f32(0.0)).collect();
         let zq: Vec<Reg<F32>> = (0..rows).map(|_| k.f32(0.0)).collect();
-        // Unrolled over the keys: the loads of several iterations in flight.
-        let sj = sh(k, ssm, j);
-        for ib in 0..s / 4 {
-            let sv: Vec<Reg<F32>> = (0..4)
+        k.for_count((s / 4) as u32, |k, ib| {
+            let i0 = k.mul(k.reg(), ib, 4u32);
+            let sv: Vec<Reg<F32>> = (0..4u32)
                 .map(|q| {
-                    let i = (4 * ib + q) as i64;
-                    k.load::<F32>(Load::SHARED, sj.at(4 * i * S_PITCH as i64))
+                    let i = k.add(k.reg(), i0, q);
+                    k.load::<F32>(Load::SHARED, sh(k, ssm, k.mad(k.reg(), i, S_PITCH, j)))
                 })
                 .collect();
             for r in 0..rows {
                 let kv = k.regs::<F32, 4>();
-                k.ld_v4(Load::GLOBAL_NC, kv, ka[r].at(16 * ib as i64));
+                k.ld_v4(Load::GLOBAL_NC, kv, k.elem_addr(ka[r], ib, 16));
                 let qv = k.regs::<F32, 4>();
-                k.ld_v4(Load::GLOBAL_NC, qv, qa[r].at(16 * ib as i64));
+                k.ld_v4(Load::GLOBAL_NC, qv, k.elem_addr(qa[r], ib, 16));
                 for q in 0..4 {
                     k.fma(y[r], kv[q], sv[q], y[r]);
                     k.fma(zq[r], qv[q], sv[q], zq[r]);
                 }
             }
-        }
+        });
         // X = b (v - e^G Y), zero past the chunk's end.
         let eg: Vec<Reg<F32>> = ts
             .iter()
@@ -603,22 +590,22 @@ pub fn chunk_kernel(k: &Kernel, s: usize) {
                 .iter()
                 .map(|&t| k.elem_addr(mat, k.mul(k.reg(), t, CHUNK as u32), 4))
                 .collect();
-            let vj = sh(k, vsm, j);
-            for xb in 0..CHUNK / 4 {
-                let vs: Vec<Reg<F32>> = (0..4)
+            k.for_count((CHUNK / 4) as u32, |k, xb| {
+                let x0 = k.mul(k.reg(), xb, 4u32);
+                let vs: Vec<Reg<F32>> = (0..4u32)
                     .map(|q| {
-                        let x = (4 * xb + q) as i64;
-                        k.load::<F32>(Load::SHARED, vj.at(4 * x * COLS as i64))
+                        let x = k.add(k.reg(), x0, q);
+                        k.load::<F32>(Load::SHARED, sh(k, vsm, k.mad(k.reg(), x, COLS as u32, j)))
                     })
                     .collect();
                 for r in 0..rows {
                     let av4 = k.regs::<F32, 4>();
-                    k.ld_v4(Load::GLOBAL, av4, ra[r].at(16 * xb as i64));
+                    k.ld_v4(Load::GLOBAL, av4, k.elem_addr(ra[r], xb, 16));
                     for q in 0..4 {
                         k.fma(acc[r], av4[q], vs[q], acc[r]);
                     }
                 }
-            }
+            });
         };
         let vp: Vec<Reg<F32>> = (0..rows).map(|_| k.f32(0.0)).collect();
         mix(k, abase, &vp);
@@ -658,14 +645,13 @@ pub fn chunk_kernel(k: &Kernel, s: usize) {
             })
             .collect();
         let kcol = k.add(k.reg(), col, i0);
-        // Unrolled over the chunk's 64 rows: rows past its end have v' = 0 (A's rows
-        // there are zero) and read the last row's keys, adding zeros.
-        let vj = sh(k, vsm, j);
-        for x in 0..CHUNK {
-            let vx = k.load::<F32>(Load::SHARED, vj.at((4 * x * COLS) as i64));
-            let d = k.load::<F32>(Load::SHARED, dl.at(4 * x as i64));
+        k.for_count(c, |k, x| {
+            let vx = k.load::<F32>(Load::SHARED, sh(k, vsm, k.mad(k.reg(), x, COLS as u32, j)));
+            let d = k.load::<F32>(Load::SHARED, sh(k, dl, x));
             let f = k.mul(k.reg(), vx, d);
-            let kaddr = row_addr(k, p.k, r0, x as u32, c, p.stride, kcol);
+            let row = k.add(k.reg(), r0, x);
+            let ki = k.mad(k.reg(), row, p.stride, kcol);
+            let kaddr = k.elem_addr(p.k, ki, 4);
             for m in (0..srows).step_by(4) {
                 let kv = k.regs::<F32, 4>();
                 k.ld_v4(Load::GLOBAL_NC, kv, kaddr.at(4 * m as i64));
@@ -673,7 +659,7 @@ pub fn chunk_kernel(k: &Kernel, s: usize) {
                     k.fma(acc[m + q], kv[q], f, acc[m + q]);
                 }
             }
-        }
+        });
         for (m, &a) in acc.iter().enumerate() {
             let i = k.add(k.reg(), i0, m as u32);
             k.st(Store::SHARED, sh(k, ssm, k.mad(k.reg(), i, S_PITCH, j)), a);
