@@ -17,8 +17,8 @@
 //! through a device array of addresses (one per sequence of the step, in the step's
 //! order), and the sequence's rows through the step's descriptors (`{row, n_tokens,
 //! start_pos, block_table_offset}`), so a decode step stays capturable as a graph. A
-//! prompt runs the step kernel over its tokens in order (the state in registers); the
-//! chunked form is not here yet.
+//! short prompt runs the step kernel over its tokens in order (the state in registers);
+//! longer ones take the chunked form (`delta_chunk`).
 //!
 //! The CUDA backend runs them (`backend::cuda::delta` in smelt-engine); each kernel has its
 //! CPU twin here, tied to the CPU backend's functions by `tests/twins_vs_engine.rs`,
@@ -37,6 +37,10 @@ pub const CONV_THREADS: u32 = 256;
 pub const HEAD_DIMS: [usize; 2] = [64, 128];
 /// Threads per state row in the step kernel (each owns `head_dim / 4` keys of the row).
 pub const ROW_THREADS: u32 = 4;
+/// State rows (value dimensions) per block of the step kernel: a head's rows are
+/// independent, so a head spreads over `head_dim / 32` blocks (H100, run 1: one block per
+/// head left a single sequence's decode at 48 of 132 SMs, 551 GB/s of state).
+pub const BLOCK_ROWS: usize = 32;
 
 /// Name of [`conv1d_kernel`].
 pub const CONV1D: &str = "delta_conv1d_silu";
@@ -62,6 +66,15 @@ pub fn step_name(head_dim: usize) -> &'static str {
     }
 }
 
+/// Name of the run-1 step kernel, one block per head ([`step_kernel_rows`] with `rows =
+/// head_dim`): kept beside the 32-row one until a GPU run times both.
+pub fn step_head_name(head_dim: usize) -> &'static str {
+    match head_dim {
+        64 => "delta_step_head_s64",
+        _ => "delta_step_head_s128",
+    }
+}
+
 /// Every kernel of this module.
 pub fn catalog() -> Vec<Entry> {
     let mut v: Vec<Entry> = vec![
@@ -77,7 +90,12 @@ pub fn catalog() -> Vec<Entry> {
             step_name(s).to_string(),
             Box::new(move |k: &Kernel| step_kernel(k, s)),
         ));
+        v.push((
+            step_head_name(s).to_string(),
+            Box::new(move |k: &Kernel| step_kernel_rows(k, s, s)),
+        ));
     }
+    v.extend(crate::delta_chunk::catalog());
     v
 }
 
@@ -336,15 +354,24 @@ kernel_params! {
     }
 }
 
-/// Launch of [`step_kernel`]: one block per (value head, sequence).
+/// Launch of [`step_kernel`]: one block per ([`BLOCK_ROWS`] rows of a value head,
+/// sequence).
 pub fn step_launch(head_dim: usize, h_v: usize, n_seqs: usize) -> Launch {
+    step_launch_rows(head_dim, h_v, n_seqs, BLOCK_ROWS)
+}
+
+/// Launch of [`step_kernel_rows`] with `rows` state rows a block (`head_dim`: the run-1
+/// kernel, [`step_head_name`]).
+pub fn step_launch_rows(head_dim: usize, h_v: usize, n_seqs: usize, rows: usize) -> Launch {
+    let groups = (head_dim / rows).max(1);
     Launch::new(
-        (h_v.max(1) as u32, n_seqs.max(1) as u32, 1),
-        (ROW_THREADS * head_dim as u32, 1, 1),
+        ((h_v * groups).max(1) as u32, n_seqs.max(1) as u32, 1),
+        (ROW_THREADS * rows as u32, 1, 1),
     )
 }
 
-/// The gated delta rule for value head `h = ctaid.x` of sequence `ctaid.y`, over each of
+/// The gated delta rule for value head `h = ctaid.x / (s / 32)` (rows `32 * (ctaid.x % (s /
+/// 32))` on, [`BLOCK_ROWS`] of them) of sequence `ctaid.y`, over each of
 /// the sequence's new tokens in order (its rows from the descriptor: one at decode, a
 /// whole prompt chunk otherwise; the state stays in registers between tokens). Its state,
 /// `[h_v][s][s]` with row `j` holding `S[.][j]`, is at `states[seq] + state_off` bytes.
@@ -360,18 +387,30 @@ pub fn step_launch(head_dim: usize, h_v: usize, n_seqs: usize) -> Launch {
 /// Parameters: `q, k, v, alpha, beta, dt_bias, a, out, states, seqs, h_k, h_v, grouped,
 /// stride, state_off`. Launch: [`step_launch`].
 pub fn step_kernel(k: &Kernel, s: usize) {
+    step_kernel_rows(k, s, BLOCK_ROWS)
+}
+
+/// [`step_kernel`] with `rows` state rows a block (a divisor of `s`, at least 8).
+pub fn step_kernel_rows(k: &Kernel, s: usize, rows: usize) {
     if !HEAD_DIMS.contains(&s) {
         k.reject(format!("heads of {s}: one of {HEAD_DIMS:?}"));
         return;
     }
-    let threads = ROW_THREADS * s as u32;
+    if rows < 8 || s % rows != 0 {
+        k.reject(format!("{rows} rows a block for heads of {s}"));
+        return;
+    }
+    let threads = ROW_THREADS * rows as u32;
     k.max_threads(threads, 1, 1);
     let p = StepRegs::declare(k);
     let per = s / ROW_THREADS as usize;
-    let h = k.ctaid_x();
+    let groups = (s / rows) as u32;
+    let h = k.div_int(k.reg(), k.ctaid_x(), groups);
+    let group = k.rem(k.reg(), k.ctaid_x(), groups);
     let seq = k.ctaid_y();
     let tid = k.tid_x();
     let j = k.shr(k.reg(), tid, 2u32);
+    k.mad(j, group, rows as u32, j);
     let part = k.and(k.reg(), tid, 3u32);
     let desc = k.elem_addr(p.seqs, k.mul(k.reg(), seq, 4u32), 4);
     let row0 = k.load::<U32>(Load::GLOBAL, desc);

@@ -25,6 +25,7 @@ pub mod act;
 pub mod allreduce;
 pub mod allreduce_norm;
 pub mod catalog;
+pub mod delta_chunk;
 pub mod delta_net;
 pub mod formats;
 pub mod fused;

@@ -72,6 +72,8 @@ pub const PLAN: &str = "moe_plan";
 pub const COMBINE: &str = "moe_combine";
 /// Name of [`dense_f32_kernel`].
 pub const DENSE_F32: &str = "matmul_f32_rows";
+/// Name of [`dense_f32_scalar_kernel`] (the first version, kept to be timed beside it).
+pub const DENSE_F32_SCALAR: &str = "matmul_f32_rows_scalar";
 
 /// Name of the grouped GEMV for format `F` and `tile_tokens` tokens per tile.
 pub fn gemv_id_name<F: GpuFormat>(tile_tokens: usize) -> String {
@@ -120,6 +122,10 @@ pub fn catalog() -> Vec<Entry> {
     v.push((PLAN.to_string(), Box::new(plan_kernel)));
     v.push((COMBINE.to_string(), Box::new(combine_kernel)));
     v.push((DENSE_F32.to_string(), Box::new(dense_f32_kernel)));
+    v.push((
+        DENSE_F32_SCALAR.to_string(),
+        Box::new(dense_f32_scalar_kernel),
+    ));
     v
 }
 
@@ -749,11 +755,84 @@ pub fn dense_launch(nrows: usize, ntok: usize) -> Launch {
     )
 }
 
+/// 16-byte loads of the weights a lane issues before its first multiply-add in
+/// [`dense_f32_kernel`]'s vector loop (a warp covers `32 * 4 * DENSE_UNROLL` columns an
+/// iteration).
+pub const DENSE_UNROLL: u32 = 4;
+
 /// `y[t][r] = W[r] . x[t]` in f32, `W` f32 rows of `cols` (the router, which llama.cpp
-/// keeps in F32): one warp per (row, token), lanes striding the row, a butterfly sum.
+/// keeps in F32): one warp per (row, token), a butterfly sum.
+///
+/// With `cols % 4 == 0` (every router: 2048 columns for Qwen3-30B-A3B and Qwen3-Next) each
+/// lane issues [`DENSE_UNROLL`] 16-byte loads of its row (and of `x`) before it multiplies:
+/// four round trips to memory for a 2048-wide row. The first version
+/// ([`dense_f32_scalar_kernel`]) loads 4 bytes a lane and iteration, 64 iterations for that
+/// row, each multiply-add waiting for its loads before the next iteration's issue (unless
+/// ptxas unrolls the loop): up to 64 round trips one after the other, every MoE layer of a
+/// decode step, for 1 MB of weights (`gpu_ops -o delta` times both). Columns past the
+/// row's end are read at its last four (in bounds) and not added. Any other width takes
+/// the scalar loop.
 ///
 /// Parameters: `w, x, y, nrows, cols`. Launch: [`dense_launch`].
 pub fn dense_f32_kernel(k: &Kernel) {
+    k.max_threads(32, GEMV_WARPS, 1);
+    let d = DenseRegs::declare(k);
+    let row = k.mad(k.reg(), k.ctaid_x(), GEMV_WARPS, k.tid_y());
+    k.exit_if(k.ge(row, d.nrows));
+    let t = k.ctaid_y();
+    let wr = k.elem_addr(d.w, k.mul(k.reg(), row, d.cols), 4);
+    let xr = k.elem_addr(d.x, k.mul(k.reg(), t, d.cols), 4);
+    let acc = k.f32(0.0);
+    let lane = k.tid_x();
+    let low = k.and(k.reg(), d.cols, 3u32);
+    let vector = k.eq(low, 0u32);
+    k.if_else(
+        vector,
+        |k| {
+            let last = k.sub(k.reg(), d.cols, 4u32);
+            let start = k.mul(k.reg(), lane, 4u32);
+            let step = 32 * 4 * DENSE_UNROLL;
+            k.stride_loop(start, d.cols, step, |k, c| {
+                let mut loads = Vec::new();
+                for u in 0..DENSE_UNROLL {
+                    let cu = k.add(k.reg(), c, 128 * u);
+                    let inside = k.lt(cu, d.cols);
+                    let at = k.min(k.reg(), cu, last);
+                    let wv = k.regs::<F32, 4>();
+                    k.ld_v4(Load::GLOBAL_NC, wv, k.elem_addr(wr, at, 4));
+                    let xv = k.regs::<F32, 4>();
+                    k.ld_v4(Load::GLOBAL, xv, k.elem_addr(xr, at, 4));
+                    loads.push((inside, wv, xv));
+                }
+                for (inside, wv, xv) in loads {
+                    let p = k.f32(0.0);
+                    for i in 0..4 {
+                        k.fma(p, wv[i], xv[i], p);
+                    }
+                    let zero = k.f32(0.0);
+                    k.selp(p, p, zero, inside);
+                    k.add(acc, acc, p);
+                }
+            });
+        },
+        |k| {
+            k.stride_loop(lane, d.cols, 32u32, |k, c| {
+                let a = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(wr, c, 4));
+                let b = k.load::<F32>(Load::GLOBAL, k.elem_addr(xr, c, 4));
+                k.fma(acc, a, b, acc);
+            });
+        },
+    );
+    let s = k.warp_sum(acc);
+    k.if_(k.eq(k.tid_x(), 0u32), |k| {
+        let i = k.mad(k.reg(), t, d.nrows, row);
+        k.st(Store::GLOBAL, k.elem_addr(d.y, i, 4), s);
+    });
+}
+
+/// The first [`dense_f32_kernel`]: 4 bytes a lane and iteration (a GPU check times it beside
+/// the vector loop; the engine does not launch it). Same parameters and launch.
+pub fn dense_f32_scalar_kernel(k: &Kernel) {
     k.max_threads(32, GEMV_WARPS, 1);
     let d = DenseRegs::declare(k);
     let row = k.mad(k.reg(), k.ctaid_x(), GEMV_WARPS, k.tid_y());

@@ -2,7 +2,9 @@
 //! layers beside gated attention, shared experts), launching `smelt_kernels::delta_net`:
 //!
 //! - the delta-net layer between its projections ([`Cuda::op_delta_net`]): convolution +
-//!   SiLU, q/k L2 norms, the delta rule over each sequence's tokens, the gated output norm;
+//!   SiLU, q/k L2 norms, the delta rule over each sequence's tokens (token by token, or in
+//!   chunks of 64 when the step's longest sequence has `delta_chunk_min_tokens`), the gated
+//!   output norm;
 //! - gathered columns (Qwen3-Next's fused projections), split halves (a gated Q, a fused
 //!   expert gate|up) and the sigmoid gate (attention output, shared expert).
 //!
@@ -16,6 +18,7 @@ use std::collections::HashMap;
 
 use smelt_cuda::cudarc::driver::CudaSlice;
 use smelt_cuda::CudaError;
+use smelt_kernels::delta_chunk as dc;
 use smelt_kernels::delta_net as dn;
 
 use super::ops::{args, u32_of};
@@ -332,30 +335,83 @@ impl Cuda {
                 .values(),
             ),
         )?;
-        self.launch(
-            dn::step_name(sd),
-            dn::step_launch(sd, hv, n_seqs),
-            &args(
-                &dn::StepArgs {
-                    q: conv,
-                    k: conv + (4 * kw) as u64,
-                    v: conv + (8 * kw) as u64,
-                    alpha: alpha.ptr,
-                    beta: beta.ptr,
-                    dt_bias: dt,
-                    a,
-                    out: out.ptr,
-                    states: s.state_addrs,
-                    seqs: s.descs,
-                    h_k: hk as u32,
-                    h_v: hv as u32,
-                    grouped: u32::from(p.grouped_heads),
-                    stride: ch as u32,
-                    state_off: u32_of(ssm_off as usize, "state offset")?,
-                }
-                .values(),
-            ),
-        )?;
+        let longest = seqs.iter().map(|q| q.n_tokens).max().unwrap_or(0);
+        if longest >= self.opts.attention.delta_chunk_min_tokens {
+            let chunks = longest.div_ceil(dc::CHUNK);
+            let scratch = self.scratch(dc::scratch_bytes(n_seqs, n, hv))?;
+            let (hk32, hv32) = (hk as u32, hv as u32);
+            self.launch(
+                dc::prep_name(sd),
+                dc::prep_launch(hv, chunks, n_seqs),
+                &args(
+                    &dc::PrepArgs {
+                        q: conv,
+                        k: conv + (4 * kw) as u64,
+                        alpha: alpha.ptr,
+                        beta: beta.ptr,
+                        dt_bias: dt,
+                        a,
+                        scratch,
+                        seqs: s.descs,
+                        h_k: hk32,
+                        h_v: hv32,
+                        grouped: u32::from(p.grouped_heads),
+                        stride: ch as u32,
+                    }
+                    .values(),
+                ),
+            )?;
+            self.launch(
+                dc::chunk_name(sd),
+                dc::chunk_launch(sd, hv, n_seqs),
+                &args(
+                    &dc::ChunkArgs {
+                        q: conv,
+                        k: conv + (4 * kw) as u64,
+                        v: conv + (8 * kw) as u64,
+                        alpha: alpha.ptr,
+                        beta: beta.ptr,
+                        dt_bias: dt,
+                        a,
+                        scratch,
+                        out: out.ptr,
+                        states: s.state_addrs,
+                        seqs: s.descs,
+                        h_k: hk32,
+                        h_v: hv32,
+                        grouped: u32::from(p.grouped_heads),
+                        stride: ch as u32,
+                        state_off: u32_of(ssm_off as usize, "state offset")?,
+                    }
+                    .values(),
+                ),
+            )?;
+        } else {
+            self.launch(
+                dn::step_name(sd),
+                dn::step_launch(sd, hv, n_seqs),
+                &args(
+                    &dn::StepArgs {
+                        q: conv,
+                        k: conv + (4 * kw) as u64,
+                        v: conv + (8 * kw) as u64,
+                        alpha: alpha.ptr,
+                        beta: beta.ptr,
+                        dt_bias: dt,
+                        a,
+                        out: out.ptr,
+                        states: s.state_addrs,
+                        seqs: s.descs,
+                        h_k: hk as u32,
+                        h_v: hv as u32,
+                        grouped: u32::from(p.grouped_heads),
+                        stride: ch as u32,
+                        state_off: u32_of(ssm_off as usize, "state offset")?,
+                    }
+                    .values(),
+                ),
+            )?;
+        }
         self.launch(
             dn::GATED_NORM,
             dn::norm_launch(n * hv),

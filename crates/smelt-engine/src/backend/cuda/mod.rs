@@ -223,6 +223,12 @@ pub(crate) struct PendingRope {
 /// GEMM for every matmul) against 4,938 with the split attention.
 pub const FLASH_DECODE_SEQS: usize = 16;
 
+/// Delta-net steps whose longest sequence has at least this many tokens take the chunked
+/// kernels (`smelt_kernels::delta_chunk`), shorter ones the token-by-token step. H100,
+/// 2026-11-27 (bench/gpu/hybrid.sh run 1, 27B shape, one layer): 64 tokens 81 us token by
+/// token against 111 chunked, 512 tokens 642 against 572: even at about 200.
+pub const DELTA_CHUNK_MIN_TOKENS: usize = 256;
+
 /// The KV cache: per layer, K and V as f16 `[n_blocks][block_size][kv_dim]`.
 pub struct CudaKv {
     pub k: Vec<CudaSlice<u16>>,

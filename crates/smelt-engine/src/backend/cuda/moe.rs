@@ -117,11 +117,33 @@ impl Cuda {
 
     /// A split residual norm's output not written yet is written now (the MoE kernels read
     /// activations as floats, or quantize them themselves); other cached tiles stay.
+    ///
+    /// At a decode step the router comes first: the norm then writes its floats and the
+    /// q8_1 tiles of them in one kernel (`fused::RMS_NORM_Q8`, the tiles `quantize_q8_1`
+    /// would write), which stay cached for the expert GEMV of the same input, so a MoE
+    /// layer launches no separate quantize (it did: a plain norm, then a quantize in the
+    /// expert GEMV).
     fn settle_split_norm(&self) -> Result<(), CudaError> {
-        if matches!(*lock(&self.quantized), Some(Quantized { rms: Some(_), .. })) {
-            self.forget_quantized()?;
+        let cached = *lock(&self.quantized);
+        let Some(Quantized { rms: Some(n), .. }) = cached else {
+            return Ok(());
+        };
+        let g = CudaWeight::Vector {
+            ptr: n.g,
+            len: n.res.cols,
+        };
+        if n.out_pending && self.opts.fuse.quantize && self.can_norm_quantize(&n.res, &g, &n.out) {
+            *lock(&self.gemm_quantized) = None;
+            let q = self.scratch(act::row_bytes(n.out.cols)? * n.out.rows)?;
+            self.op_norm_q8(&n.res, None, &g, n.eps, &n.out, q)?;
+            *lock(&self.quantized) = Some(Quantized {
+                x: n.out,
+                q,
+                rms: None,
+            });
+            return Ok(());
         }
-        Ok(())
+        self.forget_quantized()
     }
 
     /// `out = W x` for an f32 matrix (the router).

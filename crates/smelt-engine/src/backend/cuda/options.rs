@@ -25,6 +25,7 @@
 //! | `SMELT_CUDA_FLASH_SEQS` | `attention.flash_decode_seqs` | [`super::FLASH_DECODE_SEQS`] |
 //! | `SMELT_CUDA_SPLITS` | `attention.splits` | one block per SM |
 //! | `SMELT_CUDA_ATTN_STAGE` | `attention.stage` | 32 |
+//! | `SMELT_CUDA_DELTA_CHUNK_MIN` (0: always) | `attention.delta_chunk_min_tokens` | [`super::DELTA_CHUNK_MIN_TOKENS`] (never when batch-invariant) |
 //! | **launches and loading** | `launch` ([`LaunchOptions`]) | |
 //! | `SMELT_CUDA_GRAPHS=0` | `launch.graphs` | on (off while profiling) |
 //! | `SMELT_CUDA_ARGMAX_SPLIT=0` | `launch.split_argmax` | on |
@@ -126,6 +127,11 @@ pub struct AttentionOptions {
     pub splits: Option<usize>,
     /// Most KV blocks of its split an attention block stages in shared memory.
     pub stage: u32,
+    /// Delta-net layers (linear attention) run a step whose longest sequence has at least
+    /// this many tokens in chunks (`delta_chunk`), shorter ones token by token;
+    /// `usize::MAX`: never (batch-invariant mode: which form a sequence takes must not
+    /// depend on the others in its step).
+    pub delta_chunk_min_tokens: usize,
 }
 
 /// How work reaches the device: graphs, launch shapes, weight uploads, the kernel module.
@@ -260,6 +266,11 @@ impl CudaOptions {
                 flash_decode_seqs: num("SMELT_CUDA_FLASH_SEQS").unwrap_or(super::FLASH_DECODE_SEQS),
                 splits: num("SMELT_CUDA_SPLITS").filter(|&n| n > 0),
                 stage: num("SMELT_CUDA_ATTN_STAGE").map_or(32, |n| n.min(32) as u32),
+                delta_chunk_min_tokens: if batch_invariant {
+                    usize::MAX
+                } else {
+                    num("SMELT_CUDA_DELTA_CHUNK_MIN").unwrap_or(super::DELTA_CHUNK_MIN_TOKENS)
+                },
             },
             launch: LaunchOptions {
                 graphs: on("SMELT_CUDA_GRAPHS") && profile == Profile::Off,
@@ -324,6 +335,10 @@ mod tests {
             super::super::FLASH_DECODE_SEQS
         );
         assert_eq!(o.attention.stage, 32);
+        assert_eq!(
+            o.attention.delta_chunk_min_tokens,
+            super::super::DELTA_CHUNK_MIN_TOKENS
+        );
         assert_eq!(o.debug.profile, Profile::Off);
         assert_eq!(o.matmul.gemv_rows, (0, usize::MAX));
         assert!(o.debug.skip.is_empty() && o.attention.splits.is_none() && !o.batch_invariant);
@@ -364,6 +379,7 @@ mod tests {
             assert_eq!(o.matmul.gemm_narrow_max_tokens, 0);
             assert_eq!(o.matmul.gemm_small_max_tokens, 0);
             assert_eq!(o.matmul.moe_gemm_min_per_expert, usize::MAX);
+            assert_eq!(o.attention.delta_chunk_min_tokens, usize::MAX);
         }
         let o = with(&[("SMELT_CUDA_GEMM_NARROW_MAX", "64")], false);
         assert_eq!(o.matmul.gemm_narrow_max_tokens, 64);
