@@ -777,13 +777,7 @@ mod tests {
 
     #[test]
     fn kernels_build() {
-        for target in [Target::Sm80, Target::Sm90] {
-            let mut m = Module::new(target);
-            for (name, build) in catalog() {
-                m.kernel(&name, |k| build(k))
-                    .unwrap_or_else(|e| panic!("{name}: {e}"));
-            }
-        }
+        crate::catalog::assert_builds(catalog, &[]);
         let mut m = Module::new(Target::Sm80);
         assert!(m.kernel("x", |k| chunk_kernel(k, 96)).is_err());
         assert_eq!(slots(1, 512), 9);
