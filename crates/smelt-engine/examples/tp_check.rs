@@ -313,16 +313,9 @@ fn norm_probe(gpus: &[usize], comms: &[smelt_cuda::nccl::Comm]) -> bool {
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank")).collect()
     });
-    let mut per_rank = Vec::new();
-    for (r, res) in results.into_iter().enumerate() {
-        match res {
-            Ok(v) => per_rank.push(v),
-            Err(why) => {
-                println!("ARNORM FAIL rank {r}: {why}");
-                return false;
-            }
-        }
-    }
+    let Some(per_rank) = ranks_ok(results, "ARNORM") else {
+        return false;
+    };
     let mut ok = true;
     for i in 0..per_rank[0].len() {
         let all = |f: &dyn Fn(&NormResult) -> bool| per_rank.iter().all(|r| f(&r[i]));
@@ -485,16 +478,9 @@ fn peer_probe(gpus: &[usize], comms: &[smelt_cuda::nccl::Comm]) -> bool {
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank")).collect()
     });
-    let mut per_rank = Vec::new();
-    for (r, res) in results.into_iter().enumerate() {
-        match res {
-            Ok(v) => per_rank.push(v),
-            Err(why) => {
-                println!("ARPROBE FAIL rank {r}: {why}");
-                return false;
-            }
-        }
-    }
+    let Some(per_rank) = ranks_ok(results, "ARPROBE") else {
+        return false;
+    };
     println!(
         "ARPROBE peer group of {nr} GPUs started (staging for {} KB)",
         cap * 4 / 1024
@@ -700,4 +686,20 @@ fn main() {
         println!("TPCHECK FAIL: a run diverged where the reference's lead was clear");
         std::process::exit(1);
     }
+}
+
+/// Every rank's results, or `None` after printing `TAG FAIL rank r: why` for the first rank
+/// that failed (the probes' rank threads each return their rows or an error).
+fn ranks_ok<T>(results: Vec<Result<T, String>>, tag: &str) -> Option<Vec<T>> {
+    let mut per_rank = Vec::with_capacity(results.len());
+    for (r, res) in results.into_iter().enumerate() {
+        match res {
+            Ok(v) => per_rank.push(v),
+            Err(why) => {
+                println!("{tag} FAIL rank {r}: {why}");
+                return None;
+            }
+        }
+    }
+    Some(per_rank)
 }
