@@ -391,16 +391,7 @@ pub fn check_glu_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()>
             };
             let case = format!("{rows}x{k}");
             cf.add(&case, &got, &g, 1e-6, rtol);
-            let want_q: Vec<f32> = act::quantize_cpu(&got, k)?
-                .iter()
-                .map(|&b| f32::from(b))
-                .collect();
-            let got_q: Vec<f32> = gpu
-                .stream
-                .clone_dtoh(&qd)?
-                .iter()
-                .map(|&b| f32::from(b))
-                .collect();
+            let (got_q, want_q) = tiles_against_twin(gpu, &qd, &got, k)?;
             cq.add(&case, &got_q, &want_q, 0.0, 0.0);
         }
         rep.push(&format!("{name} (f32)"), cf, "as glu");
@@ -452,16 +443,7 @@ pub fn check_reduce_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<
         let got = gpu.stream.clone_dtoh(&fused)?;
         let case = format!("{rows}x{n_head}x{head_dim}, {splits} splits");
         cf.add(&case, &got, &want, 0.0, 0.0);
-        let want_q: Vec<f32> = act::quantize_cpu(&want, cols)?
-            .iter()
-            .map(|&b| f32::from(b))
-            .collect();
-        let got_q: Vec<f32> = gpu
-            .stream
-            .clone_dtoh(&qd)?
-            .iter()
-            .map(|&b| f32::from(b))
-            .collect();
+        let (got_q, want_q) = tiles_against_twin(gpu, &qd, &want, cols)?;
         cq.add(&case, &got_q, &want_q, 0.0, 0.0);
     }
     rep.push(
@@ -672,4 +654,19 @@ pub fn check_embed(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> 
         );
     }
     Ok(())
+}
+
+/// The q8_1 tiles a fused kernel wrote (`qd`) and the CPU twin's tiles of the floats `x`
+/// (rows of `k`), both as floats byte by byte, for an exact comparison.
+fn tiles_against_twin(
+    gpu: &Gpu,
+    qd: &cudarc::driver::CudaSlice<u8>,
+    x: &[f32],
+    k: usize,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let bytes = |b: &[u8]| b.iter().map(|&v| f32::from(v)).collect::<Vec<f32>>();
+    Ok((
+        bytes(&gpu.stream.clone_dtoh(qd)?),
+        bytes(&smelt_kernels::act::quantize_cpu(x, k)?),
+    ))
 }
