@@ -80,7 +80,7 @@ impl Cuda {
         // own activations (a split norm's q8_1 tiles stand for an output not written yet:
         // those stay on the GEMV).
         let split_norm =
-            matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
+            || matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
         if let Choice::Gemm { family, name } =
             choose(&self.opts.matmul, ty, rows, cols, n, split_norm)
         {

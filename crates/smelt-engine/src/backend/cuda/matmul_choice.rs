@@ -89,7 +89,8 @@ impl Family {
 
 /// The kernel for `n` tokens times a `rows` x `cols` matrix of type `ty`. `split_norm`: the
 /// input is a split norm's q8_1 tiles standing for an output not written yet, which only
-/// the GEMV reads. In order: fewer than `gemm_min_tokens` tokens, a type without a GEMM or
+/// the GEMV reads (asked only when a GEMM is otherwise possible: it takes a lock, and
+/// single-token matmuls never need it). In order: fewer than `gemm_min_tokens` tokens, a type without a GEMM or
 /// a split norm take the GEMV; else the narrow GEMM up to `gemm_narrow_max_tokens`, the
 /// batch-wide f16 blocks up to `gemm_small_max_tokens` where their shape rule says, the f16
 /// GEMM where its rule (or `gemm_f16_min_tokens`) says, the int8 GEMM otherwise.
@@ -99,12 +100,12 @@ pub(super) fn choose(
     rows: usize,
     cols: usize,
     n: usize,
-    split_norm: bool,
+    split_norm: impl FnOnce() -> bool,
 ) -> Choice {
     let Some(int8) = gemm::name(ty) else {
         return Choice::Gemv;
     };
-    if n < m.gemm_min_tokens || split_norm {
+    if n < m.gemm_min_tokens || split_norm() {
         return Choice::Gemv;
     }
     let gemm = |family, name| Choice::Gemm { family, name };
@@ -145,7 +146,7 @@ mod tests {
         let o = CudaOptions::from_vars(|_| None, false);
         let m = &o.matmul;
         let q4 = GgmlType::Q4_K;
-        let pick = |rows, cols, n| family(choose(m, q4, rows, cols, n, false));
+        let pick = |rows, cols, n| family(choose(m, q4, rows, cols, n, || false));
         for (rows, cols) in [(14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)] {
             // One token, and batches under the GEMM's crossover: the GEMV.
             assert_eq!(pick(rows, cols, 1), None);
@@ -170,16 +171,16 @@ mod tests {
         let o = CudaOptions::from_vars(|_| None, false);
         let m = &o.matmul;
         assert_eq!(
-            choose(m, GgmlType::Q4_K, 4096, 4096, 512, true),
+            choose(m, GgmlType::Q4_K, 4096, 4096, 512, || true),
             Choice::Gemv
         );
         // Q6_K has the int8 and f16 GEMMs but no narrow one: batches take the int8 GEMM.
         assert_eq!(
-            family(choose(m, GgmlType::Q6_K, 4096, 4096, 32, false)),
+            family(choose(m, GgmlType::Q6_K, 4096, 4096, 32, || false)),
             Some(Family::Int8)
         );
         assert_eq!(
-            choose(m, GgmlType::F32, 4096, 4096, 512, false),
+            choose(m, GgmlType::F32, 4096, 4096, 512, || false),
             Choice::Gemv
         );
     }
@@ -190,7 +191,7 @@ mod tests {
         let m = &o.matmul;
         for n in [1, 2, 16, 32, 64, 512] {
             assert_eq!(
-                family(choose(m, GgmlType::Q4_K, 4096, 4096, n, false)),
+                family(choose(m, GgmlType::Q4_K, 4096, 4096, n, || false)),
                 Some(Family::Int8),
                 "{n} tokens"
             );
