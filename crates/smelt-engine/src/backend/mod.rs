@@ -203,6 +203,16 @@ pub trait Backend: Send + Sync {
     fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Weight);
     /// RMS norm over chunks of `w`'s length (a whole row, or each head), times `w`.
     fn rms_norm(&self, x: &Self::Tensor, w: &Self::Weight, eps: f32, out: &mut Self::Tensor);
+    /// [`Backend::rms_norm`] of `x` into `x` itself (the same values): the per-head Q and K
+    /// norms (Qwen3, Gemma 3) leave Q and K in the buffers the Q|K|V matmul wrote, so a
+    /// backend can go on treating them as one Q|K row (the CUDA backend's one-launch rope
+    /// and KV append). The default norms into a new tensor and moves it into `x`.
+    fn rms_norm_in_place(&self, x: &mut Self::Tensor, w: &Self::Weight, eps: f32) {
+        let (rows, cols) = self.shape(x);
+        let mut out = self.alloc(rows, cols);
+        self.rms_norm(x, w, eps, &mut out);
+        *x = out;
+    }
     fn scale(&self, x: &mut Self::Tensor, s: f32);
     /// `x += y`.
     fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor);

@@ -515,12 +515,10 @@ impl<B: Backend> Model<B> {
                         b.add_bias(&mut s.v, bv);
                     }
                     if let Some(w) = &a.q_norm {
-                        b.rms_norm(&s.q, w, i.rms_eps, &mut s.tmp);
-                        std::mem::swap(&mut s.q, &mut s.tmp);
+                        b.rms_norm_in_place(&mut s.q, w, i.rms_eps);
                     }
                     if let Some(w) = &a.k_norm {
-                        b.rms_norm(&s.k, w, i.rms_eps, &mut s.tmp);
-                        std::mem::swap(&mut s.k, &mut s.tmp);
+                        b.rms_norm_in_place(&mut s.k, w, i.rms_eps);
                     }
                     let (freq_base, freq_scale) = i.rope_for_layer(il);
                     let rope = RopeParams {

@@ -264,13 +264,21 @@ impl Backend for Cpu {
             .par_chunks_mut(n)
             .zip(x.data.par_chunks(n))
             .for_each(|(y, x)| {
-                let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
-                let mean = (sum / n as f64) as f32;
-                let scale = 1.0 / (mean + eps).sqrt();
+                let scale = rms_scale(x, eps);
                 for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
                     *y = (x * scale) * w;
                 }
             });
+    }
+
+    fn rms_norm_in_place(&self, x: &mut CpuTensor, w: &CpuWeight, eps: f32) {
+        let w = w.vector();
+        x.data.par_chunks_mut(w.len()).for_each(|x| {
+            let scale = rms_scale(x, eps);
+            for (v, &w) in x.iter_mut().zip(w) {
+                *v = (*v * scale) * w;
+            }
+        });
     }
 
     fn scale(&self, x: &mut CpuTensor, s: f32) {
@@ -799,6 +807,14 @@ fn gelu_exact(x: f32) -> f32 {
     const COEF_A: f32 = 0.044715;
     let inner = (SQRT_2_OVER_PI * x) * (COEF_A * x).mul_add(x, 1.0);
     0.5 * x * (1.0 + inner.tanh())
+}
+
+/// `1 / sqrt(mean(x^2) + eps)` of one norm chunk, the sum in f64 (as ggml-cpu's
+/// `ggml_compute_forward_rms_norm`), for [`Backend::rms_norm`] and its in-place form.
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
 }
 
 #[cfg(test)]

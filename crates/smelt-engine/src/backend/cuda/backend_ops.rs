@@ -222,6 +222,19 @@ impl Backend for Cuda {
         });
     }
 
+    fn rms_norm_in_place(&self, x: &mut CudaTensor, w: &CudaWeight, eps: f32) {
+        self.run_raw(|| {
+            // Its rows may be a deferred GEMV's output (Q|K|V), and an add may be pending.
+            self.flush_rope()?;
+            self.flush_gemv()?;
+            self.flush_add()?;
+            self.forget_quantized()?;
+            // Each thread of the norm kernel reads back only the values it read itself before
+            // writing them, so `out` may be `x`.
+            self.op_rms_norm(x, w, eps, x)
+        });
+    }
+
     fn scale(&self, x: &mut CudaTensor, s: f32) {
         self.run(|| self.op_scale(x, s));
     }
