@@ -822,6 +822,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn rms_norm_in_place_gives_the_bits_of_rms_norm() {
+        // Three rows of four heads of 8 (per-head norms, as Qwen3's Q and K), awkward values.
+        let data: Vec<f32> = (0..96)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.173 + (i as f32).sin())
+            .collect();
+        let x = CpuTensor {
+            data: data.clone(),
+            rows: 3,
+            cols: 32,
+        };
+        let w = CpuWeight::Vector((0..8).map(|i| 0.5 + i as f32 * 0.125).collect());
+        let mut out = CpuTensor {
+            data: Vec::new(),
+            rows: 0,
+            cols: 0,
+        };
+        Cpu.rms_norm(&x, &w, 1e-6, &mut out);
+        let mut y = x;
+        Cpu.rms_norm_in_place(&mut y, &w, 1e-6);
+        assert_eq!((y.rows, y.cols), (3, 32));
+        assert!(y
+            .data
+            .iter()
+            .zip(&out.data)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(
+            y.data.iter().zip(&data).any(|(a, b)| a != b),
+            "nothing was normalized"
+        );
+    }
+
+    #[test]
     fn rope_neox_and_normal_rotate_pairs() {
         let cpu = Cpu;
         let mut x = CpuTensor {
