@@ -100,18 +100,8 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             }
             // The narrow GEMMs of this type read the same weights and rows: both token
             // widths on every shape (ragged token blocks included).
-            let narrow_names = narrow::TYPES
-                .iter()
-                .find(|(t, _)| *t == ty)
-                .map(|(_, n)| *n);
-            for nname in narrow_names.into_iter().flatten() {
+            for (nname, layout, width) in narrow::kernels_of(ty) {
                 let nf = gpu.module.load_function(nname)?;
-                // Each kernel's own token width: 8 << its index in the list.
-                let width = narrow::TYPES[0]
-                    .1
-                    .iter()
-                    .position(|n| *n == nname)
-                    .map_or(32, |i| 8u32 << i);
                 for splits in [
                     1,
                     narrow::splits(nrows, ntiles, ntok, SMS).max(ntiles.min(3)),
@@ -121,7 +111,7 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
                     let mut ws = gpu
                         .stream
                         .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
-                    let mut l = narrow::launch(&a);
+                    let mut l = narrow::launch(&a, layout);
                     l.grid.0 = a.ntok.div_ceil(width).max(1);
                     launch_as(gpu, &nf, &a, l, &wd, &h, &mut y, &mut ws)?;
                     let got = gpu.stream.clone_dtoh(&y)?;
@@ -178,8 +168,9 @@ pub struct Row {
     pub f16_us: [f64; 2],
     /// The activation preparation of each: int8 tiles, f16 rows.
     pub act_us: [f64; 2],
-    /// The narrow GEMM (on the f16 rows), at 128 tokens and fewer.
-    pub narrow_us: Option<f64>,
+    /// The narrow GEMM (on the f16 rows), at 128 tokens and fewer, in warps of 32 and of
+    /// 16 rows (`narrow::Layout::ALL`).
+    pub narrow_us: Option<[f64; 2]>,
     /// The batch-wide f16 GEMM (`f16_small`), at 128 tokens and fewer.
     pub small_us: Option<f64>,
 }
@@ -259,9 +250,10 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                         launch_as(gpu, v, &ah, l, &ws[i % copies], &h, &mut y, &mut wsph)
                     })? * 1e3;
                 }
-                let narrow_us = match narrow::name(ty, ntok).filter(|_| ntok <= 128) {
-                    Some(nname) => {
-                        let nf = gpu.module.load_function(nname)?;
+                let narrow_us = match narrow::name(ty, ntok, narrow::Layout::Rows32)
+                    .filter(|_| ntok <= 128)
+                {
+                    Some(_) => {
                         let an = args(
                             nrows,
                             ntok,
@@ -270,12 +262,16 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                             narrow::splits(nrows, k / TILE, ntok, SMS),
                         );
                         let mut wspn = workspace(gpu, &an)?;
-                        Some(
-                            time_launches(&gpu.stream, 5, 2, launches, |i| {
-                                let l = narrow::launch(&an);
+                        let mut us = [0f64; 2];
+                        for (layout, us) in narrow::Layout::ALL.into_iter().zip(&mut us) {
+                            let nname = narrow::name(ty, ntok, layout).expect("both layouts");
+                            let nf = gpu.module.load_function(nname)?;
+                            *us = time_launches(&gpu.stream, 5, 2, launches, |i| {
+                                let l = narrow::launch(&an, layout);
                                 launch_as(gpu, &nf, &an, l, &ws[i % copies], &h, &mut y, &mut wspn)
-                            })? * 1e3,
-                        )
+                            })? * 1e3;
+                        }
+                        Some(us)
                     }
                     None => None,
                 };
@@ -321,8 +317,11 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                     small_us,
                 };
                 let bytes = (nrows * row_bytes) as f64;
-                let narrow_col = row.narrow_us.map_or("-".to_string(), |us| {
-                    format!("{us:8.1} us ({:.0} GB/s)", bytes / us / 1e3)
+                let narrow_col = row.narrow_us.map_or("-".to_string(), |[us, r16]| {
+                    format!(
+                        "{us:8.1} us ({:.0} GB/s), 16-row warps {r16:8.1} us",
+                        bytes / us / 1e3
+                    )
                 });
                 let small_col = row.small_us.map_or("-".to_string(), |us| {
                     format!("{us:8.1} us ({:.0} GB/s)", bytes / us / 1e3)
@@ -343,19 +342,25 @@ pub fn perf(gpu: &Gpu, _rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     let rows = speed(gpu)?;
     rep.perf
         .push("f16 GEMM vs int8 GEMM, microseconds a launch:".into());
-    rep.perf.push("| type | rows x k | tokens | int8 | f16 (1 block) | f16 (2 blocks) | best f16 / int8 | narrow | narrow / int8 | batch-wide f16 | batch-wide / int8 | int8 act | f16 act |".into());
+    rep.perf.push("| type | rows x k | tokens | int8 | f16 (1 block) | f16 (2 blocks) | best f16 / int8 | narrow | narrow / int8 | narrow, 16-row warps | batch-wide f16 | batch-wide / int8 | int8 act | f16 act |".into());
     rep.perf
-        .push("|---|---|---|---|---|---|---|---|---|---|---|---|---|".into());
+        .push("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into());
     for r in &rows {
         let best = r.f16_us[0].min(r.f16_us[1]);
-        let (narrow, ratio) = r.narrow_us.map_or(("-".into(), "-".into()), |us| {
-            (format!("{us:.1}"), format!("{:.2}", us / r.int8_us))
-        });
+        let (narrow, ratio, r16) =
+            r.narrow_us
+                .map_or(("-".into(), "-".into(), "-".into()), |[us, r16]| {
+                    (
+                        format!("{us:.1}"),
+                        format!("{:.2}", us / r.int8_us),
+                        format!("{r16:.1}"),
+                    )
+                });
         let (small, sratio) = r.small_us.map_or(("-".into(), "-".into()), |us| {
             (format!("{us:.1}"), format!("{:.2}", us / r.int8_us))
         });
         rep.perf.push(format!(
-            "| {:?} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {narrow} | {ratio} | {small} | {sratio} | {:.1} | {:.1} |",
+            "| {:?} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {narrow} | {ratio} | {r16} | {small} | {sratio} | {:.1} | {:.1} |",
             r.ty,
             r.shape,
             r.ntok,

@@ -16,8 +16,9 @@ use super::options::MatmulOptions;
 /// A tensor-core GEMM family (they differ in block shape, activation format and K splits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Family {
-    /// `gemm::narrow`: weights straight into `mma` fragments, batches of a few dozen.
-    Narrow,
+    /// `gemm::narrow`: weights straight into `mma` fragments, batches of a few dozen, in
+    /// its warp layout.
+    Narrow(gemm::narrow::Layout),
     /// `gemm::f16_small`: the f16 GEMM in blocks as wide as the batch.
     F16Small,
     /// `gemm::f16`: the f16 GEMM of prompts, 128 x 128 blocks.
@@ -51,7 +52,7 @@ impl Family {
     /// The activations this family reads for weights of type `ty`.
     pub(super) fn activations(self, ty: GgmlType) -> Activations {
         match self {
-            Family::Narrow | Family::F16Small | Family::F16 => Activations::F16Rows,
+            Family::Narrow(_) | Family::F16Small | Family::F16 => Activations::F16Rows,
             Family::Int8 if gemm::reads_q8_1_tiles(ty) => Activations::Q8_1Tiles,
             Family::Int8 => Activations::GemmTiles,
         }
@@ -69,7 +70,7 @@ impl Family {
         batch_invariant: bool,
     ) -> usize {
         match self {
-            Family::Narrow => gemm::narrow::splits(rows, ntiles, n, sm_count),
+            Family::Narrow(_) => gemm::narrow::splits(rows, ntiles, n, sm_count),
             Family::F16Small => gemm::f16_small::splits(rows, ntiles, n, sm_count),
             Family::F16 => gemm::f16::splits(rows, ntiles, Some(n), sm_count),
             Family::Int8 => gemm::splits(rows, ntiles, (!batch_invariant).then_some(n), sm_count),
@@ -79,7 +80,7 @@ impl Family {
     /// The launch shape of `a` on this family's kernels.
     pub(super) fn launch(self, a: &gemm::Args) -> smelt_kernels::ops::Launch {
         match self {
-            Family::Narrow => gemm::narrow::launch(a),
+            Family::Narrow(layout) => gemm::narrow::launch(a, layout),
             Family::F16Small => gemm::f16_small::launch(a),
             Family::F16 => gemm::f16::launch(a),
             Family::Int8 => a.launch(),
@@ -109,8 +110,12 @@ pub(super) fn choose(
         return Choice::Gemv;
     }
     let gemm = |family, name| Choice::Gemm { family, name };
-    if let Some(name) = gemm::narrow::name(ty, n).filter(|_| n <= m.gemm_narrow_max_tokens) {
-        return gemm(Family::Narrow, name);
+    let layout = m
+        .narrow_layout
+        .unwrap_or_else(|| gemm::narrow::default_layout(n));
+    if let Some(name) = gemm::narrow::name(ty, n, layout).filter(|_| n <= m.gemm_narrow_max_tokens)
+    {
+        return gemm(Family::Narrow(layout), name);
     }
     if let Some(name) = gemm::f16_small::name(ty, n)
         .filter(|_| n <= m.gemm_small_max_tokens && gemm::f16_small::preferred(rows, cols, n))
@@ -147,13 +152,15 @@ mod tests {
         let m = &o.matmul;
         let q4 = GgmlType::Q4_K;
         let pick = |rows, cols, n| family(choose(m, q4, rows, cols, n, || false));
+        let narrow = gemm::narrow::DEFAULT_LAYOUT[2];
+        assert_eq!(narrow, gemm::narrow::DEFAULT_LAYOUT[1]);
         for (rows, cols) in [(14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)] {
             // One token, and batches under the GEMM's crossover: the GEMV.
             assert_eq!(pick(rows, cols, 1), None);
             assert_eq!(pick(rows, cols, 8), None);
             // 16-32 tokens: the narrow GEMM (2026-11-27 04:50 UTC).
-            assert_eq!(pick(rows, cols, 16), Some(Family::Narrow));
-            assert_eq!(pick(rows, cols, 32), Some(Family::Narrow));
+            assert_eq!(pick(rows, cols, 16), Some(Family::Narrow(narrow)));
+            assert_eq!(pick(rows, cols, 32), Some(Family::Narrow(narrow)));
         }
         // 33-64 tokens: the batch-wide f16 blocks on the MLP's matrices, the int8 GEMM on
         // the small ones (2026-11-27 00:35 UTC).
@@ -201,7 +208,7 @@ mod tests {
     #[test]
     fn each_family_reads_its_activations() {
         assert_eq!(
-            Family::Narrow.activations(GgmlType::Q4_K),
+            Family::Narrow(gemm::narrow::Layout::Rows32).activations(GgmlType::Q4_K),
             Activations::F16Rows
         );
         assert_eq!(

@@ -19,6 +19,7 @@
 //! | `SMELT_CUDA_GEMM_MIN` | `matmul.gemm_min_tokens` | `gemm::MIN_TOKENS` |
 //! | `SMELT_CUDA_GEMM_F16_MIN` | `matmul.gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
 //! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `matmul.gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (32, measured) |
+//! | `SMELT_CUDA_GEMM_NARROW_ROWS` (32 or 16) | `matmul.narrow_layout` | `gemm::narrow::DEFAULT_LAYOUT` (per token width) |
 //! | `SMELT_CUDA_GEMM_SMALL_MAX` (0: off) | `matmul.gemm_small_max_tokens` | `gemm::f16_small::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_MOE_GEMM_MIN` | `matmul.moe_gemm_min_per_expert` | `gemm::grouped::MIN_PER_EXPERT` (measured) |
 //! | **attention** | `attention` ([`AttentionOptions`]) | |
@@ -106,6 +107,9 @@ pub struct MatmulOptions {
     /// narrow GEMM where the weight type has one (`gemm::narrow::TYPES`); 0 in
     /// batch-invariant mode.
     pub gemm_narrow_max_tokens: usize,
+    /// The narrow GEMM's warp layout for every token width (`Some`: 32 or 16 rows a warp),
+    /// else `gemm::narrow::DEFAULT_LAYOUT`'s per width.
+    pub narrow_layout: Option<gemm::narrow::Layout>,
     /// Matmuls of at most this many tokens (and at least `gemm_min_tokens`) run on the f16
     /// GEMM in batch-wide blocks (`gemm::f16_small`) where the weight type has one; 0 in
     /// batch-invariant mode.
@@ -251,6 +255,11 @@ impl CudaOptions {
                 } else {
                     num("SMELT_CUDA_GEMM_NARROW_MAX").unwrap_or(gemm::narrow::MAX_TOKENS)
                 },
+                narrow_layout: match num("SMELT_CUDA_GEMM_NARROW_ROWS") {
+                    Some(16) => Some(gemm::narrow::Layout::Rows16),
+                    Some(32) => Some(gemm::narrow::Layout::Rows32),
+                    _ => None,
+                },
                 gemm_small_max_tokens: if batch_invariant {
                     0
                 } else {
@@ -383,6 +392,9 @@ mod tests {
         }
         let o = with(&[("SMELT_CUDA_GEMM_NARROW_MAX", "64")], false);
         assert_eq!(o.matmul.gemm_narrow_max_tokens, 64);
+        assert_eq!(o.matmul.narrow_layout, None);
+        let o = with(&[("SMELT_CUDA_GEMM_NARROW_ROWS", "16")], false);
+        assert_eq!(o.matmul.narrow_layout, Some(gemm::narrow::Layout::Rows16));
         let o = with(&[("SMELT_CUDA_GEMM_SMALL_MAX", "64")], false);
         assert_eq!(o.matmul.gemm_small_max_tokens, 64);
         assert_eq!(
