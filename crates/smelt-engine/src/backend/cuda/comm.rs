@@ -86,6 +86,12 @@ impl Cuda {
     }
 }
 
+/// Most rows the fused all-reduce + add + norm + q8_1 kernel takes. Its GPU check (4x H200,
+/// bench/RESULTS.md 2026-11-27 10:24 UTC) was exact against the twin at 1 and 4 rows and
+/// wrong at 32 (on 2 and 4 GPUs), and slower than the two launches it replaces at every
+/// size (7.1 against 6.9 us at one 4096-float row on 2 GPUs, 8.6 against 7.4 on 4).
+const FUSE_MAX_ROWS: usize = 4;
+
 impl Cuda {
     /// `o` summed over the group, `x += o`, `out = rms_norm(x) * w` and `out`'s q8_1 tiles,
     /// in one launch of the fused kernel where it takes the rows (the peer path on, the
@@ -109,6 +115,7 @@ impl Cuda {
             a.ptr + (a.cap * 4) as u64 <= b.ptr || b.ptr + (b.cap * 4) as u64 <= a.ptr
         };
         let fits = self.opts.tp.fuse_norm
+            && rows <= FUSE_MAX_ROWS
             && self.opts.fuse.quantize
             && o.cols == n
             && x.cols == n

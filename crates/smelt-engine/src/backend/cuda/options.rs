@@ -42,7 +42,7 @@
 //! | `SMELT_TP_PEER_MAX` (bytes; 0: NCCL only) | `tp.peer_all_reduce_max` | `allreduce::default_max_bytes` |
 //! | `SMELT_TP_SKIP_ALLREDUCE=1` | `tp.skip_all_reduce` | off |
 //! | `SMELT_TP_VOCAB=0` | `tp.vocab_parallel` | on (more than one rank, an untied head) |
-//! | `SMELT_TP_FUSE=1` | `tp.fuse_norm` | off (not yet run on a GPU) |
+//! | `SMELT_TP_FUSE=1` | `tp.fuse_norm` | off (measured slower; at most 4 rows) |
 //!
 //! Nothing else under `backend::cuda`, `smelt-cuda` or `smelt-kernels` reads a `SMELT_CUDA_*`
 //! variable: code that needs one takes it from these structs.
@@ -189,8 +189,9 @@ pub struct TpOptions {
     pub vocab_parallel: bool,
     /// Where the peer all-reduce takes a decode row, it runs fused with the residual add,
     /// the next RMS norm and the q8_1 quantize (`smelt_kernels::allreduce_norm`): one
-    /// launch instead of two, the same floats. Off by default until a GPU run has checked
-    /// it (`DEC=1 bash bench/gpu/tp.sh`); `SMELT_TP_FUSE=1` turns it on.
+    /// launch instead of two, the same floats, for up to 4 rows. Off: its GPU run (`DEC=1
+    /// bash bench/gpu/tp.sh`, 2026-11-27) measured it slower than the two launches, and
+    /// wrong at 32 rows; `SMELT_TP_FUSE=1` turns it on.
     pub fuse_norm: bool,
 }
 
