@@ -223,6 +223,7 @@ pub fn all() -> Vec<Entry> {
     v.extend(crate::gemm::narrow::catalog());
     v.extend(crate::gemm::grouped::catalog());
     v.extend(crate::moe::catalog());
+    v.extend(crate::moe_fused::catalog());
     v.extend(crate::delta_net::catalog());
     v.extend(crate::allreduce::catalog());
     v.extend(crate::allreduce_norm::catalog());

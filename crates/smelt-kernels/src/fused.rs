@@ -175,32 +175,51 @@ pub(crate) fn norm_quantize_row(
     k.mul(qrow, qrow, TILE_BYTES as u64);
     let qs = k.add(k.reg(), q, qrow);
     k.stride_loop(warp, ntiles, nwarps, |k, tile| {
-        let dst = k.elem_addr(qs, tile, TILE_BYTES as u32);
-        let col = k.shl(k.reg(), lane, 3u32);
-        k.mad(col, tile, TILE as u32, col);
-        let inside = k.lt(col, n);
-        let src = k.elem_addr(xs, col, 4);
-        let wsrc = k.elem_addr(w, col, 4);
-        let osrc = k.elem_addr(os, col, 4);
-        let v: [Reg<F32>; 8] = std::array::from_fn(|_| k.f32(0.0));
-        let g: [Reg<F32>; 8] = std::array::from_fn(|_| k.f32(0.0));
-        k.guarded(inside, |k| {
-            // `x` was written by other threads of this block: a coherent load, not `.nc`.
-            k.ld_v4(Load::GLOBAL, [v[0], v[1], v[2], v[3]], src);
-            k.ld_v4(Load::GLOBAL, [v[4], v[5], v[6], v[7]], src.at(16));
-            k.ld_v4(Load::GLOBAL_NC, [g[0], g[1], g[2], g[3]], wsrc);
-            k.ld_v4(Load::GLOBAL_NC, [g[4], g[5], g[6], g[7]], wsrc.at(16));
-        });
-        for i in 0..8 {
-            k.mul(v[i], v[i], scale);
-            k.mul(v[i], v[i], g[i]);
-        }
-        k.guarded(inside, |k| {
-            k.st_v4(Store::GLOBAL, osrc, [v[0], v[1], v[2], v[3]]);
-            k.st_v4(Store::GLOBAL, osrc.at(16), [v[4], v[5], v[6], v[7]]);
-        });
-        quantize_lane(k, &v, lane, dst);
+        norm_quantize_tile(k, xs, os, w, qs, tile, n, scale, lane);
     });
+}
+
+/// One warp's tile of [`norm_quantize_row`]: `out = x * scale * w` for the 256 values of
+/// tile `tile` of the row (`xs`, `os`; eight a lane) and their q8_1 tile at `qs + tile *
+/// TILE_BYTES`; values past `n` count as zeros. Also the fused MoE router's
+/// (`moe_fused::router_kernel`), whose warps each write one tile of the normed row.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn norm_quantize_tile(
+    k: &Kernel,
+    xs: Reg<U64>,
+    os: Reg<U64>,
+    w: Reg<U64>,
+    qs: Reg<U64>,
+    tile: Reg<U32>,
+    n: Reg<U32>,
+    scale: Reg<F32>,
+    lane: Reg<U32>,
+) {
+    let dst = k.elem_addr(qs, tile, TILE_BYTES as u32);
+    let col = k.shl(k.reg(), lane, 3u32);
+    k.mad(col, tile, TILE as u32, col);
+    let inside = k.lt(col, n);
+    let src = k.elem_addr(xs, col, 4);
+    let wsrc = k.elem_addr(w, col, 4);
+    let osrc = k.elem_addr(os, col, 4);
+    let v: [Reg<F32>; 8] = std::array::from_fn(|_| k.f32(0.0));
+    let g: [Reg<F32>; 8] = std::array::from_fn(|_| k.f32(0.0));
+    k.guarded(inside, |k| {
+        // `x` was written by other threads of this block: a coherent load, not `.nc`.
+        k.ld_v4(Load::GLOBAL, [v[0], v[1], v[2], v[3]], src);
+        k.ld_v4(Load::GLOBAL, [v[4], v[5], v[6], v[7]], src.at(16));
+        k.ld_v4(Load::GLOBAL_NC, [g[0], g[1], g[2], g[3]], wsrc);
+        k.ld_v4(Load::GLOBAL_NC, [g[4], g[5], g[6], g[7]], wsrc.at(16));
+    });
+    for i in 0..8 {
+        k.mul(v[i], v[i], scale);
+        k.mul(v[i], v[i], g[i]);
+    }
+    k.guarded(inside, |k| {
+        k.st_v4(Store::GLOBAL, osrc, [v[0], v[1], v[2], v[3]]);
+        k.st_v4(Store::GLOBAL, osrc.at(16), [v[4], v[5], v[6], v[7]]);
+    });
+    quantize_lane(k, &v, lane, dst);
 }
 
 /// Launch of [`glu_q8_kernel`] over `rows` rows of `n` values: as `act::quantize_kernel`,

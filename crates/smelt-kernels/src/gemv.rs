@@ -717,7 +717,12 @@ impl Early {
 /// `1 / sqrt(sum(partials) / n + eps)`, the same bits in every lane of every warp: each
 /// lane adds its partials in index order, then the warp's butterfly; then the norm
 /// kernels' operations (`ops::norm`): IEEE division, `sqrt.rn`, IEEE reciprocal.
-fn rms_from_partials(k: &Kernel, parts: &[Reg<F32>], n: Reg<U32>, eps: Reg<F32>) -> Reg<F32> {
+pub(crate) fn rms_from_partials(
+    k: &Kernel,
+    parts: &[Reg<F32>],
+    n: Reg<U32>,
+    eps: Reg<F32>,
+) -> Reg<F32> {
     let acc = k.f32(0.0);
     for &p in parts {
         k.add(acc, acc, p);

@@ -32,6 +32,7 @@ pub mod fused;
 pub mod gemm;
 pub mod gemv;
 pub mod moe;
+pub mod moe_fused;
 pub mod ops;
 pub mod quantize;
 

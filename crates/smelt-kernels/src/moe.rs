@@ -164,7 +164,6 @@ pub fn route_kernel(k: &Kernel, gating: Gating) {
     let probs = k.shared::<F32>("probs", ROUTE_WARPS * MAX_EXPERTS as u32, 16);
     let row = k.mad(k.reg(), k.ctaid_x(), ROUTE_WARPS, k.tid_y());
     k.exit_if(k.ge(row, r.n));
-    let lane = k.tid_x();
     let wbase = k.mad(
         k.reg(),
         k.tid_y(),
@@ -172,18 +171,51 @@ pub fn route_kernel(k: &Kernel, gating: Gating) {
         k.shared_base(&probs),
     );
     let xrow = k.elem_addr(r.logits, k.mul(k.reg(), row, r.n_expert), 4);
+    let two_k = k.add(k.reg(), r.k, r.k);
+    let out = k.elem_addr(r.route, k.mul(k.reg(), row, two_k), 4);
+    let p = RouteRow {
+        n_expert: r.n_expert,
+        k: r.k,
+        norm: r.norm,
+        scale: r.scale,
+    };
+    route_row(k, gating, Load::GLOBAL, xrow, out, wbase, &p);
+}
+
+/// What [`route_row`] needs besides the addresses: the router's shape and options.
+pub(crate) struct RouteRow {
+    pub n_expert: Reg<U32>,
+    pub k: Reg<U32>,
+    pub norm: Reg<U32>,
+    pub scale: Reg<F32>,
+}
+
+/// One warp routes one row of logits at `xrow` (read with `ld`) into `out` (`[ids (k),
+/// weights (k)]`), with [`MAX_EXPERTS`] floats of shared memory at `wbase` as its
+/// probabilities: the body of [`route_kernel`] (see there), shared with the fused router
+/// (`moe_fused::router_kernel`), whose last block reads logits other blocks wrote.
+pub(crate) fn route_row(
+    k: &Kernel,
+    gating: Gating,
+    ld: Load,
+    xrow: Reg<U64>,
+    out: Reg<U64>,
+    wbase: Reg<U32>,
+    r: &RouteRow,
+) {
+    let lane = k.tid_x();
     let sh = |k: &Kernel, c: Reg<U32>| k.mad(k.reg(), c, 4u32, wbase);
     match gating {
         Gating::Softmax => {
             let m = k.f32(f32::NEG_INFINITY);
             k.stride_loop(lane, r.n_expert, 32u32, |k, c| {
-                let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(xrow, c, 4));
+                let v = k.load::<F32>(ld, k.elem_addr(xrow, c, 4));
                 k.max(m, m, v);
             });
             let m = k.warp_max(m);
             let sum = k.f32(0.0);
             k.stride_loop(lane, r.n_expert, 32u32, |k, c| {
-                let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(xrow, c, 4));
+                let v = k.load::<F32>(ld, k.elem_addr(xrow, c, 4));
                 k.sub(v, v, m);
                 k.mul(v, v, LOG2E);
                 k.ex2_approx(v, v);
@@ -202,7 +234,7 @@ pub fn route_kernel(k: &Kernel, gating: Gating) {
         }
         Gating::Sigmoid => {
             k.stride_loop(lane, r.n_expert, 32u32, |k, c| {
-                let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(xrow, c, 4));
+                let v = k.load::<F32>(ld, k.elem_addr(xrow, c, 4));
                 k.mul(v, v, -LOG2E);
                 k.ex2_approx(v, v);
                 k.add(v, v, 1.0f32);
@@ -211,8 +243,6 @@ pub fn route_kernel(k: &Kernel, gating: Gating) {
             });
         }
     }
-    let two_k = k.add(k.reg(), r.k, r.k);
-    let out = k.elem_addr(r.route, k.mul(k.reg(), row, two_k), 4);
     let wout = k.elem_addr(out, r.k, 4);
     let lane0 = k.eq(lane, 0u32);
     k.for_count(r.k, |k, i| {

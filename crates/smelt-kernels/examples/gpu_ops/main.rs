@@ -33,6 +33,7 @@ pub mod gemv;
 pub mod gemv_fused;
 pub mod isq;
 pub mod moe;
+pub mod moe_fused;
 pub mod ops;
 pub mod rows;
 pub mod timing;
@@ -212,6 +213,7 @@ pub fn registry() -> Vec<Case> {
             via_engine: true,
             ..case("moe", moe::COVERS, moe::check)
         },
+        case("moefuse", moe_fused::COVERS, moe_fused::check),
     ]
 }
 

@@ -272,6 +272,33 @@ pub fn run(op: &str, rng: &mut StdRng) -> Result<usize> {
                 grouped::cpu_with_magnitude(ty, &ggml, ne, rows, k, &xh, &[1, 0, 1], 1)?;
             finite(&want)
         }
+        "moefuse" => {
+            // The fused router on a split-norm row (a partly padded tile), then the
+            // combine + add + norm on its route.
+            use smelt_kernels::moe::Gating;
+            use smelt_kernels::moe_fused;
+            let (ne, cols, k) = (12, 160, 3);
+            let (w, x, g) = (
+                floats(rng, ne * cols, 0.2),
+                floats(rng, cols, 3.0),
+                floats(rng, cols, 1.5),
+            );
+            let parts = gemv::residual_norm_partials(&x);
+            let scale = gemv::rms_input_scale(&parts, cols, 1e-6) as f32;
+            let input = moe_fused::RouterInput {
+                w: &w,
+                x: &x,
+                norm: Some((&g, scale)),
+                n_expert: ne,
+            };
+            let (route, h) = moe_fused::router_cpu(&input, Gating::Softmax, k, true, 1.0);
+            ensure!(route.len() == 2 * k && route[..k].iter().all(|&i| i < ne as f32));
+            let y = floats(rng, k * cols, 1.0);
+            let mut xr = x.clone();
+            let (out, q) = moe_fused::combine_norm_cpu(&mut xr, &y, &route, k, &g, 1e-6)?;
+            ensure!(q.len() == act::row_bytes(cols)?);
+            Ok(finite(&route)? + finite(&h)? + finite(&out)?)
+        }
         _ => bail!("no tiny CPU case for op {op} (add one to examples/gpu_ops/tiny.rs)"),
     }
 }

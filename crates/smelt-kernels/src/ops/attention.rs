@@ -856,7 +856,12 @@ pub(super) fn behind(k: &Kernel, p: Reg<U32>, window: Reg<U32>) -> Reg<U32> {
 /// fenced at GPU scope, then one thread counts the block in (`atom.add` on
 /// `counters[group]`); the last one resets the counter for the next launch. True in
 /// every thread of the last block, after an acquiring fence.
-fn last_block(k: &Kernel, counters: Reg<U64>, group: Reg<U32>, n_splits: Reg<U32>) -> Reg<Pred> {
+pub(crate) fn last_block(
+    k: &Kernel,
+    counters: Reg<U64>,
+    group: Reg<U32>,
+    n_splits: Reg<U32>,
+) -> Reg<Pred> {
     let flag = k.shared::<U32>("attn_last", 1, 4);
     k.membar(Scope::Gpu);
     k.bar_sync();
