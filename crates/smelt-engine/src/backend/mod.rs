@@ -324,6 +324,45 @@ pub trait Backend: Send + Sync {
         Err(not_supported(self.name(), "moe_combine"))
     }
 
+    /// A MoE layer's router: `route = moe_route(w x)` (the router matmul, then
+    /// [`Backend::moe_route`]). One op so that a backend can run it as one kernel (the
+    /// CUDA backend at one token: with the FFN norm before it too,
+    /// `smelt_kernels::moe_fused::router_kernel`); this default is the two ops.
+    fn moe_router(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Tensor,
+        p: &MoeRouting,
+        route: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let mut logits = self.alloc(self.shape(x).0, self.weight_shape(w).0);
+        self.matmul(w, x, &mut logits)?;
+        self.moe_route(&logits, p, route)
+    }
+
+    /// `x += moe_combine(y, route)`, then `out = rms_norm(x) * w`: a MoE layer's output
+    /// joining the residual stream, and the next layer's norm (as
+    /// [`crate::model::AllReduce::all_reduce_add_norm`] for a row-parallel layer). One op
+    /// so that a backend can run it as one kernel (the CUDA backend at one token:
+    /// `smelt_kernels::moe_fused::combine_norm_kernel`); this default is the three ops, so
+    /// the CPU engine computes what it computed before, bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_combine_add_norm(
+        &self,
+        y: &Self::Tensor,
+        route: &Self::Tensor,
+        x: &mut Self::Tensor,
+        w: &Self::Weight,
+        eps: f32,
+        out: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        let mut c = self.alloc(self.shape(route).0, self.shape(y).1);
+        self.moe_combine(y, route, &mut c)?;
+        self.add(x, &c);
+        self.rms_norm(x, w, eps, out);
+        Ok(())
+    }
+
     /// `out[t][j] = x[t][cols[j]]`: columns picked (and reordered) from each row.
     fn gather_cols(
         &self,

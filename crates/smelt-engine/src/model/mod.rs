@@ -595,7 +595,24 @@ impl<B: Backend> Model<B> {
                     b.glu(&mut s.gate, &s.up, glu);
                     b.matmul(down, &s.gate, &mut s.o)?;
                 }
-                Ffn::Moe(moe) => moe.forward(b, &s.h, &mut s.o)?,
+                Ffn::Moe(moe) => {
+                    // The combine, the residual add and the next layer's norm as one op
+                    // where nothing comes between them (`Backend::moe_combine_add_norm`).
+                    let next = self.layers.get(il + 1).map(|n| &n.attn_norm);
+                    match next {
+                        Some(w)
+                            if reduce.is_none()
+                                && l.post_ffn_norm.is_none()
+                                && moe.joins_residual() =>
+                        {
+                            moe.forward_add_norm(b, &s.h, &mut x, w, i.rms_eps, &mut s.tmp)?;
+                            std::mem::swap(&mut s.h, &mut s.tmp);
+                            normed = true;
+                            continue;
+                        }
+                        _ => moe.forward(b, &s.h, &mut s.o)?,
+                    }
+                }
             }
             // The same with the next layer's attention norm.
             let next_norm = self.layers.get(il + 1).map(|n| &n.attn_norm);

@@ -23,7 +23,6 @@ pub struct MoeFfn<B: Backend> {
     /// `ffn_down_exps`: `n_expert` x `[n_embd, n_ff_exp]`.
     down: B::Weight,
     routing: MoeRouting,
-    n_expert: usize,
     n_ff: usize,
     shared: Option<Shared<B::Weight>>,
 }
@@ -128,7 +127,6 @@ impl<B: Backend> MoeFfn<B> {
                 norm: m.norm_weights,
                 scale: m.weights_scale,
             },
-            n_expert: m.n_expert,
             n_ff: m.n_ff_exp,
         })
     }
@@ -136,11 +134,58 @@ impl<B: Backend> MoeFfn<B> {
     /// `out = sum over x's chosen experts of weight * down(silu(gate x) * up x)`.
     pub fn forward(&self, b: &B, x: &B::Tensor, out: &mut B::Tensor) -> Result<(), EngineError> {
         let n = b.shape(x).0;
+        let (down, route) = self.experts(b, x)?;
+        b.moe_combine(&down, &route, out)?;
+        if let Some(s) = &self.shared {
+            let mut g = b.alloc(n, s.n_ff);
+            let mut u = b.alloc(n, s.n_ff);
+            b.matmul_group(&[&s.gate, &s.up], x, &mut [&mut g, &mut u])?;
+            b.glu(&mut g, &u, Glu::Silu);
+            let mut y = b.alloc(n, b.shape(x).1);
+            b.matmul(&s.down, &g, &mut y)?;
+            let mut logit = b.alloc(n, 1);
+            b.matmul(&s.gate_inp, x, &mut logit)?;
+            b.mul_sigmoid(&mut y, &logit)?;
+            b.add(out, &y);
+        }
+        Ok(())
+    }
+
+    /// Whether [`MoeFfn::forward_add_norm`] computes what `forward`, the residual add and
+    /// the next norm compute: without a shared expert, whose output joins the combine's
+    /// before the residual (llama.cpp's order of the adds).
+    pub fn joins_residual(&self) -> bool {
+        self.shared.is_none()
+    }
+
+    /// `res += forward(x)`, then `out = rms_norm(res) * w` (the next layer's norm), through
+    /// [`Backend::moe_combine_add_norm`]: one kernel for the three on the CUDA backend at
+    /// decode. Only where [`MoeFfn::joins_residual`].
+    pub fn forward_add_norm(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        res: &mut B::Tensor,
+        w: &B::Weight,
+        eps: f32,
+        out: &mut B::Tensor,
+    ) -> Result<(), EngineError> {
+        if !self.joins_residual() {
+            return Err(EngineError::BadOptions(
+                "forward_add_norm of a MoE block with a shared expert".into(),
+            ));
+        }
+        let (down, route) = self.experts(b, x)?;
+        b.moe_combine_add_norm(&down, &route, res, w, eps, out)
+    }
+
+    /// The router and the experts: `(down, route)`, each token's `k` experts' outputs
+    /// (`[n * k, n_embd]`) and the route they are combined with.
+    fn experts(&self, b: &B, x: &B::Tensor) -> Result<(B::Tensor, B::Tensor), EngineError> {
+        let n = b.shape(x).0;
         let k = self.routing.k;
-        let mut logits = b.alloc(n, self.n_expert);
-        b.matmul(&self.router, x, &mut logits)?;
         let mut route = b.alloc(n, 2 * k);
-        b.moe_route(&logits, &self.routing, &mut route)?;
+        b.moe_router(&self.router, x, &self.routing, &mut route)?;
         let mut up = b.alloc(n * k, self.n_ff);
         let mut gate = b.alloc(n * k, self.n_ff);
         match &self.gate_up {
@@ -156,19 +201,6 @@ impl<B: Backend> MoeFfn<B> {
         b.glu(&mut gate, &up, Glu::Silu);
         let mut down = b.alloc(n * k, b.shape(x).1);
         b.matmul_id(&self.down, &gate, &route, &mut down)?;
-        b.moe_combine(&down, &route, out)?;
-        if let Some(s) = &self.shared {
-            let mut g = b.alloc(n, s.n_ff);
-            let mut u = b.alloc(n, s.n_ff);
-            b.matmul_group(&[&s.gate, &s.up], x, &mut [&mut g, &mut u])?;
-            b.glu(&mut g, &u, Glu::Silu);
-            let mut y = b.alloc(n, b.shape(x).1);
-            b.matmul(&s.down, &g, &mut y)?;
-            let mut logit = b.alloc(n, 1);
-            b.matmul(&s.gate_inp, x, &mut logit)?;
-            b.mul_sigmoid(&mut y, &logit)?;
-            b.add(out, &y);
-        }
-        Ok(())
+        Ok((down, route))
     }
 }

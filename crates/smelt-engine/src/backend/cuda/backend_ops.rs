@@ -556,6 +556,52 @@ impl Backend for Cuda {
         self.take_error()
     }
 
+    fn moe_router(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        p: &MoeRouting,
+        route: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        let mut fused = false;
+        self.run_raw(|| {
+            fused = self.op_moe_router(w, x, p, route)?;
+            Ok(())
+        });
+        self.take_error()?;
+        if fused {
+            return Ok(());
+        }
+        let mut logits = Backend::alloc(self, x.rows, self.weight_shape(w).0);
+        self.matmul(w, x, &mut logits)?;
+        self.moe_route(&logits, p, route)
+    }
+
+    fn moe_combine_add_norm(
+        &self,
+        y: &CudaTensor,
+        route: &CudaTensor,
+        x: &mut CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+        out: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        let mut fused = false;
+        self.run_raw(|| {
+            fused = self.op_moe_combine_add_norm(y, route, x, w, eps, out)?;
+            Ok(())
+        });
+        self.take_error()?;
+        if fused {
+            return Ok(());
+        }
+        let mut c = Backend::alloc(self, route.rows, y.cols);
+        self.moe_combine(y, route, &mut c)?;
+        self.add(x, &c);
+        self.rms_norm(x, w, eps, out);
+        self.take_error()
+    }
+
     fn gather_cols(
         &self,
         x: &CudaTensor,

@@ -270,6 +270,8 @@ pub struct Cuda {
     /// The combining attention's counters: zero between launches (each launch leaves them
     /// so), allocated once and never moved (graphs hold the address).
     attn_counters: Mutex<Option<CudaSlice<u32>>>,
+    /// The fused MoE router's last-block counter (zero between launches).
+    moe_counter: Mutex<Option<CudaSlice<u32>>>,
     /// The split argmax's per-row words and counters (zero between launches; graphs hold
     /// the address).
     argmax_state: Mutex<Option<CudaSlice<u64>>>,
@@ -358,6 +360,7 @@ impl Cuda {
             staging: Mutex::new(None),
             uploader: Mutex::new(None),
             attn_counters: Mutex::new(None),
+            moe_counter: Mutex::new(None),
             argmax_state: Mutex::new(None),
             weights: Mutex::new((Vec::new(), 0, 0)),
             weight_ranges: Mutex::new(Vec::new()),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use smelt_cuda::CudaError;
 use smelt_gguf::{GgmlType, Gguf};
-use smelt_kernels::{act, catalog, gemm, moe, TILE};
+use smelt_kernels::{act, catalog, gemm, moe, moe_fused, TILE};
 
 use super::ops::args;
 use super::{lock, Cuda, CudaTensor, CudaWeight, Quantized};
@@ -486,6 +486,187 @@ impl Cuda {
                 .values(),
             ),
         )
+    }
+}
+
+impl Cuda {
+    /// The fused router (`moe_fused::router_kernel`) for one token: `Ok(false)`, with
+    /// nothing launched, where it does not apply (more tokens, a router that is not an f32
+    /// matrix, a shape the kernel does not take, `fuse.moe` off); the caller then runs the
+    /// router matmul and `op_moe_route`. When `x` is the output of a split residual norm
+    /// not written yet (the decode step's FFN norm: `gemv::Fuse`), the kernel normalises
+    /// the row itself, writes it and its q8_1 tiles (cached for the expert GEMV, as
+    /// `settle_split_norm` would), so the norm, the matmul and the routing are one launch.
+    pub(super) fn op_moe_router(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        p: &MoeRouting,
+        route: &mut CudaTensor,
+    ) -> Result<bool, CudaError> {
+        let CudaWeight::Dense {
+            ptr,
+            rows: ne,
+            cols,
+        } = *w
+        else {
+            return Ok(false);
+        };
+        if !self.opts.fuse.moe
+            || x.rows != 1
+            || x.cols != cols
+            || !moe_fused::router_fits(ne, cols, p.k, None)
+        {
+            return Ok(false);
+        }
+        self.flush()?;
+        let cached = *lock(&self.quantized);
+        let split = match cached {
+            Some(Quantized { rms: Some(n), .. })
+                if n.out_pending
+                    && n.out.ptr == x.ptr
+                    && n.res.rows == 1
+                    && n.res.cols == cols
+                    && self.opts.fuse.quantize
+                    && moe_fused::router_fits(ne, cols, p.k, Some(n.nparts))
+                    && self.can_norm_quantize(
+                        &n.res,
+                        &CudaWeight::Vector {
+                            ptr: n.g,
+                            len: cols,
+                        },
+                        &n.out,
+                    ) =>
+            {
+                Some(n)
+            }
+            _ => None,
+        };
+        if split.is_none() {
+            self.settle_split_norm()?;
+        }
+        self.ensure(route, 1, 2 * p.k)?;
+        let logits = self.scratch(ne * 4)?;
+        let counter = self.moe_counter()?;
+        let (normed, xp, g, partials, nparts, eps, out, q) = match split {
+            Some(n) => {
+                *lock(&self.gemm_quantized) = None;
+                let q = self.scratch(act::row_bytes(cols)?)?;
+                (1, n.res.ptr, n.g, n.partials, n.nparts, n.eps, n.out.ptr, q)
+            }
+            // A plain row: `g`, `partials`, `out` and `q` are neither read nor written.
+            None => (0, x.ptr, x.ptr, x.ptr, 0, 0.0, x.ptr, x.ptr),
+        };
+        let gating = match p.gating {
+            Gating::Softmax => moe::Gating::Softmax,
+            Gating::Sigmoid => moe::Gating::Sigmoid,
+        };
+        self.launch(
+            moe_fused::router_name(gating),
+            moe_fused::router_launch(ne, cols),
+            &args(
+                &moe_fused::RouterArgs {
+                    w: ptr,
+                    x: xp,
+                    g,
+                    partials,
+                    out,
+                    q,
+                    logits,
+                    route: route.ptr,
+                    counter,
+                    nparts: nparts as u32,
+                    cols: cols as u32,
+                    ntiles: cols.div_ceil(TILE) as u32,
+                    n_expert: ne as u32,
+                    k: p.k as u32,
+                    norm: p.norm as u32,
+                    normed,
+                    eps,
+                    scale: if p.scale == 0.0 { 1.0 } else { p.scale },
+                }
+                .values(),
+            ),
+        )?;
+        if let Some(n) = split {
+            *lock(&self.quantized) = Some(Quantized {
+                x: n.out,
+                q,
+                rms: None,
+            });
+        }
+        Ok(true)
+    }
+
+    /// The fused router's counter: one u32, zero between launches (the last block resets
+    /// it), allocated once (graphs hold the address).
+    fn moe_counter(&self) -> Result<u64, CudaError> {
+        let mut c = lock(&self.moe_counter);
+        if c.is_none() {
+            *c = Some(self.gpu.zeros::<u32>(4)?);
+        }
+        Ok(c.as_ref().map_or(0, |c| self.gpu.ptr(c)))
+    }
+
+    /// `x += combine(y, route)`, `out = rms_norm(x) * w` and its q8_1 tiles (cached for
+    /// the next layer's Q|K|V GEMV) in one kernel (`moe_fused::combine_norm_kernel`) for
+    /// one token: `Ok(false)`, with nothing launched, where it does not apply; the caller
+    /// then runs the combine, the add and the norm.
+    pub(super) fn op_moe_combine_add_norm(
+        &self,
+        y: &CudaTensor,
+        route: &CudaTensor,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+        out: &mut CudaTensor,
+    ) -> Result<bool, CudaError> {
+        let (n, k) = (route.rows, route.cols / 2);
+        let apart = |a: &CudaTensor, b: &CudaTensor| {
+            a.ptr + (a.cap * 4) as u64 <= b.ptr || b.ptr + (b.cap * 4) as u64 <= a.ptr
+        };
+        if !(self.opts.fuse.moe && self.opts.fuse.quantize)
+            || n != 1
+            || k == 0
+            || x.rows != n
+            || y.rows != n * k
+            || y.cols != x.cols
+        {
+            return Ok(false);
+        }
+        self.ensure(out, x.rows, x.cols)?;
+        if !self.can_norm_quantize(x, w, out) || !apart(out, y) {
+            return Ok(false);
+        }
+        let (wp, len) = self.vector(w, moe_fused::COMBINE_NORM)?;
+        self.flush()?;
+        self.forget_quantized()?;
+        let q = self.scratch(act::row_bytes(len)? * n)?;
+        self.launch(
+            moe_fused::COMBINE_NORM,
+            moe_fused::combine_norm_launch(n, len),
+            &args(
+                &moe_fused::CombineNormArgs {
+                    x: x.ptr,
+                    y: y.ptr,
+                    route: route.ptr,
+                    w: wp,
+                    out: out.ptr,
+                    q,
+                    n: len as u32,
+                    ntiles: len.div_ceil(TILE) as u32,
+                    k: k as u32,
+                    eps,
+                }
+                .values(),
+            ),
+        )?;
+        *lock(&self.quantized) = Some(Quantized {
+            x: *out,
+            q,
+            rms: None,
+        });
+        Ok(true)
     }
 }
 

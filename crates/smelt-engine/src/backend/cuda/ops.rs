@@ -87,7 +87,11 @@ impl Cuda {
         self.profile_mark(name)
     }
 
-    fn vector(&self, w: &CudaWeight, what: &'static str) -> Result<(u64, usize), CudaError> {
+    pub(super) fn vector(
+        &self,
+        w: &CudaWeight,
+        what: &'static str,
+    ) -> Result<(u64, usize), CudaError> {
         match w {
             CudaWeight::Vector { len, .. } => Ok((w.ptr(), *len)),
             _ => Err(CudaError::Init(format!("{what}: expected a vector weight"))),

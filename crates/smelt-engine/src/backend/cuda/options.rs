@@ -14,6 +14,7 @@
 //! | `SMELT_CUDA_ATTN_COMBINE=0` | `fuse.attn_combine` | on |
 //! | `SMELT_CUDA_ROPE_KV=0` | `fuse.rope_kv` | on |
 //! | `SMELT_CUDA_GEMV_ROPE=0` | `fuse.gemv_rope_kv` | on |
+//! | `SMELT_CUDA_MOE_FUSE=0` | `fuse.moe` | on |
 //! | **matmul kernel choice** | `matmul` ([`MatmulOptions`]) | |
 //! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `matmul.gemv_rows` | off |
 //! | `SMELT_CUDA_GEMM_MIN` | `matmul.gemm_min_tokens` | `gemm::MIN_TOKENS` |
@@ -89,6 +90,9 @@ pub struct FuseOptions {
     pub rope_kv: bool,
     /// With `rope_kv`, the Q|K|V GEMV does them in its epilogue.
     pub gemv_rope_kv: bool,
+    /// A decode row's MoE router (FFN norm, router matmul, top-k) and its combine with the
+    /// residual add and the next norm run as one kernel each (`smelt_kernels::moe_fused`).
+    pub moe: bool,
 }
 
 /// Which kernel multiplies a matrix, by token count and shape.
@@ -235,6 +239,7 @@ impl CudaOptions {
                 attn_combine: fused && on("SMELT_CUDA_ATTN_COMBINE"),
                 rope_kv: fused && on("SMELT_CUDA_ROPE_KV"),
                 gemv_rope_kv: on("SMELT_CUDA_GEMV_ROPE"),
+                moe: fused && on("SMELT_CUDA_MOE_FUSE"),
             },
             matmul: MatmulOptions {
                 gemv_rows: (
@@ -329,6 +334,7 @@ mod tests {
         let o = with(&[], false);
         let f = &o.fuse;
         assert!(f.quantize && f.split_norm && f.attn_combine && f.rope_kv && f.gemv_rope_kv);
+        assert!(f.moe);
         assert!(o.launch.split_argmax && o.launch.graphs && !o.launch.plain_upload);
         assert!(!o.debug.digest && !o.debug.weight_digest);
         assert_eq!(o.launch.gpu, GpuOptions::default());
@@ -372,7 +378,8 @@ mod tests {
     fn fused_off_turns_every_fusion_off() {
         let o = with(&[("SMELT_CUDA_FUSED", "0")], false);
         let f = &o.fuse;
-        assert!(!f.quantize && !f.split_norm && !f.attn_combine && !f.rope_kv);
+        assert!(!f.quantize && !f.split_norm && !f.attn_combine && !f.rope_kv && !f.moe);
+        assert!(!with(&[("SMELT_CUDA_MOE_FUSE", "0")], false).fuse.moe);
         let o = with(&[("SMELT_CUDA_SPLIT_NORM", "0")], false);
         assert!(o.fuse.quantize && !o.fuse.split_norm);
     }
