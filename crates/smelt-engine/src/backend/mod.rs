@@ -213,6 +213,21 @@ pub trait Backend: Send + Sync {
         self.rms_norm(x, w, eps, &mut out);
         *x = out;
     }
+    /// The Q and K head norms (Qwen3, Gemma 3): [`Backend::rms_norm_in_place`] of `q` with
+    /// `wq`, then of `k` with `wk`. One op so that a backend can run both as one kernel
+    /// (the CUDA backend at decode, where K's heads follow Q's in the Q|K|V GEMV's output);
+    /// this default is the two ops.
+    fn head_norms_in_place(
+        &self,
+        q: &mut Self::Tensor,
+        wq: &Self::Weight,
+        k: &mut Self::Tensor,
+        wk: &Self::Weight,
+        eps: f32,
+    ) {
+        self.rms_norm_in_place(q, wq, eps);
+        self.rms_norm_in_place(k, wk, eps);
+    }
     fn scale(&self, x: &mut Self::Tensor, s: f32);
     /// `x += y`.
     fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor);

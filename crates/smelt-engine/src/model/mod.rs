@@ -514,11 +514,18 @@ impl<B: Backend> Model<B> {
                     if let Some(bv) = &a.bv {
                         b.add_bias(&mut s.v, bv);
                     }
-                    if let Some(w) = &a.q_norm {
-                        b.rms_norm_in_place(&mut s.q, w, i.rms_eps);
-                    }
-                    if let Some(w) = &a.k_norm {
-                        b.rms_norm_in_place(&mut s.k, w, i.rms_eps);
+                    match (&a.q_norm, &a.k_norm) {
+                        (Some(wq), Some(wk)) => {
+                            b.head_norms_in_place(&mut s.q, wq, &mut s.k, wk, i.rms_eps)
+                        }
+                        (q_norm, k_norm) => {
+                            if let Some(w) = q_norm {
+                                b.rms_norm_in_place(&mut s.q, w, i.rms_eps);
+                            }
+                            if let Some(w) = k_norm {
+                                b.rms_norm_in_place(&mut s.k, w, i.rms_eps);
+                            }
+                        }
                     }
                     let (freq_base, freq_scale) = i.rope_for_layer(il);
                     let rope = RopeParams {

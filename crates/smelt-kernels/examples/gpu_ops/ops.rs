@@ -13,9 +13,9 @@ use smelt_kernels::ops::{attention, elementwise, embed, kv, norm, rope};
 use smelt_kernels::GgmlType;
 
 use super::attention::{f16_bits, paged};
-use super::harness::{floats, nan, Check, Gpu, Report};
+use super::harness::{floats, launch_values, nan, ptr, Check, Gpu, Report};
 
-pub const NORM: &[&str] = &["rms_norm", "add_rms_norm"];
+pub const NORM: &[&str] = &["rms_norm", "add_rms_norm", "rms_norm_pair"];
 pub const ROPE: &[&str] = &["rope_normal", "rope_neox"];
 pub const ROPE_KV: &[&str] = &["rope_kv_*"];
 pub const GLU_Q8: &[&str] = &["glu_*_q8_1"];
@@ -82,6 +82,84 @@ pub fn check_norms(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> 
     rep.push("rms_norm", plain, "1e-6 + 2e-6|r|");
     rep.push("add_rms_norm (out)", fused, "1e-6 + 2e-6|r|");
     rep.push("add_rms_norm (x += y)", resid, "exact");
+    check_norm_pair(gpu, rng, rep)
+}
+
+/// The Q|K head norms in one launch (`rms_norm_pair`, in place): each part's heads
+/// against `rms_norm`'s on the GPU, bit for bit (the same block size gives the same
+/// floats), and against the CPU twin; (Q heads, K heads, head size) of Qwen3-30B-A3B,
+/// Qwen3-8B, Gemma 3 270M, and a ragged one.
+fn check_norm_pair(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let (mut cpu, mut bits) = (
+        Check::new("rms_norm_pair"),
+        Check::new("rms_norm_pair (vs rms_norm)"),
+    );
+    for (hq, hk, n) in [
+        (32usize, 4usize, 128usize),
+        (32, 8, 128),
+        (4, 1, 256),
+        (3, 2, 80),
+    ] {
+        let case = format!("{hq}+{hk}x{n}");
+        let x = floats(rng, (hq + hk) * n, 3.0);
+        let (wq, wk) = (floats(rng, n, 1.5), floats(rng, n, 1.5));
+        let mut want = vec![0f32; x.len()];
+        norm::rms_norm_cpu(&x[..hq * n], &wq, 1e-6, &mut want[..hq * n]);
+        norm::rms_norm_cpu(&x[hq * n..], &wk, 1e-6, &mut want[hq * n..]);
+        let eps = 1e-6f32;
+        let (wqd, wkd) = (gpu.stream.clone_htod(&wq)?, gpu.stream.clone_htod(&wk)?);
+        let xd = gpu.stream.clone_htod(&x)?;
+        let n32 = n as u32;
+        let a = norm::RmsNormPairArgs {
+            x: ptr(gpu, &xd),
+            w: ptr(gpu, &wqd),
+            w2: ptr(gpu, &wkd),
+            // In place, as the engine runs it.
+            out: ptr(gpu, &xd),
+            n: n32,
+            split: hq as u32,
+            eps,
+        };
+        launch_values(
+            gpu,
+            norm::RMS_NORM_PAIR,
+            norm::launch(hq + hk, n),
+            &a.values(),
+        )?;
+        let got = gpu.stream.clone_dtoh(&xd)?;
+        cpu.add(&case, &got, &want, 1e-6, 2e-6);
+        // The unfused GPU norms, one launch a part, into poisoned outputs.
+        let (qd, kd) = (
+            gpu.stream.clone_htod(&x[..hq * n])?,
+            gpu.stream.clone_htod(&x[hq * n..])?,
+        );
+        let (mut oq, mut ok) = (
+            gpu.stream.clone_htod(&nan(hq * n))?,
+            gpu.stream.clone_htod(&nan(hk * n))?,
+        );
+        launch!(
+            gpu,
+            norm::RMS_NORM,
+            norm::launch(hq, n),
+            [&qd, &wqd, &mut oq, &n32, &eps]
+        );
+        launch!(
+            gpu,
+            norm::RMS_NORM,
+            norm::launch(hk, n),
+            [&kd, &wkd, &mut ok, &n32, &eps]
+        );
+        let mut unfused = gpu.stream.clone_dtoh(&oq)?;
+        unfused.extend(gpu.stream.clone_dtoh(&ok)?);
+        let b = |v: &[f32]| {
+            v.iter()
+                .map(|f| u64::from(f.to_bits()))
+                .collect::<Vec<u64>>()
+        };
+        bits.bits(&case, &b(&got), &b(&unfused));
+    }
+    rep.push("rms_norm_pair", cpu, "1e-6 + 2e-6|r|");
+    rep.push("rms_norm_pair (vs rms_norm)", bits, "exact (bits)");
     Ok(())
 }
 

@@ -10,12 +10,15 @@ use crate::catalog::Entry;
 pub const RMS_NORM: &str = "rms_norm";
 /// Name of [`add_rms_norm_kernel`].
 pub const ADD_RMS_NORM: &str = "add_rms_norm";
+/// Name of [`rms_norm_pair_kernel`].
+pub const RMS_NORM_PAIR: &str = "rms_norm_pair";
 
-/// Both kernels of this module.
+/// Every kernel of this module.
 pub fn catalog() -> Vec<Entry> {
     vec![
         (RMS_NORM.to_string(), Box::new(rms_norm_kernel)),
         (ADD_RMS_NORM.to_string(), Box::new(add_rms_norm_kernel)),
+        (RMS_NORM_PAIR.to_string(), Box::new(rms_norm_pair_kernel)),
     ]
 }
 
@@ -54,6 +57,43 @@ kernel_params! {
 pub fn rms_norm_kernel(k: &Kernel) {
     let RmsNormRegs { x, w, out, n, eps } = RmsNormRegs::declare(k);
     k.max_threads(1024, 1, 1);
+    norm_body(k, x, None, w, out, n, eps);
+}
+
+kernel_params! {
+    /// Arguments of [`rms_norm_pair_kernel`].
+    RmsNormPairArgs, RmsNormPairRegs {
+        x: Ptr,
+        w: Ptr,
+        w2: Ptr,
+        out: Ptr,
+        n: U32,
+        split: U32,
+        eps: F32,
+    }
+}
+
+/// [`rms_norm_kernel`] over two runs of chunks in one launch: chunks `0..split` times `w`,
+/// the chunks after them times `w2` (a decode row's Q heads then its K heads, which the
+/// Q|K|V GEMV wrote one after the other: the Q and K head norms of Qwen3 and Gemma 3 in
+/// one launch instead of two). Each chunk's floats are those [`rms_norm_kernel`] computes
+/// with its weight.
+///
+/// Parameters: `x, w, w2, out, n, split, eps`. Launch: [`launch`] over all the chunks;
+/// `out` may be `x`.
+pub fn rms_norm_pair_kernel(k: &Kernel) {
+    let RmsNormPairRegs {
+        x,
+        w,
+        w2,
+        out,
+        n,
+        split,
+        eps,
+    } = RmsNormPairRegs::declare(k);
+    k.max_threads(1024, 1, 1);
+    let second = k.ge(k.ctaid_x(), split);
+    k.selp(w, w2, w, second);
     norm_body(k, x, None, w, out, n, eps);
 }
 

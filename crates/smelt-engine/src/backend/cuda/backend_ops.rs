@@ -235,6 +235,27 @@ impl Backend for Cuda {
         });
     }
 
+    fn head_norms_in_place(
+        &self,
+        q: &mut CudaTensor,
+        wq: &CudaWeight,
+        k: &mut CudaTensor,
+        wk: &CudaWeight,
+        eps: f32,
+    ) {
+        self.run_raw(|| {
+            self.flush_rope()?;
+            self.flush_gemv()?;
+            self.flush_add()?;
+            self.forget_quantized()?;
+            if !self.op_head_norms_pair(q, wq, k, wk, eps)? {
+                self.op_rms_norm(q, wq, eps, q)?;
+                self.op_rms_norm(k, wk, eps, k)?;
+            }
+            Ok(())
+        });
+    }
+
     fn scale(&self, x: &mut CudaTensor, s: f32) {
         self.run(|| self.op_scale(x, s));
     }

@@ -98,6 +98,54 @@ impl Cuda {
         }
     }
 
+    /// The Q and K head norms in place as one launch (`ops::norm::rms_norm_pair_kernel`)
+    /// where K's heads follow Q's in memory (a decode row of the Q|K|V GEMV's output) and
+    /// both norms have one head size: `Ok(false)`, with nothing launched, otherwise. The
+    /// same floats as the two `rms_norm` launches (`gpu_ops -o norm` checks the bits).
+    pub(crate) fn op_head_norms_pair(
+        &self,
+        q: &CudaTensor,
+        wq: &CudaWeight,
+        k: &CudaTensor,
+        wk: &CudaWeight,
+        eps: f32,
+    ) -> Result<bool, CudaError> {
+        let (CudaWeight::Vector { ptr: pq, len: n }, CudaWeight::Vector { ptr: pk, len: nk }) =
+            (wq, wk)
+        else {
+            return Ok(false);
+        };
+        let (n, nk) = (*n, *nk);
+        let follows = q.rows == 1 && k.rows == 1 && k.ptr == q.ptr + (q.cols * 4) as u64;
+        if !self.opts.fuse.head_norms
+            || !follows
+            || n == 0
+            || n != nk
+            || q.cols % n != 0
+            || k.cols % n != 0
+        {
+            return Ok(false);
+        }
+        let (hq, hk) = (q.cols / n, k.cols / n);
+        self.launch(
+            ops::norm::RMS_NORM_PAIR,
+            norm_launch(hq + hk, n),
+            &args(
+                &ops::norm::RmsNormPairArgs {
+                    x: q.ptr,
+                    w: *pq,
+                    w2: *pk,
+                    out: q.ptr,
+                    n: n as u32,
+                    split: hq as u32,
+                    eps,
+                }
+                .values(),
+            ),
+        )?;
+        Ok(true)
+    }
+
     pub(crate) fn op_rms_norm(
         &self,
         x: &CudaTensor,

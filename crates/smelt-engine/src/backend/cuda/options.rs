@@ -15,6 +15,7 @@
 //! | `SMELT_CUDA_ROPE_KV=0` | `fuse.rope_kv` | on |
 //! | `SMELT_CUDA_GEMV_ROPE=0` | `fuse.gemv_rope_kv` | on |
 //! | `SMELT_CUDA_MOE_FUSE=0` | `fuse.moe` | on |
+//! | `SMELT_CUDA_HEAD_NORMS=0` | `fuse.head_norms` | on |
 //! | **matmul kernel choice** | `matmul` ([`MatmulOptions`]) | |
 //! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `matmul.gemv_rows` | off |
 //! | `SMELT_CUDA_GEMM_MIN` | `matmul.gemm_min_tokens` | `gemm::MIN_TOKENS` |
@@ -93,6 +94,8 @@ pub struct FuseOptions {
     /// A decode row's MoE router (FFN norm, router matmul, top-k) and its combine with the
     /// residual add and the next norm run as one kernel each (`smelt_kernels::moe_fused`).
     pub moe: bool,
+    /// A decode row's Q and K head norms run as one kernel.
+    pub head_norms: bool,
 }
 
 /// Which kernel multiplies a matrix, by token count and shape.
@@ -240,6 +243,7 @@ impl CudaOptions {
                 rope_kv: fused && on("SMELT_CUDA_ROPE_KV"),
                 gemv_rope_kv: on("SMELT_CUDA_GEMV_ROPE"),
                 moe: fused && on("SMELT_CUDA_MOE_FUSE"),
+                head_norms: fused && on("SMELT_CUDA_HEAD_NORMS"),
             },
             matmul: MatmulOptions {
                 gemv_rows: (
@@ -334,7 +338,7 @@ mod tests {
         let o = with(&[], false);
         let f = &o.fuse;
         assert!(f.quantize && f.split_norm && f.attn_combine && f.rope_kv && f.gemv_rope_kv);
-        assert!(f.moe);
+        assert!(f.moe && f.head_norms);
         assert!(o.launch.split_argmax && o.launch.graphs && !o.launch.plain_upload);
         assert!(!o.debug.digest && !o.debug.weight_digest);
         assert_eq!(o.launch.gpu, GpuOptions::default());
@@ -378,7 +382,14 @@ mod tests {
     fn fused_off_turns_every_fusion_off() {
         let o = with(&[("SMELT_CUDA_FUSED", "0")], false);
         let f = &o.fuse;
-        assert!(!f.quantize && !f.split_norm && !f.attn_combine && !f.rope_kv && !f.moe);
+        assert!(
+            !f.quantize
+                && !f.split_norm
+                && !f.attn_combine
+                && !f.rope_kv
+                && !f.moe
+                && !f.head_norms
+        );
         assert!(!with(&[("SMELT_CUDA_MOE_FUSE", "0")], false).fuse.moe);
         let o = with(&[("SMELT_CUDA_SPLIT_NORM", "0")], false);
         assert!(o.fuse.quantize && !o.fuse.split_norm);
