@@ -121,8 +121,8 @@ impl Cuda {
             || !follows
             || n == 0
             || n != nk
-            || q.cols % n != 0
-            || k.cols % n != 0
+            || !q.cols.is_multiple_of(n)
+            || !k.cols.is_multiple_of(n)
         {
             return Ok(false);
         }
