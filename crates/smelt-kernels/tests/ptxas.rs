@@ -56,7 +56,8 @@ fn assemble_all(jobs: &[(Target, String, String)]) -> Vec<Result<String, String>
 
 /// Every catalog kernel, each in a module of its own, for both targets. Beside the
 /// general rules, the mixture-of-experts kernels (router, plan, grouped GEMV of every
-/// format and tile size, combine, the router's f32 GEMV) and the delta-net kernels must
+/// format and tile size, combine, the router's f32 GEMV, the fused decode router and
+/// combine + norm of `moe_fused`) and the delta-net kernels must
 /// not spill, except the grouped GEMV's 4- and 8-token tiles (prompts), whose few bytes are
 /// shown, as for the many-token GEMVs.
 #[test]
@@ -158,9 +159,10 @@ fn every_kernel_assembles_for_sm80_and_sm90_without_spills() {
         failures.join("\n\n")
     );
     let delta = smelt_kernels::delta_net::catalog().len();
+    let fused_moe = smelt_kernels::moe_fused::catalog().len();
     assert_eq!(
         moe_assembled,
-        2 * (5 + 4 * catalog::GEMV_TYPES.len() + delta),
+        2 * (5 + fused_moe + 4 * catalog::GEMV_TYPES.len() + delta),
         "MoE and delta-net kernels assembled"
     );
 }
