@@ -218,13 +218,6 @@ impl Engine {
         }
         let n_blocks = opts.kv_tokens.div_ceil(opts.block_size);
         let cuda = matches!(devices[0], Device::Cuda(_));
-        if cuda {
-            if let Some(what) = ModelInfo::from_gguf(&gguf)?.cpu_only() {
-                return Err(EngineError::NotSupported(format!(
-                    "{what} is not yet supported with --tp on cuda; use one GPU or --device cpu"
-                )));
-            }
-        }
         let kv = KvPlan {
             min_blocks: n_blocks,
             block_size: opts.block_size,
@@ -236,10 +229,15 @@ impl Engine {
         };
         let tp = crate::tp::runner::TpRunner::load(&gguf, devices, &kv, opts.batch_invariant)?;
         let n_blocks = tp.kv_blocks();
+        let mut table = BlockTable::new(n_blocks, opts.block_size);
+        // As on one device: a hybrid's recurrent state is not in the KV blocks.
+        if tp.plan.info.delta.is_some() {
+            table.set_prefix_cache(false);
+        }
         Ok(Engine {
             gguf,
             inner: Inner::Tp(Box::new(tp)),
-            table: BlockTable::new(n_blocks, opts.block_size),
+            table,
             device: devices[0],
         })
     }
@@ -342,7 +340,7 @@ impl Engine {
                 states.remove(&seq);
             }
             Inner::Cuda(c) => c.free_state(seq),
-            Inner::Tp(_) => {}
+            Inner::Tp(t) => t.free_state(seq),
         }
     }
 
@@ -555,6 +553,7 @@ impl Engine {
                 c.forward_seqs(&seq_ids, &tokens, &positions, &seqs, &out_rows, greedy)?
             }
             Inner::Tp(t) => t.step(crate::tp::runner::StepMsg {
+                ids: seq_ids,
                 tokens,
                 positions,
                 seqs: seqs

@@ -349,33 +349,33 @@ fn qwen3next_fused_ssm_in_equals_llama_cpp() {
     );
 }
 
-/// One GPU runs the hybrids (`backend::cuda::delta`), tensor parallelism does not yet:
-/// asking for a hybrid with `--tp` is a clear error before anything is loaded (no GPU
-/// needed to check it), naming the model and the way out. The MoE models (routed experts,
-/// no shared expert) are not refused.
+/// Tensor parallelism on the llama.cpp-checked files: each hybrid (2 key heads, so one a
+/// rank) split over 2 simulated CPU ranks (`--device cpu --tp 2`) generates what the whole
+/// model generates (tests/tp_hybrid.rs checks more ranks, layouts and the plan).
 #[test]
-fn hybrids_refuse_tensor_parallel_with_a_clear_error_moe_models_do_not() {
+fn hybrids_split_over_two_ranks_generate_what_the_whole_model_does() {
     let dir = tempfile::tempdir().expect("tempdir");
-    for (arch, refused) in [
-        ("qwen3moe", None),
-        ("mixtral", None),
-        ("qwen35", Some("qwen35")),
-        ("qwen3next", Some("qwen3next")),
-    ] {
+    let opts = EngineOptions {
+        kv_tokens: 256,
+        ..EngineOptions::default()
+    };
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 53 + 7) % 512).collect();
+    for arch in ["qwen35", "qwen35moe", "qwen3next", "qwen3next-fused"] {
         let file = dir.path().join(format!("{arch}.gguf"));
-        write_tiny(arch, "q8_0", &file);
+        write_tiny(arch, "f32", &file);
         let gguf = Arc::new(Gguf::open(&file).expect("open tiny model"));
-        let info = smelt_engine::model::ModelInfo::from_gguf(&gguf).expect("metadata");
-        assert!(info.moe.is_some() || info.delta.is_some(), "{arch}");
-        assert_eq!(info.cpu_only().as_deref(), refused, "{arch}");
-        let Some(name) = refused else { continue };
-        let devices = [smelt_engine::Device::Cuda(0), smelt_engine::Device::Cuda(1)];
-        let err = Engine::from_gguf_tp(gguf, &EngineOptions::default(), &devices)
-            .err()
-            .expect("refused");
-        assert_eq!(
-            err.to_string(),
-            format!("{name} is not yet supported with --tp on cuda; use one GPU or --device cpu")
-        );
+        let mut whole = Engine::from_gguf(gguf.clone(), &opts).expect("load");
+        let (wl, wt) = greedy(&mut whole, &prompt);
+        let devices = [smelt_engine::Device::Cpu; 2];
+        let mut tp = Engine::from_gguf_tp(gguf, &opts, &devices).expect("tp load");
+        let (gl, gt) = greedy(&mut tp, &prompt);
+        assert_eq!(wt, gt, "{arch}: greedy tokens");
+        let scale = wl.iter().fold(1f32, |m, x| m.max(x.abs()));
+        let d = wl
+            .iter()
+            .zip(&gl)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(d <= 1e-4 * scale, "{arch}: prompt logits differ by {d}");
     }
 }

@@ -4,6 +4,9 @@
 //! block formats, for 1 to 4 ranks: the same logits within float tolerance for a prompt
 //! and for decode steps.
 
+// A slice's columns are a list of runs, often of one: `vec![a..b]` is meant.
+#![allow(clippy::single_range_in_vec_init)]
+
 mod common;
 
 use std::sync::Arc;
@@ -465,10 +468,10 @@ fn plan_places_llama_tensors() {
     assert_eq!(q[1].rows, vec![256..512]);
     assert_eq!(q[1].shape, vec![256, 256]);
     let o = split("blk.0.attn_output.weight");
-    assert_eq!(o[1].cols, Some(256..512));
+    assert_eq!(o[1].cols, Some(vec![256..512]));
     assert_eq!(o[1].shape, vec![256, 256]);
     let d = split("blk.1.ffn_down.weight");
-    assert_eq!(d[0].cols, Some(0..512));
+    assert_eq!(d[0].cols, Some(vec![0..512]));
     for name in [
         "token_embd.weight",
         "output.weight",

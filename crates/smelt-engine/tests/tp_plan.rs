@@ -3,6 +3,9 @@
 //! K-quants over 2, 4 and 8 GPUs (what runs, and what is refused with a way out). Apart
 //! from tests/tp.rs, which runs sharded forwards.
 
+// A slice's columns are a list of runs, often of one: `vec![a..b]` is meant.
+#![allow(clippy::single_range_in_vec_init)]
+
 use smelt_engine::tp::{Placement, ShardPlan, TpOptions};
 use smelt_gguf::{Gguf, GgufWriter, Metadata, Value};
 
@@ -81,20 +84,20 @@ fn plan_places_delta_net_and_expert_tensors() {
     let ssm_a = slice("blk.0.ssm_a", &[8]);
     assert_eq!(ssm_a[1].rows, vec![2..4, 6..8]);
     assert_eq!(ssm_a[1].shape, vec![4]);
-    // ssm_out's columns for tiled heads are two runs: refused, not silently wrong.
-    assert!(plan
-        .placement("blk.0.ssm_out.weight", &[1024, 1024])
-        .is_err());
+    // ssm_out's columns for tiled heads are two runs, side by side in the rank's order.
+    let out = slice("blk.0.ssm_out.weight", &[1024, 1024]);
+    assert_eq!(out[1].cols, Some(vec![256..512, 768..1024]));
+    assert_eq!(out[1].shape, vec![512, 1024]);
     // Experts: each expert's rows split, down's columns split.
     let up = slice("blk.0.ffn_up_exps.weight", &[1024, 512, 8]);
     assert_eq!(up[0].rows.len(), 8);
     assert_eq!(up[0].rows[1], 512..768);
     assert_eq!(up[0].shape, vec![1024, 256, 8]);
     let down = slice("blk.0.ffn_down_exps.weight", &[512, 1024, 8]);
-    assert_eq!(down[1].cols, Some(256..512));
+    assert_eq!(down[1].cols, Some(vec![256..512]));
     assert_eq!(down[1].shape, vec![256, 1024, 8]);
     let sh = slice("blk.0.ffn_down_shexp.weight", &[1024, 1024]);
-    assert_eq!(sh[1].cols, Some(512..1024));
+    assert_eq!(sh[1].cols, Some(vec![512..1024]));
     // Routers and the gated attention's norms stay whole; its Q rows carry the gate.
     for name in ["blk.0.ffn_gate_inp.weight", "blk.3.attn_q_norm.weight"] {
         assert_eq!(

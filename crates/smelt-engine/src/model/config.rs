@@ -314,23 +314,6 @@ impl ModelInfo {
         Ok(info)
     }
 
-    /// What of this model the tensor-parallel GPU path does not run yet (a name for the
-    /// error), if anything: the hybrids' delta-net layers and shared experts run on one GPU
-    /// (`backend::cuda::delta`) but have no shard plan.
-    pub fn cpu_only(&self) -> Option<String> {
-        if self.delta.is_some() {
-            return Some(self.arch.name().into());
-        }
-        // Routed experts are sharded; a shared expert is not yet (no model without
-        // delta-net layers has one).
-        match &self.moe {
-            Some(m) if m.n_ff_shared != 0 => {
-                Some(format!("{} with a shared expert", self.arch.name()))
-            }
-            _ => None,
-        }
-    }
-
     /// Rope base and scale of layer `il`.
     pub fn rope_for_layer(&self, il: usize) -> (f32, f32) {
         if self.swa_layers.get(il).copied().unwrap_or(false) {

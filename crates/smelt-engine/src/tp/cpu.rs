@@ -1,8 +1,10 @@
 //! Tensor parallelism simulated on the CPU: each rank of a [`ShardPlan`] is a thread with
 //! its own model slices and KV cache, and the all-reduce is a sum through shared memory.
 //! This is the reference the GPU runner is checked against, and what proves the plan (a
-//! sharded forward equals the whole model's) before any GPU runs it.
+//! sharded forward equals the whole model's) before any GPU runs it. A hybrid model's
+//! ranks each keep every sequence's recurrent state for their own delta-net heads.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
@@ -11,7 +13,8 @@ use smelt_gguf::Gguf;
 use super::plan::{ShardPlan, TpOptions};
 use super::shard::rank_gguf;
 use crate::backend::cpu::{Cpu, CpuKv, CpuTensor};
-use crate::backend::{AttnSeq, Backend};
+use crate::backend::{AttnSeq, Backend, DeltaState};
+use crate::kv_cache::SeqId;
 use crate::model::{AllReduce, Model};
 use crate::EngineError;
 
@@ -141,6 +144,8 @@ struct Rank {
     model: Model<Cpu>,
     kv: CpuKv,
     reduce: SimReduce,
+    /// Each sequence's recurrent state for this rank's delta-net heads.
+    states: HashMap<SeqId, Vec<DeltaState<CpuTensor>>>,
 }
 
 /// A model split over `n` simulated ranks.
@@ -172,6 +177,7 @@ impl CpuTp {
                     comm: comm.clone(),
                     rank: r,
                 },
+                states: HashMap::new(),
             });
         }
         Ok(CpuTp { plan, ranks })
@@ -190,7 +196,9 @@ impl CpuTp {
     }
 
     /// One step on every rank at once; returns every rank's logits (all equal: each rank
-    /// computes the whole output head from the same all-reduced activations).
+    /// computes the whole output head from the same all-reduced activations). Sequence `i`
+    /// of `seqs` is sequence id `i` (for a hybrid's recurrent state: see
+    /// [`CpuTp::forward_seqs`]).
     pub fn forward(
         &mut self,
         tokens: &[u32],
@@ -198,25 +206,65 @@ impl CpuTp {
         seqs: &[AttnSeq<'_>],
         out_rows: &[usize],
     ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let ids: Vec<SeqId> = (0..seqs.len() as u64).map(SeqId).collect();
+        self.forward_seqs(&ids, tokens, positions, seqs, out_rows)
+    }
+
+    /// [`CpuTp::forward`] of the sequences `ids` (in `seqs` order): each rank reads and
+    /// advances their recurrent states (made at a sequence's first step).
+    pub fn forward_seqs(
+        &mut self,
+        ids: &[SeqId],
+        tokens: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        out_rows: &[usize],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        if ids.len() != seqs.len() {
+            return Err(EngineError::BadOptions(format!(
+                "{} sequence ids for {} sequences",
+                ids.len(),
+                seqs.len()
+            )));
+        }
         std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .ranks
                 .iter_mut()
                 .map(|r| {
                     s.spawn(move || {
+                        let hybrid = r.model.info.delta.is_some();
+                        let mut taken: Vec<Vec<DeltaState<CpuTensor>>> = if hybrid {
+                            ids.iter()
+                                .map(|id| {
+                                    r.states
+                                        .remove(id)
+                                        .unwrap_or_else(|| r.model.new_state(&Cpu))
+                                })
+                                .collect()
+                        } else {
+                            Vec::new()
+                        };
+                        let mut refs: Vec<&mut Vec<_>> = taken.iter_mut().collect();
                         let red: &dyn AllReduce<Cpu> = &r.reduce;
-                        r.model
+                        let ran = r
+                            .model
                             .forward_tp(
                                 &Cpu,
                                 &mut r.kv,
-                                &mut [],
+                                &mut refs,
                                 tokens,
                                 positions,
                                 seqs,
                                 out_rows,
                                 Some(red),
                             )
-                            .map(|t| t.data[..t.rows * t.cols].to_vec())
+                            .map(|t| t.data[..t.rows * t.cols].to_vec());
+                        drop(refs);
+                        if hybrid {
+                            r.states.extend(ids.iter().copied().zip(taken));
+                        }
+                        ran
                     })
                 })
                 .collect();
@@ -225,5 +273,17 @@ impl CpuTp {
                 .map(|h| h.join().expect("rank thread panicked"))
                 .collect()
         })
+    }
+
+    /// Drops sequence `id`'s recurrent state on every rank.
+    pub fn free_state(&mut self, id: SeqId) {
+        for r in &mut self.ranks {
+            r.states.remove(&id);
+        }
+    }
+
+    /// Sequences holding a recurrent state on rank `r`.
+    pub fn n_states(&self, r: usize) -> usize {
+        self.ranks[r].states.len()
     }
 }

@@ -79,8 +79,9 @@ pub enum Placement {
 pub struct Slice {
     /// Rows kept, in order (column-parallel: output features).
     pub rows: Vec<Range<usize>>,
-    /// Columns kept of every kept row (row-parallel: input features); `None` keeps all.
-    pub cols: Option<Range<usize>>,
+    /// Columns kept of every kept row (row-parallel: input features), runs put side by
+    /// side in order (one run but for tiled delta-net value heads); `None` keeps all.
+    pub cols: Option<Vec<Range<usize>>>,
     /// The rank's tensor shape (ggml `ne` order).
     pub shape: Vec<u64>,
 }
@@ -97,6 +98,8 @@ enum Role {
     FfRows,
     FfCols,
     ExpRows,
+    /// Fused `ffn_gate_up_exps`: each expert's gate rows then its up rows.
+    ExpGateUpRows,
     ExpCols,
     ShexpRows,
     ShexpCols,
@@ -170,7 +173,16 @@ fn units_per_block(block: usize, unit_cols: usize) -> usize {
 impl ShardPlan {
     /// The plan for `gguf`'s model. Checks every split tensor's block format.
     pub fn new(gguf: &Gguf, opts: TpOptions) -> Result<Self, EngineError> {
-        let info = ModelInfo::from_gguf(gguf)?;
+        let mut info = ModelInfo::from_gguf(gguf)?;
+        // A shared expert whose size the metadata does not give: its tensors say it.
+        if let Some(m) = info.moe.as_mut().filter(|m| m.n_ff_shared == 0) {
+            m.n_ff_shared = gguf
+                .tensors()
+                .iter()
+                .find(|t| t.name.starts_with("blk.") && t.name.ends_with(".ffn_up_shexp.weight"))
+                .and_then(|t| t.shape.get(1))
+                .map_or(0, |&r| r as usize);
+        }
         let block_of = |suffix: &str| -> usize {
             // The largest block of any layer's tensor of this kind (formats may differ
             // between layers, as in Q4_K_M files).
@@ -199,6 +211,11 @@ impl ShardPlan {
         if n == 0 {
             return Err(EngineError::BadOptions("--tp must be at least 1".into()));
         }
+        // Delta-net heads first: a hybrid that cannot be split says so about them.
+        let delta_k = match &info.delta {
+            Some(d) => split_delta_heads(d, n, block_of(".ssm_out.weight"))?,
+            None => vec![0..0; n],
+        };
         let hd = info.head_dim;
         // Attention: heads cut where attn_output's columns can be cut.
         let head_align = units_per_block(block_of(".attn_output.weight"), hd);
@@ -237,26 +254,6 @@ impl ShardPlan {
             (Some(_), Err(_)) => vec![0..info.n_ff; n],
             (None, Err(e)) => return Err(e),
         };
-        let delta_k = match &info.delta {
-            Some(d) => {
-                let per_k = d.n_v_heads / d.n_k_heads.max(1);
-                // ssm_out columns: per key head, `per_k` value heads of head_dim.
-                let align = units_per_block(block_of(".ssm_out.weight"), per_k * d.head_dim);
-                let r = split_aligned(d.n_k_heads, n, align, "delta-net key heads")?;
-                if !d.grouped_heads && align > 1 {
-                    // Tiled value heads: a rank's value columns are `per_k` runs, each cut
-                    // at key-head boundaries.
-                    let a2 = units_per_block(block_of(".ssm_out.weight"), d.head_dim);
-                    if r.iter().any(|k| k.start % a2 != 0) {
-                        return Err(EngineError::BadOptions(format!(
-                            "--tp {n}: delta-net value heads cannot be cut on ssm_out's blocks"
-                        )));
-                    }
-                }
-                r
-            }
-            None => vec![0..0; n],
-        };
         let vocab = if opts.vocab_parallel {
             split_aligned(info.n_vocab, n, 1, "vocabulary rows")?
         } else {
@@ -294,10 +291,16 @@ impl ShardPlan {
             vec![k.start * per_k..k.end * per_k]
         } else {
             // Value head h reads key head h % n_k: the rank's value heads are one run of
-            // key heads per tile.
-            (0..per_k)
-                .map(|j| j * d.n_k_heads + k.start..j * d.n_k_heads + k.end)
-                .collect()
+            // key heads per tile (runs that touch are one: all heads at one rank).
+            let mut runs: Vec<Range<usize>> = Vec::with_capacity(per_k);
+            for j in 0..per_k {
+                let r = j * d.n_k_heads + k.start..j * d.n_k_heads + k.end;
+                match runs.last_mut() {
+                    Some(last) if last.end == r.start => last.end = r.end,
+                    _ => runs.push(r),
+                }
+            }
+            runs
         }
     }
 
@@ -319,6 +322,7 @@ impl ShardPlan {
             "ffn_gate.weight" | "ffn_up.weight" => Role::FfRows,
             "ffn_down.weight" => Role::FfCols,
             "ffn_gate_exps.weight" | "ffn_up_exps.weight" => Role::ExpRows,
+            "ffn_gate_up_exps.weight" => Role::ExpGateUpRows,
             "ffn_down_exps.weight" => Role::ExpCols,
             "ffn_gate_shexp.weight" | "ffn_up_shexp.weight" => Role::ShexpRows,
             "ffn_down_shexp.weight" => Role::ShexpCols,
@@ -352,20 +356,36 @@ impl ShardPlan {
                 let m = shape.get(1).copied().unwrap_or(1) as usize;
                 (0..ne).map(|x| x * m + rg.start..x * m + rg.end).collect()
             };
-            let (rows, cols): (Vec<Range<usize>>, Option<Range<usize>>) = match role {
+            let (rows, cols): (Vec<Range<usize>>, Option<Vec<Range<usize>>>) = match role {
                 Role::Replicated => unreachable!(),
                 Role::QHeads => (unit(&r.q_heads, q_rows), None),
                 Role::KvHeads => (unit(&r.kv_heads, hd), None),
                 Role::QHeadCols => (
                     vec![0..n_rows],
-                    Some(r.q_heads.start * hd..r.q_heads.end * hd),
+                    Some(vec![r.q_heads.start * hd..r.q_heads.end * hd]),
                 ),
                 Role::FfRows => (vec![r.ff.clone()], None),
-                Role::FfCols => (vec![0..n_rows], Some(r.ff.clone())),
+                Role::FfCols => (vec![0..n_rows], Some(vec![r.ff.clone()])),
                 Role::ExpRows => (per_expert(&r.ff_exp), None),
-                Role::ExpCols => (vec![0..n_rows], Some(r.ff_exp.clone())),
+                Role::ExpGateUpRows => {
+                    // Per expert `2 n_ff_exp` rows: the rank's gate rows, then its up rows.
+                    let ne = shape.get(2).copied().unwrap_or(1) as usize;
+                    let m = shape.get(1).copied().unwrap_or(1) as usize;
+                    let half = m / 2;
+                    let rg = &r.ff_exp;
+                    let rows = (0..ne)
+                        .flat_map(|x| {
+                            [
+                                x * m + rg.start..x * m + rg.end,
+                                x * m + half + rg.start..x * m + half + rg.end,
+                            ]
+                        })
+                        .collect();
+                    (rows, None)
+                }
+                Role::ExpCols => (vec![0..n_rows], Some(vec![r.ff_exp.clone()])),
                 Role::ShexpRows => (vec![r.ff_shexp.clone()], None),
-                Role::ShexpCols => (vec![0..n_rows], Some(r.ff_shexp.clone())),
+                Role::ShexpCols => (vec![0..n_rows], Some(vec![r.ff_shexp.clone()])),
                 Role::VocabRows => (vec![r.vocab.clone()], None),
                 Role::DeltaQkv | Role::DeltaVRows | Role::DeltaVOne | Role::DeltaVCols => {
                     let d = i.delta.as_ref().expect("delta role without delta info");
@@ -386,16 +406,9 @@ impl ShardPlan {
                         }
                         Role::DeltaVRows => (scaled(&v, dh, 0), None),
                         Role::DeltaVOne => (scaled(&v, 1, 0), None),
-                        _ => {
-                            if v.len() != 1 {
-                                // Tiled value heads: the columns are several runs.
-                                return Err(EngineError::NotSupported(format!(
-                                    "{name}: tensor parallelism over tiled delta-net value \
-                                     heads (several column runs per rank)"
-                                )));
-                            }
-                            (vec![0..n_rows], Some(v[0].start * dh..v[0].end * dh))
-                        }
+                        // Tiled value heads (Qwen3.5) are several runs of columns, put
+                        // side by side in the rank's value-head order.
+                        _ => (vec![0..n_rows], Some(scaled(&v, dh, 0))),
                     }
                 }
                 Role::DeltaFusedIn | Role::DeltaFusedBa => {
@@ -411,7 +424,7 @@ impl ShardPlan {
             } else {
                 let mut s = shape.to_vec();
                 if let Some(c) = &cols {
-                    s[0] = c.len() as u64;
+                    s[0] = c.iter().map(|x| x.len()).sum::<usize>() as u64;
                 }
                 if kept_rows != n_rows {
                     // Rows of a 3D tensor are per expert: the matrix height shrinks.
@@ -433,7 +446,7 @@ impl ShardPlan {
             };
             let bs = t.ty.block_size();
             for (r, s) in slices.iter().enumerate() {
-                if let Some(c) = &s.cols {
+                for c in s.cols.iter().flatten() {
                     if c.start % bs != 0 || (c.end % bs != 0 && c.end as u64 != t.row_len()) {
                         return Err(cut_error(&t.name, t.ty, c, r, self.n_ranks()));
                     }
@@ -511,6 +524,56 @@ fn cut_error(name: &str, ty: GgmlType, c: &Range<usize>, rank: usize, n: usize) 
         c.start,
         c.end
     ))
+}
+
+/// The delta-net key heads of each rank (each key head's value heads go with it, see
+/// [`ShardPlan::delta_v`]), cut where `ssm_out`'s columns can be cut (blocks of
+/// `out_block`). Errors, saying why and what would work, for a `--tp` that cannot split
+/// the heads.
+pub fn split_delta_heads(
+    d: &crate::model::DeltaInfo,
+    n: usize,
+    out_block: usize,
+) -> Result<Vec<Range<usize>>, EngineError> {
+    if n == 1 {
+        return Ok(vec![0..d.n_k_heads]);
+    }
+    let per_k = d.n_v_heads / d.n_k_heads.max(1);
+    let dh = d.head_dim;
+    let refuse = |why: String| {
+        EngineError::BadOptions(format!(
+            "--tp {n} cannot split this model's delta-net heads ({} key heads, {} value heads \
+             of {dh}): {why}; use a --tp that divides the key heads{}",
+            d.n_k_heads,
+            d.n_v_heads,
+            if out_block > 1 {
+                format!(" into runs of whole {out_block}-column blocks of ssm_out")
+            } else {
+                String::new()
+            }
+        ))
+    };
+    if n > d.n_k_heads {
+        return Err(refuse(
+            "more ranks than key heads, and a key head's state is not split".into(),
+        ));
+    }
+    // Grouped heads (Qwen3-Next): a rank's value columns are one run, `per_k` heads per key
+    // head. Tiled (Qwen3.5): `per_k` runs, each of the rank's key heads' width, starting at
+    // multiples of `n_k_heads` heads, which must themselves sit on blocks.
+    let align = if d.grouped_heads || per_k == 1 {
+        units_per_block(out_block, per_k * dh)
+    } else {
+        if !(d.n_k_heads * dh).is_multiple_of(out_block.max(1)) {
+            return Err(refuse(format!(
+                "tiled value heads put each rank's ssm_out columns in {per_k} runs {} columns \
+                 apart, which is not a whole number of {out_block}-column blocks",
+                d.n_k_heads * dh
+            )));
+        }
+        units_per_block(out_block, dh)
+    };
+    split_aligned(d.n_k_heads, n, align, "delta-net key heads").map_err(|e| refuse(e.to_string()))
 }
 
 /// Query and KV head ranges, one of each per rank.

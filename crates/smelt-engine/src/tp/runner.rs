@@ -4,7 +4,12 @@
 //! run it in lockstep (the all-reduces pair them up) and rank 0's result is the step's: each
 //! rank computes the same logits from the same all-reduced activations, so rank 0 samples
 //! and the engine feeds its token to every rank with the next step.
+//!
+//! A hybrid model's recurrent state (delta-net conv windows and delta matrices) is split
+//! like its heads: each rank keeps, per sequence, the state of its own delta-net heads,
+//! made at the sequence's first step and dropped when the engine frees the sequence.
 
+use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -20,9 +25,10 @@ use crate::backend::cuda::comm::NcclReduce;
 use crate::backend::cuda::options::CudaOptions;
 use crate::backend::cuda::runner::{KvPlan, StepOut};
 use crate::backend::cuda::CudaEngine;
-use crate::backend::{AttnSeq, Backend};
+use crate::backend::{AttnSeq, Backend, DeltaState};
 use crate::device::Device;
-use crate::model::{AllReduce, Model, ModelInfo};
+use crate::kv_cache::SeqId;
+use crate::model::{AllReduce, Model};
 use crate::EngineError;
 
 /// One sequence of a step, owned (it crosses to the rank threads).
@@ -37,6 +43,8 @@ pub struct OwnedSeq {
 /// A step as every rank receives it.
 #[derive(Debug)]
 pub struct StepMsg {
+    /// The sequences' ids, in `seqs` order (each rank finds their recurrent states by them).
+    pub ids: Vec<SeqId>,
     pub tokens: Vec<u32>,
     pub positions: Vec<u32>,
     pub seqs: Vec<OwnedSeq>,
@@ -61,6 +69,8 @@ impl StepMsg {
 /// What a rank thread runs.
 trait RankStep {
     fn step(&mut self, m: &StepMsg) -> Result<StepOut, EngineError>;
+    /// Drops a sequence's recurrent state (nothing for a model without one).
+    fn free(&mut self, id: SeqId);
     /// Time of one all-reduce of `count` floats, back to back (`iters` of them), on this
     /// rank's device and communicator.
     fn time_all_reduce(&mut self, count: usize, iters: usize) -> Result<Duration, EngineError>;
@@ -71,8 +81,18 @@ struct CudaRank(CudaEngine);
 impl RankStep for CudaRank {
     fn step(&mut self, m: &StepMsg) -> Result<StepOut, EngineError> {
         let seqs = m.attn();
-        self.0
-            .forward(&m.tokens, &m.positions, &seqs, &m.out_rows, m.greedy)
+        self.0.forward_seqs(
+            &m.ids,
+            &m.tokens,
+            &m.positions,
+            &seqs,
+            &m.out_rows,
+            m.greedy,
+        )
+    }
+
+    fn free(&mut self, id: SeqId) {
+        self.0.free_state(id);
     }
 
     fn time_all_reduce(&mut self, count: usize, iters: usize) -> Result<Duration, EngineError> {
@@ -105,25 +125,58 @@ struct CpuRank {
     model: Model<Cpu>,
     kv: CpuKv,
     reduce: SimReduce,
+    /// Each sequence's recurrent state for this rank's delta-net heads.
+    states: HashMap<SeqId, Vec<DeltaState<crate::backend::cpu::CpuTensor>>>,
 }
 
 impl RankStep for CpuRank {
     fn step(&mut self, m: &StepMsg) -> Result<StepOut, EngineError> {
         let seqs = m.attn();
         let red: &dyn AllReduce<Cpu> = &self.reduce;
-        let t = self.model.forward_tp(
+        let hybrid = self.model.info.delta.is_some();
+        if hybrid && m.ids.len() != seqs.len() {
+            return Err(EngineError::BadOptions(format!(
+                "{} sequence ids for {} sequences",
+                m.ids.len(),
+                seqs.len()
+            )));
+        }
+        // The step's states out of the map (fresh for new sequences), back after it.
+        let mut taken: Vec<_> = if hybrid {
+            m.ids
+                .iter()
+                .map(|id| {
+                    self.states
+                        .remove(id)
+                        .unwrap_or_else(|| self.model.new_state(&Cpu))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut refs: Vec<&mut Vec<_>> = taken.iter_mut().collect();
+        let ran = self.model.forward_tp(
             &Cpu,
             &mut self.kv,
-            &mut [],
+            &mut refs,
             &m.tokens,
             &m.positions,
             &seqs,
             &m.out_rows,
             Some(red),
-        )?;
+        );
+        drop(refs);
+        for (id, st) in m.ids.iter().zip(taken) {
+            self.states.insert(*id, st);
+        }
+        let t = ran?;
         let mut data = t.data;
         data.truncate(t.rows * t.cols);
         Ok(StepOut::Logits(data))
+    }
+
+    fn free(&mut self, id: SeqId) {
+        self.states.remove(&id);
     }
 
     fn time_all_reduce(&mut self, count: usize, iters: usize) -> Result<Duration, EngineError> {
@@ -138,7 +191,12 @@ impl RankStep for CpuRank {
 
 enum Cmd {
     Step(Arc<StepMsg>),
-    TimeAllReduce { count: usize, iters: usize },
+    TimeAllReduce {
+        count: usize,
+        iters: usize,
+    },
+    /// Drop a sequence's state (no answer: the next command comes after it in the queue).
+    Free(SeqId),
 }
 
 enum Reply {
@@ -185,14 +243,6 @@ impl TpRunner {
             return Err(EngineError::BadOptions(
                 "tensor parallelism runs on CUDA devices only or on the CPU only".into(),
             ));
-        }
-        let info = ModelInfo::from_gguf(gguf)?;
-        if info.delta.is_some() {
-            return Err(EngineError::NotSupported(format!(
-                "tensor parallelism for {} (recurrent delta-net state per rank) is planned \
-                 but not yet run; use --tp 1",
-                info.arch.name()
-            )));
         }
         let plan = ShardPlan::new(
             gguf,
@@ -304,6 +354,7 @@ impl TpRunner {
                                     model,
                                     kv: cache,
                                     reduce: SimReduce { comm: sim, rank },
+                                    states: HashMap::new(),
                                 };
                                 Ok((Box::new(r), kv.min_blocks, "cpu".into()))
                             }
@@ -325,6 +376,10 @@ impl TpRunner {
                             Cmd::Step(m) => rank_step.step(&m).map(Reply::Step),
                             Cmd::TimeAllReduce { count, iters } => {
                                 rank_step.time_all_reduce(count, iters).map(Reply::Time)
+                            }
+                            Cmd::Free(id) => {
+                                rank_step.free(id);
+                                continue;
                             }
                         };
                         if tx_out.send(out).is_err() {
@@ -417,6 +472,16 @@ impl TpRunner {
         match replies?.into_iter().next() {
             Some(Reply::Step(out)) => Ok(out),
             _ => Err(EngineError::BadOptions("rank 0 gave no step".into())),
+        }
+    }
+
+    /// Drops sequence `id`'s recurrent state on every rank (hybrid models; nothing
+    /// otherwise). Not waited for: each rank drops it before its next step.
+    pub fn free_state(&mut self, id: SeqId) {
+        for w in &self.workers {
+            if let Some(tx) = &w.tx {
+                let _ = tx.send(Cmd::Free(id));
+            }
         }
     }
 

@@ -4,6 +4,9 @@
 //! ISQ run on the rank's slices, so ISQ shards before it quantizes); only the forward
 //! pass differs, by the all-reduce after each row-parallel matmul.
 
+// A row's kept columns are a list of runs, usually of one: `vec![a..b]` is meant.
+#![allow(clippy::single_range_in_vec_init)]
+
 use std::ops::Range;
 
 use smelt_gguf::{Gguf, GgufWriter, TensorInfo, TensorSpec, Value};
@@ -27,25 +30,32 @@ pub fn slice_bytes(t: &TensorInfo, data: &[u8], s: &Slice) -> Result<Vec<u8>, En
         return Ok(out);
     }
     let row_bytes = (t.row_len() / bs * ts) as usize;
-    let cols: Range<usize> = match &s.cols {
-        Some(c) => {
-            let (start, end) = (c.start as u64, c.end as u64);
-            if !start.is_multiple_of(bs) || (!end.is_multiple_of(bs) && end != t.row_len()) {
-                return Err(bad(format!(
-                    "columns {}..{} cut a {}-wide block",
-                    c.start, c.end, bs
-                )));
-            }
-            (c.start as u64 / bs * ts) as usize..(c.end as u64).div_ceil(bs) as usize * ts as usize
-        }
-        None => 0..row_bytes,
+    // Byte ranges of a row kept, in order.
+    let runs: Vec<Range<usize>> = match &s.cols {
+        Some(cs) => cs
+            .iter()
+            .map(|c| {
+                let (start, end) = (c.start as u64, c.end as u64);
+                if !start.is_multiple_of(bs) || (!end.is_multiple_of(bs) && end != t.row_len()) {
+                    return Err(bad(format!(
+                        "columns {}..{} cut a {}-wide block",
+                        c.start, c.end, bs
+                    )));
+                }
+                Ok((start / bs * ts) as usize..end.div_ceil(bs) as usize * ts as usize)
+            })
+            .collect::<Result<_, _>>()?,
+        None => vec![0..row_bytes],
     };
     let n_rows: usize = s.rows.iter().map(|r| r.len()).sum();
-    let mut out = Vec::with_capacity(n_rows * cols.len());
+    let kept: usize = runs.iter().map(|r| r.len()).sum();
+    let mut out = Vec::with_capacity(n_rows * kept);
     for r in &s.rows {
         for row in r.clone() {
             let base = row * row_bytes;
-            out.extend_from_slice(&data[base + cols.start..base + cols.end]);
+            for c in &runs {
+                out.extend_from_slice(&data[base + c.start..base + c.end]);
+            }
         }
     }
     Ok(out)
