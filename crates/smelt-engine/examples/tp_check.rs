@@ -7,8 +7,12 @@
 //!
 //! Usage: tp_check MODEL [--gpus 0,1] [--ranks 2,4] [--steps 32] [--prompt 40] [--cpu]
 //! (`--ranks`: the group sizes run, each on the first GPUs of `--gpus`; default every size
-//! from 2 to the number of GPUs).
-//! Prints one `TPCHECK` line per configuration (machine-readable) and a table last.
+//! from 2 to the number of GPUs). Any model smelt runs, the hybrids included (their
+//! delta-net heads and recurrent state split over the ranks; a prompt of 256 tokens or more
+//! takes the chunked delta-net kernels).
+//! Prints one `TPCHECK` line per configuration (machine-readable) and a table last; exits 1
+//! when a run diverges where the reference's lead was clear, or a configuration asked for
+//! fails to load.
 //!
 //! `tp_check --nccl-probe [--gpus 0,1]`: where NCCL was loaded from and its version, then
 //! an all-reduce over the GPUs (one thread each) of 8 KB, 64 KB and 1 MB of f32 checked
@@ -578,6 +582,7 @@ fn main() {
         .map(|i| ((i as u64 * 7919 + 13) % n_vocab as u64) as u32)
         .collect();
     let mut runs = Vec::new();
+    let mut load_failed = false;
     let mut go = |name: String, e: Result<Engine, smelt_engine::EngineError>| match e {
         Ok(mut e) => {
             let (tokens, logits, ms) = generate(&mut e, &prompt, steps);
@@ -591,6 +596,7 @@ fn main() {
         }
         Err(err) => {
             println!("TPCHECK {name} FAILED to load: {err}");
+            load_failed = true;
         }
     };
     let g0 = Device::Cuda(gpus[0]);
@@ -626,13 +632,13 @@ fn main() {
         println!("TPCHECK nothing ran");
         std::process::exit(1);
     }
+    let mut failed = load_failed;
     let reference = &runs[0];
     let cpu_run = runs.iter().find(|r| r.name == "cpu");
     let mut table = vec![
         "| run | tokens = ref | first divergence | ref logit gap there | max |dlogit| vs cpu (prompt end, of scale) | ms/token |".to_string(),
         "|---|---|---|---|---|---|".to_string(),
     ];
-    let mut failed = false;
     for r in &runs {
         let div = reference
             .tokens
@@ -683,7 +689,9 @@ fn main() {
     }
     println!("{}", table.join("\n"));
     if failed {
-        println!("TPCHECK FAIL: a run diverged where the reference's lead was clear");
+        println!(
+            "TPCHECK FAIL: a run diverged where the reference's lead was clear, or failed to load"
+        );
         std::process::exit(1);
     }
 }

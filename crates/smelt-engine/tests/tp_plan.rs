@@ -225,3 +225,91 @@ fn plans_of_real_shapes_in_k_quants_for_2_4_and_8_gpus() {
     let p = ShardPlan::for_info(&qwen3_30b, opts(4), &|_| 32).expect("q8_0 experts");
     assert!(p.ranks.iter().all(|r| r.ff_exp.len() == 192));
 }
+
+#[test]
+fn plans_of_the_hybrids_real_shapes_in_k_quants() {
+    // Qwen3.6-27B (16 key / 48 tiled value heads of 128; attention 24 over 4 KV heads of 256)
+    // splits at 2, 4 and 8 on 256-column blocks: each rank's ssm_out columns are 3 runs of
+    // its key heads' width. Qwen3-Next-80B-A3B (grouped heads, 512 experts of 512 rows)
+    // splits at 2; at 4 its experts' 512 rows cannot be cut into whole Q4_K blocks (refused
+    // with the way out), with Q8_0's 32-column blocks they can.
+    let hybrid = |a: &str, extra: &[(&str, u32)]| {
+        let mut keys = vec![
+            ("ssm.conv_kernel", 4),
+            ("ssm.state_size", 128),
+            ("ssm.group_count", 16),
+            ("full_attention_interval", 4),
+            ("rope.dimension_count", 64),
+            ("attention.key_length", 256),
+            ("attention.value_length", 256),
+        ];
+        keys.extend_from_slice(extra);
+        shape_only(a, &keys)
+    };
+    let q27 = hybrid(
+        "qwen35",
+        &[
+            ("embedding_length", 5120),
+            ("block_count", 64),
+            ("feed_forward_length", 17408),
+            ("attention.head_count", 24),
+            ("attention.head_count_kv", 4),
+            ("vocab_size", 248_320),
+            ("ssm.time_step_rank", 48),
+            ("ssm.inner_size", 6144),
+        ],
+    );
+    let opts = |n| TpOptions {
+        n_ranks: n,
+        vocab_parallel: true,
+    };
+    let k = |_: &str| 256usize;
+    for n in [2usize, 4, 8] {
+        let p =
+            ShardPlan::for_info(&q27, opts(n), &k).unwrap_or_else(|e| panic!("27b tp={n}: {e}"));
+        for (r, s) in p.ranks.iter().enumerate() {
+            let per = 16 / n;
+            assert_eq!(s.delta_k, r * per..(r + 1) * per, "27b tp={n}");
+            let v = p.delta_v(&s.delta_k);
+            assert_eq!(v.len(), if n == 1 { 1 } else { 3 }, "27b tp={n}");
+            assert!(v.iter().all(|x| x.start * 128 % 256 == 0 && x.len() == per));
+            assert_eq!(s.q_heads.len(), 24 / n, "27b tp={n}");
+        }
+        let out = match p
+            .placement("blk.0.ssm_out.weight", &[6144, 5120])
+            .expect("ssm_out")
+        {
+            Placement::Split(s) => s,
+            Placement::Replicated => panic!("ssm_out replicated"),
+        };
+        assert_eq!(out[n - 1].shape, vec![6144 / n as u64, 5120]);
+    }
+    let next = hybrid(
+        "qwen3next",
+        &[
+            ("embedding_length", 2048),
+            ("block_count", 48),
+            ("feed_forward_length", 5120),
+            ("attention.head_count", 16),
+            ("attention.head_count_kv", 2),
+            ("vocab_size", 151_936),
+            ("ssm.time_step_rank", 32),
+            ("ssm.inner_size", 4096),
+            ("expert_count", 512),
+            ("expert_used_count", 10),
+            ("expert_feed_forward_length", 512),
+            ("expert_shared_feed_forward_length", 512),
+        ],
+    );
+    let p = ShardPlan::for_info(&next, opts(2), &k).expect("80b tp=2");
+    assert_eq!(p.delta_v(&p.ranks[1].delta_k), vec![16..32]);
+    assert_eq!(p.ranks[1].ff_exp, 256..512);
+    let err = ShardPlan::for_info(&next, opts(4), &k)
+        .expect_err("512 expert rows on 256-column blocks over 4 ranks")
+        .to_string();
+    assert!(err.contains("expert rows"), "{err}");
+    for n in [4usize, 8] {
+        let p = ShardPlan::for_info(&next, opts(n), &|_| 32).expect("80b q8_0");
+        assert!(p.ranks.iter().all(|r| r.delta_k.len() == 16 / n));
+    }
+}

@@ -10,6 +10,13 @@
 //!
 //! - KV heads are split between ranks; with fewer KV heads than ranks, each KV head is
 //!   replicated on the ranks that share it and its query heads are split among them.
+//! - Delta-net layers (the hybrids) are split by key heads, each with the value heads that
+//!   read it: the q/k/v channels of `attn_qkv` and `ssm_conv1d`, `attn_gate` (z), beta,
+//!   alpha, `ssm_dt.bias` and `ssm_a` keep the rank's heads, `ssm_out` the matching columns
+//!   (several runs for Qwen3.5's tiled value heads, where value head `h` reads key head
+//!   `h % n_k`: the rank's value heads keep that mapping locally), `ssm_norm` (per head
+//!   size) is whole. Each rank's recurrent state is its heads' (made by its own model).
+//!   A key head is never split: fewer key heads than ranks is an error.
 //! - Heads or rows that do not divide evenly are split unevenly (rank sizes differ by at
 //!   most one unit), not padded: every rank computes its own shapes, and the all-reduced
 //!   tensors are full width on every rank anyway. Only a rank left with nothing is an error.

@@ -25,7 +25,8 @@ and says which";
 /// `--tp`'s help, for every command that runs a model.
 pub const TP_HELP: &str = "Tensor parallelism: split the model over N GPUs (cuda:0..N-1, or \
 the GPUs --device lists: cuda:0,1,...), one thread each, summed with all-reduces (small \
-ones by a one-shot kernel over peer GPU memory, the rest and SMELT_TP_PEER=0 by NCCL). \
+ones by a one-shot kernel over peer GPU memory, the rest and SMELT_TP_PEER=0 by NCCL); \
+attention and delta-net heads (with their recurrent state), FFN rows and experts are split. \
 NCCL (libnccl.so.2) is loaded at run time: from SMELT_NCCL (the file or its folder), \
 LD_LIBRARY_PATH, the system's path, or a Python environment's nvidia/nccl/lib (PyTorch's). \
 --tp 1 runs the same sharded path on one GPU. With --device cpu, N simulated ranks \

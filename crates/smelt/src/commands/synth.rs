@@ -65,6 +65,31 @@ pub struct SynthArgs {
     /// [default: the shape's]
     #[arg(long, value_name = "N")]
     pub head_dim: Option<u64>,
+    /// Override a hybrid's Gated DeltaNet key and value head counts, `K,V` (V a multiple of
+    /// K): test models whose delta-net heads split over more GPUs (`--tp 4` needs 4 key
+    /// heads) [default: the shape's]
+    #[arg(long, value_name = "K,V")]
+    pub delta_heads: Option<String>,
+}
+
+/// `shape` with `spec` (`K,V`) delta-net key and value heads (see `SynthArgs::delta_heads`).
+fn with_delta_heads(shape: &mut ModelShape, spec: &str) -> Result<()> {
+    let Some(h) = shape.hybrid.as_mut() else {
+        bail!("--delta-heads: {} has no Gated DeltaNet layers", shape.name);
+    };
+    let parse = |s: &str| s.trim().parse::<u64>().ok().filter(|&v| v > 0);
+    let (k, v) = match spec.split_once(',') {
+        Some((k, v)) => (parse(k), parse(v)),
+        None => (None, None),
+    };
+    match (k, v) {
+        (Some(k), Some(v)) if v % k == 0 => {
+            h.n_k_heads = k;
+            h.n_v_heads = v;
+            Ok(())
+        }
+        _ => bail!("--delta-heads takes K,V: positive counts, V a multiple of K (not {spec:?})"),
+    }
 }
 
 /// `shape` with heads of `head_dim` values (see `SynthArgs::head_dim`).
@@ -96,6 +121,9 @@ pub fn run(args: &SynthArgs) -> Result<()> {
     }
     if let Some(h) = args.head_dim {
         with_head_dim(&mut shape, h)?;
+    }
+    if let Some(d) = &args.delta_heads {
+        with_delta_heads(&mut shape, d)?;
     }
     if let Some(std) = args.weight_std {
         if !(std.is_finite() && std > 0.0) {
@@ -517,6 +545,23 @@ fn random_block(ty: GgmlType) -> Option<fn(&mut [u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delta_heads_override_a_hybrid_and_refuse_the_rest() {
+        let mut s = shapes::find("qwen35-tiny").expect("shape").clone();
+        with_delta_heads(&mut s, "4,8").expect("4,8");
+        let h = s.hybrid.expect("hybrid");
+        assert_eq!((h.n_k_heads, h.n_v_heads), (4, 8));
+        assert!(s
+            .tensors()
+            .iter()
+            .any(|(n, shape)| n == "blk.0.ssm_out.weight" && shape[0] == 8 * h.head_dim));
+        for bad in ["4", "4,6", "0,8", "a,b"] {
+            assert!(with_delta_heads(&mut s, bad).is_err(), "{bad}");
+        }
+        let mut dense = shapes::find("llama3-tiny").expect("shape").clone();
+        assert!(with_delta_heads(&mut dense, "4,8").is_err());
+    }
 
     fn real() -> Values {
         Values {
