@@ -71,7 +71,7 @@ PY
 )
   [ -n "$nccl" ] && export SMELT_NCCL=$nccl
 fi
-echo "SMELT_NCCL=${SMELT_NCCL:-unset (smelt's own search)}" | tee -a "$log"
+echo "SMELT_NCCL=${SMELT_NCCL:-unset: smelt searches}" | tee -a "$log"
 
 echo "== a. correctness" | tee -a "$log"
 fails=0
@@ -111,9 +111,7 @@ if [ "${SKIP_27B:-0}" != 1 ]; then
   t "27B synth: rc=$rc, $(du -h $m27 2>/dev/null | cut -f1) in $((SECONDS - ts)) s"
   js() { grep -o "\"$1\":[0-9.e-]*" | head -1 | cut -d: -f2; }
   jq_s() { grep -o "\"$1\":\"[^\"]*\"" | head -1 | cut -d'"' -f4; }
-  ratio() { python3 -c "
-try: print(f'{float(\"$1\")/float(\"$2\"):.2f}x')
-except Exception: print('-')"; }
+  ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2fx\n", a / b; else print "-" }'; }
   row() { # name args
     local name=$1 a=$2 r pp tg
     r=$(timeout 150 $S bench --model $m27 $a --prompt 512 --gen 128 --reps 2 --json 2>>"$log" | tr -d '\n')
