@@ -20,7 +20,10 @@
 # Here (once):  bash bench/gpu/tp_hybrid.sh prep
 #   builds smelt and the tp_check example (release), strips and xz's them into .gpu-tphyb/.
 # There:  bash bench/gpu/tp_hybrid.sh      carry [".gpu-tphyb"]    kind nvidia-h100-x4 (or -x2)
-#   SKIP_27B=1 leaves c out (about 2 minutes then).
+#   SKIP_27B=1 leaves c out (about 2 minutes then). PROFILE=1 (about 2 minutes): only the
+#   27B, tg128 at TP=1, TP=2 and TP=4 with the peer all-reduce, then where a decode step's
+#   time goes (SMELT_CUDA_PROFILE=1: GPU time per kernel) at TP=1 and TP=2, into the log
+#   and its per-kernel tops into the table.
 # What it must print: tp_check rc=0 for every row, with "yes" in every tp/cpu-tp row of each
 # model (tokens equal to one GPU's) and small vs-cpu numbers; the batch row rc=0; the 27B
 # table (tok/s, x TP=1). Log: $OUT/tp-hybrid.log; the table last (also $OUT/tp-hybrid-table.md).
@@ -73,8 +76,10 @@ PY
 fi
 echo "SMELT_NCCL=${SMELT_NCCL:-unset: smelt searches}" | tee -a "$log"
 
-echo "== a. correctness" | tee -a "$log"
 fails=0
+PROFILE=${PROFILE:-0}
+if [ "$PROFILE" != 1 ]; then
+echo "== a. correctness" | tee -a "$log"
 check() { # name file [extra args...]
   local name=$1 f=$2; shift 2
   echo "-- $name" | tee -a "$table" >> "$log"
@@ -100,6 +105,7 @@ echo "== b. batching" | tee -a "$log"
 timeout 120 $S bench --model /tmp/qwen3next-k4.gguf --device cuda:0,1 --tp 2 --batch 4 --prompt 64 --gen 32 --reps 1 >> "$log" 2>&1
 rc=$?; [ $rc = 0 ] || fails=$((fails + 1))
 t "smelt bench --batch 4 qwen3next-tiny tp=2: rc=$rc"
+fi
 
 if [ "${SKIP_27B:-0}" != 1 ]; then
   echo "== c. speed, Qwen3.6-27B-shape Q4_K ($SECONDS s)" | tee -a "$log"
@@ -127,9 +133,17 @@ if [ "${SKIP_27B:-0}" != 1 ]; then
     row tp1 "--device cuda:0"
     for n in $SIZES; do
       d=cuda:$(seq -s, 0 $((n - 1)))
-      row tp$n-nccl "--device $d --tp $n"
-      [ $n = 2 ] && SMELT_TP_PEER=1 row tp2-peer "--device $d --tp 2"
+      [ "$PROFILE" = 1 ] || row tp$n-nccl "--device $d --tp $n"
+      { [ $n = 2 ] || [ "$PROFILE" = 1 ]; } && SMELT_TP_PEER=1 row tp$n-peer "--device $d --tp $n"
     done
+    if [ "$PROFILE" = 1 ]; then
+      for a in "--device cuda:0" "--device cuda:0,1 --tp 2"; do
+        echo "== profile: $a" | tee -a "$log" > /tmp/prof.out
+        SMELT_TP_PEER=1 SMELT_CUDA_PROFILE=1 timeout 120 $S bench --model $m27 $a --prompt 64 --gen 16 --reps 1 >> /tmp/prof.out 2>&1
+        cat /tmp/prof.out >> "$log"
+        t ""; t "profile $a (last 50 lines: the per-kernel tables, printed as each rank ends)"; tail -50 /tmp/prof.out >> "$table"
+      done
+    fi
   fi
   rm -f $m27
 fi
