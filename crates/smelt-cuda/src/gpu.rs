@@ -198,11 +198,9 @@ impl Gpu {
     /// [`Gpu::open`] with settings `opts`.
     pub fn open_with(ordinal: usize, opts: &GpuOptions) -> Result<Arc<Gpu>, CudaError> {
         guard(|| {
-            let count = usize::try_from(cudarc::driver::result::device::get_count()?).unwrap_or(0);
-            if ordinal >= count {
-                return Err(CudaError::NoDevice { ordinal, count });
-            }
-            let ctx = CudaContext::new(ordinal)?;
+            crate::visible::check(ordinal)?;
+            // The driver's index: `ordinal` itself unless only some devices are visible.
+            let ctx = CudaContext::new(crate::visible::driver_ordinal(ordinal)?)?;
             // SAFETY: smelt uses one stream per device, so cudarc's per-buffer events
             // (which order work across streams) are pure launch overhead.
             unsafe { ctx.disable_event_tracking() };

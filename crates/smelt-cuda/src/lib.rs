@@ -5,6 +5,8 @@
 //! kernel of `smelt-kernels`, generated as PTX for the device's architecture and
 //! JIT-compiled by the driver once per machine ([`cache`] keeps the result).
 //!
+//! - [`visible`]: a one-device process makes only its device visible to the driver, whose
+//!   start (`cuInit`) otherwise sets up every GPU of the host.
 //! - [`cache`]: compiled kernel modules kept across runs (start-up without the JIT).
 //! - [`gpu`]: [`Gpu::open`], kernel lookup, upload/download.
 //! - [`options`]: the `SMELT_CUDA_*` settings of a device's module and launches.
@@ -28,6 +30,7 @@ pub mod quantize;
 pub mod staged;
 pub mod timing;
 mod util;
+pub mod visible;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -68,6 +71,7 @@ pub(crate) fn guard<T>(f: impl FnOnce() -> Result<T, CudaError>) -> Result<T, Cu
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(CudaError::NoDriver);
     }
+    visible::driver_starts();
     match catch_unwind(AssertUnwindSafe(|| {
         cudarc::driver::result::init()?;
         f()

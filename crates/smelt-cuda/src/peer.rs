@@ -135,7 +135,8 @@ fn enable_peer_access(gpu: &Gpu, ordinals: &[usize]) -> Result<Vec<Arc<CudaConte
     let me = gpu.context();
     let mut peers = Vec::new();
     for &o in ordinals.iter().filter(|&&o| o != gpu.ordinal()) {
-        let peer = CudaContext::new(o).map_err(|e| format!("cuda:{o}: {e}"))?;
+        let at = crate::visible::driver_ordinal(o).map_err(|e| format!("cuda:{o}: {e}"))?;
+        let peer = CudaContext::new(at).map_err(|e| format!("cuda:{o}: {e}"))?;
         let mut can = 0;
         // SAFETY: both are valid device handles of this driver.
         unsafe { sys::cuDeviceCanAccessPeer(&mut can, me.cu_device(), peer.cu_device()) }

@@ -42,13 +42,7 @@ impl Device {
     pub fn check(&self) -> Result<(), EngineError> {
         match *self {
             Device::Cpu => Ok(()),
-            Device::Cuda(ordinal) => {
-                let count = smelt_cuda::device_count()?;
-                if ordinal >= count {
-                    return Err(smelt_cuda::CudaError::NoDevice { ordinal, count }.into());
-                }
-                Ok(())
-            }
+            Device::Cuda(ordinal) => Ok(smelt_cuda::visible::check(ordinal)?),
         }
     }
 

@@ -177,6 +177,10 @@ pub fn check_device(device: &str) -> Result<Device> {
     if let Some(note) = &sel.note {
         eprintln!("{note}");
     }
+    if let Device::Cuda(n) = sel.device {
+        // One device: the driver's start sets up only it (smelt_cuda::visible).
+        smelt_cuda::visible::use_only(&[n]);
+    }
     sel.device
         .check()
         .with_context(|| format!("--device {device}"))?;
