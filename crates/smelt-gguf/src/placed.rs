@@ -2,10 +2,16 @@
 //! the specs, so a pipelined quantizer can write each chunk where it belongs, from any
 //! thread and in any order, instead of funnelling the whole output through one stream.
 //!
-//! The file is created at its final size before the first byte of data (padding between
-//! tensors stays a hole that reads as zeros): the same bytes [`crate::GgufWriter`] writes,
-//! with no write extending the file. [`finish`] checks that every tensor got exactly its
-//! bytes.
+//! The file is created at its final size before the first byte of data: the same bytes
+//! [`crate::GgufWriter`] writes, with no write extending the file. [`finish`] checks that
+//! every tensor got exactly its bytes.
+//!
+//! On Linux its blocks are allocated up front (`fallocate`): on ext4, page-cache writes into
+//! allocated (unwritten) blocks ran 1.5-2x faster than into the holes of a file sized by
+//! `ftruncate` (1 GB of 26 MB `pwrite`s, 0.44-0.47 s against 0.87-1.12 s, this project's
+//! 2-core VM), and a disk too small fails before any work. `SMELT_WRITE_ALLOC=sparse`
+//! sizes it with `ftruncate` instead (holes; where `fallocate` is not supported that is
+//! what happens anyway).
 //!
 //! Two ways to put the bytes in: positioned writes (`pwrite`, the default), which a
 //! filesystem runs one at a time per file (buffered writes take the inode's lock), or copies
@@ -82,7 +88,7 @@ impl GgufPlacedWriter {
             .truncate(true)
             .open(path)
             .map_err(|e| io("create", e))?;
-        file.set_len(len).map_err(|e| io("size", e))?;
+        allocate(&file, len).map_err(|e| io("size", e))?;
         file.write_all_at(&head, 0).map_err(|e| io("write", e))?;
         let map = if mapped && len > 0 {
             Some(Mapped::new(&file).map_err(|e| io("map", e))?)
@@ -163,6 +169,31 @@ impl GgufPlacedWriter {
         }
         Ok(())
     }
+}
+
+/// Gives `file` (empty) its `len` bytes: allocated blocks where the filesystem can
+/// (`fallocate`; see the module docs), else a hole (`ftruncate`). A disk without room is an
+/// error here, before any data.
+fn allocate(file: &File, len: u64) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    if len > 0 && std::env::var("SMELT_WRITE_ALLOC").as_deref() != Ok("sparse") {
+        use std::os::fd::AsRawFd;
+        let n = libc::off_t::try_from(len).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        // SAFETY: a plain system call on an open descriptor this function borrows.
+        #[allow(unsafe_code)]
+        if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, n) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        // Not supported by this filesystem (or descriptor): a hole, as before.
+        if !matches!(
+            e.raw_os_error(),
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)
+        ) {
+            return Err(e);
+        }
+    }
+    file.set_len(len)
 }
 
 /// A shared writable mapping of the whole file, written by copies into ranges that are
@@ -292,6 +323,32 @@ mod tests {
                 std::fs::read(&placed).expect("reads"),
                 want,
                 "mapped: {mapped}"
+            );
+        }
+    }
+
+    /// The file's blocks are allocated at creation (Linux: `fallocate`), so writes land in
+    /// allocated blocks, and the unwritten padding still reads as zeros (the test above).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_file_is_allocated_at_its_size() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let specs = vec![TensorSpec {
+            name: "big".into(),
+            ty: GgmlType::F32,
+            shape: vec![1 << 18],
+        }];
+        let path = dir.path().join("alloc.gguf");
+        let p = GgufPlacedWriter::create(&path, &Metadata::new(), specs).expect("placed");
+        let m = std::fs::metadata(&path).expect("stat");
+        assert_eq!(m.len(), p.len());
+        if std::env::var("SMELT_WRITE_ALLOC").as_deref() != Ok("sparse") {
+            assert!(
+                m.blocks() * 512 >= p.len(),
+                "{} bytes allocated of {}",
+                m.blocks() * 512,
+                p.len()
             );
         }
     }
