@@ -132,28 +132,56 @@ fn slots_with(
     max_rows: usize,
     host_out: bool,
 ) -> Result<Vec<Slot>, CudaError> {
+    (0..n)
+        .map(|_| make_slot(gpu, max_in, max_out, max_rows, host_out))
+        .collect()
+}
+
+/// One slot of [`slots`], made on its own (a pipeline makes its first slot, starts, and
+/// makes the rest meanwhile: pinning a slot's buffers takes tens of milliseconds).
+pub fn slot(
+    gpu: &Arc<Gpu>,
+    max_in: usize,
+    max_out: usize,
+    max_rows: usize,
+) -> Result<Slot, CudaError> {
+    make_slot(gpu, max_in, max_out, max_rows, true)
+}
+
+fn make_slot(
+    gpu: &Arc<Gpu>,
+    max_in: usize,
+    max_out: usize,
+    max_rows: usize,
+    host_out: bool,
+) -> Result<Slot, CudaError> {
     let ctx = gpu.context();
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        let stream = ctx.new_stream()?;
-        v.push(Slot {
-            gpu: gpu.clone(),
-            done: ctx.new_event(None)?,
-            host_in: Pinned::new(gpu, max_in)?,
-            host_out: Pinned::new(gpu, if host_out { max_out } else { 1 })?,
-            host_flags: Pinned::new(gpu, max_rows.max(1) * 4)?,
-            dev_in: stream.alloc_zeros::<u8>(max_in.max(1))?,
-            dev_out: stream.alloc_zeros::<u8>(max_out.max(1))?,
-            dev_flags: stream.alloc_zeros::<u32>(max_rows.max(1))?,
-            stream,
-            pending: None,
-            done_out: 0,
-        });
+    ctx.bind_to_thread()?;
+    let stream = ctx.new_stream()?;
+    let s = Slot {
+        gpu: gpu.clone(),
+        done: ctx.new_event(None)?,
+        host_in: Pinned::new(gpu, max_in)?,
+        host_out: Pinned::new(gpu, if host_out { max_out } else { 1 })?,
+        host_flags: Pinned::new(gpu, max_rows.max(1) * 4)?,
+        dev_in: stream.alloc_zeros::<u8>(max_in.max(1))?,
+        dev_out: stream.alloc_zeros::<u8>(max_out.max(1))?,
+        dev_flags: stream.alloc_zeros::<u32>(max_rows.max(1))?,
+        stream,
+        pending: None,
+        done_out: 0,
+    };
+    s.stream.synchronize()?;
+    Ok(s)
+}
+
+impl Drop for Slot {
+    /// Frees run on whatever thread drops the slot (a pipeline frees them on its reader,
+    /// off the writer's path): the device's context is made current there first, so the
+    /// driver's frees of the pinned buffers find it.
+    fn drop(&mut self) {
+        let _ = self.gpu.context().bind_to_thread();
     }
-    for s in &v {
-        s.stream.synchronize()?;
-    }
-    Ok(v)
 }
 
 impl Slot {

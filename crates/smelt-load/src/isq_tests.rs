@@ -434,3 +434,120 @@ fn a_non_finite_weight_names_the_tensor() {
     .to_string();
     assert!(e.contains("blk.0.w") && e.contains("q4_0"), "{e}");
 }
+
+/// A host slot that counts the slots alive (made and not yet freed).
+struct Counted {
+    slot: pipeline::HostSlot,
+    alive: std::sync::Arc<std::sync::atomic::AtomicIsize>,
+}
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.alive.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+/// The CPU's stage over [`Counted`] slots; its first completion waits `first_wait`.
+struct CountedStage {
+    first_wait: std::time::Duration,
+    waited: std::sync::atomic::AtomicBool,
+}
+impl pipeline::Stage for CountedStage {
+    type Slot = Counted;
+    fn input<'a>(&self, s: &'a mut Counted) -> &'a mut [u8] {
+        HostStage(&CpuQuantizer).input(&mut s.slot)
+    }
+    fn submit(&self, s: &mut Counted, job: &Job) -> Result<(), QuantizeError> {
+        HostStage(&CpuQuantizer).submit(&mut s.slot, job)
+    }
+    fn complete(&self, s: &mut Counted, job: &Job) -> Result<(), QuantizeError> {
+        if !self.waited.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(self.first_wait);
+        }
+        HostStage(&CpuQuantizer).complete(&mut s.slot, job)
+    }
+    fn output<'a>(&self, s: &'a Counted, job: &Job) -> &'a [u8] {
+        HostStage(&CpuQuantizer).output(&s.slot, job)
+    }
+}
+
+/// A run that starts with one slot and makes the others as it goes (how a GPU's pinned
+/// slots are made) writes the bytes of a run with every slot from the start, frees every
+/// slot it had (the reader frees them after its last read), and a slot that cannot be made
+/// ends the run with that error instead of hanging.
+#[test]
+fn slots_made_during_a_run_give_the_same_bytes_and_are_all_freed() {
+    use std::sync::atomic::{AtomicIsize, Ordering};
+    use std::sync::Arc;
+    let src = Mem(
+        vec![SourceTensor {
+            name: "blk.0.ffn_up.weight".into(),
+            shape: vec![64, 48],
+            ty: GgmlType::F32,
+        }],
+        vec![f32_bytes(&vals(64 * 48, 9))],
+    );
+    let jobs = pipeline::plan_jobs(src.tensors(), &[GgmlType::Q8_0], true, 512).expect("plan");
+    assert!(jobs.len() > 20, "{} jobs", jobs.len());
+    let cap = pipeline::max_src(&jobs);
+    let alive = Arc::new(AtomicIsize::new(0));
+    let make = || -> Result<Counted, LoadError> {
+        alive.fetch_add(1, Ordering::SeqCst);
+        Ok(Counted {
+            slot: HostStage::slots(1, cap).pop().expect("one"),
+            alive: alive.clone(),
+        })
+    };
+    let fail = || -> Result<Counted, LoadError> {
+        Err(LoadError::Plan {
+            why: "no pinned memory left".into(),
+        })
+    };
+    let run_with = |first: usize, grow: usize, failing: bool| {
+        let mut out = Vec::new();
+        let mut write = |_: &Job, b: &[u8]| {
+            out.extend_from_slice(b);
+            Ok(())
+        };
+        let stage = CountedStage {
+            first_wait: std::time::Duration::from_millis(if failing { 100 } else { 0 }),
+            waited: Default::default(),
+        };
+        let slots = (0..first).map(|_| make().expect("slot")).collect();
+        let maker: &(dyn Fn() -> Result<Counted, LoadError> + Sync) =
+            if failing { &fail } else { &make };
+        let r = pipeline::run_growing(
+            &stage,
+            slots,
+            Some(pipeline::Grow {
+                n: grow,
+                make: maker,
+            }),
+            src.tensors(),
+            &jobs,
+            &|job, buf| src.read(job.tensor, job.src_offset, buf),
+            &mut Sink::InOrder(&mut write),
+            &|_| {},
+        );
+        (r, out)
+    };
+    let (all, want) = run_with(4, 0, false);
+    assert_eq!(all.expect("runs").stages.grown, 0);
+    assert_eq!(alive.load(Ordering::SeqCst), 0, "every slot freed");
+    let (grown, got) = run_with(1, 3, false);
+    let grown = grown.expect("runs");
+    assert!(grown.stages.grown <= 3);
+    assert!(got == want, "bytes differ with slots made during the run");
+    assert_eq!(alive.load(Ordering::SeqCst), 0, "every slot freed");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = tx.send(run_with(1, 3, true).0.map(|_| ()));
+        });
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("returns instead of hanging")
+            .expect_err("a slot that cannot be made fails the run")
+            .to_string();
+        assert!(e.contains("no pinned memory left"), "{e}");
+    });
+    assert_eq!(alive.load(Ordering::SeqCst), 0, "every slot freed");
+}

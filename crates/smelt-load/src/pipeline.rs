@@ -13,6 +13,11 @@
 //! writing the last ones overlap it; GPU: copies and kernels run on the slot's stream
 //! between `submit` and `complete`). Each actor's busy and idle time is kept ([`Stages`]):
 //! `smelt quantize -v` prints where the time went.
+//!
+//! Fixed costs stay off the critical path: slots can be made as the run goes ([`Grow`]: a
+//! GPU's pinned slots take tens of milliseconds each, so the first chunk starts once one
+//! exists), and slots are freed by the reader after its last read, as they come back, not
+//! by the writer that is the bound of a run to a file.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -241,6 +246,11 @@ pub const HOST_SLOTS: usize = 3;
 pub struct Stages {
     /// Before the first read: the caller's staging memory (a GPU's pinned slots).
     pub setup: Duration,
+    /// Making [`Grow`]'s slots on a thread of their own while the run goes, and how many.
+    pub grow: Duration,
+    pub grown: usize,
+    /// Reader thread, after its last read: freeing slots as they come back.
+    pub free: Duration,
     /// Reader thread: reading source bytes into slots.
     pub read: Duration,
     /// Reader thread: starting converted jobs (a GPU's uploads and kernels queued).
@@ -287,8 +297,9 @@ impl Summary {
     }
 
     /// Where the time went, one line (`SMELT_CUDA_LOAD_LOG=1` or `smelt quantize -v`):
-    /// `stages: setup 0.12 s | reader: read 1.80 s, submit 0.05 s, idle 0.90 s | completer:
-    /// idle 0.10 s, complete 0.30 s, hand-off 2.20 s | 1 writer: wrote 2.60 s (2.33 GB/s)`.
+    /// `stages: setup 0.05 s, 4 more slots 0.20 s meanwhile | reader: read 1.80 s, submit
+    /// 0.05 s, idle 0.90 s, freeing slots 0.10 s | completer: idle 0.10 s, complete 0.30 s,
+    /// hand-off 2.20 s | 1 writer: wrote 2.60 s (2.33 GB/s)`.
     pub fn stages_line(&self) -> String {
         let t = &self.stages;
         let s = |d: Duration| format!("{:.2} s", d.as_secs_f64());
@@ -308,13 +319,19 @@ impl Summary {
                 s(t.write)
             )
         };
+        let grow = if t.grown > 0 {
+            format!(", {} more slots {} meanwhile", t.grown, s(t.grow))
+        } else {
+            String::new()
+        };
         format!(
-            "stages: setup {} | reader: read {}, submit {}, idle {} | completer: idle {}, \
-             complete {}, hand-off {} | {writers}",
+            "stages: setup {}{grow} | reader: read {}, submit {}, idle {}, freeing slots {} | \
+             completer: idle {}, complete {}, hand-off {} | {writers}",
             s(t.setup),
             s(t.read),
             s(t.submit),
             s(t.read_idle),
+            s(t.free),
             s(t.complete_idle),
             s(t.complete),
             s(t.hand_off),
@@ -368,6 +385,9 @@ struct Clock {
     complete: AtomicU64,
     hand_off: AtomicU64,
     write: AtomicU64,
+    grow: AtomicU64,
+    grown: AtomicU64,
+    free: AtomicU64,
     read_bytes: AtomicU64,
     written: AtomicU64,
 }
@@ -405,6 +425,58 @@ impl Failure {
     }
 }
 
+/// The reader's loop: fills a free slot with each job's bytes, submits it, and sends it on;
+/// stops at the first error (its own, sent on, or another thread's). `done` is dropped on
+/// return, so the completing thread's wait ends.
+#[allow(clippy::too_many_arguments)]
+fn read_all<S: Stage>(
+    stage: &S,
+    jobs: &[Job],
+    read: &ReadFn<'_>,
+    free: &mpsc::Receiver<S::Slot>,
+    done: mpsc::SyncSender<Result<S::Slot, LoadError>>,
+    clock: &Clock,
+    failure: &Failure,
+    quant_err: &(dyn Fn(&Job, QuantizeError) -> LoadError + Sync),
+) {
+    for job in jobs {
+        if failure.is_set() {
+            return;
+        }
+        let t = Instant::now();
+        let Ok(mut slot) = free.recv() else { return };
+        Clock::add(&clock.read_idle, t);
+        let r = (|| {
+            let buf = stage.input(&mut slot);
+            let buf = buf.get_mut(..job.src_len).ok_or_else(|| LoadError::Plan {
+                why: format!("a {} byte chunk does not fit its slot", job.src_len),
+            })?;
+            let t = Instant::now();
+            read(job, buf)?;
+            Clock::add(&clock.read, t);
+            if job.convert {
+                let t = Instant::now();
+                stage
+                    .submit(&mut slot, job)
+                    .map_err(|e| quant_err(job, e))?;
+                Clock::add(&clock.submit, t);
+            }
+            Ok(())
+        })();
+        let failed = r.is_err();
+        if done.send(r.map(|()| slot)).is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// Slots a run makes as it goes: `n` more, each by `make`, on a thread of their own; each
+/// joins the run as soon as it exists.
+pub struct Grow<'a, T> {
+    pub n: usize,
+    pub make: &'a (dyn Fn() -> Result<T, LoadError> + Sync),
+}
+
 /// Runs `jobs` through `stage` with `slots` (two or more keep reading and quantizing
 /// overlapped; a placed sink needs [`Sink::extra_slots`] more to keep its writers busy),
 /// sending each job's output to `sink` and calling `progress` with the source bytes of
@@ -418,13 +490,28 @@ pub fn run<S: Stage>(
     sink: &mut Sink<'_, '_>,
     progress: &ProgressFn<'_>,
 ) -> Result<Summary, LoadError> {
+    run_growing(stage, slots, None, tensors, jobs, read, sink, progress)
+}
+
+/// [`run`] starting with `slots` (at least one) while `grow` makes the rest.
+#[allow(clippy::too_many_arguments)]
+pub fn run_growing<S: Stage>(
+    stage: &S,
+    slots: Vec<S::Slot>,
+    grow: Option<Grow<'_, S::Slot>>,
+    tensors: &[SourceTensor],
+    jobs: &[Job],
+    read: &ReadFn<'_>,
+    sink: &mut Sink<'_, '_>,
+    progress: &ProgressFn<'_>,
+) -> Result<Summary, LoadError> {
     let start = Instant::now();
     if slots.is_empty() {
         return Err(LoadError::Plan {
             why: "a pipeline needs at least one slot".into(),
         });
     }
-    let n_slots = slots.len();
+    let n_slots = slots.len() + grow.as_ref().map_or(0, |g| g.n);
     let clock = Clock::default();
     let failure = Failure::default();
     let quant_err = |job: &Job, e: QuantizeError| LoadError::Quantize {
@@ -435,7 +522,9 @@ pub fn run<S: Stage>(
         to: job.dst_ty,
         source: e,
     };
-    let (clock, failure, quant_err) = (&clock, &failure, &quant_err);
+    // Set once the reader has read its last job: slots made after it would never be used.
+    let read_done = AtomicBool::new(false);
+    let (clock, failure, quant_err, read_done) = (&clock, &failure, &quant_err, &read_done);
     let (writers, placed): (usize, Option<&PlaceFn<'_>>) = match sink {
         Sink::InOrder(_) => (0, None),
         Sink::Placed { write, threads } => ((*threads).max(1), Some(*write)),
@@ -449,35 +538,38 @@ pub fn run<S: Stage>(
             // The receiver is alive and the channel has room for every slot.
             let _ = free_tx.send(s);
         }
-        scope.spawn(move || {
-            for job in jobs {
-                if failure.is_set() {
-                    return;
-                }
-                let t = Instant::now();
-                let Ok(mut slot) = free_rx.recv() else { return };
-                Clock::add(&clock.read_idle, t);
-                let r = (|| {
-                    let buf = stage.input(&mut slot);
-                    let buf = buf.get_mut(..job.src_len).ok_or_else(|| LoadError::Plan {
-                        why: format!("a {} byte chunk does not fit its slot", job.src_len),
-                    })?;
-                    let t = Instant::now();
-                    read(job, buf)?;
-                    Clock::add(&clock.read, t);
-                    if job.convert {
-                        let t = Instant::now();
-                        stage
-                            .submit(&mut slot, job)
-                            .map_err(|e| quant_err(job, e))?;
-                        Clock::add(&clock.submit, t);
+        if let Some(Grow { n, make }) = grow {
+            let free_tx = free_tx.clone();
+            scope.spawn(move || {
+                for _ in 0..n {
+                    if failure.is_set() || read_done.load(Ordering::Acquire) {
+                        return;
                     }
-                    Ok(())
-                })();
-                let failed = r.is_err();
-                if done_tx.send(r.map(|()| slot)).is_err() || failed {
-                    return;
+                    let t = Instant::now();
+                    match make() {
+                        Ok(s) => {
+                            Clock::add(&clock.grow, t);
+                            clock.grown.fetch_add(1, Ordering::Relaxed);
+                            if free_tx.send(s).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => return failure.set(e),
+                    }
                 }
+            });
+        }
+        scope.spawn(move || {
+            read_all(
+                stage, jobs, read, &free_rx, done_tx, clock, failure, quant_err,
+            );
+            read_done.store(true, Ordering::Release);
+            // Slots come back as the last chunks are written; each is freed here (a GPU's
+            // pinned memory takes a while to go back), until every other actor has stopped.
+            while let Ok(slot) = free_rx.recv() {
+                let t = Instant::now();
+                drop(slot);
+                Clock::add(&clock.free, t);
             }
         });
         let (write_tx, write_rx) = mpsc::sync_channel::<(usize, S::Slot)>(n_slots);
@@ -574,6 +666,9 @@ pub fn run<S: Stage>(
         waited: Clock::get(&clock.complete_idle),
         stages: Stages {
             setup: Duration::ZERO,
+            grow: Clock::get(&clock.grow),
+            grown: clock.grown.load(Ordering::Relaxed) as usize,
+            free: Clock::get(&clock.free),
             read: Clock::get(&clock.read),
             submit: Clock::get(&clock.submit),
             read_idle: Clock::get(&clock.read_idle),

@@ -177,28 +177,31 @@ pub fn run_on_gpu(
     let on_gpu = || jobs.iter().filter(|j| j.convert && gpu_input(j).is_some());
     let max_out = on_gpu().map(|j| j.out_len).max().unwrap_or(0);
     let max_rows = on_gpu().map(|j| j.rows).max().unwrap_or(0);
-    let slots = smelt_cuda::staged::slots(
-        gpu,
-        GPU_SLOTS + sink.extra_slots(),
-        smelt_load::pipeline::max_src(jobs),
-        max_out,
-        max_rows,
-    )
-    .map_err(|e| LoadError::Plan {
+    let max_in = smelt_load::pipeline::max_src(jobs);
+    let staging = |e: smelt_cuda::CudaError| LoadError::Plan {
         why: format!("GPU staging buffers: {e}"),
-    })?;
-    let slots = slots
-        .into_iter()
-        .map(|slot| GpuSlot {
-            slot,
-            on_gpu: false,
-            host_out: Vec::new(),
-        })
-        .collect();
+    };
+    let make = || {
+        smelt_cuda::staged::slot(gpu, max_in, max_out, max_rows)
+            .map(|slot| GpuSlot {
+                slot,
+                on_gpu: false,
+                host_out: Vec::new(),
+            })
+            .map_err(staging)
+    };
+    // The first slot now, the others while the first chunks go through (each slot pins
+    // ~100 MB: the five took 0.25-0.4 s before the first read on an H100 host).
+    let first = make()?;
     let setup = t.elapsed();
-    let mut s = smelt_load::pipeline::run(
+    let more = (GPU_SLOTS + sink.extra_slots() - 1).min(jobs.len().saturating_sub(1));
+    let mut s = smelt_load::pipeline::run_growing(
         &GpuStage,
-        slots,
+        vec![first],
+        Some(smelt_load::pipeline::Grow {
+            n: more,
+            make: &make,
+        }),
         source.tensors(),
         jobs,
         &|job, buf| source.read(job.tensor, job.src_offset, buf),
