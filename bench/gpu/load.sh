@@ -25,16 +25,27 @@
 # - the largest bf16 shape that fits the disk with its outputs (BIG=1, the default:
 #   qwen3-14b, ~29 GB) the same way, with the CPU quantizer beside it.
 #
-# Here:  cargo build --release -p smelt && cargo build --release -p smelt-kernels --example gpu_ops
-#        bench/gpu/load.sh pack      (strips and xz's both into .gpu-load/, with tok.gguf.xz:
-#                                     a GGUF holding only SmolLM2's tokenizer keys)
-#        ../shared/peer/prepare.sh .peer   (or a copy of an existing .peer: llama.cpp's sdist)
-# There: timeout 590 bash bench/gpu/load.sh    carry [".gpu-load", ".peer"]   (~9 minutes)
-# Environment: BUDGET seconds (default 540): optional phases start only with time left, and
-# every command has a hard timeout. LLAMACPP=0 / BIG=0 leave those parts out; NOCACHE=1 adds
-# a serve start with no kernel cache (the whole catalog's JIT, ~30 s). A dry run of the
-# logic on a CPU machine:
-#   SHAPE8=llama3-tiny SHAPE14=qwen3-tiny DEV=cpu LLAMACPP=0 bash bench/gpu/load.sh
+# - the default run (~4 minutes, FULL=0): only the 8B rows, main's binary against this
+#   tree's in the same call (A/B, two rounds, alternating): the warm read, `quantize --device
+#   cuda` q6_k and q4_k_m with each run's stage times, `run --isq q6_k` to 8 tokens, the CPU
+#   quantizer's q6_k and q4_k_m files compared with the GPU's (and main's GPU file with
+#   this tree's), and on a host with several GPUs the same q6_k with every GPU visible
+#   (SMELT_CUDA_ALL_DEVICES=1); FULL=1 adds the checks, the write-mode A/B, serve and
+#   llama.cpp, the cold rows and the 14B shape (each also on its own: CHECKS=1, WRITE_AB=1,
+#   SERVE=1, LLAMACPP=1, COLD=1, BIG=1).
+#
+# Here:  cargo build --release -p smelt (and for CHECKS=1: cargo build --release -p
+#        smelt-kernels --example gpu_ops)
+#        MAIN_SMELT=/path/to/main's/release/smelt bench/gpu/load.sh pack   (strips and xz's
+#            them into .gpu-load/, with tok.gguf.xz: a GGUF holding only SmolLM2's
+#            tokenizer keys; without MAIN_SMELT no A/B)
+#        ../shared/peer/prepare.sh .peer   (LLAMACPP=1 only: llama.cpp's sdist)
+# There: timeout 400 bash bench/gpu/load.sh    carry [".gpu-load"]   (~4 minutes)
+#        FULL=1 timeout 590 bash bench/gpu/load.sh    carry [".gpu-load", ".peer"]
+# Environment: BUDGET seconds (default 360; FULL=1: 540): optional phases start only with
+# time left, and every command has a hard timeout. NOCACHE=1 adds a serve start with no
+# kernel cache (the whole catalog's JIT, ~30 s). A dry run of the logic on a CPU machine:
+#   SHAPE8=llama3-tiny SHAPE14=qwen3-tiny DEV=cpu bash bench/gpu/load.sh
 # Output: the rows on stdout as they come and the table last; details in $OUT/load.log (or
 # bench/out), which holds only stderr lines of the commands (no data).
 set -uo pipefail
@@ -47,8 +58,14 @@ if [ "${1:-}" = pack ]; then
     rm -f .gpu-load/*
     strip -o /tmp/smelt-pack "$t/release/smelt"
     xz -9e -T2 -c /tmp/smelt-pack > .gpu-load/smelt.xz
-    strip -o /tmp/qc-pack "$t/release/examples/gpu_ops"
-    xz -9e -T2 -c /tmp/qc-pack > .gpu-load/gpu_ops.xz
+    if [ -x "$t/release/examples/gpu_ops" ]; then
+        strip -o /tmp/qc-pack "$t/release/examples/gpu_ops"
+        xz -9e -T2 -c /tmp/qc-pack > .gpu-load/gpu_ops.xz
+    fi
+    if [ -n "${MAIN_SMELT:-}" ]; then
+        strip -o /tmp/smelt-main-pack "$MAIN_SMELT"
+        xz -9e -T2 -c /tmp/smelt-main-pack > .gpu-load/smelt-main.xz
+    fi
     # SmolLM2's tokenizer keys alone (no tensors): what `smelt synth --tokenizer-from` reads.
     scripts/fetch-models.sh smollm2-135m > /dev/null
     py=$(ls /root/.cache/smelt/venv-llcpp-*/bin/python 2>/dev/null | head -1)
@@ -77,14 +94,19 @@ breakdown="$out/load-breakdown.md"
 qbreak="$out/load-quantize-stages.md"
 W=${LOAD_DIR:-/tmp/load}
 rm -rf "$W"; mkdir -p "$W"
-S=$W/smelt; Q=$W/gpu_ops; TOK=$W/tok.gguf
+S=$W/smelt; Q=$W/gpu_ops; TOK=$W/tok.gguf; M=$W/smelt-main
 xz -dc .gpu-load/smelt.xz > $S && chmod +x $S
+[ -s .gpu-load/smelt-main.xz ] && xz -dc .gpu-load/smelt-main.xz > $M && chmod +x $M
 xz -dc .gpu-load/tok.gguf.xz > $TOK
 [ -s .gpu-load/gpu_ops.xz ] && xz -dc .gpu-load/gpu_ops.xz > $Q && chmod +x $Q
 T0=$EPOCHREALTIME
-BUDGET=${BUDGET:-540}
+FULL=${FULL:-0}
+[ "$FULL" = 1 ] && BUDGET=${BUDGET:-540} || BUDGET=${BUDGET:-360}
 SHAPE8=${SHAPE8:-llama3-8b}; SHAPE14=${SHAPE14:-qwen3-14b}; DEV=${DEV:-cuda}
-LLAMACPP=${LLAMACPP:-1}; BIG=${BIG:-1}
+LLAMACPP=${LLAMACPP:-$FULL}; BIG=${BIG:-$FULL}; CHECKS=${CHECKS:-$FULL}
+WRITE_AB=${WRITE_AB:-$FULL}; SERVE=${SERVE:-$FULL}; COLD=${COLD:-$FULL}
+abt="$out/load-ab.md"
+printf '| 8B bf16 (this tree vs main, same call) | main s | this tree s | main / read | this tree / read |\n|---|---:|---:|---:|---:|\n' > "$abt"
 export SMELT_CUDA_LOAD_LOG=1
 export XDG_CACHE_HOME=$W/cache
 : > "$table"; : > "$checks"; : > "$breakdown"
@@ -124,7 +146,7 @@ check() { echo "| $1 | $2 |" | tee -a "$log" "$checks"; }
 head2() { printf '| %s | seconds | %s |\n|---|---:|---|\n' "$1" "$2" | tee -a "$log" "$table"; }
 cold() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; }
 can_drop() { cold; [ "$(awk '/^Cached:/ {print $2}' /proc/meminfo)" -lt 4000000 ]; }
-ratio() { awk -v a="${1%% *}" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx read", a / b; else print "-" }'; }
+ratio() { awk -v a="${1%% *}" -v b="$2" 'BEGIN { if (a + 0 > 0 && b > 0) printf "%.2fx read", a / b; else print "-" }'; }
 gbs() { awk -v f="$1" -v t="${2%% *}" 'BEGIN { if (t > 0) printf "%.2f GB/s", f / t / 1e9; else print "-" }'; }
 gb() { awk -v b="$(stat -c %s "$1" 2>/dev/null || echo 0)" 'BEGIN { printf "%.2f GB", b / 1e9 }'; }
 catn() { cat "$1" > /dev/null; }
@@ -155,7 +177,7 @@ fi
 
 echo "== checks ($(now) s)" | tee -a "$log"
 printf '| check | result |\n|---|---|\n' | tee -a "$log" "$checks"
-if [ "$DEV" = cuda ] && [ -x "$Q" ]; then
+if [ "$CHECKS" = 1 ] && [ "$DEV" = cuda ] && [ -x "$Q" ]; then
     timeout 120 $Q -o repack > "$W/repack.txt" 2>&1; rc=$?
     cat "$W/repack.txt" >> "$log"
     grep "^| repack " "$W/repack.txt" | sed 's/^ */  /'
@@ -175,6 +197,7 @@ echo "synth 8B bf16: $s s, $size bytes; $(df -h $W | tail -1)" | tee -a "$log"
 wait $WARM_PID
 echo "kernel cache warm ($(now) s)" | tee -a "$log"
 for t in q6_k q4_k_m; do
+    [ "$CHECKS" = 1 ] || continue
     f=$W/l8-$t-gpu.gguf
     secs -t 100 $S quantize $bf $f --type $t --device $DEV > /dev/null
     SMELT_CUDA_WEIGHT_DIGEST=1 tokens $W/dfile-$t.tok $S run --model $f --device $DEV --prompt-ids $ids --max-tokens 8 --json > /dev/null
@@ -196,7 +219,9 @@ if [ "$FAILED" = 1 ]; then
     exit 1
 fi
 q4=$W/l8-q4k.gguf
-secs -t 120 $S synth --shape $SHAPE8 --quant q4_k --tokenizer-from $TOK -o $q4 > /dev/null
+if [ "$SERVE" = 1 ] || [ "$LLAMACPP" = 1 ]; then
+    secs -t 120 $S synth --shape $SHAPE8 --quant q4_k --tokenizer-from $TOK -o $q4 > /dev/null
+fi
 q4size=$(stat -c %s $q4 2>/dev/null || echo 0)
 if [ -n "${BUILD_PID:-}" ]; then
     echo "== waiting for the llama.cpp build ($(now) s)" | tee -a "$log"
@@ -213,16 +238,72 @@ sync
 catn $bf
 catw=$(secs cat $bf)
 row "cat > /dev/null (page cache warm)" "$catw" "$(gbs $size $catw)"
-sync
-s=$(secs $S quantize $bf $W/l8-q6k-gpu2.gguf --type q6_k --device $DEV)
-row "smelt quantize --device $DEV q6_k -> $(gb $W/l8-q6k-gpu2.gguf)" "$s" "$(ratio "$s" $catw); $(last_wrote)"
-qstages "8B q6_k --device $DEV, $s s wall"
-rm -f $W/l8-q6k-gpu2.gguf
-sync
-s=$(secs $S quantize $bf $W/l8-q4km-gpu.gguf --type q4_k_m --device $DEV)
-row "smelt quantize --device $DEV q4_k_m -> $(gb $W/l8-q4km-gpu.gguf)" "$s" "$(ratio "$s" $catw); $(last_wrote)"
-qstages "8B q4_k_m --device $DEV, $s s wall"
-rm -f $W/l8-q4km-gpu.gguf
+# main's binary (A) against this tree's (B), alternating, two rounds: each quantize with its
+# own stage times, `run --isq q6_k` to 8 tokens. The first q6_k file of B is kept: the CPU
+# quantizer's file and A's are compared with it.
+ab() { # ab LABEL BIN KIND ROUND: prints the wall seconds of one timed command
+    local bin=$2 kind=$3 f s alloc=
+    [ $kind = sparse ] && { kind=q6_k; alloc=sparse; }
+    case $kind in
+    q6_k|q4_k_m)
+        f=$W/l8-ab-$1-$kind.gguf
+        sync
+        s=$(SMELT_WRITE_ALLOC=$alloc secs $bin quantize $bf $f --type $kind --device $DEV)
+        qstages "8B $kind --device $DEV, $1${alloc:+, SMELT_WRITE_ALLOC=$alloc}, round $4, $s s wall"
+        if [ $kind = q6_k ] && [ -n "$alloc" ]; then
+            echo "$(same $f $W/l8-q6_k-gpu.gguf)" > $W/sparse-same
+            rm -f $f
+        elif [ $kind = q6_k ] && [ $1 = branch ] && [ ! -s $W/l8-q6_k-gpu.gguf ]; then
+            mv $f $W/l8-q6_k-gpu.gguf
+        elif [ $kind = q6_k ] && [ $1 = main ] && [ ! -s $W/l8-q6_k-main.gguf ]; then
+            mv $f $W/l8-q6_k-main.gguf
+        else
+            rm -f $f
+        fi ;;
+    isq)
+        s=$(SMELT_ISQ_ON_DEVICE=1 tokens $W/isq-$1-$4.tok $bin run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json) ;;
+    esac
+    echo "$s"
+}
+declare -A AB
+for round in 1 2; do
+    for kind in q6_k q4_k_m isq sparse; do
+        [ -x "$M" ] && [ $kind != sparse ] && AB[main-$kind-$round]=$(ab main $M $kind $round)
+        AB[branch-$kind-$round]=$(ab branch $S $kind $round)
+    done
+done
+for kind in q6_k q4_k_m isq sparse; do
+    case $kind in
+    isq) what="smelt run --isq q6_k --device $DEV: launch to 8 tokens" ;;
+    sparse) what="quantize q6_k, SMELT_WRITE_ALLOC=sparse (output sized by ftruncate, as main)" ;;
+    *) what="smelt quantize --device $DEV --type $kind" ;;
+    esac
+    for round in 1 2; do
+        a=${AB[main-$kind-$round]:--}; b=${AB[branch-$kind-$round]:--}
+        row "$what (round $round)" "$b" "$(ratio "$b" $catw); main's binary: $a s ($(ratio "$a" $catw))"
+        echo "| $what, round $round | ${a%% *} | ${b%% *} | $(ratio "$a" $catw) | $(ratio "$b" $catw) |" | tee -a "$log" >> "$abt"
+    done
+done
+row "cmp q6_k: the SMELT_WRITE_ALLOC=sparse file (round 2) vs the default's" "-" "$(cat $W/sparse-same 2>/dev/null)"
+if [ -x "$M" ]; then
+    row "cmp q6_k: main's GPU file vs this tree's" "-" "$(same $W/l8-q6_k-main.gguf $W/l8-q6_k-gpu.gguf)"
+    row "8 greedy tokens of --isq q6_k: main vs this tree" "-" "$(same $W/isq-main-1.tok $W/isq-branch-1.tok)"
+fi
+rm -f $W/l8-q6_k-main.gguf
+cp $W/isq-branch-2.tok.err $W/isq.tok.err 2>/dev/null
+cp $W/isq-branch-2.tok $W/isq.tok 2>/dev/null
+isq_wall=${AB[branch-isq-2]}
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+if [ "$DEV" = cuda ] && [ "${ngpu:-0}" -gt 1 ]; then
+    # Start-up with every GPU of the host visible (as before) against only the one used.
+    for v in 1 0; do
+        sync
+        s=$(SMELT_CUDA_ALL_DEVICES=$v secs $S quantize $bf $W/l8-vis.gguf --type q6_k --device $DEV)
+        qstages "8B q6_k, SMELT_CUDA_ALL_DEVICES=$v ($ngpu GPUs), $s s wall"
+        row "quantize q6_k, SMELT_CUDA_ALL_DEVICES=$v ($ngpu GPUs on the host)" "$s" "$(ratio "$s" $catw); $(grep -a "^timing:" "$log" | tail -1 | grep -o "cuda:0 ready [0-9.]* s")"
+        rm -f $W/l8-vis.gguf
+    done
+fi
 # How the output is written, A/B in one call: one buffered stream in order, the file growing
 # as it goes (SMELT_WRITE=serial, before 2026-11-27) against writer threads at known offsets
 # of a file created at its size (pwrite: the default, 1 thread, and 4 to see whether they
@@ -231,6 +312,7 @@ rm -f $W/l8-q4km-gpu.gguf
 # The last two only with time to spare (the 14B rows come later; 2026-11-27's run reached
 # this point with 282 s left and still had ~110 s to spare at its end).
 for m in serial:1 mmap:4 mmap:8 placed:1 placed:4; do
+    [ "$WRITE_AB" = 1 ] || continue
     case $m in placed:4) need=260 ;; *) need=220 ;; esac
     [ "$(left)" -gt $need ] || continue
     sync
@@ -240,13 +322,12 @@ for m in serial:1 mmap:4 mmap:8 placed:1 placed:4; do
     qstages "8B q6_k, SMELT_WRITE=${m%%:*}, ${m##*:} thread(s), $s s wall"
     rm -f $f
 done
-s=$(SMELT_ISQ_ON_DEVICE=1 tokens $W/isq.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
-row "smelt run --isq q6_k --device $DEV: launch to 8 tokens (SMELT_ISQ_ON_DEVICE=1: quantized on the device)" "$s" "$(ratio "$s" $catw)"
-isq_wall=$s
+if [ "$FULL" = 1 ]; then
 s=$(SMELT_ISQ_ON_DEVICE=0 tokens $W/isqhost.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
 row "same through host memory (SMELT_ISQ_ON_DEVICE=0: quantize, download, repack on the host, upload)" "$s" "$(ratio "$s" $catw); tokens vs on the device: $(same $W/isq.tok $W/isqhost.tok)"
 s=$(tokens $W/file.tok $S run --model $W/l8-q6_k-gpu.gguf --device $DEV --prompt-ids $ids --max-tokens 8 --json)
 row "smelt run of the q6_k file --device $DEV: launch to 8 tokens" "$s" "$(ratio "$s" $catw); tokens vs --isq: $(same $W/isq.tok $W/file.tok)"
+fi
 
 # Where `smelt run --isq q6_k`'s time goes (its load log; see backend/cuda/runner.rs).
 e=$W/isq.tok.err
@@ -278,6 +359,7 @@ awk -v rl="$ready_launch" -v rd="$ready_dev" -v ok="$open_k" -v km="$kern_ms" -v
 }'
 } | tee -a "$log" "$breakdown"
 
+if [ "$SERVE" = 1 ] || [ "$LLAMACPP" = 1 ]; then
 echo "== 8B Q4_K: serve cold start, llama.cpp load ($(now) s)" | tee -a "$log"
 head2 "8B Q4_K, $(gb $q4)" "note"
 catn $q4
@@ -357,10 +439,13 @@ fi
 s=$(tokens $W/new.tok $S run --model $q4 --device $DEV --prompt-ids $ids --max-tokens 8 --json)
 row "smelt run --device $DEV: launch to 8 tokens" "$s" "$(ratio "$s" $catq)"
 rm -f $q4
+fi
 
 echo "== CPU quantizer, cold reads ($(now) s)" | tee -a "$log"
 head2 "8B bf16 again" "note"
-if [ "$(left)" -gt 200 ]; then
+# With the 14B rows to come, the CPU rows wait for time to spare for them.
+[ "$BIG" = 1 ] && spare=200 || spare=40
+if [ "$(left)" -gt $spare ]; then
     sync
     s=$(secs -t 100 $S quantize $bf $W/l8-q6k-cpu.gguf --type q6_k)
     row "smelt quantize --device cpu q6_k ($(nproc) cores)" "$s" "$(ratio "$s" $catw); $(last_wrote)"
@@ -371,7 +456,7 @@ else
     row "CPU quantizer" "-" "skipped (time)"
 fi
 rm -f $W/l8-q6_k-gpu.gguf
-if [ "$(left)" -gt 180 ] && can_drop; then
+if [ "$COLD" = 1 ] && [ "$(left)" -gt 180 ] && can_drop; then
     catc=$(secs cat $bf)
     row "cat > /dev/null (cold: caches dropped)" "$catc" "$(gbs $size $catc)"
     cold
@@ -383,7 +468,7 @@ if [ "$(left)" -gt 180 ] && can_drop; then
     s=$(SMELT_ISQ_ON_DEVICE=1 tokens $W/isqcold.tok $S run --model $bf --isq q6_k --device $DEV --prompt-ids $ids --max-tokens 8 --json)
     row "smelt run --isq q6_k --device $DEV (cold): launch to 8 tokens" "$s" "$(ratio "$s" $catc)"
 fi
-if [ "$(left)" -gt 230 ]; then
+if [ "$(left)" -gt $(( spare + 30 )) ]; then
     $S quantize $bf $W/l8-q4km-gpu.gguf --type q4_k_m --device $DEV > /dev/null 2>> "$log"
     sync
     s=$(secs -t 120 $S quantize $bf $W/l8-q4km-cpu.gguf --type q4_k_m)
@@ -442,3 +527,5 @@ echo
 cat "$qbreak"
 echo
 cat "$table"
+echo
+cat "$abt"
