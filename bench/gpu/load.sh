@@ -30,7 +30,8 @@
 #   cuda` q6_k and q4_k_m with each run's stage times, `run --isq q6_k` to 8 tokens, the CPU
 #   quantizer's q6_k and q4_k_m files compared with the GPU's (and main's GPU file with
 #   this tree's), and on a host with several GPUs the same q6_k with every GPU visible
-#   (SMELT_CUDA_ALL_DEVICES=1); FULL=1 adds the checks, the write-mode A/B, serve and
+#   (SMELT_CUDA_ALL_DEVICES=1), and q6_k with SMELT_WRITE_ALLOC=sparse and SMELT_WRITE_PREFAULT=1;
+#   FULL=1 adds the checks, the write-mode A/B, serve and
 #   llama.cpp, the cold rows and the 14B shape (each also on its own: CHECKS=1, WRITE_AB=1,
 #   SERVE=1, LLAMACPP=1, COLD=1, BIG=1).
 #
@@ -242,16 +243,17 @@ row "cat > /dev/null (page cache warm)" "$catw" "$(gbs $size $catw)"
 # own stage times, `run --isq q6_k` to 8 tokens. The first q6_k file of B is kept: the CPU
 # quantizer's file and A's are compared with it.
 ab() { # ab LABEL BIN KIND ROUND: prints the wall seconds of one timed command
-    local bin=$2 kind=$3 f s alloc=
+    local bin=$2 kind=$3 f s alloc= pf=
     [ $kind = sparse ] && { kind=q6_k; alloc=sparse; }
+    [ $kind = prefault ] && { kind=q6_k; alloc=prefault; pf=1; }  # label: SMELT_WRITE_PREFAULT=1
     case $kind in
     q6_k|q4_k_m)
         f=$W/l8-ab-$1-$kind.gguf
         sync
-        s=$(SMELT_WRITE_ALLOC=$alloc secs $bin quantize $bf $f --type $kind --device $DEV)
-        qstages "8B $kind --device $DEV, $1${alloc:+, SMELT_WRITE_ALLOC=$alloc}, round $4, $s s wall"
+        s=$(SMELT_WRITE_ALLOC=${alloc%prefault} SMELT_WRITE_PREFAULT=$pf secs $bin quantize $bf $f --type $kind --device $DEV)
+        qstages "8B $kind --device $DEV, $1${alloc:+, $([ -n "$pf" ] && echo SMELT_WRITE_PREFAULT=1 || echo SMELT_WRITE_ALLOC=$alloc)}, round $4, $s s wall"
         if [ $kind = q6_k ] && [ -n "$alloc" ]; then
-            echo "$(same $f $W/l8-q6_k-gpu.gguf)" > $W/sparse-same
+            echo "$(same $f $W/l8-q6_k-gpu.gguf)" > $W/$alloc-same
             rm -f $f
         elif [ $kind = q6_k ] && [ $1 = branch ] && [ ! -s $W/l8-q6_k-gpu.gguf ]; then
             mv $f $W/l8-q6_k-gpu.gguf
@@ -267,13 +269,14 @@ ab() { # ab LABEL BIN KIND ROUND: prints the wall seconds of one timed command
 }
 declare -A AB
 for round in 1 2; do
-    for kind in q6_k q4_k_m isq sparse; do
-        [ -x "$M" ] && [ $kind != sparse ] && AB[main-$kind-$round]=$(ab main $M $kind $round)
+    for kind in q6_k q4_k_m isq sparse prefault; do
+        [ -x "$M" ] && [ $kind != sparse ] && [ $kind != prefault ] && AB[main-$kind-$round]=$(ab main $M $kind $round)
         AB[branch-$kind-$round]=$(ab branch $S $kind $round)
     done
 done
-for kind in q6_k q4_k_m isq sparse; do
+for kind in q6_k q4_k_m isq sparse prefault; do
     case $kind in
+    prefault) what="quantize q6_k, SMELT_WRITE_PREFAULT=1 (the output's pages faulted in on a thread from its creation)" ;;
     isq) what="smelt run --isq q6_k --device $DEV: launch to 8 tokens" ;;
     sparse) what="quantize q6_k, SMELT_WRITE_ALLOC=sparse (output sized by ftruncate, as main)" ;;
     *) what="smelt quantize --device $DEV --type $kind" ;;
@@ -285,6 +288,7 @@ for kind in q6_k q4_k_m isq sparse; do
     done
 done
 row "cmp q6_k: the SMELT_WRITE_ALLOC=sparse file (round 2) vs the default's" "-" "$(cat $W/sparse-same 2>/dev/null)"
+row "cmp q6_k: the SMELT_WRITE_PREFAULT=1 file (round 2) vs the default's" "-" "$(cat $W/prefault-same 2>/dev/null)"
 if [ -x "$M" ]; then
     row "cmp q6_k: main's GPU file vs this tree's" "-" "$(same $W/l8-q6_k-main.gguf $W/l8-q6_k-gpu.gguf)"
     row "8 greedy tokens of --isq q6_k: main vs this tree" "-" "$(same $W/isq-main-1.tok $W/isq-branch-1.tok)"

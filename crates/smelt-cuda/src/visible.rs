@@ -113,7 +113,7 @@ mod tests {
                 assert_eq!(restricted(), Some(&[2, 5][..]));
                 assert_eq!(driver_ordinal(2).ok(), Some(0));
                 assert_eq!(driver_ordinal(5).ok(), Some(1));
-                let e = driver_ordinal(0).err().expect("0 is hidden").to_string();
+                let e = driver_ordinal(0).expect_err("0 is hidden").to_string();
                 assert!(e.contains("CUDA_VISIBLE_DEVICES=2,5"), "{e}");
                 assert!(!use_only(&[1]), "a second restriction");
                 return;

@@ -508,7 +508,9 @@ fn slots_made_during_a_run_give_the_same_bytes_and_are_all_freed() {
             Ok(())
         };
         let stage = CountedStage {
-            first_wait: std::time::Duration::from_millis(if failing { 100 } else { 0 }),
+            // The failing maker runs before the reader can finish: the first
+            // completion waits (only when the failure is not set yet, so it costs nothing).
+            first_wait: std::time::Duration::from_millis(if failing { 2000 } else { 0 }),
             waited: Default::default(),
         };
         let slots = (0..first).map(|_| make().expect("slot")).collect();
