@@ -11,7 +11,15 @@
 //! stream as before (file extended as it grows), `SMELT_WRITE=mmap` copies into a shared
 //! mapping of the file instead of `pwrite`; `SMELT_WRITE_THREADS=N` (default 1) sets the
 //! writer threads (buffered writes to one file take its inode lock, so more `pwrite`
-//! threads only queue on it; a mapping's page faults run in parallel).
+//! threads only queue on it; a mapping's page faults run in parallel);
+//! `SMELT_WRITE_ALLOC=sparse` sizes the output with `ftruncate` instead of allocating its
+//! blocks, `SMELT_WRITE_PREFAULT=1` faults its pages in on a thread of their own
+//! (`smelt_gguf::GgufPlacedWriter`).
+//!
+//! Fixed costs overlap: the GPU opens on a thread of its own while the input is planned and
+//! the output created (only that GPU visible to the driver, `smelt_cuda::visible`), the
+//! pipeline starts with one staging slot and makes the rest as it goes, slots are freed off
+//! the writer's path, and the device is released (timed) before the summary.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
