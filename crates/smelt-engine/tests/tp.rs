@@ -123,21 +123,11 @@ fn tiny(s: &Shape, seed: u64) -> Gguf {
             }
         }
     }
-    let specs: Vec<TensorSpec> = t
-        .iter()
-        .map(|(name, shape, quant)| TensorSpec {
-            name: name.clone(),
-            ty: if *quant { s.ty } else { GgmlType::F32 },
-            shape: shape.clone(),
-        })
-        .collect();
-    let mut w = GgufWriter::new(Vec::new(), &m, specs.clone()).expect("header");
-    for spec in &specs {
-        let row = spec.shape[0] as usize;
+    common::tiny_gguf(&m, &t, s.ty, |spec, row| {
         let rows: usize = spec.shape.iter().skip(1).product::<u64>() as usize;
         let norm = spec.shape.len() == 1 && !spec.name.contains("bias");
         let scale = if norm { 0.1 } else { 1.0 / (row as f32).sqrt() };
-        let vals: Vec<f32> = (0..row * rows)
+        (0..row * rows)
             .map(|_| {
                 let x: f32 = rng.gen_range(-1.0..1.0) * scale * 1.7;
                 if norm {
@@ -146,24 +136,8 @@ fn tiny(s: &Shape, seed: u64) -> Gguf {
                     x
                 }
             })
-            .collect();
-        let data = if spec.ty == GgmlType::F32 {
-            bytemuck_bytes(&vals)
-        } else {
-            let rb = spec.ty.row_bytes(row as u64).expect("row bytes") as usize;
-            let mut out = vec![0u8; rb * rows];
-            for (src, dst) in vals.chunks(row).zip(out.chunks_mut(rb)) {
-                smelt_quant::quantize_row(spec.ty, src, dst).expect("quantize");
-            }
-            out
-        };
-        w.write_tensor(&spec.name, &data).expect("tensor");
-    }
-    Gguf::from_bytes(w.finish().expect("finish")).expect("parse")
-}
-
-fn bytemuck_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+            .collect()
+    })
 }
 
 /// Logits of a prompt and of 6 decode steps, whole model.

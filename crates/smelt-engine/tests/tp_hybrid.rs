@@ -11,7 +11,9 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use smelt_engine::tp::{CpuTp, Placement, ShardPlan, TpOptions};
 use smelt_engine::{Device, Engine, EngineOptions, Logits, SeqId, SeqInput};
-use smelt_gguf::{Array, GgmlType, Gguf, GgufWriter, Metadata, TensorSpec, Value};
+use smelt_gguf::{Array, GgmlType, Gguf, Metadata, Value};
+
+mod common;
 
 /// A tiny hybrid: layers `delta, delta, attention` (repeated), attention of 4 query over 2
 /// KV heads of 64 with a gate, delta-net heads of 32.
@@ -176,20 +178,10 @@ fn tiny(s: &Hybrid, seed: u64) -> Gguf {
             }
         }
     }
-    let specs: Vec<TensorSpec> = t
-        .iter()
-        .map(|(name, shape, quant)| TensorSpec {
-            name: name.clone(),
-            ty: if *quant { s.ty } else { GgmlType::F32 },
-            shape: shape.clone(),
-        })
-        .collect();
-    let mut w = GgufWriter::new(Vec::new(), &m, specs.clone()).expect("header");
-    for spec in &specs {
-        let row = spec.shape[0] as usize;
+    common::tiny_gguf(&m, &t, s.ty, |spec, row| {
         let rows: usize = spec.shape.iter().skip(1).product::<u64>() as usize;
         let name = spec.name.as_str();
-        let vals: Vec<f32> = (0..row * rows)
+        (0..row * rows)
             .map(|_| {
                 let x: f32 = rng.gen_range(-1.0..1.0);
                 if name.ends_with(".ssm_a") {
@@ -203,20 +195,8 @@ fn tiny(s: &Hybrid, seed: u64) -> Gguf {
                     x * 1.7 / (row as f32).sqrt()
                 }
             })
-            .collect();
-        let data = if spec.ty == GgmlType::F32 {
-            vals.iter().flat_map(|x| x.to_le_bytes()).collect()
-        } else {
-            let rb = spec.ty.row_bytes(row as u64).expect("row bytes") as usize;
-            let mut out = vec![0u8; rb * rows];
-            for (src, dst) in vals.chunks(row).zip(out.chunks_mut(rb)) {
-                smelt_quant::quantize_row(spec.ty, src, dst).expect("quantize");
-            }
-            out
-        };
-        w.write_tensor(&spec.name, &data).expect("tensor");
-    }
-    Gguf::from_bytes(w.finish().expect("finish")).expect("parse")
+            .collect()
+    })
 }
 
 const STEPS: usize = 32;

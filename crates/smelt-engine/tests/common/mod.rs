@@ -41,3 +41,40 @@ pub fn recorded(script: &str, args: &[&str], keep: smelt_oracle::Keep) -> smelt_
     );
     answer
 }
+
+/// A tiny model's GGUF from `(name, shape, quantized)` tensors: the quantized ones in `ty`,
+/// the rest F32, each tensor's values from `values(spec, row)` (`shape[0]` = `row` floats a
+/// row), quantized row by row as the converter would.
+pub fn tiny_gguf(
+    m: &smelt_gguf::Metadata,
+    tensors: &[(String, Vec<u64>, bool)],
+    ty: smelt_gguf::GgmlType,
+    mut values: impl FnMut(&smelt_gguf::TensorSpec, usize) -> Vec<f32>,
+) -> smelt_gguf::Gguf {
+    use smelt_gguf::{GgmlType, Gguf, GgufWriter, TensorSpec};
+    let specs: Vec<TensorSpec> = tensors
+        .iter()
+        .map(|(name, shape, quant)| TensorSpec {
+            name: name.clone(),
+            ty: if *quant { ty } else { GgmlType::F32 },
+            shape: shape.clone(),
+        })
+        .collect();
+    let mut w = GgufWriter::new(Vec::new(), m, specs.clone()).expect("header");
+    for spec in &specs {
+        let row = spec.shape[0] as usize;
+        let vals = values(spec, row);
+        let data = if spec.ty == GgmlType::F32 {
+            vals.iter().flat_map(|x| x.to_le_bytes()).collect()
+        } else {
+            let rb = spec.ty.row_bytes(row as u64).expect("row bytes") as usize;
+            let mut out = vec![0u8; rb * (vals.len() / row)];
+            for (src, dst) in vals.chunks(row).zip(out.chunks_mut(rb)) {
+                smelt_quant::quantize_row(spec.ty, src, dst).expect("quantize");
+            }
+            out
+        };
+        w.write_tensor(&spec.name, &data).expect("tensor");
+    }
+    Gguf::from_bytes(w.finish().expect("finish")).expect("parse")
+}
