@@ -283,6 +283,13 @@ fn moe_twins_match_the_backend() {
     }
 }
 
+/// Whether `a` is `b` within `tol` relative to `1 + |b|`, element by element.
+fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
+    a.iter()
+        .zip(b)
+        .all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+}
+
 /// The delta-net twins (`delta_net::*_cpu`) against the engine's CPU functions: the
 /// convolution bit for bit before the SiLU, the norms and one step of the delta rule
 /// within float rounding (the twins sum in other orders).
@@ -291,11 +298,6 @@ fn delta_net_twins_match_the_backend() {
     use smelt_engine::backend::cpu::delta_net as backend;
     use smelt_kernels::delta_net as twin;
     let mut rng = rand::rngs::StdRng::seed_from_u64(35);
-    let close = |a: &[f32], b: &[f32], tol: f32| {
-        a.iter()
-            .zip(b)
-            .all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
-    };
     // Convolution of 5 rows, 24 channels.
     let ch = 24;
     let x = floats(&mut rng, 5 * ch, 1.0);
@@ -367,11 +369,6 @@ fn chunked_delta_twin_matches_the_backend() {
     use smelt_engine::backend::cpu::delta_net as backend;
     use smelt_kernels::delta_chunk as twin;
     let mut rng = rand::rngs::StdRng::seed_from_u64(36);
-    let close = |a: &[f32], b: &[f32], tol: f32| {
-        a.iter()
-            .zip(b)
-            .all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
-    };
     for grouped in [false, true] {
         let (s, hk, hv, n) = (64, 2, 4, 70);
         let mut q = floats(&mut rng, n * hk * s, 1.0);
