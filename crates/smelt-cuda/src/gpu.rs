@@ -139,6 +139,20 @@ fn name_list(v: Option<&str>, default: &[&str]) -> Vec<String> {
     }
 }
 
+/// Lets `f`, kernel `name`, launch with the dynamic shared memory its largest launch
+/// takes ([`smelt_kernels::catalog::max_dynamic_shared_bytes`]): over 48 KB the driver
+/// refuses a launch it was not told of first.
+pub fn allow_dynamic_shared(f: &CudaFunction, name: &str) -> Result<(), CudaError> {
+    let bytes = smelt_kernels::catalog::max_dynamic_shared_bytes(name);
+    if bytes > 0 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            i32::try_from(bytes).unwrap_or(i32::MAX),
+        )?;
+    }
+    Ok(())
+}
+
 /// The carveout of [`smelt_kernels::catalog::CARVEOUT_BYTES`] for every kernel, in percent
 /// of an SM's `max_shared` bytes (the driver takes the nearest configuration it has:
 /// 14% of an H100's 228 KB is its 32 KB one); none when the device reports no size. The
@@ -443,6 +457,7 @@ impl Gpu {
                 c,
             )?;
         }
+        allow_dynamic_shared(&f, name)?;
         cache.insert(name.to_string(), f.clone());
         Ok(f)
     }

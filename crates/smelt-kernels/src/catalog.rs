@@ -38,6 +38,20 @@ pub const CARVEOUT_BYTES: usize = 32 * 1024;
 /// hardware keeps per block (`tests/ptxas.rs` checks every kernel).
 pub const MAX_SHARED_BYTES: usize = CARVEOUT_BYTES - 1024;
 
+/// Dynamic shared memory the largest launch of kernel `name` takes, in bytes (0: none;
+/// the narrow GEMMs' rings are over the 48 KB a kernel may take without telling the
+/// driver first).
+pub fn max_dynamic_shared_bytes(name: &str) -> u32 {
+    let narrow = crate::gemm::narrow::TYPES
+        .iter()
+        .any(|(_, per)| per.iter().flatten().any(|n| *n == name));
+    if narrow {
+        crate::gemm::narrow::MAX_DYNAMIC_BYTES
+    } else {
+        0
+    }
+}
+
 /// The name of the activation quantize kernel.
 pub const QUANTIZE: &str = "quantize_q8_1";
 

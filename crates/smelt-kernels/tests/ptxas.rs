@@ -209,3 +209,32 @@ fn grouped_gemms_assemble_without_spills() {
         smelt_kernels::gemm::grouped::catalog().len()
     );
 }
+
+/// The narrow GEMMs (batched decode's matmuls) under the engine's launch settings: they
+/// keep one tile's weights in registers beside their accumulators and must not spill
+/// (their rings are dynamic shared memory, which ptxas does not count).
+#[test]
+fn narrow_gemms_assemble_without_spills() {
+    let mut failures = Vec::new();
+    let mut assembled = 0;
+    for target in [Target::Sm80, Target::Sm90] {
+        for (name, build) in smelt_kernels::gemm::narrow::catalog() {
+            let mut m = Module::new(target);
+            m.set_grid_dep(catalog::GRID_DEPS.0);
+            if let Err(e) = m.kernel(&name, |k| build(k)) {
+                failures.push(format!("{name} ({target}) did not build: {e}"));
+                continue;
+            }
+            match assemble(target, &name, &m.to_ptx()) {
+                Ok(report) if report.contains(" 0 bytes spill stores") => {
+                    assembled += 1;
+                    eprintln!("{name} ({target}): {report}");
+                }
+                Ok(report) => failures.push(format!("{name} ({target}) spills:\n{report}")),
+                Err(e) => failures.push(e),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert_eq!(assembled, 2 * smelt_kernels::gemm::narrow::catalog().len());
+}

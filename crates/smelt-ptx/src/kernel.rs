@@ -58,6 +58,8 @@ pub struct Kernel {
     target: Target,
     params: RefCell<Vec<String>>,
     decls: RefCell<Vec<String>>,
+    /// Module-scope declarations placed before the `.entry` (the dynamic shared array).
+    module_decls: RefCell<Vec<String>>,
     names: RefCell<HashSet<String>>,
     directives: RefCell<Vec<String>>,
     counters: [Cell<u32>; CLASSES],
@@ -94,6 +96,7 @@ impl Kernel {
             target,
             params: RefCell::default(),
             decls: RefCell::default(),
+            module_decls: RefCell::default(),
             names: RefCell::default(),
             directives: RefCell::default(),
             counters: Default::default(),
@@ -346,6 +349,26 @@ impl Kernel {
         }
     }
 
+    /// Declares the kernel's dynamic shared memory (sized at launch, over the 48 KB that a
+    /// static array may take; the driver must be told the kernel's largest size first), at
+    /// `align` bytes: an `.extern .shared` array of bytes, which PTX allows only at module
+    /// scope, so it is named after the kernel and placed before its `.entry`. One a kernel;
+    /// `bytes` is what the kernel addresses, for its own checks.
+    pub fn shared_dynamic(&self, align: u32, bytes: u32) -> Shared {
+        let name = format!("{}_dyn", self.name);
+        if !align.is_power_of_two() {
+            self.fail(format!(
+                "dynamic shared array: alignment {align} is not a power of two"
+            ));
+        }
+        if self.declare_name("shared array", &name) {
+            self.module_decls
+                .borrow_mut()
+                .push(format!(".extern .shared .align {align} .b8 {name}[];"));
+        }
+        Shared { name, bytes }
+    }
+
     /// The shared array's address as a 32-bit shared-window register, for computed
     /// indices (`[base + 4*i]`).
     pub fn shared_base(&self, array: &Shared) -> Reg<U32> {
@@ -430,7 +453,12 @@ impl Kernel {
             entry = Vec::new();
             body = lines;
         }
-        let mut out = format!(".visible .entry {}(", self.name);
+        let mut out = String::new();
+        for d in self.module_decls.into_inner() {
+            out.push_str(&d);
+            out.push('\n');
+        }
+        out.push_str(&format!(".visible .entry {}(", self.name));
         if params.is_empty() {
             out.push_str(")\n");
         } else {
@@ -520,6 +548,34 @@ mod tests {
 \tret;
 }
 "
+        );
+    }
+
+    #[test]
+    fn dynamic_shared_memory_is_declared_at_module_scope_before_its_entry() {
+        let mut m = Module::new(Target::Sm80);
+        m.kernel("ring", |k| {
+            let x = k.param_ptr("x");
+            let dyn_s = k.shared_dynamic(16, 64 * 1024);
+            assert_eq!(dyn_s.bytes(), 64 * 1024);
+            let base = k.shared_base(&dyn_s);
+            let v = k.ld(Load::SHARED, k.reg::<F32>(), base.at(60_000));
+            k.st(Store::GLOBAL, x.at(0), v);
+        })
+        .unwrap();
+        let ptx = m.to_ptx();
+        let decl = ptx.find(".extern .shared .align 16 .b8 ring_dyn[];\n.visible .entry ring(");
+        assert!(decl.is_some(), "{ptx}");
+        assert!(ptx.contains("mov.u32 %r0, ring_dyn;"), "{ptx}");
+        // A second dynamic array in one kernel is a duplicate name.
+        let r = m.kernel("twice", |k| {
+            k.shared_dynamic(16, 16);
+            k.shared_dynamic(16, 16);
+        });
+        assert!(
+            matches!(r, Err(PtxError::Duplicate { .. })),
+            "{:?}",
+            r.err()
         );
     }
 

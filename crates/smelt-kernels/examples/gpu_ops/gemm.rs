@@ -50,7 +50,7 @@ pub(crate) fn launch_as(
     let cfg = LaunchConfig {
         grid_dim: l.grid,
         block_dim: l.block,
-        shared_mem_bytes: 0,
+        shared_mem_bytes: l.shared_bytes,
     };
     let split = a.workspace_floats() > 0;
     let mut b = gpu.stream.launch_builder(f);

@@ -101,7 +101,7 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             // The narrow GEMMs of this type read the same weights and rows: both token
             // widths on every shape (ragged token blocks included).
             for (nname, layout, width) in narrow::kernels_of(ty) {
-                let nf = gpu.module.load_function(nname)?;
+                let nf = gpu.f(nname)?;
                 for splits in [
                     1,
                     narrow::splits(nrows, ntiles, ntok, SMS).max(ntiles.min(3)),
@@ -111,8 +111,7 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
                     let mut ws = gpu
                         .stream
                         .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
-                    let mut l = narrow::launch(&a, layout);
-                    l.grid.0 = a.ntok.div_ceil(width).max(1);
+                    let l = narrow::launch_width(&a, layout, width);
                     launch_as(gpu, &nf, &a, l, &wd, &h, &mut y, &mut ws)?;
                     let got = gpu.stream.clone_dtoh(&y)?;
                     let case = Case {
@@ -265,7 +264,7 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                         let mut us = [0f64; 2];
                         for (layout, us) in narrow::Layout::ALL.into_iter().zip(&mut us) {
                             let nname = narrow::name(ty, ntok, layout).expect("both layouts");
-                            let nf = gpu.module.load_function(nname)?;
+                            let nf = gpu.f(nname)?;
                             *us = time_launches(&gpu.stream, 5, 2, launches, |i| {
                                 let l = narrow::launch(&an, layout);
                                 launch_as(gpu, &nf, &an, l, &ws[i % copies], &h, &mut y, &mut wspn)

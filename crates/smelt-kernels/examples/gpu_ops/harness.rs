@@ -93,9 +93,11 @@ impl Gpu {
         if name.starts_with("fill") {
             return Ok(self.extra.load_function(name)?);
         }
-        self.module.load_function(name).with_context(|| {
+        let f = self.module.load_function(name).with_context(|| {
             format!("kernel {name} (not in the module: a case's `covers`/`needs` misses it?)")
-        })
+        })?;
+        smelt_cuda::gpu::allow_dynamic_shared(&f, name)?;
+        Ok(f)
     }
 
     /// `n` bytes of hashed words made on the device (timing inputs: never zeros, and

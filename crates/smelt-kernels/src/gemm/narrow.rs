@@ -1,41 +1,52 @@
-//! The GEMM for batches of a few dozen tokens (batched decode): weights go from global
-//! memory straight into `mma` fragments in registers, with no shared-memory staging, and
-//! the block's activations come through a ring of shared-memory stages.
+//! The GEMM for batches of a few dozen tokens (batched decode): weights stream through a
+//! shared-memory ring of packed tiles by `cp.async` and go from there straight into `mma`
+//! fragments in registers, never unpacked into shared memory.
 //!
 //! At 16-64 tokens the staged GEMMs ([`super`], [`super::f16`], [`super::f16_small`]) are
 //! bound by their shared-memory pipe (Nsight Compute, bench/RESULTS.md 2026-11-27: 65-84%
 //! busy, 9-23% of DRAM bandwidth): every weight is loaded, unpacked, stored to shared
 //! memory and read back as a fragment, ~6 bytes of shared-memory traffic a weight, which
-//! only pays when 128 tokens share it. Here each thread loads exactly the bytes of its
+//! only pays when 128 tokens share it. Here each thread reads exactly the bytes of its
 //! own `mma.m16n8k16` A fragments and dequantizes them in registers, as Marlin does for
-//! int4 weights, so a weight costs one global load, about two instructions and no shared
-//! memory at all; only the activations (32 tokens x 128 weights, 8 KB a stage) pass
-//! through shared memory, read by the block's four warps: ~1 byte of shared-memory
-//! traffic a weight.
+//! int4 weights, so a weight costs about two instructions and ~1.1 bytes of shared-memory
+//! traffic (its packed byte copied in and read once); the activations (32 tokens x 128
+//! weights, 8 KB a half tile) are read from shared memory by the block's warps: ~1 byte
+//! of shared-memory traffic a weight.
+//!
+//! **Why a ring of packed weights.** The first version loaded each thread's weights from
+//! global memory into registers, the next tile's while this one was multiplied: 255
+//! registers a thread, 8 warps an SM, one tile (5 KB a warp) in flight, and Nsight Compute
+//! found it waiting on those loads (long scoreboard 40% of stalls, DRAM 29% busy, H100
+//! 2026-11-27). `cp.async` copies hold no registers, so [`RING`]` - 1` whole tiles of the
+//! block (18 KB of weights each) are in flight while one is multiplied, and a thread
+//! keeps one tile's weights in registers (read from shared memory just before use).
 //!
 //! **Which weights a thread holds.** In a warp, lane `(g, c)` (`g = lane / 4`, `c = lane %
-//! 4`) takes, of each 144-byte Q4_K super-block of its four rows (`g`, `g + 8`, `g + 16`,
-//! `g + 24` of the warp's 32), the 16-byte header and quant bytes `32 c..32 c + 32`: the
-//! weights `64 c + l` (low nibbles, sub-block `2 c`) and `64 c + 32 + l` (high, `2 c + 1`)
-//! for `l < 32`, exactly the Q4_K GEMV's share ([`crate::formats::q4_k`]). A tile is then
-//! two halves `h` (low and high nibbles) of eight `k16` steps; in step `(h, t)` the four
-//! lanes of a row give the `mma` its 16 K positions as lane `c`'s weights `64 c + 32 h +
-//! 4 t + 0..4`. The `mma` does not care which physical K a logical K is, only that A and B
-//! agree: the activation rows of [`super::f16::act_kernel`] (values `0, 2, 1, 3` of every
-//! four) put exactly the matching values in lane `(g, c)`'s two B registers, 8 bytes at
-//! the same offset.
+//! 4`) takes, of each 144-byte Q4_K super-block of its rows (`g`, `g + 8`, `g + 16`,
+//! `g + 24` of the warp's 32, or the first two of 16), the 16-byte header and quant bytes
+//! `32 c..32 c + 32`: the weights `64 c + l` (low nibbles, sub-block `2 c`) and `64 c + 32
+//! + l` (high, `2 c + 1`) for `l < 32`, exactly the Q4_K GEMV's share
+//! ([`crate::formats::q4_k`]). A tile is then two halves `h` (low and high nibbles) of
+//! eight `k16` steps; in step `(h, t)` the four lanes of a row give the `mma` its 16 K
+//! positions as lane `c`'s weights `64 c + 32 h + 4 t + 0..4`. The `mma` does not care
+//! which physical K a logical K is, only that A and B agree: the activation rows of
+//! [`super::f16::act_kernel`] (values `0, 2, 1, 3` of every four) put exactly the matching
+//! values in lane `(g, c)`'s two B registers, 8 bytes at the same offset.
 //!
-//! **The activation ring.** A stage is one half `h` of one tile for the block's tokens:
-//! per token the four 64-byte chunks `128 c + 64 h..` of its tile row (chunk `c` at
-//! `64 c + 16 (c / 2)` of a 288-byte slot, so that the 16-byte reads of a quarter warp
-//! fall in 32 different banks). Three stages rotate: stage `s + 2` is copied
-//! (`cp.async`) while stage `s` is multiplied, one barrier a stage.
+//! **The ring.** A slot is one tile: the block's 128 rows' super-blocks as they lie in
+//! global memory (144 bytes a row: lane `(g, c)`'s 16-byte reads of a quarter warp, rows
+//! `g` and `g + 1` 36 words apart, fall in 32 different banks), then the tile's two
+//! activation halves for the block's tokens: per token the four 64-byte chunks `128 c +
+//! 64 h..` of its tile row (chunk `c` at `64 c + 16 (c / 2)` of a 288-byte slot, so that
+//! the 16-byte reads of a quarter warp fall in 32 different banks). [`RING`] slots rotate,
+//! one `cp.async` group and one barrier a tile: tile `s + RING - 1` is copied while tile
+//! `s` is multiplied. The ring is dynamic shared memory ([`dynamic_bytes`]: 108 KB at 32
+//! tokens, two blocks an SM on sm_90).
 //!
 //! **Shape.** A block owns [`BM`] rows x `8 NI` tokens: four warps of 32 rows (two `m16`
 //! tiles, so each B fragment feeds two `mma`s) or eight of 16 ([`Layout`]), each over the
-//! block's whole K slice. The next tile's weights are loaded into a second register set
-//! while this tile's are multiplied. At ~200 registers a thread two blocks fit an SM. Split
-//! K and its reduce are the other GEMMs' ([`super::Args`] with [`splits`]).
+//! block's whole K slice. Split K and its reduce are the other GEMMs' ([`super::Args`]
+//! with [`splits`]).
 //!
 //! CPU twin: [`super::f16::cpu_with_magnitude`] (the weights are the f16 GEMM's to the
 //! bit: the same `q * A + B` with `A`, `B` rounded to halves; only the f32 summation
@@ -46,7 +57,6 @@ use smelt_ptx::{CpAsyncCache, FloatRound, Kernel, Load, MmaFloat, Reg, B32, U32,
 use super::f16::{dequant_pair, nibble_pair};
 use super::{split_range, store_outputs, GemmRegs, Out, Rows};
 use crate::formats::q4_k::{decode_header, setup_with_quants_at};
-use crate::formats::{ld_weights, WeightLoad};
 use crate::ops::Launch;
 use crate::{GgmlType, TILE};
 
@@ -117,10 +127,17 @@ pub fn default_layout(ntok: usize) -> Layout {
 
 /// Bytes of a Q4_K super-block.
 const BLOCK: u32 = 144;
-/// Activation stages in the shared-memory ring.
-const RING: u32 = 3;
-/// Bytes of one token's slot in a stage: four 64-byte chunks and 32 bytes of padding.
+/// Tiles in the shared-memory ring (weights and activations): all but one are in flight
+/// while one is multiplied.
+pub const RING: u32 = 3;
+/// Bytes of one token's slot in a half-tile stage: four 64-byte chunks and 32 bytes of
+/// padding.
 const SLOT: u32 = 288;
+/// Bytes of one tile's weights for a block: its [`BM`] rows' super-blocks, as they lie in
+/// global memory (each row 9 pieces of 16 bytes).
+const WTILE: u32 = BM * BLOCK;
+/// 16-byte pieces of [`WTILE`].
+const WPIECES: u32 = WTILE / 16;
 
 /// Byte offset of chunk `c` in a token's slot, as the kernel computes it (16-byte reads of a quarter warp, lanes
 /// `(g, c)` for two `g`, then hit 32 different banks with [`SLOT`]'s 72 words).
@@ -129,16 +146,27 @@ const fn chunk_at(c: u32) -> u32 {
     64 * c + 16 * (c / 2)
 }
 
-/// Bytes of one stage for blocks of `8 NI` tokens.
+/// Bytes of one half-tile activation stage for blocks of `8 NI` tokens.
 pub const fn stage_bytes(ni: usize) -> u32 {
     8 * ni as u32 * SLOT
 }
 
-/// Static shared memory of a block of `8 NI` tokens.
-pub const fn shared_bytes(ni: usize) -> usize {
-    (RING * stage_bytes(ni)) as usize
+/// Bytes of one ring slot for blocks of `8 NI` tokens: a tile's weights, then its two
+/// activation stages.
+const fn slot_bytes(ni: usize) -> u32 {
+    WTILE + 2 * stage_bytes(ni)
 }
-const _: () = assert!(shared_bytes(4) <= crate::catalog::MAX_SHARED_BYTES);
+
+/// Dynamic shared memory of a block of `8 NI` tokens: the ring (over the 48 KB a static
+/// array may take, so the launch sizes it and the driver is told [`MAX_DYNAMIC_BYTES`]).
+pub const fn dynamic_bytes(ni: usize) -> u32 {
+    RING * slot_bytes(ni)
+}
+
+/// The most dynamic shared memory a narrow kernel takes (32-token blocks).
+pub const MAX_DYNAMIC_BYTES: u32 = dynamic_bytes(4);
+// Two blocks an SM on sm_90 (228 KB an SM, 1 KB of it kept per block).
+const _: () = assert!(BLOCKS_PER_SM * (MAX_DYNAMIC_BYTES + 1024) <= 228 * 1024);
 
 /// The engine's default: every Q4_K matmul of at most this many tokens takes this GEMM.
 /// Whole decode steps of the Llama-3-8B-shape Q4_K on an H100 (bench/RESULTS.md,
@@ -242,18 +270,30 @@ pub const MIN_FILL: f64 = 0.8;
 /// The launch of a narrow GEMM in `layout` for `a` (token blocks fastest, so blocks
 /// sharing rows run together and the second reads the weights from L2).
 pub fn launch(a: &super::Args, layout: Layout) -> Launch {
-    Launch::new(
+    launch_width(a, layout, block_tokens(a.ntok as usize))
+}
+
+/// [`launch`] on the kernel for blocks of `width` tokens (8, 16 or 32), whatever `a`'s
+/// token count (the op harness runs every width on every shape).
+pub fn launch_width(a: &super::Args, layout: Layout, width: u32) -> Launch {
+    let mut l = Launch::new(
         (
-            a.ntok.div_ceil(block_tokens(a.ntok as usize)).max(1),
+            a.ntok.div_ceil(width).max(1),
             a.nrows.div_ceil(BM).max(1),
             a.ntiles.div_ceil(a.kslice()).max(1),
         ),
         (layout.threads(), 1, 1),
-    )
+    );
+    l.shared_bytes = dynamic_bytes(width as usize / 8);
+    l
 }
 
-/// One tile's loads of a thread's rows (two an `m16` tile): each row's header, then its
-/// 32 quant bytes.
+/// One 16-byte copy a tile of a thread: its source for tile 0, its destination in a slot,
+/// and whether the thread has it (the last pass of pieces may be partial).
+type Copy16 = (Reg<U64>, Reg<U32>, Option<Reg<smelt_ptx::Pred>>);
+
+/// A thread's registers of one tile's weights: each of its rows' header, then its 32
+/// quant bytes (two rows an `m16` tile).
 struct Set {
     hdr: Vec<[Reg<U32>; 4]>,
     qs: Vec<[Reg<U32>; 8]>,
@@ -261,7 +301,7 @@ struct Set {
 
 /// `y = W x` for Q4_K weights `w` and f16 activation rows `x` ([`super::f16::act_kernel`])
 /// in blocks of `8 NI` tokens, warps of `MI` `m16` tiles ([`Layout`]); see the module doc.
-/// Parameters [`super::GemmArgs`].
+/// Parameters [`super::GemmArgs`]; [`dynamic_bytes`]`(NI)` of dynamic shared memory.
 pub fn kernel<const NI: usize, const MI: usize>(k: &Kernel) {
     let layout = if MI == 2 {
         Layout::Rows32
@@ -282,8 +322,9 @@ pub fn kernel<const NI: usize, const MI: usize>(k: &Kernel) {
         kslice,
     } = GemmRegs::declare(k);
     let stage = stage_bytes(NI);
-    let ring_s = k.shared::<U32>("narrow_ring", RING * stage / 4, 16);
-    let ring = k.shared_base(&ring_s);
+    let slot = slot_bytes(NI);
+    let smem = k.shared_dynamic(16, dynamic_bytes(NI));
+    let ring = k.shared_base(&smem);
 
     let tid = k.tid_x();
     let warp = k.shr(k.reg(), tid, 5u32);
@@ -299,21 +340,39 @@ pub fn kernel<const NI: usize, const MI: usize>(k: &Kernel) {
         last_row: k.sub(k.reg(), nrows, 1u32),
         row_bytes,
     };
-    // The thread's rows: m-tile mi, half hh is warp row 16 mi + 8 hh + g.
+    // The thread's rows: m-tile mi, half hh is warp row 16 mi + 8 hh + g; their bytes in
+    // a slot's weights (a row is 144 bytes there, as in global memory), the header first,
+    // then lane c's 32 quant bytes at 16 + 32 c.
     let arow = k.mad(k.reg(), warp, layout.warp_rows(), g);
-    let row_at: Vec<Reg<U64>> = (0..2 * MI)
+    let qoff = k.mad(k.reg(), c, 32u32, 16u32);
+    let row_in_slot: Vec<Reg<U32>> = (0..2 * MI)
         .map(|r| {
             let local = k.add(k.reg(), arow, 8 * r as u32);
-            rows.row(k, local)
+            k.mul(k.reg(), local, BLOCK)
         })
         .collect();
     let setup = setup_with_quants_at(k, c, 16);
     let tok_stride = k.mul(k.reg(), ntiles, (TILE * 2) as u32);
 
-    // The copies of a stage: piece `tid + T m` (16 bytes; `T` threads) is token
-    // `tid / 16 + (T / 16) m`'s piece `p = tid % 16`, i.e. chunk `p / 4`, bytes `16 (p %
-    // 4)..` of it. Tokens past the block's or the matrix's end are not copied (their
-    // outputs are never stored).
+    // The weight copies of a tile: piece `i = tid + T m` (16 bytes; `T` threads) is piece
+    // `i % 9` of the block's row `i / 9`, and lands at byte `16 i` of the slot. Rows past
+    // the matrix's end read its last row (their outputs are never stored).
+    let wcopies: Vec<Copy16> = (0..WPIECES.div_ceil(threads))
+        .map(|m| {
+            let i = k.add(k.reg(), tid, threads * m);
+            let row = k.div_int(k.reg(), i, BLOCK / 16);
+            let q = k.sub(k.reg(), i, k.mul(k.reg(), row, BLOCK / 16));
+            let src = rows.row(k, row);
+            k.add(src, src, k.mul_wide(k.reg::<U64>(), q, 16u32));
+            let dst = k.mul(k.reg(), i, 16u32);
+            let valid = (threads * (m + 1) > WPIECES).then(|| k.lt(i, WPIECES));
+            (src, dst, valid)
+        })
+        .collect();
+    // The activation copies of a half tile: piece `tid + T m` is token `tid / 16 + (T /
+    // 16) m`'s piece `p = tid % 16`, i.e. chunk `p / 4`, bytes `16 (p % 4)..` of it.
+    // Tokens past the block's or the matrix's end are not copied (their outputs are never
+    // stored).
     let p = k.and(k.reg(), tid, 15u32);
     let pc = k.shr(k.reg(), p, 2u32);
     let pq = k.and(k.reg(), p, 3u32);
@@ -341,16 +400,33 @@ pub fn kernel<const NI: usize, const MI: usize>(k: &Kernel) {
             (src, dst, valid)
         })
         .collect();
-    // Copies stage (tile, h) into the ring slot at byte `at`.
-    let copy_stage = |k: &Kernel, tile: Reg<U32>, h: u32, at: Reg<U32>| {
-        let off = k.mul_wide(k.reg::<U64>(), tile, (TILE * 2) as u32);
-        k.add(off, off, u64::from(64 * h));
-        for &(src, dst, valid) in &copies {
+    // Copies tile `tile`'s weights into the slot at byte `at` (they need nothing of the
+    // previous kernel).
+    let copy_weights = |k: &Kernel, tile: Reg<U32>, at: Reg<U32>| {
+        let off = k.mul_wide(k.reg::<U64>(), tile, BLOCK);
+        for &(src, dst, valid) in &wcopies {
             let s = k.add(k.reg(), src, off);
             let d = k.add(k.reg(), dst, at);
-            k.guarded(valid, |k| {
-                k.cp_async(CpAsyncCache::Cg, d.at(0), s, 16);
-            });
+            let copy = |k: &Kernel| k.cp_async(CpAsyncCache::Cg, d.at(0), s, 16);
+            match valid {
+                Some(v) => k.guarded(v, copy),
+                None => copy(k),
+            }
+        }
+    };
+    // Copies tile `tile`'s activations (both halves) into the slot at byte `at`.
+    let copy_acts = |k: &Kernel, tile: Reg<U32>, at: Reg<U32>| {
+        for h in 0..2u32 {
+            let off = k.mul_wide(k.reg::<U64>(), tile, (TILE * 2) as u32);
+            k.add(off, off, u64::from(64 * h));
+            let base = k.add(k.reg(), at, WTILE + h * stage);
+            for &(src, dst, valid) in &copies {
+                let s = k.add(k.reg(), src, off);
+                let d = k.add(k.reg(), dst, base);
+                k.guarded(valid, |k| {
+                    k.cp_async(CpAsyncCache::Cg, d.at(0), s, 16);
+                });
+            }
         }
     };
     // Lane (g, c)'s B reads: token 8 ni + g, chunk c.
@@ -362,39 +438,21 @@ pub fn kernel<const NI: usize, const MI: usize>(k: &Kernel) {
 
     let acc: [[[Reg<smelt_ptx::F32>; 4]; NI]; MI] =
         std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
-    let sets: [Set; 2] = std::array::from_fn(|_| Set {
+    let set = Set {
         hdr: (0..2 * MI).map(|_| k.regs::<U32, 4>()).collect(),
         qs: (0..2 * MI).map(|_| k.regs::<U32, 8>()).collect(),
-    });
-    let how = WeightLoad { no_l1: true };
-    let load = |k: &Kernel, set: &Set, tile: Reg<U32>| {
-        let off = k.mul_wide(k.reg::<U64>(), tile, BLOCK);
-        for ((&at, &hdr), &qs) in row_at.iter().zip(&set.hdr).zip(&set.qs) {
-            let block = k.add(k.reg(), at, off);
-            ld_weights(k, how, hdr, block);
-            let q = k.add(k.reg(), block, setup.qoff);
-            let [a, b, cc, d, e, f, gg, h] = qs;
-            ld_weights(k, how, [a, b, cc, d], q);
-            ld_weights(k, how, [e, f, gg, h], q.at(16));
-        }
     };
     let magic = k.mov(k.reg::<B32>(), 0x6400_6400u32);
 
-    // The ring: `rd` is the slot of the stage being multiplied, `wr` that of the stage
-    // two ahead (the one multiplied last: every warp is past it after this stage's
+    // The ring: `rd` is the slot of the tile being multiplied, `wr` that of the tile
+    // `RING - 1` ahead (the one multiplied last: every warp is past it after this tile's
     // barrier).
     let rd = k.mov(k.reg::<U32>(), ring);
-    let wr = k.add(k.reg(), ring, 2 * stage);
-    let ring_end = k.add(k.reg(), ring, RING * stage);
+    let wr = k.add(k.reg(), ring, (RING - 1) * slot);
+    let ring_end = k.add(k.reg(), ring, RING * slot);
     let (first, end, y) = split_range(k, y, nrows, ntok, ntiles, kslice);
-    // One stage: half h of tile `tile` (whose weights are in `set`); copies half h of
-    // the next tile into `wr`.
-    let stage_step = |k: &Kernel, set: &Set, tile: Reg<U32>, h: usize| {
-        k.cp_async_wait(1);
-        k.bar_sync();
-        let next = k.add(k.reg(), tile, 1u32);
-        k.if_(k.lt(next, end), |k| copy_stage(k, next, h as u32, wr));
-        k.cp_async_commit();
+    // Half h of tile `tile`, whose weights are in `set` and activations at `rd`.
+    let half_step = |k: &Kernel, h: usize| {
         // The rows' group terms A = d sc, B = -dmin m of sub-block 2c + h, as halves.
         let coef: Vec<(Reg<B32>, Reg<B32>)> = (0..2 * MI)
             .map(|r| {
@@ -412,7 +470,7 @@ pub fn kernel<const NI: usize, const MI: usize>(k: &Kernel) {
             // Halves 64 c + 32 h + 16 tq..+16 of each token: steps t = 4 tq..4 tq + 4.
             let bq: [[Reg<B32>; 8]; NI] = std::array::from_fn(|ni| {
                 let v = k.regs::<B32, 8>();
-                let at = (ni as u32 * 8 * SLOT + 32 * tq as u32) as i64;
+                let at = (WTILE + h as u32 * stage + ni as u32 * 8 * SLOT + 32 * tq as u32) as i64;
                 k.ld_v4(Load::SHARED, [v[0], v[1], v[2], v[3]], base.at(at));
                 k.ld_v4(Load::SHARED, [v[4], v[5], v[6], v[7]], base.at(at + 16));
                 v
@@ -434,46 +492,58 @@ pub fn kernel<const NI: usize, const MI: usize>(k: &Kernel) {
                 }
             }
         }
-        // Rotate the ring: this stage's slot is the next write slot.
+    };
+    // One tile: waits for its copies (all but the newest group: the tile after it), starts
+    // those of the tile `RING - 1` ahead into the slot the last tile left, reads the
+    // thread's weights and multiplies both halves.
+    let tile_step = |k: &Kernel, tile: Reg<U32>| {
+        k.cp_async_wait(RING - 2);
+        k.bar_sync();
+        let ahead = k.add(k.reg(), tile, RING - 1);
+        k.if_(k.lt(ahead, end), |k| {
+            copy_weights(k, ahead, wr);
+            copy_acts(k, ahead, wr);
+        });
+        k.cp_async_commit();
+        for ((&at, &hdr), &qs) in row_in_slot.iter().zip(&set.hdr).zip(&set.qs) {
+            let row = k.add(k.reg(), rd, at);
+            k.ld_v4(Load::SHARED, hdr, row.at(0));
+            let q = k.add(k.reg(), row, qoff);
+            let [a, b, cc, d, e, f, gg, h] = qs;
+            k.ld_v4(Load::SHARED, [a, b, cc, d], q.at(0));
+            k.ld_v4(Load::SHARED, [e, f, gg, h], q.at(16));
+        }
+        half_step(k, 0);
+        half_step(k, 1);
+        // Rotate the ring: this tile's slot is the next write slot.
         k.mov(wr, rd);
-        k.add(rd, rd, stage);
+        k.add(rd, rd, slot);
         let wrap = k.ge(rd, ring_end);
-        let back = k.sub(k.reg(), rd, RING * stage);
+        let back = k.sub(k.reg(), rd, RING * slot);
         k.selp(rd, back, rd, wrap);
     };
-    let compute = |k: &Kernel, set: &Set, tile: Reg<U32>| {
-        stage_step(k, set, tile, 0);
-        stage_step(k, set, tile, 1);
-    };
 
-    // Tiles [first, end) in pairs (set 0, set 1), the next pair's weights loaded while
-    // this pair is multiplied. Weight loads past the end read the last tile again and are
-    // never used; they need nothing of the previous kernel, so the first go before the
-    // programmatic launch wait, the activations' copies after it.
-    let last_tile = k.sub(k.reg(), end, 1u32);
-    let clamp = |k: &Kernel, t: Reg<U32>, ahead: u32| {
-        let a = k.add(k.reg(), t, ahead);
-        k.min(a, a, last_tile)
-    };
+    // The first `RING - 1` tiles' weights go before the programmatic launch wait (they need
+    // nothing of the previous kernel), in one group; their activations after it, a group
+    // a tile, so that the first tile waits only for its own.
     k.if_(k.lt(first, end), |k| {
-        load(k, &sets[0], clamp(k, first, 0));
-        load(k, &sets[1], clamp(k, first, 1));
+        for j in 0..RING - 1 {
+            let t = k.add(k.reg(), first, j);
+            let at = k.add(k.reg(), ring, j * slot);
+            k.if_(k.lt(t, end), |k| copy_weights(k, t, at));
+        }
+        k.cp_async_commit();
     });
     k.grid_dep_wait();
     k.if_(k.lt(first, end), |k| {
-        copy_stage(k, first, 0, rd);
-        k.cp_async_commit();
-        let second = k.add(k.reg(), rd, stage);
-        copy_stage(k, first, 1, second);
-        k.cp_async_commit();
+        for j in 0..RING - 1 {
+            let t = k.add(k.reg(), first, j);
+            let at = k.add(k.reg(), ring, j * slot);
+            k.if_(k.lt(t, end), |k| copy_acts(k, t, at));
+            k.cp_async_commit();
+        }
     });
-    k.stride_loop(first, end, 2u32, |k, t| {
-        compute(k, &sets[0], t);
-        load(k, &sets[0], clamp(k, t, 2));
-        let t1 = k.add(k.reg(), t, 1u32);
-        k.if_(k.lt(t1, end), |k| compute(k, &sets[1], t1));
-        load(k, &sets[1], clamp(k, t, 3));
-    });
+    k.stride_loop(first, end, 1u32, |k, t| tile_step(k, t));
     k.cp_async_wait(0);
     store_outputs(
         k,
@@ -509,6 +579,12 @@ mod tests {
         let l = launch(&a, r32);
         assert_eq!(l.grid, (2, 33, 4));
         assert_eq!(l.block, (128, 1, 1));
+        assert_eq!(l.shared_bytes, dynamic_bytes(4));
+        assert_eq!(launch_width(&a, r32, 8).shared_bytes, dynamic_bytes(1));
+        assert_eq!(launch_width(&a, r32, 8).grid, (5, 33, 4));
+        // A slot is a tile's weights and both activation halves; 108 KB at 32 tokens.
+        assert_eq!(dynamic_bytes(4), 3 * (128 * 144 + 2 * 32 * 288));
+        assert_eq!(MAX_DYNAMIC_BYTES, 110_592);
         assert_eq!(launch(&a, Layout::Rows16).block, (256, 1, 1));
         // Every kernel listed once, with its layout's and width's name.
         let all = kernels_of(GgmlType::Q4_K);

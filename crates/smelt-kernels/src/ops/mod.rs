@@ -38,8 +38,9 @@ use smelt_ptx::{Kernel, Reg, Shared, Shfl, Store, F32, FULL_WARP};
 
 use crate::catalog::Entry;
 
-/// Grid and block dimensions of one launch, and its dynamic shared memory (always 0
-/// here: every kernel declares its shared arrays statically).
+/// Grid and block dimensions of one launch, and its dynamic shared memory (0 but for the
+/// kernels whose shared memory is over the 48 KB a static array may take:
+/// [`crate::catalog::max_dynamic_shared_bytes`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
     /// Blocks in x, y, z.
