@@ -168,12 +168,20 @@ pub const MAX_DYNAMIC_BYTES: u32 = dynamic_bytes(4);
 // Two blocks an SM on sm_90 (228 KB an SM, 1 KB of it kept per block).
 const _: () = assert!(BLOCKS_PER_SM * (MAX_DYNAMIC_BYTES + 1024) <= 228 * 1024);
 
-/// The engine's default: every Q4_K matmul of at most this many tokens takes this GEMM.
-/// Whole decode steps of the Llama-3-8B-shape Q4_K on an H100 (bench/RESULTS.md,
-/// 2026-11-27 04:50 UTC, graphs, against the batch-wide f16 blocks and the int8 GEMM): 8
-/// sequences 1.00x, 16 1.06x, 32 1.01x, 64 0.92x; so up to 32.
+/// The engine's default: every Q4_K matmul of at least [`MIN_TOKENS`] and at most this
+/// many tokens takes this GEMM. Whole decode steps of the Llama-3-8B-shape Q4_K on an
+/// H100 with the ring (bench/RESULTS.md, 2026-11-27 13:35 UTC, two interleaved rounds):
+/// 64 sequences 6,235 -> 7,317 tok/s against the batch-wide f16 blocks and the int8 GEMM,
+/// 128 sequences 8,763 -> 8,238; so up to 64 (before the ring, 2026-11-27 04:50 UTC: 32).
 /// `SMELT_CUDA_GEMM_NARROW_MAX` sets it (0: off).
-pub const MAX_TOKENS: usize = 32;
+pub const MAX_TOKENS: usize = 64;
+
+/// The engine's default: Q4_K matmuls of at least this many tokens leave the GEMV for
+/// this GEMM (the other GEMMs take over at [`super::MIN_TOKENS`]). Same measurement as
+/// [`MAX_TOKENS`]: 8 sequences 1,340 tok/s on the GEMV, 1,719 here. Fewer tokens are
+/// unmeasured and stay on the GEMV, whose cost falls with them (this GEMM's does not).
+/// `SMELT_CUDA_GEMM_NARROW_MIN` sets it.
+pub const MIN_TOKENS: usize = 8;
 
 /// Formats with a narrow GEMM, and their kernels for blocks of 8, 16 and 32 tokens, per
 /// [`Layout`] (in [`Layout::ALL`]'s order).

@@ -92,7 +92,8 @@ impl Family {
 /// input is a split norm's q8_1 tiles standing for an output not written yet, which only
 /// the GEMV reads (asked only when a GEMM is otherwise possible: it takes a lock, and
 /// single-token matmuls never need it). In order: fewer than `gemm_min_tokens` tokens, a type without a GEMM or
-/// a split norm take the GEMV; else the narrow GEMM up to `gemm_narrow_max_tokens`, the
+/// a split norm take the GEMV; else the narrow GEMM from `gemm_narrow_min_tokens` (which
+/// may be under `gemm_min_tokens`) up to `gemm_narrow_max_tokens`, the
 /// batch-wide f16 blocks up to `gemm_small_max_tokens` where their shape rule says, the f16
 /// GEMM where its rule (or `gemm_f16_min_tokens`) says, the int8 GEMM otherwise.
 pub(super) fn choose(
@@ -106,15 +107,21 @@ pub(super) fn choose(
     let Some(int8) = gemm::name(ty) else {
         return Choice::Gemv;
     };
-    if n < m.gemm_min_tokens || split_norm() {
-        return Choice::Gemv;
-    }
-    let gemm = |family, name| Choice::Gemm { family, name };
     let layout = m
         .narrow_layout
         .unwrap_or_else(|| gemm::narrow::default_layout(n));
-    if let Some(name) = gemm::narrow::name(ty, n, layout).filter(|_| n <= m.gemm_narrow_max_tokens)
-    {
+    let narrow = gemm::narrow::name(ty, n, layout)
+        .filter(|_| (m.gemm_narrow_min_tokens..=m.gemm_narrow_max_tokens).contains(&n));
+    // The narrow GEMM takes over from the GEMV earlier than the other GEMMs.
+    let min = match narrow {
+        Some(_) => m.gemm_min_tokens.min(m.gemm_narrow_min_tokens),
+        None => m.gemm_min_tokens,
+    };
+    if n < min || split_norm() {
+        return Choice::Gemv;
+    }
+    let gemm = |family, name| Choice::Gemm { family, name };
+    if let Some(name) = narrow {
         return gemm(Family::Narrow(layout), name);
     }
     if let Some(name) = gemm::f16_small::name(ty, n)
@@ -155,18 +162,21 @@ mod tests {
         let narrow = gemm::narrow::DEFAULT_LAYOUT[2];
         assert_eq!(narrow, gemm::narrow::DEFAULT_LAYOUT[1]);
         for (rows, cols) in [(14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)] {
-            // One token, and batches under the GEMM's crossover: the GEMV.
+            // One token, and batches under the narrow GEMM's crossover: the GEMV.
             assert_eq!(pick(rows, cols, 1), None);
-            assert_eq!(pick(rows, cols, 8), None);
-            // 16-32 tokens: the narrow GEMM (2026-11-27 04:50 UTC).
+            assert_eq!(pick(rows, cols, 7), None);
+            // 8-64 tokens: the narrow GEMM (its ring, 2026-11-27 13:35 UTC).
+            let n8 = gemm::narrow::DEFAULT_LAYOUT[0];
+            assert_eq!(pick(rows, cols, 8), Some(Family::Narrow(n8)));
             assert_eq!(pick(rows, cols, 16), Some(Family::Narrow(narrow)));
             assert_eq!(pick(rows, cols, 32), Some(Family::Narrow(narrow)));
+            assert_eq!(pick(rows, cols, 48), Some(Family::Narrow(narrow)));
+            assert_eq!(pick(rows, cols, 64), Some(Family::Narrow(narrow)));
         }
-        // 33-64 tokens: the batch-wide f16 blocks on the MLP's matrices, the int8 GEMM on
+        // 65-127 tokens: the batch-wide f16 blocks on the MLP's matrices, the int8 GEMM on
         // the small ones (2026-11-27 00:35 UTC).
-        assert_eq!(pick(14336, 4096, 48), Some(Family::Int8));
-        assert_eq!(pick(4096, 14336, 64), Some(Family::F16Small));
-        assert_eq!(pick(1024, 4096, 64), Some(Family::Int8));
+        assert_eq!(pick(14336, 4096, 96), Some(Family::Int8));
+        assert_eq!(pick(1024, 4096, 96), Some(Family::Int8));
         // Prompts: the f16 GEMM from 128 tokens on 4096+ rows, from 256 on every shape.
         assert_eq!(pick(4096, 4096, 128), Some(Family::F16));
         assert_eq!(pick(1024, 4096, 128), Some(Family::Int8));
@@ -181,7 +191,12 @@ mod tests {
             choose(m, GgmlType::Q4_K, 4096, 4096, 512, || true),
             Choice::Gemv
         );
-        // Q6_K has the int8 and f16 GEMMs but no narrow one: batches take the int8 GEMM.
+        // Q6_K has the int8 and f16 GEMMs but no narrow one: batches take the int8 GEMM,
+        // and 8 tokens the GEMV.
+        assert_eq!(
+            choose(m, GgmlType::Q6_K, 4096, 4096, 8, || false),
+            Choice::Gemv
+        );
         assert_eq!(
             family(choose(m, GgmlType::Q6_K, 4096, 4096, 32, || false)),
             Some(Family::Int8)

@@ -20,7 +20,8 @@
 //! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `matmul.gemv_rows` | off |
 //! | `SMELT_CUDA_GEMM_MIN` | `matmul.gemm_min_tokens` | `gemm::MIN_TOKENS` |
 //! | `SMELT_CUDA_GEMM_F16_MIN` | `matmul.gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
-//! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `matmul.gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (32, measured) |
+//! | `SMELT_CUDA_GEMM_NARROW_MIN` | `matmul.gemm_narrow_min_tokens` | `gemm::narrow::MIN_TOKENS` (8, measured) |
+//! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `matmul.gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_GEMM_NARROW_ROWS` (32 or 16) | `matmul.narrow_layout` | `gemm::narrow::DEFAULT_LAYOUT` (per token width) |
 //! | `SMELT_CUDA_GEMM_SMALL_MAX` (0: off) | `matmul.gemm_small_max_tokens` | `gemm::f16_small::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_MOE_GEMM_MIN` | `matmul.moe_gemm_min_per_expert` | `gemm::grouped::MIN_PER_EXPERT` (measured) |
@@ -110,9 +111,12 @@ pub struct MatmulOptions {
     /// with `Some(n)` every matmul of at least `n` tokens (`usize::MAX`: none, as in
     /// batch-invariant mode, where one kernel must serve every batch).
     pub gemm_f16_min_tokens: Option<usize>,
-    /// Matmuls of at most this many tokens (and at least `gemm_min_tokens`) run on the
-    /// narrow GEMM where the weight type has one (`gemm::narrow::TYPES`); 0 in
-    /// batch-invariant mode.
+    /// Matmuls of at least this many tokens (even under `gemm_min_tokens`) run on the
+    /// narrow GEMM where the weight type has one (`gemm::narrow::TYPES`) and they are at
+    /// most `gemm_narrow_max_tokens`.
+    pub gemm_narrow_min_tokens: usize,
+    /// Matmuls of at most this many tokens (and at least `gemm_narrow_min_tokens`) run on
+    /// the narrow GEMM where the weight type has one; 0 in batch-invariant mode.
     pub gemm_narrow_max_tokens: usize,
     /// The narrow GEMM's warp layout for every token width (`Some`: 32 or 16 rows a warp),
     /// else `gemm::narrow::DEFAULT_LAYOUT`'s per width.
@@ -260,6 +264,8 @@ impl CudaOptions {
                 } else {
                     num("SMELT_CUDA_GEMM_F16_MIN")
                 },
+                gemm_narrow_min_tokens: num("SMELT_CUDA_GEMM_NARROW_MIN")
+                    .unwrap_or(gemm::narrow::MIN_TOKENS),
                 gemm_narrow_max_tokens: if batch_invariant {
                     0
                 } else {
@@ -345,6 +351,7 @@ mod tests {
         assert_eq!(o.matmul.gemm_min_tokens, gemm::MIN_TOKENS);
         assert_eq!(o.matmul.gemm_f16_min_tokens, None);
         assert_eq!(o.matmul.gemm_narrow_max_tokens, gemm::narrow::MAX_TOKENS);
+        assert_eq!(o.matmul.gemm_narrow_min_tokens, gemm::narrow::MIN_TOKENS);
         assert_eq!(o.matmul.gemm_small_max_tokens, gemm::f16_small::MAX_TOKENS);
         assert_eq!(
             o.matmul.moe_gemm_min_per_expert,
