@@ -4,7 +4,7 @@
 //! Llama-3-8B shapes (with one and two blocks an SM), which is what the engine's choice
 //! between them is made from. The narrow GEMM (`gemm::narrow`, the f16 GEMM's weights fed
 //! from registers, for batches of 16-64 tokens) is checked against the same twin and timed
-//! in the same table.
+//! in the same table; the narrow GEMMs of the other formats in `gemm_narrow`.
 
 use anyhow::Result;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
@@ -21,7 +21,7 @@ use super::timing::time_launches;
 pub const COVERS: &[&str] = &["gemm_f16_act", "gemm_f16_q*", "gemm_f16s*", "gemm_narrow*"];
 
 /// Converts `ntok` rows of `k` floats into the f16 GEMM's rows.
-fn convert(
+pub(crate) fn convert(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
     h: &mut CudaSlice<u8>,
@@ -104,14 +104,14 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
                 let nf = gpu.f(nname)?;
                 for splits in [
                     1,
-                    narrow::splits(nrows, ntiles, ntok, SMS).max(ntiles.min(3)),
+                    narrow::splits(ty, nrows, ntiles, ntok, SMS).max(ntiles.min(3)),
                 ] {
                     let a = args(nrows, ntok, k, row_bytes, splits);
                     let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
                     let mut ws = gpu
                         .stream
                         .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
-                    let l = narrow::launch_width(&a, layout, width);
+                    let l = narrow::launch_width(ty, &a, layout, width);
                     launch_as(gpu, &nf, &a, l, &wd, &h, &mut y, &mut ws)?;
                     let got = gpu.stream.clone_dtoh(&y)?;
                     let case = Case {
@@ -154,7 +154,7 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             }
         }
     }
-    Ok(())
+    super::gemm_narrow::check(gpu, rng, rep)
 }
 
 /// One row of the f16-vs-int8 table: microseconds a launch.
@@ -258,7 +258,7 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                             ntok,
                             k,
                             row_bytes,
-                            narrow::splits(nrows, k / TILE, ntok, SMS),
+                            narrow::splits(ty, nrows, k / TILE, ntok, SMS),
                         );
                         let mut wspn = workspace(gpu, &an)?;
                         let mut us = [0f64; 2];
@@ -266,7 +266,7 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                             let nname = narrow::name(ty, ntok, layout).expect("both layouts");
                             let nf = gpu.f(nname)?;
                             *us = time_launches(&gpu.stream, 5, 2, launches, |i| {
-                                let l = narrow::launch(&an, layout);
+                                let l = narrow::launch(ty, &an, layout);
                                 launch_as(gpu, &nf, &an, l, &ws[i % copies], &h, &mut y, &mut wspn)
                             })? * 1e3;
                         }
@@ -371,5 +371,5 @@ pub fn perf(gpu: &Gpu, _rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             r.act_us[1]
         ));
     }
-    Ok(())
+    super::gemm_narrow::perf(gpu, rep)
 }

@@ -29,6 +29,7 @@ pub mod attention;
 pub mod delta;
 pub mod gemm;
 pub mod gemm_f16;
+pub mod gemm_narrow;
 pub mod gemv;
 pub mod gemv_fused;
 pub mod isq;

@@ -34,6 +34,7 @@ pub mod grouped;
 mod legacy;
 mod lowbit;
 pub mod narrow;
+mod narrow_q6_k;
 #[cfg(test)]
 mod staging_model;
 

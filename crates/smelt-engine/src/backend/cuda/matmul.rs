@@ -91,6 +91,7 @@ impl Cuda {
             };
             let ntiles = cols.div_ceil(TILE);
             let splits = family.splits(
+                ty,
                 rows,
                 ntiles,
                 n,
@@ -111,7 +112,7 @@ impl Cuda {
             if a.workspace_floats() > 0 {
                 a.y = self.scratch(a.workspace_floats() * 4)?;
             }
-            self.launch(name, family.launch(&a), &args(&a.values()))?;
+            self.launch(name, family.launch(ty, &a), &args(&a.values()))?;
             if let Some((vals, l)) = a.reduce(out.ptr) {
                 self.launch(gemm::REDUCE, l, &args(&vals.values()))?;
             }

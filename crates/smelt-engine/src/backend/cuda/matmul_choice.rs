@@ -63,6 +63,7 @@ impl Family {
     /// in that mode).
     pub(super) fn splits(
         self,
+        ty: GgmlType,
         rows: usize,
         ntiles: usize,
         n: usize,
@@ -70,17 +71,17 @@ impl Family {
         batch_invariant: bool,
     ) -> usize {
         match self {
-            Family::Narrow(_) => gemm::narrow::splits(rows, ntiles, n, sm_count),
+            Family::Narrow(_) => gemm::narrow::splits(ty, rows, ntiles, n, sm_count),
             Family::F16Small => gemm::f16_small::splits(rows, ntiles, n, sm_count),
             Family::F16 => gemm::f16::splits(rows, ntiles, Some(n), sm_count),
             Family::Int8 => gemm::splits(rows, ntiles, (!batch_invariant).then_some(n), sm_count),
         }
     }
 
-    /// The launch shape of `a` on this family's kernels.
-    pub(super) fn launch(self, a: &gemm::Args) -> smelt_kernels::ops::Launch {
+    /// The launch shape of `a` (weights of type `ty`) on this family's kernels.
+    pub(super) fn launch(self, ty: GgmlType, a: &gemm::Args) -> smelt_kernels::ops::Launch {
         match self {
-            Family::Narrow(layout) => gemm::narrow::launch(a, layout),
+            Family::Narrow(layout) => gemm::narrow::launch(ty, a, layout),
             Family::F16Small => gemm::f16_small::launch(a),
             Family::F16 => gemm::f16::launch(a),
             Family::Int8 => a.launch(),
@@ -191,16 +192,16 @@ mod tests {
             choose(m, GgmlType::Q4_K, 4096, 4096, 512, || true),
             Choice::Gemv
         );
-        // Q6_K has the int8 and f16 GEMMs but no narrow one: batches take the int8 GEMM,
-        // and 8 tokens the GEMV.
-        assert_eq!(
-            choose(m, GgmlType::Q6_K, 4096, 4096, 8, || false),
-            Choice::Gemv
-        );
-        assert_eq!(
-            family(choose(m, GgmlType::Q6_K, 4096, 4096, 32, || false)),
-            Some(Family::Int8)
-        );
+        // Q6_K (Q4_K_M's attn_v, ffn_down and head) has a narrow GEMM: 8-64 tokens take
+        // it, more the int8 GEMM; Q8_0 has none: batches take the int8 GEMM, 8 tokens the
+        // GEMV.
+        let pick = |ty, n| family(choose(m, ty, 4096, 4096, n, || false));
+        let narrow = |n| Some(Family::Narrow(gemm::narrow::default_layout(n)));
+        assert_eq!(pick(GgmlType::Q6_K, 8), narrow(8));
+        assert_eq!(pick(GgmlType::Q6_K, 32), narrow(32));
+        assert_eq!(pick(GgmlType::Q6_K, 96), Some(Family::Int8));
+        assert_eq!(pick(GgmlType::Q8_0, 32), Some(Family::Int8));
+        assert_eq!(pick(GgmlType::Q8_0, 8), None);
         assert_eq!(
             choose(m, GgmlType::F32, 4096, 4096, 512, || false),
             Choice::Gemv

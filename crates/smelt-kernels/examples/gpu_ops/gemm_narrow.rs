@@ -1,0 +1,147 @@
+//! The narrow GEMMs of the formats that have no other f16 GEMM (Q6_K: Q4_K_M's `attn_v`,
+//! `ffn_down` and output head): every kernel against the f16 GEMM's CPU twin on ragged
+//! shapes with poisoned outputs, and their speed beside the int8 GEMM they replace at
+//! Llama-3-8B shapes. Q4_K's narrow kernels are checked and timed with its f16 GEMMs
+//! (`gemm_f16`), whose rows they share.
+
+use anyhow::Result;
+use rand::rngs::StdRng;
+use smelt_kernels::gemm::{self, f16, narrow};
+use smelt_kernels::{catalog, GgmlType, TILE};
+
+use super::gemm::{activations, args, launch, launch_as, weight_copies, workspace, Case, SMS};
+use super::gemm_f16::convert;
+use super::harness::{random_floats, random_weights, want, Gpu, Report};
+use super::timing::time_launches;
+
+/// Narrow-GEMM formats that `gemm_f16` does not already cover.
+fn types() -> impl Iterator<Item = GgmlType> {
+    narrow::TYPES
+        .into_iter()
+        .map(|(ty, _)| ty)
+        .filter(|ty| f16::name(*ty).is_none())
+}
+
+/// Every narrow kernel of those formats (both layouts, every token width, split and not)
+/// against the twin.
+pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let shapes = [
+        (64, 256, 8),
+        (1, 256, 1),
+        (65, 512, 3),
+        (130, 2304, 33),
+        (517, 1280, 17),
+        (37, 4096, 64),
+        (96, 4096, 16),
+    ];
+    for ty in types() {
+        for (nrows, k, ntok) in shapes {
+            if !want(&format!("{nrows}x{k} x {ntok}")) {
+                continue;
+            }
+            let ggml = random_weights(rng, ty, nrows, k)?;
+            let packed = catalog::repack(ty, &ggml, nrows, k)?;
+            let row_bytes = catalog::row_bytes(ty, k)?;
+            let wd = gpu.stream.clone_htod(&packed)?;
+            let x = random_floats(rng, k * ntok, 2.0);
+            let xd = gpu.stream.clone_htod(&x)?;
+            let mut h = gpu
+                .stream
+                .clone_htod(&vec![0xFFu8; f16::act_row_bytes(k) * ntok])?;
+            convert(gpu, &xd, &mut h, k, ntok)?;
+            let want_h = f16::act_cpu(&x, k)?;
+            let (want, mag) = f16::cpu_with_magnitude(ty, &ggml, nrows, k, &want_h, ntok)?;
+            let ntiles = k.div_ceil(TILE);
+            for (nname, layout, width) in narrow::kernels_of(ty) {
+                let nf = gpu.f(nname)?;
+                for splits in [
+                    1,
+                    narrow::splits(ty, nrows, ntiles, ntok, SMS).max(ntiles.min(3)),
+                ] {
+                    let a = args(nrows, ntok, k, row_bytes, splits);
+                    let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
+                    let mut ws = gpu
+                        .stream
+                        .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
+                    let l = narrow::launch_width(ty, &a, layout, width);
+                    launch_as(gpu, &nf, &a, l, &wd, &h, &mut y, &mut ws)?;
+                    let got = gpu.stream.clone_dtoh(&y)?;
+                    let case = Case {
+                        name: nname,
+                        shape: (nrows, k, ntok, splits),
+                        bar: 1e-4,
+                    };
+                    case.check(rep, &got, &want, &mag);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Microseconds a launch of those formats' narrow kernels (both layouts) beside the int8
+/// GEMM at Llama-3-8B shapes (`attn_v`, `ffn_down`, the output head) and 8-64 tokens,
+/// into the report's perf lines.
+pub fn perf(gpu: &Gpu, rep: &mut Report) -> Result<()> {
+    rep.perf
+        .push("narrow GEMMs of the other formats vs the int8 GEMM, microseconds a launch:".into());
+    rep.perf.push(
+        "| type | rows x k | tokens | int8 | narrow | narrow, 16-row warps | best / int8 | GB/s |"
+            .into(),
+    );
+    rep.perf.push("|---|---|---|---|---|---|---|---|".into());
+    for ty in types() {
+        let int8 = gpu
+            .module
+            .load_function(gemm::name(ty).expect("an int8 GEMM"))?;
+        for (nrows, k) in [(1024usize, 4096usize), (4096, 14336), (128256, 4096)] {
+            let row_bytes = catalog::row_bytes(ty, k)?;
+            let ws = weight_copies(gpu, nrows, row_bytes, 77)?;
+            let copies = ws.len();
+            for ntok in [8usize, 16, 32, 64] {
+                let (xd, q) = activations(gpu, ty, k, ntok, 7)?;
+                let mut h = gpu.stream.alloc_zeros::<u8>(f16::act_row_bytes(k) * ntok)?;
+                convert(gpu, &xd, &mut h, k, ntok)?;
+                let mut y = gpu.stream.alloc_zeros::<f32>(nrows * ntok)?;
+                let a = args(
+                    nrows,
+                    ntok,
+                    k,
+                    row_bytes,
+                    gemm::splits(nrows, k / TILE, Some(ntok), SMS),
+                );
+                let mut wsp = workspace(gpu, &a)?;
+                let launches = 20;
+                let int8_us = time_launches(&gpu.stream, 5, 2, launches, |i| {
+                    launch(gpu, &int8, &a, &ws[i % copies], &q, &mut y, &mut wsp)
+                })? * 1e3;
+                let an = args(
+                    nrows,
+                    ntok,
+                    k,
+                    row_bytes,
+                    narrow::splits(ty, nrows, k / TILE, ntok, SMS),
+                );
+                let mut wspn = workspace(gpu, &an)?;
+                let mut us = [0f64; 2];
+                for (layout, us) in narrow::Layout::ALL.into_iter().zip(&mut us) {
+                    let nname = narrow::name(ty, ntok, layout).expect("both layouts");
+                    let nf = gpu.f(nname)?;
+                    *us = time_launches(&gpu.stream, 5, 2, launches, |i| {
+                        let l = narrow::launch(ty, &an, layout);
+                        launch_as(gpu, &nf, &an, l, &ws[i % copies], &h, &mut y, &mut wspn)
+                    })? * 1e3;
+                }
+                let best = us[0].min(us[1]);
+                let gbs = (nrows * row_bytes) as f64 / best / 1e3;
+                rep.perf.push(format!(
+                    "| {ty:?} | {nrows}x{k} | {ntok} | {int8_us:.1} | {:.1} | {:.1} | {:.2} | {gbs:.0} |",
+                    us[0],
+                    us[1],
+                    best / int8_us
+                ));
+            }
+        }
+    }
+    Ok(())
+}
