@@ -44,7 +44,7 @@
 use smelt_ptx::{CpAsyncCache, FloatRound, Kernel, Load, MmaFloat, Reg, B32, U32, U64};
 
 use super::f16::{dequant_pair, nibble_pair};
-use super::{split_range, store_outputs, GemmRegs, Out, Rows};
+use super::{split_range, GemmRegs, Out, Rows};
 use crate::formats::q4_k::{decode_header, setup_with_quants_at};
 use crate::formats::{ld_weights, WeightLoad};
 use crate::ops::Launch;
@@ -475,7 +475,7 @@ pub fn kernel<const NI: usize, const MI: usize>(k: &Kernel) {
         load(k, &sets[1], clamp(k, t, 3));
     });
     k.cp_async_wait(0);
-    store_outputs(
+    super::fixup::store_split_outputs(
         k,
         &acc,
         Out {
