@@ -206,24 +206,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_kernel_counts_after_its_stores_and_sums_in_split_order() {
-        let mut m = smelt_ptx::Module::new(smelt_ptx::Target::Sm90);
-        m.set_grid_dep(crate::catalog::GRID_DEPS.0);
-        m.kernel("fixup_test", |k| {
-            super::super::kernel::<crate::formats::Q4K>(k)
-        })
-        .unwrap();
-        let ptx = m.to_ptx();
-        let at = |s: &str| ptx.find(s).unwrap_or_else(|| panic!("{s} missing"));
-        // The wait, then the partial stores, the fence, the count, the reduction's reads.
-        assert!(at("griddepcontrol.wait") < at("membar.gl"));
-        assert!(at("st.global.f32") < at("membar.gl"));
-        assert!(at("membar.gl") < at("atom.global.add.u32"));
-        assert!(at("atom.global.add.u32") < at("bar.red.or.pred"));
-        assert!(at("bar.red.or.pred") < at("ld.global.cg.f32"));
-        // The parameters: the GEMM's, then the fix-up's.
-        assert!(at(".param .u32 kslice") < at(".param .u64 out"));
-        assert!(at(".param .u64 out") < at(".param .u64 counters"));
+    fn every_split_gemm_counts_after_its_wait_and_stores_and_sums_in_split_order() {
+        let split_gemm = |n: &str| {
+            [
+                "gemm_narrow",
+                "gemm_f16s",
+                "gemm_f16_q",
+                "gemm_q",
+                "gemm_iq",
+            ]
+            .iter()
+            .any(|p| n.starts_with(p))
+        };
+        let mut checked = 0;
+        // The engine's programmatic-launch settings, and every instruction the runtime can
+        // be asked for (early launch, work before the wait).
+        for grid_dep in [crate::catalog::GRID_DEPS.0, smelt_ptx::GridDep::ALL] {
+            for (name, build) in crate::catalog::all() {
+                if !split_gemm(&name) {
+                    continue;
+                }
+                let mut m = smelt_ptx::Module::new(smelt_ptx::Target::Sm90);
+                m.set_grid_dep(grid_dep);
+                m.kernel(&name, |k| build(k)).unwrap();
+                let ptx = m.to_ptx();
+                let at = |s: &str| ptx.find(s).unwrap_or_else(|| panic!("{name}: {s} missing"));
+                // The wait (every grid before has ended, its last block's counter reset
+                // visible), the partial stores, the fence, the count, the sums' reads.
+                assert!(
+                    at("griddepcontrol.wait") < at("atom.global.add.u32"),
+                    "{name}"
+                );
+                assert!(at("st.global.f32") < at("membar.gl"), "{name}");
+                assert!(at("membar.gl") < at("atom.global.add.u32"), "{name}");
+                assert!(at("atom.global.add.u32") < at("bar.red.or.pred"), "{name}");
+                assert!(at("bar.red.or.pred") < at("ld.global.cg.f32"), "{name}");
+                assert_eq!(ptx.matches("atom.global").count(), 1, "{name}");
+                // The parameters: the GEMM's, then the fix-up's.
+                assert!(at(".param .u32 kslice") < at(".param .u64 out"), "{name}");
+                assert!(at(".param .u64 out") < at(".param .u64 counters"), "{name}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 2 * (6 + 2 + 1 + 12));
     }
 
     #[test]
