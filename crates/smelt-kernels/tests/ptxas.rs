@@ -238,3 +238,65 @@ fn narrow_gemms_assemble_without_spills() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     assert_eq!(assembled, 2 * smelt_kernels::gemm::narrow::catalog().len());
 }
+
+/// The split-K GEMMs (`gemm::narrow`, `gemm::f16_small`, `gemm::f16`, the int8
+/// `gemm::kernel`) with the engine's programmatic-launch settings (`catalog::GRID_DEPS.0`)
+/// on sm_90: their split fix-up (the last block of a tile sums the splits, `gemm::fixup`)
+/// runs after the K loop and must not push the accumulators into local memory. The f16
+/// and narrow ones must not spill at all; the int8 ones no more than before the fix-up
+/// (ptxas 13.0, 2026-11-27: Q4_K and Q5_K 16 bytes, Q4_1 and Q5_1 4, the rest none). Each
+/// report is printed (registers, to compare builds).
+#[test]
+fn split_gemms_assemble_without_new_spills_on_sm90() {
+    const BEFORE: &[(&str, usize)] = &[
+        ("gemm_q4_k", 16),
+        ("gemm_q5_k", 16),
+        ("gemm_q4_1", 4),
+        ("gemm_q5_1", 4),
+    ];
+    let gemm = |n: &str| {
+        n.starts_with("gemm_narrow")
+            || n.starts_with("gemm_f16s")
+            || n.starts_with("gemm_f16_q")
+            || n.starts_with("gemm_q")
+            || n.starts_with("gemm_iq")
+    };
+    let mut jobs = Vec::new();
+    for (name, build) in catalog::all().into_iter().filter(|(n, _)| gemm(n)) {
+        let mut m = Module::new(Target::Sm90);
+        m.set_grid_dep(catalog::GRID_DEPS.0);
+        m.kernel(&name, |k| build(k))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        jobs.push((Target::Sm90, name, m.to_ptx()));
+    }
+    let split = smelt_kernels::gemm::narrow::catalog().len()
+        + smelt_kernels::gemm::f16_small::catalog().len()
+        + smelt_kernels::gemm::f16::TYPES.len()
+        + smelt_kernels::gemm::TYPES.len();
+    assert_eq!(jobs.len(), split, "every split GEMM selected once");
+    let mut failures = Vec::new();
+    for ((_, name, _), result) in jobs.iter().zip(assemble_all(&jobs)) {
+        match result {
+            Ok(report) => {
+                eprintln!("{name}: {}", report.trim());
+                let spilled = report
+                    .split(" bytes spill stores")
+                    .next()
+                    .and_then(|r| r.rsplit(' ').next())
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .unwrap_or(usize::MAX);
+                let allowed = BEFORE
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map_or(0, |(_, b)| *b);
+                if spilled > allowed {
+                    failures.push(format!(
+                        "{name} spills {spilled} bytes (allowed {allowed}):\n{report}"
+                    ));
+                }
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

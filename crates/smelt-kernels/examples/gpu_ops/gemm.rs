@@ -15,14 +15,17 @@ use smelt_kernels::gemv::Config;
 use smelt_kernels::ops::ArgValue;
 use smelt_kernels::{act, catalog, GgmlType, TILE};
 
-use super::harness::{random_floats, random_weights, want, worst_over_magnitude, Gpu, Report};
+use super::harness::{
+    launch_values, ptr, random_floats, random_weights, want, worst_over_magnitude, Gpu, Report,
+};
 use super::timing::time_launches;
 
 /// The int8 GEMMs, their split-K reduce and their activation quantizer.
 pub const COVERS: &[&str] = &["gemm_q*", "gemm_iq*", "gemm_reduce", "quantize_q8_tile"];
 
 /// Launches GEMM `f` with `a` (its pointers replaced by the slices'), into the split
-/// workspace `ws` then reduced into `y` when `a` has more than one split.
+/// workspace `ws` then summed into `y` when `a` has more than one split (as the engine
+/// does by default: [`Sum::Fixup`]).
 pub(crate) fn launch(
     gpu: &Gpu,
     f: &CudaFunction,
@@ -47,42 +50,132 @@ pub(crate) fn launch_as(
     y: &mut CudaSlice<f32>,
     ws: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    let cfg = LaunchConfig {
-        grid_dim: l.grid,
-        block_dim: l.block,
-        shared_mem_bytes: l.shared_bytes,
+    launch_summed(gpu, f, a, l, (w, x), y, ws, Sum::Fixup)
+}
+
+/// How a split launch's partials reach the output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sum {
+    /// The last block of each tile sums them (`gemm::fixup`, the engine's default).
+    Fixup,
+    /// The reduce launch after the GEMM (`SMELT_CUDA_SPLIT_FIXUP=0`).
+    Reduce,
+}
+
+/// The split GEMMs' counters for this GPU (`gemm::fixup::counter_slots`), zeroed once and
+/// shared by every launch, as the engine's.
+pub(crate) fn counters(gpu: &Gpu) -> Result<&'static CudaSlice<u32>> {
+    static COUNTERS: std::sync::OnceLock<CudaSlice<u32>> = std::sync::OnceLock::new();
+    if let Some(c) = COUNTERS.get() {
+        return Ok(c);
+    }
+    let c = gpu
+        .stream
+        .alloc_zeros::<u32>(gemm::fixup::counter_slots(gpu.sms))?;
+    Ok(COUNTERS.get_or_init(|| c))
+}
+
+/// [`launch_as`] with the partials summed as `sum` says.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_summed(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    a: &Args,
+    l: smelt_kernels::ops::Launch,
+    (w, x): (&CudaSlice<u8>, &CudaSlice<u8>),
+    y: &mut CudaSlice<f32>,
+    ws: &mut CudaSlice<f32>,
+    sum: Sum,
+) -> Result<()> {
+    let out = ptr(gpu, y);
+    let mut a = Args {
+        w: ptr(gpu, w),
+        x: ptr(gpu, x),
+        y: if a.workspace_floats() > 0 {
+            ptr(gpu, ws)
+        } else {
+            out
+        },
+        fixup: None,
+        ..*a
     };
-    let split = a.workspace_floats() > 0;
+    if sum == Sum::Fixup {
+        let slots = gemm::fixup::counter_slots(gpu.sms);
+        a = a.with_fixup(l.grid, out, ptr(gpu, counters(gpu)?), slots);
+    }
     let mut b = gpu.stream.launch_builder(f);
-    b.arg(w).arg(x);
-    if split {
-        b.arg(&mut *ws);
-    } else {
-        b.arg(&mut *y);
-    }
-    let scalars: Vec<u32> = a
-        .values()
-        .iter()
-        .filter_map(|v| match v {
-            ArgValue::U32(u) => Some(*u),
-            ArgValue::Ptr(_) | ArgValue::F32(_) => None,
-        })
-        .collect();
-    for s in &scalars {
-        b.arg(s);
-    }
-    unsafe { b.launch(cfg) }?;
-    if let Some((r, l)) = a.reduce(0) {
-        let f = gpu.module.load_function(gemm::REDUCE)?;
-        let cfg = LaunchConfig {
-            grid_dim: l.grid,
-            block_dim: l.block,
-            shared_mem_bytes: 0,
+    let values = a.values();
+    for v in &values {
+        match v {
+            ArgValue::Ptr(p) => b.arg(p),
+            ArgValue::U32(u) => b.arg(u),
+            ArgValue::F32(x) => b.arg(x),
         };
-        let mut b = gpu.stream.launch_builder(&f);
-        b.arg(&*ws).arg(&mut *y).arg(&r.n).arg(&r.splits);
-        unsafe { b.launch(cfg) }?;
     }
+    unsafe { b.launch(super::harness::cfg(l)) }?;
+    if let Some((r, l)) = a.reduce(out) {
+        launch_values(gpu, gemm::REDUCE, l, &r.values())?;
+    }
+    Ok(())
+}
+
+/// Runs split GEMM `f` (`kernel`, grid `l`) on weights `w` and activations `x` both ways
+/// ([`Sum`]) into poisoned outputs and workspaces; with more than one split, a verdict
+/// that the fix-up's output is the reduce's to the bit. Returns the fix-up's output.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_both_ways(
+    gpu: &Gpu,
+    rep: &mut Report,
+    kernel: &str,
+    f: &CudaFunction,
+    a: &Args,
+    l: smelt_kernels::ops::Launch,
+    w: &CudaSlice<u8>,
+    x: &CudaSlice<u8>,
+) -> Result<Vec<f32>> {
+    let n = (a.nrows * a.ntok) as usize;
+    let mut got = Vec::new();
+    for sum in [Sum::Reduce, Sum::Fixup] {
+        let mut y = gpu.stream.clone_htod(&vec![f32::NAN; n])?;
+        let mut ws = gpu
+            .stream
+            .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
+        launch_summed(gpu, f, a, l, (w, x), &mut y, &mut ws, sum)?;
+        got.push(gpu.stream.clone_dtoh(&y)?);
+    }
+    let fixed = got.pop().unwrap_or_default();
+    if a.split_count() > 1 {
+        let reduced = &got[0];
+        let differ = fixed
+            .iter()
+            .zip(reduced)
+            .filter(|(p, q)| p.to_bits() != q.to_bits())
+            .count();
+        let shape = format!(
+            "{kernel} {}x{} x {}, {} splits",
+            a.nrows,
+            a.ntiles as usize * TILE,
+            a.ntok,
+            a.split_count()
+        );
+        let note = format!("{differ} of {n} outputs differ from gemm + reduce");
+        rep.verdict("gemm split fix-up", &shape, differ == 0, &note);
+    }
+    Ok(fixed)
+}
+
+/// A verdict that every split counter is zero again (each launch's last blocks reset
+/// theirs), after the cases that used them.
+pub(crate) fn check_counters_zero(gpu: &Gpu, rep: &mut Report, what: &str) -> Result<()> {
+    let c = gpu.stream.clone_dtoh(counters(gpu)?)?;
+    let set = c.iter().filter(|&&v| v != 0).count();
+    let note = format!("{set} of {} counters not zero", c.len());
+    rep.verdict(
+        "gemm split fix-up",
+        &format!("{what}: counters reset"),
+        set == 0,
+        &note,
+    );
     Ok(())
 }
 
@@ -176,6 +269,7 @@ pub(crate) fn args(nrows: usize, ntok: usize, k: usize, row_bytes: usize, splits
         ntiles: k.div_ceil(TILE) as u32,
         row_bytes: row_bytes as u32,
         splits: splits as u32,
+        fixup: None,
     }
 }
 
@@ -227,12 +321,7 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             let ntiles = k.div_ceil(TILE);
             for splits in [1, gemm::splits(nrows, ntiles, None, SMS).max(ntiles.min(3))] {
                 let a = args(nrows, ntok, k, row_bytes, splits);
-                let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
-                let mut ws = gpu
-                    .stream
-                    .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
-                launch(gpu, &f, &a, &wd, &q, &mut y, &mut ws)?;
-                let got = gpu.stream.clone_dtoh(&y)?;
+                let got = run_both_ways(gpu, rep, name, &f, &a, a.launch(), &wd, &q)?;
                 let case = Case {
                     name,
                     shape: (nrows, k, ntok, splits),
@@ -242,7 +331,7 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             }
         }
     }
-    Ok(())
+    check_counters_zero(gpu, rep, "int8 GEMMs")
 }
 
 /// One parity case of a GEMM: its kernel, shape (`rows, k, tokens, splits`) and the bar on

@@ -12,7 +12,10 @@ use rand::rngs::StdRng;
 use smelt_kernels::gemm::{self, f16, f16_small, narrow};
 use smelt_kernels::{catalog, GgmlType, TILE};
 
-use super::gemm::{activations, args, launch, launch_as, weight_copies, workspace, Case, SMS};
+use super::gemm::{
+    activations, args, check_counters_zero, launch, launch_as, run_both_ways, weight_copies,
+    workspace, Case, SMS,
+};
 use super::harness::{random_floats, random_weights, want, Gpu, Report};
 use super::timing::time_launches;
 
@@ -83,12 +86,7 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             let ntiles = k.div_ceil(TILE);
             for splits in [1, f16::splits(nrows, ntiles, None, SMS).max(ntiles.min(3))] {
                 let a = args(nrows, ntok, k, row_bytes, splits);
-                let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
-                let mut ws = gpu
-                    .stream
-                    .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
-                launch_as(gpu, &f, &a, f16::launch(&a), &wd, &h, &mut y, &mut ws)?;
-                let got = gpu.stream.clone_dtoh(&y)?;
+                let got = run_both_ways(gpu, rep, name, &f, &a, f16::launch(&a), &wd, &h)?;
                 // f32 sums on the tensor cores against f64 sums of the same products:
                 // K * 2^-24 at worst, far less in practice.
                 let case = Case {
@@ -107,13 +105,8 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
                     narrow::splits(ty, nrows, ntiles, ntok, SMS).max(ntiles.min(3)),
                 ] {
                     let a = args(nrows, ntok, k, row_bytes, splits);
-                    let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
-                    let mut ws = gpu
-                        .stream
-                        .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
                     let l = narrow::launch_width(ty, &a, layout, width);
-                    launch_as(gpu, &nf, &a, l, &wd, &h, &mut y, &mut ws)?;
-                    let got = gpu.stream.clone_dtoh(&y)?;
+                    let got = run_both_ways(gpu, rep, nname, &nf, &a, l, &wd, &h)?;
                     let case = Case {
                         name: nname,
                         shape: (nrows, k, ntok, splits),
@@ -137,13 +130,8 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
                     f16::splits_for(shape, nrows, ntiles, Some(ntok), SMS).max(ntiles.min(3)),
                 ] {
                     let a = args(nrows, ntok, k, row_bytes, splits);
-                    let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
-                    let mut ws = gpu
-                        .stream
-                        .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
                     let l = f16::launch_for(shape, &a);
-                    launch_as(gpu, &sf, &a, l, &wd, &h, &mut y, &mut ws)?;
-                    let got = gpu.stream.clone_dtoh(&y)?;
+                    let got = run_both_ways(gpu, rep, sname, &sf, &a, l, &wd, &h)?;
                     let case = Case {
                         name: sname,
                         shape: (nrows, k, ntok, splits),
@@ -154,7 +142,8 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             }
         }
     }
-    super::gemm_narrow::check(gpu, rng, rep)
+    super::gemm_narrow::check(gpu, rng, rep)?;
+    check_counters_zero(gpu, rep, "f16, narrow and batch-wide GEMMs")
 }
 
 /// One row of the f16-vs-int8 table: microseconds a launch.

@@ -32,7 +32,7 @@ use half::f16;
 use smelt_ptx::{CpAsyncCache, FloatRound, Kernel, Load, MmaFloat, Pred, Reg, Store, B32, F32};
 use smelt_ptx::{U32, U64};
 
-use super::{split_range, store_outputs, GemmRegs, Out, Rows, THREADS};
+use super::{split_range, GemmRegs, Out, Rows, THREADS};
 use crate::act::and_or;
 use crate::formats::{halves_to_f32, GpuFormat, Q4K};
 use crate::ops::{kernel_params, Launch};
@@ -119,7 +119,7 @@ pub fn launch_for(shape: Shape, a: &super::Args) -> Launch {
         (
             a.ntok.div_ceil(shape.tokens).max(1),
             a.nrows.div_ceil(shape.rows).max(1),
-            a.ntiles.div_ceil(a.kslice()).max(1),
+            a.split_count(),
         ),
         (THREADS, 1, 1),
     )
@@ -509,7 +509,7 @@ pub fn kernel_shaped<F: GemmF16Format, const MI: usize, const NI: usize>(
         (first, end),
         true,
     );
-    store_outputs(
+    super::fixup::store_split_outputs(
         k,
         &p.acc,
         Out {
@@ -560,7 +560,7 @@ impl Smem {
 }
 
 /// A block's products: each thread's accumulators, and its first row (`arow`) and token
-/// (`ctok`) in the block, as [`store_outputs`] takes them.
+/// (`ctok`) in the block, as [`super::store_outputs`] takes them.
 pub(super) struct Products<const MI: usize, const NI: usize> {
     pub acc: [[[Reg<F32>; 4]; NI]; MI],
     pub arow: Reg<U32>,
@@ -906,6 +906,7 @@ mod tests {
             ntiles: 16,
             row_bytes: 16 * 144,
             splits: 3,
+            fixup: None,
         };
         let l = launch(&a);
         assert_eq!(l.grid, (3, 3, 3));

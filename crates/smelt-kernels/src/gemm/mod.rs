@@ -29,6 +29,7 @@ pub mod act;
 pub mod f16;
 mod f16_q6_k;
 pub mod f16_small;
+pub mod fixup;
 mod formats;
 pub mod grouped;
 mod legacy;
@@ -186,8 +187,9 @@ pub fn splits_for_blocks(
 /// One GEMM launch: weights `w` (`nrows` rows of `row_bytes` in the GPU layout), activation
 /// tiles `x` ([`act`], `ntok` rows of `ntiles` tiles), output `y` (`ntok x nrows` f32), the
 /// K range cut into `splits` slices of `ceil(ntiles / splits)` tiles. With more than one
-/// split, `y` is a workspace of `splits` outputs that [`reduce_kernel`] sums, in split order,
-/// into the real output ([`Args::reduce`]).
+/// split, `y` is a workspace of `splits` outputs, summed in split order into the real
+/// output by the last block of each tile ([`fixup`], with `fixup`) or else by
+/// [`reduce_kernel`] ([`Args::reduce`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Args {
     pub w: u64,
@@ -198,6 +200,9 @@ pub struct Args {
     pub ntiles: u32,
     pub row_bytes: u32,
     pub splits: u32,
+    /// The split fix-up's output and counters ([`Args::with_fixup`] sets it only for a
+    /// launch with several splits whose grid has a counter per tile).
+    pub fixup: Option<fixup::Fixup>,
 }
 
 impl Args {
@@ -213,6 +218,7 @@ impl Args {
             ntiles,
             row_bytes: ntiles * 144,
             splits: 4,
+            fixup: None,
         }
     }
 
@@ -221,9 +227,45 @@ impl Args {
         self.ntiles.div_ceil(self.splits.max(1)).max(1)
     }
 
-    /// The kernel's arguments ([`GemmArgs`]), in its order.
+    /// Slices of the K range the launch really makes (`grid.2` of every family's launch):
+    /// whole slices of [`Args::kslice`] tiles, so at most `splits`.
+    pub fn split_count(&self) -> u32 {
+        self.ntiles.div_ceil(self.kslice()).max(1)
+    }
+
+    /// Whether the launch's last blocks sum its splits ([`fixup`]): a fix-up set and more
+    /// than one split. Then there is no reduce launch ([`Args::reduce`] is `None`).
+    pub fn fixed_up(&self) -> bool {
+        self.fixup.is_some() && self.split_count() > 1
+    }
+
+    /// `self` with the split fix-up into `out` on `counters` (`capacity` of them), for a
+    /// launch of grid `grid` (the family's launch shape): set only when the launch has
+    /// more than one split and a counter for each (token block, row block) of its grid;
+    /// else unchanged (the reduce launch sums the splits).
+    pub fn with_fixup(
+        self,
+        grid: (u32, u32, u32),
+        out: u64,
+        counters: u64,
+        capacity: usize,
+    ) -> Args {
+        let tiles = grid.0 as usize * grid.1 as usize;
+        if self.split_count() > 1 && grid.2 == self.split_count() && tiles <= capacity {
+            Args {
+                fixup: Some(fixup::Fixup { out, counters }),
+                ..self
+            }
+        } else {
+            self
+        }
+    }
+
+    /// The kernel's arguments ([`GemmArgs`], then [`fixup::SplitArgs`]: zeros unless
+    /// [`Args::fixed_up`]), in its order.
     pub fn values(&self) -> Vec<ArgValue> {
-        GemmArgs {
+        let f = self.fixup.filter(|_| self.fixed_up());
+        let mut v = GemmArgs {
             w: self.w,
             x: self.x,
             y: self.y,
@@ -233,7 +275,15 @@ impl Args {
             row_bytes: self.row_bytes,
             kslice: self.kslice(),
         }
-        .values()
+        .values();
+        v.extend(
+            fixup::SplitArgs {
+                out: f.map_or(0, |f| f.out),
+                counters: f.map_or(0, |f| f.counters),
+            }
+            .values(),
+        );
+        v
     }
 
     /// Grid (token blocks fastest, so the blocks that share rows run together and read the
@@ -243,7 +293,7 @@ impl Args {
             (
                 self.ntok.div_ceil(BN).max(1),
                 self.nrows.div_ceil(BM).max(1),
-                self.ntiles.div_ceil(self.kslice()).max(1),
+                self.split_count(),
             ),
             (THREADS, 1, 1),
         )
@@ -251,7 +301,7 @@ impl Args {
 
     /// Floats of the split workspace (0 with one split: the GEMM writes `y` itself).
     pub fn workspace_floats(&self) -> usize {
-        let splits = self.launch().grid.2 as usize;
+        let splits = self.split_count() as usize;
         if splits > 1 {
             splits * self.ntok as usize * self.nrows as usize
         } else {
@@ -260,10 +310,11 @@ impl Args {
     }
 
     /// The reduce launch that sums the workspace `y` into `out`, if there is more than one
-    /// split: its arguments and launch shape.
+    /// split and the GEMM's last blocks do not sum them ([`Args::fixed_up`]): its
+    /// arguments and launch shape.
     pub fn reduce(&self, out: u64) -> Option<(ReduceArgs, crate::ops::Launch)> {
-        let splits = self.launch().grid.2;
-        if splits <= 1 {
+        let splits = self.split_count();
+        if splits <= 1 || self.fixed_up() {
             return None;
         }
         let n = self.ntok * self.nrows;
@@ -658,7 +709,7 @@ pub fn kernel_variant<F: GemmFormat>(k: &Kernel, v: Variant) {
         compute_tile::<F>(k, &frags, &acc);
     });
 
-    store_outputs(
+    fixup::store_split_outputs(
         k,
         &acc,
         Out {
@@ -1078,11 +1129,15 @@ mod tests {
             ntiles: 1,
             row_bytes: 144,
             splits: 1,
+            fixup: None,
         };
         let l = a.launch();
         assert_eq!(l.grid, (1, 2, 1));
         assert_eq!(l.block, (THREADS, 1, 1));
-        assert_eq!(a.values().len(), GemmArgs::NAMES.len());
+        assert_eq!(
+            a.values().len(),
+            GemmArgs::NAMES.len() + fixup::SplitArgs::NAMES.len()
+        );
         assert_eq!(a.workspace_floats(), 0);
         assert!(a.reduce(0).is_none());
         // 56 tiles in 5 splits: 12 tiles each, the last 8; a workspace of 5 outputs.
@@ -1104,6 +1159,59 @@ mod tests {
             ..a
         };
         assert_eq!(c.launch().grid.2, 4);
+    }
+
+    #[test]
+    fn the_fixup_replaces_the_reduce_only_for_split_launches_that_have_counters() {
+        let a = Args {
+            y: 0x1000,
+            ntiles: 56,
+            splits: 5,
+            ..Args::q4_k_for_test(4096, 32, 56)
+        };
+        let l = a.launch();
+        assert_eq!(l.grid, (1, 64, 5));
+        // Unset: the kernel gets zeros for the fix-up and the reduce follows.
+        let zeros = |a: &Args| a.values()[GemmArgs::NAMES.len()..].to_vec();
+        assert_eq!(zeros(&a), vec![ArgValue::Ptr(0), ArgValue::Ptr(0)]);
+        assert!(a.reduce(0x2000).is_some() && !a.fixed_up());
+        // Set: the output and counters follow the GEMM's arguments, no reduce.
+        let f = a.with_fixup(l.grid, 0x2000, 0x3000, 64);
+        assert!(f.fixed_up());
+        assert_eq!(
+            zeros(&f),
+            vec![ArgValue::Ptr(0x2000), ArgValue::Ptr(0x3000)]
+        );
+        assert!(f.reduce(0x2000).is_none());
+        assert_eq!(
+            f.values()[..GemmArgs::NAMES.len()],
+            a.values()[..GemmArgs::NAMES.len()]
+        );
+        // The workspace is the same: the partials still go there.
+        assert_eq!(f.workspace_floats(), a.workspace_floats());
+        // Too few counters for the grid (64 tiles), or a grid of other splits: the reduce.
+        assert_eq!(a.with_fixup(l.grid, 0x2000, 0x3000, 63), a);
+        assert_eq!(a.with_fixup((1, 64, 4), 0x2000, 0x3000, 64), a);
+        // One split: nothing to sum, the GEMM writes the output itself.
+        let one = Args { splits: 1, ..a };
+        assert_eq!(one.with_fixup(one.launch().grid, 0x2000, 0x3000, 64), one);
+        assert!(one.reduce(0x2000).is_none());
+        // A fix-up set on a one-split launch passes zeros (nothing to sum).
+        let forced = Args {
+            fixup: f.fixup,
+            ..one
+        };
+        assert!(!forced.fixed_up());
+        assert_eq!(zeros(&forced), vec![ArgValue::Ptr(0), ArgValue::Ptr(0)]);
+        // Every family's grid has the same split count.
+        assert_eq!(
+            narrow::launch(GgmlType::Q4_K, &a, narrow::Layout::Rows16)
+                .grid
+                .2,
+            a.split_count()
+        );
+        assert_eq!(f16_small::launch(&a).grid.2, a.split_count());
+        assert_eq!(f16::launch(&a).grid.2, a.split_count());
     }
 
     #[test]

@@ -55,7 +55,7 @@
 use smelt_ptx::{CpAsyncCache, FloatRound, Kernel, Load, MmaFloat, Reg, B32, U32, U64};
 
 use super::f16::{dequant_pair, nibble_pair};
-use super::{split_range, store_outputs, GemmRegs, Out, Rows};
+use super::{split_range, GemmRegs, Out, Rows};
 use crate::formats::q4_k::{decode_header, setup_with_quants_at, Setup};
 use crate::formats::{Q4K, Q6K};
 use crate::ops::Launch;
@@ -684,7 +684,7 @@ pub fn kernel<F: NarrowFormat, const NI: usize, const MI: usize>(k: &Kernel) {
     });
     k.stride_loop(first, end, 1u32, |k, t| tile_step(k, t));
     k.cp_async_wait(0);
-    store_outputs(
+    super::fixup::store_split_outputs(
         k,
         &acc,
         Out {

@@ -107,12 +107,19 @@ impl Cuda {
                 ntiles: ntiles as u32,
                 row_bytes: row_bytes as u32,
                 splits: splits as u32,
+                fixup: None,
             };
-            // Split K: the slices' sums go to a workspace, reduced in split order.
+            // Split K: the slices' sums go to a workspace, summed in split order by the
+            // last block of each tile (`gemm::fixup`) or else by a reduce launch.
+            let l = family.launch(ty, &a);
             if a.workspace_floats() > 0 {
                 a.y = self.scratch(a.workspace_floats() * 4)?;
+                if let Some(counters) = self.gemm_counters()? {
+                    let capacity = gemm::fixup::counter_slots(self.gpu.sm_count());
+                    a = a.with_fixup(l.grid, out.ptr, counters, capacity);
+                }
             }
-            self.launch(name, family.launch(ty, &a), &args(&a.values()))?;
+            self.launch(name, l, &args(&a.values()))?;
             if let Some((vals, l)) = a.reduce(out.ptr) {
                 self.launch(gemm::REDUCE, l, &args(&vals.values()))?;
             }
@@ -488,6 +495,20 @@ impl Cuda {
         *slot(&mut cached) = Some(q);
         *lock(&self.gemm_quantized) = Some(cached);
         Ok(q)
+    }
+
+    /// The split GEMMs' counters (`gemm::fixup`), allocated zeroed at the first split
+    /// launch; None with the fix-up off (`SMELT_CUDA_SPLIT_FIXUP=0`).
+    fn gemm_counters(&self) -> Result<Option<u64>, CudaError> {
+        if !self.opts.fuse.split_fixup {
+            return Ok(None);
+        }
+        let mut c = lock(&self.gemm_counters);
+        if c.is_none() {
+            let n = gemm::fixup::counter_slots(self.gpu.sm_count());
+            *c = Some(self.gpu.zeros::<u32>(n)?);
+        }
+        Ok(c.as_ref().map(|c| self.gpu.ptr(c)))
     }
 
     /// `q = quantize_q8_1(x)` for `n` rows of `k` floats.

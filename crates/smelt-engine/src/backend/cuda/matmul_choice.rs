@@ -184,6 +184,52 @@ mod tests {
         assert_eq!(pick(1024, 4096, 512), Some(Family::F16));
     }
 
+    /// Every split launch of a Llama-3-8B-shape batched decode step (Q4_K matrices, the
+    /// Q6_K head; 16, 32 and 64 sequences on an H100) has a counter per tile, so the
+    /// GEMMs' last blocks sum the splits and the step makes no reduce launch.
+    #[test]
+    fn batched_decode_split_launches_all_take_the_fixup_on_llama3_8b() {
+        let o = CudaOptions::from_vars(|_| None, false);
+        let slots = gemm::fixup::counter_slots(132);
+        let mut split = 0;
+        for (ty, rows, cols) in [
+            (GgmlType::Q4_K, 4096, 4096),
+            (GgmlType::Q4_K, 1024, 4096),
+            (GgmlType::Q4_K, 14336, 4096),
+            (GgmlType::Q4_K, 4096, 14336),
+            (GgmlType::Q6_K, 128_256, 4096),
+            (GgmlType::Q6_K, 1024, 4096),
+            (GgmlType::Q6_K, 4096, 14336),
+        ] {
+            for n in [8, 16, 32, 64] {
+                let Choice::Gemm { family, .. } = choose(&o.matmul, ty, rows, cols, n, || false)
+                else {
+                    panic!("{rows}x{cols} at {n} tokens is not a GEMM");
+                };
+                let ntiles = cols / smelt_kernels::TILE;
+                let a = gemm::Args {
+                    w: 0,
+                    x: 0,
+                    y: 0,
+                    nrows: rows as u32,
+                    ntok: n as u32,
+                    ntiles: ntiles as u32,
+                    row_bytes: 0,
+                    splits: family.splits(ty, rows, ntiles, n, 132, false) as u32,
+                    fixup: None,
+                };
+                let l = family.launch(ty, &a);
+                if l.grid.2 > 1 {
+                    split += 1;
+                    let f = a.with_fixup(l.grid, 1, 2, slots);
+                    assert!(f.fixed_up() && f.reduce(1).is_none(), "{rows}x{cols} x {n}");
+                }
+            }
+        }
+        // Most of them split (the brief's 64 reduce launches a step at 32 sequences).
+        assert!(split >= 10, "{split} split launches");
+    }
+
     #[test]
     fn types_without_a_gemm_and_split_norms_stay_on_the_gemv() {
         let o = CudaOptions::from_vars(|_| None, false);

@@ -272,6 +272,9 @@ pub struct Cuda {
     attn_counters: Mutex<Option<CudaSlice<u32>>>,
     /// The fused MoE router's last-block counter (zero between launches).
     moe_counter: Mutex<Option<CudaSlice<u32>>>,
+    /// The split GEMMs' per-tile counters (`gemm::fixup::counter_slots`; zero between
+    /// launches, allocated once and never moved: graphs hold the address).
+    gemm_counters: Mutex<Option<CudaSlice<u32>>>,
     /// The split argmax's per-row words and counters (zero between launches; graphs hold
     /// the address).
     argmax_state: Mutex<Option<CudaSlice<u64>>>,
@@ -361,6 +364,7 @@ impl Cuda {
             uploader: Mutex::new(None),
             attn_counters: Mutex::new(None),
             moe_counter: Mutex::new(None),
+            gemm_counters: Mutex::new(None),
             argmax_state: Mutex::new(None),
             weights: Mutex::new((Vec::new(), 0, 0)),
             weight_ranges: Mutex::new(Vec::new()),

@@ -16,6 +16,7 @@
 //! | `SMELT_CUDA_GEMV_ROPE=0` | `fuse.gemv_rope_kv` | on |
 //! | `SMELT_CUDA_MOE_FUSE=0` | `fuse.moe` | on |
 //! | `SMELT_CUDA_HEAD_NORMS=0` | `fuse.head_norms` | on |
+//! | `SMELT_CUDA_SPLIT_FIXUP=0` | `fuse.split_fixup` | on |
 //! | **matmul kernel choice** | `matmul` ([`MatmulOptions`]) | |
 //! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `matmul.gemv_rows` | off |
 //! | `SMELT_CUDA_GEMM_MIN` | `matmul.gemm_min_tokens` | `gemm::MIN_TOKENS` |
@@ -97,6 +98,9 @@ pub struct FuseOptions {
     pub moe: bool,
     /// A decode row's Q and K head norms run as one kernel.
     pub head_norms: bool,
+    /// A split-K GEMM's last block of each output tile sums the splits
+    /// (`smelt_kernels::gemm::fixup`) instead of a reduce launch after it.
+    pub split_fixup: bool,
 }
 
 /// Which kernel multiplies a matrix, by token count and shape.
@@ -248,6 +252,7 @@ impl CudaOptions {
                 gemv_rope_kv: on("SMELT_CUDA_GEMV_ROPE"),
                 moe: fused && on("SMELT_CUDA_MOE_FUSE"),
                 head_norms: fused && on("SMELT_CUDA_HEAD_NORMS"),
+                split_fixup: fused && on("SMELT_CUDA_SPLIT_FIXUP"),
             },
             matmul: MatmulOptions {
                 gemv_rows: (
@@ -396,8 +401,12 @@ mod tests {
                 && !f.rope_kv
                 && !f.moe
                 && !f.head_norms
+                && !f.split_fixup
         );
         assert!(!with(&[("SMELT_CUDA_MOE_FUSE", "0")], false).fuse.moe);
+        let o = with(&[("SMELT_CUDA_SPLIT_FIXUP", "0")], false);
+        assert!(o.fuse.split_norm && !o.fuse.split_fixup);
+        assert!(with(&[], false).fuse.split_fixup);
         let o = with(&[("SMELT_CUDA_SPLIT_NORM", "0")], false);
         assert!(o.fuse.quantize && !o.fuse.split_norm);
     }
