@@ -9,7 +9,9 @@ use rand::rngs::StdRng;
 use smelt_kernels::gemm::{self, f16, narrow};
 use smelt_kernels::{catalog, GgmlType, TILE};
 
-use super::gemm::{activations, args, launch, launch_as, weight_copies, workspace, Case, SMS};
+use super::gemm::{
+    activations, args, launch, launch_as, run_both_ways, weight_copies, workspace, Case, SMS,
+};
 use super::gemm_f16::convert;
 use super::harness::{random_floats, random_weights, want, Gpu, Report};
 use super::timing::time_launches;
@@ -59,13 +61,8 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
                     narrow::splits(ty, nrows, ntiles, ntok, SMS).max(ntiles.min(3)),
                 ] {
                     let a = args(nrows, ntok, k, row_bytes, splits);
-                    let mut y = gpu.stream.clone_htod(&vec![f32::NAN; nrows * ntok])?;
-                    let mut ws = gpu
-                        .stream
-                        .clone_htod(&vec![f32::NAN; a.workspace_floats().max(1)])?;
                     let l = narrow::launch_width(ty, &a, layout, width);
-                    launch_as(gpu, &nf, &a, l, &wd, &h, &mut y, &mut ws)?;
-                    let got = gpu.stream.clone_dtoh(&y)?;
+                    let got = run_both_ways(gpu, rep, nname, &nf, &a, l, &wd, &h)?;
                     let case = Case {
                         name: nname,
                         shape: (nrows, k, ntok, splits),
