@@ -56,9 +56,9 @@ pub(crate) fn launch_as(
 /// How a split launch's partials reach the output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Sum {
-    /// The last block of each tile sums them (`gemm::fixup`, the engine's default).
+    /// The last block of each tile sums them (`gemm::fixup`, `SMELT_CUDA_SPLIT_FIXUP=1`).
     Fixup,
-    /// The reduce launch after the GEMM (`SMELT_CUDA_SPLIT_FIXUP=0`).
+    /// The reduce launch after the GEMM (the engine's default).
     Reduce,
 }
 

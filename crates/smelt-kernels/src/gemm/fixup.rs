@@ -23,10 +23,15 @@
 //! programmatic dependent launch, where the next GEMM's blocks are placed while this one
 //! runs, none of them touches a counter before this GEMM's last block has reset it.
 //!
-//! **Where it applies.** The engine passes the counters (`Args::fixup`) when the launch
-//! has more than one split and its grid fits [`counter_slots`]; otherwise, or with
-//! `SMELT_CUDA_SPLIT_FIXUP=0`, the counters are 0 and the kernel leaves the workspace to
-//! the reduce launch as before. The gathered-slots GEMM ([`super::grouped`]) never splits.
+//! **Where it applies: nowhere by default.** It measured slower than the reduce launch it
+//! replaces (H100, Llama-3-8B-shape Q4_K, 2026-11-27 14:00 UTC, bench/RESULTS.md: 16, 32
+//! and 64 sequences 3,542 / 5,602 / 7,380 tok/s without, 3,260 / 4,945 / 6,993 with; the
+//! narrow GEMMs' launches 5-6 us longer each): the last block's thread reads its 16
+//! outputs' `splits` partials one split after the other, so the tail is `splits` L2
+//! round trips, where the reduce kernel's thousand blocks keep them all in flight. With
+//! `SMELT_CUDA_SPLIT_FIXUP=1` the engine passes the counters (`Args::fixup`) when the
+//! launch has more than one split and its grid fits [`counter_slots`]; otherwise the
+//! counters are 0 and the kernel leaves the workspace to the reduce launch. The gathered-slots GEMM ([`super::grouped`]) never splits.
 
 use smelt_ptx::{Dim, Kernel, Load, LoadCache, Pred, Reg, Special, Store, F32, U32, U64};
 

@@ -256,8 +256,19 @@ pub const MAX_TOKENS: usize = 64;
 /// this GEMM (the other GEMMs take over at [`super::MIN_TOKENS`]). Same measurement as
 /// [`MAX_TOKENS`]: 8 sequences 1,340 tok/s on the GEMV, 1,719 here. Fewer tokens are
 /// unmeasured and stay on the GEMV, whose cost falls with them (this GEMM's does not).
-/// `SMELT_CUDA_GEMM_NARROW_MIN` sets it.
+/// `SMELT_CUDA_GEMM_NARROW_MIN` sets it for every type.
 pub const MIN_TOKENS: usize = 8;
+
+/// The fewest tokens for which the engine takes the narrow GEMM of `ty` by default:
+/// [`MIN_TOKENS`] for Q4_K; Q6_K's was measured against the int8 GEMM (half its time from
+/// 8 to 32 tokens, `gpu_ops perf -o gemm_f16`, bench/RESULTS.md 2026-11-27 14:00 UTC) but
+/// not against the GEMV that 8 tokens take, so it starts where the int8 GEMM does.
+pub fn min_tokens(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_K => MIN_TOKENS,
+        _ => super::MIN_TOKENS,
+    }
+}
 
 /// Formats with a narrow GEMM, and their kernels for blocks of 8, 16 and 32 tokens, per
 /// [`Layout`] (in [`Layout::ALL`]'s order).

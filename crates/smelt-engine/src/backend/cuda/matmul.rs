@@ -498,7 +498,7 @@ impl Cuda {
     }
 
     /// The split GEMMs' counters (`gemm::fixup`), allocated zeroed at the first split
-    /// launch; None with the fix-up off (`SMELT_CUDA_SPLIT_FIXUP=0`).
+    /// launch; None with the fix-up off (the default; `SMELT_CUDA_SPLIT_FIXUP=1` turns it on).
     fn gemm_counters(&self) -> Result<Option<u64>, CudaError> {
         if !self.opts.fuse.split_fixup {
             return Ok(None);

@@ -16,12 +16,12 @@
 //! | `SMELT_CUDA_GEMV_ROPE=0` | `fuse.gemv_rope_kv` | on |
 //! | `SMELT_CUDA_MOE_FUSE=0` | `fuse.moe` | on |
 //! | `SMELT_CUDA_HEAD_NORMS=0` | `fuse.head_norms` | on |
-//! | `SMELT_CUDA_SPLIT_FIXUP=0` | `fuse.split_fixup` | on |
+//! | `SMELT_CUDA_SPLIT_FIXUP=1` | `fuse.split_fixup` | off (slower: bench/RESULTS.md 2026-11-27 14:00 UTC) |
 //! | **matmul kernel choice** | `matmul` ([`MatmulOptions`]) | |
 //! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `matmul.gemv_rows` | off |
 //! | `SMELT_CUDA_GEMM_MIN` | `matmul.gemm_min_tokens` | `gemm::MIN_TOKENS` |
 //! | `SMELT_CUDA_GEMM_F16_MIN` | `matmul.gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
-//! | `SMELT_CUDA_GEMM_NARROW_MIN` | `matmul.gemm_narrow_min_tokens` | `gemm::narrow::MIN_TOKENS` (8, measured) |
+//! | `SMELT_CUDA_GEMM_NARROW_MIN` | `matmul.gemm_narrow_min_tokens` | `gemm::narrow::min_tokens` per type (Q4_K 8, measured) |
 //! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `matmul.gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_GEMM_NARROW_ROWS` (32 or 16) | `matmul.narrow_layout` | `gemm::narrow::DEFAULT_LAYOUT` (per token width) |
 //! | `SMELT_CUDA_GEMM_SMALL_MAX` (0: off) | `matmul.gemm_small_max_tokens` | `gemm::f16_small::MAX_TOKENS` (64, measured) |
@@ -99,7 +99,9 @@ pub struct FuseOptions {
     /// A decode row's Q and K head norms run as one kernel.
     pub head_norms: bool,
     /// A split-K GEMM's last block of each output tile sums the splits
-    /// (`smelt_kernels::gemm::fixup`) instead of a reduce launch after it.
+    /// (`smelt_kernels::gemm::fixup`) instead of a reduce launch after it. Off unless
+    /// asked for: the last block's reads of every split cost more than the launch they
+    /// save (H100, 32-sequence Llama-3-8B Q4_K decode 5,600 tok/s without, 4,945 with).
     pub split_fixup: bool,
 }
 
@@ -117,8 +119,9 @@ pub struct MatmulOptions {
     pub gemm_f16_min_tokens: Option<usize>,
     /// Matmuls of at least this many tokens (even under `gemm_min_tokens`) run on the
     /// narrow GEMM where the weight type has one (`gemm::narrow::TYPES`) and they are at
-    /// most `gemm_narrow_max_tokens`.
-    pub gemm_narrow_min_tokens: usize,
+    /// most `gemm_narrow_max_tokens`; `None`: the type's measured default
+    /// (`gemm::narrow::min_tokens`).
+    pub gemm_narrow_min_tokens: Option<usize>,
     /// Matmuls of at most this many tokens (and at least `gemm_narrow_min_tokens`) run on
     /// the narrow GEMM where the weight type has one; 0 in batch-invariant mode.
     pub gemm_narrow_max_tokens: usize,
@@ -252,7 +255,7 @@ impl CudaOptions {
                 gemv_rope_kv: on("SMELT_CUDA_GEMV_ROPE"),
                 moe: fused && on("SMELT_CUDA_MOE_FUSE"),
                 head_norms: fused && on("SMELT_CUDA_HEAD_NORMS"),
-                split_fixup: fused && on("SMELT_CUDA_SPLIT_FIXUP"),
+                split_fixup: fused && set("SMELT_CUDA_SPLIT_FIXUP"),
             },
             matmul: MatmulOptions {
                 gemv_rows: (
@@ -269,8 +272,7 @@ impl CudaOptions {
                 } else {
                     num("SMELT_CUDA_GEMM_F16_MIN")
                 },
-                gemm_narrow_min_tokens: num("SMELT_CUDA_GEMM_NARROW_MIN")
-                    .unwrap_or(gemm::narrow::MIN_TOKENS),
+                gemm_narrow_min_tokens: num("SMELT_CUDA_GEMM_NARROW_MIN"),
                 gemm_narrow_max_tokens: if batch_invariant {
                     0
                 } else {
@@ -356,7 +358,7 @@ mod tests {
         assert_eq!(o.matmul.gemm_min_tokens, gemm::MIN_TOKENS);
         assert_eq!(o.matmul.gemm_f16_min_tokens, None);
         assert_eq!(o.matmul.gemm_narrow_max_tokens, gemm::narrow::MAX_TOKENS);
-        assert_eq!(o.matmul.gemm_narrow_min_tokens, gemm::narrow::MIN_TOKENS);
+        assert_eq!(o.matmul.gemm_narrow_min_tokens, None);
         assert_eq!(o.matmul.gemm_small_max_tokens, gemm::f16_small::MAX_TOKENS);
         assert_eq!(
             o.matmul.moe_gemm_min_per_expert,
@@ -404,9 +406,14 @@ mod tests {
                 && !f.split_fixup
         );
         assert!(!with(&[("SMELT_CUDA_MOE_FUSE", "0")], false).fuse.moe);
-        let o = with(&[("SMELT_CUDA_SPLIT_FIXUP", "0")], false);
-        assert!(o.fuse.split_norm && !o.fuse.split_fixup);
-        assert!(with(&[], false).fuse.split_fixup);
+        let o = with(&[("SMELT_CUDA_SPLIT_FIXUP", "1")], false);
+        assert!(o.fuse.split_norm && o.fuse.split_fixup);
+        assert!(!with(&[], false).fuse.split_fixup);
+        assert!(
+            !with(&[("SMELT_CUDA_SPLIT_FIXUP", "0")], false)
+                .fuse
+                .split_fixup
+        );
         let o = with(&[("SMELT_CUDA_SPLIT_NORM", "0")], false);
         assert!(o.fuse.quantize && !o.fuse.split_norm);
     }
