@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 15's table in one device call on one GPU: `bench/gpu/peer.sh` (llama.cpp built
+# here from ../shared/peer, its random Llama-3-8B-shape Q4_K file: pp512, tg128, pp4096,
+# aggregate decode of 8/32/64 sequences, llama.cpp and smelt side by side; the
+# batch-invariant checks skipped), then the same prompt and batched-decode rows on a
+# Q4_K_M file (`smelt synth --quant q4_k_m`: Q6_K attn_v, ffn_down in half the layers and
+# the head), llama.cpp and smelt on that same file.
+#
+# Here:  ../shared/peer/prepare.sh .peer; mkdir -p .gpu-peer;
+#        strip + gzip -9 the release smelt into .gpu-peer/smelt.gz
+# There: timeout 590 bash bench/gpu/issue15.sh    carry [".gpu-peer", ".peer"]
+# Log: $OUT/peer.log and $OUT/issue15.log (or bench/out); both tables last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-bench/out}
+mkdir -p "$out"
+log="$out/issue15.log"
+S=/tmp/smelt-i15
+gunzip -c .gpu-peer/smelt.gz > $S && chmod +x $S
+SECONDS=0
+M=/tmp/i15-q4_k_m.gguf
+($S synth --shape llama3-8b --quant q4_k_m -o $M > /tmp/i15-synth.log 2>&1) &
+synpid=$!
+SKIP_INVARIANT=1 bash bench/gpu/peer.sh > /tmp/i15-peer.out 2>&1
+echo "peer.sh done at $SECONDS s" | tee "$log"
+wait $synpid
+cat /tmp/i15-synth.log >> "$log"
+export PYTHONPATH=/tmp/site
+js() { grep -o "\"$1\":[0-9.]*" | head -1 | cut -d: -f2; }
+rows=()
+row() { # name llama smelt
+  local r
+  r=$(python3 -c "a,b='$2','$3'; print(f'{float(b)/float(a):.2f}x' if a and b else '-')" 2>/dev/null)
+  rows+=("| Q4_K_M $1 | $2 | $3 | $r |")
+}
+lc=$(python3 .peer/llamacpp_bench.py $M 512 128 3 2>/dev/null | tee -a "$log" | grep RESULT)
+lc_pp=$(echo "$lc" | sed -n 's/.*pp512: \([0-9.]*\) tok\/s.*/\1/p')
+lc_tg=$(echo "$lc" | sed -n 's/.*tg128: \([0-9.]*\) tok\/s.*/\1/p')
+r=$($S bench --model $M --device cuda --prompt 512 --gen 128 --reps 3 --json 2>>"$log"); echo "$r" >> "$log"
+row "pp512 (tok/s)" "$lc_pp" "$(echo "$r" | js prompt_tok_s)"
+row "tg128 (tok/s)" "$lc_tg" "$(echo "$r" | js decode_tok_s)"
+for n in 8 32 64; do
+  lc=$(python3 .peer/llamacpp_batched.py $M $n 128 128 2>/dev/null | tee -a "$log" | grep RESULT | sed -n 's/.*decode \([0-9.]*\) tok\/s.*/\1/p')
+  r=$($S bench --model $M --device cuda --prompt 128 --gen 128 --reps 1 --batch $n --json 2>>"$log"); echo "$r" >> "$log"
+  row "$n sequences, aggregate decode (tok/s)" "$lc" "$(echo "$r" | js batch_decode_tok_s)"
+done
+echo "done at $SECONDS s" | tee -a "$log"
+echo
+echo "== peer.sh (Q4_K)"
+sed -n '/^== table/,$p' /tmp/i15-peer.out
+echo
+echo "| work | llama.cpp | smelt | ratio |"
+echo "|---|---:|---:|---:|"
+printf '%s\n' "${rows[@]}" | tee -a "$log"
