@@ -781,6 +781,7 @@ pub fn cpu_with_magnitude(
     let dequantize = match ty {
         GgmlType::Q4_K => <Q4K as GemmF16Format>::dequantize_row,
         GgmlType::Q6_K => <crate::formats::Q6K as GemmF16Format>::dequantize_row,
+        GgmlType::Q8_0 => super::narrow_q8_0::dequantize_row,
         other => {
             return Err(smelt_quant::QuantError::Unsupported {
                 ty: other,

@@ -255,7 +255,7 @@ mod tests {
             }
         }
         let narrow = super::super::narrow::catalog().len();
-        assert_eq!(narrow, 12, "Q4_K and Q6_K, two layouts, three widths");
+        assert_eq!(narrow, 18, "Q4_K, Q6_K and Q8_0, two layouts, three widths");
         assert_eq!(checked, 2 * (narrow + 2 + 1 + 12));
     }
 
@@ -271,9 +271,13 @@ mod tests {
                 .chain([1024, 4096, 14336, 128_256])
             {
                 for ntiles in [16usize, 20, 56, 112] {
-                    for (ntok, ty) in
-                        (8..=64usize).flat_map(|n| [(n, GgmlType::Q4_K), (n, GgmlType::Q6_K)])
-                    {
+                    for (ntok, ty) in (8..=64usize).flat_map(|n| {
+                        [
+                            (n, GgmlType::Q4_K),
+                            (n, GgmlType::Q6_K),
+                            (n, GgmlType::Q8_0),
+                        ]
+                    }) {
                         let narrow = super::super::narrow::splits(ty, nrows, ntiles, ntok, sms);
                         let a = super::super::Args {
                             splits: narrow as u32,

@@ -36,6 +36,7 @@ mod legacy;
 mod lowbit;
 pub mod narrow;
 mod narrow_q6_k;
+mod narrow_q8_0;
 #[cfg(test)]
 mod staging_model;
 

@@ -57,7 +57,7 @@ use smelt_ptx::{CpAsyncCache, FloatRound, Kernel, Load, MmaFloat, Reg, B32, U32,
 use super::f16::{dequant_pair, nibble_pair};
 use super::{split_range, GemmRegs, Out, Rows};
 use crate::formats::q4_k::{decode_header, setup_with_quants_at, Setup};
-use crate::formats::{Q4K, Q6K};
+use crate::formats::{Q4K, Q6K, Q8_0};
 use crate::ops::Launch;
 use crate::{GgmlType, TILE};
 
@@ -210,6 +210,7 @@ pub const fn fields(ty: GgmlType) -> &'static [Field] {
     match ty {
         GgmlType::Q4_K => <Q4K as NarrowFormat>::FIELDS,
         GgmlType::Q6_K => <Q6K as NarrowFormat>::FIELDS,
+        GgmlType::Q8_0 => <Q8_0 as NarrowFormat>::FIELDS,
         _ => &[],
     }
 }
@@ -238,8 +239,9 @@ pub const fn dynamic_bytes(ty: GgmlType, ni: usize) -> u32 {
     RING * slot_bytes(ty, ni)
 }
 
-/// The most dynamic shared memory a narrow kernel takes (Q6_K's 32-token blocks).
-pub const MAX_DYNAMIC_BYTES: u32 = dynamic_bytes(GgmlType::Q6_K, 4);
+/// The most dynamic shared memory a narrow kernel takes (Q8_0's 32-token blocks).
+pub const MAX_DYNAMIC_BYTES: u32 = dynamic_bytes(GgmlType::Q8_0, 4);
+const _: () = assert!(MAX_DYNAMIC_BYTES >= dynamic_bytes(GgmlType::Q6_K, 4));
 const _: () = assert!(MAX_DYNAMIC_BYTES >= dynamic_bytes(GgmlType::Q4_K, 4));
 // One block fits an sm_90 SM (227 KB a block at most).
 const _: () = assert!(MAX_DYNAMIC_BYTES <= 227 * 1024);
@@ -272,9 +274,10 @@ pub fn min_tokens(ty: GgmlType) -> usize {
 
 /// Formats with a narrow GEMM, and their kernels for blocks of 8, 16 and 32 tokens, per
 /// [`Layout`] (in [`Layout::ALL`]'s order).
-pub const TYPES: [(GgmlType, [[&str; 3]; 2]); 2] = [
+pub const TYPES: [(GgmlType, [[&str; 3]; 2]); 3] = [
     (GgmlType::Q4_K, <Q4K as NarrowFormat>::NAMES),
     (GgmlType::Q6_K, <Q6K as NarrowFormat>::NAMES),
+    (GgmlType::Q8_0, <Q8_0 as NarrowFormat>::NAMES),
 ];
 
 /// Every narrow kernel of `ty` with its layout and token width.
@@ -312,6 +315,7 @@ pub fn name(ty: GgmlType, ntok: usize, layout: Layout) -> Option<&'static str> {
 pub fn catalog() -> Vec<crate::catalog::Entry> {
     let mut v = entries::<Q4K>();
     v.extend(entries::<Q6K>());
+    v.extend(entries::<Q8_0>());
     v
 }
 
@@ -723,7 +727,8 @@ mod tests {
         assert_eq!(name(q4, 64, r32), Some("gemm_narrow32_q4_k"));
         assert_eq!(name(q4, 64, Layout::Rows16), Some("gemm_narrow32_r16_q4_k"));
         assert_eq!(name(GgmlType::Q6_K, 16, r32), Some("gemm_narrow16_q6_k"));
-        assert_eq!(name(GgmlType::Q8_0, 16, r32), None);
+        assert_eq!(name(GgmlType::Q8_0, 16, r32), Some("gemm_narrow16_q8_0"));
+        assert_eq!(name(GgmlType::Q5_K, 16, r32), None);
         let a = super::super::Args::q4_k_for_test(4097, 40, 16);
         let l = launch(q4, &a, r32);
         assert_eq!(l.grid, (2, 33, 4));
@@ -738,7 +743,12 @@ mod tests {
         // A slot is a tile's weights and both activation halves: 108 KB at 32 tokens for
         // Q4_K (two blocks an SM), 138 KB for Q6_K (one), 103 KB for Q6_K at 16 (two).
         assert_eq!(dynamic_bytes(q4, 4), 3 * (128 * 144 + 2 * 32 * 288));
-        assert_eq!(MAX_DYNAMIC_BYTES, 3 * (128 * 224 + 2 * 32 * 288));
+        assert_eq!(
+            dynamic_bytes(GgmlType::Q6_K, 4),
+            3 * (128 * 224 + 2 * 32 * 288)
+        );
+        assert_eq!(MAX_DYNAMIC_BYTES, 3 * (128 * 272 + 2 * 32 * 288));
+        assert_eq!(blocks_per_sm(GgmlType::Q8_0, 4), 1);
         assert_eq!(blocks_per_sm(q4, 4), 2);
         assert_eq!(blocks_per_sm(GgmlType::Q6_K, 4), 1);
         assert_eq!(blocks_per_sm(GgmlType::Q6_K, 2), 2);

@@ -203,6 +203,8 @@ mod tests {
             (GgmlType::Q6_K, 128_256, 4096),
             (GgmlType::Q6_K, 1024, 4096),
             (GgmlType::Q6_K, 4096, 14336),
+            (GgmlType::Q8_0, 4096, 4096),
+            (GgmlType::Q8_0, 14336, 4096),
         ] {
             for n in [8, 16, 32, 64] {
                 let Choice::Gemm { family, .. } = choose(&o.matmul, ty, rows, cols, n, || false)
@@ -243,17 +245,19 @@ mod tests {
             choose(m, GgmlType::Q4_K, 4096, 4096, 512, || true),
             Choice::Gemv
         );
-        // Q6_K (Q4_K_M's attn_v, ffn_down and head) has a narrow GEMM: 16-64 tokens take
-        // it (8 stay on the GEMV: unmeasured against it), more the int8 GEMM; Q8_0 has
-        // none: batches take the int8 GEMM, 8 tokens the GEMV.
+        // Q6_K (Q4_K_M's attn_v, ffn_down and head) and Q8_0 have narrow GEMMs: 16-64
+        // tokens take them (8 stay on the GEMV: unmeasured against it), more the int8
+        // GEMM; Q5_K has none: batches take the int8 GEMM, 8 tokens the GEMV.
         let pick = |ty, n| family(choose(m, ty, 4096, 4096, n, || false));
         let narrow = |n| Some(Family::Narrow(gemm::narrow::default_layout(n)));
-        assert_eq!(pick(GgmlType::Q6_K, 8), None);
-        assert_eq!(pick(GgmlType::Q6_K, 16), narrow(16));
-        assert_eq!(pick(GgmlType::Q6_K, 32), narrow(32));
-        assert_eq!(pick(GgmlType::Q6_K, 96), Some(Family::Int8));
-        assert_eq!(pick(GgmlType::Q8_0, 32), Some(Family::Int8));
-        assert_eq!(pick(GgmlType::Q8_0, 8), None);
+        for ty in [GgmlType::Q6_K, GgmlType::Q8_0] {
+            assert_eq!(pick(ty, 8), None);
+            assert_eq!(pick(ty, 16), narrow(16));
+            assert_eq!(pick(ty, 32), narrow(32));
+            assert_eq!(pick(ty, 96), Some(Family::Int8));
+        }
+        assert_eq!(pick(GgmlType::Q5_K, 32), Some(Family::Int8));
+        assert_eq!(pick(GgmlType::Q5_K, 8), None);
         assert_eq!(
             choose(m, GgmlType::F32, 4096, 4096, 512, || false),
             Choice::Gemv
