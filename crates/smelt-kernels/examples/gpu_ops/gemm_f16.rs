@@ -96,25 +96,18 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
                 };
                 case.check(rep, &got, &want, &mag);
             }
-            // The narrow GEMMs of this type read the same weights and rows: both token
-            // widths on every shape (ragged token blocks included).
-            for (nname, layout, width) in narrow::kernels_of(ty) {
-                let nf = gpu.f(nname)?;
-                for splits in [
-                    1,
-                    narrow::splits(ty, nrows, ntiles, ntok, SMS).max(ntiles.min(3)),
-                ] {
-                    let a = args(nrows, ntok, k, row_bytes, splits);
-                    let l = narrow::launch_width(ty, &a, layout, width);
-                    let got = run_both_ways(gpu, rep, nname, &nf, &a, l, &wd, &h)?;
-                    let case = Case {
-                        name: nname,
-                        shape: (nrows, k, ntok, splits),
-                        bar: 1e-4,
-                    };
-                    case.check(rep, &got, &want, &mag);
-                }
-            }
+            // The narrow GEMMs of this type read the same weights and rows: every token
+            // width on every shape (ragged token blocks included).
+            super::gemm_narrow::check_kernels(
+                gpu,
+                rep,
+                ty,
+                (nrows, k, ntok),
+                row_bytes,
+                &wd,
+                &h,
+                (&want, &mag),
+            )?;
             // The batch-wide f16 GEMMs: each shape's kernel on every shape.
             let small_names = f16_small::TYPES
                 .iter()
@@ -238,31 +231,20 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                         launch_as(gpu, v, &ah, l, &ws[i % copies], &h, &mut y, &mut wsph)
                     })? * 1e3;
                 }
-                let narrow_us = match narrow::name(ty, ntok, narrow::Layout::Rows32)
-                    .filter(|_| ntok <= 128)
-                {
-                    Some(_) => {
-                        let an = args(
-                            nrows,
-                            ntok,
-                            k,
+                let narrow_us =
+                    match narrow::name(ty, ntok, narrow::Layout::Rows32).filter(|_| ntok <= 128) {
+                        Some(_) => Some(super::gemm_narrow::time_layouts(
+                            gpu,
+                            ty,
+                            (nrows, k, ntok),
                             row_bytes,
-                            narrow::splits(ty, nrows, k / TILE, ntok, SMS),
-                        );
-                        let mut wspn = workspace(gpu, &an)?;
-                        let mut us = [0f64; 2];
-                        for (layout, us) in narrow::Layout::ALL.into_iter().zip(&mut us) {
-                            let nname = narrow::name(ty, ntok, layout).expect("both layouts");
-                            let nf = gpu.f(nname)?;
-                            *us = time_launches(&gpu.stream, 5, 2, launches, |i| {
-                                let l = narrow::launch(ty, &an, layout);
-                                launch_as(gpu, &nf, &an, l, &ws[i % copies], &h, &mut y, &mut wspn)
-                            })? * 1e3;
-                        }
-                        Some(us)
-                    }
-                    None => None,
-                };
+                            &ws,
+                            &h,
+                            &mut y,
+                            launches,
+                        )?),
+                        None => None,
+                    };
                 let small_us = match f16_small::name(ty, ntok).filter(|_| ntok <= 128) {
                     Some(sname) => {
                         let sf = gpu.module.load_function(sname)?;

@@ -5,6 +5,7 @@
 //! (`gemm_f16`), whose rows they share.
 
 use anyhow::Result;
+use cudarc::driver::CudaSlice;
 use rand::rngs::StdRng;
 use smelt_kernels::gemm::{self, f16, narrow};
 use smelt_kernels::{catalog, GgmlType, TILE};
@@ -22,6 +23,75 @@ fn types() -> impl Iterator<Item = GgmlType> {
         .into_iter()
         .map(|(ty, _)| ty)
         .filter(|ty| f16::name(*ty).is_none())
+}
+
+/// Every narrow kernel of `ty` (both layouts, every token width, split and not) on one
+/// shape: weights `wd` (`row_bytes` a row), f16 rows `h`, against the twin's `want` and
+/// magnitudes `mag`; each split case both ways (fix-up and reduce launch).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_kernels(
+    gpu: &Gpu,
+    rep: &mut Report,
+    ty: GgmlType,
+    (nrows, k, ntok): (usize, usize, usize),
+    row_bytes: usize,
+    wd: &CudaSlice<u8>,
+    h: &CudaSlice<u8>,
+    (want, mag): (&[f32], &[f64]),
+) -> Result<()> {
+    let ntiles = k.div_ceil(TILE);
+    for (nname, layout, width) in narrow::kernels_of(ty) {
+        let nf = gpu.f(nname)?;
+        for splits in [
+            1,
+            narrow::splits(ty, nrows, ntiles, ntok, SMS).max(ntiles.min(3)),
+        ] {
+            let a = args(nrows, ntok, k, row_bytes, splits);
+            let l = narrow::launch_width(ty, &a, layout, width);
+            let got = run_both_ways(gpu, rep, nname, &nf, &a, l, wd, h)?;
+            let case = Case {
+                name: nname,
+                shape: (nrows, k, ntok, splits),
+                bar: 1e-4,
+            };
+            case.check(rep, &got, want, mag);
+        }
+    }
+    Ok(())
+}
+
+/// Microseconds a launch of `ty`'s narrow kernel for `ntok` tokens in each layout
+/// ([`narrow::Layout::ALL`]), `launches` a timing, the weights cycling through the copies
+/// `ws` (L2-cold), f16 rows `h`, into `y`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn time_layouts(
+    gpu: &Gpu,
+    ty: GgmlType,
+    (nrows, k, ntok): (usize, usize, usize),
+    row_bytes: usize,
+    ws: &[CudaSlice<u8>],
+    h: &CudaSlice<u8>,
+    y: &mut CudaSlice<f32>,
+    launches: usize,
+) -> Result<[f64; 2]> {
+    let an = args(
+        nrows,
+        ntok,
+        k,
+        row_bytes,
+        narrow::splits(ty, nrows, k / TILE, ntok, SMS),
+    );
+    let mut wspn = workspace(gpu, &an)?;
+    let mut us = [0f64; 2];
+    for (layout, us) in narrow::Layout::ALL.into_iter().zip(&mut us) {
+        let nname = narrow::name(ty, ntok, layout).expect("both layouts");
+        let nf = gpu.f(nname)?;
+        *us = time_launches(&gpu.stream, 5, 2, launches, |i| {
+            let l = narrow::launch(ty, &an, layout);
+            launch_as(gpu, &nf, &an, l, &ws[i % ws.len()], h, y, &mut wspn)
+        })? * 1e3;
+    }
+    Ok(us)
 }
 
 /// Every narrow kernel of those formats (both layouts, every token width, split and not)
@@ -53,24 +123,16 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             convert(gpu, &xd, &mut h, k, ntok)?;
             let want_h = f16::act_cpu(&x, k)?;
             let (want, mag) = f16::cpu_with_magnitude(ty, &ggml, nrows, k, &want_h, ntok)?;
-            let ntiles = k.div_ceil(TILE);
-            for (nname, layout, width) in narrow::kernels_of(ty) {
-                let nf = gpu.f(nname)?;
-                for splits in [
-                    1,
-                    narrow::splits(ty, nrows, ntiles, ntok, SMS).max(ntiles.min(3)),
-                ] {
-                    let a = args(nrows, ntok, k, row_bytes, splits);
-                    let l = narrow::launch_width(ty, &a, layout, width);
-                    let got = run_both_ways(gpu, rep, nname, &nf, &a, l, &wd, &h)?;
-                    let case = Case {
-                        name: nname,
-                        shape: (nrows, k, ntok, splits),
-                        bar: 1e-4,
-                    };
-                    case.check(rep, &got, &want, &mag);
-                }
-            }
+            check_kernels(
+                gpu,
+                rep,
+                ty,
+                (nrows, k, ntok),
+                row_bytes,
+                &wd,
+                &h,
+                (&want, &mag),
+            )?;
         }
     }
     Ok(())
@@ -112,23 +174,16 @@ pub fn perf(gpu: &Gpu, rep: &mut Report) -> Result<()> {
                 let int8_us = time_launches(&gpu.stream, 5, 2, launches, |i| {
                     launch(gpu, &int8, &a, &ws[i % copies], &q, &mut y, &mut wsp)
                 })? * 1e3;
-                let an = args(
-                    nrows,
-                    ntok,
-                    k,
+                let us = time_layouts(
+                    gpu,
+                    ty,
+                    (nrows, k, ntok),
                     row_bytes,
-                    narrow::splits(ty, nrows, k / TILE, ntok, SMS),
-                );
-                let mut wspn = workspace(gpu, &an)?;
-                let mut us = [0f64; 2];
-                for (layout, us) in narrow::Layout::ALL.into_iter().zip(&mut us) {
-                    let nname = narrow::name(ty, ntok, layout).expect("both layouts");
-                    let nf = gpu.f(nname)?;
-                    *us = time_launches(&gpu.stream, 5, 2, launches, |i| {
-                        let l = narrow::launch(ty, &an, layout);
-                        launch_as(gpu, &nf, &an, l, &ws[i % copies], &h, &mut y, &mut wspn)
-                    })? * 1e3;
-                }
+                    &ws,
+                    &h,
+                    &mut y,
+                    launches,
+                )?;
                 let best = us[0].min(us[1]);
                 let gbs = (nrows * row_bytes) as f64 / best / 1e3;
                 rep.perf.push(format!(
