@@ -180,45 +180,14 @@ fn the_whole_module_assembles() {
         }
     }
 }
-/// The grouped (mixture-of-experts) GEMMs assemble for both targets with the engine's
-/// programmatic-launch settings for them (`catalog::GRID_DEPS.0`), within the GEMMs'
-/// shared memory, and without a spill: they run every prompt's expert matmuls.
-#[test]
-fn grouped_gemms_assemble_without_spills() {
-    let mut failures = Vec::new();
-    for target in [Target::Sm80, Target::Sm90] {
-        for (name, build) in smelt_kernels::gemm::grouped::catalog() {
-            let mut m = Module::new(target);
-            m.set_grid_dep(catalog::GRID_DEPS.0);
-            if let Err(e) = m.kernel(&name, |k| build(k)) {
-                failures.push(format!("{name} ({target}) did not build: {e}"));
-                continue;
-            }
-            match assemble(target, &name, &m.to_ptx()) {
-                Ok(report) if report.contains(" 0 bytes spill stores") => {
-                    eprintln!("{name} ({target}): {report}");
-                }
-                Ok(report) => failures.push(format!("{name} ({target}) spills:\n{report}")),
-                Err(e) => failures.push(e),
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    assert_eq!(
-        smelt_kernels::gemm::grouped::TYPES.len(),
-        smelt_kernels::gemm::grouped::catalog().len()
-    );
-}
-
-/// The narrow GEMMs (batched decode's matmuls) under the engine's launch settings: they
-/// keep one tile's weights in registers beside their accumulators and must not spill
-/// (their rings are dynamic shared memory, which ptxas does not count).
-#[test]
-fn narrow_gemms_assemble_without_spills() {
+/// Assembles `entries` for sm_80 and sm_90 with the engine's programmatic-launch settings
+/// for GEMMs (`catalog::GRID_DEPS.0`), printing each report; fails on any that does not
+/// build, assemble, or spills. Returns how many assembled.
+fn assemble_without_spills(entries: impl Fn() -> Vec<catalog::Entry>) -> usize {
     let mut failures = Vec::new();
     let mut assembled = 0;
     for target in [Target::Sm80, Target::Sm90] {
-        for (name, build) in smelt_kernels::gemm::narrow::catalog() {
+        for (name, build) in entries() {
             let mut m = Module::new(target);
             m.set_grid_dep(catalog::GRID_DEPS.0);
             if let Err(e) = m.kernel(&name, |k| build(k)) {
@@ -236,7 +205,26 @@ fn narrow_gemms_assemble_without_spills() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    assert_eq!(assembled, 2 * smelt_kernels::gemm::narrow::catalog().len());
+    assembled
+}
+
+/// The grouped (mixture-of-experts) GEMMs assemble for both targets with the engine's
+/// programmatic-launch settings for them, within the GEMMs' shared memory, and without a
+/// spill: they run every prompt's expert matmuls.
+#[test]
+fn grouped_gemms_assemble_without_spills() {
+    let grouped = smelt_kernels::gemm::grouped::catalog;
+    assert_eq!(assemble_without_spills(grouped), 2 * grouped().len());
+    assert_eq!(smelt_kernels::gemm::grouped::TYPES.len(), grouped().len());
+}
+
+/// The narrow GEMMs (batched decode's matmuls) under the engine's launch settings: they
+/// keep one tile's weights in registers beside their accumulators and must not spill
+/// (their rings are dynamic shared memory, which ptxas does not count).
+#[test]
+fn narrow_gemms_assemble_without_spills() {
+    let narrow = smelt_kernels::gemm::narrow::catalog;
+    assert_eq!(assemble_without_spills(narrow), 2 * narrow().len());
 }
 
 /// The split-K GEMMs (`gemm::narrow`, `gemm::f16_small`, `gemm::f16`, the int8
