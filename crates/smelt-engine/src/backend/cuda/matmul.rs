@@ -8,7 +8,7 @@ use smelt_cuda::CudaError;
 use smelt_gguf::GgmlType;
 use smelt_kernels::{act, catalog, gemm, gemv, TILE};
 
-use super::matmul_choice::{choose, Activations, Choice};
+use super::matmul_choice::{choose, Activations, Choice, Family};
 use super::ops::args;
 use super::{
     lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingGemv, Quantized, SplitNorm, StepPtrs,
@@ -90,7 +90,7 @@ impl Cuda {
                 Activations::GemmTiles => self.gemm_tiles(x)?,
             };
             let ntiles = cols.div_ceil(TILE);
-            let splits = family.splits(
+            let mut splits = family.splits(
                 ty,
                 rows,
                 ntiles,
@@ -98,6 +98,9 @@ impl Cuda {
                 self.gpu.sm_count(),
                 self.opts.batch_invariant,
             );
+            if let (Family::Narrow(_), Some(cap)) = (family, self.opts.matmul.narrow_max_splits) {
+                splits = splits.min(cap);
+            }
             let mut a = gemm::Args {
                 w: wp,
                 x: q,

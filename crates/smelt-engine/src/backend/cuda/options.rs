@@ -23,6 +23,7 @@
 //! | `SMELT_CUDA_GEMM_F16_MIN` | `matmul.gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
 //! | `SMELT_CUDA_GEMM_NARROW_MIN` | `matmul.gemm_narrow_min_tokens` | `gemm::narrow::min_tokens` per type (Q4_K 8, measured) |
 //! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `matmul.gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (64, measured) |
+//! | `SMELT_CUDA_GEMM_NARROW_SPLITS` | `matmul.narrow_max_splits` | none (`gemm::narrow::splits`'s wave-fill rule) |
 //! | `SMELT_CUDA_GEMM_NARROW_ROWS` (32 or 16) | `matmul.narrow_layout` | `gemm::narrow::DEFAULT_LAYOUT` (per token width) |
 //! | `SMELT_CUDA_GEMM_SMALL_MAX` (0: off) | `matmul.gemm_small_max_tokens` | `gemm::f16_small::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_MOE_GEMM_MIN` | `matmul.moe_gemm_min_per_expert` | `gemm::grouped::MIN_PER_EXPERT` (measured) |
@@ -125,6 +126,10 @@ pub struct MatmulOptions {
     /// Matmuls of at most this many tokens (and at least `gemm_narrow_min_tokens`) run on
     /// the narrow GEMM where the weight type has one; 0 in batch-invariant mode.
     pub gemm_narrow_max_tokens: usize,
+    /// At most this many K splits for the narrow GEMM (`None`: its wave-fill rule,
+    /// `gemm::narrow::splits`, alone), to measure fewer, longer blocks against the
+    /// split reduces.
+    pub narrow_max_splits: Option<usize>,
     /// The narrow GEMM's warp layout for every token width (`Some`: 32 or 16 rows a warp),
     /// else `gemm::narrow::DEFAULT_LAYOUT`'s per width.
     pub narrow_layout: Option<gemm::narrow::Layout>,
@@ -278,6 +283,7 @@ impl CudaOptions {
                 } else {
                     num("SMELT_CUDA_GEMM_NARROW_MAX").unwrap_or(gemm::narrow::MAX_TOKENS)
                 },
+                narrow_max_splits: num("SMELT_CUDA_GEMM_NARROW_SPLITS").filter(|&n| n > 0),
                 narrow_layout: match num("SMELT_CUDA_GEMM_NARROW_ROWS") {
                     Some(16) => Some(gemm::narrow::Layout::Rows16),
                     Some(32) => Some(gemm::narrow::Layout::Rows32),
@@ -359,6 +365,9 @@ mod tests {
         assert_eq!(o.matmul.gemm_f16_min_tokens, None);
         assert_eq!(o.matmul.gemm_narrow_max_tokens, gemm::narrow::MAX_TOKENS);
         assert_eq!(o.matmul.gemm_narrow_min_tokens, None);
+        assert_eq!(o.matmul.narrow_max_splits, None);
+        let capped = with(&[("SMELT_CUDA_GEMM_NARROW_SPLITS", "2")], false);
+        assert_eq!(capped.matmul.narrow_max_splits, Some(2));
         assert_eq!(o.matmul.gemm_small_max_tokens, gemm::f16_small::MAX_TOKENS);
         assert_eq!(
             o.matmul.moe_gemm_min_per_expert,
