@@ -262,12 +262,14 @@ pub const MAX_TOKENS: usize = 64;
 pub const MIN_TOKENS: usize = 8;
 
 /// The fewest tokens for which the engine takes the narrow GEMM of `ty` by default:
-/// [`MIN_TOKENS`] for Q4_K; Q6_K's was measured against the int8 GEMM (half its time from
-/// 8 to 32 tokens, `gpu_ops perf -o gemm_f16`, bench/RESULTS.md 2026-11-27 14:00 UTC) but
-/// not against the GEMV that 8 tokens take, so it starts where the int8 GEMM does.
+/// [`MIN_TOKENS`] for Q4_K and Q8_0 (8 sequences of the Llama-3-8B-shape Q8_0 on an H100:
+/// 1,302 tok/s on the GEMV, 1,493 here; bench/RESULTS.md 2026-11-27 14:25 UTC). Q6_K's
+/// was measured against the int8 GEMM (half its time from 8 to 32 tokens, `gpu_ops perf
+/// -o gemm_f16`, 14:00 UTC) but not against the GEMV that 8 tokens take, so it starts
+/// where the int8 GEMM does.
 pub fn min_tokens(ty: GgmlType) -> usize {
     match ty {
-        GgmlType::Q4_K => MIN_TOKENS,
+        GgmlType::Q4_K | GgmlType::Q8_0 => MIN_TOKENS,
         _ => super::MIN_TOKENS,
     }
 }

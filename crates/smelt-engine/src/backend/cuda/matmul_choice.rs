@@ -246,12 +246,13 @@ mod tests {
             Choice::Gemv
         );
         // Q6_K (Q4_K_M's attn_v, ffn_down and head) and Q8_0 have narrow GEMMs: 16-64
-        // tokens take them (8 stay on the GEMV: unmeasured against it), more the int8
-        // GEMM; Q5_K has none: batches take the int8 GEMM, 8 tokens the GEMV.
+        // tokens take them, Q8_0 from 8 (measured against the GEMV; Q6_K not), more the
+        // int8 GEMM; Q5_K has none: batches take the int8 GEMM, 8 tokens the GEMV.
         let pick = |ty, n| family(choose(m, ty, 4096, 4096, n, || false));
         let narrow = |n| Some(Family::Narrow(gemm::narrow::default_layout(n)));
+        assert_eq!(pick(GgmlType::Q6_K, 8), None);
+        assert_eq!(pick(GgmlType::Q8_0, 8), narrow(8));
         for ty in [GgmlType::Q6_K, GgmlType::Q8_0] {
-            assert_eq!(pick(ty, 8), None);
             assert_eq!(pick(ty, 16), narrow(16));
             assert_eq!(pick(ty, 32), narrow(32));
             assert_eq!(pick(ty, 96), Some(Family::Int8));
