@@ -4,7 +4,8 @@
 # aggregate decode of 8/32/64 sequences, llama.cpp and smelt side by side; the
 # batch-invariant checks skipped), then the same prompt and batched-decode rows on a
 # Q4_K_M file (`smelt synth --quant q4_k_m`: Q6_K attn_v, ffn_down in half the layers and
-# the head), llama.cpp and smelt on that same file.
+# the head), llama.cpp and smelt on that same file. SHAPE (default llama3-8b; qwen3-32b)
+# picks the shape of both files.
 #
 # Here:  ../shared/peer/prepare.sh .peer; mkdir -p .gpu-peer;
 #        strip + gzip -9 the release smelt into .gpu-peer/smelt.gz
@@ -19,7 +20,7 @@ S=/tmp/smelt-i15
 gunzip -c .gpu-peer/smelt.gz > $S && chmod +x $S
 SECONDS=0
 M=/tmp/i15-q4_k_m.gguf
-($S synth --shape llama3-8b --quant q4_k_m -o $M > /tmp/i15-synth.log 2>&1) &
+($S synth --shape "${SHAPE:-llama3-8b}" --quant q4_k_m -o $M > /tmp/i15-synth.log 2>&1) &
 synpid=$!
 SKIP_INVARIANT=1 bash bench/gpu/peer.sh > /tmp/i15-peer.out 2>&1
 echo "peer.sh done at $SECONDS s" | tee "$log"
