@@ -35,6 +35,7 @@ pub mod grouped;
 mod legacy;
 mod lowbit;
 pub mod narrow;
+mod narrow_q4_k;
 mod narrow_q6_k;
 mod narrow_q8_0;
 #[cfg(test)]
