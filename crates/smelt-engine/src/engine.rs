@@ -552,6 +552,15 @@ impl Engine {
             Inner::Cuda(c) => {
                 c.forward_seqs(&seq_ids, &tokens, &positions, &seqs, &out_rows, greedy)?
             }
+            // The ranks' step has no hidden-rows output yet: their logits are not
+            // embeddings, so say so rather than pool them.
+            Inner::Tp(_) if out == Out::Hidden => {
+                return Err(EngineError::BadOptions(
+                    "embeddings are not supported across GPUs (--tp) yet: serve the embedding \
+                     model on one GPU"
+                        .into(),
+                ))
+            }
             Inner::Tp(t) => t.step(crate::tp::runner::StepMsg {
                 ids: seq_ids,
                 tokens,
