@@ -191,8 +191,8 @@ pub fn fused_configs() -> [Config; 4] {
 }
 
 /// The grouped mixture-of-experts GEMV's name for `ty` (`moe::gemv_id_kernel`).
-pub fn moe_gemv_name(ty: GgmlType, tile_tokens: usize) -> Result<String, KernelError> {
-    with_format!(ty, F => Ok(crate::moe::gemv_id_name::<F>(tile_tokens)), _ => Err(unsupported(ty)))
+pub fn moe_gemv_name(ty: GgmlType, tile_tokens: usize, lanes: u32) -> Result<String, KernelError> {
+    with_format!(ty, F => Ok(crate::moe::gemv_id_name::<F>(tile_tokens, lanes)), _ => Err(unsupported(ty)))
 }
 
 /// Bytes of a row of `k` weights of `ty` in the GPU layout.
@@ -242,11 +242,11 @@ pub fn all() -> Vec<Entry> {
     v.extend(crate::allreduce::catalog());
     v.extend(crate::allreduce_norm::catalog());
     for ty in GEMV_TYPES {
-        for t in crate::moe::TILE_TOKENS {
+        for (t, l) in crate::moe::gemv_id_variants() {
             with_format!(ty, F => {
                 v.push((
-                    crate::moe::gemv_id_name::<F>(t),
-                    Box::new(move |k: &Kernel| crate::moe::gemv_id_kernel::<F>(k, t)),
+                    crate::moe::gemv_id_name::<F>(t, l),
+                    Box::new(move |k: &Kernel| crate::moe::gemv_id_kernel::<F>(k, t, l)),
                 ));
             }, _ => {});
         }

@@ -48,6 +48,39 @@ pub fn rows_per_warp(tile_tokens: usize) -> u32 {
 }
 /// Tokens per tile the grouped GEMV is emitted for.
 pub const TILE_TOKENS: [usize; 4] = [1, 2, 4, 8];
+/// Lanes a row of the grouped GEMV takes, one variant each: a warp's 32 lanes cover eight
+/// 256-weight tiles a step, so a row of 768 weights (Qwen3-30B-A3B's down projection)
+/// would keep 12 of them busy; 16 or 8 lanes a row put two or four rows in a warp instead.
+pub const ROW_LANES: [u32; 3] = [32, 16, 8];
+
+/// Tiles of at most this many tokens have lane-group variants (decode; prompts' wider
+/// tiles have enough work a row, and most of them run on the grouped GEMM).
+pub const GROUPED_LANES_MAX_TOKENS: usize = 2;
+
+/// Lanes a row of `ntiles` tiles takes in a tile of `tile_tokens`: the fewest it fills
+/// whole (four a tile; at least 8), else 32. A row that fits its lanes in one step adds its
+/// tiles' partial sums in the order the full warp's butterfly does (the other lanes' zeros
+/// drop out exactly), so every variant gives the same bits.
+pub fn row_lanes(ntiles: usize, tile_tokens: usize) -> u32 {
+    if tile_tokens > GROUPED_LANES_MAX_TOKENS {
+        return 32;
+    }
+    ROW_LANES
+        .into_iter()
+        .rev()
+        .find(|&l| ntiles <= (l / 4) as usize)
+        .unwrap_or(32)
+}
+
+/// The `(tile_tokens, lanes)` pairs the grouped GEMV is emitted for.
+pub fn gemv_id_variants() -> impl Iterator<Item = (usize, u32)> {
+    TILE_TOKENS.into_iter().flat_map(|t| {
+        ROW_LANES
+            .into_iter()
+            .filter(move |&l| l == 32 || t <= GROUPED_LANES_MAX_TOKENS)
+            .map(move |l| (t, l))
+    })
+}
 /// Threads per block of the combine.
 pub const COMBINE_THREADS: u32 = 256;
 
@@ -75,14 +108,19 @@ pub const DENSE_F32: &str = "matmul_f32_rows";
 /// Name of [`dense_f32_scalar_kernel`] (the first version, kept to be timed beside it).
 pub const DENSE_F32_SCALAR: &str = "matmul_f32_rows_scalar";
 
-/// Name of the grouped GEMV for format `F` and `tile_tokens` tokens per tile.
-pub fn gemv_id_name<F: GpuFormat>(tile_tokens: usize) -> String {
-    format!("moe_gemv_{}_t{tile_tokens}", F::NAME)
+/// Name of the grouped GEMV for format `F`, `tile_tokens` tokens per tile and `lanes`
+/// lanes a row (one of [`ROW_LANES`]).
+pub fn gemv_id_name<F: GpuFormat>(tile_tokens: usize, lanes: u32) -> String {
+    match lanes {
+        32 => format!("moe_gemv_{}_t{tile_tokens}", F::NAME),
+        _ => format!("moe_gemv_{}_t{tile_tokens}_l{lanes}", F::NAME),
+    }
 }
 
-/// Name of the grouped GEMV for weights of type `ty` and `tile_tokens` tokens per tile.
-pub fn gemv_id(ty: GgmlType, tile_tokens: usize) -> Result<String, KernelError> {
-    crate::catalog::moe_gemv_name(ty, tile_tokens)
+/// Name of the grouped GEMV for weights of type `ty`, `tile_tokens` tokens per tile and
+/// `lanes` lanes a row.
+pub fn gemv_id(ty: GgmlType, tile_tokens: usize, lanes: u32) -> Result<String, KernelError> {
+    crate::catalog::moe_gemv_name(ty, tile_tokens, lanes)
 }
 
 /// Tokens per tile for a step of `n_slots` (token, expert) slots over `n_expert` experts:
@@ -535,8 +573,14 @@ kernel_params! {
 /// Launch of the grouped GEMV: `nrows` rows per expert, `max_tiles` tiles of
 /// `tile_tokens` tokens (with one token per tile, one tile per slot), `pair`: two weight
 /// arrays of the same shape (gate and up) in one launch.
-pub fn gemv_id_launch(nrows: usize, max_tiles: usize, tile_tokens: usize, pair: bool) -> Launch {
-    let per_cta = (GEMV_WARPS * rows_per_warp(tile_tokens)) as usize;
+pub fn gemv_id_launch(
+    nrows: usize,
+    max_tiles: usize,
+    tile_tokens: usize,
+    pair: bool,
+    lanes: u32,
+) -> Launch {
+    let per_cta = (GEMV_WARPS * rows_per_warp(tile_tokens) * (32 / lanes)) as usize;
     Launch::new(
         (
             nrows.div_ceil(per_cta).max(1) as u32,
@@ -557,12 +601,21 @@ pub fn gemv_id_launch(nrows: usize, max_tiles: usize, tile_tokens: usize, pair: 
 /// experts per token) and tile `j` is slot `j`. Blocks with `ctaid.z = 1` multiply the
 /// second weight array `w2` into `y2` (same shapes: gate and up in one launch).
 ///
+/// With `lanes` under 32 a warp's lanes are `32 / lanes` groups, each owning its own
+/// rows ([`row_lanes`]: for rows of at most `lanes / 4` tiles).
+///
 /// Parameters: `w, x, y, tiles, nrows, ntiles, row_bytes, expert_bytes, x_div, k, w2, y2`.
 /// Launch: [`gemv_id_launch`].
-pub fn gemv_id_kernel<F: GpuFormat>(k: &Kernel, tile_tokens: usize) {
+pub fn gemv_id_kernel<F: GpuFormat>(k: &Kernel, tile_tokens: usize, lanes: u32) {
     if !TILE_TOKENS.contains(&tile_tokens) {
         k.reject(format!(
             "{tile_tokens} tokens per tile: one of {TILE_TOKENS:?}"
+        ));
+        return;
+    }
+    if !gemv_id_variants().any(|v| v == (tile_tokens, lanes)) {
+        k.reject(format!(
+            "{lanes} lanes a row at {tile_tokens} tokens a tile: not a variant (moe::gemv_id_variants)"
         ));
         return;
     }
@@ -591,8 +644,22 @@ pub fn gemv_id_kernel<F: GpuFormat>(k: &Kernel, tile_tokens: usize) {
     };
     let warp = k.mad(k.reg(), k.ctaid_x(), GEMV_WARPS, k.tid_y());
     let nr = rows_per_warp(tile_tokens);
-    let first_row = k.mul(k.reg(), warp, nr);
-    k.exit_if(k.ge(first_row, a.nrows));
+    let groups = 32 / lanes;
+    let lane = k.tid_x();
+    // The warp leaves whole (its shuffles need every lane); a group past the last row
+    // computes the last row again and stores nothing. Whole-warp rows emit what they did
+    // before the groups.
+    let (first_row, in_group) = if groups == 1 {
+        let first_row = k.mul(k.reg(), warp, nr);
+        k.exit_if(k.ge(first_row, a.nrows));
+        (first_row, lane)
+    } else {
+        let warp_row = k.mul(k.reg(), warp, nr * groups);
+        k.exit_if(k.ge(warp_row, a.nrows));
+        let group = k.shr(k.reg(), lane, lanes.trailing_zeros());
+        let first_row = k.mad(k.reg(), group, nr, warp_row);
+        (first_row, k.and(k.reg(), lane, lanes - 1))
+    };
     let last = k.sub(k.reg(), a.nrows, 1u32);
     let wexp = k.add(
         k.reg(),
@@ -606,9 +673,8 @@ pub fn gemv_id_kernel<F: GpuFormat>(k: &Kernel, tile_tokens: usize) {
             k.add(k.reg(), wexp, k.mul_wide(k.reg::<U64>(), row, a.row_bytes))
         })
         .collect();
-    let lane = k.tid_x();
     let part = k.and(k.reg(), lane, 3u32);
-    let first = k.shr(k.reg(), lane, 2u32);
+    let first = k.shr(k.reg(), in_group, 2u32);
     let setup = F::setup(k, part, a.ntiles);
     let how = WeightLoad { no_l1: false };
     let (b0, b1) = F::act_blocks(k, part);
@@ -635,7 +701,7 @@ pub fn gemv_id_kernel<F: GpuFormat>(k: &Kernel, tile_tokens: usize) {
     let accs: Vec<Vec<_>> = (0..nr)
         .map(|_| (0..tile_tokens).map(|_| k.f32(0.0)).collect())
         .collect();
-    k.stride_loop(first, a.ntiles, 8u32, |k, tile| {
+    k.stride_loop(first, a.ntiles, lanes / 4, |k, tile| {
         let weights: Vec<_> = wrows
             .iter()
             .map(|&wr| F::load(k, &setup, wr, tile, how))
@@ -664,9 +730,9 @@ pub fn gemv_id_kernel<F: GpuFormat>(k: &Kernel, tile_tokens: usize) {
             }
         }
     });
-    let lane0 = k.eq(lane, 0u32);
+    let lane0 = k.eq(in_group, 0u32);
     for (r, acc_r) in accs.iter().enumerate() {
-        let sums: Vec<_> = acc_r.iter().map(|&a| k.warp_sum(a)).collect();
+        let sums: Vec<_> = acc_r.iter().map(|&a| k.group_sum(a, lanes)).collect();
         let row = k.add(k.reg(), first_row, r as u32);
         let store = k.lt(row, a.nrows);
         k.and(store, store, lane0);
@@ -902,6 +968,30 @@ pub fn dense_cpu(w: &[f32], x: &[f32], nrows: usize, cols: usize) -> Vec<f32> {
 mod tests {
     use super::*;
     use smelt_ptx::{Module, Target};
+
+    #[test]
+    fn rows_of_few_tiles_take_lane_groups_at_decode() {
+        // Qwen3-Next-80B's down rows (512 weights), Qwen3-30B-A3B's (768), its gate/up (2048).
+        assert_eq!(row_lanes(2, 1), 8);
+        assert_eq!(row_lanes(3, 1), 16);
+        assert_eq!(row_lanes(4, 2), 16);
+        assert_eq!(row_lanes(5, 1), 32);
+        assert_eq!(row_lanes(8, 1), 32);
+        // Prompt tiles keep whole warps.
+        assert_eq!(row_lanes(3, 4), 32);
+        // Every choice is an emitted variant, and a row fits its lanes in one step.
+        for t in TILE_TOKENS {
+            for n in 1..=12 {
+                let l = row_lanes(n, t);
+                assert!(gemv_id_variants().any(|v| v == (t, l)), "{n} tiles, t{t}");
+                assert!(l == 32 || n <= (l / 4) as usize);
+            }
+        }
+        // A warp's rows per block grow with its groups.
+        let whole = gemv_id_launch(2048, 8, 1, false, 32);
+        let groups = gemv_id_launch(2048, 8, 1, false, 16);
+        assert_eq!(whole.grid.0, 2 * groups.grid.0);
+    }
 
     #[test]
     fn kernels_build() {

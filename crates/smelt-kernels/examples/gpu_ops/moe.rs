@@ -517,9 +517,17 @@ fn speed(gemv_gpu: &Cuda, gemm_gpu: &Cuda, rng: &mut StdRng) -> Res<Vec<(usize, 
 
 /// The engine's CUDA backend, with `min` as the grouped GEMM's least rows an expert.
 fn open(min: Option<usize>) -> anyhow::Result<Cuda> {
+    open_with(min, None)
+}
+
+/// [`open`], with the grouped GEMV's rows on at least `lanes` lanes.
+fn open_with(min: Option<usize>, lanes: Option<u32>) -> anyhow::Result<Cuda> {
     let mut opts = CudaOptions::from_env(false);
     if let Some(m) = min {
         opts.matmul.moe_gemm_min_per_expert = m;
+    }
+    if lanes.is_some() {
+        opts.matmul.moe_gemv_lanes = lanes;
     }
     Cuda::open_with(0, opts).map_err(|e| anyhow::anyhow!("CUDA backend: {e}"))
 }
@@ -531,6 +539,9 @@ pub fn check(_gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> anyhow::Result<(
     // (type, experts, k, tokens, rows, cols, gating, skewed)
     let cases = [
         (GgmlType::Q4_K, 128, 8, 1, 768, 2048, Gating::Softmax, false),
+        // Its down projection's shape (rows of three tiles: 16-lane groups), ragged rows.
+        (GgmlType::Q4_K, 128, 8, 1, 2048, 768, Gating::Softmax, false),
+        (GgmlType::Q6_K, 64, 8, 1, 200, 768, Gating::Softmax, false),
         (GgmlType::Q4_K, 128, 8, 7, 200, 512, Gating::Softmax, false),
         (GgmlType::Q4_K, 128, 8, 96, 264, 256, Gating::Softmax, false),
         (GgmlType::Q4_K, 16, 4, 40, 256, 256, Gating::Softmax, true),
@@ -556,10 +567,15 @@ pub fn check(_gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> anyhow::Result<(
         (GgmlType::Q6_K, 16, 4, 80, 136, 512, Gating::Softmax, false),
     ];
     let grouped_cases = cases.iter().filter(|c| grouped::name(c.0).is_some());
+    // Rows of at most four tiles run on lane groups (`moe::row_lanes`); the whole-warp
+    // rows they replaced, again, must meet the same bar.
+    let wgpu = open_with(None, Some(32))?;
+    let short_rows = cases.iter().filter(|c| c.5 <= 1024);
     let runs = cases
         .iter()
         .map(|c| (&gpu, c))
-        .chain(grouped_cases.map(|c| (&ggpu, c)));
+        .chain(grouped_cases.map(|c| (&ggpu, c)))
+        .chain(short_rows.map(|c| (&wgpu, c)));
     for (g, &(ty, ne, k, n, rows, cols, gating, skew)) in runs {
         if !want(&format!("{ty:?} {ne}e k{k} n{n} {rows}x{cols}")) {
             continue;

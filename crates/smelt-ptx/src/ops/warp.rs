@@ -124,20 +124,44 @@ impl Kernel {
     pub fn warp_reduce<T: Word>(
         &self,
         v: Reg<T>,
+        combine: impl FnMut(&Kernel, Reg<T>, Reg<T>),
+    ) -> Reg<T> {
+        self.group_reduce(v, 32, combine)
+    }
+
+    /// [`Kernel::warp_reduce`] within each group of `width` consecutive lanes (a power of
+    /// two, at most 32): the butterfly's offsets `width / 2 .. 1` only, so each group
+    /// ends with its own result, combined in the order the full warp's last steps use.
+    /// Every lane of the warp must execute it.
+    pub fn group_reduce<T: Word>(
+        &self,
+        v: Reg<T>,
+        width: u32,
         mut combine: impl FnMut(&Kernel, Reg<T>, Reg<T>),
     ) -> Reg<T> {
+        assert!(
+            width.is_power_of_two() && width <= 32,
+            "lane group of {width}"
+        );
         let acc = self.copy(v);
-        for offset in [16u32, 8, 4, 2, 1] {
+        let mut offset = width / 2;
+        while offset > 0 {
             let other = self.reg::<T>();
             self.shfl_sync(Shfl::Bfly, other, acc, offset, FULL_WARP);
             combine(self, acc, other);
+            offset /= 2;
         }
         acc
     }
 
     /// The sum of `v` over the warp, in every lane (`add.rn` for floats).
     pub fn warp_sum<T: Word + Arith>(&self, v: Reg<T>) -> Reg<T> {
-        self.warp_reduce(v, |k, acc, other| {
+        self.group_sum(v, 32)
+    }
+
+    /// The sum of `v` over each group of `width` lanes ([`Kernel::group_reduce`]).
+    pub fn group_sum<T: Word + Arith>(&self, v: Reg<T>, width: u32) -> Reg<T> {
+        self.group_reduce(v, width, |k, acc, other| {
             k.add(acc, acc, other);
         })
     }

@@ -162,7 +162,7 @@ impl Cuda {
         tiles: Option<u64>,
         skip_tokens: u32,
     ) -> Result<(), CudaError> {
-        let splits = self.splits(s.n_seqs, p.n_head_kv);
+        let splits = self.splits(s.n_seqs, s.max_tokens, p);
         let (acc_len, ml_len) = ops::attention::partial_lens(q.rows, p.n_head, splits, p.head_dim);
         let acc = self.scratch(acc_len * 4)?;
         let ml = self.scratch(ml_len * 4)?;
@@ -265,19 +265,56 @@ impl Cuda {
         Ok(c.as_ref().map(|c| self.gpu.ptr(c)))
     }
 
-    /// Key splits per (sequence, KV head): at most one block per multiprocessor,
-    /// independent of sequence length (a graph captured at one length replays at any).
-    /// Fewer splits than the kernels' default (twice the SMs): at decode lengths each
-    /// split's partial output costs as much to write and combine as its keys cost to read
-    /// (H100, 2026-11-22: the combine step took more time than the attention itself at 64
-    /// splits). Rounded down: a block's staged keys leave room for one block per SM in the
-    /// kernels' carveout, and 17 x 8 blocks on 132 SMs ran four of them after the rest.
-    pub(super) fn splits(&self, n_seqs: usize, n_head_kv: usize) -> usize {
+    /// Key splits per (sequence, KV head): [`blocks_per_sm_splits`] for this step's
+    /// sequences and query tiles, unless `SMELT_CUDA_ATTN_SPLITS` sets them.
+    pub(super) fn splits(&self, n_seqs: usize, max_tokens: usize, p: &AttnParams) -> usize {
         if let Some(n) = self.opts.attention.splits {
             return n.clamp(1, ops::attention::MAX_SPLITS);
         }
-        // Batch-invariant: as many splits as for one sequence, whatever the batch.
-        let n_seqs = if self.opts.batch_invariant { 1 } else { n_seqs };
-        (self.gpu.sm_count() / (n_seqs * n_head_kv).max(1)).clamp(4, 64)
+        // Batch-invariant: as many splits as for one sequence of one token, whatever the
+        // batch.
+        let (n_seqs, max_tokens) = match self.opts.batch_invariant {
+            true => (1, 1),
+            false => (n_seqs, max_tokens),
+        };
+        let q_tiles = ops::attention::q_tiles(max_tokens, p.n_head, p.n_head_kv);
+        blocks_per_sm_splits(self.gpu.sm_count(), n_seqs * p.n_head_kv * q_tiles)
+    }
+}
+
+/// Key splits for `groups` (sequence, KV head, query tile) blocks: at most one block per
+/// multiprocessor, independent of sequence length (a graph captured at one length replays
+/// at any). Fewer splits than the kernels' default (twice the SMs): at decode lengths each
+/// split's partial output costs as much to write and combine as its keys cost to read
+/// (H100, 2026-11-22: the combine step took more time than the attention itself at 64
+/// splits). Rounded down: a block's staged keys leave room for one block per SM in the
+/// kernels' carveout, and 17 x 8 blocks on 132 SMs ran four of them after the rest. The
+/// query tiles count: Qwen3-30B-A3B's 8 query heads a KV head are two tiles, and 33 splits
+/// of them were two waves of blocks (13.1 us a layer where Llama's 8 KV heads take 8.1).
+pub(super) fn blocks_per_sm_splits(sm_count: usize, groups: usize) -> usize {
+    (sm_count / groups.max(1)).clamp(4, 64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::blocks_per_sm_splits;
+    use smelt_kernels::ops::attention::q_tiles;
+
+    #[test]
+    fn decode_splits_fill_one_wave_with_query_tiles_counted() {
+        let h100 = 132;
+        // Llama-3-8B: 32 query heads over 8 KV heads, one tile: 16 x 8 = 128 blocks.
+        let llama = 8 * q_tiles(1, 32, 8);
+        assert_eq!(blocks_per_sm_splits(h100, llama), 16);
+        // Qwen3-30B-A3B: 32 over 4, two tiles: 16 splits (not 33, two waves).
+        let qwen_moe = 4 * q_tiles(1, 32, 4);
+        assert_eq!(qwen_moe, 8);
+        assert_eq!(blocks_per_sm_splits(h100, qwen_moe), 16);
+        for groups in [1, 3, 8, 16, 33, 132] {
+            let s = blocks_per_sm_splits(h100, groups);
+            assert!(s * groups <= h100 || s == 4, "{groups}: {s}");
+        }
+        // Many sequences: the floor of 4 splits.
+        assert_eq!(blocks_per_sm_splits(h100, 32 * 8), 4);
     }
 }

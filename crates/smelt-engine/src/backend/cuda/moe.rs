@@ -427,10 +427,15 @@ impl Cuda {
             self.moe_plan(route, n_expert, t)?
         };
         let max = moe::max_tiles(n * k, n_expert, t);
-        let name = moe::gemv_id(ty, t)?;
+        let ntiles = cols.div_ceil(TILE);
+        let lanes = match self.opts.matmul.moe_gemv_lanes {
+            Some(l) => l.max(moe::row_lanes(ntiles, t)),
+            None => moe::row_lanes(ntiles, t),
+        };
+        let name = moe::gemv_id(ty, t, lanes)?;
         self.launch(
             &name,
-            moe::gemv_id_launch(rows, max, t, pair),
+            moe::gemv_id_launch(rows, max, t, pair, lanes),
             &args(
                 &moe::GemvIdArgs {
                     w: ptr,
@@ -438,7 +443,7 @@ impl Cuda {
                     y,
                     tiles,
                     nrows: rows as u32,
-                    ntiles: cols.div_ceil(TILE) as u32,
+                    ntiles: ntiles as u32,
                     row_bytes: row_bytes as u32,
                     expert_bytes: (rows * row_bytes) as u32,
                     x_div: x_div as u32,

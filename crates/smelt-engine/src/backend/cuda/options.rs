@@ -27,6 +27,7 @@
 //! | `SMELT_CUDA_GEMM_NARROW_ROWS` (32 or 16) | `matmul.narrow_layout` | `gemm::narrow::DEFAULT_LAYOUT` (per token width) |
 //! | `SMELT_CUDA_GEMM_SMALL_MAX` (0: off) | `matmul.gemm_small_max_tokens` | `gemm::f16_small::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_MOE_GEMM_MIN` | `matmul.moe_gemm_min_per_expert` | `gemm::grouped::MIN_PER_EXPERT` (measured) |
+//! | `SMELT_CUDA_MOE_LANES` (32, 16 or 8) | `matmul.moe_gemv_lanes` | `moe::row_lanes` (the fewest lanes a row's tiles fill) |
 //! | **attention** | `attention` ([`AttentionOptions`]) | |
 //! | `SMELT_CUDA_FLASH_SEQS` | `attention.flash_decode_seqs` | [`super::FLASH_DECODE_SEQS`] |
 //! | `SMELT_CUDA_SPLITS` | `attention.splits` | one block per SM |
@@ -143,6 +144,9 @@ pub struct MatmulOptions {
     /// with `bench/gpu/moe.sh`; `usize::MAX`: never, as in batch-invariant mode; 0: always,
     /// for the GPU checks).
     pub moe_gemm_min_per_expert: usize,
+    /// Lanes a row of the grouped GEMV takes at least (`Some(32)`: a whole warp, as before
+    /// the lane groups); `None`: `moe::row_lanes`, the fewest its tiles fill.
+    pub moe_gemv_lanes: Option<u32>,
 }
 
 /// How attention is split over the GPU.
@@ -299,6 +303,9 @@ impl CudaOptions {
                 } else {
                     num("SMELT_CUDA_MOE_GEMM_MIN").unwrap_or(gemm::grouped::MIN_PER_EXPERT)
                 },
+                moe_gemv_lanes: num("SMELT_CUDA_MOE_LANES")
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|l| smelt_kernels::moe::ROW_LANES.contains(l)),
             },
             attention: AttentionOptions {
                 flash_decode_seqs: num("SMELT_CUDA_FLASH_SEQS").unwrap_or(super::FLASH_DECODE_SEQS),
