@@ -16,7 +16,7 @@
 //! Both have CPU twins here ([`router_cpu`], [`combine_norm_cpu`]) and cases in the GPU op
 //! harness (`examples/gpu_ops`, `-o moefuse`).
 
-use smelt_ptx::{Cmp, Kernel, Load, LoadCache, Store, F32};
+use smelt_ptx::{Cmp, Kernel, Load, LoadCache, Pred, Reg, Store, F32, U32};
 
 use crate::catalog::Entry;
 use crate::fused::{norm_quantize_row, norm_quantize_tile, rms_scale};
@@ -28,9 +28,12 @@ use crate::{KernelError, TILE};
 
 /// Warps per block of [`router_kernel`] (one router row each).
 pub const ROUTER_WARPS: u32 = 4;
-/// 16-byte loads a lane issues before its first multiply-add in the router's row loop (as
-/// `moe::DENSE_UNROLL`).
-const ROUTER_UNROLL: u32 = 4;
+/// 16-byte loads a lane issues before its first multiply-add in the router's row loop: a
+/// pass of 2048 columns, a whole Qwen3-30B-A3B row (four passes of 512 were four DRAM
+/// round trips one after another, most of the router's 8.4 us a layer).
+const ROUTER_UNROLL: u32 = 16;
+/// Widest row the router takes: the normed row is kept in shared memory.
+pub const ROUTER_MAX_COLS: usize = 4096;
 
 /// Name of [`router_kernel`] for `g`.
 pub fn router_name(g: Gating) -> &'static str {
@@ -39,6 +42,12 @@ pub fn router_name(g: Gating) -> &'static str {
         Gating::Sigmoid => "moe_router_sigmoid",
     }
 }
+
+/// Experts whose route weights a thread of [`combine_norm_kernel`] keeps in registers and
+/// whose outputs it loads together; any more are added one at a time after them.
+const COMBINE_EXPERTS: u32 = 8;
+/// Values a thread of [`combine_norm_kernel`] combines a pass, all their loads in flight.
+const COMBINE_VALUES: u32 = 4;
 
 /// Name of [`combine_norm_kernel`].
 pub const COMBINE_NORM: &str = "moe_combine_add_rms_norm_q8_1";
@@ -66,6 +75,7 @@ pub fn router_fits(n_expert: usize, cols: usize, k: usize, nparts: Option<usize>
         && (1..=n_expert).contains(&k)
         && cols > 0
         && cols % 32 == 0
+        && cols <= ROUTER_MAX_COLS
         && nparts.is_none_or(|p| (1..=MAX_PARTS as usize).contains(&p))
 }
 
@@ -115,8 +125,33 @@ pub fn router_kernel(k: &Kernel, gating: Gating) {
     k.max_threads(32, ROUTER_WARPS, 1);
     let r = RouterRegs::declare(k);
     let probs = k.shared::<F32>("probs", MAX_EXPERTS as u32, 16);
+    let hs = k.shared::<F32>("h", ROUTER_MAX_COLS as u32, 16);
     let lane = k.tid_x();
     let gw = k.mad(k.reg(), k.ctaid_x(), ROUTER_WARPS, k.tid_y());
+    let in_rows = k.lt(gw, r.n_expert);
+    // This warp's router row (warps past the last one read the last row and store nothing).
+    let last_row = k.sub(k.reg(), r.n_expert, 1u32);
+    let row = k.min(k.reg(), gw, last_row);
+    let wr = k.elem_addr(r.w, k.mul(k.reg(), row, r.cols), 4);
+    let last = k.sub(k.reg(), r.cols, 4u32);
+    let start = k.mul(k.reg(), lane, 4u32);
+    // A pass of the row: lane `l` loads columns `c + 4 l + 128 u`.
+    let load_pass = |k: &Kernel, c: Reg<U32>| -> Vec<_> {
+        (0..ROUTER_UNROLL)
+            .map(|u| {
+                let cu = k.add(k.reg(), c, 128 * u);
+                let inside = k.lt(cu, r.cols);
+                let at = k.min(k.reg(), cu, last);
+                let wv = k.regs::<F32, 4>();
+                k.ld_v4(Load::GLOBAL_NC, wv, k.elem_addr(wr, at, 4));
+                (inside, at, wv)
+            })
+            .collect()
+    };
+    // No kernel writes the router's weights: launched ahead of its input, the warp loads
+    // its first pass while the kernel before it runs.
+    let early = k.grid_dep().early_work.then(|| load_pass(k, start));
+    k.grid_dep_wait();
     let normed = k.cmp(Cmp::Ne, r.normed, 0u32);
     // 1/rms from the producer's partial sums, as the `RmsInput` GEMV computes it; 1 for a
     // plain input.
@@ -135,41 +170,59 @@ pub fn router_kernel(k: &Kernel, gating: Gating) {
     let rms = rms_from_partials(k, &parts, r.cols, r.eps);
     let scale = k.f32(1.0);
     k.selp(scale, rms, scale, normed);
-    // This warp's router row (all lanes of a warp agree: no divergence at the shuffles).
-    let in_rows = k.lt(gw, r.n_expert);
+    // `h` as the norm kernels compute it (`x * scale`, then `* g`), once a block, into
+    // shared memory.
+    let h_base = k.shared_base(&hs);
+    let tid = k.mad(k.reg(), k.tid_y(), 32u32, lane);
+    k.stride_loop(
+        k.mul(k.reg(), tid, 4u32),
+        r.cols,
+        32 * ROUTER_WARPS * 4,
+        |k, c| {
+            let xv = k.regs::<F32, 4>();
+            k.ld_v4(Load::GLOBAL, xv, k.elem_addr(r.x, c, 4));
+            let gv = k.regs::<F32, 4>();
+            k.guarded(normed, |k| {
+                k.ld_v4(Load::GLOBAL_NC, gv, k.elem_addr(r.g, c, 4));
+            });
+            for i in 0..4 {
+                k.mul(xv[i], xv[i], scale);
+                let gi = k.selp(k.reg(), gv[i], 1.0f32, normed);
+                k.mul(xv[i], xv[i], gi);
+            }
+            k.st_v4(Store::SHARED, k.mad(k.reg(), c, 4u32, h_base), xv);
+        },
+    );
+    k.bar_sync();
+    // `logits[row] = W[row] . h`: each 4-column group's fused products, then added in
+    // column order (`moe::dense_f32_kernel`'s floats).
+    let acc = k.f32(0.0);
+    let dot = |k: &Kernel, pass: Vec<(Reg<Pred>, Reg<U32>, [Reg<F32>; 4])>| {
+        for (inside, at, wv) in pass {
+            let hv = k.regs::<F32, 4>();
+            k.ld_v4(Load::SHARED, hv, k.mad(k.reg(), at, 4u32, h_base));
+            let p = k.f32(0.0);
+            for i in 0..4 {
+                k.fma(p, wv[i], hv[i], p);
+            }
+            let zero = k.f32(0.0);
+            k.selp(p, p, zero, inside);
+            k.add(acc, acc, p);
+        }
+    };
+    let from = match early {
+        Some(pass) => {
+            dot(k, pass);
+            k.add(k.reg(), start, 128 * ROUTER_UNROLL)
+        }
+        None => start,
+    };
+    k.stride_loop(from, r.cols, 128 * ROUTER_UNROLL, |k, c| {
+        let pass = load_pass(k, c);
+        dot(k, pass);
+    });
+    // All lanes of a warp agree on `in_rows`: no divergence at the shuffles.
     k.if_(in_rows, |k| {
-        let wr = k.elem_addr(r.w, k.mul(k.reg(), gw, r.cols), 4);
-        let acc = k.f32(0.0);
-        let last = k.sub(k.reg(), r.cols, 4u32);
-        let start = k.mul(k.reg(), lane, 4u32);
-        k.stride_loop(start, r.cols, 32 * 4 * ROUTER_UNROLL, |k, c| {
-            let mut loads = Vec::new();
-            for u in 0..ROUTER_UNROLL {
-                let cu = k.add(k.reg(), c, 128 * u);
-                let inside = k.lt(cu, r.cols);
-                let at = k.min(k.reg(), cu, last);
-                let wv = k.regs::<F32, 4>();
-                k.ld_v4(Load::GLOBAL_NC, wv, k.elem_addr(wr, at, 4));
-                let xv = k.regs::<F32, 4>();
-                k.ld_v4(Load::GLOBAL, xv, k.elem_addr(r.x, at, 4));
-                let gv = k.regs::<F32, 4>();
-                k.ld_v4(Load::GLOBAL_NC, gv, k.elem_addr(r.g, at, 4));
-                loads.push((inside, wv, xv, gv));
-            }
-            for (inside, wv, xv, gv) in loads {
-                let p = k.f32(0.0);
-                for i in 0..4 {
-                    // `h` as the norm kernels compute it: `x * scale`, then `* g`.
-                    k.mul(xv[i], xv[i], scale);
-                    let gi = k.selp(k.reg(), gv[i], 1.0f32, normed);
-                    k.mul(xv[i], xv[i], gi);
-                    k.fma(p, wv[i], xv[i], p);
-                }
-                let zero = k.f32(0.0);
-                k.selp(p, p, zero, inside);
-                k.add(acc, acc, p);
-            }
-        });
         let s = k.warp_sum(acc);
         k.if_(k.eq(lane, 0u32), |k| {
             k.st(Store::GLOBAL, k.elem_addr(r.logits, gw, 4), s);
@@ -266,25 +319,74 @@ pub fn combine_norm_kernel(k: &Kernel) {
     let yrow = k.mul(k.reg(), row, r.k);
     let tid = k.tid_x();
     let step = k.ntid_x();
+    // The route's weights of the first experts, once (each term was two loads, one L2
+    // round trip after another: 32 of them a thread at Qwen3-30B-A3B's shape, 6.4 us).
+    let ws: Vec<_> = (0..COMBINE_EXPERTS)
+        .map(|j| {
+            let valid = k.lt(k.u32(j), r.k);
+            let w = k.f32(0.0);
+            let at = k.elem_addr(r.route, k.add(k.reg(), wrow, j), 4);
+            k.guarded(valid, |k| {
+                k.ld(Load::GLOBAL, w, at);
+            });
+            (valid, w)
+        })
+        .collect();
     let sum = k.f32(0.0);
-    k.stride_loop(tid, r.n, step, |k, i| {
-        let term = |k: &Kernel, j| {
-            let wj = k.add(k.reg(), wrow, j);
-            let w = k.load::<F32>(Load::GLOBAL, k.elem_addr(r.route, wj, 4));
-            let s = k.add(k.reg(), yrow, j);
-            let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(r.y, k.mad(k.reg(), s, r.n, i), 4));
-            k.mul(v, v, w)
-        };
-        let acc = term(k, k.u32(0));
-        k.stride_loop(1u32, r.k, 1u32, |k, j| {
-            let p = term(k, j);
-            k.add(acc, acc, p);
-        });
-        let a = k.elem_addr(xs, i, 4);
-        let v = k.load::<F32>(Load::GLOBAL, a);
-        k.add(v, v, acc);
-        k.st(Store::GLOBAL, a, v);
-        k.fma(sum, v, v, sum);
+    let stride = k.mul(k.reg(), step, COMBINE_VALUES);
+    k.stride_loop(tid, r.n, stride, |k, i0| {
+        // Every load of this pass's values before the first product.
+        let values: Vec<_> = (0..COMBINE_VALUES)
+            .map(|m| {
+                let i = k.mad(k.reg(), step, m, i0);
+                let inside = k.lt(i, r.n);
+                let a = k.elem_addr(xs, i, 4);
+                let x = k.f32(0.0);
+                k.guarded(inside, |k| {
+                    k.ld(Load::GLOBAL, x, a);
+                });
+                let ys: Vec<_> = ws
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &(valid, _))| {
+                        let load = k.lt(i, r.n);
+                        k.and(load, load, valid);
+                        let s = k.add(k.reg(), yrow, j as u32);
+                        let at = k.elem_addr(r.y, k.mad(k.reg(), s, r.n, i), 4);
+                        let y = k.f32(0.0);
+                        k.guarded(load, |k| {
+                            k.ld(Load::GLOBAL, y, at);
+                        });
+                        y
+                    })
+                    .collect();
+                (i, inside, a, x, ys)
+            })
+            .collect();
+        for (i, inside, a, x, ys) in values {
+            // The router's order: the first product, then each next one added.
+            let acc = k.mul(k.reg(), ys[0], ws[0].1);
+            for (&y, &(valid, w)) in ys.iter().zip(&ws).skip(1) {
+                let p = k.mul(k.reg(), y, w);
+                let t = k.add(k.reg(), acc, p);
+                k.selp(acc, t, acc, valid);
+            }
+            k.if_(inside, |k| {
+                // Experts past the first [`COMBINE_EXPERTS`], one at a time.
+                k.stride_loop(COMBINE_EXPERTS, r.k, 1u32, |k, j| {
+                    let wj = k.add(k.reg(), wrow, j);
+                    let w = k.load::<F32>(Load::GLOBAL, k.elem_addr(r.route, wj, 4));
+                    let s = k.add(k.reg(), yrow, j);
+                    let v =
+                        k.load::<F32>(Load::GLOBAL, k.elem_addr(r.y, k.mad(k.reg(), s, r.n, i), 4));
+                    k.mul(v, v, w);
+                    k.add(acc, acc, v);
+                });
+                k.add(x, x, acc);
+                k.st(Store::GLOBAL, a, x);
+                k.fma(sum, x, x, sum);
+            });
+        }
     });
     // The reduction's barriers also make every thread's `x` writes visible to the block.
     let total = block_sum(k, sum, &scratch);

@@ -156,6 +156,10 @@ fn check_combine_norm(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<(
         (1, 576, 4),
         (3, 800, 2),
         (2, 4096, 6),
+        // Past the eight experts a thread loads together (Qwen3-Next routes 10), and
+        // rows wider than one pass of the block's threads.
+        (1, 2048, 10),
+        (2, 5120, 1),
     ] {
         let case = format!("{rows}x{n} k{k}");
         if !super::harness::want(&case) {
