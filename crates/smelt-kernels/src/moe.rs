@@ -28,8 +28,10 @@ use crate::formats::{GpuFormat, WeightLoad};
 use crate::ops::{kernel_params, Launch, LOG2E};
 use crate::{GgmlType, KernelError};
 
-/// Most experts a layer may have (the router's and the plan's shared arrays).
+/// Most experts a layer may have (the router's registers, the plan's shared arrays).
 pub const MAX_EXPERTS: usize = 512;
+/// Most experts a token may choose (a lane of the router's warp keeps each).
+pub const MAX_K: usize = 32;
 /// Rows (tokens) per block of the router: one warp each.
 pub const ROUTE_WARPS: u32 = 4;
 /// Threads of the one-block plan kernel.
@@ -199,15 +201,8 @@ pub fn route_launch(n: usize) -> Launch {
 pub fn route_kernel(k: &Kernel, gating: Gating) {
     k.max_threads(32, ROUTE_WARPS, 1);
     let r = RouteRegs::declare(k);
-    let probs = k.shared::<F32>("probs", ROUTE_WARPS * MAX_EXPERTS as u32, 16);
     let row = k.mad(k.reg(), k.ctaid_x(), ROUTE_WARPS, k.tid_y());
     k.exit_if(k.ge(row, r.n));
-    let wbase = k.mad(
-        k.reg(),
-        k.tid_y(),
-        (MAX_EXPERTS * 4) as u32,
-        k.shared_base(&probs),
-    );
     let xrow = k.elem_addr(r.logits, k.mul(k.reg(), row, r.n_expert), 4);
     let two_k = k.add(k.reg(), r.k, r.k);
     let out = k.elem_addr(r.route, k.mul(k.reg(), row, two_k), 4);
@@ -217,7 +212,7 @@ pub fn route_kernel(k: &Kernel, gating: Gating) {
         norm: r.norm,
         scale: r.scale,
     };
-    route_row(k, gating, Load::GLOBAL, xrow, out, wbase, &p);
+    route_row(k, gating, Load::GLOBAL, xrow, out, &p);
 }
 
 /// What [`route_row`] needs besides the addresses: the router's shape and options.
@@ -229,70 +224,84 @@ pub(crate) struct RouteRow {
 }
 
 /// One warp routes one row of logits at `xrow` (read with `ld`) into `out` (`[ids (k),
-/// weights (k)]`), with [`MAX_EXPERTS`] floats of shared memory at `wbase` as its
-/// probabilities: the body of [`route_kernel`] (see there), shared with the fused router
-/// (`moe_fused::router_kernel`), whose last block reads logits other blocks wrote.
+/// weights (k)]`, `k` at most [`MAX_K`]): the body of [`route_kernel`] (see there), shared
+/// with the fused router (`moe_fused::router_kernel`), whose last block reads logits other
+/// blocks wrote. The row stays in registers, a lane's columns `lane + 32 j`: loaded
+/// together, and each of the `k` rounds picks from registers (the row through shared
+/// memory, loads one stride step at a time and the weights read back from global memory
+/// made this chain most of the fused router's 8 us). Lane `i` keeps round `i`'s choice
+/// and writes it.
 pub(crate) fn route_row(
     k: &Kernel,
     gating: Gating,
     ld: Load,
     xrow: Reg<U64>,
     out: Reg<U64>,
-    wbase: Reg<U32>,
     r: &RouteRow,
 ) {
     let lane = k.tid_x();
-    let sh = |k: &Kernel, c: Reg<U32>| k.mad(k.reg(), c, 4u32, wbase);
+    let cols: Vec<_> = (0..MAX_EXPERTS as u32 / 32)
+        .map(|j| {
+            let c = k.add(k.reg(), lane, 32 * j);
+            let valid = k.lt(c, r.n_expert);
+            let v = k.f32(f32::NEG_INFINITY);
+            k.guarded(valid, |k| {
+                k.ld(ld, v, k.elem_addr(xrow, c, 4));
+            });
+            (c, valid, v)
+        })
+        .collect();
     match gating {
         Gating::Softmax => {
             let m = k.f32(f32::NEG_INFINITY);
-            k.stride_loop(lane, r.n_expert, 32u32, |k, c| {
-                let v = k.load::<F32>(ld, k.elem_addr(xrow, c, 4));
-                k.max(m, m, v);
-            });
+            for &(_, valid, v) in &cols {
+                k.guarded(valid, |k| {
+                    k.max(m, m, v);
+                });
+            }
             let m = k.warp_max(m);
+            // A lane's terms in column order, then the warp's butterfly.
             let sum = k.f32(0.0);
-            k.stride_loop(lane, r.n_expert, 32u32, |k, c| {
-                let v = k.load::<F32>(ld, k.elem_addr(xrow, c, 4));
-                k.sub(v, v, m);
-                k.mul(v, v, LOG2E);
-                k.ex2_approx(v, v);
-                k.add(sum, sum, v);
-                k.st(Store::SHARED, sh(k, c), v);
-            });
+            for &(_, valid, v) in &cols {
+                k.guarded(valid, |k| {
+                    k.sub(v, v, m);
+                    k.mul(v, v, LOG2E);
+                    k.ex2_approx(v, v);
+                    k.add(sum, sum, v);
+                });
+            }
             let sum = k.warp_sum(sum);
             let inv = k.div_rn(k.reg(), 1.0f32, sum);
-            // Each lane reads back only what it wrote: no barrier needed.
-            k.stride_loop(lane, r.n_expert, 32u32, |k, c| {
-                let a = sh(k, c);
-                let v = k.load::<F32>(Load::SHARED, a);
-                k.mul(v, v, inv);
-                k.st(Store::SHARED, a, v);
-            });
+            for &(_, valid, v) in &cols {
+                k.guarded(valid, |k| {
+                    k.mul(v, v, inv);
+                });
+            }
         }
         Gating::Sigmoid => {
-            k.stride_loop(lane, r.n_expert, 32u32, |k, c| {
-                let v = k.load::<F32>(ld, k.elem_addr(xrow, c, 4));
-                k.mul(v, v, -LOG2E);
-                k.ex2_approx(v, v);
-                k.add(v, v, 1.0f32);
-                let p = k.div_rn(k.reg(), 1.0f32, v);
-                k.st(Store::SHARED, sh(k, c), p);
-            });
+            for &(_, valid, v) in &cols {
+                k.guarded(valid, |k| {
+                    k.mul(v, v, -LOG2E);
+                    k.ex2_approx(v, v);
+                    k.add(v, v, 1.0f32);
+                    k.div_rn(v, 1.0f32, v);
+                });
+            }
         }
     }
-    let wout = k.elem_addr(out, r.k, 4);
-    let lane0 = k.eq(lane, 0u32);
+    let mine_w = k.f32(0.0);
+    let mine_id = k.u32(0);
+    let sum = k.reg::<F64>();
+    k.mov(sum, 0.0f64);
     k.for_count(r.k, |k, i| {
         let best = k.f32(f32::NEG_INFINITY);
         let bi = k.u32(u32::MAX);
         // A lane's columns rise: a strict `>` keeps the lower index of equal values.
-        k.stride_loop(lane, r.n_expert, 32u32, |k, c| {
-            let v = k.load::<F32>(Load::SHARED, sh(k, c));
+        for &(c, _, v) in &cols {
             let gt = k.cmp(Cmp::Gt, v, best);
             k.selp(best, v, best, gt);
             k.selp(bi, c, bi, gt);
-        });
+        }
         for off in [16u32, 8, 4, 2, 1] {
             let ov = k.shfl_sync(Shfl::Bfly, k.reg(), best, off, FULL_WARP);
             let oi = k.shfl_sync(Shfl::Bfly, k.reg(), bi, off, FULL_WARP);
@@ -304,40 +313,29 @@ pub(crate) fn route_row(
             k.selp(best, ov, best, gt);
             k.selp(bi, oi, bi, gt);
         }
-        // Column `bi` belongs to lane `bi % 32`, the only lane that reads it.
-        let owner = k.and(k.reg(), bi, 31u32);
-        let mine = k.eq(owner, lane);
-        let valid = k.lt(bi, r.n_expert);
-        k.and(mine, mine, valid);
-        k.if_(mine, |k| {
-            let taken = k.f32(f32::NEG_INFINITY);
-            k.st(Store::SHARED, sh(k, bi), taken);
-        });
-        k.if_(lane0, |k| {
-            let id = k.cvt(k.reg::<F32>(), bi, FloatRound::Rn);
-            k.st(Store::GLOBAL, k.elem_addr(out, i, 4), id);
-            k.st(Store::GLOBAL, k.elem_addr(wout, i, 4), best);
-        });
+        // Column `bi` is one lane's register: taken.
+        for &(c, _, v) in &cols {
+            let hit = k.eq(c, bi);
+            k.selp(v, f32::NEG_INFINITY, v, hit);
+        }
+        let me = k.eq(lane, i);
+        k.selp(mine_w, best, mine_w, me);
+        k.selp(mine_id, bi, mine_id, me);
+        // Every lane adds the weights in round order (f64), as the CPU does.
+        let wd = k.cvt(k.reg::<F64>(), best, Exact);
+        k.add(sum, sum, wd);
     });
-    k.if_(lane0, |k| {
-        let sum = k.reg::<F64>();
-        k.mov(sum, 0.0f64);
-        k.for_count(r.k, |k, i| {
-            let w = k.load::<F32>(Load::GLOBAL, k.elem_addr(wout, i, 4));
-            let wd = k.cvt(k.reg::<F64>(), w, Exact);
-            k.add(sum, sum, wd);
-        });
-        let s = k.cvt(k.reg::<F32>(), sum, FloatRound::Rn);
-        k.max(s, s, 6.103_515_6e-5f32);
-        let plain = k.cmp(Cmp::Eq, r.norm, 0u32);
-        k.selp(s, 1.0f32, s, plain);
-        k.for_count(r.k, |k, i| {
-            let a = k.elem_addr(wout, i, 4);
-            let w = k.load::<F32>(Load::GLOBAL, a);
-            let w = k.div_rn(w, w, s);
-            k.mul(w, w, r.scale);
-            k.st(Store::GLOBAL, a, w);
-        });
+    let s = k.cvt(k.reg::<F32>(), sum, FloatRound::Rn);
+    k.max(s, s, 6.103_515_6e-5f32);
+    let plain = k.cmp(Cmp::Eq, r.norm, 0u32);
+    k.selp(s, 1.0f32, s, plain);
+    k.if_(k.lt(lane, r.k), |k| {
+        let id = k.cvt(k.reg::<F32>(), mine_id, FloatRound::Rn);
+        k.st(Store::GLOBAL, k.elem_addr(out, lane, 4), id);
+        let w = k.div_rn(k.reg(), mine_w, s);
+        k.mul(w, w, r.scale);
+        let wout = k.elem_addr(out, r.k, 4);
+        k.st(Store::GLOBAL, k.elem_addr(wout, lane, 4), w);
     });
 }
 

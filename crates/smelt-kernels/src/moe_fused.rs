@@ -32,6 +32,10 @@ pub const ROUTER_WARPS: u32 = 4;
 /// pass of 2048 columns, a whole Qwen3-30B-A3B row (four passes of 512 were four DRAM
 /// round trips one after another, most of the router's 8.4 us a layer).
 const ROUTER_UNROLL: u32 = 16;
+/// One pass of a router row's loads: per 16-byte group, whether it is inside the row, its
+/// column and the four weights.
+type RouterPass = Vec<(Reg<Pred>, Reg<U32>, [Reg<F32>; 4])>;
+
 /// Widest row the router takes: the normed row is kept in shared memory.
 pub const ROUTER_MAX_COLS: usize = 4096;
 
@@ -72,7 +76,7 @@ pub fn catalog() -> Vec<Entry> {
 /// input row).
 pub fn router_fits(n_expert: usize, cols: usize, k: usize, nparts: Option<usize>) -> bool {
     (1..=MAX_EXPERTS).contains(&n_expert)
-        && (1..=n_expert).contains(&k)
+        && (1..=n_expert.min(crate::moe::MAX_K)).contains(&k)
         && cols > 0
         && cols % 32 == 0
         && cols <= ROUTER_MAX_COLS
@@ -124,7 +128,6 @@ pub fn router_launch(n_expert: usize, cols: usize) -> Launch {
 pub fn router_kernel(k: &Kernel, gating: Gating) {
     k.max_threads(32, ROUTER_WARPS, 1);
     let r = RouterRegs::declare(k);
-    let probs = k.shared::<F32>("probs", MAX_EXPERTS as u32, 16);
     let hs = k.shared::<F32>("h", ROUTER_MAX_COLS as u32, 16);
     let lane = k.tid_x();
     let gw = k.mad(k.reg(), k.ctaid_x(), ROUTER_WARPS, k.tid_y());
@@ -136,7 +139,7 @@ pub fn router_kernel(k: &Kernel, gating: Gating) {
     let last = k.sub(k.reg(), r.cols, 4u32);
     let start = k.mul(k.reg(), lane, 4u32);
     // A pass of the row: lane `l` loads columns `c + 4 l + 128 u`.
-    let load_pass = |k: &Kernel, c: Reg<U32>| -> Vec<_> {
+    let load_pass = |k: &Kernel, c: Reg<U32>| -> RouterPass {
         (0..ROUTER_UNROLL)
             .map(|u| {
                 let cu = k.add(k.reg(), c, 128 * u);
@@ -197,7 +200,7 @@ pub fn router_kernel(k: &Kernel, gating: Gating) {
     // `logits[row] = W[row] . h`: each 4-column group's fused products, then added in
     // column order (`moe::dense_f32_kernel`'s floats).
     let acc = k.f32(0.0);
-    let dot = |k: &Kernel, pass: Vec<(Reg<Pred>, Reg<U32>, [Reg<F32>; 4])>| {
+    let dot = |k: &Kernel, pass: RouterPass| {
         for (inside, at, wv) in pass {
             let hv = k.regs::<F32, 4>();
             k.ld_v4(Load::SHARED, hv, k.mad(k.reg(), at, 4u32, h_base));
@@ -247,7 +250,7 @@ pub fn router_kernel(k: &Kernel, gating: Gating) {
             scale: r.scale,
         };
         let cg = Load::GLOBAL.cache(LoadCache::Cg);
-        route_row(k, gating, cg, r.logits, r.route, k.shared_base(&probs), &p);
+        route_row(k, gating, cg, r.logits, r.route, &p);
     });
 }
 

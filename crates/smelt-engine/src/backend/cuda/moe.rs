@@ -195,10 +195,11 @@ impl Cuda {
         route: &mut CudaTensor,
     ) -> Result<(), CudaError> {
         let (n, ne) = (logits.rows, logits.cols);
-        if ne > moe::MAX_EXPERTS || p.k == 0 || p.k > ne {
+        if ne > moe::MAX_EXPERTS || p.k == 0 || p.k > ne.min(moe::MAX_K) {
             return Err(CudaError::Init(format!(
-                "routing {} of {ne} experts (the kernel takes 1..={ne} of at most {})",
+                "routing {} of {ne} experts (the kernel takes 1..={} of at most {})",
                 p.k,
+                ne.min(moe::MAX_K),
                 moe::MAX_EXPERTS
             )));
         }
