@@ -8,7 +8,7 @@
 #  3. qwen3-30b-a3b Q4_K (smelt synth) tg128 after a 512-token prompt: main and this tree,
 #     ROUNDS rounds (default 1) interleaved; then this tree with each of VARIANTS
 #     (environment settings, default SMELT_CUDA_SPLITS=8) once;
-#  4. this tree's SMELT_CUDA_TIMELINE=1 table of the 30B step;
+#  4. this tree's SMELT_CUDA_TIMELINE=1 table of the 30B step (with TL_ENV's settings);
 #  5. with .peer carried: llama.cpp built here (in the background from the start) on the
 #     same file: pp512, tg128 and 32 sequences' aggregate decode, smelt's beside them.
 #
@@ -93,7 +93,7 @@ for e in ${VARIANTS:-SMELT_CUDA_SPLITS=8}; do
   table+=("| 30B smelt $e | $(echo "$j" | js decode_tok_s) | $(echo "$j" | dg) |")
 done
 echo "== 4. timeline" | tee -a "$log"
-SMELT_CUDA_TIMELINE=1 timeout 150 $B/smelt bench --model $M30 --device cuda --prompt 512 --gen 64 --reps 1 > /tmp/md-tl.out 2>&1
+env ${TL_ENV:-SMELT_NONE=1} SMELT_CUDA_TIMELINE=1 timeout 150 $B/smelt bench --model $M30 --device cuda --prompt 512 --gen 64 --reps 1 > /tmp/md-tl.out 2>&1
 cat /tmp/md-tl.out >> "$log"
 peer=()
 if [ -n "$llpid" ]; then

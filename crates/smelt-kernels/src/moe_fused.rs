@@ -51,7 +51,7 @@ pub fn router_name(g: Gating) -> &'static str {
 /// whose outputs it loads together; any more are added one at a time after them.
 const COMBINE_EXPERTS: u32 = 8;
 /// Values a thread of [`combine_norm_kernel`] combines a pass, all their loads in flight.
-const COMBINE_VALUES: u32 = 4;
+const COMBINE_VALUES: u32 = 2;
 
 /// Name of [`combine_norm_kernel`].
 pub const COMBINE_NORM: &str = "moe_combine_add_rms_norm_q8_1";
@@ -310,6 +310,8 @@ pub fn combine_norm_launch(rows: usize, n: usize) -> Launch {
 /// (k)]` a token; `n` a multiple of 32, `ntiles = ceil(n / 256)`). Launch:
 /// [`combine_norm_launch`]. `out` must not alias `x` or `y`.
 pub fn combine_norm_kernel(k: &Kernel) {
+    // Up to 1024 threads (rows of 4096): at most 64 registers a thread.
+    k.max_threads(1024, 1, 1);
     let r = CombineNormRegs::declare(k);
     let scratch = reduce_scratch(k, "mcomb_red");
     let row = k.ctaid_x();
