@@ -307,7 +307,12 @@ pub fn is_gemv(name: &str) -> bool {
 /// [`module_with`]. The attention: the output projection's blocks are placed beside its
 /// (one per SM) and load their first weights while it runs (H200, two calls: 553.7 vs
 /// 549.7 and 556.5 vs 553.4 tok/s; the GLU doing the same for the down projection lost 3%).
-pub const LAUNCH_AFTER_WAIT: &[&str] = &["attention_"];
+/// The MoE kernels and the Q/K head norms and rope + KV append of Qwen3-style attention:
+/// a MoE decode step is a chain of small kernels whose successors otherwise started 0.7-1.7
+/// us after them (Qwen3-30B-A3B Q4_K tg128 on an H100, one call, the same greedy tokens:
+/// 423.4 tok/s as before, 451.7 with these and the GLU's, 427.5 without the norms' and
+/// rope's; `bench/RESULTS.md`, 2026-11-27 16:40 UTC).
+pub const LAUNCH_AFTER_WAIT: &[&str] = &["attention_", "moe_", "rms_norm_pair", "rope_kv"];
 
 /// Parts of the names of the GEMVs that do no work before their wait by default (the
 /// others load their first step's weights there, [`GRID_DEPS`]): the residual-norm GEMVs,
