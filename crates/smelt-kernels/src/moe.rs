@@ -339,6 +339,25 @@ pub(crate) fn route_row(
     });
 }
 
+/// `acc += w . x` over four columns (products fused in column order into a fresh sum, as
+/// `dense_cpu` adds them), nothing where `inside` is false: a 16-byte step of the f32
+/// router matmuls.
+pub(crate) fn add_dot4(
+    k: &Kernel,
+    acc: Reg<F32>,
+    w: [Reg<F32>; 4],
+    x: [Reg<F32>; 4],
+    inside: Reg<smelt_ptx::Pred>,
+) {
+    let p = k.f32(0.0);
+    for i in 0..4 {
+        k.fma(p, w[i], x[i], p);
+    }
+    let zero = k.f32(0.0);
+    k.selp(p, p, zero, inside);
+    k.add(acc, acc, p);
+}
+
 /// CPU twin of [`route_kernel`] (the engine's CPU backend has the ggml-exact one; this is
 /// the same function in plain f32/f64, for the kernel check).
 pub fn route_cpu(
@@ -899,13 +918,7 @@ pub fn dense_f32_kernel(k: &Kernel) {
                     loads.push((inside, wv, xv));
                 }
                 for (inside, wv, xv) in loads {
-                    let p = k.f32(0.0);
-                    for i in 0..4 {
-                        k.fma(p, wv[i], xv[i], p);
-                    }
-                    let zero = k.f32(0.0);
-                    k.selp(p, p, zero, inside);
-                    k.add(acc, acc, p);
+                    add_dot4(k, acc, wv, xv, inside);
                 }
             });
         },

@@ -21,7 +21,9 @@ use smelt_ptx::{Cmp, Kernel, Load, LoadCache, Pred, Reg, Store, F32, U32};
 use crate::catalog::Entry;
 use crate::fused::{norm_quantize_row, norm_quantize_tile, rms_scale};
 use crate::gemv::{rms_from_partials, MAX_PARTS};
-use crate::moe::{combine_cpu, dense_cpu, route_cpu, route_row, Gating, RouteRow, MAX_EXPERTS};
+use crate::moe::{
+    add_dot4, combine_cpu, dense_cpu, route_cpu, route_row, Gating, RouteRow, MAX_EXPERTS,
+};
 use crate::ops::attention::last_block;
 use crate::ops::{block_sum, kernel_params, reduce_scratch, Launch};
 use crate::{KernelError, TILE};
@@ -204,13 +206,7 @@ pub fn router_kernel(k: &Kernel, gating: Gating) {
         for (inside, at, wv) in pass {
             let hv = k.regs::<F32, 4>();
             k.ld_v4(Load::SHARED, hv, k.mad(k.reg(), at, 4u32, h_base));
-            let p = k.f32(0.0);
-            for i in 0..4 {
-                k.fma(p, wv[i], hv[i], p);
-            }
-            let zero = k.f32(0.0);
-            k.selp(p, p, zero, inside);
-            k.add(acc, acc, p);
+            add_dot4(k, acc, wv, hv, inside);
         }
     };
     let from = match early {
