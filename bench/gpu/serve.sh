@@ -6,7 +6,8 @@
 # instead of Llama 3's 128,256).
 #
 # Here:  ../shared/peer/prepare.sh .peer; mkdir -p .gpu-serve; gzip -9 -c SMELT > .gpu-serve/smelt.gz;
-#        .gpu-serve/tok.gguf: a GGUF holding only a tokenizer (any GGUF with one will do,
+#        .gpu-serve/tok.gguf: a GGUF holding only a tokenizer (`python bench/gpu/tok_gguf.py
+#        .models/SmolLM2-135M-Instruct.Q4_1.gguf .gpu-serve/tok.gguf`; any GGUF with one will do,
 #        but a real model is too large to carry beside .peer)
 # There: bash bench/gpu/serve.sh    carry [".gpu-serve", ".peer"]   (about 8 minutes)
 # Environment there: LEVELS (default "8 32 64"). Log: $OUT/serve.log (or bench/out), the

@@ -42,3 +42,16 @@ pub enum CudaError {
         want: usize,
     },
 }
+
+impl CudaError {
+    /// Whether the driver ran out of device memory (an allocation failed; the context is
+    /// still usable).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(
+            self,
+            CudaError::Driver(DriverError(
+                cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
+            ))
+        )
+    }
+}

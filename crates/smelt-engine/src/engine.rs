@@ -542,16 +542,13 @@ impl Engine {
                     data
                 })
             }
-            Inner::Cuda(c) if out == Out::Hidden => StepOut::Logits(c.hidden_seqs(
-                Some(&seq_ids),
-                &tokens,
-                &positions,
-                &seqs,
-                &out_rows,
-            )?),
-            Inner::Cuda(c) => {
-                c.forward_seqs(&seq_ids, &tokens, &positions, &seqs, &out_rows, greedy)?
-            }
+            Inner::Cuda(c) if out == Out::Hidden => StepOut::Logits(
+                c.hidden_seqs(Some(&seq_ids), &tokens, &positions, &seqs, &out_rows)
+                    .map_err(|e| EngineError::in_step(e, tokens.len(), seq_ids.len()))?,
+            ),
+            Inner::Cuda(c) => c
+                .forward_seqs(&seq_ids, &tokens, &positions, &seqs, &out_rows, greedy)
+                .map_err(|e| EngineError::in_step(e, tokens.len(), seq_ids.len()))?,
             // The ranks' step has no hidden-rows output yet: their logits are not
             // embeddings, so say so rather than pool them.
             Inner::Tp(_) if out == Out::Hidden => {

@@ -43,4 +43,57 @@ pub enum EngineError {
     Quant(#[from] smelt_quant::QuantError),
     #[error(transparent)]
     Cuda(#[from] smelt_cuda::CudaError),
+    /// A step's activations did not fit beside the weights and the KV cache.
+    #[error(
+        "the GPU ran out of memory in a step of {tokens} tokens over {seqs} sequence(s): a \
+         smaller step (smelt serve --step-tokens, smelt bench --ubatch) or fewer sequences at \
+         once (--max-batch) needs less"
+    )]
+    StepOutOfMemory { tokens: usize, seqs: usize },
+}
+
+impl EngineError {
+    /// `e`, or [`EngineError::StepOutOfMemory`] when it is the driver running out of
+    /// memory during a step of `tokens` tokens over `seqs` sequences.
+    pub fn in_step(e: EngineError, tokens: usize, seqs: usize) -> EngineError {
+        match e {
+            EngineError::Cuda(c) if c.is_out_of_memory() => {
+                EngineError::StepOutOfMemory { tokens, seqs }
+            }
+            e => e,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EngineError;
+    use smelt_cuda::cudarc::driver::{sys::CUresult, DriverError};
+    use smelt_cuda::CudaError;
+
+    #[test]
+    fn a_step_out_of_device_memory_says_what_to_shrink() {
+        let oom = EngineError::Cuda(CudaError::Driver(DriverError(
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+        )));
+        let e = EngineError::in_step(oom, 4096, 32);
+        assert!(matches!(
+            e,
+            EngineError::StepOutOfMemory {
+                tokens: 4096,
+                seqs: 32
+            }
+        ));
+        let msg = e.to_string();
+        assert!(msg.contains("4096 tokens over 32 sequence"), "{msg}");
+        assert!(msg.contains("--ubatch") && msg.contains("--max-batch"), "{msg}");
+        // Any other error passes through unchanged.
+        let other = EngineError::Cuda(CudaError::Driver(DriverError(
+            CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        )));
+        assert!(matches!(
+            EngineError::in_step(other, 1, 1),
+            EngineError::Cuda(_)
+        ));
+    }
 }
