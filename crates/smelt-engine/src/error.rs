@@ -86,7 +86,10 @@ mod tests {
         ));
         let msg = e.to_string();
         assert!(msg.contains("4096 tokens over 32 sequence"), "{msg}");
-        assert!(msg.contains("--ubatch") && msg.contains("--max-batch"), "{msg}");
+        assert!(
+            msg.contains("--ubatch") && msg.contains("--max-batch"),
+            "{msg}"
+        );
         // Any other error passes through unchanged.
         let other = EngineError::Cuda(CudaError::Driver(DriverError(
             CUresult::CUDA_ERROR_LAUNCH_FAILED,

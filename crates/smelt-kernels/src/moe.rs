@@ -227,9 +227,9 @@ pub(crate) struct RouteRow {
 /// weights (k)]`, `k` at most [`MAX_K`]): the body of [`route_kernel`] (see there), shared
 /// with the fused router (`moe_fused::router_kernel`), whose last block reads logits other
 /// blocks wrote. The row stays in registers, a lane's columns `lane + 32 j`: loaded
-/// together, and each of the `k` rounds picks from registers (the row through shared
-/// memory, loads one stride step at a time and the weights read back from global memory
-/// made this chain most of the fused router's 8 us). Lane `i` keeps round `i`'s choice
+/// together, and each of the `k` rounds picks from registers (it went through shared
+/// memory, loaded one stride step at a time and read its weights back from global memory:
+/// one dependent chain at the end of the fused router). Lane `i` keeps round `i`'s choice
 /// and writes it.
 pub(crate) fn route_row(
     k: &Kernel,
