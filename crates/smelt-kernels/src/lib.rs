@@ -33,6 +33,7 @@ pub mod gemm;
 pub mod gemv;
 pub mod moe;
 pub mod moe_fused;
+pub mod moe_route;
 pub mod ops;
 pub mod quantize;
 
