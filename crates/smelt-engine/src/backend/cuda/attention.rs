@@ -266,7 +266,7 @@ impl Cuda {
     }
 
     /// Key splits per (sequence, KV head): [`blocks_per_sm_splits`] for this step's
-    /// sequences and query tiles, unless `SMELT_CUDA_ATTN_SPLITS` sets them.
+    /// sequences and query tiles, unless `SMELT_CUDA_SPLITS` sets them.
     pub(super) fn splits(&self, n_seqs: usize, max_tokens: usize, p: &AttnParams) -> usize {
         if let Some(n) = self.opts.attention.splits {
             return n.clamp(1, ops::attention::MAX_SPLITS);
