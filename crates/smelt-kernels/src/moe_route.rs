@@ -293,6 +293,47 @@ pub const DENSE_UNROLL: u32 = 4;
 ///
 /// Parameters: `w, x, y, nrows, cols`. Launch: [`dense_launch`].
 pub fn dense_f32_kernel(k: &Kernel) {
+    dense_row(k, |k, d, wr, xr, acc| {
+        let lane = k.tid_x();
+        let low = k.and(k.reg(), d.cols, 3u32);
+        let vector = k.eq(low, 0u32);
+        k.if_else(
+            vector,
+            |k| {
+                let last = k.sub(k.reg(), d.cols, 4u32);
+                let start = k.mul(k.reg(), lane, 4u32);
+                let step = 32 * 4 * DENSE_UNROLL;
+                k.stride_loop(start, d.cols, step, |k, c| {
+                    let mut loads = Vec::new();
+                    for u in 0..DENSE_UNROLL {
+                        let cu = k.add(k.reg(), c, 128 * u);
+                        let inside = k.lt(cu, d.cols);
+                        let at = k.min(k.reg(), cu, last);
+                        let wv = k.regs::<F32, 4>();
+                        k.ld_v4(Load::GLOBAL_NC, wv, k.elem_addr(wr, at, 4));
+                        let xv = k.regs::<F32, 4>();
+                        k.ld_v4(Load::GLOBAL, xv, k.elem_addr(xr, at, 4));
+                        loads.push((inside, wv, xv));
+                    }
+                    for (inside, wv, xv) in loads {
+                        add_dot4(k, acc, wv, xv, inside);
+                    }
+                });
+            },
+            |k| scalar_dot(k, d, wr, xr, acc),
+        );
+    });
+}
+
+/// The first [`dense_f32_kernel`]: 4 bytes a lane and iteration (a GPU check times it beside
+/// the vector loop; the engine does not launch it). Same parameters and launch.
+pub fn dense_f32_scalar_kernel(k: &Kernel) {
+    dense_row(k, scalar_dot);
+}
+
+/// One warp's (row, token) of the f32 router matmul: `body` adds the row's products into
+/// `acc` from the row's and the token's addresses, then lane 0 stores the warp's sum.
+fn dense_row(k: &Kernel, body: impl FnOnce(&Kernel, &DenseRegs, Reg<U64>, Reg<U64>, Reg<F32>)) {
     k.max_threads(32, GEMV_WARPS, 1);
     let d = DenseRegs::declare(k);
     let row = k.mad(k.reg(), k.ctaid_x(), GEMV_WARPS, k.tid_y());
@@ -301,40 +342,7 @@ pub fn dense_f32_kernel(k: &Kernel) {
     let wr = k.elem_addr(d.w, k.mul(k.reg(), row, d.cols), 4);
     let xr = k.elem_addr(d.x, k.mul(k.reg(), t, d.cols), 4);
     let acc = k.f32(0.0);
-    let lane = k.tid_x();
-    let low = k.and(k.reg(), d.cols, 3u32);
-    let vector = k.eq(low, 0u32);
-    k.if_else(
-        vector,
-        |k| {
-            let last = k.sub(k.reg(), d.cols, 4u32);
-            let start = k.mul(k.reg(), lane, 4u32);
-            let step = 32 * 4 * DENSE_UNROLL;
-            k.stride_loop(start, d.cols, step, |k, c| {
-                let mut loads = Vec::new();
-                for u in 0..DENSE_UNROLL {
-                    let cu = k.add(k.reg(), c, 128 * u);
-                    let inside = k.lt(cu, d.cols);
-                    let at = k.min(k.reg(), cu, last);
-                    let wv = k.regs::<F32, 4>();
-                    k.ld_v4(Load::GLOBAL_NC, wv, k.elem_addr(wr, at, 4));
-                    let xv = k.regs::<F32, 4>();
-                    k.ld_v4(Load::GLOBAL, xv, k.elem_addr(xr, at, 4));
-                    loads.push((inside, wv, xv));
-                }
-                for (inside, wv, xv) in loads {
-                    add_dot4(k, acc, wv, xv, inside);
-                }
-            });
-        },
-        |k| {
-            k.stride_loop(lane, d.cols, 32u32, |k, c| {
-                let a = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(wr, c, 4));
-                let b = k.load::<F32>(Load::GLOBAL, k.elem_addr(xr, c, 4));
-                k.fma(acc, a, b, acc);
-            });
-        },
-    );
+    body(k, &d, wr, xr, acc);
     let s = k.warp_sum(acc);
     k.if_(k.eq(k.tid_x(), 0u32), |k| {
         let i = k.mad(k.reg(), t, d.nrows, row);
@@ -342,26 +350,12 @@ pub fn dense_f32_kernel(k: &Kernel) {
     });
 }
 
-/// The first [`dense_f32_kernel`]: 4 bytes a lane and iteration (a GPU check times it beside
-/// the vector loop; the engine does not launch it). Same parameters and launch.
-pub fn dense_f32_scalar_kernel(k: &Kernel) {
-    k.max_threads(32, GEMV_WARPS, 1);
-    let d = DenseRegs::declare(k);
-    let row = k.mad(k.reg(), k.ctaid_x(), GEMV_WARPS, k.tid_y());
-    k.exit_if(k.ge(row, d.nrows));
-    let t = k.ctaid_y();
-    let wr = k.elem_addr(d.w, k.mul(k.reg(), row, d.cols), 4);
-    let xr = k.elem_addr(d.x, k.mul(k.reg(), t, d.cols), 4);
-    let acc = k.f32(0.0);
+/// 4 bytes a lane and iteration, fused in column order into `acc`.
+fn scalar_dot(k: &Kernel, d: &DenseRegs, wr: Reg<U64>, xr: Reg<U64>, acc: Reg<F32>) {
     k.stride_loop(k.tid_x(), d.cols, 32u32, |k, c| {
         let a = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(wr, c, 4));
         let b = k.load::<F32>(Load::GLOBAL, k.elem_addr(xr, c, 4));
         k.fma(acc, a, b, acc);
-    });
-    let s = k.warp_sum(acc);
-    k.if_(k.eq(k.tid_x(), 0u32), |k| {
-        let i = k.mad(k.reg(), t, d.nrows, row);
-        k.st(Store::GLOBAL, k.elem_addr(d.y, i, 4), s);
     });
 }
 
