@@ -160,6 +160,11 @@ pub trait Backend: Send + Sync {
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
 
     fn alloc(&self, rows: usize, cols: usize) -> Self::Tensor;
+    /// A layer of the forward pass begins; `live` are the tensors that cross layers (the
+    /// residual stream, the buffers every layer reuses). Whatever else a layer allocated is
+    /// dead by the layer after next, so a backend that allocates a step's activations from
+    /// an arena may hand that memory out again (the CUDA backend's `arena::StepScratch`).
+    fn begin_layer(&self, _live: &[&Self::Tensor]) {}
     fn shape(&self, x: &Self::Tensor) -> (usize, usize);
 
     /// Rows of the embedding table for `tokens`, dequantized, into `out`.

@@ -135,6 +135,14 @@ struct Scratch<T> {
     tmp: T,
 }
 
+impl<T> Scratch<T> {
+    /// Every buffer, for [`Backend::begin_layer`]'s list of what crosses layers.
+    fn all(&self) -> [&T; 9] {
+        let s = self;
+        [&s.h, &s.q, &s.k, &s.v, &s.att, &s.o, &s.gate, &s.up, &s.tmp]
+    }
+}
+
 impl<B: Backend> Model<B> {
     pub fn load(b: &B, gguf: &Arc<Gguf>) -> Result<Self, EngineError> {
         let info = ModelInfo::from_gguf(gguf)?;
@@ -479,6 +487,9 @@ impl<B: Backend> Model<B> {
         // all-reduce computed it, `AllReduce::all_reduce_add_norm`).
         let mut normed = false;
         for (il, l) in self.layers.iter().enumerate() {
+            let mut live = vec![&x];
+            live.extend(s.all());
+            b.begin_layer(&live);
             if !std::mem::take(&mut normed) {
                 b.rms_norm(&x, &l.attn_norm, i.rms_eps, &mut s.h);
             }

@@ -60,6 +60,10 @@ impl Backend for Cuda {
         }
     }
 
+    fn begin_layer(&self, live: &[&CudaTensor]) {
+        self.run_raw(|| self.op_begin_layer(live));
+    }
+
     fn alloc(&self, rows: usize, cols: usize) -> CudaTensor {
         let mut ptr = 0;
         // Touches no memory: neither launches the deferred add nor forgets the cache.

@@ -32,6 +32,70 @@ impl Cuda {
         Ok(())
     }
 
+    /// A layer begins (`Backend::begin_layer`): its temporaries come from the layer arena
+    /// the layer before last used (`arena::StepScratch`). What still points into that
+    /// arena is settled first: a deferred launch that reads or writes it is launched (so
+    /// the kernels run before anything new is written there), and a cached input or
+    /// expert plan in it is forgotten (its address will name other data). When one of
+    /// `live`, which cross layers, lies in it (an output moved into a layer's scratch),
+    /// the arena is not reused this time.
+    pub(super) fn op_begin_layer(&self, live: &[&CudaTensor]) -> Result<(), CudaError> {
+        let Some(i) = lock(&self.scratch).next_layer_arena() else {
+            return Ok(());
+        };
+        let held = |ptrs: &[u64]| {
+            let s = lock(&self.scratch);
+            ptrs.iter().any(|&p| s.holds(i, p))
+        };
+        let norm_ptrs = |n: &Option<SplitNorm>| {
+            n.map_or(Vec::new(), |n| vec![n.partials, n.res.ptr, n.out.ptr])
+        };
+        let pending = {
+            let mut ptrs = Vec::new();
+            if let Some((x, y)) = *lock(&self.pending_add) {
+                ptrs.extend([x.ptr, y.ptr]);
+            }
+            if let Some(p) = *lock(&self.pending_gemv) {
+                ptrs.extend([p.x.ptr, p.q, p.out]);
+                ptrs.extend(norm_ptrs(&p.rms));
+            }
+            if let Some(r) = *lock(&self.pending_rope) {
+                ptrs.push(r.x.ptr);
+            }
+            ptrs
+        };
+        if held(&pending) {
+            self.flush()?;
+        }
+        let cached = *lock(&self.quantized);
+        if let Some(c) = cached {
+            let mut ptrs = vec![c.x.ptr, c.q];
+            ptrs.extend(norm_ptrs(&c.rms));
+            if held(&ptrs) {
+                self.forget_quantized()?;
+            }
+        }
+        let gemm = *lock(&self.gemm_quantized);
+        if let Some(g) = gemm {
+            let ptrs: Vec<u64> = [Some(g.x.ptr), g.tiles, g.f16]
+                .into_iter()
+                .flatten()
+                .collect();
+            if held(&ptrs) {
+                *lock(&self.gemm_quantized) = None;
+            }
+        }
+        let plan = *lock(&self.moe_plan);
+        if let Some((route, _, tiles)) = plan {
+            if held(&[route, tiles]) {
+                *lock(&self.moe_plan) = None;
+            }
+        }
+        let reuse = !held(&live.iter().map(|t| t.ptr).collect::<Vec<_>>());
+        lock(&self.scratch).begin_layer(reuse);
+        Ok(())
+    }
+
     /// Launches whatever is deferred (a GEMV, an add or a rope; at most one is at a time).
     pub fn flush(&self) -> Result<(), CudaError> {
         self.flush_gemv()?;

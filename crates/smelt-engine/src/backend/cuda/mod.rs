@@ -63,7 +63,7 @@ use smelt_cuda::cudarc::driver::CudaSlice;
 use smelt_cuda::{CudaError, Gpu};
 use smelt_gguf::GgmlType;
 
-use self::arena::Arena;
+use self::arena::StepScratch;
 use self::options::CudaOptions;
 use self::step_io::{Staging, StepBuf};
 use crate::backend::RopeParams;
@@ -244,7 +244,7 @@ pub struct CudaKv {
 /// The CUDA backend of one device.
 pub struct Cuda {
     gpu: Arc<Gpu>,
-    scratch: Mutex<Arena<CudaSlice<u8>>>,
+    scratch: Mutex<StepScratch<CudaSlice<u8>>>,
     step: Mutex<Option<StepBuf>>,
     error: Mutex<Option<CudaError>>,
     /// The last matmul input and its q8_1 tiles: Q, K and V (and gate and up) multiply the
@@ -350,7 +350,7 @@ impl Cuda {
         };
         Ok(Cuda {
             gpu,
-            scratch: Mutex::new(Arena::default()),
+            scratch: Mutex::new(StepScratch::new(opts.launch.layer_scratch)),
             step: Mutex::new(None),
             error: Mutex::new(None),
             quantized: Mutex::new(None),

@@ -37,6 +37,7 @@
 //! | `SMELT_CUDA_GRAPHS=0` | `launch.graphs` | on (off while profiling) |
 //! | `SMELT_CUDA_ARGMAX_SPLIT=0` | `launch.split_argmax` | on |
 //! | `SMELT_CUDA_UPLOAD=plain` | `launch.plain_upload` | off |
+//! | `SMELT_CUDA_LAYER_SCRATCH=0` | `launch.layer_scratch` | on (layers reuse scratch: `arena::StepScratch`) |
 //! | `SMELT_CUDA_PDL`, `_PDL_AFTER`, `_EARLY_SKIP`, `_CARVEOUT`, `_TIMELINE`, `_LOAD_LOG` | `launch.gpu` ([`smelt_cuda::GpuOptions`], its table) | the catalog's |
 //! | **measurement and debugging** | `debug` ([`DebugOptions`]) | |
 //! | `SMELT_CUDA_PROFILE=1` / `all` | `debug.profile` | off |
@@ -176,6 +177,9 @@ pub struct LaunchOptions {
     /// path the pipelined upload replaced, to measure it and to check both give the same
     /// model.
     pub plain_upload: bool,
+    /// A layer's temporaries are handed out again two layers on (`arena::StepScratch`);
+    /// off: a step keeps every layer's until it ends (the memory it took before).
+    pub layer_scratch: bool,
     /// The device's kernel module and launch dependencies (`Gpu::open_with`).
     pub gpu: GpuOptions,
 }
@@ -321,6 +325,7 @@ impl CudaOptions {
                 graphs: on("SMELT_CUDA_GRAPHS") && profile == Profile::Off,
                 split_argmax: on("SMELT_CUDA_ARGMAX_SPLIT"),
                 plain_upload: var("SMELT_CUDA_UPLOAD").is_some_and(|v| v == "plain"),
+                layer_scratch: on("SMELT_CUDA_LAYER_SCRATCH"),
                 gpu: GpuOptions::from_vars(&var),
             },
             debug: DebugOptions {

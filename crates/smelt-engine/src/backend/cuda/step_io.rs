@@ -121,7 +121,7 @@ impl Cuda {
         *lock(&self.pending_rope) = None;
         *lock(&self.moe_plan) = None;
         let mut chunk = Self::new_chunk(&self.gpu);
-        lock(&self.scratch).reset(0, &mut chunk)?;
+        lock(&self.scratch).reset(&mut chunk)?;
         Ok(())
     }
 
