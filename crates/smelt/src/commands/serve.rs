@@ -47,8 +47,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 32)]
     pub max_batch: usize,
     /// Tokens per step: every running sequence's next token, the rest for prompt chunks.
-    #[arg(long, default_value_t = 256)]
-    pub step_tokens: usize,
+    /// More tokens read prompts faster (many streams starting together get their first
+    /// tokens sooner); fewer keep running streams' time between tokens short while a long
+    /// prompt is read [default: 2048 on a GPU (llama.cpp's n_batch), 256 on the CPU]
+    #[arg(long, value_name = "TOKENS")]
+    pub step_tokens: Option<usize>,
     /// Most tokens in one sequence (prompt plus generation); longer prompts get 400.
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
@@ -125,11 +128,24 @@ fn parse_pooling(s: &str) -> Result<smelt_engine::Pooling, String> {
     smelt_engine::Pooling::parse(s).ok_or_else(|| format!("{s:?} is not mean, cls or last"))
 }
 
+/// `--step-tokens`' default on a GPU: prompts of many streams starting together are read in
+/// a few steps. H100, bench/RESULTS.md 2026-11-27 (`bench/gpu/serve.sh` with `SERVE_VARIANTS`).
+pub const GPU_STEP_TOKENS: usize = 2048;
+/// `--step-tokens`' default on the CPU, where a step of 2048 prompt tokens would hold every
+/// running stream for seconds.
+pub const CPU_STEP_TOKENS: usize = 256;
+
 pub fn run(args: &ServeArgs) -> Result<()> {
-    if model_ref::tp_devices(&args.device, args.tp)?.is_none() {
-        model_ref::check_device(&args.device)?;
-    }
-    if args.ctx == 0 || args.max_batch == 0 || args.step_tokens == 0 {
+    let gpu = match model_ref::tp_devices(&args.device, args.tp)? {
+        Some(_) => true,
+        None => model_ref::check_device(&args.device)? != smelt_engine::Device::Cpu,
+    };
+    let step_tokens = args.step_tokens.unwrap_or(if gpu {
+        GPU_STEP_TOKENS
+    } else {
+        CPU_STEP_TOKENS
+    });
+    if args.ctx == 0 || args.max_batch == 0 || step_tokens == 0 {
         bail!("--ctx, --max-batch and --step-tokens must be at least 1");
     }
     if !(args.grace.is_finite() && args.grace >= 0.0) {
@@ -141,7 +157,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         scheduler: SchedulerConfig {
             max_batch: args.max_batch,
             max_queue: args.max_queue,
-            step_tokens: args.step_tokens,
+            step_tokens,
         },
         ctx: args.ctx,
         grace: Duration::from_secs_f64(args.grace),
@@ -171,7 +187,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     // A node that starts empty will hold whatever models a gateway loads: each gets
     // --kv-tokens, as with several models, rather than one filling the GPU.
-    let kv = kv_args(args, if args.no_model { 2 } else { models.len() });
+    let kv = kv_args(
+        args,
+        if args.no_model { 2 } else { models.len() },
+        step_tokens,
+    );
     let loader = loader(args.device.clone(), args.threads, kv, args.isq.clone());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -213,7 +233,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
 /// GPU that serves one model: with several, or an explicit `--kv-tokens`, each holds exactly
 /// `--kv-tokens` unless `--gpu-memory` is given too. Filled, the cache holds at least one
 /// `--ctx` sequence (the CPU ignores the fraction and holds `--kv-tokens`, 4 x `--ctx`).
-fn kv_args(args: &ServeArgs, n_models: usize) -> model_ref::KvArgs {
+fn kv_args(args: &ServeArgs, n_models: usize, step_tokens: usize) -> model_ref::KvArgs {
     let gpu_memory = args
         .gpu_memory
         .or_else(|| (args.kv_tokens.is_none() && n_models <= 1).then(GpuMemory::default));
@@ -230,7 +250,7 @@ fn kv_args(args: &ServeArgs, n_models: usize) -> model_ref::KvArgs {
         gpu_memory,
         batch_invariant: args.batch_invariant,
         // A step carries every running sequence's token, or the token budget.
-        step_tokens: args.step_tokens.max(args.max_batch),
+        step_tokens: step_tokens.max(args.max_batch),
         tp: args.tp,
     }
 }
