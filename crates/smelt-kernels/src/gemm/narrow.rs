@@ -124,11 +124,38 @@ impl Layout {
 /// (+1.0%) with 16-row warps; 8 tokens run on the GEMV, so that width keeps its layout.
 /// Twice the warps an SM gained so little because the kernel is bound by the weight bytes
 /// it keeps in flight, not by issue (bench/gpu/NOTES.md).
-pub const DEFAULT_LAYOUT: [Layout; 3] = [Layout::Rows32, Layout::Rows16, Layout::Rows16];
+/// 64-token blocks: Rows16 (half of Rows32's accumulators; Rows32 at 64 is unmeasured).
+pub const DEFAULT_LAYOUT: [Layout; 4] = [
+    Layout::Rows32,
+    Layout::Rows16,
+    Layout::Rows16,
+    Layout::Rows16,
+];
+
+/// Token widths of a block: a kernel for each, per layout.
+pub const WIDTHS: [u32; 4] = [8, 16, 32, 64];
+
+/// The widest block the engine takes by default: 33-64 tokens run as one 64-token block,
+/// which unpacks each weight once for all of them (two 32-token blocks unpacked it twice).
+/// Whole decode steps of the Llama-3-8B shape on an H100, two interleaved rounds
+/// (bench/RESULTS.md 2026-11-27 19:20 UTC, `bench/gpu/narrow64.sh`): Q4_K 40 sequences
+/// 4,990 -> 5,786 tok/s, 64 sequences 7,419 -> 8,091; Q8_0 4,358 -> 5,264 and 6,526 ->
+/// 7,473. `SMELT_CUDA_GEMM_NARROW_WIDTH=32` restores the two blocks.
+pub const DEFAULT_MAX_WIDTH: u32 = 64;
+
+/// Index of block width `width` in [`WIDTHS`].
+const fn width_index(width: u32) -> usize {
+    width.trailing_zeros() as usize - 3
+}
 
 /// The default layout for `ntok` tokens.
 pub fn default_layout(ntok: usize) -> Layout {
-    DEFAULT_LAYOUT[block_tokens(ntok).trailing_zeros() as usize - 3]
+    DEFAULT_LAYOUT[width_index(block_tokens(ntok))]
+}
+
+/// The default layout for blocks of `width` tokens.
+pub fn default_layout_for(width: u32) -> Layout {
+    DEFAULT_LAYOUT[width_index(width)]
 }
 
 /// Tiles in the shared-memory ring (weights and activations): all but one are in flight
@@ -169,9 +196,9 @@ pub struct Field {
 pub trait NarrowFormat {
     /// The weight type.
     const TYPE: GgmlType;
-    /// The kernels for blocks of 8, 16 and 32 tokens, per [`Layout`] (in
+    /// The kernels for blocks of 8, 16, 32 and 64 tokens ([`WIDTHS`]), per [`Layout`] (in
     /// [`Layout::ALL`]'s order).
-    const NAMES: [[&'static str; 3]; 2];
+    const NAMES: [[&'static str; 4]; 2];
     /// The fields of a row's tile, in slot order.
     const FIELDS: &'static [Field];
     /// A lane's constants.
@@ -237,10 +264,10 @@ pub const fn dynamic_bytes(ty: GgmlType, ni: usize) -> u32 {
     RING * slot_bytes(ty, ni)
 }
 
-/// The most dynamic shared memory a narrow kernel takes (Q8_0's 32-token blocks).
-pub const MAX_DYNAMIC_BYTES: u32 = dynamic_bytes(GgmlType::Q8_0, 4);
-const _: () = assert!(MAX_DYNAMIC_BYTES >= dynamic_bytes(GgmlType::Q6_K, 4));
-const _: () = assert!(MAX_DYNAMIC_BYTES >= dynamic_bytes(GgmlType::Q4_K, 4));
+/// The most dynamic shared memory a narrow kernel takes (Q8_0's 64-token blocks).
+pub const MAX_DYNAMIC_BYTES: u32 = dynamic_bytes(GgmlType::Q8_0, 8);
+const _: () = assert!(MAX_DYNAMIC_BYTES >= dynamic_bytes(GgmlType::Q6_K, 8));
+const _: () = assert!(MAX_DYNAMIC_BYTES >= dynamic_bytes(GgmlType::Q4_K, 8));
 // One block fits an sm_90 SM (227 KB a block at most).
 const _: () = assert!(MAX_DYNAMIC_BYTES <= 227 * 1024);
 
@@ -272,9 +299,9 @@ pub fn min_tokens(ty: GgmlType) -> usize {
     }
 }
 
-/// Formats with a narrow GEMM, and their kernels for blocks of 8, 16 and 32 tokens, per
-/// [`Layout`] (in [`Layout::ALL`]'s order).
-pub const TYPES: [(GgmlType, [[&str; 3]; 2]); 3] = [
+/// Formats with a narrow GEMM, and their kernels for blocks of 8, 16, 32 and 64 tokens,
+/// per [`Layout`] (in [`Layout::ALL`]'s order).
+pub const TYPES: [(GgmlType, [[&str; 4]; 2]); 3] = [
     (GgmlType::Q4_K, <Q4K as NarrowFormat>::NAMES),
     (GgmlType::Q6_K, <Q6K as NarrowFormat>::NAMES),
     (GgmlType::Q8_0, <Q8_0 as NarrowFormat>::NAMES),
@@ -296,19 +323,30 @@ pub fn kernels_of(ty: GgmlType) -> Vec<(&'static str, Layout, u32)> {
         .collect()
 }
 
-/// Tokens per block for `ntok` tokens: 8, 16, else 32 (more tokens are more blocks).
+/// Tokens per block for `ntok` tokens, blocks at most [`DEFAULT_MAX_WIDTH`] wide.
 pub fn block_tokens(ntok: usize) -> u32 {
-    match ntok {
-        0..=8 => 8,
-        9..=16 => 16,
-        _ => 32,
-    }
+    block_tokens_up_to(ntok, DEFAULT_MAX_WIDTH)
 }
 
-/// The kernel for `ntok` tokens of type `ty` in `layout`, if there is one.
+/// Tokens per block for `ntok` tokens: the narrowest of [`WIDTHS`] that holds them, at most
+/// `max_width` (more tokens are more blocks).
+pub fn block_tokens_up_to(ntok: usize, max_width: u32) -> u32 {
+    WIDTHS
+        .into_iter()
+        .find(|&w| ntok <= w as usize || w >= max_width)
+        .unwrap_or(WIDTHS[WIDTHS.len() - 1])
+}
+
+/// The kernel for `ntok` tokens of type `ty` in `layout` (blocks at most
+/// [`DEFAULT_MAX_WIDTH`] wide), if there is one.
 pub fn name(ty: GgmlType, ntok: usize, layout: Layout) -> Option<&'static str> {
+    name_for(ty, block_tokens(ntok), layout)
+}
+
+/// The kernel of type `ty` for blocks of `width` tokens in `layout`, if there is one.
+pub fn name_for(ty: GgmlType, width: u32, layout: Layout) -> Option<&'static str> {
     let (_, names) = TYPES.iter().find(|(t, _)| *t == ty)?;
-    Some(names[layout.index()][block_tokens(ntok).trailing_zeros() as usize - 3])
+    Some(names[layout.index()][width_index(width)])
 }
 
 /// The narrow GEMMs, for the catalog.
@@ -321,14 +359,16 @@ pub fn catalog() -> Vec<crate::catalog::Entry> {
 
 /// The narrow GEMMs of format `F`.
 fn entries<F: NarrowFormat + 'static>() -> Vec<crate::catalog::Entry> {
-    let [[n8, n16, n32], [r8, r16, r32]] = F::NAMES;
+    let [[n8, n16, n32, n64], [r8, r16, r32, r64]] = F::NAMES;
     vec![
         (n8.to_string(), Box::new(kernel::<F, 1, 2>)),
         (n16.to_string(), Box::new(kernel::<F, 2, 2>)),
         (n32.to_string(), Box::new(kernel::<F, 4, 2>)),
+        (n64.to_string(), Box::new(kernel::<F, 8, 2>)),
         (r8.to_string(), Box::new(kernel::<F, 1, 1>)),
         (r16.to_string(), Box::new(kernel::<F, 2, 1>)),
         (r32.to_string(), Box::new(kernel::<F, 4, 1>)),
+        (r64.to_string(), Box::new(kernel::<F, 8, 1>)),
     ]
 }
 
@@ -340,7 +380,18 @@ fn entries<F: NarrowFormat + 'static>() -> Vec<crate::catalog::Entry> {
 /// remainder) ran 14336x4096 at 32 tokens as 336 blocks on 264 slots, 1.6x its
 /// microbenchmark time inside decode steps (bench/RESULTS.md, 2026-11-27 04:20 UTC).
 pub fn splits(ty: GgmlType, nrows: usize, ntiles: usize, ntok: usize, sm_count: usize) -> usize {
-    let width = block_tokens(ntok);
+    splits_for(ty, nrows, ntiles, ntok, sm_count, block_tokens(ntok))
+}
+
+/// [`splits`] for blocks of `width` tokens.
+pub fn splits_for(
+    ty: GgmlType,
+    nrows: usize,
+    ntiles: usize,
+    ntok: usize,
+    sm_count: usize,
+    width: u32,
+) -> usize {
     let blocks = nrows.div_ceil(BM as usize).max(1) * ntok.div_ceil(width as usize).max(1);
     let slots = blocks_per_sm(ty, width as usize / 8) as usize * sm_count.max(1);
     // The blocks a split count really launches (slices of whole tiles), and their fill.
@@ -651,16 +702,32 @@ mod tests {
         assert_eq!(name(q4, 5, r32), Some("gemm_narrow8_q4_k"));
         assert_eq!(name(q4, 16, r32), Some("gemm_narrow16_q4_k"));
         assert_eq!(name(q4, 17, r32), Some("gemm_narrow32_q4_k"));
-        assert_eq!(name(q4, 64, r32), Some("gemm_narrow32_q4_k"));
-        assert_eq!(name(q4, 64, Layout::Rows16), Some("gemm_narrow32_r16_q4_k"));
+        assert_eq!(name(q4, 32, r32), Some("gemm_narrow32_q4_k"));
+        assert_eq!(name(q4, 64, r32), Some("gemm_narrow64_q4_k"));
+        assert_eq!(name(q4, 64, Layout::Rows16), Some("gemm_narrow64_r16_q4_k"));
         assert_eq!(name(GgmlType::Q6_K, 16, r32), Some("gemm_narrow16_q6_k"));
         assert_eq!(name(GgmlType::Q8_0, 16, r32), Some("gemm_narrow16_q8_0"));
         assert_eq!(name(GgmlType::Q5_K, 16, r32), None);
+        // Blocks as wide as asked: 64 tokens one block of 64, or two of 32.
+        assert_eq!(block_tokens_up_to(33, 64), 64);
+        assert_eq!(block_tokens_up_to(64, 64), 64);
+        assert_eq!(block_tokens_up_to(65, 64), 64);
+        assert_eq!(block_tokens_up_to(64, 32), 32);
+        assert_eq!(block_tokens_up_to(20, 64), 32);
+        assert_eq!(block_tokens_up_to(3, 64), 8);
+        assert_eq!(block_tokens_up_to(64, 16), 16);
+        assert_eq!(
+            name_for(q4, 64, Layout::Rows16),
+            Some("gemm_narrow64_r16_q4_k")
+        );
+        // One 64-token block an SM: 14336 rows are 112 blocks on 132 slots (85%), unsplit.
+        assert_eq!(splits_for(q4, 14336, 16, 64, 132, 64), 1);
         let a = super::super::Args::q4_k_for_test(4097, 40, 16);
         let l = launch(q4, &a, r32);
-        assert_eq!(l.grid, (2, 33, 4));
+        assert_eq!(l.grid, (1, 33, 4));
         assert_eq!(l.block, (128, 1, 1));
-        assert_eq!(l.shared_bytes, dynamic_bytes(q4, 4));
+        assert_eq!(l.shared_bytes, dynamic_bytes(q4, 8));
+        assert_eq!(launch_width(q4, &a, r32, 32).grid, (2, 33, 4));
         assert_eq!(
             launch_width(q4, &a, r32, 8).shared_bytes,
             dynamic_bytes(q4, 1)
@@ -674,7 +741,8 @@ mod tests {
             dynamic_bytes(GgmlType::Q6_K, 4),
             3 * (128 * 224 + 2 * 32 * 288)
         );
-        assert_eq!(MAX_DYNAMIC_BYTES, 3 * (128 * 272 + 2 * 32 * 288));
+        assert_eq!(MAX_DYNAMIC_BYTES, 3 * (128 * 272 + 2 * 64 * 288));
+        assert_eq!(blocks_per_sm(q4, 8), 1);
         assert_eq!(blocks_per_sm(GgmlType::Q8_0, 4), 1);
         assert_eq!(blocks_per_sm(q4, 4), 2);
         assert_eq!(blocks_per_sm(GgmlType::Q6_K, 4), 1);
@@ -682,9 +750,9 @@ mod tests {
         // Every kernel listed once, with its layout's and width's name.
         for (ty, _) in TYPES {
             let all = kernels_of(ty);
-            assert_eq!(all.len(), 6);
+            assert_eq!(all.len(), 8);
             for (n, l, w) in all {
-                assert_eq!(name(ty, w as usize, l), Some(n));
+                assert_eq!(name_for(ty, w, l), Some(n));
                 assert_eq!(
                     crate::catalog::max_dynamic_shared_bytes(n),
                     MAX_DYNAMIC_BYTES
@@ -700,7 +768,8 @@ mod tests {
         assert_eq!(splits(q4, 28672, 16, 32, 132), 1);
         assert_eq!(splits(q4, 4096, 56, 32, 132), 7);
         assert_eq!(splits(q4, 1024, 16, 32, 132), 8);
-        // 64 tokens are two token blocks: 14336 rows fill 85% of a wave unsplit.
+        // 64 tokens are one 64-token block (one block an SM): 14336 rows are 112 blocks
+        // (85% of 132 slots) unsplit; 4096 rows 4 splits of 32 blocks (97%).
         assert_eq!(splits(q4, 14336, 16, 64, 132), 1);
         assert_eq!(splits(q4, 4096, 56, 64, 132), 4);
         // Q6_K at 32 tokens: one block an SM (132 slots): 4096 rows are 32 blocks, 4

@@ -53,16 +53,18 @@ pub struct Row {
 
 impl NarrowFormat for Q6K {
     const TYPE: GgmlType = GgmlType::Q6_K;
-    const NAMES: [[&'static str; 3]; 2] = [
+    const NAMES: [[&'static str; 4]; 2] = [
         [
             "gemm_narrow8_q6_k",
             "gemm_narrow16_q6_k",
             "gemm_narrow32_q6_k",
+            "gemm_narrow64_q6_k",
         ],
         [
             "gemm_narrow8_r16_q6_k",
             "gemm_narrow16_r16_q6_k",
             "gemm_narrow32_r16_q6_k",
+            "gemm_narrow64_r16_q6_k",
         ],
     ];
     const FIELDS: &'static [Field] = &[

@@ -98,7 +98,7 @@ impl Cuda {
                 self.gpu.sm_count(),
                 self.opts.batch_invariant,
             );
-            if let (Family::Narrow(_), Some(cap)) = (family, self.opts.matmul.narrow_max_splits) {
+            if let (Family::Narrow(..), Some(cap)) = (family, self.opts.matmul.narrow_max_splits) {
                 splits = splits.min(cap);
             }
             let mut a = gemm::Args {

@@ -17,8 +17,8 @@ use super::options::MatmulOptions;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Family {
     /// `gemm::narrow`: weights straight into `mma` fragments, batches of a few dozen, in
-    /// its warp layout.
-    Narrow(gemm::narrow::Layout),
+    /// its warp layout and blocks of its token width.
+    Narrow(gemm::narrow::Layout, u32),
     /// `gemm::f16_small`: the f16 GEMM in blocks as wide as the batch.
     F16Small,
     /// `gemm::f16`: the f16 GEMM of prompts, 128 x 128 blocks.
@@ -52,7 +52,7 @@ impl Family {
     /// The activations this family reads for weights of type `ty`.
     pub(super) fn activations(self, ty: GgmlType) -> Activations {
         match self {
-            Family::Narrow(_) | Family::F16Small | Family::F16 => Activations::F16Rows,
+            Family::Narrow(..) | Family::F16Small | Family::F16 => Activations::F16Rows,
             Family::Int8 if gemm::reads_q8_1_tiles(ty) => Activations::Q8_1Tiles,
             Family::Int8 => Activations::GemmTiles,
         }
@@ -71,7 +71,9 @@ impl Family {
         batch_invariant: bool,
     ) -> usize {
         match self {
-            Family::Narrow(_) => gemm::narrow::splits(ty, rows, ntiles, n, sm_count),
+            Family::Narrow(_, width) => {
+                gemm::narrow::splits_for(ty, rows, ntiles, n, sm_count, width)
+            }
             Family::F16Small => gemm::f16_small::splits(rows, ntiles, n, sm_count),
             Family::F16 => gemm::f16::splits(rows, ntiles, Some(n), sm_count),
             Family::Int8 => gemm::splits(rows, ntiles, (!batch_invariant).then_some(n), sm_count),
@@ -81,7 +83,7 @@ impl Family {
     /// The launch shape of `a` (weights of type `ty`) on this family's kernels.
     pub(super) fn launch(self, ty: GgmlType, a: &gemm::Args) -> smelt_kernels::ops::Launch {
         match self {
-            Family::Narrow(layout) => gemm::narrow::launch(ty, a, layout),
+            Family::Narrow(layout, width) => gemm::narrow::launch_width(ty, a, layout, width),
             Family::F16Small => gemm::f16_small::launch(a),
             Family::F16 => gemm::f16::launch(a),
             Family::Int8 => a.launch(),
@@ -108,13 +110,14 @@ pub(super) fn choose(
     let Some(int8) = gemm::name(ty) else {
         return Choice::Gemv;
     };
+    let width = gemm::narrow::block_tokens_up_to(n, m.narrow_max_width);
     let layout = m
         .narrow_layout
-        .unwrap_or_else(|| gemm::narrow::default_layout(n));
+        .unwrap_or_else(|| gemm::narrow::default_layout_for(width));
     let narrow_min = m
         .gemm_narrow_min_tokens
         .unwrap_or_else(|| gemm::narrow::min_tokens(ty));
-    let narrow = gemm::narrow::name(ty, n, layout)
+    let narrow = gemm::narrow::name_for(ty, width, layout)
         .filter(|_| (narrow_min..=m.gemm_narrow_max_tokens).contains(&n));
     // The narrow GEMM may take over from the GEMV earlier than the other GEMMs.
     let min = match narrow {
@@ -126,7 +129,7 @@ pub(super) fn choose(
     }
     let gemm = |family, name| Choice::Gemm { family, name };
     if let Some(name) = narrow {
-        return gemm(Family::Narrow(layout), name);
+        return gemm(Family::Narrow(layout, width), name);
     }
     if let Some(name) = gemm::f16_small::name(ty, n)
         .filter(|_| n <= m.gemm_small_max_tokens && gemm::f16_small::preferred(rows, cols, n))
@@ -171,11 +174,13 @@ mod tests {
             assert_eq!(pick(rows, cols, 7), None);
             // 8-64 tokens: the narrow GEMM (its ring, 2026-11-27 13:35 UTC).
             let n8 = gemm::narrow::DEFAULT_LAYOUT[0];
-            assert_eq!(pick(rows, cols, 8), Some(Family::Narrow(n8)));
-            assert_eq!(pick(rows, cols, 16), Some(Family::Narrow(narrow)));
-            assert_eq!(pick(rows, cols, 32), Some(Family::Narrow(narrow)));
-            assert_eq!(pick(rows, cols, 48), Some(Family::Narrow(narrow)));
-            assert_eq!(pick(rows, cols, 64), Some(Family::Narrow(narrow)));
+            assert_eq!(pick(rows, cols, 8), Some(Family::Narrow(n8, 8)));
+            assert_eq!(pick(rows, cols, 16), Some(Family::Narrow(narrow, 16)));
+            assert_eq!(pick(rows, cols, 32), Some(Family::Narrow(narrow, 32)));
+            // 33-64 tokens: one 64-token block (2026-11-27 19:20 UTC).
+            let n64 = gemm::narrow::DEFAULT_LAYOUT[3];
+            assert_eq!(pick(rows, cols, 48), Some(Family::Narrow(n64, 64)));
+            assert_eq!(pick(rows, cols, 64), Some(Family::Narrow(n64, 64)));
         }
         // 65-127 tokens: the batch-wide f16 blocks on the MLP's matrices, the int8 GEMM on
         // the small ones (2026-11-27 00:35 UTC).
@@ -249,7 +254,10 @@ mod tests {
         // tokens take them, Q8_0 from 8 (measured against the GEMV; Q6_K not), more the
         // int8 GEMM; Q5_K has none: batches take the int8 GEMM, 8 tokens the GEMV.
         let pick = |ty, n| family(choose(m, ty, 4096, 4096, n, || false));
-        let narrow = |n| Some(Family::Narrow(gemm::narrow::default_layout(n)));
+        let narrow = |n| {
+            let w = gemm::narrow::block_tokens(n);
+            Some(Family::Narrow(gemm::narrow::default_layout_for(w), w))
+        };
         assert_eq!(pick(GgmlType::Q6_K, 8), None);
         assert_eq!(pick(GgmlType::Q8_0, 8), narrow(8));
         for ty in [GgmlType::Q6_K, GgmlType::Q8_0] {
@@ -263,6 +271,30 @@ mod tests {
             choose(m, GgmlType::F32, 4096, 4096, 512, || false),
             Choice::Gemv
         );
+    }
+
+    #[test]
+    fn the_block_width_cap_decides_how_many_blocks_a_batch_takes() {
+        let mut o = CudaOptions::from_vars(|_| None, false);
+        assert_eq!(o.matmul.narrow_max_width, 64);
+        let pick =
+            |o: &CudaOptions, n| family(choose(&o.matmul, GgmlType::Q4_K, 4096, 4096, n, || false));
+        let r16 = gemm::narrow::Layout::Rows16;
+        assert_eq!(pick(&o, 32), Some(Family::Narrow(r16, 32)));
+        assert_eq!(pick(&o, 33), Some(Family::Narrow(r16, 64)));
+        assert_eq!(pick(&o, 64), Some(Family::Narrow(r16, 64)));
+        let Choice::Gemm { name, .. } = choose(&o.matmul, GgmlType::Q8_0, 4096, 4096, 50, || false)
+        else {
+            panic!("50 tokens of Q8_0 take a GEMM");
+        };
+        assert_eq!(name, "gemm_narrow64_r16_q8_0");
+        o.matmul.narrow_max_width = 32;
+        assert_eq!(pick(&o, 64), Some(Family::Narrow(r16, 32)));
+        let o = CudaOptions::from_vars(
+            |v| (v == "SMELT_CUDA_GEMM_NARROW_WIDTH").then(|| "32".to_string()),
+            false,
+        );
+        assert_eq!(o.matmul.narrow_max_width, 32);
     }
 
     #[test]
@@ -281,7 +313,7 @@ mod tests {
     #[test]
     fn each_family_reads_its_activations() {
         assert_eq!(
-            Family::Narrow(gemm::narrow::Layout::Rows32).activations(GgmlType::Q4_K),
+            Family::Narrow(gemm::narrow::Layout::Rows32, 32).activations(GgmlType::Q4_K),
             Activations::F16Rows
         );
         assert_eq!(

@@ -24,6 +24,7 @@
 //! | `SMELT_CUDA_GEMM_NARROW_MIN` | `matmul.gemm_narrow_min_tokens` | `gemm::narrow::min_tokens` per type (Q4_K and Q8_0 8, Q6_K 16) |
 //! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `matmul.gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_GEMM_NARROW_SPLITS` | `matmul.narrow_max_splits` | none (`gemm::narrow::splits`'s wave-fill rule; a cap of 4 measured the same, 2 -18%) |
+//! | `SMELT_CUDA_GEMM_NARROW_WIDTH` (8, 16, 32 or 64) | `matmul.narrow_max_width` | `gemm::narrow::DEFAULT_MAX_WIDTH` |
 //! | `SMELT_CUDA_GEMM_NARROW_ROWS` (32 or 16) | `matmul.narrow_layout` | `gemm::narrow::DEFAULT_LAYOUT` (per token width) |
 //! | `SMELT_CUDA_GEMM_SMALL_MAX` (0: off) | `matmul.gemm_small_max_tokens` | `gemm::f16_small::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_MOE_GEMM_MIN` | `matmul.moe_gemm_min_per_expert` | `gemm::grouped::MIN_PER_EXPERT` (measured) |
@@ -132,6 +133,9 @@ pub struct MatmulOptions {
     /// `gemm::narrow::splits`, alone), to measure fewer, longer blocks against the
     /// split reduces.
     pub narrow_max_splits: Option<usize>,
+    /// The narrow GEMM's widest block (tokens; `gemm::narrow::WIDTHS`): more tokens are
+    /// more blocks.
+    pub narrow_max_width: u32,
     /// The narrow GEMM's warp layout for every token width (`Some`: 32 or 16 rows a warp),
     /// else `gemm::narrow::DEFAULT_LAYOUT`'s per width.
     pub narrow_layout: Option<gemm::narrow::Layout>,
@@ -292,6 +296,10 @@ impl CudaOptions {
                     num("SMELT_CUDA_GEMM_NARROW_MAX").unwrap_or(gemm::narrow::MAX_TOKENS)
                 },
                 narrow_max_splits: num("SMELT_CUDA_GEMM_NARROW_SPLITS").filter(|&n| n > 0),
+                narrow_max_width: match num("SMELT_CUDA_GEMM_NARROW_WIDTH") {
+                    Some(w) if gemm::narrow::WIDTHS.contains(&(w as u32)) => w as u32,
+                    _ => gemm::narrow::DEFAULT_MAX_WIDTH,
+                },
                 narrow_layout: match num("SMELT_CUDA_GEMM_NARROW_ROWS") {
                     Some(16) => Some(gemm::narrow::Layout::Rows16),
                     Some(32) => Some(gemm::narrow::Layout::Rows32),
