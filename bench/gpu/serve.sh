@@ -28,8 +28,8 @@ m=/tmp/serve-llama3-8b-q4_k.gguf
 $S synth --shape llama3-8b --quant q4_k --tokenizer-from .gpu-serve/tok.gguf -o $m 2>&1 | tail -1 | tee -a "$log"
 levels=${LEVELS:-8 32 64}
 table="$out/serve-table.md"
-echo "| sequences | serve flags | llama.cpp batched tok/s | smelt bench --batch tok/s | smelt serve tok/s | serve median TTFT ms | serve per-stream tok/s x streams | serve / llama.cpp | per-stream x streams / llama.cpp |" > "$table"
-echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|" >> "$table"
+echo "| sequences | serve flags | llama.cpp batched tok/s | smelt bench --batch tok/s | smelt serve tok/s | serve median TTFT ms | serve per-stream tok/s x streams | serve host share | serve / llama.cpp | per-stream x streams / llama.cpp |" > "$table"
+echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|" >> "$table"
 IFS='|' read -r -a variants <<< "${SERVE_VARIANTS:-}"
 [ ${#variants[@]} -gt 0 ] || variants=("")
 sv_all=${SERVE_VARIANTS:-}
@@ -44,16 +44,16 @@ for n in $levels; do
   sb=$($S bench --model $m --device cuda --prompt 128 --gen 128 --reps 1 --batch $n --json 2>>"$log" | tr -d '\n' | grep -o '"batch_decode_tok_s":[0-9.]*' | cut -d: -f2)
   echo "smelt bench --batch $n: $sb" | tee -a "$log"
   for i in "${!variants[@]}"; do
-    read -r sv ttft ps < <(python3 -c "
+    read -r sv ttft ps hs < <(python3 -c "
 import json,sys
 for l in open('/tmp/serve-$i.jsonl'):
     try: d=json.loads(l)
     except Exception: continue
-    if d.get('streams')==$n: print(round(d.get('tok_s',0),1), round(d.get('ttft_ms',0),1), round(d.get('stream_tok_s',0)*$n,1))
+    if d.get('streams')==$n: print(round(d.get('tok_s',0),1), round(d.get('ttft_ms',0),1), round(d.get('stream_tok_s',0)*$n,1), f\"{100*(d.get('host_share') or 0):.1f}%\")
 ")
     r=$(python3 -c "print(f'{float(\"$sv\")/float(\"$lc\"):.2f}x')" 2>/dev/null || echo -)
     r2=$(python3 -c "print(f'{float(\"$ps\")/float(\"$lc\"):.2f}x')" 2>/dev/null || echo -)
-    echo "| $n | ${variants[$i]:-defaults} | ${lc:--} | ${sb:--} | ${sv:--} | ${ttft:--} | ${ps:--} | $r | $r2 |" >> "$table"
+    echo "| $n | ${variants[$i]:-defaults} | ${lc:--} | ${sb:--} | ${sv:--} | ${ttft:--} | ${ps:--} | ${hs:--} | $r | $r2 |" >> "$table"
   done
 done
 echo "== table" | tee -a "$log"

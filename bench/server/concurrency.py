@@ -97,6 +97,23 @@ def first_model(url: str, timeout: float) -> str:
     return json.loads(body)["data"][0]["id"]
 
 
+def scheduler_us(url: str, timeout: float) -> tuple[float, float]:
+    """The server's forward and scheduler-busy microseconds so far (`/metrics`, summed over
+    models); (0, 0) when it does not report them."""
+    try:
+        conn, r = request(url, "GET", "/metrics", None, timeout)
+        text = r.read().decode()
+        conn.close()
+    except OSError:
+        return 0.0, 0.0
+    sums = {"smelt_forward_microseconds_total": 0.0, "smelt_scheduler_busy_microseconds_total": 0.0}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in sums:
+            sums[name] += float(line.rsplit(" ", 1)[1])
+    return sums["smelt_forward_microseconds_total"], sums["smelt_scheduler_busy_microseconds_total"]
+
+
 def prompt_ids(client: int, n: int) -> list[int]:
     # Ordinary ids below 30,100 (inside every real vocabulary), different for every client.
     return [100 + (j * 7919 + client * 104729) % 30000 for j in range(n)]
@@ -135,6 +152,7 @@ def stream_one(url: str, body: dict, timeout: float, start: threading.Barrier, o
 
 
 def one_round(url: str, model: str, n: int, a: argparse.Namespace) -> dict:
+    fwd0, busy0 = scheduler_us(url, a.timeout)
     barrier = threading.Barrier(n)
     outs: list[dict] = [{} for _ in range(n)]
     threads = []
@@ -165,7 +183,13 @@ def one_round(url: str, model: str, n: int, a: argparse.Namespace) -> dict:
     ttft = [o["first"] - o["t0"] for o in outs]
     # A stream's decode rate: its tokens after the first over the time after the first.
     per_stream = [(a.max_tokens - 1) / max(o["end"] - o["first"], 1e-9) for o in outs]
+    # The scheduler's host share: its busy time outside the engine's forwards (the batch is
+    # empty once every stream ended, so its last step's time is counted).
+    time.sleep(0.05)
+    fwd1, busy1 = scheduler_us(url, a.timeout)
+    busy = busy1 - busy0
     return {
+        "host_share": (busy - (fwd1 - fwd0)) / busy if busy > 0 else None,
         "tok_s": total / wall,
         "wall_s": wall,
         "ttft_ms": 1e3 * statistics.median(ttft),

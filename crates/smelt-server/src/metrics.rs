@@ -99,6 +99,16 @@ pub struct ModelStats {
     pub prefix_cache_enabled: AtomicU64,
     pub ttft: Histogram,
     pub itl: Histogram,
+    pub time: StepTime,
+}
+
+/// Where the scheduler's time goes while it has work: in the engine's forward, and in its
+/// whole loop (taking requests, planning the step, the forward, sending tokens out). Their
+/// difference is the host work between forwards, during which a GPU waits.
+#[derive(Debug, Default)]
+pub struct StepTime {
+    pub forward_us: AtomicU64,
+    pub busy_us: AtomicU64,
 }
 
 impl Default for ModelStats {
@@ -119,6 +129,7 @@ impl Default for ModelStats {
             prefix_cache_enabled: AtomicU64::new(0),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
+            time: StepTime::default(),
         }
     }
 }
@@ -156,7 +167,7 @@ impl ServerStats {
         for (status, n) in &requests {
             let _ = writeln!(out, "smelt_requests_total{{status=\"{status}\"}} {n}");
         }
-        let counters: [Family<AtomicU64>; 8] = [
+        let counters: [Family<AtomicU64>; 10] = [
             (
                 "smelt_prompt_tokens_total",
                 "Prompt tokens of accepted requests.",
@@ -182,6 +193,16 @@ impl ServerStats {
                 "smelt_grammar_mask_microseconds_total",
                 "Time spent computing and applying those masks, in microseconds.",
                 |s| &s.grammar_mask_us,
+            ),
+            (
+                "smelt_forward_microseconds_total",
+                "Time in the engine's forward steps, in microseconds.",
+                |s| &s.time.forward_us,
+            ),
+            (
+                "smelt_scheduler_busy_microseconds_total",
+                "Time the scheduler worked (its forwards and the host work between them), in microseconds.",
+                |s| &s.time.busy_us,
             ),
             (
                 "smelt_prefix_cache_query_tokens_total",

@@ -389,6 +389,7 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                     Err(_) => break,
                 }
             }
+            let busy = Instant::now();
             loop {
                 match rx.try_recv() {
                     Ok(cmd) => self.command(cmd),
@@ -403,6 +404,9 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             self.run_embeds();
             self.admit();
             self.step();
+            // Before `publish`, so a reader that sees the batch empty sees its time too.
+            let us = busy.elapsed().as_micros() as u64;
+            self.stats.time.busy_us.fetch_add(us, Ordering::Relaxed);
             self.publish();
         }
         tracing::debug!("scheduler stops: no handle left and no work");
@@ -554,6 +558,7 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                     }
                 }))
             };
+            let t0 = Instant::now();
             let result = if picks.iter().any(|&p| p) {
                 std::thread::scope(|sc| {
                     let masks = sc.spawn(|| {
@@ -573,6 +578,8 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             } else {
                 forward()
             };
+            let us = t0.elapsed().as_micros() as u64;
+            self.stats.time.forward_us.fetch_add(us, Ordering::Relaxed);
             match result {
                 Ok(Ok(out)) => {
                     self.stats.steps.fetch_add(1, Ordering::Relaxed);

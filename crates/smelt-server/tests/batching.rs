@@ -60,6 +60,8 @@ async fn sixteen_concurrent_greedy_streams_equal_their_sequential_answers() {
         ));
     }
     let steps_before = s.metric("smelt_steps_total").await;
+    let forward_before = s.metric("smelt_forward_microseconds_total").await;
+    let busy_before = s.metric("smelt_scheduler_busy_microseconds_total").await;
     let bodies: Vec<Value> = PROMPTS.iter().map(|p| body(p, 12, true)).collect();
     let together = join_all(bodies.iter().map(|b| streamed(&s, b))).await;
     for (i, (got, want)) in together.iter().zip(&sequential).enumerate() {
@@ -79,6 +81,15 @@ async fn sixteen_concurrent_greedy_streams_equal_their_sequential_answers() {
         .await;
     s.wait_metric("smelt_kv_blocks_used", 0.0, Duration::from_secs(5))
         .await;
+    // (Read once the batch is empty: the loop adds its busy time after its step.)
+    // The scheduler's time: its forwards are part of its busy time, and most of it here
+    // (a CPU engine's forward is far longer than the host work around it).
+    let forward = s.metric("smelt_forward_microseconds_total").await - forward_before;
+    let busy = s.metric("smelt_scheduler_busy_microseconds_total").await - busy_before;
+    assert!(
+        forward > 0.0 && forward <= busy && forward > 0.5 * busy,
+        "forward {forward} us of {busy} us busy"
+    );
     s.shutdown().await;
 }
 
