@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes a Hugging Face model folder FROM a GGUF (llama, qwen2 or qwen3 architecture; bf16/f16/
-f32 or quantized weights), for smelt-load's tests.
+"""Writes a Hugging Face model folder FROM a GGUF (llama, qwen2, qwen3 or qwen3moe architecture;
+bf16/f16/f32 or quantized weights), for smelt-load's tests.
 
 The folder is what a user downloads from a hub: bf16 safetensors (single or sharded with
 model.safetensors.index.json), config.json, tokenizer.json built with the `tokenizers`
@@ -10,6 +10,10 @@ bf16 (round to nearest even), with Q/K rows un-permuted to the rotate-half layou
 (the inverse of convert_hf_to_gguf.py's LlamaModel.permute).
 
 usage: hf_folder.py GGUF OUT_DIR [--shards N] [--hf-arch MistralForCausalLM] [--f32-vectors]
+       hf_folder.py qwen3moe-gguf GGUF OUT_GGUF [--layers N --experts E --used K --ff-exp F]
+                                        (a small random Qwen3-MoE GGUF as convert_hf_to_gguf.py
+                                         writes one in bf16: GGUF's tokenizer, embeddings and
+                                         first layers' attention, random experts and router)
        hf_folder.py special-vocab DIR   (prints gguf-py's SpecialVocab of DIR as JSON: the
                                          merges, special ids, add flags and chat template
                                          convert_hf_to_gguf.py writes)
@@ -73,12 +77,14 @@ HF_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",
 }
 
 HF_ARCH = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -127,7 +133,13 @@ def main():
             vals = unpermute(vals, n_head)
         elif arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
             vals = unpermute(vals, n_head_kv)
-        if args.f32_vectors and vals.ndim == 1:
+        if t.name.endswith("_exps.weight"):
+            # convert stacks the experts' matrices; HF keeps one per expert.
+            _, bid, part, _ = t.name.split(".")
+            proj = part.split("_")[1]
+            for e in range(vals.shape[0]):
+                tensors[f"model.layers.{bid}.mlp.experts.{e}.{proj}_proj.weight"] = to_bf16(vals[e])
+        elif args.f32_vectors and vals.ndim == 1:
             tensors[hf_name(t.name)] = vals
         else:
             tensors[hf_name(t.name)] = to_bf16(vals)
@@ -186,6 +198,16 @@ def main():
     }
     if k("attention.key_length") is not None:
         config["head_dim"] = int(k("attention.key_length"))
+    if k("expert_count") is not None:
+        config.update({
+            "model_type": "qwen3_moe",
+            "num_experts": int(k("expert_count")),
+            "num_experts_per_tok": int(k("expert_used_count")),
+            "moe_intermediate_size": int(k("expert_feed_forward_length")),
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "norm_topk_prob": True,
+        })
     if rope_freqs is not None:
         config["rope_scaling"] = {
             "rope_type": "llama3",
@@ -298,6 +320,90 @@ def save_bf16(tensors, path):
             f.write(np.ascontiguousarray(v).tobytes())
 
 
+def qwen3moe_gguf(argv):
+    """A small Qwen3-MoE GGUF in the layout convert_hf_to_gguf.py gives a bf16 checkpoint
+    (2-D weights BF16; norms and the router F32), built from a GGUF's tokenizer, embeddings
+    and first layers' attention, with random Q/K norms, router and experts (all values
+    bf16-exact, so an HF folder written from it holds the same numbers)."""
+    import gguf
+    ap = argparse.ArgumentParser(prog="hf_folder.py qwen3moe-gguf")
+    ap.add_argument("gguf")
+    ap.add_argument("out")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--experts", type=int, default=4)
+    ap.add_argument("--used", type=int, default=2)
+    ap.add_argument("--ff-exp", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    r = GGUFReader(a.gguf)
+    src = field(r, "general.architecture")
+    k = lambda s: field(r, f"{src}.{s}")
+    rng = np.random.default_rng(a.seed)
+    n_embd = int(k("embedding_length"))
+    n_head = int(k("attention.head_count"))
+    n_head_kv = int(k("attention.head_count_kv") or n_head)
+    hd = n_embd // n_head
+    bf = lambda x: to_bf16(x)
+    as_f32 = lambda bits: (bits.astype(np.uint32) << 16).view(np.float32)
+
+    w = gguf.GGUFWriter(a.out, "qwen3moe")
+    # The tokenizer and chat template as the source has them (convert wrote those), less
+    # what convert writes for Llama vocabularies only (LlamaModel.set_vocab).
+    for f in r.fields.values():
+        if not f.name.startswith("tokenizer.") or f.name == "tokenizer.ggml.add_space_prefix":
+            continue
+        t0 = f.types[0]
+        if t0 == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(f.name, f.contents(), t0, sub_type=f.types[1])
+        else:
+            w.add_key_value(f.name, f.contents(), t0)
+    a_ = "qwen3moe"
+    w.add_uint32(f"{a_}.block_count", a.layers)
+    w.add_uint32(f"{a_}.context_length", int(k("context_length")))
+    w.add_uint32(f"{a_}.embedding_length", n_embd)
+    w.add_uint32(f"{a_}.feed_forward_length", int(k("feed_forward_length")))
+    w.add_uint32(f"{a_}.attention.head_count", n_head)
+    w.add_uint32(f"{a_}.attention.head_count_kv", n_head_kv)
+    w.add_float32(f"{a_}.rope.freq_base", float(k("rope.freq_base")))
+    w.add_float32(f"{a_}.attention.layer_norm_rms_epsilon", float(k("attention.layer_norm_rms_epsilon")))
+    w.add_uint32(f"{a_}.attention.key_length", hd)
+    w.add_uint32(f"{a_}.attention.value_length", hd)
+    w.add_uint32(f"{a_}.expert_count", a.experts)
+    w.add_uint32(f"{a_}.expert_used_count", a.used)
+    w.add_uint32(f"{a_}.expert_feed_forward_length", a.ff_exp)
+    w.add_uint32("general.file_type", 32)
+    w.add_uint32("general.quantization_version", 2)
+
+    by_name = {t.name: t for t in r.tensors}
+    def vals(name):
+        t = by_name[name]
+        v = dequantize(t.data, t.tensor_type).astype(np.float32)
+        return v.reshape([int(d) for d in reversed(list(t.shape))])
+    def mat(name, v):
+        w.add_tensor(name, bf(v), raw_dtype=GGMLQuantizationType.BF16)
+    def vec(name, v):
+        w.add_tensor(name, as_f32(bf(v)))
+    mat("token_embd.weight", vals("token_embd.weight"))
+    vec("output_norm.weight", vals("output_norm.weight"))
+    for b in range(a.layers):
+        p = f"blk.{b}."
+        vec(p + "attn_norm.weight", vals(p + "attn_norm.weight"))
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            mat(p + part + ".weight", vals(p + part + ".weight"))
+        vec(p + "attn_q_norm.weight", 1 + 0.1 * rng.standard_normal(hd))
+        vec(p + "attn_k_norm.weight", 1 + 0.1 * rng.standard_normal(hd))
+        vec(p + "ffn_norm.weight", vals(p + "ffn_norm.weight"))
+        vec(p + "ffn_gate_inp.weight", 0.05 * rng.standard_normal((a.experts, n_embd)))
+        mat(p + "ffn_gate_exps.weight", 0.05 * rng.standard_normal((a.experts, a.ff_exp, n_embd)))
+        mat(p + "ffn_up_exps.weight", 0.05 * rng.standard_normal((a.experts, a.ff_exp, n_embd)))
+        mat(p + "ffn_down_exps.weight", 0.05 * rng.standard_normal((a.experts, n_embd, a.ff_exp)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(a.out)
+
+
 def special_vocab(path):
     import gguf
     sv = gguf.SpecialVocab(path, load_merges=True)
@@ -312,5 +418,7 @@ def special_vocab(path):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "special-vocab":
         special_vocab(sys.argv[2])
+    elif len(sys.argv) > 1 and sys.argv[1] == "qwen3moe-gguf":
+        qwen3moe_gguf(sys.argv[2:])
     else:
         main()

@@ -29,7 +29,8 @@ pub enum LoadError {
     BadConfig { why: String },
     #[error(
         "architecture {name:?} is not supported from a Hugging Face folder (supported: \
-         LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"
+         LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
+         Qwen3MoeForCausalLM)"
     )]
     UnknownArchitecture { name: String },
     #[error("tensor {name}: dtype {dtype} is not supported (F32, F16 and BF16 are)")]

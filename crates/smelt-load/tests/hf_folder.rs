@@ -14,23 +14,11 @@ use smelt_gguf::{GgmlType, Gguf, Metadata, Value};
 use smelt_load::{CpuQuantizer, IsqPlan, Planner, SourceTensor, TensorSource};
 use smelt_tokenizer::Tokenizer;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+use common::{edit_json, load_err, python, root, scratch};
 
 fn original_path() -> PathBuf {
-    let p = root().join(".models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.is_file(),
-        "test model {} is missing: run scripts/fetch-models.sh all",
-        p.display()
-    );
-    p
-}
-
-/// The oracle's Python, shared by every crate's tests (`smelt_oracle::python`).
-fn python() -> PathBuf {
-    smelt_oracle::python()
+    common::smollm2_path()
 }
 
 /// Writes (once per test process, fresh each run) the folder with `shards` safetensors files
@@ -367,35 +355,6 @@ fn chunked_reads_of_a_sharded_folder_are_its_tensors() {
     assert!(permuted >= 2, "the folder has permuted Q/K weights");
     let past = src.tensors()[0].shape.iter().product::<u64>() * 4;
     assert!(src.read(0, past, &mut [0u8; 8]).is_err());
-}
-
-/// A scratch copy of a folder: small files copied (to be edited), big ones linked.
-fn scratch(src: &Path) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for e in std::fs::read_dir(src).expect("reads folder") {
-        let p = e.expect("entry").path();
-        let dst = dir.path().join(p.file_name().expect("name"));
-        if p.extension().is_some_and(|x| x == "safetensors") {
-            std::os::unix::fs::symlink(&p, &dst).expect("links");
-        } else {
-            std::fs::copy(&p, &dst).expect("copies");
-        }
-    }
-    dir
-}
-
-fn load_err(dir: &Path) -> String {
-    match smelt_load::open(dir, None, &CpuQuantizer) {
-        Ok(_) => panic!("{} loaded, expected an error", dir.display()),
-        Err(e) => e.to_string(),
-    }
-}
-
-fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).expect("reads")).expect("json");
-    f(&mut v);
-    std::fs::write(path, v.to_string()).expect("writes");
 }
 
 #[test]

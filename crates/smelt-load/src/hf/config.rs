@@ -12,6 +12,9 @@ pub enum HfArch {
     Llama,
     Qwen2,
     Qwen3,
+    /// Qwen3MoeForCausalLM: Qwen3's attention, every FFN a routed mixture of experts
+    /// (the experts stacked into one 3-D tensor per projection, as convert does).
+    Qwen3Moe,
 }
 
 impl HfArch {
@@ -20,6 +23,7 @@ impl HfArch {
             "LlamaForCausalLM" | "MistralForCausalLM" => Ok(Self::Llama),
             "Qwen2ForCausalLM" => Ok(Self::Qwen2),
             "Qwen3ForCausalLM" => Ok(Self::Qwen3),
+            "Qwen3MoeForCausalLM" => Ok(Self::Qwen3Moe),
             other => Err(LoadError::UnknownArchitecture { name: other.into() }),
         }
     }
@@ -30,8 +34,23 @@ impl HfArch {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Qwen3Moe => "qwen3moe",
         }
     }
+
+    /// Qwen3's per-head Q and K norms.
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, Self::Qwen3 | Self::Qwen3Moe)
+    }
+}
+
+/// The routed experts of a mixture-of-experts model (`num_experts`, `num_experts_per_tok`,
+/// `moe_intermediate_size`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moe {
+    pub n_expert: u64,
+    pub n_expert_used: u64,
+    pub n_ff_exp: u64,
 }
 
 /// What the conversion needs from `config.json`.
@@ -50,6 +69,8 @@ pub struct Config {
     pub head_dim_explicit: bool,
     pub vocab_size: Option<u64>,
     pub tie_word_embeddings: bool,
+    /// The experts, for a mixture-of-experts architecture.
+    pub moe: Option<Moe>,
 }
 
 fn bad(why: impl Into<String>) -> LoadError {
@@ -97,6 +118,10 @@ impl Config {
             .get("tie_word_embeddings")
             .and_then(|v| v.as_bool())
             .unwrap_or(false);
+        let moe = match arch {
+            HfArch::Qwen3Moe => Some(parse_moe(&raw, n_layer)?),
+            _ => None,
+        };
         Ok(Self {
             arch,
             n_layer,
@@ -108,6 +133,7 @@ impl Config {
             head_dim_explicit: explicit.is_some(),
             vocab_size,
             tie_word_embeddings,
+            moe,
             raw,
         })
     }
@@ -155,6 +181,36 @@ impl Config {
     }
 }
 
+/// The experts of a Qwen3-MoE config. Every layer must be a mixture-of-experts one: GGUF's
+/// `qwen3moe` (llama.cpp's and smelt's) has no dense layers among them, so a config with
+/// `mlp_only_layers` or a `decoder_sparse_step` over 1 is refused rather than misread.
+fn parse_moe(raw: &Map<String, Json>, n_layer: u64) -> Result<Moe, LoadError> {
+    let req = |k: &str| find_u64(raw, &[k])?.ok_or_else(|| bad(format!("no {k:?}")));
+    let moe = Moe {
+        n_expert: req("num_experts")?,
+        n_expert_used: req("num_experts_per_tok")?,
+        n_ff_exp: req("moe_intermediate_size")?,
+    };
+    if moe.n_expert_used == 0 || moe.n_expert_used > moe.n_expert || moe.n_ff_exp == 0 {
+        return Err(bad(format!(
+            "{} of {} experts per token, {} wide: not a mixture of experts",
+            moe.n_expert_used, moe.n_expert, moe.n_ff_exp
+        )));
+    }
+    let dense = raw
+        .get("mlp_only_layers")
+        .and_then(|v| v.as_array())
+        .is_some_and(|a| !a.is_empty());
+    let step = find_u64(raw, &["decoder_sparse_step"])?.unwrap_or(1);
+    if dense || (step > 1 && n_layer > 1) {
+        return Err(bad(
+            "dense layers among the expert ones (mlp_only_layers, decoder_sparse_step): \
+             GGUF's qwen3moe has none",
+        ));
+    }
+    Ok(moe)
+}
+
 /// The first of `keys` present, as a whole number; present but not one is an error.
 fn find_u64(raw: &Map<String, Json>, keys: &[&str]) -> Result<Option<u64>, LoadError> {
     for k in keys {
@@ -200,5 +256,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("cannot share"), "{e}");
+        let moe = |extra: &str| {
+            Config::parse(&format!(
+                r#"{{"architectures":["Qwen3MoeForCausalLM"],"num_hidden_layers":2,
+                "hidden_size":64,"intermediate_size":128,"num_attention_heads":4{extra}}}"#
+            ))
+        };
+        let c = moe(r#","num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":32"#)
+            .expect("parses");
+        assert_eq!(
+            c.moe,
+            Some(Moe {
+                n_expert: 8,
+                n_expert_used: 2,
+                n_ff_exp: 32
+            })
+        );
+        assert_eq!(c.arch.gguf_name(), "qwen3moe");
+        let e = moe(r#","num_experts":8,"moe_intermediate_size":32"#).unwrap_err();
+        assert!(e.to_string().contains("num_experts_per_tok"), "{e}");
+        let e = moe(r#","num_experts":2,"num_experts_per_tok":4,"moe_intermediate_size":32"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("4 of 2 experts"), "{e}");
+        let e = moe(
+            r#","num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":32,
+            "mlp_only_layers":[1]"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("dense layers"), "{e}");
     }
 }

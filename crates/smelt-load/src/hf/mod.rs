@@ -2,7 +2,9 @@
 //! GGUF llama.cpp's convert_hf_to_gguf.py writes for it: the same metadata keys, tensor
 //! names, the Q/K row permutation of Llama-style rope, and `rope_freqs` for Llama 3 scaling.
 //! Weights keep their dtype (convert's `--outtype auto`, except that F32 stays F32); 1-D
-//! tensors and norms become F32, as convert makes them.
+//! tensors, norms and a mixture of experts' router become F32, as convert makes them; the
+//! experts' per-expert matrices are stacked into one 3-D tensor per projection, as
+//! convert's Qwen2MoeModel does.
 
 pub mod config;
 mod spm;
@@ -32,6 +34,9 @@ enum Recipe {
     },
     /// Bytes computed here (Llama 3's `rope_freqs`).
     Owned(Vec<u8>),
+    /// Checkpoint tensors of one shape and dtype, one after the other (a layer's experts'
+    /// matrices of one projection, in expert order).
+    Stack { srcs: Vec<usize> },
 }
 
 /// The folder's tensors as a [`TensorSource`].
@@ -165,6 +170,11 @@ fn hparams(cfg: &Config, md: &mut Metadata) {
         md.insert(k("attention.key_length"), u32v(cfg.head_dim));
         md.insert(k("attention.value_length"), u32v(cfg.head_dim));
     }
+    if let Some(m) = cfg.moe {
+        md.insert(k("expert_count"), u32v(m.n_expert));
+        md.insert(k("expert_used_count"), u32v(m.n_expert_used));
+        md.insert(k("expert_feed_forward_length"), u32v(m.n_ff_exp));
+    }
     if cfg.arch == HfArch::Llama {
         if let Some(v) = cfg.vocab_size {
             md.insert(k("vocab_size"), u32v(v));
@@ -243,14 +253,27 @@ fn gguf_name(arch: HfArch, name: &str) -> Result<Option<String>, LoadError> {
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
-        "self_attn.q_norm" if arch == HfArch::Qwen3 => "attn_q_norm",
-        "self_attn.k_norm" if arch == HfArch::Qwen3 => "attn_k_norm",
+        "self_attn.q_norm" if arch.has_qk_norm() => "attn_q_norm",
+        "self_attn.k_norm" if arch.has_qk_norm() => "attn_k_norm",
+        "mlp.gate" if arch == HfArch::Qwen3Moe => "ffn_gate_inp",
         _ => return Err(unknown()),
     };
     if suffix != "weight" && suffix != "bias" {
         return Err(unknown());
     }
     Ok(Some(format!("blk.{bid}.{part}.{suffix}")))
+}
+
+/// `(layer, expert, projection)` of a per-expert matrix
+/// (`model.layers.{b}.mlp.experts.{e}.{gate,up,down}_proj.weight`), which convert stacks.
+fn expert_matrix(name: &str) -> Option<(u64, u64, &str)> {
+    let name = name.strip_prefix("text_model.").unwrap_or(name);
+    let rest = name.strip_prefix("model.layers.")?;
+    let (bid, rest) = rest.split_once(".mlp.experts.")?;
+    let (xid, rest) = rest.split_once('.')?;
+    let proj = rest.strip_suffix("_proj.weight")?;
+    matches!(proj, "gate" | "up" | "down").then_some(())?;
+    Some((bid.parse().ok()?, xid.parse().ok()?, proj))
 }
 
 /// The shape config.json implies for a tensor (PyTorch order), when it implies one.
@@ -275,6 +298,7 @@ fn expected_shape(cfg: &Config, gguf: &str, vocab: u64) -> Option<Vec<u64>> {
         "ffn_gate.weight" | "ffn_up.weight" => vec![f, e],
         "ffn_down.weight" => vec![e, f],
         "attn_q_norm.weight" | "attn_k_norm.weight" => vec![hd],
+        "ffn_gate_inp.weight" => vec![cfg.moe?.n_expert, e],
         _ => return None,
     })
 }
@@ -298,7 +322,17 @@ fn plan_tensors(cfg: &Config, ckpt: &Checkpoint) -> Result<Planned, LoadError> {
         (None, None) => 0,
     };
     let mut weight_type: Option<GgmlType> = None;
+    // Per-expert matrices by (layer, projection): (expert, checkpoint index).
+    let mut experts: std::collections::BTreeMap<(u64, String), Vec<(u64, usize)>> =
+        Default::default();
     for (i, t) in ckpt.tensors().iter().enumerate() {
+        if let (Some((bid, xid, proj)), Some(_)) = (expert_matrix(&t.name), cfg.moe) {
+            experts
+                .entry((bid, proj.to_string()))
+                .or_default()
+                .push((xid, i));
+            continue;
+        }
         let Some(name) = gguf_name(cfg.arch, &t.name)? else {
             continue;
         };
@@ -339,8 +373,11 @@ fn plan_tensors(cfg: &Config, ckpt: &Checkpoint) -> Result<Planned, LoadError> {
             (HfArch::Llama, Some("attn_k")) => Some(cfg.n_head_kv),
             _ => None,
         };
-        let to_f32 =
-            t.shape.len() <= 1 || name.ends_with("_norm.weight") || !name.ends_with(".weight");
+        // convert keeps a mixture of experts' router in F32 (`FFN_GATE_INP`).
+        let to_f32 = t.shape.len() <= 1
+            || name.ends_with("_norm.weight")
+            || name.ends_with("ffn_gate_inp.weight")
+            || !name.ends_with(".weight");
         if to_f32 {
             tensors.push(SourceTensor {
                 name,
@@ -360,12 +397,29 @@ fn plan_tensors(cfg: &Config, ckpt: &Checkpoint) -> Result<Planned, LoadError> {
             permute_heads,
         });
     }
+    if let Some(moe) = cfg.moe {
+        for ((bid, proj), mut list) in experts {
+            let stacked = stack_experts(cfg, ckpt, moe, bid, &proj, &mut list)?;
+            weight_type.get_or_insert(stacked.0.ty);
+            tensors.push(stacked.0);
+            recipes.push(stacked.1);
+        }
+    }
     let have: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
     let mut required = vec![
         "token_embd.weight".to_string(),
         "output_norm.weight".to_string(),
     ];
     for b in 0..cfg.n_layer {
+        let ffn: &[&str] = match cfg.moe {
+            Some(_) => &[
+                "ffn_gate_inp",
+                "ffn_gate_exps",
+                "ffn_up_exps",
+                "ffn_down_exps",
+            ],
+            None => &["ffn_gate", "ffn_up", "ffn_down"],
+        };
         for p in [
             "attn_norm",
             "attn_q",
@@ -373,13 +427,13 @@ fn plan_tensors(cfg: &Config, ckpt: &Checkpoint) -> Result<Planned, LoadError> {
             "attn_v",
             "attn_output",
             "ffn_norm",
-            "ffn_gate",
-            "ffn_up",
-            "ffn_down",
-        ] {
+        ]
+        .iter()
+        .chain(ffn)
+        {
             required.push(format!("blk.{b}.{p}.weight"));
         }
-        if cfg.arch == HfArch::Qwen3 {
+        if cfg.arch.has_qk_norm() {
             required.push(format!("blk.{b}.attn_q_norm.weight"));
             required.push(format!("blk.{b}.attn_k_norm.weight"));
         }
@@ -398,6 +452,68 @@ fn plan_tensors(cfg: &Config, ckpt: &Checkpoint) -> Result<Planned, LoadError> {
     Ok((tensors, recipes, file_type))
 }
 
+/// Layer `bid`'s `proj` matrices of every expert (`list`: expert id, checkpoint index) as
+/// one `[n_expert][rows][cols]` tensor: each expert exactly once, all of the shape
+/// config.json implies and of one dtype.
+fn stack_experts(
+    cfg: &Config,
+    ckpt: &Checkpoint,
+    moe: config::Moe,
+    bid: u64,
+    proj: &str,
+    list: &mut [(u64, usize)],
+) -> Result<(SourceTensor, Recipe), LoadError> {
+    let name = format!("blk.{bid}.ffn_{proj}_exps.weight");
+    let bad = |why: String| LoadError::BadTensor {
+        name: format!("model.layers.{bid}.mlp.experts.*.{proj}_proj.weight"),
+        why,
+    };
+    if bid >= cfg.n_layer {
+        return Err(bad(format!(
+            "layer {bid}, but config.json has {} layers",
+            cfg.n_layer
+        )));
+    }
+    list.sort();
+    let ids: Vec<u64> = list.iter().map(|&(x, _)| x).collect();
+    if ids != (0..moe.n_expert).collect::<Vec<_>>() {
+        let missing = (0..moe.n_expert).find(|x| !ids.contains(x));
+        return Err(bad(match missing {
+            Some(x) => format!("expert {x} of {} is missing", moe.n_expert),
+            None => format!("experts {ids:?}, but config.json has {}", moe.n_expert),
+        }));
+    }
+    let want = match proj {
+        "down" => vec![cfg.n_embd, moe.n_ff_exp],
+        _ => vec![moe.n_ff_exp, cfg.n_embd],
+    };
+    let all = ckpt.tensors();
+    let ty = all[list[0].1].ggml_type()?;
+    for &(_, i) in list.iter() {
+        let t = &all[i];
+        if t.shape != want {
+            return Err(LoadError::ShapeMismatch {
+                name: t.name.clone(),
+                got: t.shape.clone(),
+                want,
+            });
+        }
+        if t.ggml_type()? != ty {
+            return Err(bad(format!("experts of dtypes {} and {ty:?}", t.dtype)));
+        }
+    }
+    Ok((
+        SourceTensor {
+            name,
+            shape: vec![want[1], want[0], moe.n_expert],
+            ty,
+        },
+        Recipe::Stack {
+            srcs: list.iter().map(|&(_, i)| i).collect(),
+        },
+    ))
+}
+
 impl TensorSource for HfSource {
     fn tensors(&self) -> &[SourceTensor] {
         &self.tensors
@@ -406,6 +522,13 @@ impl TensorSource for HfSource {
     fn data(&self, i: usize) -> Result<Cow<'_, [u8]>, LoadError> {
         let (src, permute_heads, to_f32) = match &self.recipes[i] {
             Recipe::Owned(b) => return Ok(Cow::Borrowed(b)),
+            Recipe::Stack { srcs } => {
+                let mut out = Vec::new();
+                for &s in srcs {
+                    out.extend_from_slice(self.ckpt.bytes(&self.st[s]));
+                }
+                return Ok(Cow::Owned(out));
+            }
             Recipe::Copy { src, permute_heads } => (*src, *permute_heads, false),
             Recipe::ToF32 { src, permute_heads } => (*src, *permute_heads, true),
         };
@@ -437,6 +560,7 @@ impl TensorSource for HfSource {
             Recipe::Copy { src, permute_heads } => {
                 self.read_copy(&self.st[*src], *permute_heads, offset, buf)
             }
+            Recipe::Stack { srcs } => self.read_stack(srcs, offset, buf),
             _ => {
                 let d = self.data(i)?;
                 buf.copy_from_slice(crate::isq::byte_range(&d, i, offset, buf.len())?);
@@ -447,6 +571,35 @@ impl TensorSource for HfSource {
 }
 
 impl HfSource {
+    /// `buf` from a stack of equal-sized tensors at `offset`: each piece straight from its
+    /// member's shard.
+    fn read_stack(&self, srcs: &[usize], offset: u64, buf: &mut [u8]) -> Result<(), LoadError> {
+        let each = srcs
+            .first()
+            .map_or(0, |&s| self.ckpt.bytes(&self.st[s]).len() as u64);
+        let total = each * srcs.len() as u64;
+        let end = offset + buf.len() as u64;
+        if end > total {
+            let name = srcs
+                .first()
+                .map_or(String::new(), |&s| self.st[s].name.clone());
+            return Err(LoadError::BadTensor {
+                name,
+                why: format!("bytes {offset}..{end} past the stack's {total} bytes"),
+            });
+        }
+        let (mut at, mut done) = (offset, 0usize);
+        while done < buf.len() {
+            let (k, within) = ((at / each) as usize, at % each);
+            let n = ((each - within) as usize).min(buf.len() - done);
+            self.ckpt
+                .read_at(&self.st[srcs[k]], within, &mut buf[done..done + n])?;
+            at += n as u64;
+            done += n;
+        }
+        Ok(())
+    }
+
     /// `buf` from a copied tensor's bytes at `offset`: straight from its shard by parallel
     /// reads, or, for rope-permuted rows, each output row's piece gathered from its source
     /// row (the whole tensor is never permuted for one chunk).
@@ -549,6 +702,22 @@ mod tests {
         );
         assert_eq!(n("model.layers.0.self_attn.rotary_emb.inv_freq"), None);
         assert!(gguf_name(HfArch::Llama, "model.layers.0.self_attn.q_norm.weight").is_err());
+        assert_eq!(
+            gguf_name(HfArch::Qwen3Moe, "model.layers.2.mlp.gate.weight")
+                .expect("maps")
+                .as_deref(),
+            Some("blk.2.ffn_gate_inp.weight")
+        );
+        assert!(gguf_name(HfArch::Qwen3, "model.layers.2.mlp.gate.weight").is_err());
+        assert_eq!(
+            expert_matrix("model.layers.3.mlp.experts.17.down_proj.weight"),
+            Some((3, 17, "down"))
+        );
+        assert_eq!(
+            expert_matrix("model.layers.3.mlp.experts.17.w1.weight"),
+            None
+        );
+        assert_eq!(expert_matrix("model.layers.3.mlp.gate_proj.weight"), None);
         assert!(gguf_name(HfArch::Llama, "vision_tower.x.weight").is_err());
     }
 }

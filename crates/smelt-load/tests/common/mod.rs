@@ -1,0 +1,57 @@
+//! What the Hugging Face folder tests share: the repository root, the oracle's Python, a
+//! scratch copy of a folder to break, and loading one that must fail.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use smelt_load::CpuQuantizer;
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The oracle's Python, shared by every crate's tests (`smelt_oracle::python`).
+pub fn python() -> PathBuf {
+    smelt_oracle::python()
+}
+
+/// SmolLM2's GGUF, which the folders are written from.
+pub fn smollm2_path() -> PathBuf {
+    let p = root().join(".models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.is_file(),
+        "test model {} is missing: run scripts/fetch-models.sh all",
+        p.display()
+    );
+    p
+}
+
+/// A scratch copy of a folder: small files copied (to be edited), big ones linked.
+pub fn scratch(src: &Path) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for e in std::fs::read_dir(src).expect("reads folder") {
+        let p = e.expect("entry").path();
+        let dst = dir.path().join(p.file_name().expect("name"));
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            std::os::unix::fs::symlink(&p, &dst).expect("links");
+        } else {
+            std::fs::copy(&p, &dst).expect("copies");
+        }
+    }
+    dir
+}
+
+pub fn load_err(dir: &Path) -> String {
+    match smelt_load::open(dir, None, &CpuQuantizer) {
+        Ok(_) => panic!("{} loaded, expected an error", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+pub fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("reads")).expect("json");
+    f(&mut v);
+    std::fs::write(path, v.to_string()).expect("writes");
+}
