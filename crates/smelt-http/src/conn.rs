@@ -54,7 +54,26 @@ impl Live {
     fn open(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Notify>>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Whether the count falls below `ceiling` within [`CEILING_WAIT`]: idle connections
+    /// asked to close do so at once, but on a busy machine their tasks may not have run yet
+    /// when the next client connects, and refusing it then would lock a normal client out
+    /// behind half-open ones (the kernel's backlog holds new connections meanwhile).
+    async fn settles_below(&self, ceiling: usize) -> bool {
+        let deadline = tokio::time::Instant::now() + CEILING_WAIT;
+        while self.count.load(Ordering::SeqCst) >= ceiling {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        true
+    }
 }
+
+/// How long a connection over the hard ceiling waits for evicted ones to close before it
+/// is refused.
+const CEILING_WAIT: Duration = Duration::from_millis(200);
 
 /// Ends a connection's bookkeeping when its task ends, however it ends.
 struct Registered {
@@ -105,7 +124,7 @@ pub async fn serve(
             if let Some((_, oldest)) = live.open().pop_first() {
                 oldest.notify_one();
             }
-            if n >= max + max / 4 {
+            if n >= max + max / 4 && !live.settles_below(max + max / 4).await {
                 tracing::warn!(connections = n, "connection limit reached: refusing one");
                 drop(stream);
                 continue;
