@@ -266,16 +266,7 @@ fn isq_q8_0_bytes_are_smelt_quants_and_generation_stays_close() {
             assert_eq!(q8.tensor_data(q), bf16.tensor_data(t), "{}", t.name);
             continue;
         }
-        assert_eq!(q.ty, GgmlType::Q8_0, "{}", t.name);
-        let mut f = vec![0f32; t.n_elements() as usize];
-        smelt_quant::dequantize_row(GgmlType::BF16, bf16.tensor_data(t), &mut f).expect("bf16");
-        let want = smelt_quant::quantize_tensor(GgmlType::Q8_0, &f, t.row_len() as usize, Some(1))
-            .expect("quantizes");
-        assert!(
-            q8.tensor_data(q) == &want[..],
-            "{}: ISQ bytes differ",
-            t.name
-        );
+        common::assert_q8_0_of_bf16(&bf16, &q8, &t.name);
         quantized += 1;
     }
     assert_eq!(quantized, 1 + 30 * 7, "embedding + 7 matrices per layer");

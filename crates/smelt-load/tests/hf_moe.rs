@@ -140,17 +140,7 @@ fn qwen3moe_experts_quantize_and_read_in_pieces() {
         .expect("loads with ISQ");
     let mut experts = 0;
     for t in bf16.tensors().iter().filter(|t| t.shape.len() == 3) {
-        let q = q8.tensor(&t.name).expect("same tensors");
-        assert_eq!((q.ty, &q.shape), (GgmlType::Q8_0, &t.shape), "{}", t.name);
-        let mut f = vec![0f32; t.n_elements() as usize];
-        smelt_quant::dequantize_row(GgmlType::BF16, bf16.tensor_data(t), &mut f).expect("bf16");
-        let want = smelt_quant::quantize_tensor(GgmlType::Q8_0, &f, t.row_len() as usize, Some(1))
-            .expect("quantizes");
-        assert!(
-            q8.tensor_data(q) == &want[..],
-            "{}: ISQ bytes differ",
-            t.name
-        );
+        common::assert_q8_0_of_bf16(&bf16, &q8, &t.name);
         experts += 1;
     }
     assert_eq!(experts, 6);

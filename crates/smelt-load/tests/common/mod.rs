@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use smelt_gguf::{GgmlType, Gguf};
 use smelt_load::CpuQuantizer;
 
 pub fn root() -> PathBuf {
@@ -54,4 +55,17 @@ pub fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
         serde_json::from_str(&std::fs::read_to_string(path).expect("reads")).expect("json");
     f(&mut v);
     std::fs::write(path, v.to_string()).expect("writes");
+}
+
+/// Tensor `name` of `q8` (an ISQ Q8_0 load) is smelt-quant's Q8_0 of `bf16`'s (the same
+/// folder loaded as it is), byte for byte.
+pub fn assert_q8_0_of_bf16(bf16: &Gguf, q8: &Gguf, name: &str) {
+    let t = bf16.tensor(name).expect("in the bf16 load");
+    let q = q8.tensor(name).expect("same tensors");
+    assert_eq!((q.ty, &q.shape), (GgmlType::Q8_0, &t.shape), "{name}");
+    let mut f = vec![0f32; t.n_elements() as usize];
+    smelt_quant::dequantize_row(GgmlType::BF16, bf16.tensor_data(t), &mut f).expect("bf16");
+    let want = smelt_quant::quantize_tensor(GgmlType::Q8_0, &f, t.row_len() as usize, Some(1))
+        .expect("quantizes");
+    assert!(q8.tensor_data(q) == &want[..], "{name}: ISQ bytes differ");
 }
