@@ -136,10 +136,13 @@ struct Scratch<T> {
 }
 
 impl<T> Scratch<T> {
-    /// Every buffer, for [`Backend::begin_layer`]'s list of what crosses layers.
-    fn all(&self) -> [&T; 9] {
+    /// The residual stream `x` and every buffer: [`Backend::begin_layer`]'s list of what
+    /// crosses layers.
+    fn live<'a>(&'a self, x: &'a T) -> [&'a T; 10] {
         let s = self;
-        [&s.h, &s.q, &s.k, &s.v, &s.att, &s.o, &s.gate, &s.up, &s.tmp]
+        [
+            x, &s.h, &s.q, &s.k, &s.v, &s.att, &s.o, &s.gate, &s.up, &s.tmp,
+        ]
     }
 }
 
@@ -487,9 +490,7 @@ impl<B: Backend> Model<B> {
         // all-reduce computed it, `AllReduce::all_reduce_add_norm`).
         let mut normed = false;
         for (il, l) in self.layers.iter().enumerate() {
-            let mut live = vec![&x];
-            live.extend(s.all());
-            b.begin_layer(&live);
+            b.begin_layer(&s.live(&x));
             if !std::mem::take(&mut normed) {
                 b.rms_norm(&x, &l.attn_norm, i.rms_eps, &mut s.h);
             }

@@ -148,11 +148,6 @@ const fn width_index(width: u32) -> usize {
     width.trailing_zeros() as usize - 3
 }
 
-/// The default layout for `ntok` tokens.
-pub fn default_layout(ntok: usize) -> Layout {
-    DEFAULT_LAYOUT[width_index(block_tokens(ntok))]
-}
-
 /// The default layout for blocks of `width` tokens.
 pub fn default_layout_for(width: u32) -> Layout {
     DEFAULT_LAYOUT[width_index(width)]
