@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes a Hugging Face model folder FROM a GGUF (llama, qwen2, qwen3 or qwen3moe architecture;
-bf16/f16/f32 or quantized weights), for smelt-load's tests.
+"""Writes a Hugging Face model folder FROM a GGUF (llama, qwen2, qwen3, qwen3moe, or the hybrids
+qwen3next, qwen35 and qwen35moe; bf16/f16/f32 or quantized weights), for smelt-load's tests.
 
 The folder is what a user downloads from a hub: bf16 safetensors (single or sharded with
 model.safetensors.index.json), config.json, tokenizer.json built with the `tokenizers`
@@ -10,10 +10,14 @@ bf16 (round to nearest even), with Q/K rows un-permuted to the rotate-half layou
 (the inverse of convert_hf_to_gguf.py's LlamaModel.permute).
 
 usage: hf_folder.py GGUF OUT_DIR [--shards N] [--hf-arch MistralForCausalLM] [--f32-vectors]
+                                 [--fused-experts] [--mtp] [--default-mrope]   (hybrids)
        hf_folder.py qwen3moe-gguf GGUF OUT_GGUF [--layers N --experts E --used K --ff-exp F]
                                         (a small random Qwen3-MoE GGUF as convert_hf_to_gguf.py
                                          writes one in bf16: GGUF's tokenizer, embeddings and
                                          first layers' attention, random experts and router)
+       hf_folder.py hybrid-gguf {qwen3next,qwen35,qwen35moe} GGUF OUT_GGUF [--layer-types ...]
+                                        (a small random hybrid GGUF as convert_hf_to_gguf.py
+                                         writes one in bf16 with --no-mtp: hf_hybrid.py)
        hf_folder.py special-vocab DIR   (prints gguf-py's SpecialVocab of DIR as JSON: the
                                          merges, special ids, add flags and chat template
                                          convert_hf_to_gguf.py writes)
@@ -28,6 +32,8 @@ import numpy as np
 from gguf import GGUFReader, GGMLQuantizationType
 from gguf.quants import dequantize
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+import hf_hybrid
 
 
 def field(reader, key):
@@ -85,6 +91,7 @@ HF_ARCH = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    **hf_hybrid.HF_ARCH,
 }
 
 
@@ -107,6 +114,12 @@ def main():
     ap.add_argument("--hf-arch", help="config.json architecture (default: from the GGUF's)")
     ap.add_argument("--f32-vectors", action="store_true",
                     help="store 1-D tensors (norms, biases) as F32, not bf16 (mixed dtypes)")
+    ap.add_argument("--fused-experts", action="store_true",
+                    help="hybrids: experts as transformers 5 stores them (3-D gate_up_proj, down_proj)")
+    ap.add_argument("--mtp", action="store_true",
+                    help="hybrids: add an MTP head (mtp.*), which convert --no-mtp drops")
+    ap.add_argument("--default-mrope", action="store_true",
+                    help="qwen35*: no mrope_section in config.json (convert's default applies)")
     args = ap.parse_args()
 
     r = GGUFReader(args.gguf)
@@ -120,7 +133,23 @@ def main():
     tensors = {}
     names = set()
     rope_freqs = None
-    for t in r.tensors:
+    hybrid_cfg = None
+    hf_arch = args.hf_arch or HF_ARCH[arch]
+    conditional = hf_arch.endswith("ForConditionalGeneration")
+    if arch in hf_hybrid.ARCHS:
+        values = {}
+        for t in r.tensors:
+            names.add(t.name)
+            v = dequantize(t.data, t.tensor_type).astype(np.float32)
+            values[t.name] = v.reshape([int(d) for d in reversed(list(t.shape))])
+        hf, hybrid_cfg = hf_hybrid.folder_tensors(r, arch, k, values, args)
+        hf_hybrid.extra_tensors(hf, hf_hybrid.Dims(k, arch), np.random.default_rng(1),
+                                args.mtp, conditional)
+        for n, v in hf.items():
+            if conditional and n.startswith("model.") and not n.startswith("model.visual."):
+                n = "model.language_model." + n.removeprefix("model.")
+            tensors[n] = v if args.f32_vectors and v.ndim == 1 else to_bf16(v)
+    for t in (r.tensors if hybrid_cfg is None else []):
         names.add(t.name)
         vals = dequantize(t.data, t.tensor_type).astype(np.float32)
         vals = vals.reshape([int(d) for d in reversed(list(t.shape))])
@@ -179,10 +208,9 @@ def main():
         sys.exit(f"pre-tokenizer {pre!r}: this script builds SmolLM's (digits, then byte level)")
 
     config = {
-        "architectures": [args.hf_arch or HF_ARCH[arch]],
+        "architectures": [hf_arch],
         "model_type": arch,
         "hidden_size": int(k("embedding_length")),
-        "intermediate_size": int(k("feed_forward_length")),
         "num_attention_heads": n_head,
         "num_key_value_heads": n_head_kv,
         "num_hidden_layers": int(k("block_count")),
@@ -196,9 +224,20 @@ def main():
         "hidden_act": "silu",
         "torch_dtype": "bfloat16",
     }
+    if k("feed_forward_length") is not None:
+        config["intermediate_size"] = int(k("feed_forward_length"))
     if k("attention.key_length") is not None:
         config["head_dim"] = int(k("attention.key_length"))
-    if k("expert_count") is not None:
+    if hybrid_cfg is not None:
+        config["model_type"] = hf_hybrid.MODEL_TYPE[arch]
+        config.update(hybrid_cfg)
+        if conditional:
+            # Qwen3.5's image-text checkpoints: the text model's keys under text_config.
+            top = ("architectures", "tie_word_embeddings", "torch_dtype")
+            config = {**{t: config[t] for t in top}, "model_type": "qwen3_5",
+                      "text_config": {n: v for n, v in config.items() if n not in top},
+                      "vision_config": {"depth": 1, "hidden_size": 16}}
+    elif k("expert_count") is not None:
         config.update({
             "model_type": "qwen3_moe",
             "num_experts": int(k("expert_count")),
@@ -420,5 +459,7 @@ if __name__ == "__main__":
         special_vocab(sys.argv[2])
     elif len(sys.argv) > 1 and sys.argv[1] == "qwen3moe-gguf":
         qwen3moe_gguf(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "hybrid-gguf":
+        hf_hybrid.reference_gguf(sys.argv[2:])
     else:
         main()
