@@ -34,7 +34,7 @@ enum GateUp<W> {
 
 /// The always-on shared expert and its gate.
 struct Shared<W> {
-    /// `ffn_gate_inp_shexp`: `[n_embd]`, one logit per token.
+    /// `ffn_gate_inp_shexp`: `[n_embd]` (or `[n_embd, 1]`), one logit per token.
     gate_inp: W,
     gate: W,
     up: W,
@@ -98,7 +98,14 @@ impl<B: Backend> MoeFfn<B> {
                     check(&n, want)?;
                     b.load_weight(gguf, &n)
                 };
-                let gate_inp = mat("ffn_gate_inp_shexp", vec![e])?;
+                // convert writes HF's `[1, n_embd]` gate as ggml `[n_embd, 1]`, which
+                // llama.cpp reads as `{n_embd}` (trailing ones do not count); synth writes
+                // `[n_embd]`.
+                let gn = name("ffn_gate_inp_shexp");
+                let gate_inp = match gguf.tensor(&gn).map(|t| t.shape.as_slice()) {
+                    Some(&[n, 1]) if n == e => b.load_weight(gguf, &gn)?,
+                    _ => mat("ffn_gate_inp_shexp", vec![e])?,
+                };
                 // Gate and up multiply one input: a group (`Backend::matmul_group`).
                 let (gn, un) = (name("ffn_gate_shexp"), name("ffn_up_shexp"));
                 check(&gn, vec![e, sf])?;
