@@ -30,7 +30,9 @@ pub enum LoadError {
     #[error(
         "architecture {name:?} is not supported from a Hugging Face folder (supported: \
          LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
-         Qwen3MoeForCausalLM)"
+         Qwen3MoeForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM, \
+         Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM, \
+         Qwen3_5MoeForConditionalGeneration)"
     )]
     UnknownArchitecture { name: String },
     #[error("tensor {name}: dtype {dtype} is not supported (F32, F16 and BF16 are)")]

@@ -1,5 +1,6 @@
-//! `config.json`: the hyperparameters convert_hf_to_gguf.py reads for the Llama family,
-//! with its fallbacks (`head_dim` = hidden / heads, KV heads = heads).
+//! `config.json`: the hyperparameters convert_hf_to_gguf.py reads for the Llama family and
+//! the Qwen hybrids, with its fallbacks (`head_dim` = hidden / heads, KV heads = heads,
+//! `full_attention_interval` 4, a quarter of each head rotated).
 
 use serde_json::{Map, Value as Json};
 
@@ -15,6 +16,15 @@ pub enum HfArch {
     /// Qwen3MoeForCausalLM: Qwen3's attention, every FFN a routed mixture of experts
     /// (the experts stacked into one 3-D tensor per projection, as convert does).
     Qwen3Moe,
+    /// Qwen3NextForCausalLM: Gated DeltaNet layers with gated attention every few, experts
+    /// and a gated shared expert in every FFN; `in_proj_qkvz` regrouped, value heads grouped.
+    Qwen3Next,
+    /// Qwen3_5ForCausalLM / Qwen3_5ForConditionalGeneration (its text model): Qwen3-Next's
+    /// layers with split projections, a dense FFN, value heads reordered to tiled.
+    Qwen35,
+    /// Qwen3_5MoeForCausalLM / Qwen3_5MoeForConditionalGeneration: Qwen3.5 with experts and
+    /// a gated shared expert in every FFN.
+    Qwen35Moe,
 }
 
 impl HfArch {
@@ -24,6 +34,9 @@ impl HfArch {
             "Qwen2ForCausalLM" => Ok(Self::Qwen2),
             "Qwen3ForCausalLM" => Ok(Self::Qwen3),
             "Qwen3MoeForCausalLM" => Ok(Self::Qwen3Moe),
+            "Qwen3NextForCausalLM" => Ok(Self::Qwen3Next),
+            "Qwen3_5ForCausalLM" | "Qwen3_5ForConditionalGeneration" => Ok(Self::Qwen35),
+            "Qwen3_5MoeForCausalLM" | "Qwen3_5MoeForConditionalGeneration" => Ok(Self::Qwen35Moe),
             other => Err(LoadError::UnknownArchitecture { name: other.into() }),
         }
     }
@@ -35,12 +48,25 @@ impl HfArch {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Qwen3Moe => "qwen3moe",
+            Self::Qwen3Next => "qwen3next",
+            Self::Qwen35 => "qwen35",
+            Self::Qwen35Moe => "qwen35moe",
         }
     }
 
     /// Qwen3's per-head Q and K norms.
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Self::Qwen3 | Self::Qwen3Moe)
+        matches!(self, Self::Qwen3 | Self::Qwen3Moe) || self.is_hybrid()
+    }
+
+    /// Gated DeltaNet layers among the attention ones.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Self::Qwen3Next | Self::Qwen35 | Self::Qwen35Moe)
+    }
+
+    /// Every FFN a routed mixture of experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Self::Qwen3Moe | Self::Qwen3Next | Self::Qwen35Moe)
     }
 }
 
@@ -51,6 +77,54 @@ pub struct Moe {
     pub n_expert: u64,
     pub n_expert_used: u64,
     pub n_ff_exp: u64,
+    /// The always-on shared expert's width (`shared_expert_intermediate_size`), if any.
+    pub n_ff_shared: Option<u64>,
+}
+
+/// The Gated DeltaNet side of a hybrid (`linear_*`, `layer_types`,
+/// `full_attention_interval`, `partial_rotary_factor`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hybrid {
+    /// `linear_conv_kernel_dim`.
+    pub conv_kernel: u64,
+    /// `linear_key_head_dim` and `linear_value_head_dim`.
+    pub k_head_dim: u64,
+    pub v_head_dim: u64,
+    /// `linear_num_key_heads` and `linear_num_value_heads` (a multiple of them).
+    pub n_k_heads: u64,
+    pub n_v_heads: u64,
+    /// Which layers are delta-net, the others full attention.
+    pub recurrent: Vec<bool>,
+    /// `layer_types` was given (convert then writes `attention.recurrent_layers`).
+    pub layer_types: bool,
+    /// `full_attention_interval` (convert's default 4).
+    pub interval: u64,
+    /// Rotated dimensions of an attention head: `head_dim * partial_rotary_factor`.
+    pub n_rot: u64,
+    /// Value heads reordered from grouped by key head to tiled (Qwen3.5's converter, when
+    /// there are more value heads than key heads).
+    pub tiled: bool,
+}
+
+impl Hybrid {
+    /// Key (and query) width and value width of a delta-net layer.
+    pub fn key_dim(&self) -> u64 {
+        self.n_k_heads * self.k_head_dim
+    }
+
+    pub fn value_dim(&self) -> u64 {
+        self.n_v_heads * self.v_head_dim
+    }
+
+    /// The convolution's channels: queries, keys and values.
+    pub fn conv_channels(&self) -> u64 {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Value heads per key head.
+    pub fn ratio(&self) -> u64 {
+        self.n_v_heads / self.n_k_heads
+    }
 }
 
 /// What the conversion needs from `config.json`.
@@ -61,7 +135,9 @@ pub struct Config {
     pub raw: Map<String, Json>,
     pub n_layer: u64,
     pub n_embd: u64,
-    pub n_ff: u64,
+    /// `intermediate_size`: required but for mixtures of experts, where convert writes
+    /// `feed_forward_length` only when it is given.
+    pub n_ff: Option<u64>,
     pub n_head: u64,
     pub n_head_kv: u64,
     pub head_dim: u64,
@@ -71,6 +147,8 @@ pub struct Config {
     pub tie_word_embeddings: bool,
     /// The experts, for a mixture-of-experts architecture.
     pub moe: Option<Moe>,
+    /// The delta-net layers, for a hybrid architecture.
+    pub hybrid: Option<Hybrid>,
 }
 
 fn bad(why: impl Into<String>) -> LoadError {
@@ -98,7 +176,10 @@ impl Config {
         };
         let n_layer = req(&["num_hidden_layers", "n_layers", "n_layer", "num_layers"])?;
         let n_embd = req(&["hidden_size", "n_embd", "dim"])?;
-        let n_ff = req(&["intermediate_size", "n_inner", "hidden_dim"])?;
+        let n_ff = find_u64(&raw, &["intermediate_size", "n_inner", "hidden_dim"])?;
+        if n_ff.is_none() && !arch.is_moe() {
+            return Err(bad("no \"intermediate_size\""));
+        }
         let n_head = req(&["num_attention_heads", "n_head", "n_heads"])?;
         let n_head_kv = find_u64(&raw, &["num_key_value_heads", "n_kv_heads"])?.unwrap_or(n_head);
         if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
@@ -118,9 +199,13 @@ impl Config {
             .get("tie_word_embeddings")
             .and_then(|v| v.as_bool())
             .unwrap_or(false);
-        let moe = match arch {
-            HfArch::Qwen3Moe => Some(parse_moe(&raw, n_layer)?),
-            _ => None,
+        let moe = match arch.is_moe() {
+            true => Some(parse_moe(&raw, n_layer)?),
+            false => None,
+        };
+        let hybrid = match arch.is_hybrid() {
+            true => Some(parse_hybrid(&raw, arch, n_layer, head_dim)?),
+            false => None,
         };
         Ok(Self {
             arch,
@@ -134,6 +219,7 @@ impl Config {
             vocab_size,
             tie_word_embeddings,
             moe,
+            hybrid,
             raw,
         })
     }
@@ -146,6 +232,13 @@ impl Config {
     pub fn u64(&self, keys: &[&str]) -> Option<u64> {
         keys.iter()
             .find_map(|k| self.raw.get(*k).and_then(|v| v.as_u64()))
+    }
+
+    /// convert's `self.rope_parameters`: `rope_parameters` (transformers 5) or
+    /// `rope_scaling`, with `rope_theta` and `partial_rotary_factor` mirrored in unless it is
+    /// split per attention kind.
+    pub fn rope_parameters(&self) -> Map<String, Json> {
+        rope_parameters(&self.raw)
     }
 
     /// `rope_parameters` (transformers 5) or `rope_scaling`, with `rope_theta` mirrored in
@@ -181,8 +274,9 @@ impl Config {
     }
 }
 
-/// The experts of a Qwen3-MoE config. Every layer must be a mixture-of-experts one: GGUF's
-/// `qwen3moe` (llama.cpp's and smelt's) has no dense layers among them, so a config with
+/// The experts of a Qwen3-MoE, Qwen3-Next or Qwen3.5-MoE config. Every layer must be a
+/// mixture-of-experts one: their GGUF architectures (llama.cpp's and smelt's) have no dense
+/// layers among them, so a config with
 /// `mlp_only_layers` or a `decoder_sparse_step` over 1 is refused rather than misread.
 fn parse_moe(raw: &Map<String, Json>, n_layer: u64) -> Result<Moe, LoadError> {
     let req = |k: &str| find_u64(raw, &[k])?.ok_or_else(|| bad(format!("no {k:?}")));
@@ -190,6 +284,7 @@ fn parse_moe(raw: &Map<String, Json>, n_layer: u64) -> Result<Moe, LoadError> {
         n_expert: req("num_experts")?,
         n_expert_used: req("num_experts_per_tok")?,
         n_ff_exp: req("moe_intermediate_size")?,
+        n_ff_shared: find_u64(raw, &["shared_expert_intermediate_size"])?,
     };
     if moe.n_expert_used == 0 || moe.n_expert_used > moe.n_expert || moe.n_ff_exp == 0 {
         return Err(bad(format!(
@@ -205,10 +300,118 @@ fn parse_moe(raw: &Map<String, Json>, n_layer: u64) -> Result<Moe, LoadError> {
     if dense || (step > 1 && n_layer > 1) {
         return Err(bad(
             "dense layers among the expert ones (mlp_only_layers, decoder_sparse_step): \
-             GGUF's qwen3moe has none",
+             the GGUF architecture has none",
         ));
     }
     Ok(moe)
+}
+
+/// convert's `TextModel.__init__` mirroring of the global rope keys.
+fn rope_parameters(raw: &Map<String, Json>) -> Map<String, Json> {
+    let mut r = match raw
+        .get("rope_parameters")
+        .or_else(|| raw.get("rope_scaling"))
+    {
+        Some(Json::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    if r.contains_key("full_attention") || r.contains_key("sliding_attention") {
+        return r;
+    }
+    let first = |keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| raw.get(*k).filter(|v| !v.is_null()))
+    };
+    for (key, keys) in [
+        ("rope_theta", &["rope_theta", "rotary_emb_base"][..]),
+        (
+            "partial_rotary_factor",
+            &["partial_rotary_factor", "rope_pct", "rope_percent"][..],
+        ),
+    ] {
+        if !r.contains_key(key) {
+            if let Some(v) = first(keys) {
+                r.insert(key.into(), v.clone());
+            }
+        }
+    }
+    r
+}
+
+/// The delta-net layers of a hybrid config. convert reads the `linear_*` keys without
+/// defaults; the layer pattern is `layer_types` when given (which must name every layer
+/// `linear_attention` or `full_attention`), else every `full_attention_interval`-th layer
+/// (default 4) is attention.
+fn parse_hybrid(
+    raw: &Map<String, Json>,
+    arch: HfArch,
+    n_layer: u64,
+    head_dim: u64,
+) -> Result<Hybrid, LoadError> {
+    let req = |k: &str| find_u64(raw, &[k])?.ok_or_else(|| bad(format!("no {k:?}")));
+    let (conv_kernel, k_head_dim, v_head_dim) = (
+        req("linear_conv_kernel_dim")?,
+        req("linear_key_head_dim")?,
+        req("linear_value_head_dim")?,
+    );
+    let (n_k_heads, n_v_heads) = (req("linear_num_key_heads")?, req("linear_num_value_heads")?);
+    if conv_kernel == 0 || k_head_dim == 0 || v_head_dim == 0 {
+        return Err(bad(
+            "linear_conv_kernel_dim and the linear head sizes must be positive",
+        ));
+    }
+    if n_k_heads == 0 || n_v_heads % n_k_heads != 0 {
+        return Err(bad(format!(
+            "{n_v_heads} linear value heads cannot share {n_k_heads} key heads"
+        )));
+    }
+    let interval = find_u64(raw, &["full_attention_interval"])?.unwrap_or(4);
+    if interval == 0 {
+        return Err(bad("full_attention_interval is 0"));
+    }
+    let (recurrent, layer_types) = match raw.get("layer_types") {
+        None | Some(Json::Null) => (
+            (0..n_layer).map(|i| (i + 1) % interval != 0).collect(),
+            false,
+        ),
+        Some(Json::Array(types)) => {
+            if types.len() as u64 != n_layer {
+                return Err(bad(format!(
+                    "layer_types has {} entries for {n_layer} layers",
+                    types.len()
+                )));
+            }
+            let kinds = types.iter().map(|t| match t.as_str() {
+                Some("linear_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(bad(format!(
+                    "layer_types: {t} is neither \"linear_attention\" nor \"full_attention\""
+                ))),
+            });
+            (kinds.collect::<Result<_, _>>()?, true)
+        }
+        Some(other) => return Err(bad(format!("layer_types is {other}, not a list"))),
+    };
+    let factor = match rope_parameters(raw).get("partial_rotary_factor") {
+        None => 0.25,
+        Some(v) => v
+            .as_f64()
+            .filter(|f| (0.0..=1.0).contains(f))
+            .ok_or_else(|| bad(format!("partial_rotary_factor is {v}, not in 0..1")))?,
+    };
+    Ok(Hybrid {
+        conv_kernel,
+        k_head_dim,
+        v_head_dim,
+        n_k_heads,
+        n_v_heads,
+        recurrent,
+        layer_types,
+        interval,
+        // Python's int(): toward zero.
+        n_rot: (head_dim as f64 * factor) as u64,
+        tiled: arch != HfArch::Qwen3Next && n_k_heads != n_v_heads,
+    })
 }
 
 /// The first of `keys` present, as a whole number; present but not one is an error.
@@ -269,7 +472,8 @@ mod tests {
             Some(Moe {
                 n_expert: 8,
                 n_expert_used: 2,
-                n_ff_exp: 32
+                n_ff_exp: 32,
+                n_ff_shared: None,
             })
         );
         assert_eq!(c.arch.gguf_name(), "qwen3moe");

@@ -2,50 +2,29 @@
 //! GGUF llama.cpp's convert_hf_to_gguf.py writes for it: the same metadata keys, tensor
 //! names, the Q/K row permutation of Llama-style rope, and `rope_freqs` for Llama 3 scaling.
 //! Weights keep their dtype (convert's `--outtype auto`, except that F32 stays F32); 1-D
-//! tensors, norms and a mixture of experts' router become F32, as convert makes them; the
-//! experts' per-expert matrices are stacked into one 3-D tensor per projection, as
-//! convert's Qwen2MoeModel does.
+//! tensors, norms and a mixture of experts' routers become F32, as convert makes them; the
+//! experts' matrices become one 3-D tensor per projection, as convert's Qwen2MoeModel makes
+//! them (experts.rs); the Qwen hybrids' delta-net layers are converted as its
+//! Qwen3NextModel converts them (hybrid.rs).
 
 pub mod config;
+mod experts;
+mod hybrid;
+mod source;
 mod spm;
 pub mod vocab;
 
 use std::borrow::Cow;
 use std::path::Path;
 
-use smelt_gguf::{GgmlType, Metadata, Value};
+use smelt_gguf::{Array, GgmlType, Metadata, Value};
 
-use crate::isq::{SourceTensor, TensorSource};
+use crate::isq::SourceTensor;
 use crate::safetensors::{Checkpoint, StTensor};
 use crate::LoadError;
 use config::{Config, HfArch};
-
-/// How one output tensor is made from the checkpoint.
-enum Recipe {
-    /// The checkpoint tensor's bytes, rows permuted for rope when `permute_heads` is set.
-    Copy {
-        src: usize,
-        permute_heads: Option<u64>,
-    },
-    /// A 1-D/norm tensor (or bias) converted to F32, Q/K biases permuted like their weights.
-    ToF32 {
-        src: usize,
-        permute_heads: Option<u64>,
-    },
-    /// Bytes computed here (Llama 3's `rope_freqs`).
-    Owned(Vec<u8>),
-    /// Checkpoint tensors of one shape and dtype, one after the other (a layer's experts'
-    /// matrices of one projection, in expert order).
-    Stack { srcs: Vec<usize> },
-}
-
-/// The folder's tensors as a [`TensorSource`].
-pub struct HfSource {
-    ckpt: Checkpoint,
-    st: Vec<StTensor>,
-    tensors: Vec<SourceTensor>,
-    recipes: Vec<Recipe>,
-}
+pub use source::HfSource;
+use source::{F32Op, Gather, Recipe};
 
 /// A folder ready to assemble: the GGUF metadata and where each tensor comes from.
 pub struct HfModel {
@@ -77,7 +56,7 @@ pub fn open(dir: &Path) -> Result<HfModel, LoadError> {
     {
         md.insert("general.name", Value::String(name));
     }
-    hparams(&cfg, &mut md);
+    hparams(&cfg, &mut md)?;
     md.insert("general.file_type", Value::U32(file_type));
     vocab::convert(
         &vocab::VocabInput {
@@ -101,8 +80,8 @@ pub fn open(dir: &Path) -> Result<HfModel, LoadError> {
     })
 }
 
-/// `TextModel.set_gguf_parameters` plus the Llama additions.
-fn hparams(cfg: &Config, md: &mut Metadata) {
+/// `TextModel.set_gguf_parameters` plus the Llama, mixture-of-experts and hybrid additions.
+fn hparams(cfg: &Config, md: &mut Metadata) -> Result<(), LoadError> {
     let a = cfg.arch.gguf_name();
     let k = |s: &str| format!("{a}.{s}");
     let u32v = |v: u64| Value::U32(v as u32);
@@ -118,7 +97,9 @@ fn hparams(cfg: &Config, md: &mut Metadata) {
         md.insert(k("context_length"), u32v(n));
     }
     md.insert(k("embedding_length"), u32v(cfg.n_embd));
-    md.insert(k("feed_forward_length"), u32v(cfg.n_ff));
+    if let Some(n) = cfg.n_ff {
+        md.insert(k("feed_forward_length"), u32v(n));
+    }
     md.insert(k("attention.head_count"), u32v(cfg.n_head));
     if cfg.u64(&["num_key_value_heads", "n_kv_heads"]).is_some() {
         md.insert(k("attention.head_count_kv"), u32v(cfg.n_head_kv));
@@ -157,6 +138,25 @@ fn hparams(cfg: &Config, md: &mut Metadata) {
             _ => {}
         }
     }
+    if let Some(sec) = cfg.rope_parameters().get("mrope_section") {
+        // Padded with zeros to 4, as convert writes it (an i32 array).
+        let bad = || LoadError::BadConfig {
+            why: format!("mrope_section is {sec}, not a list of whole numbers"),
+        };
+        let mut v = sec
+            .as_array()
+            .ok_or_else(bad)?
+            .iter()
+            .map(|x| {
+                x.as_i64()
+                    .and_then(|x| i32::try_from(x).ok())
+                    .ok_or_else(bad)
+            })
+            .collect::<Result<Vec<i32>, _>>()?;
+        v.resize(v.len().max(4), 0);
+        v.truncate(4);
+        md.insert(k("rope.dimension_sections"), Value::Array(Array::I32(v)));
+    }
     if let Some(theta) = rope.get("rope_theta").and_then(|t| t.as_f64()) {
         md.insert(k("rope.freq_base"), Value::F32(theta as f32));
     }
@@ -174,6 +174,12 @@ fn hparams(cfg: &Config, md: &mut Metadata) {
         md.insert(k("expert_count"), u32v(m.n_expert));
         md.insert(k("expert_used_count"), u32v(m.n_expert_used));
         md.insert(k("expert_feed_forward_length"), u32v(m.n_ff_exp));
+        if let Some(n) = m.n_ff_shared {
+            md.insert(k("expert_shared_feed_forward_length"), u32v(n));
+        }
+    }
+    if let Some(h) = &cfg.hybrid {
+        hybrid::hparams(cfg, h, md);
     }
     if cfg.arch == HfArch::Llama {
         if let Some(v) = cfg.vocab_size {
@@ -181,6 +187,7 @@ fn hparams(cfg: &Config, md: &mut Metadata) {
         }
         md.insert(k("rope.dimension_count"), u32v(cfg.head_dim));
     }
+    Ok(())
 }
 
 /// Llama 3's per-dimension rope factors (convert's `generate_extra_tensors`), as f32 bytes.
@@ -220,10 +227,27 @@ fn llama3_rope_freqs(cfg: &Config) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// The GGUF name of a checkpoint tensor, or `None` for tensors convert drops.
-fn gguf_name(arch: HfArch, name: &str) -> Result<Option<String>, LoadError> {
+/// A checkpoint name as convert maps it: `text_model.` dropped, and `language_model.`
+/// (an image-text model's text side) wherever it appears.
+fn normalized(name: &str) -> Cow<'_, str> {
     let name = name.strip_prefix("text_model.").unwrap_or(name);
+    match name.contains("language_model.") {
+        true => Cow::Owned(name.replace("language_model.", "")),
+        false => Cow::Borrowed(name),
+    }
+}
+
+/// The GGUF name of a (normalized) checkpoint tensor, or `None` for tensors convert drops:
+/// rope caches, and for the hybrids the multi-token-prediction head (`--no-mtp`) and a
+/// Qwen3.5 image-text model's vision tower.
+fn gguf_name(arch: HfArch, name: &str) -> Result<Option<String>, LoadError> {
     if name.ends_with(".rotary_emb.inv_freq") {
+        return Ok(None);
+    }
+    if arch.is_hybrid() && (name.starts_with("mtp.") || name.starts_with("model.mtp.")) {
+        return Ok(None);
+    }
+    if matches!(arch, HfArch::Qwen35 | HfArch::Qwen35Moe) && name.contains("visual.") {
         return Ok(None);
     }
     let fixed = match name {
@@ -245,6 +269,7 @@ fn gguf_name(arch: HfArch, name: &str) -> Result<Option<String>, LoadError> {
     let (base, suffix) = rest.rsplit_once('.').ok_or_else(unknown)?;
     let part = match base {
         "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" if arch.is_hybrid() => "post_attention_norm",
         "post_attention_layernorm" => "ffn_norm",
         "self_attn.q_proj" => "attn_q",
         "self_attn.k_proj" => "attn_k",
@@ -255,7 +280,11 @@ fn gguf_name(arch: HfArch, name: &str) -> Result<Option<String>, LoadError> {
         "mlp.down_proj" => "ffn_down",
         "self_attn.q_norm" if arch.has_qk_norm() => "attn_q_norm",
         "self_attn.k_norm" if arch.has_qk_norm() => "attn_k_norm",
-        "mlp.gate" if arch == HfArch::Qwen3Moe => "ffn_gate_inp",
+        "mlp.gate" if arch.is_moe() => "ffn_gate_inp",
+        "mlp.shared_expert.gate_proj" if arch.is_hybrid() => "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj" if arch.is_hybrid() => "ffn_up_shexp",
+        "mlp.shared_expert.down_proj" if arch.is_hybrid() => "ffn_down_shexp",
+        "mlp.shared_expert_gate" if arch.is_hybrid() => "ffn_gate_inp_shexp",
         _ => return Err(unknown()),
     };
     if suffix != "weight" && suffix != "bias" {
@@ -264,22 +293,13 @@ fn gguf_name(arch: HfArch, name: &str) -> Result<Option<String>, LoadError> {
     Ok(Some(format!("blk.{bid}.{part}.{suffix}")))
 }
 
-/// `(layer, expert, projection)` of a per-expert matrix
-/// (`model.layers.{b}.mlp.experts.{e}.{gate,up,down}_proj.weight`), which convert stacks.
-fn expert_matrix(name: &str) -> Option<(u64, u64, &str)> {
-    let name = name.strip_prefix("text_model.").unwrap_or(name);
-    let rest = name.strip_prefix("model.layers.")?;
-    let (bid, rest) = rest.split_once(".mlp.experts.")?;
-    let (xid, rest) = rest.split_once('.')?;
-    let proj = rest.strip_suffix("_proj.weight")?;
-    matches!(proj, "gate" | "up" | "down").then_some(())?;
-    Some((bid.parse().ok()?, xid.parse().ok()?, proj))
-}
-
 /// The shape config.json implies for a tensor (PyTorch order), when it implies one.
 fn expected_shape(cfg: &Config, gguf: &str, vocab: u64) -> Option<Vec<u64>> {
-    let (e, f, hd) = (cfg.n_embd, cfg.n_ff, cfg.head_dim);
+    let (e, hd) = (cfg.n_embd, cfg.head_dim);
     let q = cfg.n_head * hd;
+    // The hybrids' attention: a sigmoid gate per query row, interleaved per head.
+    let gated = if cfg.arch.is_hybrid() { 2 } else { 1 };
+    let shared = cfg.moe.and_then(|m| m.n_ff_shared);
     let kv = cfg.n_head_kv * hd;
     if gguf == "token_embd.weight" || gguf == "output.weight" {
         return Some(vec![vocab, e]);
@@ -289,21 +309,52 @@ fn expected_shape(cfg: &Config, gguf: &str, vocab: u64) -> Option<Vec<u64>> {
     }
     let part = gguf.splitn(3, '.').nth(2)?;
     Some(match part {
-        "attn_norm.weight" | "ffn_norm.weight" => vec![e],
-        "attn_q.weight" => vec![q, e],
+        "attn_norm.weight" | "ffn_norm.weight" | "post_attention_norm.weight" => vec![e],
+        "attn_q.weight" => vec![gated * q, e],
         "attn_k.weight" | "attn_v.weight" => vec![kv, e],
         "attn_q.bias" => vec![q],
         "attn_k.bias" | "attn_v.bias" => vec![kv],
         "attn_output.weight" => vec![e, q],
-        "ffn_gate.weight" | "ffn_up.weight" => vec![f, e],
-        "ffn_down.weight" => vec![e, f],
+        "ffn_gate.weight" | "ffn_up.weight" => vec![cfg.n_ff?, e],
+        "ffn_down.weight" => vec![e, cfg.n_ff?],
         "attn_q_norm.weight" | "attn_k_norm.weight" => vec![hd],
         "ffn_gate_inp.weight" => vec![cfg.moe?.n_expert, e],
+        "ffn_gate_shexp.weight" | "ffn_up_shexp.weight" => vec![shared?, e],
+        "ffn_down_shexp.weight" => vec![e, shared?],
+        "ffn_gate_inp_shexp.weight" => vec![1, e],
         _ => return None,
     })
 }
 
 type Planned = (Vec<SourceTensor>, Vec<Recipe>, u32);
+
+/// The tensor's GGML type, once its bytes fit its shape (and the shape is `want`).
+fn checked(ckpt: &Checkpoint, t: &StTensor, want: Option<Vec<u64>>) -> Result<GgmlType, LoadError> {
+    if let Some(want) = want {
+        if t.shape != want {
+            return Err(LoadError::ShapeMismatch {
+                name: t.name.clone(),
+                got: t.shape.clone(),
+                want,
+            });
+        }
+    }
+    let ty = t.ggml_type()?;
+    let n: u64 = t.shape.iter().product();
+    let bytes = ckpt.bytes(t).len() as u64;
+    if bytes != n * ty.type_size() as u64 {
+        return Err(LoadError::BadTensor {
+            name: t.name.clone(),
+            why: format!("{bytes} bytes for {n} {} values", t.dtype),
+        });
+    }
+    Ok(ty)
+}
+
+/// The layer of a GGUF name (`blk.{b}.*`).
+fn layer_of(name: &str) -> Option<u64> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
 
 fn plan_tensors(cfg: &Config, ckpt: &Checkpoint) -> Result<Planned, LoadError> {
     let mut tensors = Vec::new();
@@ -316,101 +367,153 @@ fn plan_tensors(cfg: &Config, ckpt: &Checkpoint) -> Result<Planned, LoadError> {
         });
         recipes.push(Recipe::Owned(bytes));
     }
-    let vocab = match (cfg.vocab_size, ckpt.get("model.embed_tokens.weight")) {
-        (Some(v), _) => v,
-        (None, Some(t)) => t.shape.first().copied().unwrap_or(0),
-        (None, None) => 0,
+    let vocab = match cfg.vocab_size {
+        Some(v) => v,
+        None => ckpt
+            .get("model.embed_tokens.weight")
+            .or_else(|| ckpt.get("model.language_model.embed_tokens.weight"))
+            .and_then(|t| t.shape.first().copied())
+            .unwrap_or(0),
     };
     let mut weight_type: Option<GgmlType> = None;
     // Per-expert matrices by (layer, projection): (expert, checkpoint index).
     let mut experts: std::collections::BTreeMap<(u64, String), Vec<(u64, usize)>> =
         Default::default();
     for (i, t) in ckpt.tensors().iter().enumerate() {
-        if let (Some((bid, xid, proj)), Some(_)) = (expert_matrix(&t.name), cfg.moe) {
-            experts
-                .entry((bid, proj.to_string()))
-                .or_default()
-                .push((xid, i));
-            continue;
+        let hf = normalized(&t.name);
+        if let Some(moe) = cfg.moe {
+            if let Some((bid, xid, proj)) = experts::expert_matrix(&hf) {
+                experts
+                    .entry((bid, proj.to_string()))
+                    .or_default()
+                    .push((xid, i));
+                continue;
+            }
+            if let Some((bid, proj)) = experts::fused_matrix(&hf) {
+                for (st, recipe) in experts::fused(cfg, ckpt, moe, i, bid, proj)? {
+                    weight_type.get_or_insert(st.ty);
+                    tensors.push(st);
+                    recipes.push(recipe);
+                }
+                continue;
+            }
         }
-        let Some(name) = gguf_name(cfg.arch, &t.name)? else {
+        if let Some(h) = &cfg.hybrid {
+            if let Some(planned) = hybrid::plan(cfg, h, ckpt, i, &hf)? {
+                for (st, recipe) in planned {
+                    if matches!(recipe, Recipe::Copy { .. }) {
+                        weight_type.get_or_insert(st.ty);
+                    }
+                    tensors.push(st);
+                    recipes.push(recipe);
+                }
+                continue;
+            }
+        }
+        let Some(name) = gguf_name(cfg.arch, &hf)? else {
             continue;
         };
-        if let Some(bid) = name
-            .strip_prefix("blk.")
-            .and_then(|r| r.split('.').next())
-            .and_then(|b| b.parse::<u64>().ok())
-        {
+        if let Some(bid) = layer_of(&name) {
             if bid >= cfg.n_layer {
                 return Err(LoadError::BadTensor {
                     name: t.name.clone(),
                     why: format!("layer {bid}, but config.json has {} layers", cfg.n_layer),
                 });
             }
-        }
-        let ty = t.ggml_type()?;
-        if let Some(want) = expected_shape(cfg, &name, vocab) {
-            if t.shape != want {
-                return Err(LoadError::ShapeMismatch {
-                    name: t.name.clone(),
-                    got: t.shape.clone(),
-                    want,
-                });
+            if let Some(h) = &cfg.hybrid {
+                let part = name.split('.').nth(2).unwrap_or("");
+                if matches!(
+                    part,
+                    "attn_q" | "attn_k" | "attn_v" | "attn_output" | "attn_q_norm" | "attn_k_norm"
+                ) {
+                    hybrid::check_kind(h, bid, false, &t.name)?;
+                }
             }
         }
-        let n: u64 = t.shape.iter().product();
-        let bytes = ckpt.bytes(t).len() as u64;
-        if bytes != n * ty.type_size() as u64 {
-            return Err(LoadError::BadTensor {
-                name: t.name.clone(),
-                why: format!("{bytes} bytes for {n} {} values", t.dtype),
-            });
-        }
+        let ty = checked(ckpt, t, expected_shape(cfg, &name, vocab))?;
         let shape: Vec<u64> = t.shape.iter().rev().copied().collect();
         // convert's undo_permute: Q and K (weights and biases) of Llama-style rope.
-        let permute_heads = match (cfg.arch, name.rsplit('.').nth(1)) {
+        let heads = match (cfg.arch, name.rsplit('.').nth(1)) {
             (HfArch::Llama, Some("attn_q")) => Some(cfg.n_head),
             (HfArch::Llama, Some("attn_k")) => Some(cfg.n_head_kv),
             _ => None,
         };
-        // convert keeps a mixture of experts' router in F32 (`FFN_GATE_INP`).
+        let gather = match heads {
+            Some(h) => {
+                let rows = t.shape.first().copied().unwrap_or(1);
+                let row = ckpt.bytes(t).len() / rows.max(1) as usize;
+                Some(
+                    Gather::rope(row, rows, h).map_err(|why| LoadError::BadTensor {
+                        name: t.name.clone(),
+                        why,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        // convert keeps a mixture of experts' routers in F32 (`FFN_GATE_INP`,
+        // `FFN_GATE_INP_SHEXP`).
         let to_f32 = t.shape.len() <= 1
             || name.ends_with("_norm.weight")
             || name.ends_with("ffn_gate_inp.weight")
+            || name.ends_with("ffn_gate_inp_shexp.weight")
             || !name.ends_with(".weight");
         if to_f32 {
+            // The hybrids' RMS norms hold w for a scale of 1 + w: convert adds the 1.
+            let op = match cfg.arch.is_hybrid() && hf.ends_with("norm.weight") {
+                true => F32Op::AddOne,
+                false => F32Op::Keep,
+            };
             tensors.push(SourceTensor {
                 name,
                 shape,
                 ty: GgmlType::F32,
             });
-            recipes.push(Recipe::ToF32 {
-                src: i,
-                permute_heads,
-            });
+            recipes.push(Recipe::ToF32 { src: i, gather, op });
             continue;
         }
         weight_type.get_or_insert(ty);
         tensors.push(SourceTensor { name, shape, ty });
-        recipes.push(Recipe::Copy {
-            src: i,
-            permute_heads,
-        });
+        recipes.push(Recipe::Copy { src: i, gather });
     }
     if let Some(moe) = cfg.moe {
         for ((bid, proj), mut list) in experts {
-            let stacked = stack_experts(cfg, ckpt, moe, bid, &proj, &mut list)?;
+            let stacked = experts::stack(cfg, ckpt, moe, bid, &proj, &mut list)?;
             weight_type.get_or_insert(stacked.0.ty);
             tensors.push(stacked.0);
             recipes.push(stacked.1);
         }
     }
-    let have: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    check_complete(cfg, &tensors)?;
+    let file_type = match weight_type {
+        Some(GgmlType::F16) => 1,
+        Some(GgmlType::BF16) => 32,
+        _ => 0,
+    };
+    Ok((tensors, recipes, file_type))
+}
+
+/// Every tensor llama.cpp needs is there, and no GGUF name is made twice (a layer's
+/// experts both fused and per expert, say).
+fn check_complete(cfg: &Config, tensors: &[SourceTensor]) -> Result<(), LoadError> {
+    let mut have = std::collections::HashSet::new();
+    for t in tensors {
+        if !have.insert(t.name.as_str()) {
+            return Err(LoadError::BadTensor {
+                name: t.name.clone(),
+                why: "made from more than one checkpoint tensor".into(),
+            });
+        }
+    }
     let mut required = vec![
         "token_embd.weight".to_string(),
         "output_norm.weight".to_string(),
     ];
     for b in 0..cfg.n_layer {
+        if let Some(h) = &cfg.hybrid {
+            required.extend(hybrid::required(cfg, h, b));
+            continue;
+        }
         let ffn: &[&str] = match cfg.moe {
             Some(_) => &[
                 "ffn_gate_inp",
@@ -444,250 +547,12 @@ fn plan_tensors(cfg: &Config, ckpt: &Checkpoint) -> Result<Planned, LoadError> {
             why: "missing from the checkpoint".into(),
         });
     }
-    let file_type = match weight_type {
-        Some(GgmlType::F16) => 1,
-        Some(GgmlType::BF16) => 32,
-        _ => 0,
-    };
-    Ok((tensors, recipes, file_type))
-}
-
-/// Layer `bid`'s `proj` matrices of every expert (`list`: expert id, checkpoint index) as
-/// one `[n_expert][rows][cols]` tensor: each expert exactly once, all of the shape
-/// config.json implies and of one dtype.
-fn stack_experts(
-    cfg: &Config,
-    ckpt: &Checkpoint,
-    moe: config::Moe,
-    bid: u64,
-    proj: &str,
-    list: &mut [(u64, usize)],
-) -> Result<(SourceTensor, Recipe), LoadError> {
-    let name = format!("blk.{bid}.ffn_{proj}_exps.weight");
-    let bad = |why: String| LoadError::BadTensor {
-        name: format!("model.layers.{bid}.mlp.experts.*.{proj}_proj.weight"),
-        why,
-    };
-    if bid >= cfg.n_layer {
-        return Err(bad(format!(
-            "layer {bid}, but config.json has {} layers",
-            cfg.n_layer
-        )));
-    }
-    list.sort();
-    let ids: Vec<u64> = list.iter().map(|&(x, _)| x).collect();
-    if ids != (0..moe.n_expert).collect::<Vec<_>>() {
-        let missing = (0..moe.n_expert).find(|x| !ids.contains(x));
-        return Err(bad(match missing {
-            Some(x) => format!("expert {x} of {} is missing", moe.n_expert),
-            None => format!("experts {ids:?}, but config.json has {}", moe.n_expert),
-        }));
-    }
-    let want = match proj {
-        "down" => vec![cfg.n_embd, moe.n_ff_exp],
-        _ => vec![moe.n_ff_exp, cfg.n_embd],
-    };
-    let all = ckpt.tensors();
-    let ty = all[list[0].1].ggml_type()?;
-    for &(_, i) in list.iter() {
-        let t = &all[i];
-        if t.shape != want {
-            return Err(LoadError::ShapeMismatch {
-                name: t.name.clone(),
-                got: t.shape.clone(),
-                want,
-            });
-        }
-        if t.ggml_type()? != ty {
-            return Err(bad(format!("experts of dtypes {} and {ty:?}", t.dtype)));
-        }
-    }
-    Ok((
-        SourceTensor {
-            name,
-            shape: vec![want[1], want[0], moe.n_expert],
-            ty,
-        },
-        Recipe::Stack {
-            srcs: list.iter().map(|&(_, i)| i).collect(),
-        },
-    ))
-}
-
-impl TensorSource for HfSource {
-    fn tensors(&self) -> &[SourceTensor] {
-        &self.tensors
-    }
-
-    fn data(&self, i: usize) -> Result<Cow<'_, [u8]>, LoadError> {
-        let (src, permute_heads, to_f32) = match &self.recipes[i] {
-            Recipe::Owned(b) => return Ok(Cow::Borrowed(b)),
-            Recipe::Stack { srcs } => {
-                let mut out = Vec::new();
-                for &s in srcs {
-                    out.extend_from_slice(self.ckpt.bytes(&self.st[s]));
-                }
-                return Ok(Cow::Owned(out));
-            }
-            Recipe::Copy { src, permute_heads } => (*src, *permute_heads, false),
-            Recipe::ToF32 { src, permute_heads } => (*src, *permute_heads, true),
-        };
-        let st = &self.st[src];
-        let bad = |why: String| LoadError::BadTensor {
-            name: st.name.clone(),
-            why,
-        };
-        let mut bytes = Cow::Borrowed(self.ckpt.bytes(st));
-        if let Some(h) = permute_heads {
-            let rows = st.shape.first().copied().unwrap_or(1);
-            bytes = Cow::Owned(permute_rows(&bytes, rows, h).map_err(bad)?);
-        }
-        if !to_f32 {
-            return Ok(bytes);
-        }
-        let ty = st.ggml_type()?;
-        let mut vals = vec![0f32; bytes.len() / ty.type_size()];
-        smelt_quant::dequantize_row(ty, &bytes, &mut vals).map_err(|e| bad(e.to_string()))?;
-        Ok(Cow::Owned(
-            vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        ))
-    }
-
-    /// Copied weights (nearly all of a folder's bytes) come straight from their shard by
-    /// parallel reads, or row by row when rope-permuted; converted vectors through `data`.
-    fn read(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<(), LoadError> {
-        match &self.recipes[i] {
-            Recipe::Copy { src, permute_heads } => {
-                self.read_copy(&self.st[*src], *permute_heads, offset, buf)
-            }
-            Recipe::Stack { srcs } => self.read_stack(srcs, offset, buf),
-            _ => {
-                let d = self.data(i)?;
-                buf.copy_from_slice(crate::isq::byte_range(&d, i, offset, buf.len())?);
-                Ok(())
-            }
-        }
-    }
-}
-
-impl HfSource {
-    /// `buf` from a stack of equal-sized tensors at `offset`: each piece straight from its
-    /// member's shard.
-    fn read_stack(&self, srcs: &[usize], offset: u64, buf: &mut [u8]) -> Result<(), LoadError> {
-        let each = srcs
-            .first()
-            .map_or(0, |&s| self.ckpt.bytes(&self.st[s]).len() as u64);
-        let total = each * srcs.len() as u64;
-        let end = offset + buf.len() as u64;
-        if end > total {
-            let name = srcs
-                .first()
-                .map_or(String::new(), |&s| self.st[s].name.clone());
-            return Err(LoadError::BadTensor {
-                name,
-                why: format!("bytes {offset}..{end} past the stack's {total} bytes"),
-            });
-        }
-        let (mut at, mut done) = (offset, 0usize);
-        while done < buf.len() {
-            let (k, within) = ((at / each) as usize, at % each);
-            let n = ((each - within) as usize).min(buf.len() - done);
-            self.ckpt
-                .read_at(&self.st[srcs[k]], within, &mut buf[done..done + n])?;
-            at += n as u64;
-            done += n;
-        }
-        Ok(())
-    }
-
-    /// `buf` from a copied tensor's bytes at `offset`: straight from its shard by parallel
-    /// reads, or, for rope-permuted rows, each output row's piece gathered from its source
-    /// row (the whole tensor is never permuted for one chunk).
-    fn read_copy(
-        &self,
-        st: &StTensor,
-        permute_heads: Option<u64>,
-        offset: u64,
-        buf: &mut [u8],
-    ) -> Result<(), LoadError> {
-        let Some(heads) = permute_heads else {
-            return self.ckpt.read_at(st, offset, buf);
-        };
-        let bytes = self.ckpt.bytes(st);
-        let rows = st.shape.first().copied().unwrap_or(1);
-        let bad = |why: String| LoadError::BadTensor {
-            name: st.name.clone(),
-            why,
-        };
-        let row = row_of(bytes.len(), rows, heads).map_err(bad)?;
-        let end = offset as usize + buf.len();
-        if end > bytes.len() {
-            return Err(bad(format!(
-                "bytes {offset}..{end} past its {} bytes",
-                bytes.len()
-            )));
-        }
-        let hd = rows as usize / heads as usize;
-        let mut at = offset as usize;
-        let mut done = 0;
-        while at < end {
-            let dst = at / row;
-            let (h, r) = (dst / hd, dst % hd);
-            // Output row h*hd + i*2 + j comes from source row h*hd + j*half + i.
-            let src = h * hd + (r % 2) * (hd / 2) + r / 2;
-            let within = at % row;
-            let n = (row - within).min(end - at);
-            let from = src * row + within;
-            buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
-            at += n;
-            done += n;
-        }
-        Ok(())
-    }
-}
-
-/// Bytes per row of a tensor of `len` bytes and `rows` rows that splits into `heads` rope
-/// heads of an even number of rows.
-fn row_of(len: usize, rows: u64, heads: u64) -> Result<usize, String> {
-    if heads == 0 || rows % (heads * 2) != 0 || len as u64 % rows.max(1) != 0 {
-        return Err(format!(
-            "{rows} rows cannot be split into {heads} rope heads"
-        ));
-    }
-    Ok(len / rows as usize)
-}
-
-/// convert's `LlamaModel.permute`: within each of `heads` heads, rows `[j * half + i]`
-/// (j in 0..2, i in 0..half) move to `[i * 2 + j]`, turning HF's rotate-half rope layout into
-/// ggml's interleaved one. A pure row shuffle, so it works on the bytes of any dtype.
-pub fn permute_rows(bytes: &[u8], rows: u64, heads: u64) -> Result<Vec<u8>, String> {
-    let row = row_of(bytes.len(), rows, heads)?;
-    let hd = (rows / heads) as usize;
-    let half = hd / 2;
-    let mut out = vec![0u8; bytes.len()];
-    for h in 0..heads as usize {
-        for i in 0..half {
-            for j in 0..2 {
-                let dst = h * hd + i * 2 + j;
-                let src = h * hd + j * half + i;
-                out[dst * row..(dst + 1) * row].copy_from_slice(&bytes[src * row..(src + 1) * row]);
-            }
-        }
-    }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn permutation_interleaves_the_halves_of_each_head() {
-        // 2 heads of 4 rows, 1 byte per row: [a0 a1 b0 b1] -> [a0 b0 a1 b1].
-        let out = permute_rows(&[0, 1, 2, 3, 10, 11, 12, 13], 8, 2).expect("permutes");
-        assert_eq!(out, [0, 2, 1, 3, 10, 12, 11, 13]);
-        assert!(permute_rows(&[0; 6], 6, 2).is_err());
-    }
 
     #[test]
     fn names_follow_convert() {
@@ -709,15 +574,22 @@ mod tests {
             Some("blk.2.ffn_gate_inp.weight")
         );
         assert!(gguf_name(HfArch::Qwen3, "model.layers.2.mlp.gate.weight").is_err());
-        assert_eq!(
-            expert_matrix("model.layers.3.mlp.experts.17.down_proj.weight"),
-            Some((3, 17, "down"))
-        );
-        assert_eq!(
-            expert_matrix("model.layers.3.mlp.experts.17.w1.weight"),
-            None
-        );
-        assert_eq!(expert_matrix("model.layers.3.mlp.gate_proj.weight"), None);
         assert!(gguf_name(HfArch::Llama, "vision_tower.x.weight").is_err());
+        let q35 = |s| gguf_name(HfArch::Qwen35Moe, s).expect("maps");
+        assert_eq!(
+            q35("model.layers.1.post_attention_layernorm.weight").as_deref(),
+            Some("blk.1.post_attention_norm.weight")
+        );
+        assert_eq!(
+            q35("model.layers.1.mlp.shared_expert_gate.weight").as_deref(),
+            Some("blk.1.ffn_gate_inp_shexp.weight")
+        );
+        assert_eq!(q35("mtp.fc.weight"), None);
+        assert_eq!(q35("model.visual.blocks.0.attn.qkv.weight"), None);
+        assert!(gguf_name(HfArch::Qwen3Moe, "mtp.fc.weight").is_err());
+        assert_eq!(
+            normalized("model.language_model.layers.0.mlp.gate.weight"),
+            "model.layers.0.mlp.gate.weight"
+        );
     }
 }
