@@ -489,4 +489,63 @@ mod tests {
         .unwrap_err();
         assert!(e.to_string().contains("dense layers"), "{e}");
     }
+
+    #[test]
+    fn hybrids_read_convert_s_keys_and_defaults() {
+        let parse = |arch: &str, extra: &str| {
+            Config::parse(&format!(
+                r#"{{"architectures":["{arch}"],"num_hidden_layers":8,"hidden_size":64,
+                "num_attention_heads":4,"head_dim":256,"linear_conv_kernel_dim":4,
+                "linear_key_head_dim":128,"linear_value_head_dim":128,
+                "linear_num_key_heads":16,"linear_num_value_heads":32{extra}}}"#
+            ))
+        };
+        // Qwen3.5 dense: intermediate_size is required; defaults: every 4th layer is
+        // attention, a quarter of the head rotated; value heads tiled.
+        let e = parse("Qwen3_5ForCausalLM", "").unwrap_err().to_string();
+        assert!(e.contains("intermediate_size"), "{e}");
+        let c = parse("Qwen3_5ForCausalLM", r#","intermediate_size":128"#).expect("parses");
+        let h = c.hybrid.expect("hybrid");
+        assert_eq!(c.arch.gguf_name(), "qwen35");
+        assert_eq!(
+            (h.interval, h.n_rot, h.tiled, h.layer_types),
+            (4, 64, true, false)
+        );
+        assert_eq!(
+            h.recurrent,
+            [true, true, true, false, true, true, true, false]
+        );
+        assert_eq!(
+            (h.conv_channels(), h.value_dim(), h.ratio()),
+            (8192, 4096, 2)
+        );
+        // rope_parameters' partial_rotary_factor (transformers 5) wins over the top level.
+        let c = parse(
+            "Qwen3_5ForConditionalGeneration",
+            r#","intermediate_size":128,"partial_rotary_factor":0.5,
+               "rope_parameters":{"partial_rotary_factor":0.125}"#,
+        )
+        .expect("parses");
+        assert_eq!(c.hybrid.map(|h| h.n_rot), Some(32));
+        // Qwen3-Next: experts required, no intermediate_size needed; grouped value heads.
+        let moe = r#","num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":32,
+                     "shared_expert_intermediate_size":64,"full_attention_interval":2"#;
+        let c = parse("Qwen3NextForCausalLM", moe).expect("parses");
+        let h = c.hybrid.clone().expect("hybrid");
+        assert_eq!((c.n_ff, h.tiled, h.interval), (None, false, 2));
+        assert_eq!(c.moe.and_then(|m| m.n_ff_shared), Some(64));
+        let e = parse("Qwen3NextForCausalLM", "").unwrap_err().to_string();
+        assert!(e.contains("num_experts"), "{e}");
+        let e = parse(
+            "Qwen3_5MoeForCausalLM",
+            &format!("{moe},\"layer_types\":[]"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("layer_types has 0 entries for 8 layers"), "{e}");
+        let e = parse("Qwen3_5MoeForCausalLM", &moe.replace(":2,\"moe", ":2,\"x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("moe_intermediate_size"), "{e}");
+    }
 }
