@@ -23,6 +23,9 @@ const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-
 const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const BLOOM: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3.5/3.6: Qwen2's pattern with combining marks (`\p{M}`) inside letter runs, so an
+/// accent or a vowel sign stays in its word instead of starting a new one.
+const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// llama.cpp's pre-tokenizer settings for one `tokenizer.ggml.pre` value.
 #[derive(Clone, Copy, Debug)]
@@ -57,6 +60,7 @@ impl PreType {
             },
             "dbrx" | "smaug-bpe" => pre(&[LLAMA3], true),
             "qwen2" | "deepseek-r1-qwen" | "megrez" => pre(&[QWEN2], false),
+            "qwen35" => pre(&[QWEN35], false),
             "stablelm2" => pre(&[QWEN2], true),
             "smollm" | "command-r" => pre(STARCODER, false),
             "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" => pre(STARCODER, true),
@@ -552,12 +556,23 @@ mod tests {
     #[test]
     fn long_runs_split_in_linear_time() {
         let text = " ".repeat(100_000) + "x" + &"\n".repeat(50_000);
-        for pre in ["qwen2", "tekken", "default", "llama3", "gpt-2"] {
+        for pre in ["qwen2", "qwen35", "tekken", "default", "llama3", "gpt-2"] {
             let t = std::time::Instant::now();
             let w = words(pre, &text);
             assert_eq!(w.concat().chars().count(), text.len(), "{pre}");
             assert!(t.elapsed().as_secs_f64() < 2.0, "{pre}: {:?}", t.elapsed());
         }
+    }
+
+    #[test]
+    fn qwen35_keeps_combining_marks_in_words() {
+        // Devanagari "namaste": a virama and a vowel sign (both \p{M}) inside the word
+        let namaste = "\u{928}\u{92e}\u{938}\u{94d}\u{924}\u{947}";
+        assert_eq!(words("qwen2", namaste).len(), 3);
+        assert_eq!(words("qwen35", namaste).len(), 1);
+        // a mark after a space or a digit: prefix + run, and a lone run after the digit
+        assert_eq!(words("qwen35", "1\u{301} \u{301}x!").len(), 4);
+        assert_ne!(pre_tokenizer_key("qwen35"), pre_tokenizer_key("qwen2"));
     }
 
     #[test]

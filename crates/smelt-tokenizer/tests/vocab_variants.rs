@@ -1,8 +1,8 @@
-//! Tokenizer settings no real test model has: the BPE pre-tokenizers (Llama 3, Qwen2, GPT-2,
-//! "default"...), SentencePiece with a space prefix and EOS (Llama 2, Mistral), Phi-3's
-//! right-stripping special tokens. A real model's vocabulary is written into vocabulary-only
-//! GGUFs that differ only in those settings, and each must tokenize and detokenize the corpus
-//! as llama.cpp does.
+//! Tokenizer settings no real test model has: the BPE pre-tokenizers (Llama 3, Qwen2,
+//! Qwen3.5, GPT-2, "default"...), SentencePiece with a space prefix and EOS (Llama 2, Mistral),
+//! Phi-3's right-stripping special tokens. A real model's vocabulary is written into
+//! vocabulary-only GGUFs that differ only in those settings, and each must tokenize and
+//! detokenize the corpus as llama.cpp does.
 
 mod common;
 
@@ -33,6 +33,17 @@ fn check_model_with(
     every_code_point: bool,
     edit: impl FnOnce(&mut Metadata),
 ) {
+    check_texts(base, pre, every_code_point, &[], edit);
+}
+
+/// [`check_model_with`] over `extra` texts besides the corpus.
+fn check_texts(
+    base: &str,
+    pre: &str,
+    every_code_point: bool,
+    extra: &[&str],
+    edit: impl FnOnce(&mut Metadata),
+) {
     let src = Gguf::open(model(base)).expect("open model");
     let mut meta = Metadata::new();
     for (k, v) in src.metadata().iter() {
@@ -47,6 +58,7 @@ fn check_model_with(
 
     let tok = Tokenizer::from_gguf(&meta).expect("tokenizer");
     let mut texts = corpus();
+    texts.extend(extra.iter().map(|t| t.to_string()));
     if every_code_point {
         texts.extend(codepoint_texts());
     }
@@ -83,6 +95,29 @@ fn llama3() {
 #[test]
 fn qwen2() {
     check("qwen2", false, true);
+}
+
+/// Qwen3.5/3.6's pre-tokenizer keeps combining marks (`\p{M}`) in letter runs: over the
+/// corpus, every code point in mark-revealing contexts, and text in scripts written with marks
+/// (Devanagari, Thai, Khmer, Arabic harakat, decomposed Latin and Vietnamese), with marks
+/// after digits, spaces, punctuation, newlines and apostrophes.
+#[test]
+fn qwen35() {
+    let marks = [
+        "नमस्ते दुनिया, क्या हाल है?",
+        "สวัสดีครับ ภาษาไทย",
+        "\u{1780}\u{17b6}\u{1793}\u{17cb}\u{178f}\u{17c2}\u{1796}\u{17b7}\u{179f}\u{17c1}\u{179f}\u{17a2}\u{17b6}\u{1785}\u{1f601} ?",
+        "مَرْحَبًا بِكُمْ",
+        "Tie\u{302}\u{301}ng Vie\u{323}\u{302}t cafe\u{301} nai\u{308}ve",
+        "1\u{301}2\u{300} \u{301}x !\u{301}? .\u{308}\u{308}a",
+        "\n\u{301}\r\n\u{300}a\t\u{302} \u{302}\u{303}  \u{301}",
+        "it'\u{301}s '\u{301}S \u{301}'ll don\u{301}'t",
+        "\u{20dd}\u{20e3}1\u{fe0f}\u{20e3} #\u{fe0f}\u{20e3}",
+        "a\u{300}\u{301}\u{302}\u{303}\u{304}\u{305}\u{306}\u{307}b",
+    ];
+    check_texts(SMOLLM, "qwen35", true, &marks, |meta| {
+        meta.insert("tokenizer.ggml.pre", Value::from("qwen35"));
+    });
 }
 
 #[test]
