@@ -44,25 +44,7 @@ for path in ${PATHS:-int8 f16 narrow small}; do
     /tmp/smelt-new bench --model $m --device cuda --prompt 8 --gen 16 --reps 1 --batch $batch \
     > "$out/ncu-$path.txt" 2>&1
   echo "ncu exit $?" | tee -a "$log"
-  python3 - "$out/ncu-$path.txt" "$path" >> "$table" <<'EOF'
-import re, sys
-text = open(sys.argv[1]).read()
-path = sys.argv[2]
-blocks = re.split(r"\n  (?=\S+.*\(\d+, \d+, \d+\)x\(\d+, \d+, \d+\))", text)
-for b in blocks[1:]:
-    head = b.splitlines()[0]
-    name = head.split()[0]
-    grid = re.search(r"\((\d+, \d+, \d+)\)x", head)
-    def metric(label):
-        m = re.search(r"^\s*" + re.escape(label) + r"\s+\S+\s+([\d.,]+)", b, re.M)
-        return m.group(1) if m else "-"
-    flat = " ".join(b.split())
-    stalls = re.findall(r"stalled ([a-z ]+?)(?: on| \(|\.|,).{0,300}?represents about ([\d.]+)% of the total", flat)
-    top = "; ".join(f"{n.strip()[:28]} {p}%" for n, p in stalls[:2]) or "-"
-    print(f"| {path} | {name} | {grid.group(1) if grid else '-'} | {metric('Registers Per Thread')} | "
-          f"{metric('Duration')} | {metric('DRAM Throughput')} | {metric('Memory Throughput')} | "
-          f"{metric('Compute (SM) Throughput')} | {metric('Achieved Occupancy')} | {top} |")
-EOF
+  python3 bench/gpu/ncu_table.py "$out/ncu-$path.txt" "$path" >> "$table"
   grep -E "Duration|DRAM Throughput|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Achieved Occupancy|Registers Per|Block Limit|stall|Stall" "$out/ncu-$path.txt" | head -60 >> "$log"
 done
 echo "== table" | tee -a "$log"

@@ -150,8 +150,8 @@ pub struct Row {
     /// The activation preparation of each: int8 tiles, f16 rows.
     pub act_us: [f64; 2],
     /// The narrow GEMM (on the f16 rows), at 128 tokens and fewer, in warps of 32 and of
-    /// 16 rows (`narrow::Layout::ALL`).
-    pub narrow_us: Option<[f64; 2]>,
+    /// 16 rows, and 16 with a two-tile ring (`narrow::Layout::ALL`).
+    pub narrow_us: Option<[f64; super::gemm_narrow::LAYOUTS]>,
     /// The batch-wide f16 GEMM (`f16_small`), at 128 tokens and fewer.
     pub small_us: Option<f64>,
 }
@@ -287,9 +287,9 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                     small_us,
                 };
                 let bytes = (nrows * row_bytes) as f64;
-                let narrow_col = row.narrow_us.map_or("-".to_string(), |[us, r16]| {
+                let narrow_col = row.narrow_us.map_or("-".to_string(), |[us, r16, pair]| {
                     format!(
-                        "{us:8.1} us ({:.0} GB/s), 16-row warps {r16:8.1} us",
+                        "{us:8.1} us ({:.0} GB/s), 16-row warps {r16:8.1} us, 2-tile ring {pair:8.1} us",
                         bytes / us / 1e3
                     )
                 });
@@ -312,18 +312,18 @@ pub fn perf(gpu: &Gpu, _rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     let rows = speed(gpu)?;
     rep.perf
         .push("f16 GEMM vs int8 GEMM, microseconds a launch:".into());
-    rep.perf.push("| type | rows x k | tokens | int8 | f16 (1 block) | f16 (2 blocks) | best f16 / int8 | narrow | narrow / int8 | narrow, 16-row warps | batch-wide f16 | batch-wide / int8 | int8 act | f16 act |".into());
+    rep.perf.push("| type | rows x k | tokens | int8 | f16 (1 block) | f16 (2 blocks) | best f16 / int8 | narrow | narrow / int8 | narrow, 16-row warps (3 / 2-tile ring) | batch-wide f16 | batch-wide / int8 | int8 act | f16 act |".into());
     rep.perf
         .push("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into());
     for r in &rows {
         let best = r.f16_us[0].min(r.f16_us[1]);
         let (narrow, ratio, r16) =
             r.narrow_us
-                .map_or(("-".into(), "-".into(), "-".into()), |[us, r16]| {
+                .map_or(("-".into(), "-".into(), "-".into()), |[us, r16, pair]| {
                     (
                         format!("{us:.1}"),
                         format!("{:.2}", us / r.int8_us),
-                        format!("{r16:.1}"),
+                        format!("{r16:.1} / {pair:.1}"),
                     )
                 });
         let (small, sratio) = r.small_us.map_or(("-".into(), "-".into()), |us| {

@@ -60,6 +60,9 @@ pub(crate) fn check_kernels(
     Ok(())
 }
 
+/// Narrow layouts, each a column of the speed tables.
+pub(crate) const LAYOUTS: usize = narrow::Layout::ALL.len();
+
 /// Microseconds a launch of `ty`'s narrow kernel for `ntok` tokens in each layout
 /// ([`narrow::Layout::ALL`]), `launches` a timing, the weights cycling through the copies
 /// `ws` (L2-cold), f16 rows `h`, into `y`.
@@ -73,18 +76,14 @@ pub(crate) fn time_layouts(
     h: &CudaSlice<u8>,
     y: &mut CudaSlice<f32>,
     launches: usize,
-) -> Result<[f64; 2]> {
-    let an = args(
-        nrows,
-        ntok,
-        k,
-        row_bytes,
-        narrow::splits(ty, nrows, k / TILE, ntok, SMS),
-    );
-    let mut wspn = workspace(gpu, &an)?;
-    let mut us = [0f64; 2];
+) -> Result<[f64; LAYOUTS]> {
+    let mut us = [0f64; LAYOUTS];
     for (layout, us) in narrow::Layout::ALL.into_iter().zip(&mut us) {
-        let nname = narrow::name(ty, ntok, layout).expect("both layouts");
+        let width = narrow::block_tokens(ntok);
+        let splits = narrow::splits_for(ty, nrows, k / TILE, ntok, SMS, (width, layout));
+        let an = args(nrows, ntok, k, row_bytes, splits);
+        let mut wspn = workspace(gpu, &an)?;
+        let nname = narrow::name(ty, ntok, layout).expect("every layout");
         let nf = gpu.f(nname)?;
         *us = time_launches(&gpu.stream, 5, 2, launches, |i| {
             let l = narrow::launch(ty, &an, layout);
@@ -138,17 +137,18 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     Ok(())
 }
 
-/// Microseconds a launch of those formats' narrow kernels (both layouts) beside the int8
+/// Microseconds a launch of those formats' narrow kernels (every layout) beside the int8
 /// GEMM at Llama-3-8B shapes (`attn_v`, `ffn_down`, the output head) and 8-64 tokens,
 /// into the report's perf lines.
 pub fn perf(gpu: &Gpu, rep: &mut Report) -> Result<()> {
     rep.perf
         .push("narrow GEMMs of the other formats vs the int8 GEMM, microseconds a launch:".into());
     rep.perf.push(
-        "| type | rows x k | tokens | int8 | narrow | narrow, 16-row warps | best / int8 | GB/s |"
+        "| type | rows x k | tokens | int8 | narrow | narrow, 16-row warps | 16-row warps, 2-tile ring | best / int8 | GB/s |"
             .into(),
     );
-    rep.perf.push("|---|---|---|---|---|---|---|---|".into());
+    rep.perf
+        .push("|---|---|---|---|---|---|---|---|---|".into());
     for ty in types() {
         let int8 = gpu
             .module
@@ -184,12 +184,13 @@ pub fn perf(gpu: &Gpu, rep: &mut Report) -> Result<()> {
                     &mut y,
                     launches,
                 )?;
-                let best = us[0].min(us[1]);
+                let best = us.into_iter().fold(f64::MAX, f64::min);
                 let gbs = (nrows * row_bytes) as f64 / best / 1e3;
                 rep.perf.push(format!(
-                    "| {ty:?} | {nrows}x{k} | {ntok} | {int8_us:.1} | {:.1} | {:.1} | {:.2} | {gbs:.0} |",
+                    "| {ty:?} | {nrows}x{k} | {ntok} | {int8_us:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {gbs:.0} |",
                     us[0],
                     us[1],
+                    us[2],
                     best / int8_us
                 ));
             }

@@ -17,8 +17,8 @@
 //! global memory into registers, the next tile's while this one was multiplied: 255
 //! registers a thread, 8 warps an SM, one tile (5 KB a warp) in flight, and Nsight Compute
 //! found it waiting on those loads (long scoreboard 40% of stalls, DRAM 29% busy, H100
-//! 2026-11-27). `cp.async` copies hold no registers, so [`RING`]` - 1` whole tiles of the
-//! block (18 KB of weights each) are in flight while one is multiplied, and a thread
+//! 2026-11-27). `cp.async` copies hold no registers, so all but one of the ring's tiles (of the
+//! block: 18 KB of weights each) are in flight while one is multiplied, and a thread
 //! keeps one tile's weights in registers (read from shared memory just before use).
 //!
 //! **Which weights a thread holds.** In a warp, lane `(g, c)` (`g = lane / 4`, `c = lane %
@@ -38,10 +38,10 @@
 //! `g` and `g + 1` 36 words apart, fall in 32 different banks), then the tile's two
 //! activation halves for the block's tokens: per token the four 64-byte chunks `128 c +
 //! 64 h..` of its tile row (chunk `c` at `64 c + 16 (c / 2)` of a 288-byte slot, so that
-//! the 16-byte reads of a quarter warp fall in 32 different banks). [`RING`] slots rotate,
-//! one `cp.async` group and one barrier a tile: tile `s + RING - 1` is copied while tile
-//! `s` is multiplied. The ring is dynamic shared memory ([`dynamic_bytes`]: 108 KB at 32
-//! tokens, two blocks an SM on sm_90).
+//! the 16-byte reads of a quarter warp fall in 32 different banks). `R` slots rotate
+//! ([`RING`], or two in [`Layout::Rows16Pair`]), one `cp.async` group and one barrier a
+//! tile: tile `s + R - 1` is copied while tile `s` is multiplied. The ring is dynamic
+//! shared memory ([`dynamic_bytes`]: 108 KB at 32 tokens, two blocks an SM on sm_90).
 //!
 //! **Shape.** A block owns [`BM`] rows x `8 NI` tokens: four warps of 32 rows (two `m16`
 //! tiles, so each B fragment feeds two `mma`s) or eight of 16 ([`Layout`]), each over the
@@ -61,40 +61,63 @@ use crate::{GgmlType, TILE};
 
 /// Rows of W per block (whatever the warp layout).
 pub const BM: u32 = 128;
-/// Blocks an SM a kernel is built for (ptxas's register cap on sm_90: 255 registers a
-/// thread with 4 warps a block, 128 with 8), where its ring fits twice: 228 KB an SM, 1 KB
-/// of it kept per block. Q6_K's 224-byte row slots at 32 tokens fit once.
-pub const fn blocks_per_sm(ty: GgmlType, ni: usize) -> u32 {
-    if 2 * (dynamic_bytes(ty, ni) + 1024) <= 228 * 1024 {
+/// Blocks an SM a kernel in `layout` is built for (ptxas's register cap on sm_90: 255
+/// registers a thread with 4 warps a block, 128 with 8), where its ring fits twice: 228 KB
+/// an SM, 1 KB of it kept per block. Q6_K's 224-byte row slots at 32 tokens fit once.
+pub const fn blocks_per_sm(ty: GgmlType, ni: usize, layout: Layout) -> u32 {
+    if 2 * (dynamic_bytes(ty, ni, layout) + 1024) <= 228 * 1024 {
         2
     } else {
         1
     }
 }
 
-/// How a block's [`BM`] rows are cut among its warps: four warps of 32 rows (two `m16`
-/// tiles, each activation fragment feeding two `mma`s) or eight warps of 16 (one tile:
-/// half the registers a thread, so twice the warps an SM to hide the weight loads and the
-/// dequantization chains; Nsight Compute on the 4-warp blocks at 32 tokens, H100
-/// 2026-11-27: 255 registers, 8 warps an SM, an instruction a warp every 7 cycles, 25% of
-/// the issue slots used).
+/// How a block's [`BM`] rows are cut among its warps, and how deep its ring is: four warps
+/// of 32 rows (two `m16` tiles, each activation fragment feeding two `mma`s) or eight
+/// warps of 16 (one tile: half the registers a thread, so twice the warps an SM to hide
+/// the weight loads and the dequantization chains; Nsight Compute on the 4-warp blocks at
+/// 32 tokens, H100 2026-11-27: 255 registers, 8 warps an SM, an instruction a warp every 7
+/// cycles, 25% of the issue slots used); or eight warps of 16 with a ring of two tiles,
+/// where three do not fit an SM twice (64-token blocks: 166 KB, one block and 8 warps an
+/// SM; 111 KB with two, so two blocks and 16 warps).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
     /// Four warps of 32 rows.
     Rows32,
     /// Eight warps of 16 rows.
     Rows16,
+    /// Eight warps of 16 rows, a ring of two tiles.
+    Rows16Pair,
 }
 
 impl Layout {
     /// Both layouts, in the order of [`TYPES`]'s name lists.
-    pub const ALL: [Layout; 2] = [Layout::Rows32, Layout::Rows16];
+    pub const ALL: [Layout; 3] = [Layout::Rows32, Layout::Rows16, Layout::Rows16Pair];
 
     /// `m16` tiles of a warp.
     pub const fn mi(self) -> usize {
         match self {
             Layout::Rows32 => 2,
-            Layout::Rows16 => 1,
+            Layout::Rows16 | Layout::Rows16Pair => 1,
+        }
+    }
+
+    /// Tiles in the shared-memory ring (weights and activations): all but one are in
+    /// flight while one is multiplied.
+    pub const fn ring(self) -> u32 {
+        match self {
+            Layout::Rows32 | Layout::Rows16 => RING,
+            Layout::Rows16Pair => 2,
+        }
+    }
+
+    /// The layout `SMELT_CUDA_GEMM_NARROW_ROWS` names: `32`, `16` or `16p`.
+    pub fn parse(s: &str) -> Option<Layout> {
+        match s.trim() {
+            "32" => Some(Layout::Rows32),
+            "16" => Some(Layout::Rows16),
+            "16p" => Some(Layout::Rows16Pair),
+            _ => None,
         }
     }
 
@@ -113,6 +136,7 @@ impl Layout {
         match self {
             Layout::Rows32 => 0,
             Layout::Rows16 => 1,
+            Layout::Rows16Pair => 2,
         }
     }
 }
@@ -125,6 +149,7 @@ impl Layout {
 /// Twice the warps an SM gained so little because the kernel is bound by the weight bytes
 /// it keeps in flight, not by issue (bench/gpu/NOTES.md).
 /// 64-token blocks: Rows16 (half of Rows32's accumulators; Rows32 at 64 is unmeasured).
+/// Q4_K takes [`Layout::Rows16Pair`] at 16 and 32 ([`default_layout_for`]).
 pub const DEFAULT_LAYOUT: [Layout; 4] = [
     Layout::Rows32,
     Layout::Rows16,
@@ -148,13 +173,23 @@ const fn width_index(width: u32) -> usize {
     width.trailing_zeros() as usize - 3
 }
 
-/// The default layout for blocks of `width` tokens.
-pub fn default_layout_for(width: u32) -> Layout {
-    DEFAULT_LAYOUT[width_index(width)]
+/// The default layout for blocks of `width` tokens of type `ty`: [`DEFAULT_LAYOUT`], but a
+/// two-tile ring for Q4_K at 16 and 32 tokens. Whole decode steps of the Llama-3-8B-shape
+/// Q4_K on an H100, same greedy tokens (bench/RESULTS.md 2026-11-27 21:18 and 21:25 UTC,
+/// `bench/gpu/pair64.sh`, two and three interleaved rounds): 16 sequences 3,565 -> 3,673
+/// and 3,532 -> 3,654 tok/s, 32 sequences 5,581 -> 5,803 and 5,557 -> 5,757 (+3-4%: the
+/// same blocks an SM, a shorter ring to fill at each block's start); 40 and 64 sequences,
+/// where the two-tile ring doubles the blocks an SM and so the splits, -3-4%, and Q8_0 at
+/// 32 (twice the blocks too) -3%. Q6_K's is unmeasured.
+pub fn default_layout_for(ty: GgmlType, width: u32) -> Layout {
+    match (ty, width) {
+        (GgmlType::Q4_K, 16 | 32) => Layout::Rows16Pair,
+        _ => DEFAULT_LAYOUT[width_index(width)],
+    }
 }
 
-/// Tiles in the shared-memory ring (weights and activations): all but one are in flight
-/// while one is multiplied.
+/// Tiles in the shared-memory ring of [`Layout::Rows32`] and [`Layout::Rows16`]: all but
+/// one are in flight while one is multiplied.
 pub const RING: u32 = 3;
 /// Bytes of one token's slot in a half-tile stage: four 64-byte chunks and 32 bytes of
 /// padding.
@@ -193,7 +228,7 @@ pub trait NarrowFormat {
     const TYPE: GgmlType;
     /// The kernels for blocks of 8, 16, 32 and 64 tokens ([`WIDTHS`]), per [`Layout`] (in
     /// [`Layout::ALL`]'s order).
-    const NAMES: [[&'static str; 4]; 2];
+    const NAMES: [[&'static str; 4]; 3];
     /// The fields of a row's tile, in slot order.
     const FIELDS: &'static [Field];
     /// A lane's constants.
@@ -253,16 +288,17 @@ const fn slot_bytes(ty: GgmlType, ni: usize) -> u32 {
     BM * row_slot(ty) + 2 * stage_bytes(ni)
 }
 
-/// Dynamic shared memory of a block of `8 NI` tokens: the ring (over the 48 KB a static
-/// array may take, so the launch sizes it and the driver is told [`MAX_DYNAMIC_BYTES`]).
-pub const fn dynamic_bytes(ty: GgmlType, ni: usize) -> u32 {
-    RING * slot_bytes(ty, ni)
+/// Dynamic shared memory of a block of `8 NI` tokens in `layout`: the ring (over the 48 KB
+/// a static array may take, so the launch sizes it and the driver is told
+/// [`MAX_DYNAMIC_BYTES`]).
+pub const fn dynamic_bytes(ty: GgmlType, ni: usize, layout: Layout) -> u32 {
+    layout.ring() * slot_bytes(ty, ni)
 }
 
 /// The most dynamic shared memory a narrow kernel takes (Q8_0's 64-token blocks).
-pub const MAX_DYNAMIC_BYTES: u32 = dynamic_bytes(GgmlType::Q8_0, 8);
-const _: () = assert!(MAX_DYNAMIC_BYTES >= dynamic_bytes(GgmlType::Q6_K, 8));
-const _: () = assert!(MAX_DYNAMIC_BYTES >= dynamic_bytes(GgmlType::Q4_K, 8));
+pub const MAX_DYNAMIC_BYTES: u32 = dynamic_bytes(GgmlType::Q8_0, 8, Layout::Rows16);
+const _: () = assert!(MAX_DYNAMIC_BYTES >= dynamic_bytes(GgmlType::Q6_K, 8, Layout::Rows16));
+const _: () = assert!(MAX_DYNAMIC_BYTES >= dynamic_bytes(GgmlType::Q4_K, 8, Layout::Rows16));
 // One block fits an sm_90 SM (227 KB a block at most).
 const _: () = assert!(MAX_DYNAMIC_BYTES <= 227 * 1024);
 
@@ -296,7 +332,7 @@ pub fn min_tokens(ty: GgmlType) -> usize {
 
 /// Formats with a narrow GEMM, and their kernels for blocks of 8, 16, 32 and 64 tokens,
 /// per [`Layout`] (in [`Layout::ALL`]'s order).
-pub const TYPES: [(GgmlType, [[&str; 4]; 2]); 3] = [
+pub const TYPES: [(GgmlType, [[&str; 4]; 3]); 3] = [
     (GgmlType::Q4_K, <Q4K as NarrowFormat>::NAMES),
     (GgmlType::Q6_K, <Q6K as NarrowFormat>::NAMES),
     (GgmlType::Q8_0, <Q8_0 as NarrowFormat>::NAMES),
@@ -354,16 +390,20 @@ pub fn catalog() -> Vec<crate::catalog::Entry> {
 
 /// The narrow GEMMs of format `F`.
 fn entries<F: NarrowFormat + 'static>() -> Vec<crate::catalog::Entry> {
-    let [[n8, n16, n32, n64], [r8, r16, r32, r64]] = F::NAMES;
+    let [[n8, n16, n32, n64], [r8, r16, r32, r64], [p8, p16, p32, p64]] = F::NAMES;
     vec![
-        (n8.to_string(), Box::new(kernel::<F, 1, 2>)),
-        (n16.to_string(), Box::new(kernel::<F, 2, 2>)),
-        (n32.to_string(), Box::new(kernel::<F, 4, 2>)),
-        (n64.to_string(), Box::new(kernel::<F, 8, 2>)),
+        (n8.to_string(), Box::new(kernel::<F, 1, 0>)),
+        (n16.to_string(), Box::new(kernel::<F, 2, 0>)),
+        (n32.to_string(), Box::new(kernel::<F, 4, 0>)),
+        (n64.to_string(), Box::new(kernel::<F, 8, 0>)),
         (r8.to_string(), Box::new(kernel::<F, 1, 1>)),
         (r16.to_string(), Box::new(kernel::<F, 2, 1>)),
         (r32.to_string(), Box::new(kernel::<F, 4, 1>)),
         (r64.to_string(), Box::new(kernel::<F, 8, 1>)),
+        (p8.to_string(), Box::new(kernel::<F, 1, 2>)),
+        (p16.to_string(), Box::new(kernel::<F, 2, 2>)),
+        (p32.to_string(), Box::new(kernel::<F, 4, 2>)),
+        (p64.to_string(), Box::new(kernel::<F, 8, 2>)),
     ]
 }
 
@@ -375,20 +415,28 @@ fn entries<F: NarrowFormat + 'static>() -> Vec<crate::catalog::Entry> {
 /// remainder) ran 14336x4096 at 32 tokens as 336 blocks on 264 slots, 1.6x its
 /// microbenchmark time inside decode steps (bench/RESULTS.md, 2026-11-27 04:20 UTC).
 pub fn splits(ty: GgmlType, nrows: usize, ntiles: usize, ntok: usize, sm_count: usize) -> usize {
-    splits_for(ty, nrows, ntiles, ntok, sm_count, block_tokens(ntok))
+    let width = block_tokens(ntok);
+    splits_for(
+        ty,
+        nrows,
+        ntiles,
+        ntok,
+        sm_count,
+        (width, default_layout_for(ty, width)),
+    )
 }
 
-/// [`splits`] for blocks of `width` tokens.
+/// [`splits`] for blocks of `block.0` tokens in layout `block.1`.
 pub fn splits_for(
     ty: GgmlType,
     nrows: usize,
     ntiles: usize,
     ntok: usize,
     sm_count: usize,
-    width: u32,
+    (width, layout): (u32, Layout),
 ) -> usize {
     let blocks = nrows.div_ceil(BM as usize).max(1) * ntok.div_ceil(width as usize).max(1);
-    let slots = blocks_per_sm(ty, width as usize / 8) as usize * sm_count.max(1);
+    let slots = blocks_per_sm(ty, width as usize / 8, layout) as usize * sm_count.max(1);
     // The blocks a split count really launches (slices of whole tiles), and their fill.
     let fill = |s: usize| {
         let z = ntiles.div_ceil(ntiles.div_ceil(s).max(1)).max(1);
@@ -425,7 +473,7 @@ pub fn launch_width(ty: GgmlType, a: &super::Args, layout: Layout, width: u32) -
         ),
         (layout.threads(), 1, 1),
     );
-    l.shared_bytes = dynamic_bytes(ty, width as usize / 8);
+    l.shared_bytes = dynamic_bytes(ty, width as usize / 8, layout);
     l
 }
 
@@ -434,18 +482,15 @@ pub fn launch_width(ty: GgmlType, a: &super::Args, layout: Layout, width: u32) -
 type Copy16 = (Reg<U64>, Reg<U32>, Option<Reg<smelt_ptx::Pred>>, Field);
 
 /// `y = W x` for weights `w` of format `F` and f16 activation rows `x`
-/// ([`super::f16::act_kernel`]) in blocks of `8 NI` tokens, warps of `MI` `m16` tiles
-/// ([`Layout`]); see the module doc. Parameters [`super::GemmArgs`];
-/// [`dynamic_bytes`]`(F::TYPE, NI)` of dynamic shared memory.
-pub fn kernel<F: NarrowFormat, const NI: usize, const MI: usize>(k: &Kernel) {
-    let layout = if MI == 2 {
-        Layout::Rows32
-    } else {
-        Layout::Rows16
-    };
-    assert_eq!(layout.mi(), MI);
+/// ([`super::f16::act_kernel`]) in blocks of `8 NI` tokens, in layout `Layout::ALL[L]`;
+/// see the module doc. Parameters [`super::GemmArgs`]; [`dynamic_bytes`]`(F::TYPE, NI,
+/// layout)` of dynamic shared memory.
+pub fn kernel<F: NarrowFormat, const NI: usize, const L: usize>(k: &Kernel) {
+    let layout = Layout::ALL[L];
+    let ring_tiles = layout.ring();
     let threads = layout.threads();
-    super::f16::attributes_for(k, threads, blocks_per_sm(F::TYPE, NI));
+    let mi_tiles = layout.mi();
+    super::f16::attributes_for(k, threads, blocks_per_sm(F::TYPE, NI, layout));
     let GemmRegs {
         w,
         x,
@@ -459,7 +504,7 @@ pub fn kernel<F: NarrowFormat, const NI: usize, const MI: usize>(k: &Kernel) {
     let stage = stage_bytes(NI);
     let slot = slot_bytes(F::TYPE, NI);
     let wtile = BM * row_slot(F::TYPE);
-    let smem = k.shared_dynamic(16, dynamic_bytes(F::TYPE, NI));
+    let smem = k.shared_dynamic(16, dynamic_bytes(F::TYPE, NI, layout));
     let ring = k.shared_base(&smem);
 
     let tid = k.tid_x();
@@ -479,7 +524,7 @@ pub fn kernel<F: NarrowFormat, const NI: usize, const MI: usize>(k: &Kernel) {
     // The thread's rows: m-tile mi, half hh is warp row 16 mi + 8 hh + g, whose bytes
     // start at `row_slot` times it in a slot's weights.
     let arow = k.mad(k.reg(), warp, layout.warp_rows(), g);
-    let row_in_slot: Vec<Reg<U32>> = (0..2 * MI)
+    let row_in_slot: Vec<Reg<U32>> = (0..2 * mi_tiles)
         .map(|r| {
             let local = k.add(k.reg(), arow, 8 * r as u32);
             k.mul(k.reg(), local, row_slot(F::TYPE))
@@ -584,33 +629,43 @@ pub fn kernel<F: NarrowFormat, const NI: usize, const MI: usize>(k: &Kernel) {
     k.mad(cb, ch, 16u32, cb);
     k.add(b_lane, b_lane, cb);
 
-    let acc: [[[Reg<smelt_ptx::F32>; 4]; NI]; MI] =
-        std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))));
-    let set: Vec<F::Row> = (0..2 * MI).map(|_| F::row_regs(k)).collect();
+    let acc: Vec<[[Reg<smelt_ptx::F32>; 4]; NI]> = (0..mi_tiles)
+        .map(|_| std::array::from_fn(|_| std::array::from_fn(|_| k.f32(0.0))))
+        .collect();
+    let set: Vec<F::Row> = (0..2 * mi_tiles).map(|_| F::row_regs(k)).collect();
     let magic = k.mov(k.reg::<B32>(), 0x6400_6400u32);
 
     // The ring: `rd` is the slot of the tile being multiplied, `wr` that of the tile
-    // `RING - 1` ahead (the one multiplied last: every warp is past it after this tile's
+    // `ring_tiles - 1` ahead (the one multiplied last: every warp is past it after this tile's
     // barrier).
     let rd = k.mov(k.reg::<U32>(), ring);
-    let wr = k.add(k.reg(), ring, (RING - 1) * slot);
-    let ring_end = k.add(k.reg(), ring, RING * slot);
+    let wr = k.add(k.reg(), ring, (ring_tiles - 1) * slot);
+    let ring_end = k.add(k.reg(), ring, ring_tiles * slot);
     let (first, end, y) = split_range(k, y, nrows, ntok, ntiles, kslice);
     // Half h of the tile whose weights are in `set` and activations at `rd`.
     let half_step = |k: &Kernel, h: usize| {
         let coef: Vec<F::Coef> = set.iter().map(|r| F::coef(k, &lane_c, r, h)).collect();
         let base = k.add(k.reg(), rd, b_lane);
-        for tq in 0..2usize {
-            // Halves 64 c + 32 h + 16 tq..+16 of each token: steps t = 4 tq..4 tq + 4.
-            let bq: [[Reg<B32>; 8]; NI] = std::array::from_fn(|ni| {
-                let v = k.regs::<B32, 8>();
-                let at = (wtile + h as u32 * stage + ni as u32 * 8 * SLOT + 32 * tq as u32) as i64;
-                k.ld_v4(Load::SHARED, [v[0], v[1], v[2], v[3]], base.at(at));
-                k.ld_v4(Load::SHARED, [v[4], v[5], v[6], v[7]], base.at(at + 16));
-                v
-            });
-            for ti in 0..4usize {
-                let t = 4 * tq + ti;
+        // Piece `q` (16 bytes) of a token's chunk holds its halves for steps `2 q`, `2 q +
+        // 1`. Blocks of up to 32 tokens read two pieces a tile at a time, 64-token blocks
+        // one (their 8 tiles' B registers of four steps would be 64 of a thread's 128).
+        let per = if NI >= 8 { 1 } else { 2 };
+        for q0 in (0..4usize).step_by(per) {
+            let bq: Vec<Vec<Reg<B32>>> = (0..NI)
+                .map(|ni| {
+                    let at =
+                        (wtile + h as u32 * stage + ni as u32 * 8 * SLOT + 16 * q0 as u32) as i64;
+                    (0..per)
+                        .flat_map(|p| {
+                            let v = k.regs::<B32, 4>();
+                            k.ld_v4(Load::SHARED, v, base.at(at + 16 * p as i64));
+                            v
+                        })
+                        .collect()
+                })
+                .collect();
+            for ti in 0..2 * per {
+                let t = 2 * q0 + ti;
                 for (mi, acc_m) in acc.iter().enumerate() {
                     let (r0, r1) = (2 * mi, 2 * mi + 1);
                     let frag =
@@ -625,12 +680,12 @@ pub fn kernel<F: NarrowFormat, const NI: usize, const MI: usize>(k: &Kernel) {
         }
     };
     // One tile: waits for its copies (all but the newest group: the tile after it), starts
-    // those of the tile `RING - 1` ahead into the slot the last tile left, reads the
+    // those of the tile `ring_tiles - 1` ahead into the slot the last tile left, reads the
     // thread's weights and multiplies both halves.
     let tile_step = |k: &Kernel, tile: Reg<U32>| {
-        k.cp_async_wait(RING - 2);
+        k.cp_async_wait(ring_tiles - 2);
         k.bar_sync();
-        let ahead = k.add(k.reg(), tile, RING - 1);
+        let ahead = k.add(k.reg(), tile, ring_tiles - 1);
         k.if_(k.lt(ahead, end), |k| {
             copy_weights(k, ahead, wr);
             copy_acts(k, ahead, wr);
@@ -646,15 +701,15 @@ pub fn kernel<F: NarrowFormat, const NI: usize, const MI: usize>(k: &Kernel) {
         k.mov(wr, rd);
         k.add(rd, rd, slot);
         let wrap = k.ge(rd, ring_end);
-        let back = k.sub(k.reg(), rd, RING * slot);
+        let back = k.sub(k.reg(), rd, ring_tiles * slot);
         k.selp(rd, back, rd, wrap);
     };
 
-    // The first `RING - 1` tiles' weights go before the programmatic launch wait (they need
+    // The first `ring_tiles - 1` tiles' weights go before the programmatic launch wait (they need
     // nothing of the previous kernel), in one group; their activations after it, a group
     // a tile, so that the first tile waits only for its own.
     k.if_(k.lt(first, end), |k| {
-        for j in 0..RING - 1 {
+        for j in 0..ring_tiles - 1 {
             let t = k.add(k.reg(), first, j);
             let at = k.add(k.reg(), ring, j * slot);
             k.if_(k.lt(t, end), |k| copy_weights(k, t, at));
@@ -663,7 +718,7 @@ pub fn kernel<F: NarrowFormat, const NI: usize, const MI: usize>(k: &Kernel) {
     });
     k.grid_dep_wait();
     k.if_(k.lt(first, end), |k| {
-        for j in 0..RING - 1 {
+        for j in 0..ring_tiles - 1 {
             let t = k.add(k.reg(), first, j);
             let at = k.add(k.reg(), ring, j * slot);
             k.if_(k.lt(t, end), |k| copy_acts(k, t, at));
@@ -716,36 +771,55 @@ mod tests {
             Some("gemm_narrow64_r16_q4_k")
         );
         // One 64-token block an SM: 14336 rows are 112 blocks on 132 slots (85%), unsplit.
-        assert_eq!(splits_for(q4, 14336, 16, 64, 132, 64), 1);
+        assert_eq!(splits_for(q4, 14336, 16, 64, 132, (64, Layout::Rows16)), 1);
+        // Two of them an SM (264 slots): 2 splits (224 blocks, 85%).
+        assert_eq!(
+            splits_for(q4, 14336, 16, 64, 132, (64, Layout::Rows16Pair)),
+            2
+        );
         let a = super::super::Args::q4_k_for_test(4097, 40, 16);
         let l = launch(q4, &a, r32);
         assert_eq!(l.grid, (1, 33, 4));
         assert_eq!(l.block, (128, 1, 1));
-        assert_eq!(l.shared_bytes, dynamic_bytes(q4, 8));
+        assert_eq!(l.shared_bytes, dynamic_bytes(q4, 8, r32));
         assert_eq!(launch_width(q4, &a, r32, 32).grid, (2, 33, 4));
         assert_eq!(
             launch_width(q4, &a, r32, 8).shared_bytes,
-            dynamic_bytes(q4, 1)
+            dynamic_bytes(q4, 1, r32)
         );
         assert_eq!(launch_width(q4, &a, r32, 8).grid, (5, 33, 4));
         assert_eq!(launch(q4, &a, Layout::Rows16).block, (256, 1, 1));
         // A slot is a tile's weights and both activation halves: 108 KB at 32 tokens for
         // Q4_K (two blocks an SM), 138 KB for Q6_K (one), 103 KB for Q6_K at 16 (two).
-        assert_eq!(dynamic_bytes(q4, 4), 3 * (128 * 144 + 2 * 32 * 288));
+        assert_eq!(dynamic_bytes(q4, 4, r32), 3 * (128 * 144 + 2 * 32 * 288));
         assert_eq!(
-            dynamic_bytes(GgmlType::Q6_K, 4),
+            dynamic_bytes(GgmlType::Q6_K, 4, r32),
             3 * (128 * 224 + 2 * 32 * 288)
         );
         assert_eq!(MAX_DYNAMIC_BYTES, 3 * (128 * 272 + 2 * 64 * 288));
-        assert_eq!(blocks_per_sm(q4, 8), 1);
-        assert_eq!(blocks_per_sm(GgmlType::Q8_0, 4), 1);
-        assert_eq!(blocks_per_sm(q4, 4), 2);
-        assert_eq!(blocks_per_sm(GgmlType::Q6_K, 4), 1);
-        assert_eq!(blocks_per_sm(GgmlType::Q6_K, 2), 2);
+        let r16 = Layout::Rows16;
+        assert_eq!(blocks_per_sm(q4, 8, r16), 1);
+        assert_eq!(blocks_per_sm(GgmlType::Q8_0, 4, r16), 1);
+        assert_eq!(blocks_per_sm(q4, 4, r16), 2);
+        assert_eq!(blocks_per_sm(GgmlType::Q6_K, 4, r16), 1);
+        assert_eq!(blocks_per_sm(GgmlType::Q6_K, 2, r16), 2);
+        // A two-tile ring: 64-token Q4_K blocks fit an SM twice (111 KB each); Q8_0's
+        // do not (143 KB).
+        let pair = Layout::Rows16Pair;
+        assert_eq!(dynamic_bytes(q4, 8, pair), 2 * (128 * 144 + 2 * 64 * 288));
+        assert_eq!(blocks_per_sm(q4, 8, pair), 2);
+        assert_eq!(blocks_per_sm(GgmlType::Q8_0, 8, pair), 1);
+        assert_eq!(Layout::parse("16p"), Some(pair));
+        assert_eq!(Layout::parse("32"), Some(r32));
+        assert_eq!(Layout::parse("8"), None);
+        assert_eq!(name_for(q4, 32, pair), Some("gemm_narrow32_r16p_q4_k"));
+        assert_eq!(default_layout_for(q4, 32), pair);
+        assert_eq!(default_layout_for(q4, 64), r16);
+        assert_eq!(default_layout_for(GgmlType::Q8_0, 32), r16);
         // Every kernel listed once, with its layout's and width's name.
         for (ty, _) in TYPES {
             let all = kernels_of(ty);
-            assert_eq!(all.len(), 8);
+            assert_eq!(all.len(), 12);
             for (n, l, w) in all {
                 assert_eq!(name_for(ty, w, l), Some(n));
                 assert_eq!(

@@ -15,7 +15,7 @@ use crate::GgmlType;
 /// high in half 1 (the Q4_K GEMV's share, [`crate::formats::q4_k`]).
 impl NarrowFormat for Q4K {
     const TYPE: GgmlType = GgmlType::Q4_K;
-    const NAMES: [[&'static str; 4]; 2] = [
+    const NAMES: [[&'static str; 4]; 3] = [
         [
             "gemm_narrow8_q4_k",
             "gemm_narrow16_q4_k",
@@ -27,6 +27,12 @@ impl NarrowFormat for Q4K {
             "gemm_narrow16_r16_q4_k",
             "gemm_narrow32_r16_q4_k",
             "gemm_narrow64_r16_q4_k",
+        ],
+        [
+            "gemm_narrow8_r16p_q4_k",
+            "gemm_narrow16_r16p_q4_k",
+            "gemm_narrow32_r16p_q4_k",
+            "gemm_narrow64_r16p_q4_k",
         ],
     ];
     const FIELDS: &'static [Field] = &[Field {

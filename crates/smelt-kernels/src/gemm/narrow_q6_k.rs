@@ -53,7 +53,7 @@ pub struct Row {
 
 impl NarrowFormat for Q6K {
     const TYPE: GgmlType = GgmlType::Q6_K;
-    const NAMES: [[&'static str; 4]; 2] = [
+    const NAMES: [[&'static str; 4]; 3] = [
         [
             "gemm_narrow8_q6_k",
             "gemm_narrow16_q6_k",
@@ -65,6 +65,12 @@ impl NarrowFormat for Q6K {
             "gemm_narrow16_r16_q6_k",
             "gemm_narrow32_r16_q6_k",
             "gemm_narrow64_r16_q6_k",
+        ],
+        [
+            "gemm_narrow8_r16p_q6_k",
+            "gemm_narrow16_r16p_q6_k",
+            "gemm_narrow32_r16p_q6_k",
+            "gemm_narrow64_r16p_q6_k",
         ],
     ];
     const FIELDS: &'static [Field] = &[

@@ -42,7 +42,7 @@ pub struct Row {
 
 impl NarrowFormat for Q8_0 {
     const TYPE: GgmlType = GgmlType::Q8_0;
-    const NAMES: [[&'static str; 4]; 2] = [
+    const NAMES: [[&'static str; 4]; 3] = [
         [
             "gemm_narrow8_q8_0",
             "gemm_narrow16_q8_0",
@@ -54,6 +54,12 @@ impl NarrowFormat for Q8_0 {
             "gemm_narrow16_r16_q8_0",
             "gemm_narrow32_r16_q8_0",
             "gemm_narrow64_r16_q8_0",
+        ],
+        [
+            "gemm_narrow8_r16p_q8_0",
+            "gemm_narrow16_r16p_q8_0",
+            "gemm_narrow32_r16p_q8_0",
+            "gemm_narrow64_r16p_q8_0",
         ],
     ];
     const FIELDS: &'static [Field] = &[

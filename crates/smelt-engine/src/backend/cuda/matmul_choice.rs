@@ -71,8 +71,8 @@ impl Family {
         batch_invariant: bool,
     ) -> usize {
         match self {
-            Family::Narrow(_, width) => {
-                gemm::narrow::splits_for(ty, rows, ntiles, n, sm_count, width)
+            Family::Narrow(layout, width) => {
+                gemm::narrow::splits_for(ty, rows, ntiles, n, sm_count, (width, layout))
             }
             Family::F16Small => gemm::f16_small::splits(rows, ntiles, n, sm_count),
             Family::F16 => gemm::f16::splits(rows, ntiles, Some(n), sm_count),
@@ -113,7 +113,7 @@ pub(super) fn choose(
     let width = gemm::narrow::block_tokens_up_to(n, m.narrow_max_width);
     let layout = m
         .narrow_layout
-        .unwrap_or_else(|| gemm::narrow::default_layout_for(width));
+        .unwrap_or_else(|| gemm::narrow::default_layout_for(ty, width));
     let narrow_min = m
         .gemm_narrow_min_tokens
         .unwrap_or_else(|| gemm::narrow::min_tokens(ty));
@@ -166,8 +166,9 @@ mod tests {
         let m = &o.matmul;
         let q4 = GgmlType::Q4_K;
         let pick = |rows, cols, n| family(choose(m, q4, rows, cols, n, || false));
-        let narrow = gemm::narrow::DEFAULT_LAYOUT[2];
-        assert_eq!(narrow, gemm::narrow::DEFAULT_LAYOUT[1]);
+        // Q4_K's 16- and 32-token blocks: 16-row warps, a two-tile ring (21:25 UTC).
+        let narrow = gemm::narrow::Layout::Rows16Pair;
+        assert_eq!(gemm::narrow::default_layout_for(q4, 16), narrow);
         for (rows, cols) in [(14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)] {
             // One token, and batches under the narrow GEMM's crossover: the GEMV.
             assert_eq!(pick(rows, cols, 1), None);
@@ -254,15 +255,19 @@ mod tests {
         // tokens take them, Q8_0 from 8 (measured against the GEMV; Q6_K not), more the
         // int8 GEMM; Q5_K has none: batches take the int8 GEMM, 8 tokens the GEMV.
         let pick = |ty, n| family(choose(m, ty, 4096, 4096, n, || false));
-        let narrow = |n| {
+        let narrow = |ty, n| {
             let w = gemm::narrow::block_tokens(n);
-            Some(Family::Narrow(gemm::narrow::default_layout_for(w), w))
+            Some(Family::Narrow(gemm::narrow::default_layout_for(ty, w), w))
         };
         assert_eq!(pick(GgmlType::Q6_K, 8), None);
-        assert_eq!(pick(GgmlType::Q8_0, 8), narrow(8));
+        assert_eq!(pick(GgmlType::Q8_0, 8), narrow(GgmlType::Q8_0, 8));
         for ty in [GgmlType::Q6_K, GgmlType::Q8_0] {
-            assert_eq!(pick(ty, 16), narrow(16));
-            assert_eq!(pick(ty, 32), narrow(32));
+            // Their 16- and 32-token blocks keep the three-tile ring (Q8_0's two-tile ring
+            // measured 3% slower at 32 sequences).
+            let r16 = Some(Family::Narrow(gemm::narrow::Layout::Rows16, 16));
+            assert_eq!(pick(ty, 16), r16);
+            assert_eq!(pick(ty, 16), narrow(ty, 16));
+            assert_eq!(pick(ty, 32), narrow(ty, 32));
             assert_eq!(pick(ty, 96), Some(Family::Int8));
         }
         assert_eq!(pick(GgmlType::Q5_K, 32), Some(Family::Int8));
@@ -280,7 +285,8 @@ mod tests {
         let pick =
             |o: &CudaOptions, n| family(choose(&o.matmul, GgmlType::Q4_K, 4096, 4096, n, || false));
         let r16 = gemm::narrow::Layout::Rows16;
-        assert_eq!(pick(&o, 32), Some(Family::Narrow(r16, 32)));
+        let pair = gemm::narrow::Layout::Rows16Pair;
+        assert_eq!(pick(&o, 32), Some(Family::Narrow(pair, 32)));
         assert_eq!(pick(&o, 33), Some(Family::Narrow(r16, 64)));
         assert_eq!(pick(&o, 64), Some(Family::Narrow(r16, 64)));
         let Choice::Gemm { name, .. } = choose(&o.matmul, GgmlType::Q8_0, 4096, 4096, 50, || false)
@@ -289,7 +295,7 @@ mod tests {
         };
         assert_eq!(name, "gemm_narrow64_r16_q8_0");
         o.matmul.narrow_max_width = 32;
-        assert_eq!(pick(&o, 64), Some(Family::Narrow(r16, 32)));
+        assert_eq!(pick(&o, 64), Some(Family::Narrow(pair, 32)));
         let o = CudaOptions::from_vars(
             |v| (v == "SMELT_CUDA_GEMM_NARROW_WIDTH").then(|| "32".to_string()),
             false,

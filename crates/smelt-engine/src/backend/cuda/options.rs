@@ -25,7 +25,7 @@
 //! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `matmul.gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_GEMM_NARROW_SPLITS` | `matmul.narrow_max_splits` | none (`gemm::narrow::splits`'s wave-fill rule; a cap of 4 measured the same, 2 -18%) |
 //! | `SMELT_CUDA_GEMM_NARROW_WIDTH` (8, 16, 32 or 64) | `matmul.narrow_max_width` | `gemm::narrow::DEFAULT_MAX_WIDTH` |
-//! | `SMELT_CUDA_GEMM_NARROW_ROWS` (32 or 16) | `matmul.narrow_layout` | `gemm::narrow::DEFAULT_LAYOUT` (per token width) |
+//! | `SMELT_CUDA_GEMM_NARROW_ROWS` (32, 16, or 16p: 16 with a two-tile ring) | `matmul.narrow_layout` | `gemm::narrow::default_layout_for` (per type and token width) |
 //! | `SMELT_CUDA_GEMM_SMALL_MAX` (0: off) | `matmul.gemm_small_max_tokens` | `gemm::f16_small::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_MOE_GEMM_MIN` | `matmul.moe_gemm_min_per_expert` | `gemm::grouped::MIN_PER_EXPERT` (measured) |
 //! | `SMELT_CUDA_MOE_LANES` (32, 16 or 8) | `matmul.moe_gemv_lanes` | `moe::row_lanes` (the fewest lanes a row's tiles fill) |
@@ -136,8 +136,8 @@ pub struct MatmulOptions {
     /// The narrow GEMM's widest block (tokens; `gemm::narrow::WIDTHS`): more tokens are
     /// more blocks.
     pub narrow_max_width: u32,
-    /// The narrow GEMM's warp layout for every token width (`Some`: 32 or 16 rows a warp),
-    /// else `gemm::narrow::DEFAULT_LAYOUT`'s per width.
+    /// The narrow GEMM's warp layout for every token width (`Some`: 32 or 16 rows a warp,
+    /// or 16 with a two-tile ring), else `gemm::narrow::default_layout_for`'s.
     pub narrow_layout: Option<gemm::narrow::Layout>,
     /// Matmuls of at most this many tokens (and at least `gemm_min_tokens`) run on the f16
     /// GEMM in batch-wide blocks (`gemm::f16_small`) where the weight type has one; 0 in
@@ -300,11 +300,8 @@ impl CudaOptions {
                     Some(w) if gemm::narrow::WIDTHS.contains(&(w as u32)) => w as u32,
                     _ => gemm::narrow::DEFAULT_MAX_WIDTH,
                 },
-                narrow_layout: match num("SMELT_CUDA_GEMM_NARROW_ROWS") {
-                    Some(16) => Some(gemm::narrow::Layout::Rows16),
-                    Some(32) => Some(gemm::narrow::Layout::Rows32),
-                    _ => None,
-                },
+                narrow_layout: var("SMELT_CUDA_GEMM_NARROW_ROWS")
+                    .and_then(|v| gemm::narrow::Layout::parse(&v)),
                 gemm_small_max_tokens: if batch_invariant {
                     0
                 } else {
