@@ -98,24 +98,10 @@ fn qwen2() {
 }
 
 /// Qwen3.5/3.6's pre-tokenizer keeps combining marks (`\p{M}`) in letter runs: over the
-/// corpus, every code point in mark-revealing contexts, and text in scripts written with marks
-/// (Devanagari, Thai, Khmer, Arabic harakat, decomposed Latin and Vietnamese), with marks
-/// after digits, spaces, punctuation, newlines and apostrophes.
+/// corpus, every code point in mark-revealing contexts, and [`MARK_TEXTS`].
 #[test]
 fn qwen35() {
-    let marks = [
-        "नमस्ते दुनिया, क्या हाल है?",
-        "สวัสดีครับ ภาษาไทย",
-        "\u{1780}\u{17b6}\u{1793}\u{17cb}\u{178f}\u{17c2}\u{1796}\u{17b7}\u{179f}\u{17c1}\u{179f}\u{17a2}\u{17b6}\u{1785}\u{1f601} ?",
-        "مَرْحَبًا بِكُمْ",
-        "Tie\u{302}\u{301}ng Vie\u{323}\u{302}t cafe\u{301} nai\u{308}ve",
-        "1\u{301}2\u{300} \u{301}x !\u{301}? .\u{308}\u{308}a",
-        "\n\u{301}\r\n\u{300}a\t\u{302} \u{302}\u{303}  \u{301}",
-        "it'\u{301}s '\u{301}S \u{301}'ll don\u{301}'t",
-        "\u{20dd}\u{20e3}1\u{fe0f}\u{20e3} #\u{fe0f}\u{20e3}",
-        "a\u{300}\u{301}\u{302}\u{303}\u{304}\u{305}\u{306}\u{307}b",
-    ];
-    check_texts(SMOLLM, "qwen35", true, &marks, |meta| {
+    check_texts(SMOLLM, "qwen35", true, MARK_TEXTS, |meta| {
         meta.insert("tokenizer.ggml.pre", Value::from("qwen35"));
     });
 }

@@ -34,7 +34,14 @@ pub fn model(name: &str) -> PathBuf {
 
 /// Sends one request to `tests/oracle.py` and returns its answer.
 pub fn oracle(request: &Value) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle.py");
+    oracle_script("oracle.py", request)
+}
+
+/// Sends one JSON request to the Python script `tests/{name}` and returns its JSON answer.
+pub fn oracle_script(name: &str, request: &Value) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(name);
     let mut child = Command::new(python())
         .arg(&script)
         .stdin(Stdio::piped())
@@ -58,6 +65,22 @@ pub fn oracle(request: &Value) -> Value {
     );
     serde_json::from_slice(&out.stdout).expect("oracle answer is JSON")
 }
+
+/// Text in scripts written with combining marks (Devanagari, Thai, Khmer, Arabic harakat,
+/// decomposed Latin and Vietnamese), and marks after digits, spaces, punctuation, newlines and
+/// apostrophes: where Qwen3.5's pre-tokenizer (marks inside letter runs) differs from Qwen2's.
+pub const MARK_TEXTS: &[&str] = &[
+    "नमस्ते दुनिया, क्या हाल है?",
+    "สวัสดีครับ ภาษาไทย",
+    "\u{1780}\u{17b6}\u{1793}\u{17cb}\u{178f}\u{17c2}\u{1796}\u{17b7}\u{179f}\u{17c1}\u{179f}\u{17a2}\u{17b6}\u{1785}\u{1f601} ?",
+    "مَرْحَبًا بِكُمْ",
+    "Tie\u{302}\u{301}ng Vie\u{323}\u{302}t cafe\u{301} nai\u{308}ve",
+    "1\u{301}2\u{300} \u{301}x !\u{301}? .\u{308}\u{308}a",
+    "\n\u{301}\r\n\u{300}a\t\u{302} \u{302}\u{303}  \u{301}",
+    "it'\u{301}s '\u{301}S \u{301}'ll don\u{301}'t",
+    "\u{20dd}\u{20e3}1\u{fe0f}\u{20e3} #\u{fe0f}\u{20e3}",
+    "a\u{300}\u{301}\u{302}\u{303}\u{304}\u{305}\u{306}\u{307}b",
+];
 
 pub fn corpus() -> Vec<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus.json");
