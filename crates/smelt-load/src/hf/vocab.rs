@@ -416,6 +416,10 @@ const KNOWN: &[(&str, &str)] = &[
         "qwen2",
     ),
     (
+        "1444df51289cfa8063b96f0e62b1125440111bc79a52003ea14b6eac7016fd5f",
+        "qwen35",
+    ),
+    (
         "66b8d4e19ab16c3bfd89bce5d785fb7e0155e8648708a1f42077cb9fe002c273",
         "grok-2",
     ),
@@ -587,12 +591,17 @@ const KNOWN: &[(&str, &str)] = &[
         "9b1be57e70d20d9501b2b3186e792d81181ae36ada3903c26f9fea418cf87206",
         "bailingmoe2",
     ),
+    (
+        "d30d75d9059f1aa2c19359de71047b3ae408c70875e8a3ccf8c5fba56c9d8af4",
+        "qwen35",
+    ),
 ];
 
 /// Names tried first: the pre-tokenizers of the architectures a folder can hold.
 const LIKELY: &[&str] = &[
     "llama-bpe",
     "qwen2",
+    "qwen35",
     "smollm",
     "tekken",
     "gpt-2",
@@ -675,6 +684,26 @@ mod tests {
         );
         assert_eq!(chkhsh(&[]).len(), 64);
         assert_ne!(chkhsh(&[1, 2]), chkhsh(&[12]));
+    }
+
+    #[test]
+    fn likely_names_are_pre_tokenizers_smelt_implements() {
+        for name in LIKELY {
+            assert!(smelt_tokenizer::pre_tokenizer_key(name).is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn qwen35_hashes_are_known() {
+        // convert_hf_to_gguf.py's two Qwen3.5 entries: Qwen3.5-9B and MiniCPM-V 4.6
+        for h in [
+            "d30d75d9059f1aa2c19359de71047b3ae408c70875e8a3ccf8c5fba56c9d8af4",
+            "1444df51289cfa8063b96f0e62b1125440111bc79a52003ea14b6eac7016fd5f",
+        ] {
+            let found = KNOWN.iter().rev().find(|(k, _)| *k == h);
+            assert_eq!(found.map(|(_, n)| *n), Some("qwen35"), "{h}");
+        }
+        assert!(smelt_tokenizer::pre_tokenizer_key("qwen35").is_some());
     }
 
     #[test]
