@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Two narrow GEMM layouts against the default (`gemm::narrow::Layout`): the two-tile ring
+# Narrow GEMM layouts against the default (`gemm::narrow::Layout`): the two-tile ring
 # (`Rows16Pair`, 16p: 64-token blocks with a three-tile ring take 166 KB, one block (8 warps)
-# an SM; with two tiles 111 KB, two blocks (16 warps)) and half tiles (`Rows32Halves`, 32h:
-# warps of 32 rows over half of each tile's K, half the activation reads an `mma`). One
-# device call: the narrow kernels against their twins and their
-# launch times per layout (`gpu_ops -o gemm_f16`, `gpu_ops perf -o gemm_f16`), whole-model
-# parity on the new layouts, interleaved rounds of `smelt bench --batch N` with
-# SMELT_CUDA_GEMM_NARROW_ROWS unset, 16p and 32h on the Llama-3-8B-shape Q4_K (and Q8_0 at
-# Q8_BATCHES), then Nsight Compute on one layer's 64-token narrow launches of each layout.
+# an SM; with two tiles 111 KB, two blocks (16 warps)). Its second run (2026-11-27 21:25 UTC)
+# also had half tiles (32h: warps of 32 rows over half of each tile's K, half the
+# activation reads an `mma`), no faster and since removed (bench/gpu/NOTES.md). One device
+# call: the narrow kernels against their twins and their launch times per layout
+# (`gpu_ops -o gemm_f16`, `gpu_ops perf -o gemm_f16`), whole-model parity on the layouts,
+# interleaved rounds of `smelt bench --batch N` with SMELT_CUDA_GEMM_NARROW_ROWS unset and
+# each of VARIANTS on the Llama-3-8B-shape Q4_K (and Q8_0 at Q8_BATCHES), then Nsight
+# Compute on one layer's 64-token narrow launches of each layout (stall reasons).
 # Here:  bash bench/gpu/hybrid.sh pack    There: bash bench/gpu/pair64.sh    carry [".gpu-dn"]
 # Environment: ROUNDS (default 3), BATCHES (default "16 32 40 64"), Q8_BATCHES (default
-# "32 64"), VARIANTS (default "16p 32h"), NCU (default 1).
+# "32 64"), VARIANTS (default "16p"), NCU (default 1).
 # Log: $OUT/pair64.log; table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,7 +29,7 @@ cat /tmp/p64-perf.out >> "$log"
 for m in qwen3-tiny:q4_k llama3-tiny:q8_0; do
   s=${m%%:*}; q=${m##*:}; f=/tmp/p64-$s-$q.gguf
   $B/smelt synth --shape $s --quant $q -o $f > /dev/null 2>&1
-  for v in ${VARIANTS:-16p 32h}; do
+  for v in ${VARIANTS:-16p}; do
     SMELT_CUDA_GEMM_NARROW_ROWS=$v timeout 120 $B/cuda_parity check $f > /tmp/p64-p.out 2>&1
     cat /tmp/p64-p.out >> "$log"
     echo "| cuda_parity $s $q, ROWS=$v | $(grep -E '^parity:' /tmp/p64-p.out | cut -d' ' -f2) $(grep 'batched max' /tmp/p64-p.out | grep -o 'max cuda [0-9.]* cpu [0-9.]* ([0-9.]*x)' | head -1) |" >> $table
@@ -42,7 +43,7 @@ f=/tmp/p64-8b-$q.gguf
 $B/smelt synth --shape llama3-8b --quant $q -o $f > /dev/null 2>&1
 if [ $q = q4_k ]; then batches=${BATCHES:-16 32 40 64}; else batches=${Q8_BATCHES:-32 64}; fi
 for n in $batches; do
-  vs="def ${VARIANTS:-16p 32h}"
+  vs="def ${VARIANTS:-16p}"
   for v in $vs; do : > /tmp/p64-$q-$n-$v.txt; done
   for r in $(seq ${ROUNDS:-3}); do
     for v in $vs; do
@@ -54,7 +55,7 @@ for n in $batches; do
     done
   done
   a=$(med /tmp/p64-$q-$n-def.txt); row="| 8B $q --batch $n: default $a"
-  for v in ${VARIANTS:-16p 32h}; do
+  for v in ${VARIANTS:-16p}; do
     b=$(med /tmp/p64-$q-$n-$v.txt); row="$row, $v $b ($(python3 -c "print(f'{$b/$a:.3f}x')" 2>/dev/null))"
   done
   echo "$row; digests $(cut -d' ' -f2 /tmp/p64-$q-$n-*.txt | sort | uniq -c | tr '\n' ' ') |" >> $table
@@ -68,7 +69,7 @@ if [ "${NCU:-1}" = 1 ]; then
   echo "ncu: $NCUB" | tee -a "$log"
   : > /tmp/p64-stalls.txt
   { echo "| layout | kernel | grid | regs | dur us | DRAM % | mem % | SM % | occupancy % | top stalls |"; echo "|---|---|---|---|---|---|---|---|---|---|"; } > /tmp/p64-ncu.md
-  for v in 16 ${VARIANTS:-16p 32h}; do
+  for v in 16 ${VARIANTS:-16p}; do
     SMELT_CUDA_GEMM_NARROW_ROWS=$v SMELT_CUDA_GRAPHS=0 timeout 200 $NCUB --clock-control none \
       --kernel-name "regex:^gemm_narrow64_(r16p?|h)_q4_k$" --launch-skip 300 --launch-count 7 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \

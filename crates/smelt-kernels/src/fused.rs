@@ -8,6 +8,12 @@
 //! same block reduction, same operations: identical floats for the same block size) and
 //! the q8_1 tiles exactly as [`crate::act::quantize_kernel`] writes them, so the twin is
 //! the two kernels' twins one after the other.
+//!
+//! Batches of 8-64 tokens multiply on the narrow GEMM, which reads f16 rows, not q8_1
+//! tiles ([`crate::gemm::f16::act_kernel`]); for those the same kernels write the f16 rows
+//! instead ([`Sink::F16Rows`]), so the tiles nobody reads are not written and the
+//! conversion launch before the GEMM goes (two of a layer's four at 64 sequences, 5 us
+//! each in an eager step on an H100).
 
 use crate::ops::kernel_params;
 use smelt_ptx::{
@@ -25,31 +31,94 @@ pub const RMS_NORM_Q8: &str = "rms_norm_q8_1";
 /// Name of the kernel with the residual add.
 pub const ADD_RMS_NORM_Q8: &str = "add_rms_norm_q8_1";
 
+/// What the kernels write beside their f32 output, for the matmuls that read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sink {
+    /// q8_1 tiles: the GEMV's (and the int8 GEMM's on the legacy formats).
+    Q8_1,
+    /// f16 rows in [`crate::gemm::f16::act_kernel`]'s layout: the narrow and f16 GEMMs'.
+    F16Rows,
+}
+
+impl Sink {
+    /// Both, in the catalog's order.
+    pub const ALL: [Sink; 2] = [Sink::Q8_1, Sink::F16Rows];
+
+    /// Bytes of one 256-value tile's output.
+    const fn tile_bytes(self) -> u32 {
+        match self {
+            Sink::Q8_1 => TILE_BYTES as u32,
+            Sink::F16Rows => 2 * TILE as u32,
+        }
+    }
+
+    /// Bytes of one row's output for rows of `n` values.
+    pub fn row_bytes(self, n: usize) -> Result<usize, KernelError> {
+        match self {
+            Sink::Q8_1 => act::row_bytes(n),
+            Sink::F16Rows => Ok(crate::gemm::f16::act_row_bytes(n)),
+        }
+    }
+
+    /// Writes lane `lane`'s eight values `v` (values `8 lane..8 lane + 8` of a tile; a
+    /// full warp holds the tile) into the tile's output at `dst`.
+    fn write_lane(self, k: &Kernel, v: &[Reg<F32>; 8], lane: Reg<U32>, dst: Reg<U64>) {
+        match self {
+            Sink::Q8_1 => quantize_lane(k, v, lane, dst),
+            Sink::F16Rows => {
+                // Values 4i, 4i + 2, 4i + 1, 4i + 3 at halves 4i..4i + 4, as act_kernel.
+                let h: [Reg<smelt_ptx::B32>; 4] = std::array::from_fn(|i| {
+                    let q = 4 * (i / 2) + i % 2;
+                    k.cvt_f16x2(k.reg(), v[q + 2], v[q])
+                });
+                let at = k.add(k.reg(), dst, k.mul_wide(k.reg::<U64>(), lane, 16u32));
+                k.st_v4(Store::GLOBAL, at, h);
+            }
+        }
+    }
+}
+
+/// Name of the norm kernel, with the residual add or not, writing `sink`.
+pub const fn norm_name(add: bool, sink: Sink) -> &'static str {
+    match (add, sink) {
+        (false, Sink::Q8_1) => RMS_NORM_Q8,
+        (true, Sink::Q8_1) => ADD_RMS_NORM_Q8,
+        (false, Sink::F16Rows) => "rms_norm_f16",
+        (true, Sink::F16Rows) => "add_rms_norm_f16",
+    }
+}
+
 /// Name of the gated activation + q8_1 kernel for `act`.
 pub fn glu_q8_name(act: Glu) -> &'static str {
-    match act {
-        Glu::Silu => "glu_silu_q8_1",
-        Glu::Gelu => "glu_gelu_q8_1",
+    glu_name(act, Sink::Q8_1)
+}
+
+/// Name of the gated activation kernel for `act` writing `sink`.
+pub fn glu_name(act: Glu, sink: Sink) -> &'static str {
+    match (act, sink) {
+        (Glu::Silu, Sink::Q8_1) => "glu_silu_q8_1",
+        (Glu::Gelu, Sink::Q8_1) => "glu_gelu_q8_1",
+        (Glu::Silu, Sink::F16Rows) => "glu_silu_f16",
+        (Glu::Gelu, Sink::F16Rows) => "glu_gelu_f16",
     }
 }
 
 /// Every kernel of this module.
 pub fn catalog() -> Vec<Entry> {
-    let mut v: Vec<Entry> = vec![
-        (
-            RMS_NORM_Q8.to_string(),
-            Box::new(|k: &Kernel| kernel(k, false)),
-        ),
-        (
-            ADD_RMS_NORM_Q8.to_string(),
-            Box::new(|k: &Kernel| kernel(k, true)),
-        ),
-    ];
-    for a in [Glu::Silu, Glu::Gelu] {
-        v.push((
-            glu_q8_name(a).to_string(),
-            Box::new(move |k: &Kernel| glu_q8_kernel(k, a)),
-        ));
+    let mut v: Vec<Entry> = Vec::new();
+    for sink in Sink::ALL {
+        for add in [false, true] {
+            v.push((
+                norm_name(add, sink).to_string(),
+                Box::new(move |k: &Kernel| kernel_to(k, add, sink)),
+            ));
+        }
+        for a in [Glu::Silu, Glu::Gelu] {
+            v.push((
+                glu_name(a, sink).to_string(),
+                Box::new(move |k: &Kernel| glu_kernel(k, a, sink)),
+            ));
+        }
     }
     v
 }
@@ -100,6 +169,11 @@ kernel_params! {
 /// q: *mut u8 (ntiles tiles of q8_1 per row), n: u32 (a multiple of 32), ntiles: u32
 /// (ceil(n / 256)), eps: f32`. Launch: [`launch`]. `out` must not alias `x` or `y`.
 pub fn kernel(k: &Kernel, add: bool) {
+    kernel_to(k, add, Sink::Q8_1)
+}
+
+/// [`kernel`] writing `sink` at `q` (`ntiles` tiles of it a row).
+pub fn kernel_to(k: &Kernel, add: bool, sink: Sink) {
     let (x, y, w, out, q, n, ntiles, eps) = if add {
         let r = AddNormQ8Regs::declare(k);
         (r.x, Some(r.y), r.w, r.out, r.q, r.n, r.ntiles, r.eps)
@@ -138,7 +212,7 @@ pub fn kernel(k: &Kernel, add: bool) {
     // The reduction's barriers also make every thread's `x` writes visible to the block.
     let total = block_sum(k, sum, &scratch);
     let scale = rms_scale(k, total, n, eps);
-    norm_quantize_row(k, xs, os, w, q, row, n, ntiles, scale);
+    norm_row(k, (xs, os, w), (q, sink), row, n, ntiles, scale);
 }
 
 /// `1 / sqrt(total / n + eps)`, as the norm kernels compute it.
@@ -166,16 +240,29 @@ pub(crate) fn norm_quantize_row(
     ntiles: Reg<U32>,
     scale: Reg<F32>,
 ) {
+    norm_row(k, (xs, os, w), (q, Sink::Q8_1), row, n, ntiles, scale);
+}
+
+/// [`norm_quantize_row`] writing `sink` at `q`.
+fn norm_row(
+    k: &Kernel,
+    (xs, os, w): (Reg<U64>, Reg<U64>, Reg<U64>),
+    (q, sink): (Reg<U64>, Sink),
+    row: Reg<U32>,
+    n: Reg<U32>,
+    ntiles: Reg<U32>,
+    scale: Reg<F32>,
+) {
     let tid = k.tid_x();
     let step = k.ntid_x();
     let lane = k.and(k.reg(), tid, 31u32);
     let warp = k.shr(k.reg(), tid, 5u32);
     let nwarps = k.shr(k.reg(), step, 5u32);
     let qrow = k.mul_wide(k.reg::<U64>(), row, ntiles);
-    k.mul(qrow, qrow, TILE_BYTES as u64);
+    k.mul(qrow, qrow, u64::from(sink.tile_bytes()));
     let qs = k.add(k.reg(), q, qrow);
     k.stride_loop(warp, ntiles, nwarps, |k, tile| {
-        norm_quantize_tile(k, xs, os, w, qs, tile, n, scale, lane);
+        norm_tile(k, (xs, os, w), (qs, sink), tile, n, scale, lane);
     });
 }
 
@@ -195,7 +282,20 @@ pub(crate) fn norm_quantize_tile(
     scale: Reg<F32>,
     lane: Reg<U32>,
 ) {
-    let dst = k.elem_addr(qs, tile, TILE_BYTES as u32);
+    norm_tile(k, (xs, os, w), (qs, Sink::Q8_1), tile, n, scale, lane);
+}
+
+/// [`norm_quantize_tile`] writing `sink` at `qs`.
+fn norm_tile(
+    k: &Kernel,
+    (xs, os, w): (Reg<U64>, Reg<U64>, Reg<U64>),
+    (qs, sink): (Reg<U64>, Sink),
+    tile: Reg<U32>,
+    n: Reg<U32>,
+    scale: Reg<F32>,
+    lane: Reg<U32>,
+) {
+    let dst = k.elem_addr(qs, tile, sink.tile_bytes());
     let col = k.shl(k.reg(), lane, 3u32);
     k.mad(col, tile, TILE as u32, col);
     let inside = k.lt(col, n);
@@ -219,10 +319,10 @@ pub(crate) fn norm_quantize_tile(
         k.st_v4(Store::GLOBAL, osrc, [v[0], v[1], v[2], v[3]]);
         k.st_v4(Store::GLOBAL, osrc.at(16), [v[4], v[5], v[6], v[7]]);
     });
-    quantize_lane(k, &v, lane, dst);
+    sink.write_lane(k, &v, lane, dst);
 }
 
-/// Launch of [`glu_q8_kernel`] over `rows` rows of `n` values: as `act::quantize_kernel`,
+/// Launch of [`glu_kernel`] over `rows` rows of `n` values: as `act::quantize_kernel`,
 /// one warp per 256-value tile.
 pub fn glu_q8_launch(rows: usize, n: usize) -> Launch {
     let ntiles = n.div_ceil(TILE) as u32;
@@ -255,6 +355,11 @@ kernel_params! {
 /// (row length, a multiple of 32), ntiles: u32 (ceil(k / 256))`. Rows are `k` apart in
 /// `gate` and `up`. Launch: [`glu_q8_launch`].
 pub fn glu_q8_kernel(k: &Kernel, act: Glu) {
+    glu_kernel(k, act, Sink::Q8_1)
+}
+
+/// [`glu_q8_kernel`] writing `sink` at `q` (same parameters).
+pub fn glu_kernel(k: &Kernel, act: Glu, sink: Sink) {
     let GluQ8Regs {
         gate,
         up,
@@ -267,7 +372,7 @@ pub fn glu_q8_kernel(k: &Kernel, act: Glu) {
         dst,
         inside,
         first,
-    } = act::lane_tile(k, q, len, ntiles, TILE_BYTES as u32);
+    } = act::lane_tile(k, q, len, ntiles, sink.tile_bytes());
     let ga = k.elem_addr(gate, first, 4);
     let ua = k.elem_addr(up, first, 4);
     let v: [Reg<F32>; 8] = std::array::from_fn(|_| k.f32(0.0));
@@ -289,7 +394,7 @@ pub fn glu_q8_kernel(k: &Kernel, act: Glu) {
         k.st_v4(Store::GLOBAL, ga, [v[0], v[1], v[2], v[3]]);
         k.st_v4(Store::GLOBAL, ga.at(16), [v[4], v[5], v[6], v[7]]);
     });
-    quantize_lane(k, &v, lane, dst);
+    sink.write_lane(k, &v, lane, dst);
 }
 
 /// CPU twin of [`glu_q8_kernel`]: the GLU twin then [`act::quantize_cpu`] (rows of `k`).
@@ -337,6 +442,18 @@ pub(crate) fn quantize_warp_block(
     let hdst = k.add(k.reg(), tdst, k.mul_wide(k.reg::<U64>(), slot, 2u32));
     let first = k.cmp(Cmp::Eq, lane, 0u32);
     store_header(k, first, hdst, d, sum);
+}
+
+/// What the kernels write in `sink` for rows of `n` values `out` (their f32 output): the
+/// q8_1 twin's tiles, or the f16 rows' twin's halves as little-endian bytes.
+pub fn sink_cpu(out: &[f32], n: usize, sink: Sink) -> Result<Vec<u8>, KernelError> {
+    match sink {
+        Sink::Q8_1 => act::quantize_cpu(out, n),
+        Sink::F16Rows => Ok(crate::gemm::f16::act_cpu(out, n)?
+            .iter()
+            .flat_map(|h| h.to_le_bytes())
+            .collect()),
+    }
 }
 
 /// CPU twin: the norm twins of [`crate::ops::norm`] then [`act::quantize_cpu`]. Returns
@@ -411,6 +528,39 @@ mod tests {
         let l = glu_q8_launch(3, 14336);
         assert_eq!((l.grid.0, l.grid.1), (14, 3));
         assert_eq!(glu_q8_launch(1, 320).grid.0, 1);
+    }
+
+    #[test]
+    fn the_f16_kernels_store_rows_and_their_twin_is_act_rows() {
+        let mut m = Module::new(Target::Sm90);
+        for (name, build) in catalog() {
+            m.kernel(&name, |k| build(k)).unwrap();
+        }
+        let ptx = m.to_ptx();
+        for name in [
+            norm_name(false, Sink::F16Rows),
+            norm_name(true, Sink::F16Rows),
+            glu_name(Glu::Silu, Sink::F16Rows),
+            glu_name(Glu::Gelu, Sink::F16Rows),
+        ] {
+            let body = ptx.split(&format!(".entry {name}(")).nth(1).unwrap();
+            let body = body.split(".entry ").next().unwrap();
+            assert!(body.contains("cvt.rn.f16x2.f32"), "{name}");
+            assert!(!body.contains("st.global.u8"), "{name} writes no q8_1");
+        }
+        assert_eq!(catalog().len(), 8);
+        // 4 values 4i.. as halves 4i, 4i + 2, 4i + 1, 4i + 3; a row padded to its tile.
+        let out: Vec<f32> = (0..288).map(|i| i as f32).collect();
+        let b = sink_cpu(&out, 288, Sink::F16Rows).unwrap();
+        assert_eq!(b.len(), Sink::F16Rows.row_bytes(288).unwrap());
+        assert_eq!(b.len(), 2 * 512);
+        let h = |i: usize| half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
+        assert_eq!([h(4), h(5), h(6), h(7)], [4.0, 6.0, 5.0, 7.0]);
+        assert_eq!(h(300), 0.0);
+        assert_eq!(
+            sink_cpu(&out, 288, Sink::Q8_1).unwrap(),
+            act::quantize_cpu(&out, 288).unwrap()
+        );
     }
 
     #[test]

@@ -18,9 +18,14 @@ use super::harness::{floats, launch_values, nan, ptr, Check, Gpu, Report};
 pub const NORM: &[&str] = &["rms_norm", "add_rms_norm", "rms_norm_pair"];
 pub const ROPE: &[&str] = &["rope_normal", "rope_neox"];
 pub const ROPE_KV: &[&str] = &["rope_kv_*"];
-pub const GLU_Q8: &[&str] = &["glu_*_q8_1"];
+pub const GLU_Q8: &[&str] = &["glu_*_q8_1", "glu_*_f16"];
 pub const REDUCE_Q8: &[&str] = &["attention_reduce_q8_1"];
-pub const NORM_Q8: &[&str] = &["rms_norm_q8_1", "add_rms_norm_q8_1"];
+pub const NORM_Q8: &[&str] = &[
+    "rms_norm_q8_1",
+    "add_rms_norm_q8_1",
+    "rms_norm_f16",
+    "add_rms_norm_f16",
+];
 pub const ELEMENTWISE: &[&str] = &[
     "glu_silu",
     "glu_gelu",
@@ -354,20 +359,21 @@ pub fn check_rope_kv(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
 }
 
 /// The fused norm + q8_1 kernels (`fused::kernel`, what a decode step runs before the
-/// GEMVs): the f32 output against the norm twin (launched with the same block size it is
-/// the same floats), the residual `x += y` exactly, the tiles byte for byte against the
-/// q8_1 twin of the GPU's own f32 output; rows whose last tile is partly padded.
+/// GEMVs) and their f16-row twins (`fused::Sink::F16Rows`, before the narrow GEMM): the
+/// f32 output against the norm twin (launched with the same block size it is the same
+/// floats), the residual `x += y` exactly, the tiles or rows byte for byte against the
+/// twin (`fused::sink_cpu`) of the GPU's own f32 output; rows whose last tile is partly
+/// padded.
 pub fn check_norm_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
-    use smelt_kernels::{act, fused};
-    for add in [false, true] {
-        let name = if add {
-            fused::ADD_RMS_NORM_Q8
-        } else {
-            fused::RMS_NORM_Q8
-        };
+    use smelt_kernels::fused;
+    for (add, sink) in [false, true]
+        .into_iter()
+        .flat_map(|a| fused::Sink::ALL.map(|s| (a, s)))
+    {
+        let name = fused::norm_name(add, sink);
         let (mut cf, mut cq, mut cx) = (
             Check::new(&format!("{name} (f32)")),
-            Check::new(&format!("{name} (q8_1 tiles)")),
+            Check::new(&format!("{name} ({sink:?})")),
             Check::new(&format!("{name} (x += y)")),
         );
         for (rows, n) in [
@@ -393,7 +399,7 @@ pub fn check_norm_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
             let mut od = gpu.stream.clone_htod(&nan(rows * n))?;
             let mut qd = gpu
                 .stream
-                .clone_htod(&vec![0xA5u8; rows * fused::q_row_bytes(n)?])?;
+                .clone_htod(&vec![0xA5u8; rows * sink.row_bytes(n)?])?;
             let (n32, ntiles) = (n as u32, n.div_ceil(smelt_kernels::TILE) as u32);
             if add {
                 launch!(
@@ -412,7 +418,7 @@ pub fn check_norm_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
             }
             let got = gpu.stream.clone_dtoh(&od)?;
             cf.add(&case, &got, &want, 1e-6, 2e-6);
-            let want_q: Vec<u16> = act::quantize_cpu(&got, n)?
+            let want_q: Vec<u16> = fused::sink_cpu(&got, n, sink)?
                 .iter()
                 .map(|&b| u16::from(b))
                 .collect();
@@ -428,7 +434,7 @@ pub fn check_norm_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
             }
         }
         rep.push(&format!("{name} (f32)"), cf, "1e-6 + 2e-6|r|");
-        rep.push(&format!("{name} (q8_1 tiles)"), cq, "exact bytes");
+        rep.push(&format!("{name} ({sink:?})"), cq, "exact bytes");
         if add {
             rep.push(&format!("{name} (x += y)"), cx, "exact");
         }
@@ -436,15 +442,19 @@ pub fn check_norm_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
     Ok(())
 }
 
-/// The fused GLU + q8_1 kernels: the f32 output against the GLU twin (as `glu_*`), the
-/// tiles byte for byte against the q8_1 twin of the GPU's own f32 output.
+/// The fused GLU + q8_1 kernels and their f16-row twins: the f32 output against the GLU
+/// twin (as `glu_*`), the tiles or rows byte for byte against the twin
+/// (`fused::sink_cpu`) of the GPU's own f32 output.
 pub fn check_glu_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
-    use smelt_kernels::{act, fused};
-    for a in [elementwise::Glu::Silu, elementwise::Glu::Gelu] {
-        let name = fused::glu_q8_name(a);
+    use smelt_kernels::fused;
+    for (a, sink) in [elementwise::Glu::Silu, elementwise::Glu::Gelu]
+        .into_iter()
+        .flat_map(|a| fused::Sink::ALL.map(|s| (a, s)))
+    {
+        let name = fused::glu_name(a, sink);
         let (mut cf, mut cq) = (
             Check::new(&format!("{name} (f32)")),
-            Check::new(&format!("{name} (q8_1 tiles)")),
+            Check::new(&format!("{name} ({sink:?})")),
         );
         for (rows, k) in [(1usize, 14336usize), (3, 2048), (2, 288), (5, 32)] {
             let mut g = floats(rng, rows * k, 12.0);
@@ -453,11 +463,11 @@ pub fn check_glu_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()>
             let ntiles = k.div_ceil(smelt_kernels::TILE) as u32;
             let mut qd = gpu
                 .stream
-                .clone_htod(&vec![0xA5u8; rows * act::row_bytes(k)?])?;
+                .clone_htod(&vec![0xA5u8; rows * sink.row_bytes(k)?])?;
             let k32 = k as u32;
             launch!(
                 gpu,
-                fused::glu_q8_name(a),
+                name,
                 fused::glu_q8_launch(rows, k),
                 [&mut gd, &ud, &mut qd, &k32, &ntiles]
             );
@@ -469,11 +479,18 @@ pub fn check_glu_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()>
             };
             let case = format!("{rows}x{k}");
             cf.add(&case, &got, &g, 1e-6, rtol);
-            let (got_q, want_q) = tiles_against_twin(gpu, &qd, &got, k)?;
-            cq.add(&case, &got_q, &want_q, 0.0, 0.0);
+            let bytes = |b: &[u8]| b.iter().map(|&v| f32::from(v)).collect::<Vec<f32>>();
+            let got_q = bytes(&gpu.stream.clone_dtoh(&qd)?);
+            cq.add(
+                &case,
+                &got_q,
+                &bytes(&fused::sink_cpu(&got, k, sink)?),
+                0.0,
+                0.0,
+            );
         }
         rep.push(&format!("{name} (f32)"), cf, "as glu");
-        rep.push(&format!("{name} (q8_1 tiles)"), cq, "exact bytes");
+        rep.push(&format!("{name} ({sink:?})"), cq, "exact bytes");
     }
     Ok(())
 }

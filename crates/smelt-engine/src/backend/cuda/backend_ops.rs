@@ -202,13 +202,10 @@ impl Backend for Cuda {
                         self.op_add(&px, &y)?;
                     }
                 }
-                let q = self.scratch(act::row_bytes(x.cols)? * x.rows)?;
-                self.op_norm_q8(x, fusable.as_ref(), w, eps, out, q)?;
-                *lock(&self.quantized) = Some(Quantized {
-                    x: *out,
-                    q,
-                    rms: None,
-                });
+                let sink = self.fused_sink(x.rows);
+                let q = self.scratch(sink.row_bytes(x.cols)? * x.rows)?;
+                self.op_norm_q8(x, fusable.as_ref(), w, eps, out, (q, sink))?;
+                self.keep_fused_output(out, q, sink);
                 return Ok(());
             }
             match pending {
@@ -289,13 +286,10 @@ impl Backend for Cuda {
             // The GLU's output feeds the down projection: write its q8_1 tiles in the same
             // kernel (one launch per layer less at decode).
             if self.opts.fuse.quantize && self.can_glu_quantize(gate, up) {
-                let q = self.scratch(act::row_bytes(gate.cols)? * gate.rows)?;
-                self.op_glu_q8(gate, up, act, q)?;
-                *lock(&self.quantized) = Some(Quantized {
-                    x: *gate,
-                    q,
-                    rms: None,
-                });
+                let sink = self.fused_sink(gate.rows);
+                let q = self.scratch(sink.row_bytes(gate.cols)? * gate.rows)?;
+                self.op_glu_q8(gate, up, act, (q, sink))?;
+                self.keep_fused_output(gate, q, sink);
                 return Ok(());
             }
             self.op_glu(gate, up, act)

@@ -448,6 +448,39 @@ impl Cuda {
         )
     }
 
+    /// What a norm or GLU of `n` rows writes for the matmuls after it
+    /// ([`super::matmul_choice::fused_sink`]).
+    pub(super) fn fused_sink(&self, n: usize) -> smelt_kernels::fused::Sink {
+        super::matmul_choice::fused_sink(&self.opts.matmul, self.opts.fuse.f16_rows, n)
+    }
+
+    /// Keeps what a fused norm or GLU wrote at `q` for its output `x` (`sink`'s form) for
+    /// the matmuls that read `x`: q8_1 tiles for the GEMV, f16 rows for the GEMMs
+    /// ([`Cuda::gemm_f16_rows`] finds them instead of converting `x`).
+    pub(super) fn keep_fused_output(
+        &self,
+        x: &CudaTensor,
+        q: u64,
+        sink: smelt_kernels::fused::Sink,
+    ) {
+        match sink {
+            smelt_kernels::fused::Sink::Q8_1 => {
+                *lock(&self.quantized) = Some(Quantized {
+                    x: *x,
+                    q,
+                    rms: None,
+                });
+            }
+            smelt_kernels::fused::Sink::F16Rows => {
+                *lock(&self.gemm_quantized) = Some(super::GemmInput {
+                    x: *x,
+                    tiles: None,
+                    f16: Some(q),
+                });
+            }
+        }
+    }
+
     /// The f16 GEMM's rows of `x` (`gemm::f16`): converted once for all the matmuls of the
     /// same activations, as [`Cuda::gemm_tiles`].
     pub(super) fn gemm_f16_rows(&self, x: &CudaTensor) -> Result<u64, CudaError> {

@@ -9,6 +9,7 @@
 //! shapes of the models we measure, and one place to change when a new kernel wins.
 
 use smelt_gguf::GgmlType;
+use smelt_kernels::fused::Sink;
 use smelt_kernels::gemm;
 
 use super::options::MatmulOptions;
@@ -88,6 +89,21 @@ impl Family {
             Family::F16 => gemm::f16::launch(a),
             Family::Int8 => a.launch(),
         }
+    }
+}
+
+/// What the norms and the GLU write beside their f32 output for the matmuls of `n`
+/// tokens that read it (when `f16_rows`, `FuseOptions::f16_rows`): the narrow GEMM's f16
+/// rows where some weight type takes it at that count (every type with a narrow GEMM from
+/// [`gemm::narrow::MIN_TOKENS`], Q6_K from 16, to `gemm_narrow_max_tokens`), else the
+/// GEMV's q8_1 tiles. A matmul that wants the other form makes it from the f32 output, as
+/// it did before this choice (one launch).
+pub(super) fn fused_sink(m: &MatmulOptions, f16_rows: bool, n: usize) -> Sink {
+    let min = m.gemm_narrow_min_tokens.unwrap_or(gemm::narrow::MIN_TOKENS);
+    if f16_rows && (min..=m.gemm_narrow_max_tokens).contains(&n) {
+        Sink::F16Rows
+    } else {
+        Sink::Q8_1
     }
 }
 
@@ -330,5 +346,37 @@ mod tests {
             Family::Int8.activations(GgmlType::Q4_0),
             Activations::Q8_1Tiles
         );
+    }
+
+    /// The norms write the f16 rows exactly where a Q4_K matmul after them takes the
+    /// narrow GEMM, and q8_1 tiles where it takes the GEMV; never in batch-invariant mode
+    /// (no narrow GEMM) or with the fusion off.
+    #[test]
+    fn the_fused_sink_follows_the_narrow_gemm() {
+        let o = CudaOptions::from_vars(|_| None, false);
+        let m = &o.matmul;
+        assert!(o.fuse.f16_rows);
+        for n in [1, 2, 7, 8, 16, 33, 64, 65, 512] {
+            let narrow = matches!(
+                family(choose(m, GgmlType::Q4_K, 4096, 4096, n, || false)),
+                Some(Family::Narrow(..))
+            );
+            let sink = fused_sink(m, true, n);
+            assert_eq!(sink == Sink::F16Rows, narrow, "{n} tokens");
+            if n < 8 {
+                assert_eq!(
+                    choose(m, GgmlType::Q4_K, 4096, 4096, n, || false),
+                    Choice::Gemv
+                );
+            }
+            assert_eq!(fused_sink(m, false, n), Sink::Q8_1);
+        }
+        let inv = CudaOptions::from_vars(|_| None, true);
+        assert_eq!(fused_sink(&inv.matmul, true, 16), Sink::Q8_1);
+        let off = CudaOptions::from_vars(
+            |v| (v == "SMELT_CUDA_FUSE_F16_ROWS").then(|| "0".to_string()),
+            false,
+        );
+        assert!(!off.fuse.f16_rows);
     }
 }

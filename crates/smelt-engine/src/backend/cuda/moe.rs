@@ -135,7 +135,14 @@ impl Cuda {
         if n.out_pending && self.opts.fuse.quantize && self.can_norm_quantize(&n.res, &g, &n.out) {
             *lock(&self.gemm_quantized) = None;
             let q = self.scratch(act::row_bytes(n.out.cols)? * n.out.rows)?;
-            self.op_norm_q8(&n.res, None, &g, n.eps, &n.out, q)?;
+            self.op_norm_q8(
+                &n.res,
+                None,
+                &g,
+                n.eps,
+                &n.out,
+                (q, smelt_kernels::fused::Sink::Q8_1),
+            )?;
             *lock(&self.quantized) = Some(Quantized {
                 x: n.out,
                 q,

@@ -213,7 +213,9 @@ impl Cuda {
             && apart
     }
 
-    /// `[x += y;] out = rms_norm(x) * w; q = quantize_q8_1(out)` in one kernel.
+    /// `[x += y;] out = rms_norm(x) * w; q = quantize_q8_1(out)` (or the f16 rows of `out`,
+    /// as `sink` says) in one kernel.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn op_norm_q8(
         &self,
         x: &CudaTensor,
@@ -221,14 +223,14 @@ impl Cuda {
         w: &CudaWeight,
         eps: f32,
         out: &CudaTensor,
-        q: u64,
+        (q, sink): (u64, smelt_kernels::fused::Sink),
     ) -> Result<(), CudaError> {
         let (wp, n) = self.vector(w, "rms_norm_q8_1")?;
         let ntiles = n.div_ceil(smelt_kernels::TILE) as u32;
         let l = smelt_kernels::fused::launch(x.rows, n);
         match y {
             Some(y) => self.launch(
-                smelt_kernels::fused::ADD_RMS_NORM_Q8,
+                smelt_kernels::fused::norm_name(true, sink),
                 l,
                 &args(
                     &smelt_kernels::fused::AddNormQ8Args {
@@ -245,7 +247,7 @@ impl Cuda {
                 ),
             ),
             None => self.launch(
-                smelt_kernels::fused::RMS_NORM_Q8,
+                smelt_kernels::fused::norm_name(false, sink),
                 l,
                 &args(
                     &smelt_kernels::fused::NormQ8Args {
@@ -394,14 +396,14 @@ impl Cuda {
             && up.ptr.is_multiple_of(16)
     }
 
-    /// `gate = act(gate) * up; q = quantize_q8_1(gate)` in one kernel (the down
-    /// projection's input and its tiles).
+    /// `gate = act(gate) * up; q = quantize_q8_1(gate)` (or the f16 rows of `gate`, as
+    /// `sink` says) in one kernel (the down projection's input and its tiles).
     pub(crate) fn op_glu_q8(
         &self,
         gate: &CudaTensor,
         up: &CudaTensor,
         act: Glu,
-        q: u64,
+        (q, sink): (u64, smelt_kernels::fused::Sink),
     ) -> Result<(), CudaError> {
         let act = match act {
             Glu::Silu => ops::elementwise::Glu::Silu,
@@ -409,7 +411,7 @@ impl Cuda {
         };
         let k = gate.cols;
         self.launch(
-            smelt_kernels::fused::glu_q8_name(act),
+            smelt_kernels::fused::glu_name(act, sink),
             smelt_kernels::fused::glu_q8_launch(gate.rows, k),
             &args(
                 &smelt_kernels::fused::GluQ8Args {

@@ -11,6 +11,7 @@
 //! | **fusions** | `fuse` ([`FuseOptions`]) | |
 //! | `SMELT_CUDA_FUSED=0` | every fusion below off (`quantize` included) | on |
 //! | `SMELT_CUDA_SPLIT_NORM=0` | `fuse.split_norm` | on |
+//! | `SMELT_CUDA_FUSE_F16_ROWS=0` | `fuse.f16_rows` | on |
 //! | `SMELT_CUDA_ATTN_COMBINE=0` | `fuse.attn_combine` | on |
 //! | `SMELT_CUDA_ROPE_KV=0` | `fuse.rope_kv` | on |
 //! | `SMELT_CUDA_GEMV_ROPE=0` | `fuse.gemv_rope_kv` | on |
@@ -89,6 +90,9 @@ pub struct FuseOptions {
     /// Whole-row norms, the GLU and the attention's combine write the q8_1 tiles of their
     /// output too.
     pub quantize: bool,
+    /// With `quantize`, the norms and the GLU of a step whose matmuls take the narrow GEMM
+    /// (`matmul_choice::fused_sink`) write its f16 rows instead of q8_1 tiles.
+    pub f16_rows: bool,
     /// A decode row's residual add and RMS norm run inside the GEMVs around them.
     pub split_norm: bool,
     /// The attention's last block per group combines the splits and writes q8_1 tiles.
@@ -266,6 +270,7 @@ impl CudaOptions {
             batch_invariant,
             fuse: FuseOptions {
                 quantize: fused,
+                f16_rows: fused && on("SMELT_CUDA_FUSE_F16_ROWS"),
                 split_norm: fused && on("SMELT_CUDA_SPLIT_NORM"),
                 attn_combine: fused && on("SMELT_CUDA_ATTN_COMBINE"),
                 rope_kv: fused && on("SMELT_CUDA_ROPE_KV"),
