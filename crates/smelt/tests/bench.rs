@@ -1,9 +1,13 @@
 //! `smelt bench` and `--device` on a machine with or without a GPU: `auto` says what it
-//! picked and runs; a GPU that is not there is a clear error, never a panic.
+//! picked and runs; a GPU that is not there is a clear error, never a panic. Bench loads a
+//! model as `smelt run` does: a Hugging Face folder, with or without `--isq`, like a GGUF.
 
 mod common;
 
-use common::{model, smelt, SMOLLM};
+use std::path::Path;
+use std::process::Command;
+
+use common::{model, smelt, smelt_ok, SMOLLM};
 
 #[test]
 fn bench_auto_runs_and_says_which_device() {
@@ -84,6 +88,11 @@ fn bench_kernels_needs_a_gpu_and_bad_devices_are_refused() {
 
 /// `smelt bench --json` on the CPU with `args` added; the parsed JSON line.
 fn bench_json(m: &str, args: &[&str]) -> serde_json::Value {
+    bench_out(m, args).0
+}
+
+/// [`bench_json`], and what the command said on stderr.
+fn bench_out(m: &str, args: &[&str]) -> (serde_json::Value, String) {
     let mut all = vec![
         "bench",
         "--model",
@@ -98,9 +107,11 @@ fn bench_json(m: &str, args: &[&str]) -> serde_json::Value {
     ];
     all.extend(args);
     let out = smelt(&all);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "smelt {all:?}: {stderr}");
-    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON line")
+    let j =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON line");
+    (j, stderr)
 }
 
 #[test]
@@ -153,4 +164,53 @@ fn bench_refuses_empty_batches_and_steps() {
         assert!(!out.status.success(), "{flag} 0 was accepted");
         assert!(stderr.contains("must be at least 1"), "{flag}: {stderr}");
     }
+}
+
+/// A Hugging Face folder (`smelt synth`'s two-layer Qwen3 in bf16, written as a folder by
+/// scripts/oracle/hf_folder.py) benches as `smelt run` loads it: converted in memory, giving
+/// the GGUF's tokens; with `--isq q8_0` quantized as it loads, giving the tokens of the file
+/// `smelt quantize --type q8_0` writes. Bench used to open the path as a GGUF file only.
+#[test]
+fn bench_loads_hugging_face_folders_with_and_without_isq() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| {
+        dir.path()
+            .join(name)
+            .to_str()
+            .expect("UTF-8 path")
+            .to_string()
+    };
+    let (gguf, folder, q8_file) = (path("qwen3-tiny.gguf"), path("qwen3-tiny"), path("q8.gguf"));
+    smelt_ok(&[
+        "synth",
+        "--shape",
+        "qwen3-tiny",
+        "--quant",
+        "bf16",
+        "--tokenizer-from",
+        model(SMOLLM).to_str().expect("UTF-8 path"),
+        "-o",
+        &gguf,
+    ]);
+    let st = Command::new(common::python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/oracle/hf_folder.py"))
+        .args([&gguf, &folder])
+        .args(["--hf-arch", "Qwen3ForCausalLM", "--f32-vectors"])
+        .status()
+        .expect("runs hf_folder.py");
+    assert!(st.success(), "hf_folder.py failed");
+    smelt_ok(&["quantize", &folder, &q8_file, "--type", "q8_0"]);
+
+    let shape = ["--prompt", "8", "--gen", "3"];
+    let (file, _) = bench_out(&gguf, &shape);
+    let (bf16, err) = bench_out(&folder, &shape);
+    assert!(err.contains("converted in memory"), "{err}");
+    assert_eq!(bf16["model"], "qwen3-tiny");
+    assert_eq!(bf16["seq_token_digests"], file["seq_token_digests"]);
+
+    let (q8, err) = bench_out(&folder, &[&shape[..], &["--isq", "q8_0"]].concat());
+    assert!(err.contains("quantized to q8_0"), "{err}");
+    let (q8_ref, _) = bench_out(&q8_file, &shape);
+    assert_eq!(q8["seq_token_digests"], q8_ref["seq_token_digests"]);
+    assert!(q8["decode_tok_s"].as_f64().unwrap() > 0.0);
 }

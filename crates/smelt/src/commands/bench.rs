@@ -1,6 +1,7 @@
 //! `smelt bench`: prompt and decode speed of a model (llama-bench's pp and tg), or, with
 //! `--kernels`, each GEMV's bandwidth at real shapes against a device copy measured in the
-//! same run.
+//! same run. The model loads as `smelt run` loads it (a GGUF file or a Hugging Face folder,
+//! `--isq` quantizing as it loads), so what is timed is what runs.
 //!
 //! Prompt: `--prompt` tokens from an empty cache, fed in steps of at most `--ubatch` tokens
 //! (llama.cpp's n_ubatch), so a 32k-token prompt needs activations for one step only; its
@@ -18,7 +19,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use smelt_engine::generate::DEFAULT_PREFILL_CHUNK;
-use smelt_engine::{Device, Engine, EngineOptions, GpuMemory};
+use smelt_engine::{Device, EngineOptions, GpuMemory};
 
 use super::model_ref;
 
@@ -29,6 +30,11 @@ pub struct BenchArgs {
     #[arg(long, short = 'm', value_name = "MODEL", default_value = model_ref::DEFAULT_MODEL,
           help = model_ref::MODEL_HELP)]
     pub model: String,
+    /// Quantize the weights as they load (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k ... q6_k, or a
+    /// llama.cpp preset such as q4_k_m), with `smelt quantize`'s per-tensor rules, as
+    /// `smelt run --isq` does [default: none: the weights as stored]
+    #[arg(long, value_name = "TYPE")]
+    pub isq: Option<String>,
     #[arg(long, default_value = "auto", help = model_ref::DEVICE_HELP)]
     pub device: String,
     /// Prompt tokens per sequence.
@@ -88,28 +94,27 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.prompt == 0 || args.gen == 0 || args.reps == 0 || args.batch == 0 || args.ubatch == 0 {
         bail!("--prompt, --gen, --reps, --batch and --ubatch must be at least 1");
     }
-    let tp = model_ref::tp_devices(&args.device, args.tp)?;
-    let device = match &tp {
-        Some(d) => d[0],
-        None => model_ref::check_device(&args.device)?,
-    };
+    let (device, tp) = model_ref::devices(&args.device, args.tp)?;
     let path = model_ref::resolve(model)?;
-    let opts = EngineOptions {
-        threads: args.threads,
-        kv_tokens: kv_tokens(args, EngineOptions::default().block_size)?,
-        device,
+    // As `smelt run` and `smelt serve` load it: a GGUF file or a Hugging Face folder, with
+    // `--isq` quantizing as it loads.
+    let kv = model_ref::KvArgs {
+        tokens: kv_tokens(args, EngineOptions::default().block_size)?,
         gpu_memory: args.gpu_memory,
         batch_invariant: args.batch_invariant,
         // The largest step: a prompt chunk, or a decode step of every sequence.
         step_tokens: args.ubatch.max(args.batch),
-        ..EngineOptions::default()
+        tp: args.tp,
     };
     let t = Instant::now();
-    let mut e = match &tp {
-        Some(devices) => Engine::load_tp(&path, &opts, devices),
-        None => Engine::load(&path, &opts),
-    }
-    .with_context(|| format!("cannot load {}", path.display()))?;
+    let mut e = model_ref::load_engine(
+        &path,
+        device,
+        tp.as_deref(),
+        args.threads,
+        &kv,
+        args.isq.as_deref(),
+    )?;
     let load_s = t.elapsed().as_secs_f64();
     let n_vocab = e.info().n_vocab;
     let prompts: Vec<Vec<u32>> = (0..args.batch)

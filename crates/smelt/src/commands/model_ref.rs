@@ -252,15 +252,44 @@ pub fn load_kv(
     kv: &KvArgs,
     isq: Option<&str>,
 ) -> Result<Loaded> {
-    let tp = tp_devices(device, kv.tp)?;
+    let (device, tp) = devices(device, kv.tp)?;
+    let path = resolve(model)?;
+    let engine = load_engine(&path, device, tp.as_deref(), threads, kv, isq)?;
+    let tokenizer = Tokenizer::from_gguf(engine.gguf().metadata())
+        .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
+    Ok(Loaded {
+        path,
+        engine,
+        tokenizer,
+    })
+}
+
+/// The device `--device` names (checked), and with `--tp` (or several GPUs listed) the
+/// devices of the tensor-parallel run, the first of them the device.
+pub fn devices(device: &str, tp: Option<usize>) -> Result<(Device, Option<Vec<Device>>)> {
+    let tp = tp_devices(device, tp)?;
     let device = match &tp {
         Some(d) => d[0],
         None => check_device(device)?,
     };
+    Ok((device, tp))
+}
+
+/// The engine of the model at `path` (a GGUF file or a Hugging Face folder, converted in
+/// memory as convert_hf_to_gguf.py would, with the weights quantized to `isq` as they load)
+/// on `device`, or split over `tp`'s devices ([`devices`]), with the KV cache sized by `kv`:
+/// what [`load_kv`] loads, without the tokenizer (`smelt bench` feeds token ids).
+pub fn load_engine(
+    path: &Path,
+    device: Device,
+    tp: Option<&[Device]>,
+    threads: Option<usize>,
+    kv: &KvArgs,
+    isq: Option<&str>,
+) -> Result<Engine> {
     if threads == Some(0) {
         bail!("--threads must be at least 1");
     }
-    let path = resolve(model)?;
     let mut opts = EngineOptions {
         threads,
         kv_tokens: kv.tokens,
@@ -271,7 +300,7 @@ pub fn load_kv(
         ..EngineOptions::default()
     };
     let on_device = match tp {
-        None => super::isq::device_plan(&path, isq, device)?,
+        None => super::isq::device_plan(path, isq, device)?,
         Some(_) => None,
     };
     let gguf = match on_device {
@@ -279,22 +308,15 @@ pub fn load_kv(
             opts.device_isq = Some(std::sync::Arc::new(plan));
             g
         }
-        None => super::isq::open(&path, isq, device)?,
+        None => super::isq::open(path, isq, device)?,
     };
-    let engine = match (&tp, device) {
+    match (tp, device) {
         (Some(devices), _) => Engine::from_gguf_tp(std::sync::Arc::new(gguf), &opts, devices)
-            .with_context(|| format!("cannot load {}", path.display()))?,
-        (None, Device::Cuda(n)) => gpu_load(&path, gguf, &opts, n)?,
+            .with_context(|| format!("cannot load {}", path.display())),
+        (None, Device::Cuda(n)) => gpu_load(path, gguf, &opts, n),
         (None, Device::Cpu) => Engine::from_gguf(std::sync::Arc::new(gguf), &opts)
-            .with_context(|| format!("cannot load {}", path.display()))?,
-    };
-    let tokenizer = Tokenizer::from_gguf(engine.gguf().metadata())
-        .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
-    Ok(Loaded {
-        path,
-        engine,
-        tokenizer,
-    })
+            .with_context(|| format!("cannot load {}", path.display())),
+    }
 }
 
 /// The engine on GPU `n`, with a progress bar of the weights going to the device (on a
