@@ -236,6 +236,7 @@ pub fn all() -> Vec<Entry> {
     v.extend(crate::gemm::f16_small::catalog());
     v.extend(crate::gemm::narrow::catalog());
     v.extend(crate::gemm::grouped::catalog());
+    v.extend(crate::gemm::members::catalog());
     v.extend(crate::moe::catalog());
     v.extend(crate::moe_fused::catalog());
     v.extend(crate::delta_net::catalog());

@@ -21,7 +21,13 @@ use super::timing::time_launches;
 
 /// The f16 GEMMs (each name starts `gemm_f16`: plain, batch-wide and narrow), the
 /// activation conversion among them.
-pub const COVERS: &[&str] = &["gemm_f16_act", "gemm_f16_q*", "gemm_f16s*", "gemm_narrow*"];
+pub const COVERS: &[&str] = &[
+    "gemm_f16_act",
+    "gemm_f16_q*",
+    "gemm_f16s*",
+    "gemm_narrow*",
+    "gemm_reduce_members",
+];
 
 /// Converts `ntok` rows of `k` floats into the f16 GEMM's rows.
 pub(crate) fn convert(
@@ -136,6 +142,7 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
         }
     }
     super::gemm_narrow::check(gpu, rng, rep)?;
+    super::gemm_narrow::check_members(gpu, rng, rep)?;
     check_counters_zero(gpu, rep, "f16, narrow and batch-wide GEMMs")
 }
 

@@ -14,7 +14,7 @@ use super::gemm::{
     activations, args, launch, launch_as, run_both_ways, weight_copies, workspace, Case, SMS,
 };
 use super::gemm_f16::convert;
-use super::harness::{random_floats, random_weights, want, Gpu, Report};
+use super::harness::{launch_values, nan, ptr, random_floats, random_weights, want, Gpu, Report};
 use super::timing::time_launches;
 
 /// Narrow-GEMM formats that `gemm_f16` does not already cover.
@@ -132,6 +132,89 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
                 &h,
                 (&want, &mag),
             )?;
+        }
+    }
+    Ok(())
+}
+
+/// A group's members (ragged, as Q|K|V and gate|up) as one narrow launch over all their
+/// rows, split at least twice, and `gemm::members`' reduce summing the splits into each
+/// member's own poisoned output: each output against its rows of the twin.
+pub fn check_members(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    use smelt_kernels::gemm::members;
+    let groups: [(&[usize], usize, usize); 4] = [
+        (&[256, 64, 64], 512, 16),
+        (&[130, 17, 33], 768, 33),
+        (&[300, 300], 1024, 8),
+        (&[200, 72, 72], 512, 64),
+    ];
+    for ty in narrow::TYPES.map(|(t, _)| t) {
+        for &(rows, k, ntok) in &groups {
+            let nrows: usize = rows.iter().sum();
+            if !want(&format!("{nrows}x{k} x {ntok}")) {
+                continue;
+            }
+            let ggml = random_weights(rng, ty, nrows, k)?;
+            let packed = catalog::repack(ty, &ggml, nrows, k)?;
+            let row_bytes = catalog::row_bytes(ty, k)?;
+            let wd = gpu.stream.clone_htod(&packed)?;
+            let x = random_floats(rng, k * ntok, 2.0);
+            let xd = gpu.stream.clone_htod(&x)?;
+            let mut h = gpu
+                .stream
+                .clone_htod(&vec![0xFFu8; f16::act_row_bytes(k) * ntok])?;
+            convert(gpu, &xd, &mut h, k, ntok)?;
+            let want_h = f16::act_cpu(&x, k)?;
+            let (want, mag) = f16::cpu_with_magnitude(ty, &ggml, nrows, k, &want_h, ntok)?;
+            let width = narrow::block_tokens(ntok);
+            let layout = narrow::default_layout_for(ty, width);
+            let ntiles = k / TILE;
+            let splits =
+                narrow::splits_for(ty, nrows, ntiles, ntok, SMS, (width, layout)).clamp(2, ntiles);
+            let a = args(nrows, ntok, k, row_bytes, splits);
+            let ws = workspace(gpu, &a)?;
+            let a = gemm::Args {
+                w: ptr(gpu, &wd),
+                x: ptr(gpu, &h),
+                y: ptr(gpu, &ws),
+                ..a
+            };
+            let name = narrow::name_for(ty, width, layout).expect("a narrow kernel");
+            launch_values(
+                gpu,
+                name,
+                narrow::launch_width(ty, &a, layout, width),
+                &a.values(),
+            )?;
+            let outs = rows
+                .iter()
+                .map(|&r| Ok(gpu.stream.clone_htod(&nan(ntok * r))?))
+                .collect::<Result<Vec<_>>>()?;
+            let members: Vec<(u64, u32)> = outs
+                .iter()
+                .zip(rows)
+                .map(|(o, &r)| (ptr(gpu, o), r as u32))
+                .collect();
+            let r = members::ReduceArgs::for_gemm(&a, &members).expect("a split launch");
+            launch_values(gpu, members::REDUCE, r.launch(), &r.values())?;
+            // Member by member, token by token: the twin's rows of each.
+            let (mut got, mut want_m, mut mag_m) = (Vec::new(), Vec::new(), Vec::new());
+            let mut off = 0;
+            for (o, &rm) in outs.iter().zip(rows) {
+                got.extend(gpu.stream.clone_dtoh(o)?);
+                for t in 0..ntok {
+                    let at = t * nrows + off;
+                    want_m.extend_from_slice(&want[at..at + rm]);
+                    mag_m.extend_from_slice(&mag[at..at + rm]);
+                }
+                off += rm;
+            }
+            let case = Case {
+                name: members::REDUCE,
+                shape: (nrows, k, ntok, r.splits as usize),
+                bar: 1e-4,
+            };
+            case.check(rep, &got, &want_m, &mag_m);
         }
     }
     Ok(())

@@ -34,6 +34,7 @@ mod formats;
 pub mod grouped;
 mod legacy;
 mod lowbit;
+pub mod members;
 pub mod narrow;
 mod narrow_q4_k;
 mod narrow_q6_k;

@@ -164,8 +164,20 @@ impl Backend for Cuda {
             }
             self.flush_add()?;
             let members: Vec<Option<fusion::Member>> = ws.iter().map(|w| w.member()).collect();
-            for run in fusion::runs(&members, x.rows) {
-                if run.len() > 1 {
+            let many = x.rows > 1 && self.opts.fuse.group_gemm;
+            let runs = if many {
+                fusion::gemm_runs(&members, smelt_kernels::gemm::members::MAX_MEMBERS)
+            } else {
+                fusion::runs(&members, x.rows)
+            };
+            for run in runs {
+                if many
+                    && run.len() > 1
+                    && self.matmul_members(&ws[run.clone()], x, &mut outs[run.clone()])?
+                {
+                    continue;
+                }
+                if run.len() > 1 && !many {
                     self.place_run_outputs(&ws[run.clone()], &mut outs[run.clone()])?;
                 }
                 for i in run.clone() {

@@ -62,6 +62,25 @@ pub fn runs(members: &[Option<Member>], ntok: usize) -> Vec<Range<usize>> {
     out
 }
 
+/// The runs of a group of matmuls of many tokens that one GEMM launch may multiply (at
+/// most `max` members a run, `gemm::members::MAX_MEMBERS`): consecutive members that
+/// continue one another, as at one token. The backend multiplies such a run's rows in one
+/// launch when the GEMM it picks for all of them splits K (`gemm::members`: the split
+/// reduce writes each member's output apart); else member by member.
+pub fn gemm_runs(members: &[Option<Member>], max: usize) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for (i, m) in members.iter().enumerate() {
+        let joins = i > 0
+            && matches!((&members[i - 1], m), (Some(a), Some(b)) if a.continued_by(b))
+            && out.last().is_some_and(|r| r.end == i && r.len() < max);
+        match out.last_mut() {
+            Some(r) if joins => r.end = i + 1,
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
+}
+
 /// Whether outputs `(address, capacity in floats)` already lie one after the other with
 /// room for `widths[i]` floats each (one token): then a run writes them as they are, else
 /// the op gives them one new buffer, cut in order.
@@ -128,6 +147,36 @@ mod tests {
             assert_eq!(runs(&qkv, ntok), vec![0..1, 1..2, 2..3]);
         }
         assert_eq!(runs(&qkv, 0), vec![0..1, 1..2, 2..3]);
+    }
+
+    #[test]
+    fn many_token_gemm_runs_join_continued_members_up_to_the_cap() {
+        let qkv = group(
+            1 << 30,
+            &[
+                (GgmlType::Q4_K, 2048),
+                (GgmlType::Q4_K, 256),
+                (GgmlType::Q4_K, 256),
+            ],
+        );
+        assert_eq!(gemm_runs(&qkv, 3), vec![0..3]);
+        assert_eq!(gemm_runs(&qkv, 2), vec![0..2, 2..3]);
+        assert_eq!(gemm_runs(&qkv, 1), vec![0..1, 1..2, 2..3]);
+        // Q4_K_M's V in Q6_K: Q|K together, V alone; a gap in weight memory splits too.
+        let mut mixed = qkv.clone();
+        if let Some(v) = mixed[2].as_mut() {
+            v.ty = GgmlType::Q6_K;
+        }
+        assert_eq!(gemm_runs(&mixed, 3), vec![0..2, 2..3]);
+        let mut gap = qkv.clone();
+        for m in gap[1..].iter_mut().flatten() {
+            m.ptr += 4096;
+        }
+        assert_eq!(gemm_runs(&gap, 3), vec![0..1, 1..3]);
+        let gate_up = group(7 << 20, &[(GgmlType::Q8_0, 8192), (GgmlType::Q8_0, 8192)]);
+        assert_eq!(gemm_runs(&gate_up, 3), vec![0..2]);
+        assert_eq!(gemm_runs(&[None, gate_up[0]], 3), vec![0..1, 1..2]);
+        assert!(gemm_runs(&[], 3).is_empty());
     }
 
     #[test]

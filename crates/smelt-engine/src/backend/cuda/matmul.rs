@@ -126,16 +126,7 @@ impl Cuda {
             if let Some((vals, l)) = a.reduce(out.ptr) {
                 self.launch(gemm::REDUCE, l, &args(&vals.values()))?;
             }
-            // The output must not be a cached input.
-            let overlaps = |c: &CudaTensor| {
-                out.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < out.ptr + (out.cap * 4) as u64
-            };
-            if lock(&self.gemm_quantized).is_some_and(|c| overlaps(&c.x)) {
-                *lock(&self.gemm_quantized) = None;
-            }
-            if lock(&self.quantized).is_some_and(|c| overlaps(&c.x)) {
-                *lock(&self.quantized) = None;
-            }
+            self.forget_inputs_in(out);
             return Ok(());
         }
         let act_row = act::row_bytes(cols)?;
@@ -446,6 +437,106 @@ impl Cuda {
             },
             gemm::act::row_bytes(x.cols)?,
         )
+    }
+
+    /// `outs[i] = ws[i] x` for a run of a group's members that continue one another in
+    /// weight memory ([`super::fusion::gemm_runs`]) as one narrow GEMM launch over all
+    /// their rows, and `gemm::members`' reduce writing each member's rows to its own
+    /// output. `Ok(false)` (nothing launched) where the GEMM picked for all their rows is
+    /// not the narrow one or does not split K (the caller then multiplies member by
+    /// member): gate|up at 64 tokens fill the GPU unsplit, and forcing two splits to get
+    /// the member reduce cost more than the launch it saved (Llama-3-8B Q4_K, 64
+    /// sequences: -4.4%, H100 2026-11-27 22:05 UTC; at 8-32 sequences, where every grouped
+    /// launch splits anyway, +5.7-9.0%).
+    pub(super) fn matmul_members(
+        &self,
+        ws: &[&CudaWeight],
+        x: &CudaTensor,
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<bool, CudaError> {
+        let Some(first) = ws.first().and_then(|w| w.member()) else {
+            return Ok(false);
+        };
+        let mut rows = Vec::with_capacity(ws.len());
+        for w in ws {
+            match w.member() {
+                Some(m)
+                    if m.ty == first.ty
+                        && m.cols == first.cols
+                        && m.row_bytes == first.row_bytes =>
+                {
+                    rows.push(m.rows)
+                }
+                _ => return Ok(false),
+            }
+        }
+        let (ty, cols, n) = (first.ty, first.cols, x.rows);
+        let total: usize = rows.iter().sum();
+        let ntiles = cols.div_ceil(TILE);
+        if x.cols != cols || ntiles < 2 || ws.len() != outs.len() {
+            return Ok(false);
+        }
+        let split_norm =
+            || matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
+        let Choice::Gemm {
+            family: family @ Family::Narrow(..),
+            name,
+        } = choose(&self.opts.matmul, ty, total, cols, n, split_norm)
+        else {
+            return Ok(false);
+        };
+        let mut splits = family.splits(ty, total, ntiles, n, self.gpu.sm_count(), false);
+        if let Some(cap) = self.opts.matmul.narrow_max_splits {
+            splits = splits.min(cap);
+        }
+        let mut a = gemm::Args {
+            w: first.ptr,
+            x: 0,
+            y: 0,
+            nrows: total as u32,
+            ntok: n as u32,
+            ntiles: ntiles as u32,
+            row_bytes: first.row_bytes as u32,
+            splits: splits as u32,
+            fixup: None,
+        };
+        if a.split_count() < 2 {
+            return Ok(false);
+        }
+        self.flush_gemv()?;
+        for (out, &r) in outs.iter_mut().zip(&rows) {
+            self.ensure(out, n, r)?;
+        }
+        a.x = self.gemm_f16_rows(x)?;
+        a.y = self.scratch(a.workspace_floats() * 4)?;
+        self.launch(name, family.launch(ty, &a), &args(&a.values()))?;
+        let members: Vec<(u64, u32)> = outs
+            .iter()
+            .zip(&rows)
+            .map(|(o, &r)| (o.ptr, r as u32))
+            .collect();
+        let r = gemm::members::ReduceArgs::for_gemm(&a, &members).ok_or_else(|| {
+            CudaError::Init("a grouped GEMM launch without its member reduce".into())
+        })?;
+        self.launch(gemm::members::REDUCE, r.launch(), &args(&r.values()))?;
+        for out in outs.iter() {
+            self.forget_inputs_in(out);
+        }
+        Ok(true)
+    }
+
+    /// A GEMM output must not be a cached input: forgets the cached forms of any input
+    /// whose rows `out` overlaps.
+    fn forget_inputs_in(&self, out: &CudaTensor) {
+        let overlaps = |c: &CudaTensor| {
+            out.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < out.ptr + (out.cap * 4) as u64
+        };
+        if lock(&self.gemm_quantized).is_some_and(|c| overlaps(&c.x)) {
+            *lock(&self.gemm_quantized) = None;
+        }
+        if lock(&self.quantized).is_some_and(|c| overlaps(&c.x)) {
+            *lock(&self.quantized) = None;
+        }
     }
 
     /// What a norm or GLU of `n` rows writes for the matmuls after it

@@ -12,6 +12,7 @@
 //! | `SMELT_CUDA_FUSED=0` | every fusion below off (`quantize` included) | on |
 //! | `SMELT_CUDA_SPLIT_NORM=0` | `fuse.split_norm` | on |
 //! | `SMELT_CUDA_FUSE_F16_ROWS=0` | `fuse.f16_rows` | on |
+//! | `SMELT_CUDA_GROUP_GEMM=0` | `fuse.group_gemm` | on |
 //! | `SMELT_CUDA_ATTN_COMBINE=0` | `fuse.attn_combine` | on |
 //! | `SMELT_CUDA_ROPE_KV=0` | `fuse.rope_kv` | on |
 //! | `SMELT_CUDA_GEMV_ROPE=0` | `fuse.gemv_rope_kv` | on |
@@ -93,6 +94,9 @@ pub struct FuseOptions {
     /// With `quantize`, the norms and the GLU of a step whose matmuls take the narrow GEMM
     /// (`matmul_choice::fused_sink`) write its f16 rows instead of q8_1 tiles.
     pub f16_rows: bool,
+    /// A group's members (Q|K|V, gate|up) of many tokens run as one narrow GEMM launch
+    /// whose split reduce writes each member apart (`gemm::members`).
+    pub group_gemm: bool,
     /// A decode row's residual add and RMS norm run inside the GEMVs around them.
     pub split_norm: bool,
     /// The attention's last block per group combines the splits and writes q8_1 tiles.
@@ -271,6 +275,7 @@ impl CudaOptions {
             fuse: FuseOptions {
                 quantize: fused,
                 f16_rows: fused && on("SMELT_CUDA_FUSE_F16_ROWS"),
+                group_gemm: fused && on("SMELT_CUDA_GROUP_GEMM"),
                 split_norm: fused && on("SMELT_CUDA_SPLIT_NORM"),
                 attn_combine: fused && on("SMELT_CUDA_ATTN_COMBINE"),
                 rope_kv: fused && on("SMELT_CUDA_ROPE_KV"),
