@@ -255,7 +255,10 @@ mod tests {
             }
         }
         let narrow = super::super::narrow::catalog().len();
-        assert_eq!(narrow, 36, "Q4_K, Q6_K and Q8_0, three layouts, four widths");
+        assert_eq!(
+            narrow, 36,
+            "Q4_K, Q6_K and Q8_0, three layouts, four widths"
+        );
         assert_eq!(checked, 2 * (narrow + 2 + 1 + 12));
     }
 
