@@ -64,8 +64,11 @@ pub const BM: u32 = 128;
 /// Blocks an SM a kernel in `layout` is built for (ptxas's register cap on sm_90: 255
 /// registers a thread with 4 warps a block, 128 with 8), where its ring fits twice: 228 KB
 /// an SM, 1 KB of it kept per block. Q6_K's 224-byte row slots at 32 tokens fit once.
+/// 64-token blocks are built for one whatever their ring: at 128 registers the two-tile
+/// ring's Q4_K kernel spilled 40 bytes (ptxas 13.0), and two of them an SM measured 3-4%
+/// slower than one three-tile block anyway (bench/RESULTS.md 2026-11-27 21:25 UTC).
 pub const fn blocks_per_sm(ty: GgmlType, ni: usize, layout: Layout) -> u32 {
-    if 2 * (dynamic_bytes(ty, ni, layout) + 1024) <= 228 * 1024 {
+    if ni < 8 && 2 * (dynamic_bytes(ty, ni, layout) + 1024) <= 228 * 1024 {
         2
     } else {
         1
@@ -77,9 +80,11 @@ pub const fn blocks_per_sm(ty: GgmlType, ni: usize, layout: Layout) -> u32 {
 /// warps of 16 (one tile: half the registers a thread, so twice the warps an SM to hide
 /// the weight loads and the dequantization chains; Nsight Compute on the 4-warp blocks at
 /// 32 tokens, H100 2026-11-27: 255 registers, 8 warps an SM, an instruction a warp every 7
-/// cycles, 25% of the issue slots used); or eight warps of 16 with a ring of two tiles,
-/// where three do not fit an SM twice (64-token blocks: 166 KB, one block and 8 warps an
-/// SM; 111 KB with two, so two blocks and 16 warps).
+/// cycles, 25% of the issue slots used); or eight warps of 16 with a ring of two tiles:
+/// a shorter ring to fill at each block's start, which Q4_K's 16- and 32-token blocks
+/// gained from ([`default_layout_for`]). (Two 64-token blocks with two-tile rings would
+/// fit an SM, 111 KB each, but need 128 registers a thread and measured slower:
+/// [`blocks_per_sm`].)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
     /// Four warps of 32 rows.
@@ -772,10 +777,9 @@ mod tests {
         );
         // One 64-token block an SM: 14336 rows are 112 blocks on 132 slots (85%), unsplit.
         assert_eq!(splits_for(q4, 14336, 16, 64, 132, (64, Layout::Rows16)), 1);
-        // Two of them an SM (264 slots): 2 splits (224 blocks, 85%).
         assert_eq!(
             splits_for(q4, 14336, 16, 64, 132, (64, Layout::Rows16Pair)),
-            2
+            1
         );
         let a = super::super::Args::q4_k_for_test(4097, 40, 16);
         let l = launch(q4, &a, r32);
@@ -803,11 +807,12 @@ mod tests {
         assert_eq!(blocks_per_sm(q4, 4, r16), 2);
         assert_eq!(blocks_per_sm(GgmlType::Q6_K, 4, r16), 1);
         assert_eq!(blocks_per_sm(GgmlType::Q6_K, 2, r16), 2);
-        // A two-tile ring: 64-token Q4_K blocks fit an SM twice (111 KB each); Q8_0's
-        // do not (143 KB).
+        // A two-tile ring: 64-token Q4_K blocks would fit an SM twice (111 KB each) but
+        // are built for one (registers); Q8_0's do not fit (143 KB).
         let pair = Layout::Rows16Pair;
         assert_eq!(dynamic_bytes(q4, 8, pair), 2 * (128 * 144 + 2 * 64 * 288));
-        assert_eq!(blocks_per_sm(q4, 8, pair), 2);
+        assert_eq!(blocks_per_sm(q4, 8, pair), 1);
+        assert_eq!(blocks_per_sm(q4, 4, pair), 2);
         assert_eq!(blocks_per_sm(GgmlType::Q8_0, 8, pair), 1);
         assert_eq!(Layout::parse("16p"), Some(pair));
         assert_eq!(Layout::parse("32"), Some(r32));
