@@ -9,9 +9,8 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use smelt_engine::{Engine, EngineOptions, Logits, SeqInput};
 use smelt_gguf::{GgmlType, Gguf, Metadata};
 use smelt_load::{CpuQuantizer, IsqPlan, Planner, SourceTensor, TensorSource};
 
@@ -128,25 +127,7 @@ fn loads_as_the_gguf_convert_writes(case: &Case) {
     );
 
     // The same bytes make the same logits, bit for bit.
-    let engine = |g: Gguf| {
-        let opts = EngineOptions {
-            kv_tokens: 64,
-            ..EngineOptions::default()
-        };
-        Engine::from_gguf(Arc::new(g), &opts).expect("engine loads")
-    };
-    let prompt: Vec<u32> = (0..24u32).map(|i| 7 + 1013 * i % 49_000).collect();
-    let logits = |mut e: Engine| {
-        let s = e.new_sequence();
-        e.forward(&[SeqInput {
-            seq: s,
-            tokens: prompt.clone(),
-            logits: Logits::Last,
-        }])
-        .expect("forward")[0][0]
-            .clone()
-    };
-    let (a, b) = (logits(engine(orig)), logits(engine(conv)));
+    let (a, b) = (common::last_logits(orig), common::last_logits(conv));
     assert!(a.iter().any(|&x| x != 0.0) && a.iter().all(|x| x.is_finite()));
     assert!(
         a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),

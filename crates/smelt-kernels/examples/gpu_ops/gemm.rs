@@ -185,6 +185,34 @@ pub(crate) fn check_counters_zero(gpu: &Gpu, rep: &mut Report, what: &str) -> Re
 }
 
 /// A split workspace for `a` (one float when it needs none).
+/// A random GEMM problem on the GPU: `nrows` x `k` weights of `ty` (their ggml bytes, and
+/// repacked rows of `row_bytes` on the GPU) and `ntok` rows of activations.
+pub(crate) struct Problem {
+    pub ggml: Vec<u8>,
+    pub row_bytes: usize,
+    pub wd: CudaSlice<u8>,
+    pub x: Vec<f32>,
+    pub xd: CudaSlice<f32>,
+}
+
+pub(crate) fn problem(
+    gpu: &Gpu,
+    rng: &mut StdRng,
+    ty: GgmlType,
+    (nrows, k, ntok): (usize, usize, usize),
+) -> Result<Problem> {
+    let ggml = random_weights(rng, ty, nrows, k)?;
+    let packed = catalog::repack(ty, &ggml, nrows, k)?;
+    let x = random_floats(rng, k * ntok, 2.0);
+    Ok(Problem {
+        row_bytes: catalog::row_bytes(ty, k)?,
+        wd: gpu.stream.clone_htod(&packed)?,
+        xd: gpu.stream.clone_htod(&x)?,
+        ggml,
+        x,
+    })
+}
+
 pub(crate) fn workspace(gpu: &Gpu, a: &Args) -> Result<CudaSlice<f32>> {
     Ok(gpu.stream.alloc_zeros::<f32>(a.workspace_floats().max(1))?)
 }
@@ -297,12 +325,13 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             if !want(&format!("{nrows}x{k} x {ntok}")) {
                 continue;
             }
-            let ggml = random_weights(rng, ty, nrows, k)?;
-            let packed = catalog::repack(ty, &ggml, nrows, k)?;
-            let row_bytes = catalog::row_bytes(ty, k)?;
-            let wd = gpu.stream.clone_htod(&packed)?;
-            let x = random_floats(rng, k * ntok, 2.0);
-            let xd = gpu.stream.clone_htod(&x)?;
+            let Problem {
+                ggml,
+                row_bytes,
+                wd,
+                x,
+                xd,
+            } = problem(gpu, rng, ty, (nrows, k, ntok))?;
             let qbytes = gemm::activation_row_bytes(ty, k)? * ntok;
             let mut q = gpu.stream.clone_htod(&vec![0xFFu8; qbytes])?;
             quantize_for(gpu, ty, &xd, &mut q, k, ntok)?;

@@ -16,7 +16,7 @@ use super::gemm::{
     activations, args, check_counters_zero, launch, launch_as, run_both_ways, weight_copies,
     workspace, Case, SMS,
 };
-use super::harness::{random_floats, random_weights, want, Gpu, Report};
+use super::harness::{want, Gpu, Report};
 use super::timing::time_launches;
 
 /// The f16 GEMMs (each name starts `gemm_f16`: plain, batch-wide and narrow), the
@@ -69,12 +69,13 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             if !want(&format!("{nrows}x{k} x {ntok}")) {
                 continue;
             }
-            let ggml = random_weights(rng, ty, nrows, k)?;
-            let packed = catalog::repack(ty, &ggml, nrows, k)?;
-            let row_bytes = catalog::row_bytes(ty, k)?;
-            let wd = gpu.stream.clone_htod(&packed)?;
-            let x = random_floats(rng, k * ntok, 2.0);
-            let xd = gpu.stream.clone_htod(&x)?;
+            let super::gemm::Problem {
+                ggml,
+                row_bytes,
+                wd,
+                x,
+                xd,
+            } = super::gemm::problem(gpu, rng, ty, (nrows, k, ntok))?;
             let hbytes = f16::act_row_bytes(k) * ntok;
             let mut h = gpu.stream.clone_htod(&vec![0xFFu8; hbytes])?;
             convert(gpu, &xd, &mut h, k, ntok)?;

@@ -11,10 +11,11 @@ use smelt_kernels::gemm::{self, f16, narrow};
 use smelt_kernels::{catalog, GgmlType, TILE};
 
 use super::gemm::{
-    activations, args, launch, launch_as, run_both_ways, weight_copies, workspace, Case, SMS,
+    activations, args, launch, launch_as, problem, run_both_ways, weight_copies, workspace, Case,
+    Problem, SMS,
 };
 use super::gemm_f16::convert;
-use super::harness::{launch_values, nan, ptr, random_floats, random_weights, want, Gpu, Report};
+use super::harness::{launch_values, nan, ptr, want, Gpu, Report};
 use super::timing::time_launches;
 
 /// Narrow-GEMM formats that `gemm_f16` does not already cover.
@@ -93,6 +94,28 @@ pub(crate) fn time_layouts(
     Ok(us)
 }
 
+/// A [`Problem`], its activations as f16 rows on the GPU, the f16 GEMM twin's outputs and
+/// their magnitudes.
+type F16Problem = (Problem, CudaSlice<u8>, Vec<f32>, Vec<f64>);
+
+/// [`problem`] with its activations as the f16 rows on the GPU, and the f16 GEMM twin's
+/// outputs and magnitudes.
+fn f16_problem(
+    gpu: &Gpu,
+    rng: &mut StdRng,
+    ty: GgmlType,
+    (nrows, k, ntok): (usize, usize, usize),
+) -> Result<F16Problem> {
+    let p = problem(gpu, rng, ty, (nrows, k, ntok))?;
+    let mut h = gpu
+        .stream
+        .clone_htod(&vec![0xFFu8; f16::act_row_bytes(k) * ntok])?;
+    convert(gpu, &p.xd, &mut h, k, ntok)?;
+    let want_h = f16::act_cpu(&p.x, k)?;
+    let (want, mag) = f16::cpu_with_magnitude(ty, &p.ggml, nrows, k, &want_h, ntok)?;
+    Ok((p, h, want, mag))
+}
+
 /// Every narrow kernel of those formats (both layouts, every token width, split and not)
 /// against the twin.
 pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
@@ -110,18 +133,8 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             if !want(&format!("{nrows}x{k} x {ntok}")) {
                 continue;
             }
-            let ggml = random_weights(rng, ty, nrows, k)?;
-            let packed = catalog::repack(ty, &ggml, nrows, k)?;
-            let row_bytes = catalog::row_bytes(ty, k)?;
-            let wd = gpu.stream.clone_htod(&packed)?;
-            let x = random_floats(rng, k * ntok, 2.0);
-            let xd = gpu.stream.clone_htod(&x)?;
-            let mut h = gpu
-                .stream
-                .clone_htod(&vec![0xFFu8; f16::act_row_bytes(k) * ntok])?;
-            convert(gpu, &xd, &mut h, k, ntok)?;
-            let want_h = f16::act_cpu(&x, k)?;
-            let (want, mag) = f16::cpu_with_magnitude(ty, &ggml, nrows, k, &want_h, ntok)?;
+            let (Problem { row_bytes, wd, .. }, h, want, mag) =
+                f16_problem(gpu, rng, ty, (nrows, k, ntok))?;
             check_kernels(
                 gpu,
                 rep,
@@ -154,18 +167,8 @@ pub fn check_members(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
             if !want(&format!("{nrows}x{k} x {ntok}")) {
                 continue;
             }
-            let ggml = random_weights(rng, ty, nrows, k)?;
-            let packed = catalog::repack(ty, &ggml, nrows, k)?;
-            let row_bytes = catalog::row_bytes(ty, k)?;
-            let wd = gpu.stream.clone_htod(&packed)?;
-            let x = random_floats(rng, k * ntok, 2.0);
-            let xd = gpu.stream.clone_htod(&x)?;
-            let mut h = gpu
-                .stream
-                .clone_htod(&vec![0xFFu8; f16::act_row_bytes(k) * ntok])?;
-            convert(gpu, &xd, &mut h, k, ntok)?;
-            let want_h = f16::act_cpu(&x, k)?;
-            let (want, mag) = f16::cpu_with_magnitude(ty, &ggml, nrows, k, &want_h, ntok)?;
+            let (Problem { row_bytes, wd, .. }, h, want, mag) =
+                f16_problem(gpu, rng, ty, (nrows, k, ntok))?;
             let width = narrow::block_tokens(ntok);
             let layout = narrow::default_layout_for(ty, width);
             let ntiles = k / TILE;

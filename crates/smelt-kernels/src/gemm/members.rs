@@ -15,7 +15,7 @@
 //! A grouped launch always splits K (at least two splits), so the members' outputs are
 //! only ever written by the reduce; the GEMM kernels themselves are unchanged.
 
-use smelt_ptx::{Kernel, Load, Store, F32, U32, U64};
+use smelt_ptx::{Kernel, Store, U32, U64};
 
 use crate::ops::{kernel_params, Launch};
 
@@ -119,14 +119,7 @@ pub fn reduce_kernel(k: &Kernel) {
     k.grid_dep_wait();
     let n = k.mul(k.reg(), ntok, nrows);
     k.exit_if(k.ge(i, n));
-    let at = k.elem_addr(part, i, 4);
-    let stride = k.mul_wide(k.reg::<U64>(), n, 4u32);
-    let sum = k.ld(Load::GLOBAL, k.reg::<F32>(), at);
-    k.for_count(k.sub(k.reg(), splits, 1u32), |k, _| {
-        k.add(at, at, stride);
-        let v = k.ld(Load::GLOBAL, k.reg::<F32>(), at);
-        k.add(sum, sum, v);
-    });
+    let sum = super::sum_splits(k, part, i, n, splits);
     // Token t, row r; the member's first row `off` and row count `rows`.
     let t = k.div_int(k.reg(), i, nrows);
     let r = k.sub(k.reg(), i, k.mul(k.reg(), t, nrows));

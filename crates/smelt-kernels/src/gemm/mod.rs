@@ -357,6 +357,19 @@ pub fn reduce_kernel(k: &Kernel) {
     let i = k.global_id_x();
     k.grid_dep_wait();
     k.exit_if(k.ge(i, n));
+    let sum = sum_splits(k, part, i, n, splits);
+    k.st(Store::GLOBAL, k.elem_addr(y, i, 4), sum);
+}
+
+/// `sum_z part[z][i]` over `z = 0..splits` in order, slices of `n` floats: the split
+/// reduces' sum ([`reduce_kernel`], [`members::reduce_kernel`]).
+pub(crate) fn sum_splits(
+    k: &Kernel,
+    part: Reg<U64>,
+    i: Reg<U32>,
+    n: Reg<U32>,
+    splits: Reg<U32>,
+) -> Reg<F32> {
     let at = k.elem_addr(part, i, 4);
     let stride = k.mul_wide(k.reg::<U64>(), n, 4u32);
     let sum = k.ld(Load::GLOBAL, k.reg::<F32>(), at);
@@ -365,7 +378,7 @@ pub fn reduce_kernel(k: &Kernel) {
         let v = k.ld(Load::GLOBAL, k.reg::<F32>(), at);
         k.add(sum, sum, v);
     });
-    k.st(Store::GLOBAL, k.elem_addr(y, i, 4), sum);
+    sum
 }
 
 /// How a format's group scales sit in shared memory ([`sc_stride`] bytes a row).

@@ -8,6 +8,26 @@ use std::path::{Path, PathBuf};
 use smelt_gguf::{GgmlType, Gguf};
 use smelt_load::CpuQuantizer;
 
+/// The CPU engine's last-token logits of `g` on a fixed 24-token prompt: what the folder
+/// tests compare, bit for bit, between a folder and the GGUF it must equal.
+pub fn last_logits(g: Gguf) -> Vec<f32> {
+    let opts = smelt_engine::EngineOptions {
+        kv_tokens: 64,
+        ..smelt_engine::EngineOptions::default()
+    };
+    let mut e =
+        smelt_engine::Engine::from_gguf(std::sync::Arc::new(g), &opts).expect("engine loads");
+    let prompt: Vec<u32> = (0..24u32).map(|i| 7 + 1013 * i % 49_000).collect();
+    let s = e.new_sequence();
+    e.forward(&[smelt_engine::SeqInput {
+        seq: s,
+        tokens: prompt,
+        logits: smelt_engine::Logits::Last,
+    }])
+    .expect("forward")[0][0]
+        .clone()
+}
+
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
