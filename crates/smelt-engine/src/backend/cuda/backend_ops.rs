@@ -207,7 +207,8 @@ impl Backend for Cuda {
                 .as_ref()
                 .filter(|(px, y)| px.ptr == x.ptr && self.can_fuse_add_norm(x, y, w, out))
                 .map(|&(_, y)| y);
-            // A whole-row norm feeds matmuls: write its q8_1 tiles in the same kernel.
+            // A whole-row norm feeds matmuls: write what they read (q8_1 tiles for the GEMV,
+            // f16 rows for the narrow GEMM: `fused_sink`) in the same kernel.
             if self.opts.fuse.quantize && self.can_norm_quantize(x, w, out) {
                 if pending.is_some() && fusable.is_none() {
                     if let Some((px, y)) = pending {
@@ -295,8 +296,8 @@ impl Backend for Cuda {
 
     fn glu(&self, gate: &mut CudaTensor, up: &CudaTensor, act: Glu) {
         self.run(|| {
-            // The GLU's output feeds the down projection: write its q8_1 tiles in the same
-            // kernel (one launch per layer less at decode).
+            // The GLU's output feeds the down projection: write what it reads (q8_1 tiles or
+            // f16 rows, `fused_sink`) in the same kernel (one launch per layer less).
             if self.opts.fuse.quantize && self.can_glu_quantize(gate, up) {
                 let sink = self.fused_sink(gate.rows);
                 let q = self.scratch(sink.row_bytes(gate.cols)? * gate.rows)?;
