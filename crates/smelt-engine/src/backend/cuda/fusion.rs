@@ -7,7 +7,9 @@
 //! `load_weight_group`, which puts each member's rows right after the previous member's in
 //! weight memory. At one token, consecutive members of the same weight type and width then
 //! run as one single-token GEMV over all their rows (one launch instead of three, and more
-//! rows in flight), writing one output buffer that the members' outputs are views of.
+//! rows in flight), writing one output buffer that the members' outputs are views of. At
+//! many tokens the same runs ([`gemm_runs`]) may be one GEMM launch whose split reduce
+//! writes each member's own output (`gemm::members`).
 //!
 //! Before this planner, the backend joined any two single-token GEMVs whose weights and
 //! outputs happened to be adjacent in memory, so a fusion depended on load and allocation

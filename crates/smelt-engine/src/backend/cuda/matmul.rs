@@ -2,7 +2,8 @@
 //! its own activation tiles), the GEMV for few, and the single-token GEMV's fusions with
 //! its neighbours at decode (the members of a matmul group that [`super::fusion`] runs as
 //! one GEMV, the split residual norm around it, rope and KV append in the Q|K|V GEMV's
-//! epilogue).
+//! epilogue); at 8-64 tokens the same members as one narrow GEMM launch whose split reduce
+//! writes each member apart ([`Cuda::matmul_members`]).
 
 use smelt_cuda::CudaError;
 use smelt_gguf::GgmlType;
