@@ -11,11 +11,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use smelt_gguf::{GgmlType, Gguf, Metadata};
-use smelt_load::{CpuQuantizer, IsqPlan, Planner, SourceTensor, TensorSource};
+use smelt_gguf::{GgmlType, Gguf};
+use smelt_load::{CpuQuantizer, TensorSource};
 
 mod common;
-use common::{edit_json, load_err, python, root, scratch};
+use common::{edit_json, load_err, python, root, scratch, EveryMatrix};
 
 /// One architecture's reference: how its GGUF and its folder are written.
 struct Case {
@@ -148,25 +148,6 @@ fn qwen35_folder_loads_as_the_gguf_convert_writes() {
 #[test]
 fn qwen35moe_folder_loads_as_the_gguf_convert_writes() {
     loads_as_the_gguf_convert_writes(&Q35MOE);
-}
-
-/// Every bf16 matrix (experts included) to one type: enough to test ISQ of the regrouped
-/// tensors; llama.cpp's rules are the CLI's plan.
-struct EveryMatrix(GgmlType);
-
-impl Planner for EveryMatrix {
-    fn plan(&self, _: &Metadata, tensors: &[SourceTensor]) -> Result<IsqPlan, String> {
-        Ok(IsqPlan {
-            types: tensors
-                .iter()
-                .map(|t| match t.shape.len() {
-                    2 | 3 if t.ty == GgmlType::BF16 => self.0,
-                    _ => t.ty,
-                })
-                .collect(),
-            file_type: 7,
-        })
-    }
 }
 
 /// ISQ Q8_0 of every matrix is smelt-quant's Q8_0 of the bf16 load, and every tensor read in

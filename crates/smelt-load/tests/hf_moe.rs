@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use smelt_gguf::{GgmlType, Gguf, Metadata};
-use smelt_load::{CpuQuantizer, IsqPlan, Planner, SourceTensor, TensorSource};
+use smelt_gguf::{GgmlType, Gguf};
+use smelt_load::{CpuQuantizer, TensorSource};
 
 mod common;
-use common::{edit_json, load_err, python, root, scratch};
+use common::{edit_json, load_err, python, root, scratch, EveryMatrix};
 
 /// The reference GGUF and the folder written from it (once per test process, fresh each
 /// run, under the git-ignored `.models/hf-test/`).
@@ -92,25 +92,6 @@ fn qwen3moe_folder_loads_as_the_gguf_convert_writes() {
         a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
         "logits differ"
     );
-}
-
-/// Every matrix (the 3-D experts included) to one type: enough to test ISQ of a folder's
-/// stacked experts; llama.cpp's rules are the CLI's plan.
-struct EveryMatrix(GgmlType);
-
-impl Planner for EveryMatrix {
-    fn plan(&self, _: &Metadata, tensors: &[SourceTensor]) -> Result<IsqPlan, String> {
-        Ok(IsqPlan {
-            types: tensors
-                .iter()
-                .map(|t| match t.shape.len() {
-                    2 | 3 if t.ty == GgmlType::BF16 => self.0,
-                    _ => t.ty,
-                })
-                .collect(),
-            file_type: 7,
-        })
-    }
 }
 
 #[test]

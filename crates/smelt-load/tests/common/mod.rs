@@ -28,6 +28,29 @@ pub fn last_logits(g: Gguf) -> Vec<f32> {
         .clone()
 }
 
+/// An ISQ plan that puts every bf16 matrix (the 3-D experts included) in one type: enough
+/// to test ISQ of a folder's converted tensors; llama.cpp's rules are the CLI's plan.
+pub struct EveryMatrix(pub GgmlType);
+
+impl smelt_load::Planner for EveryMatrix {
+    fn plan(
+        &self,
+        _: &smelt_gguf::Metadata,
+        tensors: &[smelt_load::SourceTensor],
+    ) -> Result<smelt_load::IsqPlan, String> {
+        Ok(smelt_load::IsqPlan {
+            types: tensors
+                .iter()
+                .map(|t| match t.shape.len() {
+                    2 | 3 if t.ty == GgmlType::BF16 => self.0,
+                    _ => t.ty,
+                })
+                .collect(),
+            file_type: 7,
+        })
+    }
+}
+
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
