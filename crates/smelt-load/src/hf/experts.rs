@@ -64,14 +64,7 @@ pub fn fused(
         "down" => vec![ne, e, ff],
         _ => vec![ne, 2 * ff, e],
     };
-    if t.shape != want {
-        return Err(LoadError::ShapeMismatch {
-            name: t.name.clone(),
-            got: t.shape.clone(),
-            want,
-        });
-    }
-    let ty = t.ggml_type()?;
+    let ty = super::checked(ckpt, t, Some(want))?;
     let tensor = |p: &str, shape: Vec<u64>| SourceTensor {
         name: format!("blk.{bid}.ffn_{p}_exps.weight"),
         shape,
