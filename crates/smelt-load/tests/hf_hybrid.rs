@@ -15,7 +15,10 @@ use smelt_gguf::{GgmlType, Gguf};
 use smelt_load::{CpuQuantizer, TensorSource};
 
 mod common;
-use common::{edit_json, load_err, python, root, scratch, EveryMatrix};
+use common::{
+    assert_same_metadata, assert_same_tensors, edit_json, load_err, python, root, scratch,
+    EveryMatrix,
+};
 
 /// One architecture's reference: how its GGUF and its folder are written.
 struct Case {
@@ -85,41 +88,17 @@ fn paths(case: &Case) -> &'static (PathBuf, PathBuf) {
     })
 }
 
-/// Keys that describe the file rather than the model.
-const DESCRIPTIVE: &[&str] = &["general.name", "general.type"];
-
 fn loads_as_the_gguf_convert_writes(case: &Case) {
     let (gguf, folder) = paths(case);
     let orig = Gguf::open(gguf).expect("opens the reference");
     let conv = smelt_load::open(folder, None, &CpuQuantizer).expect("loads the folder");
-    let (om, cm) = (orig.metadata(), conv.metadata());
-    for (k, v) in om.iter() {
-        if !DESCRIPTIVE.contains(&k) {
-            assert_eq!(cm.get(k), Some(v), "metadata key {k}");
-        }
-    }
-    for (k, _) in cm.iter() {
-        assert!(
-            om.get(k).is_some() || DESCRIPTIVE.contains(&k),
-            "converted GGUF has extra key {k}"
-        );
-    }
+    assert_same_metadata(&orig, &conv);
+    let cm = conv.metadata();
     assert_eq!(
         cm.get_u64(&format!("{}.ssm.time_step_rank", case.arch)),
         Some(4)
     );
-    assert_eq!(orig.tensors().len(), conv.tensors().len());
-    for t in orig.tensors() {
-        let c = conv
-            .tensor(&t.name)
-            .unwrap_or_else(|| panic!("{} missing", t.name));
-        assert_eq!((c.ty, &c.shape), (t.ty, &t.shape), "{}", t.name);
-        assert!(
-            conv.tensor_data(c) == orig.tensor_data(t),
-            "{}: bytes differ",
-            t.name
-        );
-    }
+    assert_same_tensors(&orig, &conv);
     assert_eq!(
         conv.tensor("blk.1.ssm_a").map(|t| t.ty),
         Some(GgmlType::F32),

@@ -13,7 +13,10 @@ use smelt_gguf::{GgmlType, Gguf};
 use smelt_load::{CpuQuantizer, TensorSource};
 
 mod common;
-use common::{edit_json, load_err, python, root, scratch, EveryMatrix};
+use common::{
+    assert_same_metadata, assert_same_tensors, edit_json, load_err, python, root, scratch,
+    EveryMatrix,
+};
 
 /// The reference GGUF and the folder written from it (once per test process, fresh each
 /// run, under the git-ignored `.models/hf-test/`).
@@ -43,41 +46,16 @@ fn paths() -> &'static (PathBuf, PathBuf) {
     })
 }
 
-/// Keys that describe the file rather than the model.
-const DESCRIPTIVE: &[&str] = &["general.name", "general.type"];
-
 #[test]
 fn qwen3moe_folder_loads_as_the_gguf_convert_writes() {
     let (gguf, folder) = paths();
     let orig = Gguf::open(gguf).expect("opens the reference");
     let conv = smelt_load::open(folder, None, &CpuQuantizer).expect("loads the folder");
-    let (om, cm) = (orig.metadata(), conv.metadata());
-    for (k, v) in om.iter() {
-        if !DESCRIPTIVE.contains(&k) {
-            assert_eq!(cm.get(k), Some(v), "metadata key {k}");
-        }
-    }
-    for (k, _) in cm.iter() {
-        assert!(
-            om.get(k).is_some() || DESCRIPTIVE.contains(&k),
-            "converted GGUF has extra key {k}"
-        );
-    }
+    assert_same_metadata(&orig, &conv);
+    let cm = conv.metadata();
     assert_eq!(cm.get_u64("qwen3moe.expert_count"), Some(4));
-    assert_eq!(orig.tensors().len(), conv.tensors().len());
-    let mut stacked = 0;
-    for t in orig.tensors() {
-        let c = conv
-            .tensor(&t.name)
-            .unwrap_or_else(|| panic!("{} missing", t.name));
-        assert_eq!((c.ty, &c.shape), (t.ty, &t.shape), "{}", t.name);
-        assert!(
-            conv.tensor_data(c) == orig.tensor_data(t),
-            "{}: bytes differ",
-            t.name
-        );
-        stacked += usize::from(t.shape.len() == 3);
-    }
+    assert_same_tensors(&orig, &conv);
+    let stacked = orig.tensors().iter().filter(|t| t.shape.len() == 3).count();
     assert_eq!(stacked, 2 * 3, "gate, up and down experts of two layers");
     assert_eq!(
         conv.tensor("blk.1.ffn_gate_inp.weight").map(|t| t.ty),

@@ -51,6 +51,42 @@ impl smelt_load::Planner for EveryMatrix {
     }
 }
 
+/// Keys that describe the file rather than the model.
+pub const DESCRIPTIVE: &[&str] = &["general.name", "general.type"];
+
+/// Every metadata key of `orig` is `conv`'s, and `conv` has no other (the descriptive keys
+/// apart).
+pub fn assert_same_metadata(orig: &Gguf, conv: &Gguf) {
+    let (om, cm) = (orig.metadata(), conv.metadata());
+    for (k, v) in om.iter() {
+        if !DESCRIPTIVE.contains(&k) {
+            assert_eq!(cm.get(k), Some(v), "metadata key {k}");
+        }
+    }
+    for (k, _) in cm.iter() {
+        assert!(
+            om.get(k).is_some() || DESCRIPTIVE.contains(&k),
+            "converted GGUF has extra key {k}"
+        );
+    }
+}
+
+/// `conv` has `orig`'s tensors: the same names, types, shapes and bytes.
+pub fn assert_same_tensors(orig: &Gguf, conv: &Gguf) {
+    assert_eq!(orig.tensors().len(), conv.tensors().len());
+    for t in orig.tensors() {
+        let c = conv
+            .tensor(&t.name)
+            .unwrap_or_else(|| panic!("{} missing", t.name));
+        assert_eq!((c.ty, &c.shape), (t.ty, &t.shape), "{}", t.name);
+        assert!(
+            conv.tensor_data(c) == orig.tensor_data(t),
+            "{}: bytes differ",
+            t.name
+        );
+    }
+}
+
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
