@@ -386,16 +386,7 @@ def qwen3moe_gguf(argv):
     as_f32 = lambda bits: (bits.astype(np.uint32) << 16).view(np.float32)
 
     w = gguf.GGUFWriter(a.out, "qwen3moe")
-    # The tokenizer and chat template as the source has them (convert wrote those), less
-    # what convert writes for Llama vocabularies only (LlamaModel.set_vocab).
-    for f in r.fields.values():
-        if not f.name.startswith("tokenizer.") or f.name == "tokenizer.ggml.add_space_prefix":
-            continue
-        t0 = f.types[0]
-        if t0 == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(f.name, f.contents(), t0, sub_type=f.types[1])
-        else:
-            w.add_key_value(f.name, f.contents(), t0)
+    hf_hybrid.copy_tokenizer(r, w)
     a_ = "qwen3moe"
     w.add_uint32(f"{a_}.block_count", a.layers)
     w.add_uint32(f"{a_}.context_length", int(k("context_length")))

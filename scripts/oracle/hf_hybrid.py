@@ -37,6 +37,21 @@ MODEL_TYPE = {"qwen3next": "qwen3_next", "qwen35": "qwen3_5_text", "qwen35moe": 
 DEFAULT_SECTIONS = [11, 11, 10, 0]
 
 
+
+def copy_tokenizer(r, w):
+    """Copies reader `r`'s tokenizer and chat template (convert wrote those) to writer `w`,
+    less what convert writes for Llama vocabularies only (LlamaModel.set_vocab)."""
+    import gguf
+
+    for f in r.fields.values():
+        if not f.name.startswith("tokenizer.") or f.name == "tokenizer.ggml.add_space_prefix":
+            continue
+        t0 = f.types[0]
+        if t0 == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(f.name, f.contents(), t0, sub_type=f.types[1])
+        else:
+            w.add_key_value(f.name, f.contents(), t0)
+
 def to_bf16(x):
     """f32 -> bf16 bits, round to nearest even (finite inputs)."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
@@ -242,14 +257,7 @@ def reference_gguf(argv):
     n_rot = hd // 4
 
     w = gguf.GGUFWriter(a.out, arch)
-    for f in r.fields.values():
-        if not f.name.startswith("tokenizer.") or f.name == "tokenizer.ggml.add_space_prefix":
-            continue
-        t0 = f.types[0]
-        if t0 == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(f.name, f.contents(), t0, sub_type=f.types[1])
-        else:
-            w.add_key_value(f.name, f.contents(), t0)
+    copy_tokenizer(r, w)
     w.add_block_count(a.layers)
     w.add_context_length(int(field(f"{src}.context_length")))
     w.add_embedding_length(e)
