@@ -12,7 +12,10 @@
 //! channels. A sequence is processed exactly as [`smelt_engine::generate::generate`]
 //! processes it (same sampler calls on the same logits, same text and stop handling), and the
 //! engine computes each batch row independently of its neighbours, so greedy output equals
-//! `smelt run`'s token for token whatever else is running. A step where every sequence picks
+//! `smelt run`'s token for token whatever else is running. On the CPU a row also depends on
+//! whether its chunk holds one token or more (llama.cpp's two summation orders), so prompts
+//! are never cut into one-token pieces and a preempted sequence recomputes the tokens it
+//! generated one per step ([`chunk_len`]): preemption never changes an answer. A step where every sequence picks
 //! by plain argmax (and wants no logprobs) asks the engine for the tokens themselves
 //! ([`Engine::forward_greedy`]: on the GPU the logits never leave it); they are the argmax
 //! of the same logits.
@@ -236,6 +239,7 @@ where
                 }
             };
             let _ = ready_tx.send(Ok((engine.total_blocks(), Arc::clone(&tok), extra)));
+            let lone_rows_differ = engine.lone_token_rows_differ();
             let mut s = Scheduler {
                 name: thread_name,
                 engine,
@@ -249,6 +253,7 @@ where
                 next_order: 0,
                 kv_full: false,
                 embeds: VecDeque::new(),
+                lone_rows_differ,
             };
             s.run(rx);
         })
@@ -367,6 +372,27 @@ struct Scheduler<E, T> {
     kv_full: bool,
     /// Embedding requests, run between steps (see [`Scheduler::run_embeds`]).
     embeds: VecDeque<EmbedJob>,
+    /// The engine's [`StepEngine::lone_token_rows_differ`], read once.
+    lone_rows_differ: bool,
+}
+
+/// The next chunk of a sequence reading its context, `fed` tokens of it in the cache, on an
+/// engine whose lone-token rows differ: as [`Scheduler::plan`]'s budget allows, but never a
+/// single token of a prompt longer than that, nor leaving one behind (up to two tokens past
+/// the budget rather than that); and a preempted sequence's generated tokens one per step, as
+/// they were fed when they were sampled. So every row is summed in the order it had the first
+/// time, and the answer keeps its bits through preemption and any chunking.
+fn chunk_len(fed: usize, prompt: usize, budget: usize) -> usize {
+    if fed >= prompt {
+        return 1;
+    }
+    let left = prompt - fed;
+    match left.min(budget) {
+        n if n == left || (n >= 2 && left - n >= 2) => n,
+        n if n >= 3 => n - 1,
+        _ if left == 3 => 3,
+        _ => 2,
+    }
 }
 
 /// A queued `/v1/embeddings` request.
@@ -511,13 +537,37 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             // Prefix caching: what is cached of its tokens is not fed again (all of the
             // prompt is, when its log-probabilities are asked for).
             if a.job.constraint.prompt_logprobs.is_none() || a.sent_prompt {
-                a.fed = self.engine.attach_prefix(seq, &a.context);
+                a.fed = self.attach_prefix(&mut a);
             }
             a.order = self.next_order;
             self.next_order += 1;
             self.running.push(a);
         }
         self.running_now.store(self.running.len(), Ordering::SeqCst);
+    }
+
+    /// Attaches a newly admitted sequence to the cached blocks its context begins with; the
+    /// tokens they hold. Where lone-token rows differ, what is left of a longer prompt is
+    /// never a single token (it would be summed in the other order than when the prompt
+    /// came whole): the lookup stops a token earlier, and a recomputed sequence whose cached
+    /// blocks end one token short of its prompt's end starts again without them.
+    fn attach_prefix(&mut self, a: &mut Active) -> usize {
+        let Some(seq) = a.seq else { return 0 };
+        let prompt = a.job.prompt.len();
+        if !self.lone_rows_differ || prompt < 2 {
+            return self.engine.attach_prefix(seq, &a.context);
+        }
+        if a.context.len() == prompt {
+            return self.engine.attach_prefix(seq, &a.context[..prompt - 1]);
+        }
+        let n = self.engine.attach_prefix(seq, &a.context);
+        if n != prompt - 1 {
+            return n;
+        }
+        self.engine.free_sequence(seq);
+        let seq = self.engine.new_sequence();
+        a.seq = Some(seq);
+        self.engine.attach_prefix(seq, &a.context[..prompt - 1])
     }
 
     /// One batched forward over the running sequences, and what follows from its logits.
@@ -672,7 +722,10 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             if a.generated > 0 && a.remaining() == 1 {
                 continue;
             }
-            let n = a.remaining().min(budget);
+            let n = match self.lone_rows_differ {
+                true => chunk_len(a.fed, a.job.prompt.len(), budget),
+                false => a.remaining().min(budget),
+            };
             let last = a.fed + n == a.context.len();
             let all = a.job.constraint.prompt_logprobs.is_some() && !a.sent_prompt;
             inputs.push(SeqInput {
@@ -687,7 +740,7 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
                 },
             });
             owners.push(i);
-            budget -= n;
+            budget = budget.saturating_sub(n);
         }
         (inputs, owners)
     }

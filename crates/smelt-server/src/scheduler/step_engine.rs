@@ -29,6 +29,13 @@ pub trait StepEngine {
     fn prefix_cache_stats(&self) -> (u64, u64) {
         (0, 0)
     }
+    /// Whether a row's result depends on whether its chunk holds one token or more. The
+    /// CPU engine sums a lone token's attention in ggml's `vec_dot` order and a longer
+    /// chunk's in tinyBLAS order, as llama.cpp does; the scheduler then chunks so that
+    /// every row goes the way it went the first time (see [`super::chunk_len`]).
+    fn lone_token_rows_differ(&self) -> bool {
+        false
+    }
     /// Each input's pooled final-norm rows (not normalized); see [`Engine::embed`].
     fn embed(
         &mut self,
@@ -73,6 +80,10 @@ impl StepEngine for Engine {
 
     fn prefix_cache_stats(&self) -> (u64, u64) {
         Engine::prefix_cache_stats(self)
+    }
+
+    fn lone_token_rows_differ(&self) -> bool {
+        self.device() == smelt_engine::Device::Cpu
     }
 
     fn embed(

@@ -38,6 +38,8 @@ struct Fake {
     gate: Option<(std_mpsc::Sender<()>, std_mpsc::Receiver<()>)>,
     /// Steps that asked for tokens instead of logits.
     greedy_steps: Arc<AtomicUsize>,
+    /// What [`StepEngine::lone_token_rows_differ`] says (the CPU engine's answer).
+    lone_rows_differ: bool,
 }
 
 impl Fake {
@@ -130,6 +132,10 @@ impl StepEngine for Fake {
     fn total_blocks(&self) -> usize {
         self.n_blocks
     }
+
+    fn lone_token_rows_differ(&self) -> bool {
+        self.lone_rows_differ
+    }
 }
 
 struct FakeText;
@@ -154,6 +160,10 @@ struct Harness {
 }
 
 fn start(cfg: SchedulerConfig, n_blocks: usize, gated: bool) -> Harness {
+    start_with(cfg, n_blocks, gated, false)
+}
+
+fn start_with(cfg: SchedulerConfig, n_blocks: usize, gated: bool, lone: bool) -> Harness {
     let log = Arc::new(Mutex::new(Vec::new()));
     let greedy_steps = Arc::new(AtomicUsize::new(0));
     let (gate, entered, go) = if gated {
@@ -172,6 +182,7 @@ fn start(cfg: SchedulerConfig, n_blocks: usize, gated: bool) -> Harness {
         log: Arc::clone(&log),
         gate,
         greedy_steps: Arc::clone(&greedy_steps),
+        lone_rows_differ: lone,
     };
     let started = spawn(
         "fake".into(),
@@ -418,6 +429,116 @@ fn prompts_are_chunked_within_the_step_budget_while_others_decode() {
         .collect();
     assert!(b.len() >= 4, "{b:?}");
     assert_eq!(b.iter().sum::<usize>(), 12, "{b:?}");
+}
+
+/// Each sequence's chunk lengths, in the order they were fed.
+fn chunks_by_seq(log: &StepLog) -> HashMap<SeqId, Vec<usize>> {
+    let mut by_seq: HashMap<SeqId, Vec<usize>> = HashMap::new();
+    for &(seq, n) in log.lock().unwrap().iter().flatten() {
+        by_seq.entry(seq).or_default().push(n);
+    }
+    by_seq
+}
+
+#[test]
+fn lone_token_chunks_only_where_they_were_fed_alone() {
+    // Every prompt length from every start, under every budget: chunks of two tokens or
+    // more (at most two past the budget) until the prompt is in, then one token at a time.
+    for prompt in 2..40 {
+        for budget in 1..9 {
+            let mut fed = 0;
+            while fed < prompt {
+                let n = super::chunk_len(fed, prompt, budget);
+                assert!(n >= 2, "prompt {prompt}, budget {budget}, at {fed}: {n}");
+                assert!(
+                    n <= budget.max(1) + 2 && fed + n <= prompt,
+                    "{prompt} {budget} {fed} {n}"
+                );
+                fed += n;
+            }
+            assert_eq!(super::chunk_len(prompt, prompt, budget), 1);
+            assert_eq!(super::chunk_len(prompt + 5, prompt, budget), 1);
+        }
+    }
+    assert_eq!(
+        super::chunk_len(0, 1, 4),
+        1,
+        "a one-token prompt is one token"
+    );
+}
+
+#[test]
+fn where_lone_token_rows_differ_a_preempted_sequence_replays_its_tokens_one_by_one() {
+    // As `a_full_cache_preempts_the_newest_and_it_recomputes`, on an engine that sums a
+    // lone-token chunk in another order (the CPU): the recomputed sequence takes its prompt
+    // in one chunk and the tokens it had generated one per step, as it first fed them.
+    let mut h = start_with(SchedulerConfig::default(), 4, true, true);
+    let (a, rxa) = job(&[1, 1, 1, 1], 6);
+    let (b, rxb) = job(&[2, 2, 2, 2], 6);
+    h.handle.submit(a).unwrap();
+    let entered = h.entered.take().unwrap();
+    let go = h.go.take().unwrap();
+    entered.recv().unwrap();
+    h.handle.submit(b).unwrap();
+    go.send(()).unwrap();
+    std::thread::spawn(move || {
+        while entered.recv().is_ok() {
+            if go.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    for (rx, s) in [(rxa, 1), (rxb, 2)] {
+        match outcome(rx) {
+            Outcome::Done { ids, .. } => {
+                assert_eq!(ids, (1..=6).map(|k| s + k).collect::<Vec<_>>())
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let by_seq = chunks_by_seq(&h.log);
+    assert!(by_seq.len() >= 3, "nothing was preempted: {by_seq:?}");
+    // A finished job fed 4 + 5 tokens; one cut short after feeding generated tokens left
+    // some to recompute.
+    assert!(
+        by_seq
+            .values()
+            .any(|c| c.len() > 1 && c.iter().sum::<usize>() < 9),
+        "no sequence was preempted after it generated: {by_seq:?}"
+    );
+    for chunks in by_seq.values() {
+        assert_eq!(chunks[0], 4, "{by_seq:?}");
+        assert!(chunks[1..].iter().all(|&n| n == 1), "{by_seq:?}");
+    }
+    // A 9-token prompt while another sequence decodes under a 5-token budget: 4 + 3 + 2,
+    // never a lone last token.
+    drop(h);
+    let cfg = SchedulerConfig {
+        step_tokens: 5,
+        ..SchedulerConfig::default()
+    };
+    let h = start_with(cfg, 64, false, true);
+    let (a, rxa) = job(&[1], 8);
+    h.handle.submit(a).unwrap();
+    let (b, rxb) = job(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 2);
+    h.handle.submit(b).unwrap();
+    let (_, ob) = (outcome(rxa), outcome(rxb));
+    assert!(
+        matches!(&ob, Outcome::Done { ids, .. } if ids == &[10, 11]),
+        "{ob:?}"
+    );
+    let b_seq = h
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .flatten()
+        .map(|(s, _)| *s)
+        .max()
+        .unwrap();
+    let b = &chunks_by_seq(&h.log)[&b_seq];
+    assert_eq!(b.iter().sum::<usize>(), 10, "{b:?}");
+    assert!(b[..b.len() - 1].iter().all(|&n| n >= 2), "{b:?}");
 }
 
 #[test]

@@ -61,6 +61,15 @@ pub fn tp_devices(device: &str, tp: Option<usize>) -> Result<Option<Vec<Device>>
 pub const THREADS_HELP: &str = "CPU threads [default: the cores this process may use: its \
 CPU affinity and cgroup quota]. Results are the same for any count";
 
+/// `--batch-invariant`'s help, for `run`, `serve` and `bench`.
+pub const BATCH_INVARIANT_HELP: &str = "On a GPU, make every sequence's output independent \
+of the others in its steps and of how its prompt is cut into chunks (same tokens alone or \
+among 64): every matmul on the tensor-core GEMM and every attention on the tiled prompt \
+kernel. Costs single-stream decode speed (about a quarter of it on an H100). The CPU keeps \
+llama.cpp's orders either way: Q4_K and Q6_K matmuls sum a step's tokens in an order that \
+depends on how many there are, other types never depend on the batch, and the server feeds \
+prompts and recomputes preempted sequences so that their rows keep their bits [default: off]";
+
 /// Aliases and the file `scripts/fetch-models.sh` writes for each.
 const ALIASES: &[(&str, &str)] = &[
     ("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"),
