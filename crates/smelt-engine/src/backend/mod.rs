@@ -34,6 +34,16 @@ pub struct RopeParams {
     pub freq_scale: f32,
 }
 
+/// A rope as an attention layer applies it: [`Backend::rope`]'s arguments but the tensor.
+pub struct RopeAt<'a, W> {
+    /// Each row's position.
+    pub positions: &'a [u32],
+    pub head_dim: usize,
+    pub params: RopeParams,
+    /// Per-dimension frequency divisors (Llama 3 rope scaling).
+    pub freq_factors: Option<&'a W>,
+}
+
 /// The gated activation of the feed-forward block: `act(gate) * up`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Glu {
@@ -270,6 +280,26 @@ pub trait Backend: Send + Sync {
         v: &Self::Tensor,
         seqs: &[AttnSeq<'_>],
     );
+    /// [`Backend::rope`] of `q` and of `k`, then [`Backend::kv_write`] of the rotated `k`
+    /// and of `v`: the fused op of an attention layer's new rows. A backend may run it as
+    /// one kernel (the CUDA backend for a step of many rows; a decode row's Q|K|V GEMV does
+    /// it in its epilogue); this default is the three ops.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_kv_write(
+        &self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        v: &Self::Tensor,
+        rope: &RopeAt<'_, Self::Weight>,
+        kv: &mut Self::KvStore,
+        layer: usize,
+        seqs: &[AttnSeq<'_>],
+    ) {
+        let r = rope;
+        self.rope(q, r.positions, r.head_dim, &r.params, r.freq_factors);
+        self.rope(k, r.positions, r.head_dim, &r.params, r.freq_factors);
+        self.kv_write(kv, layer, k, v, seqs);
+    }
     /// Causal attention of each sequence's queries over its cached keys and values.
     fn attention(
         &self,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use smelt_gguf::Gguf;
 
-use crate::backend::{AttnParams, AttnSeq, Backend, DeltaState, Glu, RopeParams};
+use crate::backend::{AttnParams, AttnSeq, Backend, DeltaState, Glu, RopeAt, RopeParams};
 use crate::EngineError;
 pub use config::{Arch, DeltaInfo, ModelInfo, MoeInfo};
 use delta::DeltaBlock;
@@ -540,30 +540,21 @@ impl<B: Backend> Model<B> {
                         }
                     }
                     let (freq_base, freq_scale) = i.rope_for_layer(il);
-                    let rope = RopeParams {
-                        style: i.rope_style,
-                        n_rot: i.n_rot,
-                        freq_base,
-                        freq_scale,
+                    let rope = RopeAt {
+                        positions,
+                        head_dim: i.head_dim,
+                        params: RopeParams {
+                            style: i.rope_style,
+                            n_rot: i.n_rot,
+                            freq_base,
+                            freq_scale,
+                        },
+                        freq_factors: self.rope_freqs.as_ref(),
                     };
-                    b.rope(
-                        &mut s.q,
-                        positions,
-                        i.head_dim,
-                        &rope,
-                        self.rope_freqs.as_ref(),
-                    );
-                    b.rope(
-                        &mut s.k,
-                        positions,
-                        i.head_dim,
-                        &rope,
-                        self.rope_freqs.as_ref(),
-                    );
+                    b.rope_kv_write(&mut s.q, &mut s.k, &s.v, &rope, kv, il, seqs);
                     if i.q_scale != 1.0 {
                         b.scale(&mut s.q, i.q_scale);
                     }
-                    b.kv_write(kv, il, &s.k, &s.v, seqs);
                     let p = AttnParams {
                         n_head: i.n_head,
                         n_head_kv: i.n_head_kv,

@@ -163,6 +163,10 @@ pub fn registry() -> Vec<Case> {
             needs: &["rope_*", "kv_append"],
             ..case("rope_kv", ops::ROPE_KV, ops::check_rope_kv)
         },
+        Case {
+            needs: &["rope_*", "kv_append"],
+            ..case("rope_kv_rows", ops::ROPE_KV_ROWS, ops::check_rope_kv_rows)
+        },
         case("glu_q8", ops::GLU_Q8, ops::check_glu_q8),
         case("norm_q8", ops::NORM_Q8, ops::check_norm_q8),
         case("attention_reduce_q8", ops::REDUCE_Q8, ops::check_reduce_q8),

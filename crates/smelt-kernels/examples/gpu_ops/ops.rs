@@ -17,7 +17,8 @@ use super::harness::{floats, launch_values, nan, ptr, Check, Gpu, Report};
 
 pub const NORM: &[&str] = &["rms_norm", "add_rms_norm", "rms_norm_pair"];
 pub const ROPE: &[&str] = &["rope_normal", "rope_neox"];
-pub const ROPE_KV: &[&str] = &["rope_kv_*"];
+pub const ROPE_KV: &[&str] = &["rope_kv_normal", "rope_kv_neox"];
+pub const ROPE_KV_ROWS: &[&str] = &["rope_kv_rows_*"];
 pub const GLU_Q8: &[&str] = &["glu_*_q8_1", "glu_*_f16"];
 pub const REDUCE_Q8: &[&str] = &["attention_reduce_q8_1"];
 pub const NORM_Q8: &[&str] = &[
@@ -354,6 +355,168 @@ pub fn check_rope_kv(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
             cc,
             "exact (bits) vs unfused",
         );
+    }
+    Ok(())
+}
+
+/// The fused rope + KV append of a whole step (`rope_kv_rows_*`): ragged sequences (64
+/// decode rows; prompts and decodes mixed; more than 1,024 tokens of one sequence, so
+/// blocks stride), head sizes 64-256, frequency factors. Q and K against the rope twin and
+/// bit for bit against the unfused GPU path (`rope_*` of Q, of K, then `kv_append`), the
+/// caches bit for bit against that path, V's against the twin too.
+pub fn check_rope_kv_rows(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let decode: Vec<(usize, usize)> = (0..64).map(|i| (i * 37 % 900, 1)).collect();
+    let mixed = [(0, 37), (100, 1), (5, 3), (4000, 1)];
+    for style in [rope::RopeStyle::Normal, rope::RopeStyle::Neox] {
+        let name = rope::kv_rows_name(style);
+        let (mut cx, mut cc) = (
+            Check::new(&format!("{name} (Q, K)")),
+            Check::new(&format!("{name} (caches)")),
+        );
+        // (sequences, n_head, n_head_kv, head_dim, block size, freq factors, base, scale)
+        for (shape, n_head, n_head_kv, hd, bs, ff, base, fscale) in [
+            (&decode[..], 32, 8, 128, 16, false, 500000.0f32, 1.0f32),
+            (&mixed[..], 9, 3, 64, 16, true, 10000.0, 1.0),
+            (
+                &[(131_000, 2), (0, 1100)][..],
+                4,
+                1,
+                256,
+                8,
+                false,
+                1000000.0,
+                0.125,
+            ),
+            (&[(700, 5), (3, 2)][..], 6, 2, 80, 12, true, 10000.0, 0.5),
+            (&[(9, 1)][..], 8, 8, 96, 16, false, 10000.0, 1.0),
+        ] {
+            let (q_dim, kv_dim) = (n_head * hd, n_head_kv * hd);
+            let p = paged(rng, shape, bs);
+            let positions: Vec<u32> = shape
+                .iter()
+                .flat_map(|&(start, n)| (start..start + n).map(|x| x as u32))
+                .collect();
+            let rows = p.rows;
+            let cache_len = p.n_blocks * bs * kv_dim;
+            let (kc0, vc0) = (f16_bits(rng, cache_len), f16_bits(rng, cache_len));
+            let (q, k, v) = (
+                floats(rng, rows * q_dim, 2.0),
+                floats(rng, rows * kv_dim, 2.0),
+                floats(rng, rows * kv_dim, 1.0),
+            );
+            let factors: Vec<f32> = (0..hd / 2).map(|i| 1.0 + (i % 7) as f32).collect();
+            let words: Vec<u32> = p.seqs.iter().flat_map(|s| s.words()).collect();
+            let sd = gpu.stream.clone_htod(&words)?;
+            let td = gpu.stream.clone_htod(&p.tables)?;
+            let pd = gpu.stream.clone_htod(&positions)?;
+            let fd = gpu.stream.clone_htod(&factors)?;
+            let fptr = if ff { ptr(gpu, &fd) } else { 0 };
+            let vd = gpu.stream.clone_htod(&v)?;
+            let ts = rope::theta_scale(base, hd);
+            // Fused.
+            let (qd, kd) = (gpu.stream.clone_htod(&q)?, gpu.stream.clone_htod(&k)?);
+            let (kcd, vcd) = (gpu.stream.clone_htod(&kc0)?, gpu.stream.clone_htod(&vc0)?);
+            let a = rope::RopeKvRowsArgs {
+                q: ptr(gpu, &qd),
+                k: ptr(gpu, &kd),
+                v: ptr(gpu, &vd),
+                pos: ptr(gpu, &pd),
+                freq_factors: fptr,
+                k_cache: ptr(gpu, &kcd),
+                v_cache: ptr(gpu, &vcd),
+                seqs: ptr(gpu, &sd),
+                block_tables: ptr(gpu, &td),
+                n_head: n_head as u32,
+                n_head_kv: n_head_kv as u32,
+                head_dim: hd as u32,
+                block_size: bs as u32,
+                theta_scale: ts,
+                freq_scale: fscale,
+            };
+            let l = rope::kv_rows_launch(p.seqs.len(), p.max_tokens, n_head, n_head_kv, hd);
+            launch_values(gpu, name, l, &a.values())?;
+            // Unfused, on the GPU: rope of Q, rope of K, then kv_append.
+            let (qu, ku) = (gpu.stream.clone_htod(&q)?, gpu.stream.clone_htod(&k)?);
+            let (kcu, vcu) = (gpu.stream.clone_htod(&kc0)?, gpu.stream.clone_htod(&vc0)?);
+            for (x, cols) in [(&qu, q_dim), (&ku, kv_dim)] {
+                let r = rope::RopeArgs {
+                    x: ptr(gpu, x),
+                    pos: ptr(gpu, &pd),
+                    freq_factors: fptr,
+                    cols: cols as u32,
+                    head_dim: hd as u32,
+                    n_rot: hd as u32,
+                    theta_scale: ts,
+                    freq_scale: fscale,
+                };
+                let l = rope::launch(rows, cols, hd, hd);
+                launch_values(gpu, rope::name(style), l, &r.values())?;
+            }
+            let ka = kv::KvAppendArgs {
+                k: ptr(gpu, &ku),
+                v: ptr(gpu, &vd),
+                k_cache: ptr(gpu, &kcu),
+                v_cache: ptr(gpu, &vcu),
+                seqs: ptr(gpu, &sd),
+                block_tables: ptr(gpu, &td),
+                kv_dim: kv_dim as u32,
+                block_size: bs as u32,
+            };
+            let l = kv::launch(p.seqs.len(), p.max_tokens, kv_dim);
+            launch_values(gpu, kv::KV_APPEND, l, &ka.values())?;
+            // The twin.
+            let (mut qw, mut kw, mut kcw, mut vcw) =
+                (q.clone(), k.clone(), kc0.clone(), vc0.clone());
+            rope::rope_kv_rows_cpu(
+                &mut qw,
+                &mut kw,
+                &v,
+                &positions,
+                &mut kcw,
+                &mut vcw,
+                &p.seqs,
+                &p.tables,
+                (n_head, n_head_kv, hd, bs),
+                style,
+                (base, fscale),
+                ff.then_some(&factors[..]),
+            );
+            let case = format!(
+                "{} seqs {rows} rows {n_head}/{n_head_kv}x{hd} bs {bs} ff {ff}",
+                p.seqs.len()
+            );
+            let (qg, kg) = (gpu.stream.clone_dtoh(&qd)?, gpu.stream.clone_dtoh(&kd)?);
+            cx.add(&format!("Q {case}"), &qg, &qw, 1e-5, 1e-5);
+            cx.add(&format!("K {case}"), &kg, &kw, 1e-5, 1e-5);
+            cx.add(
+                &format!("Q {case} vs rope_*"),
+                &qg,
+                &gpu.stream.clone_dtoh(&qu)?,
+                0.0,
+                0.0,
+            );
+            cx.add(
+                &format!("K {case} vs rope_*"),
+                &kg,
+                &gpu.stream.clone_dtoh(&ku)?,
+                0.0,
+                0.0,
+            );
+            let (kcg, vcg) = (gpu.stream.clone_dtoh(&kcd)?, gpu.stream.clone_dtoh(&vcd)?);
+            cc.bits(
+                &format!("K cache {case} vs unfused"),
+                &kcg,
+                &gpu.stream.clone_dtoh(&kcu)?,
+            );
+            cc.bits(
+                &format!("V cache {case} vs unfused"),
+                &vcg,
+                &gpu.stream.clone_dtoh(&vcu)?,
+            );
+            cc.bits(&format!("V cache {case} vs twin"), &vcg, &vcw);
+        }
+        rep.push(&format!("{name} (Q, K)"), cx, "1e-5 + 1e-5|r|, = rope_*");
+        rep.push(&format!("{name} (caches)"), cc, "exact (bits) vs unfused");
     }
     Ok(())
 }

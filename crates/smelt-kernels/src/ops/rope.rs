@@ -37,7 +37,16 @@ pub fn kv_name(style: RopeStyle) -> &'static str {
     }
 }
 
-/// The rope kernels and the fused rope + KV-append kernels, for both styles.
+/// The many-row fused rope + KV-append kernel's name for `style`.
+pub fn kv_rows_name(style: RopeStyle) -> &'static str {
+    match style {
+        RopeStyle::Normal => "rope_kv_rows_normal",
+        RopeStyle::Neox => "rope_kv_rows_neox",
+    }
+}
+
+/// The rope kernels and the fused rope + KV-append kernels (one row, many rows), for both
+/// styles.
 pub fn catalog() -> Vec<Entry> {
     let mut v: Vec<Entry> = Vec::new();
     for s in [RopeStyle::Normal, RopeStyle::Neox] {
@@ -48,6 +57,10 @@ pub fn catalog() -> Vec<Entry> {
         v.push((
             kv_name(s).to_string(),
             Box::new(move |k: &Kernel| rope_kv_kernel(k, s)),
+        ));
+        v.push((
+            kv_rows_name(s).to_string(),
+            Box::new(move |k: &Kernel| rope_kv_rows_kernel(k, s)),
         ));
     }
     v
@@ -279,6 +292,216 @@ pub fn rope_kv_cpu(
         &[seq],
         block_tables,
         n_head_kv * head_dim,
+        block_size,
+    );
+}
+
+/// Launch of [`rope_kv_rows_kernel`] for `n_seqs` sequences of at most `max_tokens` new
+/// tokens: one block per (sequence, Q, K or V head), blocks striding over the sequence's
+/// tokens (one per token up to 1024), one thread per pair.
+pub fn kv_rows_launch(
+    n_seqs: usize,
+    max_tokens: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+) -> Launch {
+    let pairs = (head_dim / 2).max(1);
+    Launch::new(
+        (
+            dim(n_seqs),
+            dim(n_head + 2 * n_head_kv),
+            dim(max_tokens.clamp(1, 1024)),
+        ),
+        ((pairs.div_ceil(32) * 32) as u32, 1, 1),
+    )
+}
+
+kernel_params! {
+    /// Arguments of [`rope_kv_rows_kernel`] (either rope style).
+    RopeKvRowsArgs, RopeKvRowsRegs {
+        q: Ptr,
+        k: Ptr,
+        v: Ptr,
+        pos: Ptr,
+        freq_factors: MaybePtr,
+        k_cache: Ptr,
+        v_cache: Ptr,
+        seqs: Ptr,
+        block_tables: Ptr,
+        n_head: U32,
+        n_head_kv: U32,
+        head_dim: U32,
+        block_size: U32,
+        theta_scale: F32,
+        freq_scale: F32,
+    }
+}
+
+/// A step's rope of Q and K and its KV-cache append in one launch, for any number of
+/// sequences and tokens (instead of [`kernel`] twice and `kv::kv_append_kernel`): rows of
+/// `q` (`n_head` heads) and `k` (`n_head_kv` heads) rotated in place as [`kernel`] rotates
+/// them, every dimension (`n_rot == head_dim`), each row by its own position `pos[row]`;
+/// the rotated K row and the row of `v` stored as f16 (round to nearest even) at position
+/// `start_pos + t` of the row's sequence, as `kv_append` stores them.
+///
+/// Parameters: `q: *mut f32, k: *mut f32, v: *const f32, pos: *const u32 (one per row),
+/// freq_factors: *const f32 (or 0), k_cache: *mut f16, v_cache: *mut f16, seqs: *const
+/// SeqDesc, block_tables: *const u32, n_head: u32, n_head_kv: u32, head_dim: u32,
+/// block_size: u32, theta_scale: f32, freq_scale: f32`. Launch: [`kv_rows_launch`].
+pub fn rope_kv_rows_kernel(k: &Kernel, style: RopeStyle) {
+    k.max_threads(1024, 1, 1);
+    let RopeKvRowsRegs {
+        q,
+        k: kin,
+        v,
+        pos,
+        freq_factors: ff_raw,
+        k_cache: kc,
+        v_cache: vc,
+        seqs,
+        block_tables: tables,
+        n_head,
+        n_head_kv,
+        head_dim,
+        block_size,
+        theta_scale,
+        freq_scale,
+    } = RopeKvRowsRegs::declare(k);
+    let half = k.shr(k.reg(), head_dim, 1u32);
+    let i = k.tid_x();
+    k.exit_if(k.ge(i, half));
+    let head = k.ctaid_y();
+    let (a, b) = match style {
+        RopeStyle::Normal => {
+            let a = k.shl(k.reg(), i, 1u32);
+            (a, k.add(k.reg(), a, 1u32))
+        }
+        RopeStyle::Neox => (i, k.add(k.reg(), i, half)),
+    };
+    let w = k.regs::<U32, 4>();
+    k.ld_v4(Load::GLOBAL_NC, w, k.elem_addr(seqs, k.ctaid_x(), 16));
+    let [row0, n_tokens, start, bto] = w;
+    let kv_dim = k.mul(k.reg(), n_head_kv, head_dim);
+    let q_dim = k.mul(k.reg(), n_head, head_dim);
+    let n_rope = k.add(k.reg(), n_head, n_head_kv);
+    // What this block's head is: a Q head (rotated), a K head (rotated and stored) or a V
+    // head (stored), and its first column in its own tensor.
+    let is_q = k.lt(head, n_head);
+    let not_q = k.ge(head, n_head);
+    let is_v = k.ge(head, n_rope);
+    let kh = k.sub(k.reg(), head, n_head);
+    let vh = k.sub(k.reg(), head, n_rope);
+    let col = k.mul(k.reg(), head, head_dim);
+    k.if_(not_q, |k| {
+        k.mul(col, kh, head_dim);
+    });
+    k.if_(is_v, |k| {
+        k.mul(col, vh, head_dim);
+    });
+    let nz = k.special(smelt_ptx::Special::Nctaid(smelt_ptx::Dim::Z));
+    let z = k.special(smelt_ptx::Special::Ctaid(smelt_ptx::Dim::Z));
+    k.stride_loop(z, n_tokens, nz, |k, t| {
+        let row = k.add(k.reg(), row0, t);
+        // The token's cache slot, as kv_append finds it.
+        let p_cache = k.add(k.reg(), start, t);
+        let bi = k.div_int(k.reg(), p_cache, block_size);
+        let off = k.rem(k.reg(), p_cache, block_size);
+        let ti = k.add(k.reg(), bto, bi);
+        let block = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(tables, ti, 4));
+        let slot = k.mad(k.reg(), block, block_size, off);
+        let slot_base = k.mul_wide(k.reg::<U64>(), slot, kv_dim);
+        let store_f16 = |cache: smelt_ptx::Reg<U64>, c: smelt_ptx::Reg<U32>, val| {
+            let e = k.cvt(k.reg::<U64>(), c, smelt_ptx::Exact);
+            k.add(e, e, slot_base);
+            k.shl(e, e, 1u32);
+            let h = k.cvt(k.reg::<smelt_ptx::F16>(), val, FloatRound::Rn);
+            k.st(Store::GLOBAL, k.add(k.reg(), cache, e), h);
+        };
+        let ca = k.add(k.reg(), col, a);
+        let cb = k.add(k.reg(), col, b);
+        let next = k.label();
+        k.if_(is_v, |k| {
+            let e = k.mad(k.reg(), row, kv_dim, 0u32);
+            let va = k.load::<F32>(Load::GLOBAL, k.elem_addr(v, k.add(k.reg(), e, ca), 4));
+            let vb = k.load::<F32>(Load::GLOBAL, k.elem_addr(v, k.add(k.reg(), e, cb), 4));
+            store_f16(vc, ca, va);
+            store_f16(vc, cb, vb);
+        });
+        k.bra_if(is_v, next);
+        let p = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(pos, row, 4));
+        let (sin, cos) = angle(k, p, i, ff_raw, theta_scale, freq_scale);
+        // The row's first element in Q or K.
+        let x = k.reg::<U64>();
+        let first = k.reg::<U32>();
+        k.if_else(
+            is_q,
+            |k| {
+                k.mov(x, q);
+                k.mul(first, row, q_dim);
+            },
+            |k| {
+                k.mov(x, kin);
+                k.mul(first, row, kv_dim);
+            },
+        );
+        let (pa, pb) = (
+            k.elem_addr(x, k.add(k.reg(), first, ca), 4),
+            k.elem_addr(x, k.add(k.reg(), first, cb), 4),
+        );
+        let x0 = k.load::<F32>(Load::GLOBAL, pa);
+        let x1 = k.load::<F32>(Load::GLOBAL, pb);
+        let (y0, y1) = rotate(k, x0, x1, sin, cos);
+        k.st(Store::GLOBAL, pa, y0);
+        k.st(Store::GLOBAL, pb, y1);
+        // Past the V heads' branch, not Q is K.
+        k.if_(not_q, |_| {
+            store_f16(kc, ca, y0);
+            store_f16(kc, cb, y1);
+        });
+        k.place(next);
+    });
+}
+
+/// CPU twin of [`rope_kv_rows_kernel`]: [`rope_cpu`] of `q` and of `k`, then
+/// `kv_append_cpu` of the rotated `k` and `v`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_rows_cpu(
+    q: &mut [f32],
+    k: &mut [f32],
+    v: &[f32],
+    positions: &[u32],
+    k_cache: &mut [u16],
+    v_cache: &mut [u16],
+    seqs: &[super::kv::SeqDesc],
+    block_tables: &[u32],
+    (n_head, n_head_kv, head_dim, block_size): (usize, usize, usize, usize),
+    style: RopeStyle,
+    (freq_base, freq_scale): (f32, f32),
+    freq_factors: Option<&[f32]>,
+) {
+    let kv_dim = n_head_kv * head_dim;
+    for (x, cols) in [(q, n_head * head_dim), (&mut *k, kv_dim)] {
+        rope_cpu(
+            x,
+            positions,
+            cols,
+            head_dim,
+            head_dim,
+            style,
+            freq_base,
+            freq_scale,
+            freq_factors,
+        );
+    }
+    super::kv::kv_append_cpu(
+        k,
+        v,
+        k_cache,
+        v_cache,
+        seqs,
+        block_tables,
+        kv_dim,
         block_size,
     );
 }

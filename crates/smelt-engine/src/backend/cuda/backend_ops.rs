@@ -13,7 +13,7 @@ use smelt_kernels::act;
 use super::weights::Role;
 use super::{fusion, lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingRope, Quantized};
 use crate::backend::{
-    AttnParams, AttnSeq, Backend, DeltaParams, DeltaState, DeltaWeights, Glu, MoeRouting,
+    AttnParams, AttnSeq, Backend, DeltaParams, DeltaState, DeltaWeights, Glu, MoeRouting, RopeAt,
     RopeParams, RopeStyle,
 };
 use crate::EngineError;
@@ -495,6 +495,47 @@ impl Backend for Cuda {
         });
     }
 
+    fn rope_kv_write(
+        &self,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        v: &CudaTensor,
+        rope: &RopeAt<'_, CudaWeight>,
+        kv: &mut CudaKv,
+        layer: usize,
+        seqs: &[AttnSeq<'_>],
+    ) {
+        // One row (a decode step of one sequence) keeps the deferred path: its rope joins
+        // the KV append in one kernel, or the Q|K|V GEMV's epilogue.
+        if q.rows <= 1 || !self.opts.fuse.rope_kv_rows || !can_rope_kv_rows(q, k, v, kv, rope) {
+            let r = rope;
+            self.rope(q, r.positions, r.head_dim, &r.params, r.freq_factors);
+            self.rope(k, r.positions, r.head_dim, &r.params, r.freq_factors);
+            self.kv_write(kv, layer, k, v, seqs);
+            return;
+        }
+        self.run_raw(|| {
+            self.flush_gemv()?;
+            self.flush_add()?;
+            self.forget_quantized()?;
+            let pending = lock(&self.pending_rope).take();
+            if let Some(r) = pending {
+                self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors)?;
+            }
+            let s = self.step_ptrs()?;
+            if s.n_seqs != seqs.len() || s.n_tokens != rope.positions.len() || s.n_tokens != q.rows
+            {
+                return Err(CudaError::BadLength {
+                    what: "rope_kv_write rows or sequences (not the step's)",
+                    got: q.rows,
+                    want: s.n_tokens,
+                });
+            }
+            let ff = rope.freq_factors.map_or(0, |w| w.ptr());
+            self.op_rope_kv_rows((q, k, v), (rope.head_dim, &rope.params, ff), kv, layer, &s)
+        });
+    }
+
     fn attention(
         &self,
         q: &CudaTensor,
@@ -675,4 +716,27 @@ impl Backend for Cuda {
         self.run(|| self.op_delta_net(p, w, qkv, z, alpha, beta, seqs, states, out));
         self.take_error()
     }
+}
+
+/// Whether a step's rope of `q` and `k` and its KV append of `k` and `v` fit the many-row
+/// kernel (`ops::rope::rope_kv_rows_kernel`): every dimension rotated, whole heads, K and V
+/// rows of the cache's width, one row of each per token.
+fn can_rope_kv_rows(
+    q: &CudaTensor,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    kv: &CudaKv,
+    rope: &RopeAt<'_, CudaWeight>,
+) -> bool {
+    let hd = rope.head_dim;
+    hd > 0
+        && hd.is_multiple_of(2)
+        && hd <= 2048
+        && rope.params.n_rot == hd
+        && q.cols.is_multiple_of(hd)
+        && k.cols == kv.kv_dim
+        && v.cols == kv.kv_dim
+        && kv.kv_dim.is_multiple_of(hd)
+        && k.rows == q.rows
+        && v.rows == q.rows
 }

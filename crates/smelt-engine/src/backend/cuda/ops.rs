@@ -443,10 +443,7 @@ impl Cuda {
             });
         }
         let ff = freq_factors;
-        let style = match p.style {
-            RopeStyle::Normal => ops::rope::RopeStyle::Normal,
-            RopeStyle::Neox => ops::rope::RopeStyle::Neox,
-        };
+        let style = kernel_style(p.style);
         self.launch(
             ops::rope::name(style),
             ops::rope::launch(x.rows, x.cols, head_dim, n_rot),
@@ -507,10 +504,7 @@ impl Cuda {
         let hd = r.head_dim;
         let n_head_kv = kv.kv_dim / hd;
         let n_head = (r.x.cols - kv.kv_dim) / hd;
-        let style = match r.p.style {
-            RopeStyle::Normal => ops::rope::RopeStyle::Normal,
-            RopeStyle::Neox => ops::rope::RopeStyle::Neox,
-        };
+        let style = kernel_style(r.p.style);
         self.launch(
             ops::rope::kv_name(style),
             ops::rope::kv_launch(n_head, n_head_kv, hd),
@@ -530,6 +524,46 @@ impl Cuda {
                     block_size: u32_of(kv.block_size, "rope_kv block size")?,
                     theta_scale: ops::rope::theta_scale(r.p.freq_base, hd),
                     freq_scale: r.p.freq_scale,
+                }
+                .values(),
+            ),
+        )
+    }
+
+    /// A step's rope of `q` and `k` (head size, rotation, frequency factors' address or 0)
+    /// and the KV append of the rotated `k` and `v`, in one launch for every sequence and
+    /// token (see `can_rope_kv_rows` in `backend_ops`).
+    pub(crate) fn op_rope_kv_rows(
+        &self,
+        (q, k, v): (&CudaTensor, &CudaTensor, &CudaTensor),
+        (hd, p, freq_factors): (usize, &RopeParams, u64),
+        kv: &CudaKv,
+        layer: usize,
+        s: &StepPtrs,
+    ) -> Result<(), CudaError> {
+        let (kc, vc) = self.kv_layer(kv, layer, "rope_kv_rows")?;
+        let (n_head, n_head_kv) = (q.cols / hd, kv.kv_dim / hd);
+        let style = kernel_style(p.style);
+        self.launch(
+            ops::rope::kv_rows_name(style),
+            ops::rope::kv_rows_launch(s.n_seqs, s.max_tokens, n_head, n_head_kv, hd),
+            &args(
+                &ops::rope::RopeKvRowsArgs {
+                    q: q.ptr,
+                    k: k.ptr,
+                    v: v.ptr,
+                    pos: s.positions,
+                    freq_factors,
+                    k_cache: kc,
+                    v_cache: vc,
+                    seqs: s.descs,
+                    block_tables: s.block_tables,
+                    n_head: u32_of(n_head, "rope_kv_rows heads")?,
+                    n_head_kv: u32_of(n_head_kv, "rope_kv_rows kv heads")?,
+                    head_dim: u32_of(hd, "rope_kv_rows head_dim")?,
+                    block_size: u32_of(kv.block_size, "rope_kv_rows block size")?,
+                    theta_scale: ops::rope::theta_scale(p.freq_base, hd),
+                    freq_scale: p.freq_scale,
                 }
                 .values(),
             ),
@@ -668,5 +702,13 @@ impl Cuda {
                 .values(),
             ),
         )
+    }
+}
+
+/// The kernels' name for a rope style.
+fn kernel_style(style: RopeStyle) -> ops::rope::RopeStyle {
+    match style {
+        RopeStyle::Normal => ops::rope::RopeStyle::Normal,
+        RopeStyle::Neox => ops::rope::RopeStyle::Neox,
     }
 }

@@ -16,6 +16,7 @@
 //! | `SMELT_CUDA_ATTN_COMBINE=0` | `fuse.attn_combine` | on |
 //! | `SMELT_CUDA_ROPE_KV=0` | `fuse.rope_kv` | on |
 //! | `SMELT_CUDA_GEMV_ROPE=0` | `fuse.gemv_rope_kv` | on |
+//! | `SMELT_CUDA_ROPE_KV_ROWS=0` | `fuse.rope_kv_rows` | on |
 //! | `SMELT_CUDA_MOE_FUSE=0` | `fuse.moe` | on |
 //! | `SMELT_CUDA_HEAD_NORMS=0` | `fuse.head_norms` | on |
 //! | `SMELT_CUDA_SPLIT_FIXUP=1` | `fuse.split_fixup` | off (slower: bench/RESULTS.md 2026-11-27 14:00 UTC) |
@@ -105,6 +106,9 @@ pub struct FuseOptions {
     pub rope_kv: bool,
     /// With `rope_kv`, the Q|K|V GEMV does them in its epilogue.
     pub gemv_rope_kv: bool,
+    /// A step of many rows ropes Q and K and appends K and V in one kernel
+    /// (`ops::rope::rope_kv_rows_kernel`) instead of three.
+    pub rope_kv_rows: bool,
     /// A decode row's MoE router (FFN norm, router matmul, top-k) and its combine with the
     /// residual add and the next norm run as one kernel each (`smelt_kernels::moe_fused`).
     pub moe: bool,
@@ -280,6 +284,7 @@ impl CudaOptions {
                 attn_combine: fused && on("SMELT_CUDA_ATTN_COMBINE"),
                 rope_kv: fused && on("SMELT_CUDA_ROPE_KV"),
                 gemv_rope_kv: on("SMELT_CUDA_GEMV_ROPE"),
+                rope_kv_rows: fused && on("SMELT_CUDA_ROPE_KV_ROWS"),
                 moe: fused && on("SMELT_CUDA_MOE_FUSE"),
                 head_norms: fused && on("SMELT_CUDA_HEAD_NORMS"),
                 split_fixup: fused && set("SMELT_CUDA_SPLIT_FIXUP"),
@@ -384,6 +389,12 @@ mod tests {
         let o = with(&[], false);
         let f = &o.fuse;
         assert!(f.quantize && f.split_norm && f.attn_combine && f.rope_kv && f.gemv_rope_kv);
+        assert!(
+            f.rope_kv_rows
+                && !with(&[("SMELT_CUDA_ROPE_KV_ROWS", "0")], false)
+                    .fuse
+                    .rope_kv_rows
+        );
         assert!(f.moe && f.head_norms);
         assert!(o.launch.split_argmax && o.launch.graphs && !o.launch.plain_upload);
         assert!(!o.debug.digest && !o.debug.weight_digest);
@@ -437,6 +448,7 @@ mod tests {
                 && !f.split_norm
                 && !f.attn_combine
                 && !f.rope_kv
+                && !f.rope_kv_rows
                 && !f.moe
                 && !f.head_norms
                 && !f.split_fixup
