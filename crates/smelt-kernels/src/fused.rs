@@ -444,6 +444,37 @@ pub(crate) fn quantize_warp_block(
     store_header(k, first, hdst, d, sum);
 }
 
+/// Stores one value `v` of rows of whole tiles (`f` its index there) into f16 rows in
+/// [`crate::gemm::f16::act_kernel`]'s layout at `h`: values `4i, 4i + 2, 4i + 1, 4i + 3` at
+/// halves `4i..4i + 4`, rounded to nearest (so value `4i + r` goes to half `4i + (r & 1) * 2
+/// + r / 2`). Any lanes may call it; each stores its own value.
+pub(crate) fn store_f16_row_value(k: &Kernel, v: Reg<F32>, f: Reg<U32>, h: Reg<U64>) {
+    let r = k.and(k.reg(), f, 3u32);
+    let at = k.sub(k.reg(), f, r);
+    let odd = k.and(k.reg(), r, 1u32);
+    k.mad(at, odd, 2u32, at);
+    k.add(at, at, k.shr(k.reg(), r, 1u32));
+    let half = k.cvt(k.reg::<smelt_ptx::F16>(), v, FloatRound::Rn);
+    k.st(Store::GLOBAL, k.elem_addr(h, at, 2), half);
+}
+
+/// Writes value `f` of rows of whole tiles, held by `lane` of a full warp whose 32 values
+/// are one q8_1 block (for [`Sink::Q8_1`]), into `sink`'s output at `dst`: the block's
+/// quantization (every lane must call it), or the value's half of the f16 rows.
+pub(crate) fn sink_warp_value(
+    k: &Kernel,
+    sink: Sink,
+    v: Reg<F32>,
+    lane: Reg<U32>,
+    f: Reg<U32>,
+    dst: Reg<U64>,
+) {
+    match sink {
+        Sink::Q8_1 => quantize_warp_block(k, v, lane, f, dst),
+        Sink::F16Rows => store_f16_row_value(k, v, f, dst),
+    }
+}
+
 /// What the kernels write in `sink` for rows of `n` values `out` (their f32 output): the
 /// q8_1 twin's tiles, or the f16 rows' twin's halves as little-endian bytes.
 pub fn sink_cpu(out: &[f32], n: usize, sink: Sink) -> Result<Vec<u8>, KernelError> {

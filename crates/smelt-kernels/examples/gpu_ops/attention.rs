@@ -12,6 +12,7 @@ use half::f16;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
+use smelt_kernels::fused::Sink;
 use smelt_kernels::ops::{attention, flash, kv};
 
 use super::harness::{floats, launch_values, nan, ptr, Check, Gpu, Report};
@@ -97,7 +98,7 @@ pub fn run_attention(
     skip_tokens: u32,
 ) -> Result<()> {
     let name = match combine {
-        Some(_) => attention::combine_name(shape.head_dim),
+        Some((_, _, sink)) => attention::combine_name(shape.head_dim, sink),
         None => attention::name(shape.head_dim),
     }
     .context("head_dim")?;
@@ -124,10 +125,10 @@ pub fn run_attention(
         };
         let mut values = a.values();
         // The combining kernel also writes the output, its tiles and its counters.
-        if let Some((tiles, counters)) = &combine {
+        if let Some((tiles, counters, _)) = &combine {
             let c = attention::CombineArgs {
                 out: ptr(gpu, out),
-                q8: ptr(gpu, &**tiles),
+                sink: ptr(gpu, &**tiles),
                 counters: ptr(gpu, &**counters),
             };
             values.extend(c.values());
@@ -152,10 +153,12 @@ pub fn run_attention(
     Ok(())
 }
 
-/// The combining attention's q8_1 tiles and counters (`attention::combine_kernel`).
+/// The combining attention's q8_1 tiles or f16 rows, its counters, and which of the two
+/// it writes (`attention::combine_kernel`).
 pub type Combine<'a> = (
     &'a mut cudarc::driver::CudaSlice<u8>,
     &'a mut cudarc::driver::CudaSlice<u32>,
+    Sink,
 );
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -179,12 +182,12 @@ pub type AttnCase = (
 pub fn check_kv_attention(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     let (mut ckv, mut catt) = (Check::new(kv::KV_APPEND), Check::new("attention + reduce"));
     let (mut ccomb, mut ctiles) = (
-        Check::new("attention_hd*_combine_q8_1 (f32)"),
-        Check::new("attention_hd*_combine_q8_1 (tiles)"),
+        Check::new("attention_hd*_combine_* (f32)"),
+        Check::new("attention_hd*_combine_* (tiles)"),
     );
     let (mut ccount, mut crun) = (
-        Check::new("attention_hd*_combine_q8_1 (counters)"),
-        Check::new("attention_hd*_combine_q8_1 (rerun)"),
+        Check::new("attention_hd*_combine_* (counters)"),
+        Check::new("attention_hd*_combine_* (rerun)"),
     );
     let mut cany = Check::new(attention::ANY);
     // (seqs as (start_pos, new tokens), n_head, n_head_kv, head_dim, block size, window, splits)
@@ -328,15 +331,18 @@ pub fn check_kv_attention(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Resu
             let groups = attention::combine_counters(p.seqs.len(), p.max_tokens, n_head, n_head_kv);
             let mut counters = gpu.stream.alloc_zeros::<u32>(groups)?;
             let mut first: Option<Vec<f32>> = None;
-            for round in 0..2 {
-                let row_q = smelt_kernels::act::row_bytes(n_head * hd)?;
+            // Round 0 stages as much as fits, round 1 one block per split (the loop then
+            // reads shared memory and the cache), round 2 writes f16 rows: the same bits.
+            for (round, (stage, sink)) in [(32, Sink::Q8_1), (1, Sink::Q8_1), (32, Sink::F16Rows)]
+                .into_iter()
+                .enumerate()
+            {
+                let row_q = sink.row_bytes(n_head * hd)?;
                 let mut qt = gpu.stream.clone_htod(&vec![0xFFu8; p.rows * row_q])?;
-                // Round 0 stages as much as fits, round 1 one block per split (the loop
-                // then reads shared memory and the cache): the same bits.
-                let got = launch(Some((&mut qt, &mut counters)), [32, 1][round])?;
-                let c = format!("{case} round {round}");
+                let got = launch(Some((&mut qt, &mut counters, sink)), stage)?;
+                let c = format!("{case} round {round} {sink:?}");
                 ccomb.add(&c, &got, &want, 2e-5, 1e-4);
-                let tiles = smelt_kernels::act::quantize_cpu(&got, n_head * hd)?;
+                let tiles = smelt_kernels::fused::sink_cpu(&got, n_head * hd, sink)?;
                 ctiles.bits(&c, &gpu.stream.clone_dtoh(&qt)?, &tiles);
                 let left = gpu.stream.clone_dtoh(&counters)?;
                 ccount.bits(&c, &left, &vec![0u32; groups]);
@@ -353,18 +359,18 @@ pub fn check_kv_attention(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Resu
     rep.push(kv::KV_APPEND, ckv, "exact (bits)");
     rep.push("attention + reduce", catt, "2e-5 + 1e-4|r|");
     rep.push(attention::ANY, cany, "2e-5 + 1e-4|r|");
-    rep.push("attention_hd*_combine_q8_1 (f32)", ccomb, "2e-5 + 1e-4|r|");
+    rep.push("attention_hd*_combine_* (f32)", ccomb, "2e-5 + 1e-4|r|");
     rep.push(
-        "attention_hd*_combine_q8_1 (tiles)",
+        "attention_hd*_combine_* (tiles)",
         ctiles,
-        "exact (q8_1 of its f32)",
+        "exact (q8_1 or f16 rows of its f32)",
     );
     rep.push(
-        "attention_hd*_combine_q8_1 (counters)",
+        "attention_hd*_combine_* (counters)",
         ccount,
         "all zero after",
     );
-    rep.push("attention_hd*_combine_q8_1 (rerun)", crun, "same bits");
+    rep.push("attention_hd*_combine_* (rerun)", crun, "same bits");
     Ok(())
 }
 
@@ -378,6 +384,7 @@ pub fn check_prefill(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
         Check::new("split (short) + prefill (long)"),
     );
     let mut cserial = Check::new("attention_prefill_serial_hd*");
+    let mut c16 = Check::new("attention_prefill_hd* (f16 rows)");
     // (seqs as (start_pos, new tokens), n_head, n_head_kv, head_dim, block size, window)
     type Case = (Vec<(usize, usize)>, usize, usize, usize, usize, usize);
     let mut cases: Vec<Case> = vec![
@@ -431,6 +438,7 @@ pub fn check_prefill(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
             window: window as u32,
             scale: s.scale,
             min_tokens: 0,
+            out16: 0,
         };
         let name = flash::name(hd).context("prefill head_dim")?;
         let serial = flash::serial_name(hd).context("prefill head_dim")?;
@@ -438,7 +446,25 @@ pub fn check_prefill(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
         let case =
             format!("seqs {shape:?} heads {n_head}/{n_head_kv} hd {hd} bs {bs} window {window}");
         launch_values(gpu, name, l, &a.values())?;
-        c.add(&case, &gpu.stream.clone_dtoh(&out)?, &want, 6e-4, 1e-3);
+        let got = gpu.stream.clone_dtoh(&out)?;
+        c.add(&case, &got, &want, 6e-4, 1e-3);
+        // The f16 rows for the output projection, where rows are whole 256-value tiles:
+        // the same f32 output, and its rows as `gemm::f16::act_cpu` converts them.
+        if (n_head * hd).is_multiple_of(256) {
+            let cols = n_head * hd;
+            let out3 = gpu.stream.clone_htod(&nan(p.rows * cols))?;
+            let h = gpu.stream.clone_htod(&vec![0xffffu16; p.rows * cols])?;
+            let a3 = flash::Args {
+                out: ptr(gpu, &out3),
+                out16: ptr(gpu, &h),
+                ..a
+            };
+            launch_values(gpu, name, l, &a3.values())?;
+            let got3 = gpu.stream.clone_dtoh(&out3)?;
+            c16.add(&format!("{case} f32"), &got3, &got, 0.0, 0.0);
+            let want16 = smelt_kernels::gemm::f16::act_cpu(&got3, cols)?;
+            c16.bits(&case, &gpu.stream.clone_dtoh(&h)?, &want16);
+        }
         let out2 = gpu.stream.clone_htod(&nan(p.rows * n_head * hd))?;
         let a2 = flash::Args {
             out: ptr(gpu, &out2),
@@ -489,6 +515,11 @@ pub fn check_prefill(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
         "6e-4 + 1e-3|r| (f16 P)",
     );
     rep.push("split (short) + prefill (long)", cmix, "6e-4 + 1e-3|r|");
+    rep.push(
+        "attention_prefill_hd* (f16 rows)",
+        c16,
+        "same f32; rows = act_cpu (bits)",
+    );
     Ok(())
 }
 
@@ -550,6 +581,7 @@ fn prefill_speed(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<String>> {
             window: 0,
             scale: s.scale,
             min_tokens: 0,
+            out16: 0,
         };
         let name = flash::name(hd).context("head_dim")?;
         let l = flash::launch(1, n, n_head, n_head_kv);

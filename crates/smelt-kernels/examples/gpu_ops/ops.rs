@@ -20,7 +20,7 @@ pub const ROPE: &[&str] = &["rope_normal", "rope_neox"];
 pub const ROPE_KV: &[&str] = &["rope_kv_normal", "rope_kv_neox"];
 pub const ROPE_KV_ROWS: &[&str] = &["rope_kv_rows_*"];
 pub const GLU_Q8: &[&str] = &["glu_*_q8_1", "glu_*_f16"];
-pub const REDUCE_Q8: &[&str] = &["attention_reduce_q8_1"];
+pub const REDUCE_Q8: &[&str] = &["attention_reduce_q8_1", "attention_reduce_f16"];
 pub const NORM_Q8: &[&str] = &[
     "rms_norm_q8_1",
     "add_rms_norm_q8_1",
@@ -658,62 +658,65 @@ pub fn check_glu_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()>
     Ok(())
 }
 
-/// The attention combine with the q8_1 tiles of its output: on the same random partials,
-/// the f32 output equal to `attention_reduce`'s, the tiles byte for byte the q8_1 twin's.
+/// The attention combine with what the output projection reads of its output (q8_1 tiles
+/// or f16 rows): on the same random partials, the f32 output equal to `attention_reduce`'s,
+/// the tiles or rows byte for byte their twin's (`fused::sink_cpu`) of that output.
 pub fn check_reduce_q8(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
-    use smelt_kernels::act;
-    let (mut cf, mut cq) = (
-        Check::new(&format!("{} (f32)", attention::REDUCE_Q8)),
-        Check::new(&format!("{} (q8_1 tiles)", attention::REDUCE_Q8)),
-    );
-    for (rows, n_head, head_dim, splits) in [
-        (1usize, 32usize, 128usize, 17usize),
-        (3, 4, 256, 5),
-        (2, 8, 64, 1),
-    ] {
-        let n = rows * n_head * splits;
-        let acc = floats(rng, n * head_dim, 3.0);
-        let ml: Vec<f32> = (0..n)
-            .flat_map(|_| [rng.gen_range(-4.0f32..4.0), rng.gen_range(0.5f32..8.0)])
-            .collect();
-        let (accd, mld) = (gpu.stream.clone_htod(&acc)?, gpu.stream.clone_htod(&ml)?);
-        let cols = n_head * head_dim;
-        let mut plain = gpu.stream.clone_htod(&vec![f32::NAN; rows * cols])?;
-        let mut fused = gpu.stream.clone_htod(&vec![f32::NAN; rows * cols])?;
-        let mut qd = gpu
-            .stream
-            .clone_htod(&vec![0xA5u8; rows * act::row_bytes(cols)?])?;
-        let (ns, hd) = (splits as u32, head_dim as u32);
-        let l = attention::reduce_launch(rows, n_head, head_dim);
-        launch!(
-            gpu,
-            attention::REDUCE,
-            l,
-            [&accd, &mld, &mut plain, &ns, &hd]
+    use smelt_kernels::fused::{sink_cpu, Sink};
+    for sink in Sink::ALL {
+        let name = attention::reduce_sink_name(sink);
+        let (mut cf, mut cq) = (
+            Check::new(&format!("{name} (f32)")),
+            Check::new(&format!("{name} ({sink:?})")),
         );
-        launch!(
-            gpu,
-            attention::REDUCE_Q8,
-            l,
-            [&accd, &mld, &mut fused, &mut qd, &ns, &hd]
-        );
-        let want = gpu.stream.clone_dtoh(&plain)?;
-        let got = gpu.stream.clone_dtoh(&fused)?;
-        let case = format!("{rows}x{n_head}x{head_dim}, {splits} splits");
-        cf.add(&case, &got, &want, 0.0, 0.0);
-        let (got_q, want_q) = tiles_against_twin(gpu, &qd, &want, cols)?;
-        cq.add(&case, &got_q, &want_q, 0.0, 0.0);
+        for (rows, n_head, head_dim, splits) in [
+            (1usize, 32usize, 128usize, 17usize),
+            (3, 4, 256, 5),
+            (2, 8, 64, 1),
+        ] {
+            let n = rows * n_head * splits;
+            let acc = floats(rng, n * head_dim, 3.0);
+            let ml: Vec<f32> = (0..n)
+                .flat_map(|_| [rng.gen_range(-4.0f32..4.0), rng.gen_range(0.5f32..8.0)])
+                .collect();
+            let (accd, mld) = (gpu.stream.clone_htod(&acc)?, gpu.stream.clone_htod(&ml)?);
+            let cols = n_head * head_dim;
+            let plain = gpu.stream.clone_htod(&vec![f32::NAN; rows * cols])?;
+            let fused = gpu.stream.clone_htod(&vec![f32::NAN; rows * cols])?;
+            let qd = gpu
+                .stream
+                .clone_htod(&vec![0xA5u8; rows * sink.row_bytes(cols)?])?;
+            let l = attention::reduce_launch(rows, n_head, head_dim);
+            let r = attention::ReduceArgs {
+                part_acc: ptr(gpu, &accd),
+                part_ml: ptr(gpu, &mld),
+                out: ptr(gpu, &plain),
+                n_splits: splits as u32,
+                head_dim: head_dim as u32,
+            };
+            launch_values(gpu, attention::REDUCE, l, &r.values())?;
+            let rq = attention::ReduceQ8Args {
+                part_acc: ptr(gpu, &accd),
+                part_ml: ptr(gpu, &mld),
+                out: ptr(gpu, &fused),
+                q: ptr(gpu, &qd),
+                n_splits: splits as u32,
+                head_dim: head_dim as u32,
+            };
+            launch_values(gpu, name, l, &rq.values())?;
+            let want = gpu.stream.clone_dtoh(&plain)?;
+            let got = gpu.stream.clone_dtoh(&fused)?;
+            let case = format!("{rows}x{n_head}x{head_dim}, {splits} splits");
+            cf.add(&case, &got, &want, 0.0, 0.0);
+            cq.bits(
+                &case,
+                &gpu.stream.clone_dtoh(&qd)?,
+                &sink_cpu(&want, cols, sink)?,
+            );
+        }
+        rep.push(&format!("{name} (f32)"), cf, "= attention_reduce");
+        rep.push(&format!("{name} ({sink:?})"), cq, "exact bytes");
     }
-    rep.push(
-        &format!("{} (f32)", attention::REDUCE_Q8),
-        cf,
-        "= attention_reduce",
-    );
-    rep.push(
-        &format!("{} (q8_1 tiles)", attention::REDUCE_Q8),
-        cq,
-        "exact bytes",
-    );
     Ok(())
 }
 
@@ -912,19 +915,4 @@ pub fn check_embed(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> 
         );
     }
     Ok(())
-}
-
-/// The q8_1 tiles a fused kernel wrote (`qd`) and the CPU twin's tiles of the floats `x`
-/// (rows of `k`), both as floats byte by byte, for an exact comparison.
-fn tiles_against_twin(
-    gpu: &Gpu,
-    qd: &cudarc::driver::CudaSlice<u8>,
-    x: &[f32],
-    k: usize,
-) -> Result<(Vec<f32>, Vec<f32>)> {
-    let bytes = |b: &[u8]| b.iter().map(|&v| f32::from(v)).collect::<Vec<f32>>();
-    Ok((
-        bytes(&gpu.stream.clone_dtoh(qd)?),
-        bytes(&smelt_kernels::act::quantize_cpu(x, k)?),
-    ))
 }

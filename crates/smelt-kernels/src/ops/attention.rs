@@ -25,26 +25,72 @@ use smelt_ptx::{
 use super::kv::SeqDesc;
 use super::{bfly, dim, kernel_params, Launch, LOG2E};
 use crate::catalog::Entry;
+use crate::fused::Sink;
 
 /// Head sizes with an attention kernel: every multiple of 16 from 64 to 256.
 pub const HEAD_DIMS: [usize; 13] = [64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256];
 
 /// The kernels of each head size: the attention, and the combining attention where the
-/// head is whole q8_1 blocks (a multiple of 32 values; see [`reduce_q8_fits`]).
-const KERNELS: [(usize, &str, Option<&str>); 13] = [
-    (64, "attention_hd64", Some("attention_hd64_combine_q8_1")),
+/// head is whole q8_1 blocks (a multiple of 32 values; see [`reduce_q8_fits`]), writing
+/// q8_1 tiles or f16 rows (in [`Sink::ALL`]'s order).
+type KernelRow = (usize, &'static str, Option<[&'static str; 2]>);
+const KERNELS: [KernelRow; 13] = [
+    (
+        64,
+        "attention_hd64",
+        Some(["attention_hd64_combine_q8_1", "attention_hd64_combine_f16"]),
+    ),
     (80, "attention_hd80", None),
-    (96, "attention_hd96", Some("attention_hd96_combine_q8_1")),
+    (
+        96,
+        "attention_hd96",
+        Some(["attention_hd96_combine_q8_1", "attention_hd96_combine_f16"]),
+    ),
     (112, "attention_hd112", None),
-    (128, "attention_hd128", Some("attention_hd128_combine_q8_1")),
+    (
+        128,
+        "attention_hd128",
+        Some([
+            "attention_hd128_combine_q8_1",
+            "attention_hd128_combine_f16",
+        ]),
+    ),
     (144, "attention_hd144", None),
-    (160, "attention_hd160", Some("attention_hd160_combine_q8_1")),
+    (
+        160,
+        "attention_hd160",
+        Some([
+            "attention_hd160_combine_q8_1",
+            "attention_hd160_combine_f16",
+        ]),
+    ),
     (176, "attention_hd176", None),
-    (192, "attention_hd192", Some("attention_hd192_combine_q8_1")),
+    (
+        192,
+        "attention_hd192",
+        Some([
+            "attention_hd192_combine_q8_1",
+            "attention_hd192_combine_f16",
+        ]),
+    ),
     (208, "attention_hd208", None),
-    (224, "attention_hd224", Some("attention_hd224_combine_q8_1")),
+    (
+        224,
+        "attention_hd224",
+        Some([
+            "attention_hd224_combine_q8_1",
+            "attention_hd224_combine_f16",
+        ]),
+    ),
     (240, "attention_hd240", None),
-    (256, "attention_hd256", Some("attention_hd256_combine_q8_1")),
+    (
+        256,
+        "attention_hd256",
+        Some([
+            "attention_hd256_combine_q8_1",
+            "attention_hd256_combine_f16",
+        ]),
+    ),
 ];
 
 /// Warps per block: each warp owns one (query token, query head) pair.
@@ -150,25 +196,37 @@ pub const REDUCE_THREADS: u32 = 256;
 
 /// Name of [`reduce_kernel`].
 pub const REDUCE: &str = "attention_reduce";
-/// Name of [`reduce_q8_kernel`].
+/// Name of [`reduce_sink_kernel`] writing q8_1 tiles.
 pub const REDUCE_Q8: &str = "attention_reduce_q8_1";
+/// Name of [`reduce_sink_kernel`] writing f16 rows.
+pub const REDUCE_F16: &str = "attention_reduce_f16";
 
 /// Most splits [`combine_kernel`] takes (two per lane).
 pub const COMBINE_MAX_SPLITS: usize = 64;
 
-/// Name of [`combine_kernel`] for heads of `head_dim` (multiples of 32 only).
-pub fn combine_name(head_dim: usize) -> Option<&'static str> {
+/// Name of [`combine_kernel`] for heads of `head_dim` (multiples of 32 only) writing
+/// `sink`'s form.
+pub fn combine_name(head_dim: usize, sink: Sink) -> Option<&'static str> {
     KERNELS
         .iter()
         .find(|e| e.0 == head_dim)
         .and_then(|&(_, _, n)| n)
+        .map(|n| n[sink as usize])
+}
+
+/// Name of [`reduce_sink_kernel`] for `sink`.
+pub const fn reduce_sink_name(sink: Sink) -> &'static str {
+    match sink {
+        Sink::Q8_1 => REDUCE_Q8,
+        Sink::F16Rows => REDUCE_F16,
+    }
 }
 
 /// Whether [`combine_kernel`] takes this shape: what [`reduce_q8_fits`] takes, and at most
 /// [`COMBINE_MAX_SPLITS`] splits.
 pub fn combine_fits(n_head: usize, head_dim: usize, n_splits: usize) -> bool {
     reduce_q8_fits(n_head, head_dim)
-        && combine_name(head_dim).is_some()
+        && combine_name(head_dim, Sink::Q8_1).is_some()
         && (1..=COMBINE_MAX_SPLITS).contains(&n_splits)
 }
 
@@ -183,7 +241,7 @@ pub fn combine_counters(
     n_seqs * q_tiles(max_tokens, n_head, n_head_kv) * n_head_kv
 }
 
-/// Whether [`reduce_q8_kernel`] takes rows of `n_head` heads of `head_dim`: whole warps
+/// Whether [`reduce_sink_kernel`] takes rows of `n_head` heads of `head_dim`: whole warps
 /// per head (one q8_1 block per warp), one thread per value, whole tiles per row.
 pub fn reduce_q8_fits(n_head: usize, head_dim: usize) -> bool {
     head_dim % 32 == 0
@@ -198,15 +256,22 @@ pub fn catalog() -> Vec<Entry> {
         v.push((n.to_string(), Box::new(move |k: &Kernel| kernel(k, hd))));
     }
     for &(hd, _, c) in &KERNELS {
-        if let Some(c) = c {
-            v.push((
-                c.to_string(),
-                Box::new(move |k: &Kernel| combine_kernel(k, hd)),
-            ));
+        if let Some(names) = c {
+            for (name, sink) in names.into_iter().zip(Sink::ALL) {
+                v.push((
+                    name.to_string(),
+                    Box::new(move |k: &Kernel| combine_kernel(k, hd, sink)),
+                ));
+            }
         }
     }
     v.push((REDUCE.to_string(), Box::new(reduce_kernel)));
-    v.push((REDUCE_Q8.to_string(), Box::new(reduce_q8_kernel)));
+    for sink in Sink::ALL {
+        v.push((
+            reduce_sink_name(sink).to_string(),
+            Box::new(move |k: &Kernel| reduce_sink_kernel(k, sink)),
+        ));
+    }
     v.push((ANY.to_string(), Box::new(any_kernel)));
     v
 }
@@ -250,12 +315,13 @@ kernel_params! {
 
 kernel_params! {
     /// The parameters [`combine_kernel`] takes after [`Args`]': `out: *mut f32
-    /// ([rows][n_head * head_dim])`, `q8: *mut u8` (the q8_1 tiles of each row),
+    /// ([rows][n_head * head_dim])`, `sink: *mut u8` (the q8_1 tiles or f16 rows of each
+    /// row, as the kernel's [`Sink`] says),
     /// `counters: *mut u32` ([`combine_counters`] words, zero before the first launch;
     /// every launch leaves them zero).
     CombineArgs, CombineRegs {
         out: Ptr,
-        q8: Ptr,
+        sink: Ptr,
         counters: Ptr,
     }
 }
@@ -356,10 +422,10 @@ fn load_halves(k: &Kernel, op: Load, addr: impl Into<Addr>, e: usize) -> Vec<Reg
 /// output and the pair (max of the base-2 scores, sum of their powers); a split with no
 /// visible key writes (-inf, 0) and zeros.
 pub fn kernel(k: &Kernel, head_dim: usize) {
-    body(k, head_dim, false);
+    body(k, head_dim, None);
 }
 
-/// [`kernel`] and [`reduce_q8_kernel`] in one launch: the last block of each `(z, KV head)`
+/// [`kernel`] and [`reduce_sink_kernel`] in one launch: the last block of each `(z, KV head)`
 /// group to finish (a counter per group, `atom.add` after a GPU-scope fence; the last
 /// block puts it back to zero) combines the group's partials, writes the output rows and
 /// their q8_1 tiles. At decode the combine was a launch of its own per layer, a few
@@ -367,8 +433,8 @@ pub fn kernel(k: &Kernel, head_dim: usize) {
 ///
 /// Parameters: [`Args`], then [`CombineArgs`]. Only for shapes [`combine_fits`] accepts.
 /// Launch: [`launch`].
-pub fn combine_kernel(k: &Kernel, head_dim: usize) {
-    body(k, head_dim, true);
+pub fn combine_kernel(k: &Kernel, head_dim: usize, sink: Sink) {
+    body(k, head_dim, Some(sink));
 }
 
 /// A lane's chunks of a head ([`Lanes`]) as the kernel addresses them: the byte offset of
@@ -464,12 +530,12 @@ impl LaneChunks {
     }
 }
 
-fn body(k: &Kernel, head_dim: usize, combine: bool) {
+fn body(k: &Kernel, head_dim: usize, combine: Option<Sink>) {
     if !HEAD_DIMS.contains(&head_dim) {
         k.reject(format!("no attention kernel for head_dim {head_dim}"));
         return;
     }
-    if combine && head_dim % 32 != 0 {
+    if combine.is_some() && head_dim % 32 != 0 {
         k.reject(format!(
             "no combining attention for head_dim {head_dim}: its q8_1 blocks span heads"
         ));
@@ -500,7 +566,7 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
         stage_blocks,
         skip_tokens,
     } = ArgRegs::declare(k);
-    let fused = combine.then(|| CombineRegs::declare(k));
+    let fused = combine.map(|sink| (CombineRegs::declare(k), sink));
 
     let lane = k.tid_x();
     let warp = k.tid_y();
@@ -828,15 +894,14 @@ fn body(k: &Kernel, head_dim: usize, combine: bool) {
     let lane0 = k.eq(lane, 0u32);
     let store_ml = k.and(k.reg(), lane0, active);
     k.guarded(store_ml, |k| k.st_v2(Store::GLOBAL, ma, [m, l]));
-    if let Some(c) = fused {
+    if let Some((c, sink)) = fused {
         let group_idx = k.mad(k.reg(), z, n_head_kv, kvh);
         let last = last_block(k, c.counters, group_idx, n_splits);
         k.exit_if(!last);
         k.if_(active, |k| {
             let pbase = k.mul(k.reg(), qrow, n_splits);
-            combine_row(
-                k, &f32s, head_dim, part_acc, part_ml, pbase, n_splits, qrow, c.out, c.q8,
-            );
+            let parts = (part_acc, part_ml, pbase, n_splits);
+            combine_row(k, &f32s, head_dim, parts, qrow, c.out, (c.sink, sink));
         });
     }
 }
@@ -891,18 +956,14 @@ pub(crate) fn last_block(
 /// row's `head_dim` outputs and quantizes them, one q8_1 block per 32 values. Partials
 /// are read through L2 (`.cg`): other blocks wrote them during this launch. `f32s`: where
 /// the lane's values are in an f32 row of the head.
-#[allow(clippy::too_many_arguments)]
 fn combine_row(
     k: &Kernel,
     f32s: &LaneChunks,
     head_dim: usize,
-    part_acc: Reg<U64>,
-    part_ml: Reg<U64>,
-    pbase: Reg<U32>,
-    n_splits: Reg<U32>,
+    (part_acc, part_ml, pbase, n_splits): (Reg<U64>, Reg<U64>, Reg<U32>, Reg<U32>),
     qrow: Reg<U32>,
     out: Reg<U64>,
-    q8: Reg<U64>,
+    (dst, sink): (Reg<U64>, Sink),
 ) {
     let lanes = f32s.lanes;
     let e = lanes.values();
@@ -1036,12 +1097,12 @@ fn combine_row(
         }
     });
     k.raw("bar.warp.sync -1");
-    // Quantize by 32-value blocks: lane `lane` takes value `32 c + lane` of the head.
+    // The sink by 32-value blocks: lane `lane` takes value `32 c + lane` of the head.
     for c in 0..(head_dim / 32) as u32 {
         let idx = k.add(k.reg(), lane, 32 * c);
         let v = k.load::<F32>(Load::SHARED, k.mad(k.reg(), idx, 4u32, obase));
         let f = k.add(k.reg(), row0, idx);
-        crate::fused::quantize_warp_block(k, v, lane, f, q8);
+        crate::fused::sink_warp_value(k, sink, v, lane, f, dst);
     }
 }
 
@@ -1237,18 +1298,19 @@ pub fn any_kernel(k: &Kernel) {
 /// (threads over splits, block reductions), then each thread sums its value over the
 /// splits with sixteen loads in flight.
 pub fn reduce_kernel(k: &Kernel) {
-    reduce_body(k, false);
+    reduce_body(k, None);
 }
 
-/// [`reduce_kernel`], and the q8_1 tiles of its output for the output projection (one
-/// launch instead of two): each warp quantizes its 32 values as one block, exactly as
-/// `act::quantize_kernel` would.
+/// [`reduce_kernel`], and what the output projection reads of its output (one launch
+/// instead of two), in `sink`'s form: q8_1 tiles (each warp quantizes its 32 values as one
+/// block, exactly as `act::quantize_kernel` would) or f16 rows (as
+/// `gemm::f16::act_kernel` writes them).
 ///
 /// Parameters: `part_acc, part_ml, out` as [`reduce_kernel`], then `q: *mut u8 (the tiles
-/// of each row)`, `n_splits: u32, head_dim: u32`. Only for shapes [`reduce_q8_fits`]
-/// accepts. Launch: [`reduce_launch`].
-pub fn reduce_q8_kernel(k: &Kernel) {
-    reduce_body(k, true);
+/// or rows of each row)`, `n_splits: u32, head_dim: u32`. Only for shapes
+/// [`reduce_q8_fits`] accepts. Launch: [`reduce_launch`].
+pub fn reduce_sink_kernel(k: &Kernel, sink: Sink) {
+    reduce_body(k, Some(sink));
 }
 
 kernel_params! {
@@ -1263,7 +1325,7 @@ kernel_params! {
 }
 
 kernel_params! {
-    /// Arguments of [`reduce_q8_kernel`].
+    /// Arguments of [`reduce_sink_kernel`].
     ReduceQ8Args, ReduceQ8Regs {
         part_acc: Ptr,
         part_ml: Ptr,
@@ -1274,17 +1336,17 @@ kernel_params! {
     }
 }
 
-fn reduce_body(k: &Kernel, quant: bool) {
+fn reduce_body(k: &Kernel, sink: Option<Sink>) {
     // Heads have at most 256 values (HEAD_DIMS), and the cap leaves room for the
     // sixteen loads in flight.
     k.max_threads(REDUCE_THREADS, 1, 1);
-    let (part_acc, part_ml, out, q, n_splits, head_dim) = if quant {
+    let (part_acc, part_ml, out, q, n_splits, head_dim) = if let Some(sink) = sink {
         let r = ReduceQ8Regs::declare(k);
         (
             r.part_acc,
             r.part_ml,
             r.out,
-            Some(r.q),
+            Some((r.q, sink)),
             r.n_splits,
             r.head_dim,
         )
@@ -1348,9 +1410,9 @@ fn reduce_body(k: &Kernel, quant: bool) {
         k.div_rn(o, o, l);
         let oi = k.mad(k.reg(), idx, head_dim, d);
         k.st(Store::GLOBAL, k.elem_addr(out, oi, 4), o);
-        if let Some(q) = q {
+        if let Some((q, sink)) = q {
             let lane = k.and(k.reg(), d, 31u32);
-            crate::fused::quantize_warp_block(k, o, lane, oi, q);
+            crate::fused::sink_warp_value(k, sink, o, lane, oi, q);
         }
     });
 }
@@ -1441,7 +1503,8 @@ mod tests {
     fn the_reduce_q8_kernel_builds_and_says_which_shapes_it_takes() {
         for target in [Target::Sm80, Target::Sm90] {
             let mut m = Module::new(target);
-            m.kernel(REDUCE_Q8, reduce_q8_kernel).unwrap();
+            m.kernel(REDUCE_Q8, |k| reduce_sink_kernel(k, Sink::Q8_1))
+                .unwrap();
             let ptx = m.to_ptx();
             assert!(ptx.contains(&format!(".entry {REDUCE_Q8}(")));
             assert!(ptx.contains(".param .u64 q"));
@@ -1473,7 +1536,9 @@ mod tests {
         assert!(ptx.contains("shfl.sync.bfly.b32"));
         let mut m = Module::new(Target::Sm80);
         assert!(m.kernel("bad", |k| kernel(k, 72)).is_err());
-        assert!(m.kernel("bad", |k| combine_kernel(k, 80)).is_err());
+        assert!(m
+            .kernel("bad", |k| combine_kernel(k, 80, Sink::Q8_1))
+            .is_err());
     }
 
     #[test]
@@ -1523,7 +1588,11 @@ mod tests {
                 name(hd).map(|n| n.to_string()),
                 Some(format!("attention_hd{hd}"))
             );
-            assert_eq!(combine_name(hd).is_some(), hd % 32 == 0, "hd {hd}");
+            assert_eq!(
+                combine_name(hd, Sink::F16Rows).is_some(),
+                hd % 32 == 0,
+                "hd {hd}"
+            );
         }
         for hd in [32, 48, 72, 100, 272, 512] {
             assert!(name(hd).is_none() && any_fits(hd), "hd {hd}");

@@ -168,7 +168,9 @@ kernel_params! {
     /// none, else keys at least `window` positions behind the query are masked; `scale`:
     /// the multiplier of `q·k`; `min_tokens`: the sequences of fewer query tokens are left
     /// to the split kernel (`attention::Args::skip_tokens`, a mixed step's decode rows):
-    /// their blocks do nothing.
+    /// their blocks do nothing; `out16`: 0, or where the output rows go again as f16 rows
+    /// for the output projection's GEMM (`fused::Sink::F16Rows`, rows of `n_head *
+    /// head_dim` values, a multiple of 256: `gemm::f16::act_kernel`'s layout).
     Args, ArgRegs {
         q: Ptr,
         k_cache: Ptr,
@@ -182,6 +184,7 @@ kernel_params! {
         window: U32,
         scale: F32,
         min_tokens: U32,
+        out16: MaybePtr,
     }
 }
 
@@ -246,6 +249,7 @@ pub fn kernel(k: &Kernel, head_dim: usize, pipelined: bool) {
         window,
         scale,
         min_tokens,
+        out16,
     } = ArgRegs::declare(k);
     let lane = k.tid_x();
     let warp = k.tid_y();
@@ -548,7 +552,12 @@ pub fn kernel(k: &Kernel, head_dim: usize, pipelined: bool) {
         });
     }
 
-    // Each row's sum over its quad, then the normalized rows.
+    // Each row's sum over its quad, then the normalized rows, and their f16 rows when asked:
+    // a thread holds values 2tq, 2tq + 1 of each 8; the f16 layout puts values 4i, 4i + 2,
+    // 4i + 1, 4i + 3 at halves 4i..4i + 4, so the two threads of a quad's half swap one
+    // value each and store two halves at the f32 index of their first value.
+    let halves = k.cmp(smelt_ptx::Cmp::Ne, out16, 0u64);
+    let odd = k.cmp(smelt_ptx::Cmp::Ne, k.and(k.reg(), tq, 1u32), 0u32);
     for (r, row) in rows.iter().enumerate() {
         for off in [1u32, 2] {
             let other = super::bfly(k, l[r], off);
@@ -558,12 +567,34 @@ pub fn kernel(k: &Kernel, head_dim: usize, pipelined: bool) {
         k.div_rn(inv, inv, l[r]);
         let i = k.mad(k.reg(), row.qrow, hd, col);
         let at = k.elem_addr(out, i, 4);
-        k.if_(row.valid, |k| {
-            for (n, tile) in o.iter().enumerate() {
+        let vals: Vec<[Reg<F32>; 2]> = o
+            .iter()
+            .map(|tile| {
                 let v = [k.f32(0.0), k.f32(0.0)];
                 k.mul(v[0], tile[2 * r], inv);
                 k.mul(v[1], tile[2 * r + 1], inv);
-                k.st_v2(Store::GLOBAL, at.at(32 * n as i64), v);
+                v
+            })
+            .collect();
+        k.if_(row.valid, |k| {
+            for (n, v) in vals.iter().enumerate() {
+                k.st_v2(Store::GLOBAL, at.at(32 * n as i64), *v);
+            }
+        });
+        // Uniform per block; every lane of the warp shuffles.
+        k.if_(halves, |k| {
+            let hat = k.elem_addr(out16, i, 2);
+            for (n, v) in vals.iter().enumerate() {
+                let give = k.reg::<F32>();
+                k.selp(give, v[0], v[1], odd);
+                let got = super::bfly(k, give, 1);
+                let (lo, hi) = (k.reg::<F32>(), k.reg::<F32>());
+                k.selp(lo, got, v[0], odd);
+                k.selp(hi, v[1], got, odd);
+                let h = k.cvt_f16x2(k.reg(), hi, lo);
+                k.guarded(row.valid, |k| {
+                    k.st(Store::GLOBAL, hat.at(16 * n as i64), h);
+                });
             }
         });
     }

@@ -5,6 +5,7 @@
 //! launch policy of its own.
 
 use smelt_cuda::CudaError;
+use smelt_kernels::fused::Sink;
 use smelt_kernels::ops;
 
 use super::ops::{args, u32_of, Arg};
@@ -56,7 +57,7 @@ impl Cuda {
         s: &StepPtrs,
         p: &AttnParams,
         out: &CudaTensor,
-        tiles: Option<u64>,
+        tiles: Option<(u64, Sink)>,
         short_seqs: bool,
     ) -> Result<(), CudaError> {
         let (kc, vc) = self.kv_layer(kv, layer, "attention")?;
@@ -101,10 +102,7 @@ impl Cuda {
                 ops::attention::any_launch(s.n_seqs, s.max_tokens, p.n_head),
                 &args(&a.values()),
             )?;
-            return match tiles {
-                Some(t) => self.quantize_q8_1(out.ptr, t, out.cols, out.rows),
-                None => Ok(()),
-            };
+            return self.sink_after(out, tiles);
         };
         // Prompt chunks: the tensor-core kernel, whole rows at once (no partials).
         if s.max_tokens >= self.flash_min_tokens(s.n_seqs) {
@@ -118,6 +116,11 @@ impl Cuda {
                 if short_seqs {
                     self.split_attention(q, kc, vc, kv.block_size, s, p, name, out, None, min)?;
                 }
+                // The prompt kernel writes the f16 rows itself when it writes every row.
+                let out16 = match tiles {
+                    Some((t, Sink::F16Rows)) if !short_seqs => t,
+                    _ => 0,
+                };
                 let a = ops::flash::Args {
                     q: q.ptr,
                     k_cache: kc,
@@ -131,16 +134,27 @@ impl Cuda {
                     window,
                     scale: p.scale,
                     min_tokens: if short_seqs { min } else { 0 },
+                    out16,
                 };
                 let l = ops::flash::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv);
                 self.launch(flash, l, &args(&a.values()))?;
-                return match tiles {
-                    Some(t) => self.quantize_q8_1(out.ptr, t, out.cols, out.rows),
-                    None => Ok(()),
+                return match out16 {
+                    0 => self.sink_after(out, tiles),
+                    _ => Ok(()),
                 };
             }
         }
         self.split_attention(q, kc, vc, kv.block_size, s, p, name, out, tiles, 0)
+    }
+
+    /// `out`'s q8_1 tiles or f16 rows at `tiles`, as asked, by a launch of their own (for
+    /// the attention kernels that do not write them).
+    fn sink_after(&self, out: &CudaTensor, tiles: Option<(u64, Sink)>) -> Result<(), CudaError> {
+        match tiles {
+            Some((t, Sink::Q8_1)) => self.quantize_q8_1(out.ptr, t, out.cols, out.rows),
+            Some((t, Sink::F16Rows)) => self.f16_rows_into(out, t),
+            None => Ok(()),
+        }
     }
 
     /// The split attention (`name`, one of `attention::name`'s) and its combine: in one
@@ -159,7 +173,7 @@ impl Cuda {
         p: &AttnParams,
         name: &str,
         out: &CudaTensor,
-        tiles: Option<u64>,
+        tiles: Option<(u64, Sink)>,
         skip_tokens: u32,
     ) -> Result<(), CudaError> {
         let splits = self.splits(s.n_seqs, s.max_tokens, p);
@@ -188,13 +202,13 @@ impl Cuda {
         let mut list = args(&a.values());
         let grid = ops::attention::launch(s.n_seqs, s.max_tokens, p.n_head, p.n_head_kv, splits);
         // The attention's last block per group combines and writes the tiles too.
-        if let (Some(t), Some(counters)) = (tiles, self.combine_counters(s, p, splits)?) {
-            let combine = ops::attention::combine_name(p.head_dim).ok_or_else(|| {
+        if let (Some((t, sink)), Some(counters)) = (tiles, self.combine_counters(s, p, splits)?) {
+            let combine = ops::attention::combine_name(p.head_dim, sink).ok_or_else(|| {
                 CudaError::NoKernel(format!("combining attention for head_dim {}", p.head_dim))
             })?;
             let c = ops::attention::CombineArgs {
                 out: out.ptr,
-                q8: t,
+                sink: t,
                 counters,
             };
             list.extend(c.values().into_iter().map(Arg::from));
@@ -203,9 +217,10 @@ impl Cuda {
         self.launch(name, grid, &list)?;
         let l = ops::attention::reduce_launch(q.rows, p.n_head, p.head_dim);
         match tiles {
-            // The combine also writes the q8_1 tiles the output projection reads.
-            Some(t) if ops::attention::reduce_q8_fits(p.n_head, p.head_dim) => self.launch(
-                ops::attention::REDUCE_Q8,
+            // The combine also writes the q8_1 tiles or f16 rows the output projection
+            // reads.
+            Some((t, sink)) if ops::attention::reduce_q8_fits(p.n_head, p.head_dim) => self.launch(
+                ops::attention::reduce_sink_name(sink),
                 l,
                 &args(
                     &ops::attention::ReduceQ8Args {
@@ -220,7 +235,7 @@ impl Cuda {
                 ),
             ),
             Some(_) => Err(CudaError::Init(format!(
-                "attention_reduce_q8_1 does not take {} heads of {}",
+                "attention_reduce_q8_1/_f16 do not take {} heads of {}",
                 p.n_head, p.head_dim
             ))),
             None => self.launch(

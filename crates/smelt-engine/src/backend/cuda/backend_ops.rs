@@ -8,10 +8,9 @@ use std::sync::Arc;
 
 use smelt_cuda::CudaError;
 use smelt_gguf::Gguf;
-use smelt_kernels::act;
 
 use super::weights::Role;
-use super::{fusion, lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingRope, Quantized};
+use super::{fusion, lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingRope};
 use crate::backend::{
     AttnParams, AttnSeq, Backend, DeltaParams, DeltaState, DeltaWeights, Glu, MoeRouting, RopeAt,
     RopeParams, RopeStyle,
@@ -555,24 +554,22 @@ impl Backend for Cuda {
                     want: s.n_seqs,
                 });
             }
-            // The output feeds the output projection: the combine writes its q8_1 tiles
-            // too when the shape allows (one launch per layer less at decode).
+            // The output feeds the output projection: the attention (or its combine)
+            // writes what that matmul reads too, q8_1 tiles or f16 rows as the step's size
+            // says (`fused_sink`), when the shape allows (one launch per layer less).
+            let sink = self.fused_sink(q.rows);
             let tiles = if self.opts.fuse.quantize
                 && smelt_kernels::ops::attention::reduce_q8_fits(p.n_head, p.head_dim)
             {
-                Some(self.scratch(act::row_bytes(out.cols)? * out.rows)?)
+                Some((self.scratch(sink.row_bytes(out.cols)? * out.rows)?, sink))
             } else {
                 None
             };
             let min = self.flash_min_tokens(seqs.len());
             let short = seqs.iter().any(|x| x.n_tokens < min);
             self.op_attention(q, kv, layer, &s, p, out, tiles, short)?;
-            if let Some(t) = tiles {
-                *lock(&self.quantized) = Some(Quantized {
-                    x: *out,
-                    q: t,
-                    rms: None,
-                });
+            if let Some((t, sink)) = tiles {
+                self.keep_fused_output(out, t, sink);
             }
             Ok(())
         });

@@ -579,22 +579,25 @@ impl Cuda {
         self.gemm_input(
             x,
             |c| &mut c.f16,
-            |this, h| {
-                this.launch(
-                    gemm::f16::ACT,
-                    gemm::f16::act_launch(x.cols, x.rows),
-                    &args(
-                        &gemm::f16::ActArgs {
-                            x: x.ptr,
-                            h,
-                            k: x.cols as u32,
-                            ntiles: x.cols.div_ceil(TILE) as u32,
-                        }
-                        .values(),
-                    ),
-                )
-            },
+            |this, h| this.f16_rows_into(x, h),
             gemm::f16::act_row_bytes(x.cols),
+        )
+    }
+
+    /// Converts `x` into the f16 GEMM's rows at `h` (`gemm::f16::act_kernel`).
+    pub(super) fn f16_rows_into(&self, x: &CudaTensor, h: u64) -> Result<(), CudaError> {
+        self.launch(
+            gemm::f16::ACT,
+            gemm::f16::act_launch(x.cols, x.rows),
+            &args(
+                &gemm::f16::ActArgs {
+                    x: x.ptr,
+                    h,
+                    k: x.cols as u32,
+                    ntiles: x.cols.div_ceil(TILE) as u32,
+                }
+                .values(),
+            ),
         )
     }
 
