@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use smelt_cuda::CudaError;
 use smelt_gguf::Gguf;
+use smelt_kernels::fused::Sink;
 
 use super::weights::Role;
 use super::{fusion, lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingRope};
@@ -557,7 +558,10 @@ impl Backend for Cuda {
             // The output feeds the output projection: the attention (or its combine)
             // writes what that matmul reads too, q8_1 tiles or f16 rows as the step's size
             // says (`fused_sink`), when the shape allows (one launch per layer less).
-            let sink = self.fused_sink(q.rows);
+            let sink = match self.fused_sink(q.rows) {
+                Sink::F16Rows if !self.opts.fuse.attn_f16_rows => Sink::Q8_1,
+                sink => sink,
+            };
             let tiles = if self.opts.fuse.quantize
                 && smelt_kernels::ops::attention::reduce_q8_fits(p.n_head, p.head_dim)
             {

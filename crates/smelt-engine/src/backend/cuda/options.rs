@@ -17,6 +17,7 @@
 //! | `SMELT_CUDA_ROPE_KV=0` | `fuse.rope_kv` | on |
 //! | `SMELT_CUDA_GEMV_ROPE=0` | `fuse.gemv_rope_kv` | on |
 //! | `SMELT_CUDA_ROPE_KV_ROWS=0` | `fuse.rope_kv_rows` | on |
+//! | `SMELT_CUDA_ATTN_F16_ROWS=0` | `fuse.attn_f16_rows` | on |
 //! | `SMELT_CUDA_MOE_FUSE=0` | `fuse.moe` | on |
 //! | `SMELT_CUDA_HEAD_NORMS=0` | `fuse.head_norms` | on |
 //! | `SMELT_CUDA_SPLIT_FIXUP=1` | `fuse.split_fixup` | off (slower: bench/RESULTS.md 2026-11-27 14:00 UTC) |
@@ -109,6 +110,9 @@ pub struct FuseOptions {
     /// A step of many rows ropes Q and K and appends K and V in one kernel
     /// (`ops::rope::rope_kv_rows_kernel`) instead of three.
     pub rope_kv_rows: bool,
+    /// With `f16_rows`, the attention (its combine, reduce or prompt kernel) writes the
+    /// output projection's f16 rows too.
+    pub attn_f16_rows: bool,
     /// A decode row's MoE router (FFN norm, router matmul, top-k) and its combine with the
     /// residual add and the next norm run as one kernel each (`smelt_kernels::moe_fused`).
     pub moe: bool,
@@ -285,6 +289,7 @@ impl CudaOptions {
                 rope_kv: fused && on("SMELT_CUDA_ROPE_KV"),
                 gemv_rope_kv: on("SMELT_CUDA_GEMV_ROPE"),
                 rope_kv_rows: fused && on("SMELT_CUDA_ROPE_KV_ROWS"),
+                attn_f16_rows: fused && on("SMELT_CUDA_ATTN_F16_ROWS"),
                 moe: fused && on("SMELT_CUDA_MOE_FUSE"),
                 head_norms: fused && on("SMELT_CUDA_HEAD_NORMS"),
                 split_fixup: fused && set("SMELT_CUDA_SPLIT_FIXUP"),
@@ -449,6 +454,7 @@ mod tests {
                 && !f.attn_combine
                 && !f.rope_kv
                 && !f.rope_kv_rows
+                && !f.attn_f16_rows
                 && !f.moe
                 && !f.head_norms
                 && !f.split_fixup
