@@ -41,9 +41,11 @@ pub struct EngineOptions {
     /// On a GPU: a sequence's results never depend on the other sequences of its steps or
     /// on how its prompt was cut into chunks (every matmul on the tensor-core GEMM with K
     /// split by the matrix shape alone, every attention on the tiled prompt kernel).
-    /// Slower decode of one sequence. The CPU's results never depend on the other
-    /// sequences of a step, but a prompt cut into chunks can round differently there
-    /// (a 17-token SmolLM2 prompt: first logprob -12.2936 in one chunk, -12.2619 in 16 + 1).
+    /// Slower decode of one sequence. On the CPU: every row in its one-token order
+    /// ([`crate::backend::cpu::Cpu::batch_invariant`]); without it the CPU computes
+    /// llama.cpp's bits, whose K-quant and float matmuls depend on the step's token count
+    /// and whose attention rounds a one-token chunk differently (a 17-token SmolLM2 prompt:
+    /// first logprob -12.2936 in one chunk, -12.2619 in 16 + 1).
     pub batch_invariant: bool,
     /// On a GPU: quantize these weights on the device as they load (`--isq` of a GGUF
     /// file, unless `SMELT_ISQ_ON_DEVICE=0`: the source's weights never come back to the host;
@@ -161,7 +163,9 @@ impl Engine {
         }
         let pool = CpuPool::shared(opts.threads)
             .map_err(|e| EngineError::BadOptions(format!("thread pool: {e}")))?;
-        let backend = Cpu;
+        let backend = Cpu {
+            batch_invariant: opts.batch_invariant,
+        };
         let model = Model::load(&backend, &gguf)?;
         let i = &model.info;
         let kv = backend.kv_alloc(
@@ -277,6 +281,16 @@ impl Engine {
             Inner::Cpu { .. } => "cpu".into(),
             Inner::Cuda(c) => format!("{} ({})", self.device, c.backend().gpu().name()),
             Inner::Tp(t) => t.device_names(),
+        }
+    }
+
+    /// Whether a row's bits depend on whether its chunk holds one token or more: on the
+    /// CPU with llama.cpp's orders (a lone token's attention is summed in ggml's `vec_dot`
+    /// order, a longer chunk's in tinyBLAS order), not with `batch_invariant`.
+    pub fn lone_token_rows_differ(&self) -> bool {
+        match &self.inner {
+            Inner::Cpu { backend, .. } => !backend.batch_invariant,
+            Inner::Cuda(_) | Inner::Tp(_) => false,
         }
     }
 

@@ -186,3 +186,85 @@ fn greedy_steps_give_the_argmax_of_the_logits() {
         Err(EngineError::BadOptions(_))
     ));
 }
+
+/// `batch_invariant` on the CPU: a sequence's rows have the same bits whether its prompt
+/// comes whole, one token at a time, or beside other sequences' prompts in one step, on a
+/// model whose Q4_K, Q6_K and attention rows otherwise take ggml's batch orders (which is
+/// checked too: without the switch, the whole prompt and the token-by-token one differ).
+#[test]
+fn batch_invariant_rows_do_not_depend_on_the_step() {
+    let load = |invariant: bool| {
+        let opts = EngineOptions {
+            threads: Some(2),
+            kv_tokens: 512,
+            block_size: 16,
+            batch_invariant: invariant,
+            ..EngineOptions::default()
+        };
+        Engine::load(&common::model(common::GEMMA3), &opts).unwrap()
+    };
+    let prompt: Vec<u32> = vec![
+        2, 818, 5279, 529, 7001, 563, 9079, 236764, 532, 1041, 8732, 236761,
+    ];
+    let others: [Vec<u32>; 3] = [
+        (300..317).collect(),
+        vec![2, 90, 91],
+        (1000..1009).collect(),
+    ];
+    let whole = |e: &mut Engine| {
+        let s = e.new_sequence();
+        let rows = e
+            .forward(&[SeqInput {
+                seq: s,
+                tokens: prompt.clone(),
+                logits: Logits::All,
+            }])
+            .unwrap()
+            .remove(0);
+        e.free_sequence(s);
+        rows
+    };
+    let one_by_one = |e: &mut Engine| {
+        let s = e.new_sequence();
+        let rows: Vec<Vec<f32>> = prompt
+            .iter()
+            .map(|&t| {
+                e.forward(&[SeqInput {
+                    seq: s,
+                    tokens: vec![t],
+                    logits: Logits::Last,
+                }])
+                .unwrap()
+                .remove(0)
+                .remove(0)
+            })
+            .collect();
+        e.free_sequence(s);
+        rows
+    };
+    let mut e = load(true);
+    let want = whole(&mut e);
+    assert_eq!(want.len(), prompt.len());
+    assert!(one_by_one(&mut e) == want, "token by token differs");
+    let seqs: Vec<_> = (0..4).map(|_| e.new_sequence()).collect();
+    let batch: Vec<SeqInput> = std::iter::once(&prompt)
+        .chain(&others)
+        .zip(&seqs)
+        .map(|(p, &seq)| SeqInput {
+            seq,
+            tokens: p.clone(),
+            logits: Logits::All,
+        })
+        .collect();
+    let got = e.forward(&batch).unwrap();
+    assert!(got[0] == want, "beside three other prompts differs");
+    for s in seqs {
+        e.free_sequence(s);
+    }
+    // llama.cpp's orders (the default) are not invariant on this model.
+    let mut g = load(false);
+    assert!(
+        whole(&mut g) != one_by_one(&mut g),
+        "the ggml orders agreed here"
+    );
+}

@@ -101,7 +101,7 @@ fn check_model(file: &str, prompt: &str) {
     let n = ids.len();
     let gguf = Arc::new(smelt_gguf::Gguf::open(&path).unwrap());
     let info = ModelInfo::from_gguf(&gguf).unwrap();
-    let cpu = Cpu;
+    let cpu = Cpu::GGML;
     let w = |name: &str| cpu.load_weight(&gguf, name).unwrap();
     let mut dump = Dump {
         answer,

@@ -142,12 +142,12 @@ fn tiny(s: &Shape, seed: u64) -> Gguf {
 
 /// Logits of a prompt and of 6 decode steps, whole model.
 fn run_whole(g: &Arc<Gguf>, prompt: &[u32]) -> Vec<Vec<f32>> {
-    let model = Model::load(&Cpu, g).expect("load");
+    let model = Model::load(&Cpu::GGML, g).expect("load");
     let i = &model.info;
-    let mut kv = Cpu.kv_alloc(i.n_layer, 8, 16, i.n_head_kv * i.head_dim);
+    let mut kv = Cpu::GGML.kv_alloc(i.n_layer, 8, 16, i.n_head_kv * i.head_dim);
     drive(prompt, |toks, pos, seqs, rows| {
         let t = model
-            .forward(&Cpu, &mut kv, toks, pos, seqs, rows)
+            .forward(&Cpu::GGML, &mut kv, toks, pos, seqs, rows)
             .expect("forward");
         t.data[..t.rows * t.cols].to_vec()
     })

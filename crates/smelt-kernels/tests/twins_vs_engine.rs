@@ -27,7 +27,7 @@ fn tensor(data: Vec<f32>, cols: usize) -> CpuTensor {
 #[test]
 fn norms_rope_bias_and_gelu_equal_the_backend() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let cpu = Cpu;
+    let cpu = Cpu::GGML;
     // RMS norm over rows and over heads.
     for (rows, cols, n) in [(3, 576, 576), (4, 512, 64)] {
         let x = floats(&mut rng, rows * cols, 3.0);
@@ -99,7 +99,7 @@ fn norms_rope_bias_and_gelu_equal_the_backend() {
 #[test]
 fn silu_argmax_and_attention_agree_with_the_backend() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(12);
-    let cpu = Cpu;
+    let cpu = Cpu::GGML;
     // SiLU: the backend's vector exp differs from libm's in the last bits.
     let g = floats(&mut rng, 4096, 12.0);
     let u = floats(&mut rng, 4096, 2.0);

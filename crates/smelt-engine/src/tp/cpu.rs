@@ -167,9 +167,9 @@ impl CpuTp {
         let mut ranks = Vec::with_capacity(opts.n_ranks);
         for r in 0..opts.n_ranks {
             let g = Arc::new(rank_gguf(gguf, &plan, r)?);
-            let model = Model::load(&Cpu, &g)?;
+            let model = Model::load(&Cpu::GGML, &g)?;
             let i = &model.info;
-            let kv = Cpu.kv_alloc(i.n_layer, n_blocks, block_size, i.n_head_kv * i.head_dim);
+            let kv = Cpu::GGML.kv_alloc(i.n_layer, n_blocks, block_size, i.n_head_kv * i.head_dim);
             ranks.push(Rank {
                 model,
                 kv,
@@ -239,7 +239,7 @@ impl CpuTp {
                                 .map(|id| {
                                     r.states
                                         .remove(id)
-                                        .unwrap_or_else(|| r.model.new_state(&Cpu))
+                                        .unwrap_or_else(|| r.model.new_state(&Cpu::GGML))
                                 })
                                 .collect()
                         } else {
@@ -250,7 +250,7 @@ impl CpuTp {
                         let ran = r
                             .model
                             .forward_tp(
-                                &Cpu,
+                                &Cpu::GGML,
                                 &mut r.kv,
                                 &mut refs,
                                 tokens,

@@ -148,7 +148,7 @@ impl RankStep for CpuRank {
                 .map(|id| {
                     self.states
                         .remove(id)
-                        .unwrap_or_else(|| self.model.new_state(&Cpu))
+                        .unwrap_or_else(|| self.model.new_state(&Cpu::GGML))
                 })
                 .collect()
         } else {
@@ -156,7 +156,7 @@ impl RankStep for CpuRank {
         };
         let mut refs: Vec<&mut Vec<_>> = taken.iter_mut().collect();
         let ran = self.model.forward_tp(
-            &Cpu,
+            &Cpu::GGML,
             &mut self.kv,
             &mut refs,
             &m.tokens,
@@ -342,9 +342,9 @@ impl TpRunner {
                                 Ok((Box::new(CudaRank(e)), blocks, name))
                             }
                             Device::Cpu => {
-                                let model = Model::load(&Cpu, &g)?;
+                                let model = Model::load(&Cpu::GGML, &g)?;
                                 let i = &model.info;
-                                let cache = Cpu.kv_alloc(
+                                let cache = Cpu::GGML.kv_alloc(
                                     i.n_layer,
                                     kv.min_blocks,
                                     kv.block_size,

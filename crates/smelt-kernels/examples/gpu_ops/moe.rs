@@ -383,7 +383,7 @@ fn check_block(
         weights_scale: 0.0,
         n_ff_shared: 0,
     };
-    let cpu = Cpu;
+    let cpu = Cpu::GGML;
     let fc = MoeFfn::load(&cpu, &gguf, 0, e, &info)?;
     let fg = MoeFfn::load(gpu, &gguf, 0, e, &info)?;
     for &n in ns {

@@ -83,7 +83,7 @@ impl StepEngine for Engine {
     }
 
     fn lone_token_rows_differ(&self) -> bool {
-        self.device() == smelt_engine::Device::Cpu
+        Engine::lone_token_rows_differ(self)
     }
 
     fn embed(

@@ -65,10 +65,11 @@ CPU affinity and cgroup quota]. Results are the same for any count";
 pub const BATCH_INVARIANT_HELP: &str = "On a GPU, make every sequence's output independent \
 of the others in its steps and of how its prompt is cut into chunks (same tokens alone or \
 among 64): every matmul on the tensor-core GEMM and every attention on the tiled prompt \
-kernel. Costs single-stream decode speed (about a quarter of it on an H100). The CPU keeps \
-llama.cpp's orders either way: Q4_K and Q6_K matmuls sum a step's tokens in an order that \
-depends on how many there are, other types never depend on the batch, and the server feeds \
-prompts and recomputes preempted sequences so that their rows keep their bits [default: off]";
+kernel. Costs single-stream decode speed (about a quarter of it on an H100). On the CPU, \
+every row in its one-token order instead of llama.cpp's batch orders (which Q4_K, Q6_K and \
+float weights, and prompt attention, take): slower prompts, no longer llama.cpp's bits. \
+Without it the server still feeds prompts and recomputes preempted sequences so that each \
+answer keeps its bits under load, but a K-quant model's rows depend on the step [default: off]";
 
 /// Aliases and the file `scripts/fetch-models.sh` writes for each.
 const ALIASES: &[(&str, &str)] = &[

@@ -76,6 +76,7 @@ impl CpuKv {
         layer: usize,
         seqs: &[AttnSeq<'_>],
         p: &AttnParams,
+        invariant: bool,
         out: &mut [f32],
     ) {
         let hd = p.head_dim;
@@ -112,7 +113,8 @@ impl CpuKv {
         // Tasks: one head of one query row, or (prefill on AVX2, tinyBLAS order) of
         // [`ROWS`] consecutive rows of a sequence, which then share each key's widening.
         // Head-major within a sequence, so consecutive tasks read the same KV head.
-        let multi = fast && !wide && hd.is_multiple_of(16);
+        // With `invariant`, every row takes the one-query order (prompt rows too).
+        let multi = fast && !wide && hd.is_multiple_of(16) && !invariant;
         let mut tasks = Vec::new();
         for (si, s) in seqs.iter().enumerate() {
             let step = if multi && s.n_tokens >= 2 { ROWS } else { 1 };
@@ -192,7 +194,7 @@ impl CpuKv {
                 let o = out_of(row);
                 // llama.cpp multiplies a batch of two or more tokens through tinyBLAS
                 // and a single token through ggml's vec_dot: two summation orders.
-                let batched = s.n_tokens >= 2;
+                let batched = s.n_tokens >= 2 && !invariant;
                 if wide {
                     // SAFETY: AVX-512F, AVX2, FMA and F16C were detected at run time.
                     unsafe { one_head_512(&view, lo, pos, p.scale, batched, sc, o) }

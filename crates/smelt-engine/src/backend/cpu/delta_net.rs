@@ -284,13 +284,14 @@ pub struct LayerWeights<'a> {
 
 /// One sequence through a delta-net layer between its projections (see
 /// `Backend::delta_net`): `window` and `state` advance, `out` gets `[n, n_v_heads *
-/// head_dim]`. One token takes the recurrence, more the chunked form.
+/// head_dim]`. One token takes the recurrence, more the chunked form (the recurrence
+/// whatever the count with `invariant`: the two agree within rounding only).
 pub fn layer(
     p: &crate::backend::DeltaParams,
     w: &LayerWeights<'_>,
     x: &SeqInputs<'_>,
-    window: &mut [f32],
-    state: &mut [f32],
+    (window, state): (&mut [f32], &mut [f32]),
+    invariant: bool,
     out: &mut [f32],
 ) {
     let sh = DeltaShape {
@@ -327,7 +328,7 @@ pub fn layer(
         })
         .collect();
     let beta: Vec<f32> = x.beta.iter().map(|&b| 1.0 / (1.0 + (-b).exp())).collect();
-    if n == 1 {
+    if n == 1 || invariant {
         delta_rule(sh, &q, &k, &v, &g, &beta, state, out);
     } else {
         delta_rule_chunked(sh, &q, &k, &v, &g, &beta, state, out);

@@ -39,12 +39,15 @@ pub fn matmul(
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), EngineError> {
-    matmul_with(ty, w, rows, cols, stride, x, out, tiles_on())
+    matmul_ordered(ty, w, rows, cols, stride, x, out, false)
 }
 
-/// [`matmul`] with the tiled batch kernels on or off (the same bits either way).
+/// [`matmul`], or with `invariant` every token in the one-token order whatever the batch
+/// (`Cpu::batch_invariant`): ggml's batch orders (repacked Q4_K's gemm for whole groups
+/// of four tokens, Q6_K's tiled matmul from eight, tinyBLAS for float weights) depend on
+/// how many tokens the step has.
 #[allow(clippy::too_many_arguments)]
-fn matmul_with(
+pub fn matmul_ordered(
     ty: GgmlType,
     w: &[u8],
     rows: usize,
@@ -52,14 +55,28 @@ fn matmul_with(
     stride: usize,
     x: &[f32],
     out: &mut [f32],
-    tiles: bool,
+    invariant: bool,
 ) -> Result<(), EngineError> {
-    matmul_dispatch(ty, w, rows, cols, stride, x, out, tiles, false)
+    let how = How {
+        tiles: tiles_on(),
+        id: false,
+        invariant,
+    };
+    matmul_dispatch(ty, w, rows, cols, stride, x, out, how)
 }
 
-/// [`matmul_with`] for one expert of a `MUL_MAT_ID`: ggml computes it with the
-/// single-token order except where its tiled K-quant matmul takes the expert's rows
-/// (Q6_K from eight rows on); repacked Q4_K experts always take the gemv.
+/// Which kernels a matmul may take: the tiled batch kernels (`tiles`, the same bits either
+/// way), a `MUL_MAT_ID` expert's orders (`id`: ggml computes it with the single-token
+/// order except where its tiled K-quant matmul takes the expert's rows, Q6_K from eight
+/// rows on; repacked Q4_K experts always take the gemv), or the one-token order for every
+/// token (`invariant`).
+#[derive(Clone, Copy)]
+struct How {
+    tiles: bool,
+    id: bool,
+    invariant: bool,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn matmul_dispatch(
     ty: GgmlType,
@@ -69,12 +86,11 @@ fn matmul_dispatch(
     stride: usize,
     x: &[f32],
     out: &mut [f32],
-    tiles: bool,
-    id: bool,
+    how: How,
 ) -> Result<(), EngineError> {
     macro_rules! go {
         ($B:ty) => {
-            matmul_typed::<$B>(w, rows, cols, stride, x, out, tiles, id)
+            matmul_typed::<$B>(w, rows, cols, stride, x, out, how)
         };
     }
     match ty {
@@ -138,6 +154,7 @@ pub fn matmul_id(
     ids: &[usize],
     k: usize,
     out: &mut [f32],
+    invariant: bool,
 ) -> Result<(), EngineError> {
     let per_slot = x.len() == ids.len() * cols;
     let expert_bytes = rows * ty.type_size() * cols / ty.block_size();
@@ -165,7 +182,12 @@ pub fn matmul_id(
         ys.clear();
         ys.resize(slots.len() * rows, 0.0);
         let we = &w[e * expert_bytes..(e + 1) * expert_bytes];
-        matmul_dispatch(ty, we, rows, cols, cols, &xs, &mut ys, tiles_on(), true)?;
+        let how = How {
+            tiles: tiles_on(),
+            id: true,
+            invariant,
+        };
+        matmul_dispatch(ty, we, rows, cols, cols, &xs, &mut ys, how)?;
         for (&s, y) in slots.iter().zip(ys.chunks(rows)) {
             out[s * rows..(s + 1) * rows].copy_from_slice(y);
         }
@@ -181,12 +203,14 @@ fn matmul_typed<B: GgmlDot>(
     stride: usize,
     x: &[f32],
     out: &mut [f32],
-    tiles: bool,
-    id: bool,
+    how: How,
 ) -> Result<(), EngineError> {
     // ggml's MUL_MAT_ID runs repacked Q4_K experts through the gemv, and float experts
-    // through vec_dot (never tinyBLAS), for every row.
-    let single = id && matches!(B::TYPE, GgmlType::Q4_K | GgmlType::F32);
+    // through vec_dot (never tinyBLAS), for every row; the invariant mode every type.
+    let single = how.invariant || how.id && matches!(B::TYPE, GgmlType::Q4_K | GgmlType::F32);
+    // The legacy formats' tiles keep the one-token order (see `gemm`); the K-quants' do not.
+    let tiles = how.tiles
+        && (!single || matches!(B::TYPE, GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0));
     let n_tok = x.len() / cols.max(1);
     if n_tok == 0 || rows == 0 {
         return Ok(());
@@ -231,7 +255,7 @@ fn matmul_typed<B: GgmlDot>(
         .for_each(|(a, x)| quantize_act::<B::Act>(x, &mut a[..a_used]));
 
     #[cfg(target_arch = "x86_64")]
-    if super::ggml_dot::simd() && tiles && !single {
+    if super::ggml_dot::simd() && tiles {
         let nb = a_used * <B::Act as Block>::WEIGHTS / B::WEIGHTS;
         // SAFETY: AVX2, FMA and F16C were detected at run time; the shapes are the ones
         // checked above (w: rows x w_per_row, act: n_tok x a_per_row, out: n_tok x rows).
@@ -655,7 +679,12 @@ mod speed {
                     let out = &mut outs[k];
                     let t = pool.install(|| {
                         let t0 = cpu_time();
-                        matmul_with(ty, &w, rows, cols, cols, &x, out, tiles).unwrap();
+                        let how = How {
+                            tiles,
+                            id: false,
+                            invariant: false,
+                        };
+                        matmul_dispatch(ty, &w, rows, cols, cols, &x, out, how).unwrap();
                         cpu_time() - t0
                     });
                     best[k] = best[k].min(t);

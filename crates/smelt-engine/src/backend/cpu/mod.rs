@@ -27,9 +27,22 @@ use super::{
 };
 use crate::EngineError;
 
-/// The CPU backend (stateless: threads come from the caller's rayon pool).
+/// The CPU backend (threads come from the caller's rayon pool).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Cpu;
+pub struct Cpu {
+    /// Every row summed in its one-token order, whatever the step (`--batch-invariant`):
+    /// the K-quant and float matmuls skip ggml's batch orders, the attention takes the
+    /// one-query order for prompt rows too, and delta-net prompts the recurrence. Off,
+    /// the CPU computes what llama.cpp computes, bit for bit.
+    pub batch_invariant: bool,
+}
+
+impl Cpu {
+    /// The backend with llama.cpp's orders (`batch_invariant` off).
+    pub const GGML: Cpu = Cpu {
+        batch_invariant: false,
+    };
+}
 
 /// A row-major f32 matrix.
 #[derive(Clone, Debug, PartialEq)]
@@ -207,7 +220,7 @@ impl Backend for Cpu {
             out.rows = x.rows;
             out.cols = 1;
             out.data.resize(x.rows, 0.0);
-            return matmul::matmul(
+            return matmul::matmul_ordered(
                 GgmlType::F32,
                 bytemuck::cast_slice(v),
                 1,
@@ -215,6 +228,7 @@ impl Backend for Cpu {
                 v.len(),
                 &x.data[..x.rows * x.cols],
                 &mut out.data,
+                self.batch_invariant,
             );
         }
         let CpuWeight::Matrix {
@@ -234,7 +248,7 @@ impl Backend for Cpu {
         out.rows = x.rows;
         out.cols = *rows;
         out.data.resize(x.rows * rows, 0.0);
-        matmul::matmul(
+        matmul::matmul_ordered(
             *ty,
             bytes.get(),
             *rows,
@@ -242,6 +256,7 @@ impl Backend for Cpu {
             *stride,
             &x.data,
             &mut out.data,
+            self.batch_invariant,
         )
     }
 
@@ -407,7 +422,7 @@ impl Backend for Cpu {
         out.rows = q.rows;
         out.cols = p.n_head * p.head_dim;
         out.data.resize(out.rows * out.cols, 0.0);
-        kv.attend(&q.data, layer, seqs, p, &mut out.data);
+        kv.attend(&q.data, layer, seqs, p, self.batch_invariant, &mut out.data);
     }
 
     fn name(&self) -> &'static str {
@@ -504,6 +519,7 @@ impl Backend for Cpu {
             &ids,
             k,
             &mut out.data,
+            self.batch_invariant,
         )
     }
 
@@ -621,7 +637,8 @@ impl Backend for Cpu {
             };
             let o = &mut out.data[s.row * vd..(s.row + s.n_tokens) * vd];
             let DeltaState { conv, ssm } = &mut **st;
-            delta_net::layer(p, &lw, &x, &mut conv.data, &mut ssm.data, o);
+            let state = (&mut conv.data[..], &mut ssm.data[..]);
+            delta_net::layer(p, &lw, &x, state, self.batch_invariant, o);
         }
         Ok(())
     }
@@ -838,9 +855,9 @@ mod tests {
             rows: 0,
             cols: 0,
         };
-        Cpu.rms_norm(&x, &w, 1e-6, &mut out);
+        Cpu::GGML.rms_norm(&x, &w, 1e-6, &mut out);
         let mut y = x;
-        Cpu.rms_norm_in_place(&mut y, &w, 1e-6);
+        Cpu::GGML.rms_norm_in_place(&mut y, &w, 1e-6);
         assert_eq!((y.rows, y.cols), (3, 32));
         assert!(y
             .data
@@ -855,7 +872,7 @@ mod tests {
 
     #[test]
     fn rope_neox_and_normal_rotate_pairs() {
-        let cpu = Cpu;
+        let cpu = Cpu::GGML;
         let mut x = CpuTensor {
             data: vec![1.0, 0.0, 0.0, 1.0],
             rows: 1,
@@ -888,7 +905,7 @@ mod tests {
     /// for bit, ragged rows and values at ggml's ±10 GELU cut-offs included.
     #[test]
     fn glu_vector_paths_equal_scalar() {
-        let cpu = Cpu;
+        let cpu = Cpu::GGML;
         let mut s = 0x9e37_79b9u32;
         let mut next = || {
             s ^= s << 13;
