@@ -16,6 +16,12 @@
 //! folded in. The one difference from the CPU backend: it rounds the normalized
 //! probabilities to f16 before weighting V, which a split softmax cannot (it normalizes
 //! last); that is below 1e-3 relative.
+//!
+//! This file holds the split kernel ([`kernel`]) and its combining variant
+//! ([`combine_kernel`]), their launch helpers and the CPU twin ([`attention_cpu`]). The
+//! reduce kernels live in `attention_reduce.rs` and the any-head-size kernel in
+//! `attention_any.rs`; both are re-exported here, so every path stays
+//! `ops::attention::...`.
 
 use smelt_ptx::{
     Addr, Cmp, Exact, FloatRound, Kernel, Load, LoadCache, Pred, Reg, Scope, Shfl, Space, Store,
@@ -26,6 +32,14 @@ use super::kv::SeqDesc;
 use super::{bfly, dim, kernel_params, Launch, LOG2E};
 use crate::catalog::Entry;
 use crate::fused::Sink;
+
+pub use super::attention_any::{
+    any_fits, any_kernel, any_launch, AnyArgs, ANY, ANY_MAX_HEAD_DIM, ANY_THREADS,
+};
+pub use super::attention_reduce::{
+    reduce_kernel, reduce_launch, reduce_q8_fits, reduce_sink_kernel, reduce_sink_name, ReduceArgs,
+    ReduceQ8Args, MAX_SPLITS, REDUCE, REDUCE_F16, REDUCE_Q8, REDUCE_THREADS,
+};
 
 /// Head sizes with an attention kernel: every multiple of 16 from 64 to 256.
 pub const HEAD_DIMS: [usize; 13] = [64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256];
@@ -183,23 +197,10 @@ fn stage_slots(head_dim: usize) -> usize {
     STAGE_BYTES / (4 * head_dim)
 }
 
-/// Most splits [`reduce_kernel`] combines.
-pub const MAX_SPLITS: usize = 256;
-
 /// Name of the attention kernel for heads of `head_dim`.
 pub fn name(head_dim: usize) -> Option<&'static str> {
     KERNELS.iter().find(|e| e.0 == head_dim).map(|&(_, n, _)| n)
 }
-
-/// Largest block of [`reduce_kernel`]: one thread per value of the largest head.
-pub const REDUCE_THREADS: u32 = 256;
-
-/// Name of [`reduce_kernel`].
-pub const REDUCE: &str = "attention_reduce";
-/// Name of [`reduce_sink_kernel`] writing q8_1 tiles.
-pub const REDUCE_Q8: &str = "attention_reduce_q8_1";
-/// Name of [`reduce_sink_kernel`] writing f16 rows.
-pub const REDUCE_F16: &str = "attention_reduce_f16";
 
 /// Most splits [`combine_kernel`] takes (two per lane).
 pub const COMBINE_MAX_SPLITS: usize = 64;
@@ -212,14 +213,6 @@ pub fn combine_name(head_dim: usize, sink: Sink) -> Option<&'static str> {
         .find(|e| e.0 == head_dim)
         .and_then(|&(_, _, n)| n)
         .map(|n| n[sink as usize])
-}
-
-/// Name of [`reduce_sink_kernel`] for `sink`.
-pub const fn reduce_sink_name(sink: Sink) -> &'static str {
-    match sink {
-        Sink::Q8_1 => REDUCE_Q8,
-        Sink::F16Rows => REDUCE_F16,
-    }
 }
 
 /// Whether [`combine_kernel`] takes this shape: what [`reduce_q8_fits`] takes, and at most
@@ -239,14 +232,6 @@ pub fn combine_counters(
     n_head_kv: usize,
 ) -> usize {
     n_seqs * q_tiles(max_tokens, n_head, n_head_kv) * n_head_kv
-}
-
-/// Whether [`reduce_sink_kernel`] takes rows of `n_head` heads of `head_dim`: whole warps
-/// per head (one q8_1 block per warp), one thread per value, whole tiles per row.
-pub fn reduce_q8_fits(n_head: usize, head_dim: usize) -> bool {
-    head_dim % 32 == 0
-        && head_dim <= REDUCE_THREADS as usize
-        && (n_head * head_dim) % crate::TILE == 0
 }
 
 /// Every kernel of this module.
@@ -342,18 +327,6 @@ pub fn launch(
             dim(n_seqs * q_tiles(max_tokens, n_head, n_head_kv)),
         ),
         (32, WARPS, 1),
-    )
-}
-
-/// Launch of [`reduce_kernel`] for `rows` query rows.
-pub fn reduce_launch(rows: usize, n_head: usize, head_dim: usize) -> Launch {
-    Launch::new(
-        (dim(rows * n_head), 1, 1),
-        (
-            (head_dim.div_ceil(32) * 32).clamp(32, REDUCE_THREADS as usize) as u32,
-            1,
-            1,
-        ),
     )
 }
 
@@ -951,11 +924,12 @@ pub(crate) fn last_block(
     last
 }
 
-/// One warp combines the `n_splits` partials of one (row, head) as [`reduce_body`] does
-/// (weights `2^(m_s - max m)`, normalizer `sum l_s w_s`; here warp reductions), writes the
-/// row's `head_dim` outputs and quantizes them, one q8_1 block per 32 values. Partials
-/// are read through L2 (`.cg`): other blocks wrote them during this launch. `f32s`: where
-/// the lane's values are in an f32 row of the head.
+/// One warp combines the `n_splits` partials of one (row, head) as the reduce
+/// (`attention_reduce::reduce_body`) does (weights `2^(m_s - max m)`, normalizer
+/// `sum l_s w_s`; here warp reductions), writes the row's `head_dim` outputs and quantizes
+/// them, one q8_1 block per 32 values. Partials are read through L2 (`.cg`): other blocks
+/// wrote them during this launch. `f32s`: where the lane's values are in an f32 row of the
+/// head.
 fn combine_row(
     k: &Kernel,
     f32s: &LaneChunks,
@@ -1106,317 +1080,6 @@ fn combine_row(
     }
 }
 
-/// Name of [`any_kernel`].
-pub const ANY: &str = "attention_any";
-/// Largest head [`any_kernel`] takes.
-pub const ANY_MAX_HEAD_DIM: usize = 512;
-/// Threads of a block of [`any_kernel`]: one key each while scoring, up to
-/// `ANY_MAX_HEAD_DIM / ANY_THREADS` values each while weighting V.
-pub const ANY_THREADS: u32 = 128;
-
-kernel_params! {
-    /// The parameters of [`any_kernel`], in order: `q`, the caches, `seqs` and
-    /// `block_tables` as [`Args`], then `out: *mut f32 ([rows][n_head * head_dim])`.
-    AnyArgs, AnyRegs {
-        q: Ptr,
-        k_cache: Ptr,
-        v_cache: Ptr,
-        seqs: Ptr,
-        block_tables: Ptr,
-        out: Ptr,
-        n_head: U32,
-        n_head_kv: U32,
-        head_dim: U32,
-        block_size: U32,
-        window: U32,
-        scale: F32,
-    }
-}
-
-/// Launch of [`any_kernel`] for `n_seqs` sequences of at most `max_tokens` query tokens:
-/// one block per (token, query head) along x, one row of blocks per sequence.
-pub fn any_launch(n_seqs: usize, max_tokens: usize, n_head: usize) -> Launch {
-    Launch::new(
-        (dim(max_tokens.max(1) * n_head), dim(n_seqs), 1),
-        (ANY_THREADS, 1, 1),
-    )
-}
-
-/// Whether [`any_kernel`] takes heads of `head_dim` values.
-pub fn any_fits(head_dim: usize) -> bool {
-    (1..=ANY_MAX_HEAD_DIM).contains(&head_dim)
-}
-
-/// Attention for any head size up to [`ANY_MAX_HEAD_DIM`] (the head size a runtime
-/// parameter): the slow, correct path for heads with no kernel of their own (see
-/// [`HEAD_DIMS`]), the same semantics as [`kernel`] + [`reduce_kernel`] (query rounded to
-/// f16, base-2 softmax in f32) in one launch and no partials.
-///
-/// One block per (token, query head): the query goes to shared memory; then for each
-/// chunk of [`ANY_THREADS`] visible keys each thread scores one key (a loop over the head,
-/// one half at a time), the block takes the chunk's max and rescales its running sums
-/// (online softmax), and each thread adds the chunk's weighted values of its own columns.
-///
-/// Parameters: [`AnyArgs`]. Launch: [`any_launch`].
-pub fn any_kernel(k: &Kernel) {
-    k.max_threads(ANY_THREADS, 1, 1);
-    let AnyRegs {
-        q,
-        k_cache: kc,
-        v_cache: vc,
-        seqs,
-        block_tables: tables,
-        out,
-        n_head,
-        n_head_kv,
-        head_dim,
-        block_size: bs,
-        window,
-        scale,
-    } = AnyRegs::declare(k);
-    let tid = k.tid_x();
-    let x = k.ctaid_x();
-    let t = k.div_int(k.reg(), x, n_head);
-    let head = k.rem(k.reg(), x, n_head);
-    let dw = k.regs::<U32, 4>();
-    k.ld_v4(Load::GLOBAL_NC, dw, k.elem_addr(seqs, k.ctaid_y(), 16));
-    let [row0, n_tokens, start, bto] = dw;
-    // Whole blocks leave: past the sequence's tokens, or a head too large (the host
-    // never launches one).
-    k.exit_if(k.ge(t, n_tokens));
-    k.exit_if(k.cmp(Cmp::Gt, head_dim, ANY_MAX_HEAD_DIM as u32));
-    let group = k.div_int(k.reg(), n_head, n_head_kv);
-    let kvh = k.div_int(k.reg(), head, group);
-    let row = k.add(k.reg(), row0, t);
-    let pos = k.add(k.reg(), start, t);
-    let end = k.add(k.reg(), pos, 1u32);
-    let lo = behind(k, pos, window);
-    let qrow = k.mad(k.reg(), row, n_head, head);
-    let qfirst = k.mul(k.reg(), qrow, head_dim);
-    let qs = k.shared::<F32>("any_q", ANY_MAX_HEAD_DIM as u32, 16);
-    let ps = k.shared::<F32>("any_p", ANY_THREADS, 16);
-    let ss = k.shared::<U32>("any_slot", ANY_THREADS, 16);
-    let red = super::reduce_scratch(k, "any_red");
-    let (qsb, psb, ssb) = (k.shared_base(&qs), k.shared_base(&ps), k.shared_base(&ss));
-    k.stride_loop(tid, head_dim, ANY_THREADS, |k, d| {
-        let i = k.add(k.reg(), qfirst, d);
-        let v = k.load::<F32>(Load::GLOBAL_NC, k.elem_addr(q, i, 4));
-        let h = k.cvt(k.reg::<F16>(), v, FloatRound::Rn);
-        k.cvt(v, h, Exact);
-        k.st(Store::SHARED, k.mad(k.reg(), d, 4u32, qsb), v);
-    });
-    k.bar_sync();
-    let kv_dim = k.mul(k.reg(), n_head_kv, head_dim);
-    let head_off = k.mul(k.reg(), kvh, head_dim);
-    let scale2 = k.mul(k.reg(), scale, LOG2E);
-    let m = k.f32(f32::NEG_INFINITY);
-    let l = k.f32(0.0);
-    let per = ANY_MAX_HEAD_DIM / ANY_THREADS as usize;
-    let acc: Vec<Reg<F32>> = (0..per).map(|_| k.f32(0.0)).collect();
-    // Element index of the head in slot `slot` of a cache.
-    let elem = |k: &Kernel, slot: Reg<U32>| k.mad(k.reg(), slot, kv_dim, head_off);
-    k.stride_loop(lo, end, ANY_THREADS, |k, j0| {
-        let j = k.add(k.reg(), j0, tid);
-        let valid = k.lt(j, end);
-        let s = k.f32(f32::NEG_INFINITY);
-        let slot = k.u32(0);
-        k.if_(valid, |k| {
-            let bi = k.div_int(k.reg(), j, bs);
-            let within = k.rem(k.reg(), j, bs);
-            let ti = k.add(k.reg(), bto, bi);
-            let b = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(tables, ti, 4));
-            k.mad(slot, b, bs, within);
-            let ka = k.elem_addr(kc, elem(k, slot), 2);
-            let dot = k.f32(0.0);
-            k.for_count(head_dim, |k, d| {
-                let kh = k.ld(Load::GLOBAL_NC, k.reg::<F16>(), k.elem_addr(ka, d, 2).at(0));
-                let kf = k.cvt(k.reg::<F32>(), kh, Exact);
-                let qv = k.load::<F32>(Load::SHARED, k.mad(k.reg(), d, 4u32, qsb));
-                k.fma(dot, qv, kf, dot);
-            });
-            k.mul(s, dot, scale2);
-        });
-        // The chunk's largest score (its first key is always visible: finite).
-        let cm = super::block_max(k, s, &red);
-        let nm = k.max(k.reg(), m, cm);
-        let corr = k.sub(k.reg(), m, nm);
-        k.ex2_approx(corr, corr);
-        let p = k.sub(k.reg(), s, nm);
-        k.ex2_approx(p, p);
-        k.selp(p, p, 0.0f32, valid);
-        k.st(Store::SHARED, k.mad(k.reg(), tid, 4u32, psb), p);
-        k.st(Store::SHARED, k.mad(k.reg(), tid, 4u32, ssb), slot);
-        // The sum's barriers also publish the chunk's weights and slots.
-        let psum = super::block_sum(k, p, &red);
-        k.fma(l, l, corr, psum);
-        k.mov(m, nm);
-        let n = k.sub(k.reg(), end, j0);
-        k.min(n, n, ANY_THREADS);
-        for (i, &a) in acc.iter().enumerate() {
-            k.mul(a, a, corr);
-            let d = k.add(k.reg(), tid, ANY_THREADS * i as u32);
-            let live = k.lt(d, head_dim);
-            k.if_(live, |k| {
-                let col = k.add(k.reg(), head_off, d);
-                k.for_count(n, |k, jj| {
-                    let w = k.load::<F32>(Load::SHARED, k.mad(k.reg(), jj, 4u32, psb));
-                    let sl = k.load::<U32>(Load::SHARED, k.mad(k.reg(), jj, 4u32, ssb));
-                    let vi = k.mad(k.reg(), sl, kv_dim, col);
-                    let vh = k.ld(
-                        Load::GLOBAL_NC,
-                        k.reg::<F16>(),
-                        k.elem_addr(vc, vi, 2).at(0),
-                    );
-                    let vf = k.cvt(k.reg::<F32>(), vh, Exact);
-                    k.fma(a, w, vf, a);
-                });
-            });
-        }
-        // Before the next chunk's weights and slots overwrite these.
-        k.bar_sync();
-    });
-    for (i, &a) in acc.iter().enumerate() {
-        let d = k.add(k.reg(), tid, ANY_THREADS * i as u32);
-        let live = k.lt(d, head_dim);
-        k.if_(live, |k| {
-            k.div_rn(a, a, l);
-            let oi = k.add(k.reg(), qfirst, d);
-            k.st(Store::GLOBAL, k.elem_addr(out, oi, 4), a);
-        });
-    }
-}
-
-/// Combines the split partials into the attention output.
-///
-/// Parameters: `part_acc: *const f32, part_ml: *const f32, out: *mut f32 ([rows][n_head *
-/// head_dim]), n_splits: u32 (at most [`MAX_SPLITS`]), head_dim: u32`. Launch:
-/// [`reduce_launch`]: one block per (row, head), one thread per value. Every row of the
-/// batch must belong to a sequence of the attention call (rows that do not read stale
-/// partials).
-///
-/// The split weights `2^(m_s - max m)` and the normalizer are computed once per block
-/// (threads over splits, block reductions), then each thread sums its value over the
-/// splits with sixteen loads in flight.
-pub fn reduce_kernel(k: &Kernel) {
-    reduce_body(k, None);
-}
-
-/// [`reduce_kernel`], and what the output projection reads of its output (one launch
-/// instead of two), in `sink`'s form: q8_1 tiles (each warp quantizes its 32 values as one
-/// block, exactly as `act::quantize_kernel` would) or f16 rows (as
-/// `gemm::f16::act_kernel` writes them).
-///
-/// Parameters: `part_acc, part_ml, out` as [`reduce_kernel`], then `q: *mut u8 (the tiles
-/// or rows of each row)`, `n_splits: u32, head_dim: u32`. Only for shapes
-/// [`reduce_q8_fits`] accepts. Launch: [`reduce_launch`].
-pub fn reduce_sink_kernel(k: &Kernel, sink: Sink) {
-    reduce_body(k, Some(sink));
-}
-
-kernel_params! {
-    /// Arguments of [`reduce_kernel`].
-    ReduceArgs, ReduceRegs {
-        part_acc: Ptr,
-        part_ml: Ptr,
-        out: Ptr,
-        n_splits: U32,
-        head_dim: U32,
-    }
-}
-
-kernel_params! {
-    /// Arguments of [`reduce_sink_kernel`].
-    ReduceQ8Args, ReduceQ8Regs {
-        part_acc: Ptr,
-        part_ml: Ptr,
-        out: Ptr,
-        q: Ptr,
-        n_splits: U32,
-        head_dim: U32,
-    }
-}
-
-fn reduce_body(k: &Kernel, sink: Option<Sink>) {
-    // Heads have at most 256 values (HEAD_DIMS), and the cap leaves room for the
-    // sixteen loads in flight.
-    k.max_threads(REDUCE_THREADS, 1, 1);
-    let (part_acc, part_ml, out, q, n_splits, head_dim) = if let Some(sink) = sink {
-        let r = ReduceQ8Regs::declare(k);
-        (
-            r.part_acc,
-            r.part_ml,
-            r.out,
-            Some((r.q, sink)),
-            r.n_splits,
-            r.head_dim,
-        )
-    } else {
-        let r = ReduceRegs::declare(k);
-        (r.part_acc, r.part_ml, r.out, None, r.n_splits, r.head_dim)
-    };
-    let wsh = k.shared::<F32>("reduce_w", MAX_SPLITS as u32, 16);
-    let red = super::reduce_scratch(k, "reduce_red");
-    let wb = k.shared_base(&wsh);
-    let idx = k.ctaid_x();
-    let d = k.tid_x();
-    let first = k.mul(k.reg(), idx, n_splits);
-    let ns = k.min(k.reg(), n_splits, MAX_SPLITS as u32);
-    let mloc = k.f32(f32::NEG_INFINITY);
-    k.stride_loop(d, ns, k.ntid_x(), |k, s| {
-        let i = k.add(k.reg(), first, s);
-        let ms = k.load::<F32>(Load::GLOBAL, k.elem_addr(part_ml, i, 8));
-        k.st(Store::SHARED, k.mad(k.reg(), s, 4u32, wb), ms);
-        k.max(mloc, mloc, ms);
-    });
-    let mx = super::block_max(k, mloc, &red);
-    let lsum = k.f32(0.0);
-    k.stride_loop(d, ns, k.ntid_x(), |k, s| {
-        let i = k.add(k.reg(), first, s);
-        let ls = k.load::<F32>(Load::GLOBAL, k.elem_addr(part_ml, i, 8).at(4));
-        let wa = k.mad(k.reg(), s, 4u32, wb);
-        let ms = k.load::<F32>(Load::SHARED, wa);
-        let w = k.sub(k.reg(), ms, mx);
-        k.ex2_approx(w, w);
-        let empty = k.cmp(Cmp::Eq, ms, f32::NEG_INFINITY);
-        k.selp(w, 0.0f32, w, empty);
-        k.st(Store::SHARED, wa, w);
-        k.fma(lsum, ls, w, lsum);
-    });
-    // The block sum's barriers also publish the weights.
-    let l = super::block_sum(k, lsum, &red);
-    let live = k.lt(d, head_dim);
-    k.if_(live, |k| {
-        let o = k.f32(0.0);
-        // Sixteen splits' loads in flight: a decode step's few splits take one round.
-        k.stride_loop(0u32, ns, 16u32, |k, s0| {
-            let mut terms = Vec::new();
-            for u in 0..16u32 {
-                let s = k.add(k.reg(), s0, u);
-                let ok = k.lt(s, ns);
-                let a = k.f32(0.0);
-                let w = k.f32(0.0);
-                k.guarded(ok, |k| {
-                    let i = k.add(k.reg(), first, s);
-                    let ai = k.mad(k.reg(), i, head_dim, d);
-                    k.ld(Load::GLOBAL, a, k.elem_addr(part_acc, ai, 4));
-                    k.ld(Load::SHARED, w, k.mad(k.reg(), s, 4u32, wb));
-                });
-                terms.push((a, w));
-            }
-            for (a, w) in terms {
-                k.fma(o, a, w, o);
-            }
-        });
-        k.div_rn(o, o, l);
-        let oi = k.mad(k.reg(), idx, head_dim, d);
-        k.st(Store::GLOBAL, k.elem_addr(out, oi, 4), o);
-        if let Some((q, sink)) = q {
-            let lane = k.and(k.reg(), d, 31u32);
-            crate::fused::sink_warp_value(k, sink, o, lane, oi, q);
-        }
-    });
-}
-
 /// Shape of an attention call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnShape {
@@ -1500,28 +1163,6 @@ mod tests {
     use smelt_ptx::{Module, Target};
 
     #[test]
-    fn the_reduce_q8_kernel_builds_and_says_which_shapes_it_takes() {
-        for target in [Target::Sm80, Target::Sm90] {
-            let mut m = Module::new(target);
-            m.kernel(REDUCE_Q8, |k| reduce_sink_kernel(k, Sink::Q8_1))
-                .unwrap();
-            let ptx = m.to_ptx();
-            assert!(ptx.contains(&format!(".entry {REDUCE_Q8}(")));
-            assert!(ptx.contains(".param .u64 q"));
-            assert!(ptx.contains("st.global.u8"));
-            assert!(ptx.contains("st.global.u16"));
-            assert!(ptx.contains("div.rn.f32"));
-        }
-        // Llama-3-8B (32 x 128), Gemma 3 270M (4 x 256): yes; SmolLM2 (9 x 64, rows of 576
-        // values, not whole tiles) and head sizes that split a warp: no.
-        assert!(reduce_q8_fits(32, 128));
-        assert!(reduce_q8_fits(4, 256));
-        assert!(!reduce_q8_fits(9, 64));
-        assert!(!reduce_q8_fits(16, 80));
-        assert!(!reduce_q8_fits(2, 512));
-    }
-
-    #[test]
     fn kernels_build_for_every_head_size() {
         let mut m = Module::new(Target::Sm90);
         for (name, build) in catalog() {
@@ -1599,24 +1240,6 @@ mod tests {
         }
         assert!(!any_fits(0) && !any_fits(513));
         assert!(!combine_fits(16, 80, 4) && combine_fits(16, 96, 4));
-        let a = AnyArgs {
-            q: 1,
-            k_cache: 2,
-            v_cache: 3,
-            seqs: 4,
-            block_tables: 5,
-            out: 6,
-            n_head: 7,
-            n_head_kv: 8,
-            head_dim: 9,
-            block_size: 10,
-            window: 11,
-            scale: 0.5,
-        };
-        assert_eq!(a.values().len(), AnyArgs::NAMES.len());
-        assert_eq!(a.values()[6], crate::ops::ArgValue::U32(7));
-        assert_eq!(a.values()[11], crate::ops::ArgValue::F32(0.5));
-        assert_eq!(any_launch(2, 3, 5).grid, (15, 2, 1));
     }
 
     #[test]

@@ -26,6 +26,8 @@
 //! in `bench/RESULTS.md`).
 
 pub mod attention;
+mod attention_any;
+mod attention_reduce;
 pub mod elementwise;
 pub mod embed;
 pub mod flash;
