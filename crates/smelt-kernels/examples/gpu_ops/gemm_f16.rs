@@ -175,6 +175,12 @@ pub fn speed(gpu: &Gpu) -> Result<Vec<Row>> {
                 GgmlType::Q4_K => m.kernel(&n, |k| {
                     f16::kernel_blocks::<smelt_kernels::formats::Q4K>(k, blocks)
                 }),
+                GgmlType::Q6_K => m.kernel(&n, |k| {
+                    f16::kernel_blocks::<smelt_kernels::formats::Q6K>(k, blocks)
+                }),
+                GgmlType::Q8_0 => m.kernel(&n, |k| {
+                    f16::kernel_blocks::<smelt_kernels::formats::Q8_0>(k, blocks)
+                }),
                 other => anyhow::bail!("no f16 variant build for {other:?}"),
             };
             r.map_err(|e| anyhow::anyhow!("{n}: {e}"))?;

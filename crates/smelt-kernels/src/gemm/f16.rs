@@ -34,7 +34,7 @@ use smelt_ptx::{U32, U64};
 
 use super::{split_range, GemmRegs, Out, Rows, THREADS};
 use crate::act::and_or;
-use crate::formats::{halves_to_f32, GpuFormat, Q4K};
+use crate::formats::{halves_to_f32, GpuFormat, Q4K, Q6K, Q8_0};
 use crate::ops::{kernel_params, Launch};
 use crate::{GgmlType, KernelError, TILE};
 
@@ -131,13 +131,19 @@ pub fn name(ty: GgmlType) -> Option<&'static str> {
 }
 
 /// Formats with an f16 GEMM, and their kernels.
-pub const TYPES: [(GgmlType, &str); 1] = [(GgmlType::Q4_K, Q4K::GEMM_F16_NAME)];
+pub const TYPES: [(GgmlType, &str); 3] = [
+    (GgmlType::Q4_K, Q4K::GEMM_F16_NAME),
+    (GgmlType::Q6_K, Q6K::GEMM_F16_NAME),
+    (GgmlType::Q8_0, Q8_0::GEMM_F16_NAME),
+];
 
 /// The f16 GEMMs and the activation conversion, for the catalog.
 pub fn catalog() -> Vec<crate::catalog::Entry> {
     vec![
         (ACT.to_string(), Box::new(act_kernel)),
         (Q4K::GEMM_F16_NAME.to_string(), Box::new(kernel::<Q4K>)),
+        (Q6K::GEMM_F16_NAME.to_string(), Box::new(kernel::<Q6K>)),
+        (Q8_0::GEMM_F16_NAME.to_string(), Box::new(kernel::<Q8_0>)),
     ]
 }
 
@@ -260,9 +266,10 @@ pub trait GemmF16Format: GpuFormat {
     const GEMM_F16_NAME: &'static str;
     /// The grouped (mixture-of-experts) kernel's name ([`super::grouped`]).
     const GROUPED_NAME: &'static str;
-    /// Blocks an SM its grouped kernel asks ptxas to fit on sm_90: [`BLOCKS_PER_SM`] (128
-    /// registers a thread), or 1 for a format whose step registers spill there.
-    const GROUPED_BLOCKS_PER_SM: u32 = BLOCKS_PER_SM;
+    /// Blocks an SM its kernels (this module's and the grouped one) ask ptxas to fit on
+    /// sm_90: [`BLOCKS_PER_SM`] (128 registers a thread), or 1 for a format whose step
+    /// registers spill there.
+    const BLOCKS_PER_SM: u32 = BLOCKS_PER_SM;
     /// A thread's constants, computed once.
     type StageSetup;
     /// A thread's raw loads of one step.
@@ -443,7 +450,7 @@ impl GemmF16Format for Q4K {
 /// `y = W x` on f16 tensor cores for a format with an f16 staging: see the module doc.
 /// Parameters [`super::GemmArgs`] (`x`: [`act_kernel`]'s rows); launch [`launch`].
 pub fn kernel<F: GemmF16Format>(k: &Kernel) {
-    kernel_blocks::<F>(k, BLOCKS_PER_SM)
+    kernel_blocks::<F>(k, F::BLOCKS_PER_SM)
 }
 
 /// Blocks an SM the catalog's f16 GEMMs ask ptxas to fit on sm_90 (a register cap: 128 a

@@ -55,7 +55,7 @@ impl GemmF16Format for Q6K {
     const GROUPED_NAME: &'static str = "gemm_f16_moe_q6_k";
     /// Its 19 step registers (a pair of steps' `ql`, `qh` and scales, loaded a step ahead)
     /// spilled 52 bytes at 128 registers a thread: one block an SM (185 registers).
-    const GROUPED_BLOCKS_PER_SM: u32 = 1;
+    const BLOCKS_PER_SM: u32 = 1;
     type StageSetup = Q6KSetup;
     type StepRegs = Q6KRegs;
 

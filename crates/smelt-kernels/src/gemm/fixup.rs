@@ -259,7 +259,9 @@ mod tests {
             narrow, 36,
             "Q4_K, Q6_K and Q8_0, three layouts, four widths"
         );
-        assert_eq!(checked, 2 * (narrow + 2 + 1 + 12));
+        let f16 = super::super::f16::TYPES.len();
+        assert_eq!(f16, 3, "Q4_K, Q6_K and Q8_0");
+        assert_eq!(checked, 2 * (narrow + 2 + f16 + 12));
     }
 
     #[test]

@@ -106,7 +106,7 @@ pub fn launch(nrows: usize, max_tiles: usize, pair: bool) -> Launch {
 /// `y[s][r] = W[e][r] . x[s / x_div]` for every slot `s` of every used tile (expert `e`),
 /// on f16 tensor cores: see the module doc. Parameters [`GroupedArgs`]; launch [`launch`].
 pub fn kernel<F: GemmF16Format>(k: &Kernel) {
-    f16::attributes(k, F::GROUPED_BLOCKS_PER_SM);
+    f16::attributes(k, F::BLOCKS_PER_SM);
     let a = GroupedRegs::declare(k);
     let smem = f16::Smem::declare(k, f16::PROMPT);
     let tid = k.tid_x();

@@ -28,6 +28,7 @@
 pub mod act;
 pub mod f16;
 mod f16_q6_k;
+mod f16_q8_0;
 pub mod f16_small;
 pub mod fixup;
 mod formats;

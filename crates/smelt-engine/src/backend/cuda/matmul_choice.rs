@@ -285,8 +285,11 @@ mod tests {
             assert_eq!(pick(ty, 16), narrow(ty, 16));
             assert_eq!(pick(ty, 32), narrow(ty, 32));
             assert_eq!(pick(ty, 96), Some(Family::Int8));
+            // Prompts: the f16 GEMM, as Q4_K's (their stagings, 2026-11-28).
+            assert_eq!(pick(ty, 512), Some(Family::F16));
         }
         assert_eq!(pick(GgmlType::Q5_K, 32), Some(Family::Int8));
+        assert_eq!(pick(GgmlType::Q5_K, 512), Some(Family::Int8));
         assert_eq!(pick(GgmlType::Q5_K, 8), None);
         assert_eq!(
             choose(m, GgmlType::F32, 4096, 4096, 512, || false),
