@@ -15,10 +15,14 @@
 //! `smelt run`'s token for token whatever else is running. On the CPU a row also depends on
 //! whether its chunk holds one token or more (llama.cpp's two summation orders), so prompts
 //! are never cut into one-token pieces and a preempted sequence recomputes the tokens it
-//! generated one per step ([`chunk_len`]): preemption never changes an answer. A step where every sequence picks
-//! by plain argmax (and wants no logprobs) asks the engine for the tokens themselves
-//! ([`Engine::forward_greedy`]: on the GPU the logits never leave it); they are the argmax
-//! of the same logits.
+//! generated one per step ([`chunk_len`](plan::chunk_len)): preemption never changes an
+//! answer. A step where every sequence picks by plain argmax (and wants no logprobs) asks
+//! the engine for the tokens themselves ([`Engine::forward_greedy`]: on the GPU the logits
+//! never leave it); they are the argmax of the same logits.
+//!
+//! This file holds the handlers' side, the thread's loop and the batch's bookkeeping; what a
+//! step feeds is planned in `plan`, and what its output does (tokens picked and sent,
+//! sequences finished) is in `consume`.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -28,17 +32,18 @@ use std::time::Instant;
 
 use smelt_engine::generate::{FinishReason, TextStream, TokenText};
 use smelt_engine::sampler::{Sampler, SamplingParams};
-use smelt_engine::{EngineError, Logits, Pooling, SeqId, SeqInput};
+use smelt_engine::{EngineError, Logits, Pooling, SeqId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::ApiError;
 use crate::metrics::ModelStats;
 
 mod constrain;
+mod consume;
+mod plan;
 mod step_engine;
 
 pub use constrain::Constraint;
-use constrain::{constrain, token_logprob};
 pub use step_engine::StepEngine;
 
 /// How a model's scheduler sizes its work.
@@ -346,14 +351,6 @@ enum StepOut {
     Tokens(Vec<Option<u32>>),
 }
 
-/// What one sequence's next token comes from.
-enum Pick {
-    /// Its last row's logits, for its sampler.
-    Logits(Vec<f32>),
-    /// The engine's greedy choice.
-    Token(u32),
-}
-
 struct Scheduler<E, T> {
     /// The model id, for logs.
     name: String,
@@ -374,25 +371,6 @@ struct Scheduler<E, T> {
     embeds: VecDeque<EmbedJob>,
     /// The engine's [`StepEngine::lone_token_rows_differ`], read once.
     lone_rows_differ: bool,
-}
-
-/// The next chunk of a sequence reading its context, `fed` tokens of it in the cache, on an
-/// engine whose lone-token rows differ: as [`Scheduler::plan`]'s budget allows, but never a
-/// single token of a prompt longer than that, nor leaving one behind (up to two tokens past
-/// the budget rather than that); and a preempted sequence's generated tokens one per step, as
-/// they were fed when they were sampled. So every row is summed in the order it had the first
-/// time, and the answer keeps its bits through preemption and any chunking.
-fn chunk_len(fed: usize, prompt: usize, budget: usize) -> usize {
-    if fed >= prompt {
-        return 1;
-    }
-    let left = prompt - fed;
-    match left.min(budget) {
-        n if n == left || (n >= 2 && left - n >= 2) => n,
-        n if n >= 3 => n - 1,
-        _ if left == 3 => 3,
-        _ => 2,
-    }
 }
 
 /// A queued `/v1/embeddings` request.
@@ -546,30 +524,6 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
         self.running_now.store(self.running.len(), Ordering::SeqCst);
     }
 
-    /// Attaches a newly admitted sequence to the cached blocks its context begins with; the
-    /// tokens they hold. Where lone-token rows differ, what is left of a longer prompt is
-    /// never a single token (it would be summed in the other order than when the prompt
-    /// came whole): the lookup stops a token earlier, and a recomputed sequence whose cached
-    /// blocks end one token short of its prompt's end starts again without them.
-    fn attach_prefix(&mut self, a: &mut Active) -> usize {
-        let Some(seq) = a.seq else { return 0 };
-        let prompt = a.job.prompt.len();
-        if !self.lone_rows_differ || prompt < 2 {
-            return self.engine.attach_prefix(seq, &a.context);
-        }
-        if a.context.len() == prompt {
-            return self.engine.attach_prefix(seq, &a.context[..prompt - 1]);
-        }
-        let n = self.engine.attach_prefix(seq, &a.context);
-        if n != prompt - 1 {
-            return n;
-        }
-        self.engine.free_sequence(seq);
-        let seq = self.engine.new_sequence();
-        a.seq = Some(seq);
-        self.engine.attach_prefix(seq, &a.context[..prompt - 1])
-    }
-
     /// One batched forward over the running sequences, and what follows from its logits.
     fn step(&mut self) {
         if self.running.is_empty() {
@@ -689,237 +643,6 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
         }
     }
 
-    /// This step's inputs: one token for every decoding sequence, then prefill chunks in
-    /// admission order within the step's token budget. `owners[i]` is the running index of
-    /// `inputs[i]`.
-    fn plan(&self) -> (Vec<SeqInput>, Vec<usize>) {
-        let mut inputs = Vec::new();
-        let mut owners = Vec::new();
-        let mut decodes = 0;
-        for (i, a) in self.running.iter().enumerate() {
-            let Some(seq) = a.seq else { continue };
-            if a.generated > 0 && a.remaining() == 1 {
-                inputs.push(SeqInput {
-                    seq,
-                    tokens: vec![a.context[a.fed]],
-                    logits: Logits::Last,
-                });
-                owners.push(i);
-                decodes += 1;
-            }
-        }
-        // At least a little prefill each step (up to 16 tokens past the budget when decodes
-        // alone fill it), so new requests start even under a full decode load.
-        let mut budget = match self.cfg.step_tokens.checked_sub(decodes) {
-            Some(left) if left > 0 => left,
-            _ => self.cfg.step_tokens.clamp(1, 16),
-        };
-        for (i, a) in self.running.iter().enumerate() {
-            if budget == 0 {
-                break;
-            }
-            let Some(seq) = a.seq else { continue };
-            if a.generated > 0 && a.remaining() == 1 {
-                continue;
-            }
-            let n = match self.lone_rows_differ {
-                true => chunk_len(a.fed, a.job.prompt.len(), budget),
-                false => a.remaining().min(budget),
-            };
-            let last = a.fed + n == a.context.len();
-            let all = a.job.constraint.prompt_logprobs.is_some() && !a.sent_prompt;
-            inputs.push(SeqInput {
-                seq,
-                tokens: a.context[a.fed..a.fed + n].to_vec(),
-                logits: if all {
-                    Logits::All
-                } else if last {
-                    Logits::Last
-                } else {
-                    Logits::None
-                },
-            });
-            owners.push(i);
-            budget = budget.saturating_sub(n);
-        }
-        (inputs, owners)
-    }
-
-    fn consume(&mut self, inputs: &[SeqInput], owners: &[usize], out: StepOut) {
-        let mut done = Vec::new();
-        let picks: Vec<Option<Pick>> = match out {
-            StepOut::Logits(rows) => rows
-                .into_iter()
-                .zip(inputs.iter().zip(owners))
-                .map(|(mut r, (inp, &i))| {
-                    if inp.logits == Logits::All {
-                        self.prompt_logprobs(i, &r);
-                        // Only the prompt's last row picks a token.
-                        if self.running[i].fed + inp.tokens.len() < self.running[i].context.len() {
-                            return None;
-                        }
-                    }
-                    r.pop().map(Pick::Logits)
-                })
-                .collect(),
-            StepOut::Tokens(t) => t.into_iter().map(|t| t.map(Pick::Token)).collect(),
-        };
-        for ((inp, &i), pick) in inputs.iter().zip(owners).zip(picks) {
-            let a = &mut self.running[i];
-            a.fed += inp.tokens.len();
-            let Some(pick) = pick else {
-                continue;
-            };
-            if !a.sent_prompt && a.job.constraint.prompt_logprobs.is_some() {
-                a.sent_prompt = true;
-                let lps = std::mem::take(&mut a.prompt_lps);
-                if a.job.events.send(Event::Prompt(lps)).is_err() {
-                    done.push((i, End::Gone));
-                    continue;
-                }
-            }
-            if a.job.max_tokens == 0 {
-                // Scoring only (echo with max_tokens 0): the prompt was the answer.
-                done.push((i, End::Finished(FinishReason::Length)));
-                continue;
-            }
-            if let Some(end) = self.next_token(i, &pick) {
-                done.push((i, end));
-            }
-        }
-        // Highest index first so the earlier indices stay valid.
-        done.sort_by_key(|d| std::cmp::Reverse(d.0));
-        for (i, end) in done {
-            let a = self.running.remove(i);
-            match end {
-                End::Finished(reason) => {
-                    tracing::info!(
-                        model = %self.name,
-                        prompt_tokens = a.job.prompt.len(),
-                        completion_tokens = a.generated,
-                        finish = reason.as_str(),
-                        seconds = a.job.arrived.elapsed().as_secs_f64(),
-                        "request done"
-                    );
-                    let _ = a.job.events.send(Event::Done {
-                        finish_reason: reason,
-                        prompt_tokens: a.job.prompt.len(),
-                        completion_tokens: a.generated,
-                    });
-                    self.release(a);
-                }
-                End::Gone => self.release_gone(a),
-                End::Failed(why) => {
-                    tracing::error!(model = %self.name, "constrained sampling failed: {why}");
-                    self.finish_err(a, ApiError::internal(why));
-                }
-            }
-        }
-    }
-
-    /// Scores the prompt tokens that `rows` (one per token just fed to running sequence `i`,
-    /// from `fed` on) predict, as `smelt perplexity` does.
-    fn prompt_logprobs(&mut self, i: usize, rows: &[Vec<f32>]) {
-        let tok = Arc::clone(&self.tok);
-        let a = &mut self.running[i];
-        let top = a.job.constraint.prompt_logprobs.unwrap_or(0);
-        if a.fed == 0 {
-            a.prompt_lps.clear();
-            if let Some(&first) = a.job.prompt.first() {
-                a.prompt_lps.push((tok.token_bytes(first), None));
-            }
-        }
-        for (j, row) in rows.iter().enumerate() {
-            let next = a.fed + j + 1;
-            if let Some(&t) = a.job.prompt.get(next) {
-                let lp = token_logprob(row, t, top, &*tok);
-                a.prompt_lps.push((lp.bytes.clone(), Some(lp)));
-            }
-        }
-    }
-
-    /// Samples the next token of running sequence `i` exactly as `generate` does (or takes
-    /// the engine's greedy pick), sends it, and says whether the sequence ended.
-    fn next_token(&mut self, i: usize, pick: &Pick) -> Option<End> {
-        let tok = Arc::clone(&self.tok);
-        let tok = &*tok;
-        let stats = Arc::clone(&self.stats);
-        let a = &mut self.running[i];
-        let (next, logits) = match pick {
-            Pick::Logits(l)
-                if a.job.constraint.grammar.is_some()
-                    || !a.job.constraint.logit_bias.is_empty() =>
-            {
-                let mut biased = l.clone();
-                let t0 = Instant::now();
-                if let Err(e) = constrain(&mut a.job.constraint, &mut biased) {
-                    return Some(End::Failed(e));
-                }
-                if a.job.constraint.grammar.is_some() {
-                    // The mask's own time (beside the forward) and applying it here.
-                    let us = t0.elapsed().as_micros() as u64
-                        + std::mem::take(&mut a.job.constraint.mask_us);
-                    stats.grammar_masks.fetch_add(1, Ordering::Relaxed);
-                    stats.grammar_mask_us.fetch_add(us, Ordering::Relaxed);
-                }
-                let next = a.sampler.sample(&biased, &a.context);
-                // An end-of-generation token ends the answer: the grammar need not see it.
-                if let Some(g) = a
-                    .job
-                    .constraint
-                    .grammar
-                    .as_mut()
-                    .filter(|_| !tok.is_eog(next))
-                {
-                    if let Err(e) = g.consume_token(next) {
-                        return Some(End::Failed(format!("the grammar rejected a token: {e}")));
-                    }
-                }
-                (next, Some(l.as_slice()))
-            }
-            Pick::Logits(l) => (a.sampler.sample(l, &a.context), Some(l.as_slice())),
-            Pick::Token(t) => (*t, None),
-        };
-        let now = Instant::now();
-        match a.last_token_at {
-            None => stats
-                .ttft
-                .observe(now.duration_since(a.job.arrived).as_secs_f64()),
-            Some(t) => stats.itl.observe(now.duration_since(t).as_secs_f64()),
-        }
-        a.last_token_at = Some(now);
-        a.generated += 1;
-        a.context.push(next);
-        stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
-        let logprob = match (a.job.logprobs, logits) {
-            (Some(top), Some(l)) => Some(token_logprob(l, next, top, tok)),
-            _ => None,
-        };
-        let (text, end) = if !a.job.ignore_eog && tok.is_eog(next) {
-            (a.text.finish(), Some(FinishReason::Eog))
-        } else {
-            let (mut delta, stopped) = a.text.push(&tok.token_bytes(next));
-            if stopped {
-                (delta, Some(FinishReason::Stop))
-            } else if a.generated >= a.job.max_tokens {
-                delta.push_str(&a.text.finish());
-                (delta, Some(FinishReason::Length))
-            } else {
-                (delta, None)
-            }
-        };
-        let sent = a.job.events.send(Event::Token {
-            id: next,
-            text,
-            logprob,
-        });
-        match (sent, end) {
-            (Err(_), _) => Some(End::Gone),
-            (Ok(()), Some(r)) => Some(End::Finished(r)),
-            (Ok(()), None) => None,
-        }
-    }
-
     /// Sends the newest running sequence back to the front of the queue; its KV blocks are
     /// freed and its tokens will be recomputed when it is admitted again.
     fn preempt_newest(&mut self) {
@@ -1006,14 +729,6 @@ impl<E: StepEngine, T: TokenText> Scheduler<E, T> {
             Ordering::Relaxed,
         );
     }
-}
-
-enum End {
-    Finished(FinishReason),
-    /// The client went away while we sent.
-    Gone,
-    /// Constrained sampling could not go on (a grammar error).
-    Failed(String),
 }
 
 #[cfg(test)]

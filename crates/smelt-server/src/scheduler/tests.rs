@@ -448,7 +448,7 @@ fn lone_token_chunks_only_where_they_were_fed_alone() {
         for budget in 1..9 {
             let mut fed = 0;
             while fed < prompt {
-                let n = super::chunk_len(fed, prompt, budget);
+                let n = super::plan::chunk_len(fed, prompt, budget);
                 assert!(n >= 2, "prompt {prompt}, budget {budget}, at {fed}: {n}");
                 assert!(
                     n <= budget.max(1) + 2 && fed + n <= prompt,
@@ -456,12 +456,12 @@ fn lone_token_chunks_only_where_they_were_fed_alone() {
                 );
                 fed += n;
             }
-            assert_eq!(super::chunk_len(prompt, prompt, budget), 1);
-            assert_eq!(super::chunk_len(prompt + 5, prompt, budget), 1);
+            assert_eq!(super::plan::chunk_len(prompt, prompt, budget), 1);
+            assert_eq!(super::plan::chunk_len(prompt + 5, prompt, budget), 1);
         }
     }
     assert_eq!(
-        super::chunk_len(0, 1, 4),
+        super::plan::chunk_len(0, 1, 4),
         1,
         "a one-token prompt is one token"
     );
