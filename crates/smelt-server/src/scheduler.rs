@@ -15,7 +15,7 @@
 //! `smelt run`'s token for token whatever else is running. On the CPU a row also depends on
 //! whether its chunk holds one token or more (llama.cpp's two summation orders), so prompts
 //! are never cut into one-token pieces and a preempted sequence recomputes the tokens it
-//! generated one per step ([`chunk_len`](plan::chunk_len)): preemption never changes an
+//! generated one per step (`plan::chunk_len`): preemption never changes an
 //! answer. A step where every sequence picks by plain argmax (and wants no logprobs) asks
 //! the engine for the tokens themselves ([`Engine::forward_greedy`]: on the GPU the logits
 //! never leave it); they are the argmax of the same logits.

@@ -450,7 +450,7 @@ pub fn check_prefill(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
         c.add(&case, &got, &want, 6e-4, 1e-3);
         // The f16 rows for the output projection, where rows are whole 256-value tiles:
         // the same f32 output, and its rows as `gemm::f16::act_cpu` converts them.
-        if (n_head * hd).is_multiple_of(256) {
+        if (n_head * hd) % 256 == 0 {
             let cols = n_head * hd;
             let out3 = gpu.stream.clone_htod(&nan(p.rows * cols))?;
             let h = gpu.stream.clone_htod(&vec![0xffffu16; p.rows * cols])?;

@@ -32,7 +32,7 @@ pub trait StepEngine {
     /// Whether a row's result depends on whether its chunk holds one token or more. The
     /// CPU engine sums a lone token's attention in ggml's `vec_dot` order and a longer
     /// chunk's in tinyBLAS order, as llama.cpp does; the scheduler then chunks so that
-    /// every row goes the way it went the first time (see [`super::plan::chunk_len`]).
+    /// every row goes the way it went the first time (see `scheduler::plan::chunk_len`).
     fn lone_token_rows_differ(&self) -> bool {
         false
     }
