@@ -137,6 +137,11 @@ pub const TYPES: [(GgmlType, &str); 3] = [
     (GgmlType::Q8_0, Q8_0::GEMM_F16_NAME),
 ];
 
+/// The formats of [`TYPES`] whose f16 GEMM was checked against its twin and measured
+/// faster than the int8 GEMM on a GPU (the engine takes only these by default): Q4_K
+/// (bench/RESULTS.md 2026-11-26). Q6_K's and Q8_0's wait for `bench/gpu/prompt_f16.sh`.
+pub const MEASURED: [GgmlType; 1] = [GgmlType::Q4_K];
+
 /// The f16 GEMMs and the activation conversion, for the catalog.
 pub fn catalog() -> Vec<crate::catalog::Entry> {
     vec![

@@ -25,6 +25,7 @@
 //! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `matmul.gemv_rows` | off |
 //! | `SMELT_CUDA_GEMM_MIN` | `matmul.gemm_min_tokens` | `gemm::MIN_TOKENS` |
 //! | `SMELT_CUDA_GEMM_F16_MIN` | `matmul.gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
+//! | `SMELT_CUDA_GEMM_F16_UNMEASURED=1` | `matmul.gemm_f16_unmeasured` | off (`gemm::f16::MEASURED` only) |
 //! | `SMELT_CUDA_GEMM_NARROW_MIN` | `matmul.gemm_narrow_min_tokens` | `gemm::narrow::min_tokens` per type (Q4_K and Q8_0 8, Q6_K 16) |
 //! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `matmul.gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_GEMM_NARROW_SPLITS` | `matmul.narrow_max_splits` | none (`gemm::narrow::splits`'s wave-fill rule; a cap of 4 measured the same, 2 -18%) |
@@ -137,6 +138,9 @@ pub struct MatmulOptions {
     /// with `Some(n)` every matmul of at least `n` tokens (`usize::MAX`: none, as in
     /// batch-invariant mode, where one kernel must serve every batch).
     pub gemm_f16_min_tokens: Option<usize>,
+    /// The f16 GEMM also for the types whose kernel has not been measured on a GPU yet
+    /// (`gemm::f16::TYPES` beyond `gemm::f16::MEASURED`), for the run that measures them.
+    pub gemm_f16_unmeasured: bool,
     /// Matmuls of at least this many tokens (even under `gemm_min_tokens`) run on the
     /// narrow GEMM where the weight type has one (`gemm::narrow::TYPES`) and they are at
     /// most `gemm_narrow_max_tokens`; `None`: the type's measured default
@@ -309,6 +313,7 @@ impl CudaOptions {
                 } else {
                     num("SMELT_CUDA_GEMM_F16_MIN")
                 },
+                gemm_f16_unmeasured: set("SMELT_CUDA_GEMM_F16_UNMEASURED"),
                 gemm_narrow_min_tokens: num("SMELT_CUDA_GEMM_NARROW_MIN"),
                 gemm_narrow_max_tokens: if batch_invariant {
                     0
@@ -406,6 +411,7 @@ mod tests {
         assert_eq!(o.launch.gpu, GpuOptions::default());
         assert_eq!(o.matmul.gemm_min_tokens, gemm::MIN_TOKENS);
         assert_eq!(o.matmul.gemm_f16_min_tokens, None);
+        assert!(!o.matmul.gemm_f16_unmeasured);
         assert_eq!(o.matmul.gemm_narrow_max_tokens, gemm::narrow::MAX_TOKENS);
         assert_eq!(o.matmul.gemm_narrow_min_tokens, None);
         assert_eq!(o.matmul.narrow_max_splits, None);
