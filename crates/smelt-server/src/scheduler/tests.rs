@@ -473,21 +473,7 @@ fn where_lone_token_rows_differ_a_preempted_sequence_replays_its_tokens_one_by_o
     // lone-token chunk in another order (the CPU): the recomputed sequence takes its prompt
     // in one chunk and the tokens it had generated one per step, as it first fed them.
     let mut h = start_with(SchedulerConfig::default(), 4, true, true);
-    let (a, rxa) = job(&[1, 1, 1, 1], 6);
-    let (b, rxb) = job(&[2, 2, 2, 2], 6);
-    h.handle.submit(a).unwrap();
-    let entered = h.entered.take().unwrap();
-    let go = h.go.take().unwrap();
-    entered.recv().unwrap();
-    h.handle.submit(b).unwrap();
-    go.send(()).unwrap();
-    std::thread::spawn(move || {
-        while entered.recv().is_ok() {
-            if go.send(()).is_err() {
-                break;
-            }
-        }
-    });
+    let (rxa, rxb) = two_overlapping_jobs(&mut h);
     for (rx, s) in [(rxa, 1), (rxb, 2)] {
         match outcome(rx) {
             Outcome::Done { ids, .. } => {
@@ -581,10 +567,14 @@ fn the_batch_never_exceeds_max_batch_and_everyone_finishes() {
     assert!(max >= 2, "never batched");
 }
 
-#[test]
-fn a_full_cache_preempts_the_newest_and_it_recomputes() {
-    // 4 blocks of 4 tokens; each job needs 4 + 6 - 1 = 9 tokens (3 blocks) at its end.
-    let mut h = start(SchedulerConfig::default(), 4, true);
+/// Jobs A (prompt `[1; 4]`) and B (`[2; 4]`), six tokens each, on a gated harness: B
+/// arrives while A's first step runs, so the two overlap; every later step is let through.
+fn two_overlapping_jobs(
+    h: &mut Harness,
+) -> (
+    mpsc::UnboundedReceiver<Event>,
+    mpsc::UnboundedReceiver<Event>,
+) {
     let (a, rxa) = job(&[1, 1, 1, 1], 6);
     let (b, rxb) = job(&[2, 2, 2, 2], 6);
     // B arrives while A's first step runs, so the two overlap.
@@ -601,6 +591,14 @@ fn a_full_cache_preempts_the_newest_and_it_recomputes() {
             }
         }
     });
+    (rxa, rxb)
+}
+
+#[test]
+fn a_full_cache_preempts_the_newest_and_it_recomputes() {
+    // 4 blocks of 4 tokens; each job needs 4 + 6 - 1 = 9 tokens (3 blocks) at its end.
+    let mut h = start(SchedulerConfig::default(), 4, true);
+    let (rxa, rxb) = two_overlapping_jobs(&mut h);
     let want = |s: u32| Outcome::Done {
         ids: (1..=6).map(|k| s + k).collect(),
         text: (1..=6).map(|k| format!("<{}>", s + k)).collect(),
