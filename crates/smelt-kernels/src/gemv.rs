@@ -79,7 +79,7 @@ pub struct Config {
     /// The rows are one decode token's `Q | K | V` (one token, two rows per warp): the
     /// warp rotates its pair of Q or K rows (normal rope: a pair is two adjacent rows) and
     /// stores K and V as f16 into the sequence's KV-cache slot, the job of
-    /// `ops::rope::rope_kv_kernel`, without its launch.
+    /// `ops::rope::rope_kv_rows_kernel` for one row, without its launch.
     pub rope_kv: bool,
 }
 
@@ -248,7 +248,7 @@ kernel_params! {
 /// `nrows` weights), `q` (`ceil(nrows / 256)` q8_1 tiles out), `partials` (one float per
 /// block out); for [`Fuse::RmsInput`]: `partials`, `nparts` (at most [`MAX_PARTS`]), `n`
 /// (the normed row's length), `eps`, `res`, `g`, `out` (`n` floats written, or 0: none);
-/// then with [`Config::rope_kv`]: those of `ops::rope::rope_kv_kernel` the GEMV does not
+/// then with [`Config::rope_kv`]: those of `ops::rope::rope_kv_rows_kernel` the GEMV does not
 /// already have: `pos`, `freq_factors`, `k_cache`, `v_cache`, `seqs`, `block_tables`,
 /// `q_rows` (`n_head * head_dim`), `kv_dim`, `head_dim`, `block_size`, `theta_scale`,
 /// `freq_scale` (`nrows` is `q_rows + 2 kv_dim`).
@@ -584,7 +584,7 @@ impl RopeKv {
         }
     }
 
-    /// The token's position and cache slot, found as `rope_kv_kernel` finds them.
+    /// The token's position and cache slot, found as `rope_kv_rows_kernel` finds them.
     fn slot(&self, k: &Kernel) -> RopeSlot {
         let pos = k.load::<U32>(Load::GLOBAL_NC, self.pos);
         let w = k.regs::<U32, 4>();
@@ -603,7 +603,7 @@ impl RopeKv {
 
     /// Rotates the warp's rows `first_row`, `first_row + 1` (`y0`, `y1`, in place) when
     /// they are a Q or K pair, and stores K and V rows as f16 at the slot (lane 0): the
-    /// operations of `rope_kv_kernel`, on the values it would have read back.
+    /// operations of `rope_kv_rows_kernel`, on the values it would have read back.
     #[allow(clippy::too_many_arguments)]
     fn epilogue(
         &self,

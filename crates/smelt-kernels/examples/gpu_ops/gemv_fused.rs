@@ -4,14 +4,16 @@
 //! replace, on ragged lengths (a last tile partly padded) with poisoned outputs.
 
 use anyhow::Result;
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 use rand::rngs::StdRng;
 use rand::Rng;
 use smelt_kernels::gemv::{self as gemv, Config};
 use smelt_kernels::{act, catalog, GgmlType};
 
 use super::gemv::GemvDims;
-use super::harness::{random_floats, random_weights, want, worst_scaled, Gpu, Report};
+use super::harness::{
+    launch_values, ptr, random_floats, random_weights, want, worst_scaled, Gpu, Report,
+};
 
 /// The split norm's halves.
 pub const SPLIT_NORM: &[&str] = &["gemv_*resnorm*", "gemv_*rmsin*"];
@@ -181,13 +183,12 @@ pub fn check_split_norm(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result
 
 /// The Q|K|V GEMV with the rope + KV-append epilogue (`gemv::Config::rope_kv`), on plain
 /// and on split-norm tiles: `y` and both caches byte for byte equal to the GEMV without it
-/// followed by `rope_kv_normal` (the kernels it replaces, each checked against its twin),
-/// caches poisoned, with and without frequency factors; `y` also against its CPU twin
-/// (`gemv::cpu`, then `ops::rope::rope_kv_cpu`) within the GEMV bound.
+/// followed by `rope_kv_rows_normal` on its one row (the kernels it replaces, each checked
+/// against its twin), caches poisoned, with and without frequency factors; `y` also against
+/// its CPU twin (`gemv::cpu`, then `ops::rope::rope_kv_rows_cpu`) within the GEMV bound.
 pub fn check_rope_gemv(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     use smelt_kernels::ops::kv::SeqDesc;
     use smelt_kernels::ops::rope::{self, RopeStyle};
-    let rope_kv = gpu.module.load_function(rope::kv_name(RopeStyle::Normal))?;
     let (bs, n_blocks) = (16usize, 4usize);
     let tables: Vec<u32> = vec![2, 0, 3, 1];
     let tables_d = gpu.stream.clone_htod(&tables)?;
@@ -280,30 +281,27 @@ pub fn check_rope_gemv(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<
                         unsafe { l.launch(d.launch) }?;
                     }
                     if !fused {
-                        let lr = rope::kv_launch(n_head, n_head_kv, hd);
-                        let (nh, nhkv) = (n_head as u32, n_head_kv as u32);
-                        let v_view = y.slice(q_rows + kv_dim..);
-                        let mut l = gpu.stream.launch_builder(&rope_kv);
-                        l.arg(&y)
-                            .arg(&pos_d)
-                            .arg(&ff_ptr)
-                            .arg(&v_view)
-                            .arg(&mut kc)
-                            .arg(&mut vc)
-                            .arg(&desc_d)
-                            .arg(&tables_d)
-                            .arg(&nh)
-                            .arg(&nhkv)
-                            .arg(&hdu)
-                            .arg(&bsu)
-                            .arg(&theta)
-                            .arg(&freq_scale);
-                        let cfg = LaunchConfig {
-                            grid_dim: lr.grid,
-                            block_dim: lr.block,
-                            shared_mem_bytes: 0,
+                        let yp = ptr(gpu, &y);
+                        let a = rope::RopeKvRowsArgs {
+                            q: yp,
+                            k: yp + (4 * q_rows) as u64,
+                            v: yp + (4 * (q_rows + kv_dim)) as u64,
+                            pos: ptr(gpu, &pos_d),
+                            freq_factors: ff_ptr,
+                            k_cache: ptr(gpu, &kc),
+                            v_cache: ptr(gpu, &vc),
+                            seqs: ptr(gpu, &desc_d),
+                            block_tables: ptr(gpu, &tables_d),
+                            n_head: n_head as u32,
+                            n_head_kv: n_head_kv as u32,
+                            head_dim: hdu,
+                            block_size: bsu,
+                            theta_scale: theta,
+                            freq_scale,
                         };
-                        unsafe { l.launch(cfg) }?;
+                        let l = rope::kv_rows_launch(1, 1, n_head, n_head_kv, hd);
+                        let name = rope::kv_rows_name(RopeStyle::Normal);
+                        launch_values(gpu, name, l, &a.values())?;
                     }
                     outs.push((
                         gpu.stream.clone_dtoh(&y)?,
@@ -332,20 +330,19 @@ pub fn check_rope_gemv(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<
                 let mut want: Vec<f32> = yw.iter().map(|&v| (f64::from(v) * inv) as f32).collect();
                 let (mut kc_w, mut vc_w) = (vec![0u16; cache_len], vec![0u16; cache_len]);
                 let (qk, vpart) = want.split_at_mut(q_rows + kv_dim);
-                rope::rope_kv_cpu(
-                    qk,
+                let (qw, kw) = qk.split_at_mut(q_rows);
+                rope::rope_kv_rows_cpu(
+                    qw,
+                    kw,
                     vpart,
+                    &[pos],
                     &mut kc_w,
                     &mut vc_w,
-                    desc,
+                    &[desc],
                     &tables,
-                    n_head,
-                    n_head_kv,
-                    hd,
-                    bs,
+                    (n_head, n_head_kv, hd, bs),
                     RopeStyle::Normal,
-                    freq_base,
-                    freq_scale,
+                    (freq_base, freq_scale),
                     with_ff.then_some(&ff[..]),
                 );
                 let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();

@@ -135,7 +135,7 @@ pub fn registry() -> Vec<Case> {
             )
         },
         Case {
-            needs: &["quantize_q8_1", "gemv_*", "rope_kv_normal"],
+            needs: &["quantize_q8_1", "gemv_*", "rope_kv_rows_normal"],
             ..case(
                 "gemv_rope_kv",
                 gemv_fused::ROPE_KV,
@@ -159,10 +159,6 @@ pub fn registry() -> Vec<Case> {
         },
         case("norm", ops::NORM, ops::check_norms),
         case("rope", ops::ROPE, ops::check_rope),
-        Case {
-            needs: &["rope_*", "kv_append"],
-            ..case("rope_kv", ops::ROPE_KV, ops::check_rope_kv)
-        },
         Case {
             needs: &["rope_*", "kv_append"],
             ..case("rope_kv_rows", ops::ROPE_KV_ROWS, ops::check_rope_kv_rows)

@@ -61,36 +61,34 @@ pub fn run(op: &str, rng: &mut StdRng) -> Result<usize> {
         }
         "gemv" | "gemv_resnorm" => matmul(rng, false),
         "gemm" | "gemm_variants" => matmul(rng, true),
-        "gemv_rope_kv" | "rope_kv" => {
+        "gemv_rope_kv" | "rope_kv_rows" => {
             let (n_head, n_head_kv, hd, bs) = (4, 2, 64, 16);
             let (q_rows, kv_dim) = (n_head * hd, n_head_kv * hd);
-            let mut x = floats(rng, q_rows + kv_dim, 1.0);
-            let v = floats(rng, kv_dim, 1.0);
+            let (mut q, mut k) = (floats(rng, 2 * q_rows, 1.0), floats(rng, 2 * kv_dim, 1.0));
+            let v = floats(rng, 2 * kv_dim, 1.0);
             let tables = vec![2u32, 0, 3, 1];
             let (mut kc, mut vc) = (vec![0u16; 4 * bs * kv_dim], vec![0u16; 4 * bs * kv_dim]);
             let desc = kv::SeqDesc {
                 row: 0,
-                n_tokens: 1,
+                n_tokens: 2,
                 start_pos: 37,
                 block_table_offset: 0,
             };
-            rope::rope_kv_cpu(
-                &mut x,
+            rope::rope_kv_rows_cpu(
+                &mut q,
+                &mut k,
                 &v,
+                &[37, 38],
                 &mut kc,
                 &mut vc,
-                desc,
+                &[desc],
                 &tables,
-                n_head,
-                n_head_kv,
-                hd,
-                bs,
+                (n_head, n_head_kv, hd, bs),
                 rope::RopeStyle::Normal,
-                500000.0,
-                1.0,
+                (500000.0, 1.0),
                 None,
             );
-            finite(&x)
+            finite(&[q, k].concat())
         }
         "gemm_f16" => {
             let (ty, rows, k, ntok) = (GgmlType::Q4_K, 5, 512, 3);

@@ -30,14 +30,6 @@ pub fn name(style: RopeStyle) -> &'static str {
 }
 
 /// The fused rope + KV-append kernel's name for `style`.
-pub fn kv_name(style: RopeStyle) -> &'static str {
-    match style {
-        RopeStyle::Normal => "rope_kv_normal",
-        RopeStyle::Neox => "rope_kv_neox",
-    }
-}
-
-/// The many-row fused rope + KV-append kernel's name for `style`.
 pub fn kv_rows_name(style: RopeStyle) -> &'static str {
     match style {
         RopeStyle::Normal => "rope_kv_rows_normal",
@@ -45,18 +37,13 @@ pub fn kv_rows_name(style: RopeStyle) -> &'static str {
     }
 }
 
-/// The rope kernels and the fused rope + KV-append kernels (one row, many rows), for both
-/// styles.
+/// The rope kernels and the fused rope + KV-append kernels, for both styles.
 pub fn catalog() -> Vec<Entry> {
     let mut v: Vec<Entry> = Vec::new();
     for s in [RopeStyle::Normal, RopeStyle::Neox] {
         v.push((
             name(s).to_string(),
             Box::new(move |k: &Kernel| kernel(k, s)),
-        ));
-        v.push((
-            kv_name(s).to_string(),
-            Box::new(move |k: &Kernel| rope_kv_kernel(k, s)),
         ));
         v.push((
             kv_rows_name(s).to_string(),
@@ -79,16 +66,6 @@ pub fn launch(rows: usize, cols: usize, head_dim: usize, n_rot: usize) -> Launch
     let pairs = (n_rot.min(head_dim) / 2).max(1);
     Launch::new(
         (dim(rows), dim(heads), 1),
-        ((pairs.div_ceil(32) * 32) as u32, 1, 1),
-    )
-}
-
-/// Launch of [`rope_kv_kernel`]: one block per Q head, K head and V head of the one row,
-/// one thread per pair.
-pub fn kv_launch(n_head: usize, n_head_kv: usize, head_dim: usize) -> Launch {
-    let pairs = (head_dim / 2).max(1);
-    Launch::new(
-        (1, dim(n_head + 2 * n_head_kv), 1),
         ((pairs.div_ceil(32) * 32) as u32, 1, 1),
     )
 }
@@ -132,168 +109,6 @@ pub(crate) fn rotate(
     let t3 = k.mul(k.reg(), x1, cos);
     let y1 = k.fma(k.reg(), x0, sin, t3);
     (y0, y1)
-}
-
-kernel_params! {
-    /// Arguments of [`rope_kv_kernel`] (either rope style).
-    RopeKvArgs, RopeKvRegs {
-        x: Ptr,
-        pos: Ptr,
-        freq_factors: MaybePtr,
-        v: Ptr,
-        k_cache: Ptr,
-        v_cache: Ptr,
-        seqs: Ptr,
-        block_tables: Ptr,
-        n_head: U32,
-        n_head_kv: U32,
-        head_dim: U32,
-        block_size: U32,
-        theta_scale: F32,
-        freq_scale: F32,
-    }
-}
-
-/// One decode row's rope of Q and K and its KV-cache append in one launch (instead of
-/// [`kernel`] then `kv::kv_append_kernel`): `x` holds the row's Q heads then its K heads
-/// (`n_head + n_head_kv` heads of `head_dim`, rotated in place as [`kernel`] rotates them,
-/// every dimension: `n_rot == head_dim`); the rotated K and the row `v` are stored as f16
-/// (round to nearest even) at the sequence's next slot, as `kv_append` stores them.
-///
-/// Parameters: `x: *mut f32, pos: *const u32 (one), freq_factors: *const f32 (or 0),
-/// v: *const f32, k_cache: *mut f16, v_cache: *mut f16, seqs: *const SeqDesc (one, one
-/// token), block_tables: *const u32, n_head: u32, n_head_kv: u32, head_dim: u32,
-/// block_size: u32, theta_scale: f32, freq_scale: f32`. Launch: [`kv_launch`].
-pub fn rope_kv_kernel(k: &Kernel, style: RopeStyle) {
-    k.max_threads(1024, 1, 1);
-    let RopeKvRegs {
-        x,
-        pos,
-        freq_factors: ff_raw,
-        v,
-        k_cache: kc,
-        v_cache: vc,
-        seqs,
-        block_tables: tables,
-        n_head,
-        n_head_kv,
-        head_dim,
-        block_size,
-        theta_scale,
-        freq_scale,
-    } = RopeKvRegs::declare(k);
-    let half = k.shr(k.reg(), head_dim, 1u32);
-    let i = k.tid_x();
-    k.exit_if(k.ge(i, half));
-    let head = k.ctaid_y();
-    // The pair's two dimensions within a head.
-    let (a, b) = match style {
-        RopeStyle::Normal => {
-            let a = k.shl(k.reg(), i, 1u32);
-            (a, k.add(k.reg(), a, 1u32))
-        }
-        RopeStyle::Neox => (i, k.add(k.reg(), i, half)),
-    };
-    // The cache slot of the sequence's one new token, as kv_append finds it.
-    let desc = seqs;
-    let w = k.regs::<U32, 4>();
-    k.ld_v4(Load::GLOBAL_NC, w, desc);
-    let start = w[2];
-    let bto = w[3];
-    let bi = k.div_int(k.reg(), start, block_size);
-    let off = k.rem(k.reg(), start, block_size);
-    let ti = k.add(k.reg(), bto, bi);
-    let block = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(tables, ti, 4));
-    let slot = k.mad(k.reg(), block, block_size, off);
-    let kv_dim = k.mul(k.reg(), n_head_kv, head_dim);
-    // Element index of the slot's row in the cache, as u64.
-    let slot_base = k.mul_wide(k.reg::<U64>(), slot, kv_dim);
-    let store_f16 = |cache: smelt_ptx::Reg<U64>, col: smelt_ptx::Reg<U32>, val| {
-        let e = k.cvt(k.reg::<U64>(), col, smelt_ptx::Exact);
-        k.add(e, e, slot_base);
-        k.shl(e, e, 1u32);
-        let h = k.cvt(k.reg::<smelt_ptx::F16>(), val, FloatRound::Rn);
-        k.st(Store::GLOBAL, k.add(k.reg(), cache, e), h);
-    };
-    let n_rope = k.add(k.reg(), n_head, n_head_kv);
-    let is_v = k.ge(head, n_rope);
-    let done = k.label();
-    k.if_(is_v, |k| {
-        // A V head: its pair stored as it is.
-        let vh = k.sub(k.reg(), head, n_rope);
-        let col = k.mad(k.reg(), vh, head_dim, 0u32);
-        let ca = k.add(k.reg(), col, a);
-        let cb = k.add(k.reg(), col, b);
-        let va = k.load::<F32>(Load::GLOBAL, k.elem_addr(v, ca, 4));
-        let vb = k.load::<F32>(Load::GLOBAL, k.elem_addr(v, cb, 4));
-        store_f16(vc, ca, va);
-        store_f16(vc, cb, vb);
-    });
-    k.bra_if(is_v, done);
-    let p = k.load::<U32>(Load::GLOBAL_NC, pos);
-    let (sin, cos) = angle(k, p, i, ff_raw, theta_scale, freq_scale);
-    let first = k.mul(k.reg(), head, head_dim);
-    let ea = k.add(k.reg(), first, a);
-    let eb = k.add(k.reg(), first, b);
-    let (pa, pb) = (k.elem_addr(x, ea, 4), k.elem_addr(x, eb, 4));
-    let x0 = k.load::<F32>(Load::GLOBAL, pa);
-    let x1 = k.load::<F32>(Load::GLOBAL, pb);
-    let (y0, y1) = rotate(k, x0, x1, sin, cos);
-    k.st(Store::GLOBAL, pa, y0);
-    k.st(Store::GLOBAL, pb, y1);
-    let is_k = k.ge(head, n_head);
-    k.if_(is_k, |k| {
-        let kh = k.sub(k.reg(), head, n_head);
-        let col = k.mul(k.reg(), kh, head_dim);
-        store_f16(kc, k.add(k.reg(), col, a), y0);
-        store_f16(kc, k.add(k.reg(), col, b), y1);
-    });
-    k.place(done);
-}
-
-/// CPU twin of [`rope_kv_kernel`]: [`rope_cpu`] of the Q|K row, then `kv_append_cpu` of
-/// its K part and `v` at the sequence's slot.
-#[allow(clippy::too_many_arguments)]
-pub fn rope_kv_cpu(
-    x: &mut [f32],
-    v: &[f32],
-    k_cache: &mut [u16],
-    v_cache: &mut [u16],
-    seq: super::kv::SeqDesc,
-    block_tables: &[u32],
-    n_head: usize,
-    n_head_kv: usize,
-    head_dim: usize,
-    block_size: usize,
-    style: RopeStyle,
-    freq_base: f32,
-    freq_scale: f32,
-    freq_factors: Option<&[f32]>,
-) {
-    let pos = seq.start_pos;
-    let cols = (n_head + n_head_kv) * head_dim;
-    rope_cpu(
-        &mut x[..cols],
-        &[pos],
-        cols,
-        head_dim,
-        head_dim,
-        style,
-        freq_base,
-        freq_scale,
-        freq_factors,
-    );
-    let seq = super::kv::SeqDesc { row: 0, ..seq };
-    super::kv::kv_append_cpu(
-        &x[n_head * head_dim..cols],
-        v,
-        k_cache,
-        v_cache,
-        &[seq],
-        block_tables,
-        n_head_kv * head_dim,
-        block_size,
-    );
 }
 
 /// Launch of [`rope_kv_rows_kernel`] for `n_seqs` sequences of at most `max_tokens` new
@@ -663,39 +478,39 @@ mod tests {
             start_pos: 5,
             block_table_offset: 1,
         };
-        let mut x = x0.clone();
         let style = RopeStyle::Normal;
-        rope_kv_cpu(
-            &mut x,
+        let (mut q, mut k) = (x0[..4].to_vec(), x0[4..].to_vec());
+        rope_kv_rows_cpu(
+            &mut q,
+            &mut k,
             &v,
+            &[5],
             &mut kc,
             &mut vc,
-            seq,
+            &[seq],
             &[9, 2, 0],
-            1,
-            1,
-            4,
-            4,
+            (1, 1, 4, 4),
             style,
-            10000.0,
-            1.0,
+            (10000.0, 1.0),
             None,
         );
         let mut want = x0;
         rope_cpu(&mut want, &[5], 8, 4, 4, style, 10000.0, 1.0, None);
-        assert_eq!(x, want);
+        assert_eq!([q, k.clone()].concat(), want);
         let slot = 1;
         let k16: Vec<u16> = want[4..].iter().map(|&f| h(f)).collect();
         assert_eq!(&kc[slot * 4..slot * 4 + 4], &k16[..]);
         let v16: Vec<u16> = v.iter().map(|&f| h(f)).collect();
         assert_eq!(&vc[slot * 4..slot * 4 + 4], &v16[..]);
         assert_eq!(kc.iter().filter(|&&b| b != 0).count(), 4);
-        assert_eq!(kv_launch(32, 8, 128).grid, (1, 48, 1));
+        // One decode row: one block per Q, K and V head; a prompt's rows: blocks stride.
+        assert_eq!(kv_rows_launch(1, 1, 32, 8, 128).grid, (1, 48, 1));
+        assert_eq!(kv_rows_launch(3, 5000, 32, 8, 128).grid, (3, 48, 1024));
         // sm_90 PTX waits for the kernel before it; sm_80 PTX has no griddepcontrol.
         for (target, has) in [(Target::Sm80, false), (Target::Sm90, true)] {
             let mut m = Module::new(target);
             m.set_grid_dep(smelt_ptx::GridDep::ALL);
-            m.kernel(kv_name(style), |k| rope_kv_kernel(k, style))
+            m.kernel(kv_rows_name(style), |k| rope_kv_rows_kernel(k, style))
                 .unwrap();
             assert_eq!(m.to_ptx().contains("griddepcontrol.wait"), has);
         }

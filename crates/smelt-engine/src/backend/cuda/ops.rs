@@ -505,15 +505,18 @@ impl Cuda {
         let n_head_kv = kv.kv_dim / hd;
         let n_head = (r.x.cols - kv.kv_dim) / hd;
         let style = kernel_style(r.p.style);
+        // The many-row kernel on the one row: Q and K are the row's two parts.
+        let k_ptr = r.x.ptr + ((r.x.cols - kv.kv_dim) * 4) as u64;
         self.launch(
-            ops::rope::kv_name(style),
-            ops::rope::kv_launch(n_head, n_head_kv, hd),
+            ops::rope::kv_rows_name(style),
+            ops::rope::kv_rows_launch(1, 1, n_head, n_head_kv, hd),
             &args(
-                &ops::rope::RopeKvArgs {
-                    x: r.x.ptr,
+                &ops::rope::RopeKvRowsArgs {
+                    q: r.x.ptr,
+                    k: k_ptr,
+                    v: v.ptr,
                     pos: r.positions,
                     freq_factors: r.freq_factors,
-                    v: v.ptr,
                     k_cache: kc,
                     v_cache: vc,
                     seqs: s.descs,
