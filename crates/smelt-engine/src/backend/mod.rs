@@ -228,6 +228,23 @@ pub trait Backend: Send + Sync {
         self.rms_norm(x, w, eps, &mut out);
         *x = out;
     }
+    /// `gate = act(ws[0] x) * (ws[1] x)`: [`Backend::matmul_group`] of a feed-forward
+    /// block's gate|up group, then [`Backend::glu`], the fused op of the block's first half.
+    /// `up` is working space (what it holds afterwards is not part of the result): a
+    /// backend may apply the GLU inside the matmuls' split reduce and never write it (the
+    /// CUDA backend at 8-32 tokens, `fuse.glu_reduce`); this default is the two ops.
+    fn matmul_glu(
+        &self,
+        ws: [&Self::Weight; 2],
+        x: &Self::Tensor,
+        act: Glu,
+        gate: &mut Self::Tensor,
+        up: &mut Self::Tensor,
+    ) -> Result<(), EngineError> {
+        self.matmul_group(&ws, x, &mut [&mut *gate, &mut *up])?;
+        self.glu(gate, up, act);
+        Ok(())
+    }
     /// The Q and K head norms (Qwen3, Gemma 3): [`Backend::rms_norm_in_place`] of `q` with
     /// `wq`, then of `k` with `wk`. One op so that a backend can run both as one kernel
     /// (the CUDA backend at decode, where K's heads follow Q's in the Q|K|V GEMV's output);

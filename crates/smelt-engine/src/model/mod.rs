@@ -601,8 +601,7 @@ impl<B: Backend> Model<B> {
             }
             match &l.ffn {
                 Ffn::Dense { gate, up, down } => {
-                    b.matmul_group(&[gate, up], &s.h, &mut [&mut s.gate, &mut s.up])?;
-                    b.glu(&mut s.gate, &s.up, glu);
+                    b.matmul_glu([gate, up], &s.h, glu, &mut s.gate, &mut s.up)?;
                     b.matmul(down, &s.gate, &mut s.o)?;
                 }
                 Ffn::Moe(moe) => {

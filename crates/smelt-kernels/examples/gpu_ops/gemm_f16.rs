@@ -26,7 +26,7 @@ pub const COVERS: &[&str] = &[
     "gemm_f16_q*",
     "gemm_f16s*",
     "gemm_narrow*",
-    "gemm_reduce_members",
+    "gemm_reduce_members*",
 ];
 
 /// Converts `ntok` rows of `k` floats into the f16 GEMM's rows.

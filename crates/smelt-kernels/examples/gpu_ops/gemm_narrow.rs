@@ -152,14 +152,18 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
 
 /// A group's members (ragged, as Q|K|V and gate|up) as one narrow launch over all their
 /// rows, split at least twice, and `gemm::members`' reduce summing the splits into each
-/// member's own poisoned output: each output against its rows of the twin.
+/// member's own poisoned output: each output against its rows of the twin. A gate|up pair
+/// of whole tiles also takes the reduce with the GLU (`reduce_glu_kernel`, both
+/// activations): its gate output and f16 rows bit for bit the member reduce's outputs
+/// through the fused GLU kernel (`fused::glu_kernel` into f16 rows).
 pub fn check_members(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     use smelt_kernels::gemm::members;
-    let groups: [(&[usize], usize, usize); 4] = [
+    let groups: [(&[usize], usize, usize); 5] = [
         (&[256, 64, 64], 512, 16),
         (&[130, 17, 33], 768, 33),
         (&[300, 300], 1024, 8),
         (&[200, 72, 72], 512, 64),
+        (&[512, 512], 768, 24),
     ];
     for ty in narrow::TYPES.map(|(t, _)| t) {
         for &(rows, k, ntok) in &groups {
@@ -218,7 +222,72 @@ pub fn check_members(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
                 bar: 1e-4,
             };
             case.check(rep, &got, &want_m, &mag_m);
+            if rows.len() == 2 && rows[0] == rows[1] && rows[0] % TILE == 0 {
+                check_glu_reduce(gpu, rep, (&a, &outs), rows[0], r.splits)?;
+            }
         }
+    }
+    Ok(())
+}
+
+/// [`check_members`]' GLU reduce of launch `a` (its workspace at `a.y`) for gate|up rows
+/// of `rows` each, against the member reduce's outputs `outs` through `fused::glu_kernel`.
+fn check_glu_reduce(
+    gpu: &Gpu,
+    rep: &mut Report,
+    (a, outs): (&gemm::Args, &[CudaSlice<f32>]),
+    rows: usize,
+    splits: u32,
+) -> Result<()> {
+    use smelt_kernels::fused::{self, Sink};
+    use smelt_kernels::gemm::members;
+    use smelt_kernels::ops::elementwise::Glu;
+    let ntok = a.ntok as usize;
+    let hbytes = f16::act_row_bytes(rows) * ntok;
+    for act in [Glu::Silu, Glu::Gelu] {
+        let gate = gpu.stream.clone_htod(&nan(ntok * rows))?;
+        let h = gpu.stream.clone_htod(&vec![0xA5u8; hbytes])?;
+        let g = members::GluReduceArgs {
+            part: a.y,
+            gate: ptr(gpu, &gate),
+            h: ptr(gpu, &h),
+            rows: rows as u32,
+            ntok: a.ntok,
+            splits,
+        };
+        launch_values(gpu, members::reduce_glu_name(act), g.launch(), &g.values())?;
+        // The unfused path on the member reduce's outputs (gate copied: the GLU writes it).
+        let gate2 = gpu.stream.clone_htod(&gpu.stream.clone_dtoh(&outs[0])?)?;
+        let h2 = gpu.stream.clone_htod(&vec![0x5Au8; hbytes])?;
+        let u = fused::GluQ8Args {
+            gate: ptr(gpu, &gate2),
+            up: ptr(gpu, &outs[1]),
+            q: ptr(gpu, &h2),
+            k: rows as u32,
+            ntiles: (rows / TILE) as u32,
+        };
+        let l = fused::glu_q8_launch(ntok, rows);
+        launch_values(gpu, fused::glu_name(act, Sink::F16Rows), l, &u.values())?;
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        let shape = format!("{rows}+{rows} x {ntok}, {splits} splits, {act:?}");
+        let (g1, g2) = (
+            gpu.stream.clone_dtoh(&gate)?,
+            gpu.stream.clone_dtoh(&gate2)?,
+        );
+        let same = bits(g1) == bits(g2);
+        rep.verdict(
+            members::reduce_glu_name(act),
+            &format!("{shape} gate"),
+            same,
+            "",
+        );
+        let same = gpu.stream.clone_dtoh(&h)? == gpu.stream.clone_dtoh(&h2)?;
+        rep.verdict(
+            members::reduce_glu_name(act),
+            &format!("{shape} f16 rows"),
+            same,
+            "",
+        );
     }
     Ok(())
 }

@@ -17,6 +17,7 @@
 
 use smelt_ptx::{Kernel, Store, U32, U64};
 
+use crate::ops::elementwise::{gelu, silu, Glu};
 use crate::ops::{kernel_params, Launch};
 
 /// The most members a grouped launch takes (Q, K, V).
@@ -163,9 +164,89 @@ pub fn reduce_cpu(part: &[f32], rows: &[usize], ntok: usize, splits: usize) -> V
     outs
 }
 
+/// Name of [`reduce_glu_kernel`] for `act`.
+pub const fn reduce_glu_name(act: Glu) -> &'static str {
+    match act {
+        Glu::Silu => "gemm_reduce_members_glu_silu",
+        Glu::Gelu => "gemm_reduce_members_glu_gelu",
+    }
+}
+
+kernel_params! {
+    /// Arguments of [`reduce_glu_kernel`]: the workspace `part` of a gate|up launch
+    /// (`splits` slices of `ntok x 2 rows` floats: gate's `rows` rows, then up's), the
+    /// gate output `gate` (`ntok x rows` floats) and its f16 rows `h` (`ntok x rows`
+    /// halves; `rows` a multiple of 256).
+    GluReduceArgs, GluReduceRegs {
+        part: Ptr,
+        gate: Ptr,
+        h: Ptr,
+        rows: U32,
+        ntok: U32,
+        splits: U32,
+    }
+}
+
+impl GluReduceArgs {
+    /// One thread an output.
+    pub fn launch(&self) -> Launch {
+        let n = self.ntok * self.rows;
+        Launch::new(
+            (n.div_ceil(REDUCE_THREADS).max(1), 1, 1),
+            (REDUCE_THREADS, 1, 1),
+        )
+    }
+}
+
+/// The gate|up group's split reduce and the GLU after it in one launch: `gate[t][r] =
+/// act(g) * u`, `g` and `u` the sums of gate's and up's row `r` over the splits in order
+/// ([`reduce_kernel`]'s sums), the product as `fused::glu_kernel` computes it, and its
+/// f16 rows for the down projection's narrow GEMM (`fused::Sink::F16Rows`). So the same
+/// bits as the reduce, then the GLU, with one launch and up's output never written.
+/// Parameters [`GluReduceArgs`].
+pub fn reduce_glu_kernel(k: &Kernel, act: Glu) {
+    let GluReduceRegs {
+        part,
+        gate,
+        h,
+        rows,
+        ntok,
+        splits,
+    } = GluReduceRegs::declare(k);
+    let i = k.global_id_x();
+    k.grid_dep_wait();
+    let n_out = k.mul(k.reg(), ntok, rows);
+    k.exit_if(k.ge(i, n_out));
+    let t = k.div_int(k.reg(), i, rows);
+    let r = k.sub(k.reg(), i, k.mul(k.reg(), t, rows));
+    let two = k.shl(k.reg(), rows, 1u32);
+    let n = k.mul(k.reg(), ntok, two);
+    let ig = k.mad(k.reg(), t, two, r);
+    let iu = k.add(k.reg(), ig, rows);
+    let g = super::sum_splits(k, part, ig, n, splits);
+    let u = super::sum_splits(k, part, iu, n, splits);
+    let y = match act {
+        Glu::Silu => silu(k, g),
+        Glu::Gelu => gelu(k, g),
+    };
+    let v = k.mul(k.reg(), y, u);
+    k.st(Store::GLOBAL, k.elem_addr(gate, i, 4), v);
+    crate::fused::store_f16_row_value(k, v, i, h);
+}
+
 /// The kernels of this module, for the catalog.
 pub fn catalog() -> Vec<crate::catalog::Entry> {
-    vec![(REDUCE.to_string(), Box::new(reduce_kernel))]
+    vec![
+        (REDUCE.to_string(), Box::new(reduce_kernel)),
+        (
+            reduce_glu_name(Glu::Silu).to_string(),
+            Box::new(|k: &Kernel| reduce_glu_kernel(k, Glu::Silu)),
+        ),
+        (
+            reduce_glu_name(Glu::Gelu).to_string(),
+            Box::new(|k: &Kernel| reduce_glu_kernel(k, Glu::Gelu)),
+        ),
+    ]
 }
 
 #[cfg(test)]

@@ -137,6 +137,41 @@ impl Backend for Cuda {
         self.take_error()
     }
 
+    fn matmul_glu(
+        &self,
+        ws: [&CudaWeight; 2],
+        x: &CudaTensor,
+        act: Glu,
+        gate: &mut CudaTensor,
+        up: &mut CudaTensor,
+    ) -> Result<(), EngineError> {
+        let fused = self.opts.fuse.glu_reduce
+            && self.opts.fuse.group_gemm
+            && self.opts.fuse.f16_rows
+            && x.rows > 1
+            && ws.iter().all(|w| !matches!(w, CudaWeight::Dense { .. }))
+            && fusion::gemm_runs(&ws.map(|w| w.member()), 2).as_slice() == [0..2];
+        if fused {
+            let mut done = false;
+            self.run_raw(|| {
+                self.flush_rope()?;
+                if lock(&self.pending_add).is_some() {
+                    self.flush_gemv()?;
+                }
+                self.flush_add()?;
+                done = self.matmul_glu_members(ws, x, act, gate)?;
+                Ok(())
+            });
+            self.take_error()?;
+            if done {
+                return Ok(());
+            }
+        }
+        self.matmul_group(&ws, x, &mut [&mut *gate, &mut *up])?;
+        self.glu(gate, up, act);
+        Ok(())
+    }
+
     fn matmul_group(
         &self,
         ws: &[&CudaWeight],

@@ -14,7 +14,7 @@ use super::ops::args;
 use super::{
     lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingGemv, Quantized, SplitNorm, StepPtrs,
 };
-use crate::backend::RopeStyle;
+use crate::backend::{Glu, RopeStyle};
 
 impl Cuda {
     /// `out = W x`: activations quantized to q8_1 tiles, then the GEMV over at most
@@ -455,8 +455,88 @@ impl Cuda {
         x: &CudaTensor,
         outs: &mut [&mut CudaTensor],
     ) -> Result<bool, CudaError> {
-        let Some(first) = ws.first().and_then(|w| w.member()) else {
+        if ws.len() != outs.len() {
             return Ok(false);
+        }
+        let Some((a, rows)) = self.grouped_gemm(ws, x)? else {
+            return Ok(false);
+        };
+        for (out, &r) in outs.iter_mut().zip(&rows) {
+            self.ensure(out, x.rows, r)?;
+        }
+        let members: Vec<(u64, u32)> = outs
+            .iter()
+            .zip(&rows)
+            .map(|(o, &r)| (o.ptr, r as u32))
+            .collect();
+        let r = gemm::members::ReduceArgs::for_gemm(&a, &members).ok_or_else(|| {
+            CudaError::Init("a grouped GEMM launch without its member reduce".into())
+        })?;
+        self.launch(gemm::members::REDUCE, r.launch(), &args(&r.values()))?;
+        for out in outs.iter() {
+            self.forget_inputs_in(out);
+        }
+        Ok(true)
+    }
+
+    /// `gate = act(ws[0] x) * (ws[1] x)` as one narrow GEMM launch over gate's and up's
+    /// rows and one split reduce that applies the GLU and writes the down projection's f16
+    /// rows too (`gemm::members::reduce_glu_kernel`): [`Cuda::matmul_members`] and the GLU
+    /// in two launches instead of three. `Ok(false)` (nothing launched) where that path
+    /// does not apply: members that do not run as one split launch, rows not whole
+    /// 256-value tiles, or a step whose down projection does not read f16 rows.
+    pub(super) fn matmul_glu_members(
+        &self,
+        ws: [&CudaWeight; 2],
+        x: &CudaTensor,
+        act: Glu,
+        gate: &mut CudaTensor,
+    ) -> Result<bool, CudaError> {
+        let rows = match (ws[0].member(), ws[1].member()) {
+            (Some(g), Some(u)) if g.rows == u.rows && g.rows % TILE == 0 => g.rows,
+            _ => return Ok(false),
+        };
+        if self.fused_sink(x.rows) != smelt_kernels::fused::Sink::F16Rows {
+            return Ok(false);
+        }
+        let Some((a, _)) = self.grouped_gemm(&ws, x)? else {
+            return Ok(false);
+        };
+        self.ensure(gate, x.rows, rows)?;
+        let h = self.scratch(gemm::f16::act_row_bytes(rows) * x.rows)?;
+        let act = match act {
+            Glu::Silu => smelt_kernels::ops::elementwise::Glu::Silu,
+            Glu::Gelu => smelt_kernels::ops::elementwise::Glu::Gelu,
+        };
+        let r = gemm::members::GluReduceArgs {
+            part: a.y,
+            gate: gate.ptr,
+            h,
+            rows: rows as u32,
+            ntok: a.ntok,
+            splits: a.split_count(),
+        };
+        self.launch(
+            gemm::members::reduce_glu_name(act),
+            r.launch(),
+            &args(&r.values()),
+        )?;
+        self.forget_inputs_in(gate);
+        self.keep_fused_output(gate, h, smelt_kernels::fused::Sink::F16Rows);
+        Ok(true)
+    }
+
+    /// The narrow GEMM launch of a group's members that follow one another in weight
+    /// memory (one type, one width), over all their rows into a split workspace (`a.y`):
+    /// the launch's arguments and each member's rows, or `None` (nothing launched) where
+    /// the GEMM picked for all their rows is not the narrow one or does not split K.
+    fn grouped_gemm(
+        &self,
+        ws: &[&CudaWeight],
+        x: &CudaTensor,
+    ) -> Result<Option<(gemm::Args, Vec<usize>)>, CudaError> {
+        let Some(first) = ws.first().and_then(|w| w.member()) else {
+            return Ok(None);
         };
         let mut rows = Vec::with_capacity(ws.len());
         for w in ws {
@@ -468,14 +548,14 @@ impl Cuda {
                 {
                     rows.push(m.rows)
                 }
-                _ => return Ok(false),
+                _ => return Ok(None),
             }
         }
         let (ty, cols, n) = (first.ty, first.cols, x.rows);
         let total: usize = rows.iter().sum();
         let ntiles = cols.div_ceil(TILE);
-        if x.cols != cols || ntiles < 2 || ws.len() != outs.len() {
-            return Ok(false);
+        if x.cols != cols || ntiles < 2 {
+            return Ok(None);
         }
         let split_norm =
             || matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
@@ -484,7 +564,7 @@ impl Cuda {
             name,
         } = choose(&self.opts.matmul, ty, total, cols, n, split_norm)
         else {
-            return Ok(false);
+            return Ok(None);
         };
         let mut splits = family.splits(ty, total, ntiles, n, self.gpu.sm_count(), false);
         if let Some(cap) = self.opts.matmul.narrow_max_splits {
@@ -502,28 +582,13 @@ impl Cuda {
             fixup: None,
         };
         if a.split_count() < 2 {
-            return Ok(false);
+            return Ok(None);
         }
         self.flush_gemv()?;
-        for (out, &r) in outs.iter_mut().zip(&rows) {
-            self.ensure(out, n, r)?;
-        }
         a.x = self.gemm_f16_rows(x)?;
         a.y = self.scratch(a.workspace_floats() * 4)?;
         self.launch(name, family.launch(ty, &a), &args(&a.values()))?;
-        let members: Vec<(u64, u32)> = outs
-            .iter()
-            .zip(&rows)
-            .map(|(o, &r)| (o.ptr, r as u32))
-            .collect();
-        let r = gemm::members::ReduceArgs::for_gemm(&a, &members).ok_or_else(|| {
-            CudaError::Init("a grouped GEMM launch without its member reduce".into())
-        })?;
-        self.launch(gemm::members::REDUCE, r.launch(), &args(&r.values()))?;
-        for out in outs.iter() {
-            self.forget_inputs_in(out);
-        }
-        Ok(true)
+        Ok(Some((a, rows)))
     }
 
     /// A GEMM output must not be a cached input: forgets the cached forms of any input

@@ -18,6 +18,7 @@
 //! | `SMELT_CUDA_GEMV_ROPE=0` | `fuse.gemv_rope_kv` | on |
 //! | `SMELT_CUDA_ROPE_KV_ROWS=0` | `fuse.rope_kv_rows` | on |
 //! | `SMELT_CUDA_ATTN_F16_ROWS=0` | `fuse.attn_f16_rows` | on |
+//! | `SMELT_CUDA_GLU_REDUCE=1` | `fuse.glu_reduce` | off (not yet run on a GPU) |
 //! | `SMELT_CUDA_MOE_FUSE=0` | `fuse.moe` | on |
 //! | `SMELT_CUDA_HEAD_NORMS=0` | `fuse.head_norms` | on |
 //! | `SMELT_CUDA_SPLIT_FIXUP=1` | `fuse.split_fixup` | off (slower: bench/RESULTS.md 2026-11-27 14:00 UTC) |
@@ -114,6 +115,10 @@ pub struct FuseOptions {
     /// With `f16_rows`, the attention (its combine, reduce or prompt kernel) writes the
     /// output projection's f16 rows too.
     pub attn_f16_rows: bool,
+    /// With `group_gemm` and `f16_rows`, a gate|up group whose launch splits K applies the
+    /// GLU in its split reduce (`gemm::members::reduce_glu_kernel`): no GLU launch. Off
+    /// until a GPU run checks and times it (`bench/gpu/prompt_f16.sh`).
+    pub glu_reduce: bool,
     /// A decode row's MoE router (FFN norm, router matmul, top-k) and its combine with the
     /// residual add and the next norm run as one kernel each (`smelt_kernels::moe_fused`).
     pub moe: bool,
@@ -294,6 +299,7 @@ impl CudaOptions {
                 gemv_rope_kv: on("SMELT_CUDA_GEMV_ROPE"),
                 rope_kv_rows: fused && on("SMELT_CUDA_ROPE_KV_ROWS"),
                 attn_f16_rows: fused && on("SMELT_CUDA_ATTN_F16_ROWS"),
+                glu_reduce: fused && set("SMELT_CUDA_GLU_REDUCE"),
                 moe: fused && on("SMELT_CUDA_MOE_FUSE"),
                 head_norms: fused && on("SMELT_CUDA_HEAD_NORMS"),
                 split_fixup: fused && set("SMELT_CUDA_SPLIT_FIXUP"),
