@@ -500,37 +500,18 @@ impl Cuda {
         v: &CudaTensor,
         s: &StepPtrs,
     ) -> Result<(), CudaError> {
-        let (kc, vc) = self.kv_layer(kv, layer, "rope_kv")?;
-        let hd = r.head_dim;
-        let n_head_kv = kv.kv_dim / hd;
-        let n_head = (r.x.cols - kv.kv_dim) / hd;
-        let style = kernel_style(r.p.style);
         // The many-row kernel on the one row: Q and K are the row's two parts.
-        let k_ptr = r.x.ptr + ((r.x.cols - kv.kv_dim) * 4) as u64;
-        self.launch(
-            ops::rope::kv_rows_name(style),
-            ops::rope::kv_rows_launch(1, 1, n_head, n_head_kv, hd),
-            &args(
-                &ops::rope::RopeKvRowsArgs {
-                    q: r.x.ptr,
-                    k: k_ptr,
-                    v: v.ptr,
-                    pos: r.positions,
-                    freq_factors: r.freq_factors,
-                    k_cache: kc,
-                    v_cache: vc,
-                    seqs: s.descs,
-                    block_tables: s.block_tables,
-                    n_head: u32_of(n_head, "rope_kv heads")?,
-                    n_head_kv: u32_of(n_head_kv, "rope_kv kv heads")?,
-                    head_dim: u32_of(hd, "rope_kv head_dim")?,
-                    block_size: u32_of(kv.block_size, "rope_kv block size")?,
-                    theta_scale: ops::rope::theta_scale(r.p.freq_base, hd),
-                    freq_scale: r.p.freq_scale,
-                }
-                .values(),
-            ),
-        )
+        let q_cols = r.x.cols - kv.kv_dim;
+        let part = |ptr: u64, cols: usize| CudaTensor {
+            ptr,
+            rows: 1,
+            cols,
+            cap: cols,
+        };
+        let q = part(r.x.ptr, q_cols);
+        let k = part(r.x.ptr + (q_cols * 4) as u64, kv.kv_dim);
+        let rope = (r.head_dim, &r.p, r.freq_factors);
+        self.op_rope_kv_rows((&q, &k, v), rope, kv, layer, s)
     }
 
     /// A step's rope of `q` and `k` (head size, rotation, frequency factors' address or 0)
