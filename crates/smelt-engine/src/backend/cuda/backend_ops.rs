@@ -150,7 +150,7 @@ impl Backend for Cuda {
             && self.opts.fuse.f16_rows
             && x.rows > 1
             && ws.iter().all(|w| !matches!(w, CudaWeight::Dense { .. }))
-            && fusion::gemm_runs(&ws.map(|w| w.member()), 2).as_slice() == [0..2];
+            && matches!(fusion::gemm_runs(&ws.map(|w| w.member()), 2).as_slice(), [r] if *r == (0..2));
         if fused {
             let mut done = false;
             self.run_raw(|| {
