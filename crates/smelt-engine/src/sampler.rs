@@ -243,7 +243,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
     0
 }
 
-/// log softmax(row)[tok] as llama.cpp's perplexity computes it: f32 exponentials of
+/// log softmax(row)\[tok\] as llama.cpp's perplexity computes it: f32 exponentials of
 /// `l - max` summed in f64. Non-finite logits count as impossible; a token out of range or
 /// with a non-finite logit gets -inf. `smelt perplexity` and the server's log-probabilities
 /// both use it, so their per-token values are the same numbers.
@@ -277,7 +277,7 @@ impl LogNorm {
         }
     }
 
-    /// log softmax(row)[tok]: `f64(l - max) - ln(sum)`, llama.cpp's rounding.
+    /// log softmax(row)\[tok\]: `f64(l - max) - ln(sum)`, llama.cpp's rounding.
     pub fn log_prob(&self, row: &[f32], tok: usize) -> f64 {
         match row.get(tok) {
             Some(&l) if l.is_finite() => f64::from(l - self.max) - self.ln_sum,

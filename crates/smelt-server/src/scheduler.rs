@@ -1,4 +1,5 @@
-//! Continuous batching: one OS thread per model owns its [`Engine`] and runs steps.
+//! Continuous batching: one OS thread per model owns its [`smelt_engine::Engine`] and runs
+//! steps.
 //!
 //! Every step gathers, into ONE `Engine::forward` call, the next token of every running
 //! sequence plus prefill chunks of sequences still reading their prompt, within a token
@@ -17,8 +18,8 @@
 //! are never cut into one-token pieces and a preempted sequence recomputes the tokens it
 //! generated one per step (`plan::chunk_len`): preemption never changes an
 //! answer. A step where every sequence picks by plain argmax (and wants no logprobs) asks
-//! the engine for the tokens themselves ([`Engine::forward_greedy`]: on the GPU the logits
-//! never leave it); they are the argmax of the same logits.
+//! the engine for the tokens themselves ([`smelt_engine::Engine::forward_greedy`]: on the
+//! GPU the logits never leave it); they are the argmax of the same logits.
 //!
 //! This file holds the handlers' side, the thread's loop and the batch's bookkeeping; what a
 //! step feeds is planned in `plan`, and what its output does (tokens picked and sent,

@@ -16,7 +16,7 @@ pub struct Constraint {
     /// Only tokens this grammar allows are sampled (structured output, forced tool calls).
     pub grammar: Option<Box<llguidance::Matcher>>,
     /// `Some(top)`: report every prompt token's log-probability (completions' `echo`) with
-    /// `top` alternatives, as one [`Event::Prompt`] before the first token.
+    /// `top` alternatives, as one [`Event::Prompt`](super::Event::Prompt) before the first token.
     pub prompt_logprobs: Option<usize>,
     /// The grammar's mask for the next token, computed while the step's forward ran, and
     /// the microseconds that took.
