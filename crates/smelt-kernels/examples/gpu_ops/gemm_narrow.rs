@@ -269,7 +269,12 @@ fn check_glu_reduce(
         let l = fused::glu_q8_launch(ntok, rows);
         launch_values(gpu, fused::glu_name(act, Sink::F16Rows), l, &u.values())?;
         let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-        let shape = format!("{rows}+{rows} x {ntok}, {splits} splits, {act:?}");
+        // The group's shape first, as `check_members` names it (so `-s` selects both).
+        let k = a.ntiles as usize * TILE;
+        let shape = format!(
+            "{}x{k} x {ntok}, gate|up, {splits} splits, {act:?}",
+            2 * rows
+        );
         let (g1, g2) = (
             gpu.stream.clone_dtoh(&gate)?,
             gpu.stream.clone_dtoh(&gate2)?,
