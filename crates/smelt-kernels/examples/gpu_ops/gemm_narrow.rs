@@ -223,19 +223,20 @@ pub fn check_members(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()
             };
             case.check(rep, &got, &want_m, &mag_m);
             if rows.len() == 2 && rows[0] == rows[1] && rows[0] % TILE == 0 {
-                check_glu_reduce(gpu, rep, (&a, &outs), rows[0], r.splits)?;
+                check_glu_reduce(gpu, rep, (&a, &ws, &outs), rows[0], r.splits)?;
             }
         }
     }
     Ok(())
 }
 
-/// [`check_members`]' GLU reduce of launch `a` (its workspace at `a.y`) for gate|up rows
-/// of `rows` each, against the member reduce's outputs `outs` through `fused::glu_kernel`.
+/// [`check_members`]' GLU reduce of launch `a` (its workspace at `a.y`, `workspace`) for
+/// gate|up rows of `rows` each: bit for bit against the member reduce's outputs `outs`
+/// through `fused::glu_kernel`, and against its CPU twin on the same workspace.
 fn check_glu_reduce(
     gpu: &Gpu,
     rep: &mut Report,
-    (a, outs): (&gemm::Args, &[CudaSlice<f32>]),
+    (a, workspace, outs): (&gemm::Args, &CudaSlice<f32>, &[CudaSlice<f32>]),
     rows: usize,
     splits: u32,
 ) -> Result<()> {
@@ -278,6 +279,21 @@ fn check_glu_reduce(
         let (g1, g2) = (
             gpu.stream.clone_dtoh(&gate)?,
             gpu.stream.clone_dtoh(&gate2)?,
+        );
+        // The twin on the GPU's own workspace (the GPU's exp and division are approximate).
+        let part = gpu.stream.clone_dtoh(workspace)?;
+        let twin = members::reduce_glu_cpu(&part, rows, ntok, splits as usize, act);
+        let worst = g1
+            .iter()
+            .zip(&twin)
+            .map(|(g, w)| (g - w).abs() / (1.0 + w.abs()))
+            .fold(0.0f32, f32::max);
+        rep.case(
+            members::reduce_glu_name(act),
+            &format!("{shape} twin"),
+            "|gate - twin| / (1 + |twin|)",
+            f64::from(worst),
+            1e-5,
         );
         let same = bits(g1) == bits(g2);
         rep.verdict(

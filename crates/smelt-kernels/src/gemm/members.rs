@@ -234,6 +234,17 @@ pub fn reduce_glu_kernel(k: &Kernel, act: Glu) {
     crate::fused::store_f16_row_value(k, v, i, h);
 }
 
+/// CPU twin of [`reduce_glu_kernel`]: [`reduce_cpu`]'s gate and up sums of workspace
+/// `part` (`splits` slices of `ntok x 2 rows`), then the GLU's twin
+/// (`ops::elementwise::glu_cpu`); the f16 rows are `gemm::f16::act_cpu` of the result.
+pub fn reduce_glu_cpu(part: &[f32], rows: usize, ntok: usize, splits: usize, act: Glu) -> Vec<f32> {
+    let mut outs = reduce_cpu(part, &[rows, rows], ntok, splits);
+    let up = outs.pop().unwrap_or_default();
+    let mut gate = outs.pop().unwrap_or_default();
+    crate::ops::elementwise::glu_cpu(&mut gate, &up, act);
+    gate
+}
+
 /// The kernels of this module, for the catalog.
 pub fn catalog() -> Vec<crate::catalog::Entry> {
     vec![
@@ -273,6 +284,29 @@ mod tests {
         assert!(ReduceArgs::for_gemm(&g, &[(1, 4), (2, 1)]).is_none());
         g.splits = 1;
         assert!(ReduceArgs::for_gemm(&g, &[(1, 4), (2, 1), (3, 1)]).is_none());
+    }
+
+    #[test]
+    fn the_glu_twin_is_the_reduce_then_the_glu() {
+        // Two tokens of gate|up rows of 2, two splits.
+        let (rows, ntok, splits) = (2usize, 2usize, 2usize);
+        let n = ntok * 2 * rows;
+        let part: Vec<f32> = (0..splits * n).map(|i| (i % 5) as f32 - 2.0).collect();
+        let y = reduce_glu_cpu(&part, rows, ntok, splits, Glu::Silu);
+        for t in 0..ntok {
+            for r in 0..rows {
+                let at = |m: usize| t * 2 * rows + m * rows + r;
+                let g = part[at(0)] + part[n + at(0)];
+                let u = part[at(1)] + part[n + at(1)];
+                assert_eq!(y[t * rows + r], g / (1.0 + (-g).exp()) * u, "{t} {r}");
+            }
+        }
+        let mut m = smelt_ptx::Module::new(smelt_ptx::Target::Sm90);
+        for act in [Glu::Silu, Glu::Gelu] {
+            m.kernel(reduce_glu_name(act), |k| reduce_glu_kernel(k, act))
+                .unwrap();
+        }
+        assert!(m.to_ptx().contains("ex2.approx"));
     }
 
     #[test]
