@@ -93,12 +93,16 @@ impl ReduceArgs {
 
     /// One thread an output.
     pub fn launch(&self) -> Launch {
-        let n = self.ntok * self.nrows;
-        Launch::new(
-            (n.div_ceil(REDUCE_THREADS).max(1), 1, 1),
-            (REDUCE_THREADS, 1, 1),
-        )
+        thread_an_output(self.ntok * self.nrows)
     }
+}
+
+/// The launch of a reduce of `n` outputs: one thread each, [`REDUCE_THREADS`] a block.
+fn thread_an_output(n: u32) -> Launch {
+    Launch::new(
+        (n.div_ceil(REDUCE_THREADS).max(1), 1, 1),
+        (REDUCE_THREADS, 1, 1),
+    )
 }
 
 /// `y_m[t][r - off_m] = sum_z part[z][t][r]` for member `m` of row `r`, `z = 0..splits` in
@@ -190,11 +194,7 @@ kernel_params! {
 impl GluReduceArgs {
     /// One thread an output.
     pub fn launch(&self) -> Launch {
-        let n = self.ntok * self.rows;
-        Launch::new(
-            (n.div_ceil(REDUCE_THREADS).max(1), 1, 1),
-            (REDUCE_THREADS, 1, 1),
-        )
+        thread_an_output(self.ntok * self.rows)
     }
 }
 

@@ -504,10 +504,7 @@ impl Cuda {
         };
         self.ensure(gate, x.rows, rows)?;
         let h = self.scratch(gemm::f16::act_row_bytes(rows) * x.rows)?;
-        let act = match act {
-            Glu::Silu => smelt_kernels::ops::elementwise::Glu::Silu,
-            Glu::Gelu => smelt_kernels::ops::elementwise::Glu::Gelu,
-        };
+        let act = super::ops::kernel_glu(act);
         let r = gemm::members::GluReduceArgs {
             part: a.y,
             gate: gate.ptr,

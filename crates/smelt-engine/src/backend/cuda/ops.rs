@@ -367,10 +367,7 @@ impl Cuda {
                 want: n,
             });
         }
-        let act = match act {
-            Glu::Silu => ops::elementwise::Glu::Silu,
-            Glu::Gelu => ops::elementwise::Glu::Gelu,
-        };
+        let act = kernel_glu(act);
         self.launch(
             ops::elementwise::glu_name(act),
             ops::elementwise::launch(n),
@@ -405,10 +402,7 @@ impl Cuda {
         act: Glu,
         (q, sink): (u64, smelt_kernels::fused::Sink),
     ) -> Result<(), CudaError> {
-        let act = match act {
-            Glu::Silu => ops::elementwise::Glu::Silu,
-            Glu::Gelu => ops::elementwise::Glu::Gelu,
-        };
+        let act = kernel_glu(act);
         let k = gate.cols;
         self.launch(
             smelt_kernels::fused::glu_name(act, sink),
@@ -686,6 +680,14 @@ impl Cuda {
                 .values(),
             ),
         )
+    }
+}
+
+/// The kernels' name for a gated activation.
+pub(super) fn kernel_glu(act: Glu) -> ops::elementwise::Glu {
+    match act {
+        Glu::Silu => ops::elementwise::Glu::Silu,
+        Glu::Gelu => ops::elementwise::Glu::Gelu,
     }
 }
 
