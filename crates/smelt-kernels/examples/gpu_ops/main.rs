@@ -153,7 +153,7 @@ pub fn registry() -> Vec<Case> {
             ..case("gemm_variants", &[], gemm::check_variants)
         },
         Case {
-            needs: &["quantize_q8_1", "quantize_q8_tile", "gemm_*"],
+            needs: &["quantize_q8_1", "quantize_q8_tile", "gemm_*", "glu_*_f16"],
             perf: Some(gemm_f16::perf),
             ..case("gemm_f16", gemm_f16::COVERS, gemm_f16::check)
         },

@@ -156,8 +156,7 @@ pub(super) fn choose(
         Some(min) => n >= min,
         None => gemm::f16::preferred(rows, n),
     };
-    let f16_ok = m.gemm_f16_unmeasured || gemm::f16::MEASURED.contains(&ty);
-    if let Some(name) = gemm::f16::name(ty).filter(|_| f16_wins && f16_ok) {
+    if let Some(name) = gemm::f16::name(ty).filter(|_| f16_wins) {
         return gemm(Family::F16, name);
     }
     gemm(Family::Int8, int8)
@@ -286,13 +285,8 @@ mod tests {
             assert_eq!(pick(ty, 16), narrow(ty, 16));
             assert_eq!(pick(ty, 32), narrow(ty, 32));
             assert_eq!(pick(ty, 96), Some(Family::Int8));
-            // Prompts: the int8 GEMM until their f16 GEMMs (2026-11-28) are measured;
-            // then, with the switch for that run, the f16 GEMM.
-            assert_eq!(pick(ty, 512), Some(Family::Int8));
-            let mut all = m.clone();
-            all.gemm_f16_unmeasured = true;
-            let c = choose(&all, ty, 4096, 4096, 512, || false);
-            assert_eq!(family(c), Some(Family::F16));
+            // Prompts: the f16 GEMM (measured faster, 2026-11-28).
+            assert_eq!(pick(ty, 512), Some(Family::F16));
         }
         assert_eq!(pick(GgmlType::Q5_K, 32), Some(Family::Int8));
         assert_eq!(pick(GgmlType::Q5_K, 512), Some(Family::Int8));

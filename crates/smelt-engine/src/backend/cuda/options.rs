@@ -18,7 +18,7 @@
 //! | `SMELT_CUDA_GEMV_ROPE=0` | `fuse.gemv_rope_kv` | on |
 //! | `SMELT_CUDA_ROPE_KV_ROWS=0` | `fuse.rope_kv_rows` | on |
 //! | `SMELT_CUDA_ATTN_F16_ROWS=0` | `fuse.attn_f16_rows` | on |
-//! | `SMELT_CUDA_GLU_REDUCE=1` | `fuse.glu_reduce` | off (not yet run on a GPU) |
+//! | `SMELT_CUDA_GLU_REDUCE=0` | `fuse.glu_reduce` | on |
 //! | `SMELT_CUDA_MOE_FUSE=0` | `fuse.moe` | on |
 //! | `SMELT_CUDA_HEAD_NORMS=0` | `fuse.head_norms` | on |
 //! | `SMELT_CUDA_SPLIT_FIXUP=1` | `fuse.split_fixup` | off (slower: bench/RESULTS.md 2026-11-27 14:00 UTC) |
@@ -26,7 +26,6 @@
 //! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `matmul.gemv_rows` | off |
 //! | `SMELT_CUDA_GEMM_MIN` | `matmul.gemm_min_tokens` | `gemm::MIN_TOKENS` |
 //! | `SMELT_CUDA_GEMM_F16_MIN` | `matmul.gemm_f16_min_tokens` | the measured rule (`gemm::f16::preferred`) |
-//! | `SMELT_CUDA_GEMM_F16_UNMEASURED=1` | `matmul.gemm_f16_unmeasured` | off (`gemm::f16::MEASURED` only) |
 //! | `SMELT_CUDA_GEMM_NARROW_MIN` | `matmul.gemm_narrow_min_tokens` | `gemm::narrow::min_tokens` per type (Q4_K and Q8_0 8, Q6_K 16) |
 //! | `SMELT_CUDA_GEMM_NARROW_MAX` (0: off) | `matmul.gemm_narrow_max_tokens` | `gemm::narrow::MAX_TOKENS` (64, measured) |
 //! | `SMELT_CUDA_GEMM_NARROW_SPLITS` | `matmul.narrow_max_splits` | none (`gemm::narrow::splits`'s wave-fill rule; a cap of 4 measured the same, 2 -18%) |
@@ -116,8 +115,8 @@ pub struct FuseOptions {
     /// output projection's f16 rows too.
     pub attn_f16_rows: bool,
     /// With `group_gemm` and `f16_rows`, a gate|up group whose launch splits K applies the
-    /// GLU in its split reduce (`gemm::members::reduce_glu_kernel`): no GLU launch. Off
-    /// until a GPU run checks and times it (`bench/gpu/prompt_f16.sh`).
+    /// GLU in its split reduce (`gemm::members::reduce_glu_kernel`): no GLU launch (same
+    /// bits; +0.2-1.2% at 8-32 sequences, `bench/gpu/prompt_f16.sh`, 2026-11-28).
     pub glu_reduce: bool,
     /// A decode row's MoE router (FFN norm, router matmul, top-k) and its combine with the
     /// residual add and the next norm run as one kernel each (`smelt_kernels::moe_fused`).
@@ -143,9 +142,6 @@ pub struct MatmulOptions {
     /// with `Some(n)` every matmul of at least `n` tokens (`usize::MAX`: none, as in
     /// batch-invariant mode, where one kernel must serve every batch).
     pub gemm_f16_min_tokens: Option<usize>,
-    /// The f16 GEMM also for the types whose kernel has not been measured on a GPU yet
-    /// (`gemm::f16::TYPES` beyond `gemm::f16::MEASURED`), for the run that measures them.
-    pub gemm_f16_unmeasured: bool,
     /// Matmuls of at least this many tokens (even under `gemm_min_tokens`) run on the
     /// narrow GEMM where the weight type has one (`gemm::narrow::TYPES`) and they are at
     /// most `gemm_narrow_max_tokens`; `None`: the type's measured default
@@ -299,7 +295,7 @@ impl CudaOptions {
                 gemv_rope_kv: on("SMELT_CUDA_GEMV_ROPE"),
                 rope_kv_rows: fused && on("SMELT_CUDA_ROPE_KV_ROWS"),
                 attn_f16_rows: fused && on("SMELT_CUDA_ATTN_F16_ROWS"),
-                glu_reduce: fused && set("SMELT_CUDA_GLU_REDUCE"),
+                glu_reduce: fused && on("SMELT_CUDA_GLU_REDUCE"),
                 moe: fused && on("SMELT_CUDA_MOE_FUSE"),
                 head_norms: fused && on("SMELT_CUDA_HEAD_NORMS"),
                 split_fixup: fused && set("SMELT_CUDA_SPLIT_FIXUP"),
@@ -319,7 +315,6 @@ impl CudaOptions {
                 } else {
                     num("SMELT_CUDA_GEMM_F16_MIN")
                 },
-                gemm_f16_unmeasured: set("SMELT_CUDA_GEMM_F16_UNMEASURED"),
                 gemm_narrow_min_tokens: num("SMELT_CUDA_GEMM_NARROW_MIN"),
                 gemm_narrow_max_tokens: if batch_invariant {
                     0
@@ -417,7 +412,6 @@ mod tests {
         assert_eq!(o.launch.gpu, GpuOptions::default());
         assert_eq!(o.matmul.gemm_min_tokens, gemm::MIN_TOKENS);
         assert_eq!(o.matmul.gemm_f16_min_tokens, None);
-        assert!(!o.matmul.gemm_f16_unmeasured);
         assert_eq!(o.matmul.gemm_narrow_max_tokens, gemm::narrow::MAX_TOKENS);
         assert_eq!(o.matmul.gemm_narrow_min_tokens, None);
         assert_eq!(o.matmul.narrow_max_splits, None);
