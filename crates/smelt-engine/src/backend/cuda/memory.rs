@@ -50,6 +50,35 @@ impl Cuda {
         Ok(p)
     }
 
+    /// [`Cuda::upload_weight`] of `len` bytes that `make` writes into a host buffer the
+    /// uploader reuses from weight to weight: a fresh buffer a matrix would be fresh pages to
+    /// fault in on every load.
+    pub(super) fn upload_made<E: From<CudaError>>(
+        &self,
+        len: usize,
+        make: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        let mut buf = lock(&self.uploader)
+            .as_mut()
+            .map(|u| std::mem::take(&mut u.scratch))
+            .unwrap_or_default();
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        make(&mut buf[..len])?;
+        let p = self.upload_weight(&buf[..len])?;
+        if let Some(u) = lock(&self.uploader).as_mut() {
+            u.scratch = buf;
+        }
+        Ok(p)
+    }
+
+    /// Frees the upload buffers (pinned staging and the repack buffer) once a model is on
+    /// the device; a later upload makes them again.
+    pub(crate) fn release_upload_buffers(&self) {
+        lock(&self.uploader).take();
+    }
+
     /// Room for `n` bytes of weight memory (adjacent to the previous weight when it fits
     /// the current chunk; a new chunk is allocated on the device's stream), unwritten.
     pub(super) fn reserve_weight(&self, n: usize) -> Result<u64, CudaError> {
@@ -194,20 +223,16 @@ impl Cuda {
             }
             WeightPlan::Gemv { .. } => {
                 let row_bytes = catalog::row_bytes(ty, cols).map_err(CudaError::from)?;
-                let packed = upload::repack_parallel(
-                    ty,
-                    data,
-                    rows,
-                    cols,
-                    row_bytes,
-                    self.opts.launch.plain_upload,
-                )
-                .map_err(|e| EngineError::BadMetadata {
-                    key: name.into(),
-                    why: format!("repacking for the GPU: {e}"),
+                let plain = self.opts.launch.plain_upload;
+                let ptr = self.upload_made(rows * row_bytes, |out| {
+                    upload::repack_parallel_into(ty, data, rows, cols, row_bytes, plain, out)
+                        .map_err(|e| EngineError::BadMetadata {
+                            key: name.into(),
+                            why: format!("repacking for the GPU: {e}"),
+                        })
                 })?;
                 CudaWeight::Matrix {
-                    ptr: self.upload_weight(&packed)?,
+                    ptr,
                     ty,
                     rows,
                     cols,

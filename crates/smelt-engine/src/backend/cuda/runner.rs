@@ -141,6 +141,7 @@ impl CudaEngine {
         let stats = backend.finish_isq()?;
         backend.take_error()?;
         backend.gpu().synchronize()?;
+        backend.release_upload_buffers();
         let loaded = t0.elapsed();
         if log {
             eprintln!(

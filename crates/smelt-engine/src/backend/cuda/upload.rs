@@ -27,6 +27,10 @@ const PIECE: usize = 32 << 20;
 pub(crate) struct Uploader {
     bufs: Vec<(Pinned, CudaEvent)>,
     next: usize,
+    /// The host buffer repacked matrices land in, reused from weight to weight
+    /// ([`super::Cuda::upload_made`]): a fresh one for every matrix is fresh pages, a page
+    /// fault every 4 KB written.
+    pub(crate) scratch: Vec<u8>,
 }
 
 impl Uploader {
@@ -34,7 +38,11 @@ impl Uploader {
         let bufs = (0..2)
             .map(|_| Ok((Pinned::new(gpu, PIECE)?, gpu.context().new_event(None)?)))
             .collect::<Result<Vec<_>, CudaError>>()?;
-        Ok(Self { bufs, next: 0 })
+        Ok(Self {
+            bufs,
+            next: 0,
+            scratch: Vec::new(),
+        })
     }
 
     /// Queues the copy of `bytes` to device address `dst` on `gpu`'s stream; `bytes` may be
@@ -92,6 +100,7 @@ pub(crate) fn digest(bytes: &[u8]) -> u64 {
 
 /// [`smelt_kernels::catalog::repack`] on all cores: rows repack on their own, so groups of rows go to
 /// rayon's workers and land in one buffer (the same bytes as one call on the whole tensor).
+#[cfg(test)]
 pub(crate) fn repack_parallel(
     ty: GgmlType,
     ggml: &[u8],
@@ -100,21 +109,36 @@ pub(crate) fn repack_parallel(
     row_bytes: usize,
     plain: bool,
 ) -> Result<Vec<u8>, smelt_kernels::KernelError> {
+    let mut out = vec![0u8; rows * row_bytes];
+    repack_parallel_into(ty, ggml, rows, cols, row_bytes, plain, &mut out)?;
+    Ok(out)
+}
+
+/// [`repack_parallel`] into `out` (`rows * row_bytes` bytes; every byte written).
+pub(crate) fn repack_parallel_into(
+    ty: GgmlType,
+    ggml: &[u8],
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+    plain: bool,
+    out: &mut [u8],
+) -> Result<(), smelt_kernels::KernelError> {
     use rayon::prelude::*;
     let ggml_row = ggml.len() / rows.max(1);
     if rows < 64 || ggml_row * rows != ggml.len() || plain {
-        return smelt_kernels::catalog::repack(ty, ggml, rows, cols);
+        let packed = smelt_kernels::catalog::repack(ty, ggml, rows, cols)?;
+        out.copy_from_slice(&packed);
+        return Ok(());
     }
     let group = rows.div_ceil(rayon::current_num_threads() * 4).max(16);
-    let mut out = vec![0u8; rows * row_bytes];
     out.par_chunks_mut(group * row_bytes)
         .zip(ggml.par_chunks(group * ggml_row))
         .try_for_each(|(o, g)| {
             let packed = smelt_kernels::catalog::repack(ty, g, g.len() / ggml_row, cols)?;
             o.copy_from_slice(&packed);
             Ok::<(), smelt_kernels::KernelError>(())
-        })?;
-    Ok(out)
+        })
 }
 
 #[cfg(test)]
