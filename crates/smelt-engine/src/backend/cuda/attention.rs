@@ -273,7 +273,7 @@ impl Cuda {
         {
             return Ok(None);
         }
-        let mut c = super::lock(&self.attn_counters);
+        let mut c = super::lock(&self.held.attn_counters);
         if c.is_none() {
             *c = Some(self.gpu.zeros::<u32>(COUNTERS)?);
         }

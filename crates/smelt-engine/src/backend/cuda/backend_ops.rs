@@ -128,7 +128,7 @@ impl Backend for Cuda {
         self.run_raw(|| {
             self.flush_rope()?;
             // A deferred add may read the deferred GEMV's output: that GEMV goes first.
-            if lock(&self.pending_add).is_some() {
+            if lock(&self.fusion.pending_add).is_some() {
                 self.flush_gemv()?;
             }
             self.flush_add()?;
@@ -155,7 +155,7 @@ impl Backend for Cuda {
             let mut done = false;
             self.run_raw(|| {
                 self.flush_rope()?;
-                if lock(&self.pending_add).is_some() {
+                if lock(&self.fusion.pending_add).is_some() {
                     self.flush_gemv()?;
                 }
                 self.flush_add()?;
@@ -194,7 +194,7 @@ impl Backend for Cuda {
         self.run_raw(|| {
             self.flush_rope()?;
             // A deferred add may read the deferred GEMV's output: that GEMV goes first.
-            if lock(&self.pending_add).is_some() {
+            if lock(&self.fusion.pending_add).is_some() {
                 self.flush_gemv()?;
             }
             self.flush_add()?;
@@ -237,7 +237,7 @@ impl Backend for Cuda {
                 return Ok(());
             }
             self.flush_gemv()?;
-            let pending = lock(&self.pending_add).take();
+            let pending = lock(&self.fusion.pending_add).take();
             let fusable = pending
                 .as_ref()
                 .filter(|(px, y)| px.ptr == x.ptr && self.can_fuse_add_norm(x, y, w, out))
@@ -315,8 +315,8 @@ impl Backend for Cuda {
         // as one (`split_norm`); any other op launches the GEMV, then the add.
         self.run_raw(|| {
             let keep = self.opts.fuse.split_norm
-                && lock(&self.pending_add).is_none()
-                && matches!(*lock(&self.pending_gemv), Some(p) if p.out == y.ptr && y.rows == 1);
+                && lock(&self.fusion.pending_add).is_none()
+                && matches!(*lock(&self.fusion.pending_gemv), Some(p) if p.out == y.ptr && y.rows == 1);
             if keep {
                 self.flush_rope()?;
                 self.flush_add()?;
@@ -324,7 +324,7 @@ impl Backend for Cuda {
                 self.flush()?;
             }
             self.forget_quantized()?;
-            *lock(&self.pending_add) = Some((*x, *y));
+            *lock(&self.fusion.pending_add) = Some((*x, *y));
             Ok(())
         });
     }
@@ -359,8 +359,8 @@ impl Backend for Cuda {
                 && self.opts.fuse.gemv_rope_kv
                 && p.style == RopeStyle::Normal
                 && x.rows == 1
-                && lock(&self.pending_add).is_none()
-                && matches!(*lock(&self.pending_gemv), Some(g)
+                && lock(&self.fusion.pending_add).is_none()
+                && matches!(*lock(&self.fusion.pending_gemv), Some(g)
                     if x.ptr >= g.out && x.ptr + (x.cols * 4) as u64 <= g.out + (g.rows * 4) as u64);
             if !keep_gemv {
                 self.flush_gemv()?;
@@ -380,7 +380,7 @@ impl Backend for Cuda {
                 None => 0,
             };
             // One row (a decode step): Q and K, adjacent in memory, rotate in one launch.
-            let mut pending = lock(&self.pending_rope);
+            let mut pending = lock(&self.fusion.pending_rope);
             if let Some(r) = pending.as_mut() {
                 if x.rows == 1
                     && r.x.rows == 1
@@ -519,7 +519,7 @@ impl Backend for Cuda {
             self.forget_quantized()?;
             // A decode row's deferred rope of Q|K ends with this K: rope and append in one
             // launch.
-            let pending = lock(&self.pending_rope).take();
+            let pending = lock(&self.fusion.pending_rope).take();
             if let Some(r) = pending {
                 if self.opts.fuse.rope_kv && self.can_rope_kv(&r, kv, k, v, &s) {
                     return self.op_rope_kv(&r, kv, layer, v, &s);
@@ -553,7 +553,7 @@ impl Backend for Cuda {
             self.flush_gemv()?;
             self.flush_add()?;
             self.forget_quantized()?;
-            let pending = lock(&self.pending_rope).take();
+            let pending = lock(&self.fusion.pending_rope).take();
             if let Some(r) = pending {
                 self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors)?;
             }

@@ -142,7 +142,7 @@ impl Cuda {
             smelt_kernels::allreduce_norm::launch(n),
             &args(&a.values()),
         )?;
-        *lock(&self.quantized) = Some(Quantized {
+        *lock(&self.fusion.quantized) = Some(Quantized {
             x: *out,
             q,
             rms: None,

@@ -3,16 +3,42 @@
 //! input, and how each is launched or forgotten when the next op cannot take it. Apart
 //! from the ops so that the rules of what may wait, and for what, read in one place.
 
+use std::sync::Mutex;
+
 use smelt_cuda::CudaError;
 
-use super::{fusion, lock, Cuda, CudaTensor, CudaWeight, PendingGemv, Quantized, SplitNorm};
+use super::{
+    fusion, lock, moe, Cuda, CudaTensor, CudaWeight, GemmInput, PendingGemv, PendingRope,
+    Quantized, SplitNorm,
+};
+
+/// The fusion state kept between the ops of a step: the deferred launches a following op
+/// may join, and what the last matmuls made of their input for the next ones to reuse.
+/// Everything here points into the step's scratch, so a new step forgets it all
+/// ([`Cuda::begin_step`]) and a layer forgets what lies in the arena it reuses
+/// ([`Cuda::op_begin_layer`]).
+pub(super) struct FusionState {
+    /// The last matmul input and its q8_1 tiles: Q, K and V (and gate and up) multiply the
+    /// same activations, which are quantized once. Any other op forgets it.
+    pub(super) quantized: Mutex<Option<Quantized>>,
+    /// The same for the GEMMs' inputs: an activation and its int8 tiles (`gemm::act`)
+    /// and f16 rows (`gemm::f16`), each made once for every matmul of it.
+    pub(super) gemm_quantized: Mutex<Option<GemmInput>>,
+    /// `x += y` not launched yet: when the next op is the norm of `x` (the residual stream
+    /// then the next block's norm), both run as one fused kernel.
+    pub(super) pending_add: Mutex<Option<(CudaTensor, CudaTensor)>>,
+    pub(super) pending_gemv: Mutex<Option<PendingGemv>>,
+    pub(super) pending_rope: Mutex<Option<PendingRope>>,
+    /// The expert plan of this step's last route (`moe`).
+    pub(super) moe_plan: Mutex<moe::PlanCache>,
+}
 
 impl Cuda {
     /// Forgets the cached matmul input; a split norm whose output no GEMV wrote yet writes
     /// it now (with the plain norm kernel: the residual is already updated).
     pub(super) fn forget_quantized(&self) -> Result<(), CudaError> {
-        *lock(&self.gemm_quantized) = None;
-        let cached = lock(&self.quantized).take();
+        *lock(&self.fusion.gemm_quantized) = None;
+        let cached = lock(&self.fusion.quantized).take();
         if let Some(Quantized {
             rms:
                 Some(
@@ -52,14 +78,14 @@ impl Cuda {
         };
         let pending = {
             let mut ptrs = Vec::new();
-            if let Some((x, y)) = *lock(&self.pending_add) {
+            if let Some((x, y)) = *lock(&self.fusion.pending_add) {
                 ptrs.extend([x.ptr, y.ptr]);
             }
-            if let Some(p) = *lock(&self.pending_gemv) {
+            if let Some(p) = *lock(&self.fusion.pending_gemv) {
                 ptrs.extend([p.x.ptr, p.q, p.out]);
                 ptrs.extend(norm_ptrs(&p.rms));
             }
-            if let Some(r) = *lock(&self.pending_rope) {
+            if let Some(r) = *lock(&self.fusion.pending_rope) {
                 ptrs.push(r.x.ptr);
             }
             ptrs
@@ -67,7 +93,7 @@ impl Cuda {
         if held(&pending) {
             self.flush()?;
         }
-        let cached = *lock(&self.quantized);
+        let cached = *lock(&self.fusion.quantized);
         if let Some(c) = cached {
             let mut ptrs = vec![c.x.ptr, c.q];
             ptrs.extend(norm_ptrs(&c.rms));
@@ -75,20 +101,20 @@ impl Cuda {
                 self.forget_quantized()?;
             }
         }
-        let gemm = *lock(&self.gemm_quantized);
+        let gemm = *lock(&self.fusion.gemm_quantized);
         if let Some(g) = gemm {
             let ptrs: Vec<u64> = [Some(g.x.ptr), g.tiles, g.f16]
                 .into_iter()
                 .flatten()
                 .collect();
             if held(&ptrs) {
-                *lock(&self.gemm_quantized) = None;
+                *lock(&self.fusion.gemm_quantized) = None;
             }
         }
-        let plan = *lock(&self.moe_plan);
+        let plan = *lock(&self.fusion.moe_plan);
         if let Some((route, _, tiles)) = plan {
             if held(&[route, tiles]) {
-                *lock(&self.moe_plan) = None;
+                *lock(&self.fusion.moe_plan) = None;
             }
         }
         let reuse = !held(&live.iter().map(|t| t.ptr).collect::<Vec<_>>());
@@ -104,7 +130,7 @@ impl Cuda {
     }
 
     pub(super) fn flush_rope(&self) -> Result<(), CudaError> {
-        let pending = lock(&self.pending_rope).take();
+        let pending = lock(&self.fusion.pending_rope).take();
         match pending {
             Some(r) => self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors),
             None => Ok(()),
@@ -112,7 +138,7 @@ impl Cuda {
     }
 
     pub(super) fn flush_gemv(&self) -> Result<(), CudaError> {
-        let pending = lock(&self.pending_gemv).take();
+        let pending = lock(&self.fusion.pending_gemv).take();
         match pending {
             Some(p) => self.launch_pending_gemv(&p, None),
             None => Ok(()),
@@ -142,7 +168,7 @@ impl Cuda {
 
     /// Launches the deferred add, if any.
     pub(super) fn flush_add(&self) -> Result<(), CudaError> {
-        let pending = lock(&self.pending_add).take();
+        let pending = lock(&self.fusion.pending_add).take();
         match pending {
             Some((x, y)) => self.op_add(&x, &y),
             None => Ok(()),

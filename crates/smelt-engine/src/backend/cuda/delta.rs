@@ -130,7 +130,7 @@ impl Cuda {
         if n == 0 {
             return Ok(());
         }
-        let mut cache = lock(&self.columns);
+        let mut cache = lock(&self.held.columns);
         if !cache.contains_key(cols) {
             let d = self.gpu.upload(cols)?;
             cache.insert(cols.to_vec(), d);

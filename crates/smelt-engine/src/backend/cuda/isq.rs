@@ -136,7 +136,7 @@ impl Cuda {
     pub fn start_isq(&self, plan: Arc<DeviceIsq>, gguf: &Gguf) -> Result<(), EngineError> {
         let slots = staged::slots_on_device(self.gpu(), SLOTS, CHUNK, CHUNK, MAX_ROWS)?;
         let file = gguf.path().and_then(|p| File::open(p).ok());
-        *lock(&self.isq) = Some(IsqLoader {
+        *lock(&self.store.isq) = Some(IsqLoader {
             plan,
             slots: slots.into_iter().map(|s| (s, None)).collect(),
             next: 0,
@@ -154,7 +154,7 @@ impl Cuda {
     /// Waits for every chunk still in flight, checks it, frees the staging slots and says
     /// what the loads did (`None` without [`Cuda::start_isq`]).
     pub fn finish_isq(&self) -> Result<Option<IsqStats>, EngineError> {
-        let Some(mut l) = lock(&self.isq).take() else {
+        let Some(mut l) = lock(&self.store.isq).take() else {
             return Ok(None);
         };
         let t = Instant::now();
@@ -167,7 +167,7 @@ impl Cuda {
 
     /// The type the ISQ plan gives tensor `name`, if it changes it.
     pub(super) fn isq_type(&self, name: &str) -> Option<GgmlType> {
-        lock(&self.isq)
+        lock(&self.store.isq)
             .as_ref()
             .and_then(|l| l.plan.types.get(name).copied())
     }
@@ -180,7 +180,7 @@ impl Cuda {
         info: &TensorInfo,
         role: Role,
     ) -> Result<Option<CudaWeight>, EngineError> {
-        let mut guard = lock(&self.isq);
+        let mut guard = lock(&self.store.isq);
         let Some(l) = guard.as_mut() else {
             return Ok(None);
         };

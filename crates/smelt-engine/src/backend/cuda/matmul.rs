@@ -56,7 +56,7 @@ impl Cuda {
         // member (the checks are the planner's promises: when one fails, this member runs
         // alone, unfused but correct).
         let joined = continues && {
-            let mut pending = lock(&self.pending_gemv);
+            let mut pending = lock(&self.fusion.pending_gemv);
             match pending.as_mut() {
                 Some(p)
                     if n == 1
@@ -80,8 +80,7 @@ impl Cuda {
         // Many tokens: the tensor-core GEMM the tuning rules pick (`matmul_choice`), on its
         // own activations (a split norm's q8_1 tiles stand for an output not written yet:
         // those stay on the GEMV).
-        let split_norm =
-            || matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
+        let split_norm = || matches!(*lock(&self.fusion.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
         if let Choice::Gemm { family, name } =
             choose(&self.opts.matmul, ty, rows, cols, n, split_norm)
         {
@@ -131,7 +130,7 @@ impl Cuda {
             return Ok(());
         }
         let act_row = act::row_bytes(cols)?;
-        let cached = *lock(&self.quantized);
+        let cached = *lock(&self.fusion.quantized);
         let (q, rms) = match cached {
             Some(c) if c.x.ptr == x.ptr && c.x.rows == x.rows && c.x.cols == x.cols => (c.q, c.rms),
             _ => {
@@ -149,7 +148,7 @@ impl Cuda {
             out_pending: false,
             ..r
         });
-        *lock(&self.quantized) = if overlaps {
+        *lock(&self.fusion.quantized) = if overlaps {
             None
         } else {
             Some(Quantized {
@@ -159,7 +158,7 @@ impl Cuda {
             })
         };
         if n == 1 && !overlaps {
-            *lock(&self.pending_gemv) = Some(PendingGemv {
+            *lock(&self.fusion.pending_gemv) = Some(PendingGemv {
                 w: wp,
                 ty,
                 rows,
@@ -281,14 +280,17 @@ impl Cuda {
         v: &CudaTensor,
         s: &StepPtrs,
     ) -> Result<bool, CudaError> {
-        let (Some(r), Some(p)) = (*lock(&self.pending_rope), *lock(&self.pending_gemv)) else {
+        let (Some(r), Some(p)) = (
+            *lock(&self.fusion.pending_rope),
+            *lock(&self.fusion.pending_gemv),
+        ) else {
             return Ok(false);
         };
         let fits = self.opts.fuse.rope_kv
             && self.opts.fuse.gemv_rope_kv
             && r.p.style == RopeStyle::Normal
             && r.head_dim.is_multiple_of(2)
-            && lock(&self.pending_add).is_none()
+            && lock(&self.fusion.pending_add).is_none()
             && self.can_rope_kv(&r, kv, k, v, s)
             && p.out == r.x.ptr
             && v.ptr == r.x.ptr + (r.x.cols * 4) as u64
@@ -296,8 +298,8 @@ impl Cuda {
         if !fits {
             return Ok(false);
         }
-        *lock(&self.pending_rope) = None;
-        *lock(&self.pending_gemv) = None;
+        *lock(&self.fusion.pending_rope) = None;
+        *lock(&self.fusion.pending_gemv) = None;
         let rope = self.rope_kv_gemv_args(&r, kv, layer)?;
         self.launch_pending_gemv(&p, Some(&rope))?;
         Ok(true)
@@ -317,8 +319,8 @@ impl Cuda {
         let CudaWeight::Vector { ptr: g, len: n } = *w else {
             return Ok(false);
         };
-        let pending_add = *lock(&self.pending_add);
-        let pending_gemv = *lock(&self.pending_gemv);
+        let pending_add = *lock(&self.fusion.pending_add);
+        let pending_gemv = *lock(&self.fusion.pending_gemv);
         let (Some((px, y)), Some(p)) = (pending_add, pending_gemv) else {
             return Ok(false);
         };
@@ -342,8 +344,8 @@ impl Cuda {
         if !fits {
             return Ok(false);
         }
-        *lock(&self.pending_add) = None;
-        *lock(&self.pending_gemv) = None;
+        *lock(&self.fusion.pending_add) = None;
+        *lock(&self.fusion.pending_gemv) = None;
         let q = self.scratch(act::row_bytes(n)?)?;
         let partials = self.scratch(nparts * 4)?;
         let cfg = gemv::Config::residual_norm();
@@ -380,7 +382,7 @@ impl Cuda {
                 ),
             )?;
         }
-        *lock(&self.quantized) = Some(Quantized {
+        *lock(&self.fusion.quantized) = Some(Quantized {
             x: *out,
             q,
             rms: Some(SplitNorm {
@@ -399,7 +401,7 @@ impl Cuda {
     /// The q8_1 tiles of `x` (`act`) for a GEMM that reads them: the cached ones when they
     /// are `x`'s (and no split norm's), else quantized now and cached, as the GEMV's.
     fn q8_1_tiles(&self, x: &CudaTensor) -> Result<u64, CudaError> {
-        if let Some(c) = *lock(&self.quantized) {
+        if let Some(c) = *lock(&self.fusion.quantized) {
             if c.x == *x && c.rms.is_none() {
                 return Ok(c.q);
             }
@@ -407,7 +409,7 @@ impl Cuda {
         self.forget_quantized()?;
         let q = self.scratch(act::row_bytes(x.cols)? * x.rows)?;
         self.quantize_q8_1(x.ptr, q, x.cols, x.rows)?;
-        *lock(&self.quantized) = Some(Quantized {
+        *lock(&self.fusion.quantized) = Some(Quantized {
             x: *x,
             q,
             rms: None,
@@ -554,8 +556,7 @@ impl Cuda {
         if x.cols != cols || ntiles < 2 {
             return Ok(None);
         }
-        let split_norm =
-            || matches!(*lock(&self.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
+        let split_norm = || matches!(*lock(&self.fusion.quantized), Some(c) if c.x.ptr == x.ptr && c.rms.is_some());
         let Choice::Gemm {
             family: family @ Family::Narrow(..),
             name,
@@ -594,11 +595,11 @@ impl Cuda {
         let overlaps = |c: &CudaTensor| {
             out.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < out.ptr + (out.cap * 4) as u64
         };
-        if lock(&self.gemm_quantized).is_some_and(|c| overlaps(&c.x)) {
-            *lock(&self.gemm_quantized) = None;
+        if lock(&self.fusion.gemm_quantized).is_some_and(|c| overlaps(&c.x)) {
+            *lock(&self.fusion.gemm_quantized) = None;
         }
-        if lock(&self.quantized).is_some_and(|c| overlaps(&c.x)) {
-            *lock(&self.quantized) = None;
+        if lock(&self.fusion.quantized).is_some_and(|c| overlaps(&c.x)) {
+            *lock(&self.fusion.quantized) = None;
         }
     }
 
@@ -619,14 +620,14 @@ impl Cuda {
     ) {
         match sink {
             smelt_kernels::fused::Sink::Q8_1 => {
-                *lock(&self.quantized) = Some(Quantized {
+                *lock(&self.fusion.quantized) = Some(Quantized {
                     x: *x,
                     q,
                     rms: None,
                 });
             }
             smelt_kernels::fused::Sink::F16Rows => {
-                *lock(&self.gemm_quantized) = Some(super::GemmInput {
+                *lock(&self.fusion.gemm_quantized) = Some(super::GemmInput {
                     x: *x,
                     tiles: None,
                     f16: Some(q),
@@ -672,7 +673,7 @@ impl Cuda {
         make: impl FnOnce(&Self, u64) -> Result<(), CudaError>,
         row_bytes: usize,
     ) -> Result<u64, CudaError> {
-        let mut cached = match *lock(&self.gemm_quantized) {
+        let mut cached = match *lock(&self.fusion.gemm_quantized) {
             Some(c) if c.x == *x => c,
             _ => super::GemmInput {
                 x: *x,
@@ -686,7 +687,7 @@ impl Cuda {
         let q = self.scratch(row_bytes * x.rows)?;
         make(self, q)?;
         *slot(&mut cached) = Some(q);
-        *lock(&self.gemm_quantized) = Some(cached);
+        *lock(&self.fusion.gemm_quantized) = Some(cached);
         Ok(q)
     }
 
@@ -696,7 +697,7 @@ impl Cuda {
         if !self.opts.fuse.split_fixup {
             return Ok(None);
         }
-        let mut c = lock(&self.gemm_counters);
+        let mut c = lock(&self.held.gemm_counters);
         if c.is_none() {
             let n = gemm::fixup::counter_slots(self.gpu.sm_count());
             *c = Some(self.gpu.zeros::<u32>(n)?);

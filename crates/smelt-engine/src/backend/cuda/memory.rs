@@ -3,7 +3,7 @@
 //! role needs, and the per-step scratch arena activations live in. Apart from the ops
 //! because every op uses it and none of it launches a kernel.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use smelt_cuda::cudarc::driver::result as cu;
 use smelt_cuda::cudarc::driver::CudaSlice;
@@ -12,11 +12,26 @@ use smelt_gguf::{GgmlType, Gguf};
 use smelt_kernels::catalog;
 
 use super::weights::{self, Role, WeightPlan};
-use super::{arena, lock, upload, Cuda, CudaTensor, CudaWeight};
+use super::{arena, isq, lock, upload, Cuda, CudaTensor, CudaWeight};
 use crate::EngineError;
 
 /// Weight chunks of this many bytes (a larger tensor gets a chunk of its own).
 pub(super) const WEIGHT_CHUNK: usize = 256 << 20;
+
+/// Weight memory and what fills it while a model loads: the chunks weights are placed in,
+/// where each went (for the digest), and the upload and in-situ quantization machinery,
+/// which a load makes and frees again.
+pub(super) struct WeightStore {
+    /// Pinned buffers weights are uploaded through (made at the first upload).
+    pub(super) uploader: Mutex<Option<upload::Uploader>>,
+    /// Weight memory: chunks bump-allocated in load order; (chunks, next free, end).
+    pub(super) weights: Mutex<(Vec<CudaSlice<u8>>, u64, u64)>,
+    /// Every weight's place and size in weight memory, in load order (for
+    /// [`Cuda::weights_digest`]).
+    pub(super) weight_ranges: Mutex<Vec<(u64, usize)>>,
+    /// In-situ quantization into device memory while a model loads ([`isq`]).
+    pub(super) isq: Mutex<Option<isq::IsqLoader>>,
+}
 
 impl Cuda {
     pub(super) fn new_chunk(
@@ -38,7 +53,7 @@ impl Cuda {
             // SAFETY: `p` has room for `bytes`; a synchronous copy from host memory.
             unsafe { cu::memcpy_htod_sync(p, bytes) }?;
         } else if !bytes.is_empty() {
-            let mut up = lock(&self.uploader);
+            let mut up = lock(&self.store.uploader);
             if up.is_none() {
                 *up = Some(upload::Uploader::new(&self.gpu)?);
             }
@@ -58,7 +73,7 @@ impl Cuda {
         len: usize,
         make: impl FnOnce(&mut [u8]) -> Result<(), E>,
     ) -> Result<u64, E> {
-        let mut buf = lock(&self.uploader)
+        let mut buf = lock(&self.store.uploader)
             .as_mut()
             .map(|u| std::mem::take(&mut u.scratch))
             .unwrap_or_default();
@@ -67,7 +82,7 @@ impl Cuda {
         }
         make(&mut buf[..len])?;
         let p = self.upload_weight(&buf[..len])?;
-        if let Some(u) = lock(&self.uploader).as_mut() {
+        if let Some(u) = lock(&self.store.uploader).as_mut() {
             u.scratch = buf;
         }
         Ok(p)
@@ -76,7 +91,7 @@ impl Cuda {
     /// Frees the upload buffers (pinned staging and the repack buffer) once a model is on
     /// the device; a later upload makes them again.
     pub(crate) fn release_upload_buffers(&self) {
-        lock(&self.uploader).take();
+        lock(&self.store.uploader).take();
     }
 
     /// Room for `n` bytes of weight memory (adjacent to the previous weight when it fits
@@ -84,18 +99,18 @@ impl Cuda {
     pub(super) fn reserve_weight(&self, n: usize) -> Result<u64, CudaError> {
         let len = n.max(1).div_ceil(arena::ALIGN) * arena::ALIGN;
         self.weight_room(len)?;
-        let mut w = lock(&self.weights);
+        let mut w = lock(&self.store.weights);
         let p = w.1;
         w.1 += len as u64;
         drop(w);
-        lock(&self.weight_ranges).push((p, n));
+        lock(&self.store.weight_ranges).push((p, n));
         Ok(p)
     }
 
     /// Makes the current weight chunk hold `len` more bytes: a new chunk (on the device's
     /// stream) when it does not.
     pub(super) fn weight_room(&self, len: usize) -> Result<(), CudaError> {
-        let mut w = lock(&self.weights);
+        let mut w = lock(&self.store.weights);
         if w.1 + len as u64 > w.2 {
             let size = len.max(WEIGHT_CHUNK);
             // SAFETY: written by the uploads that reserve it (and the tail of a chunk is
@@ -131,7 +146,7 @@ impl Cuda {
     /// same digest put the same model on the device (a file's and `--isq`'s).
     pub fn weights_digest(&self) -> Result<(u64, usize, u64), CudaError> {
         self.gpu.synchronize()?;
-        let ranges = lock(&self.weight_ranges).clone();
+        let ranges = lock(&self.store.weight_ranges).clone();
         let mut total = 0u64;
         let mut hashes = Vec::with_capacity(ranges.len());
         for &(p, n) in &ranges {

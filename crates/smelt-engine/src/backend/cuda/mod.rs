@@ -26,13 +26,14 @@
 //! what is deferred first, so the order of effects is the model's.
 //!
 //! The files, by job: this one holds the backend's state (the types every file shares,
-//! opening, settings, errors); `backend_ops` the [`crate::backend::Backend`] ops and
-//! their fusion decisions; `deferred` what waits for the next op; [`fusion`] the
-//! matmul-group planner; `matmul`, `ops`, `attention`, `moe` and [`delta`] (the hybrid
-//! models' delta-net layers and gates, and each sequence's recurrent state) the kernel
-//! launches; `memory`
-//! weight memory, tensor loading and the scratch arena; `step_io` the step buffer and the
-//! copy of the logits; [`runner`] the engine's step loop with its CUDA graphs; [`options`]
+//! opening, settings, errors), grouped by job into the state of the files below;
+//! `backend_ops` the [`crate::backend::Backend`] ops and their fusion decisions;
+//! `deferred` what waits for the next op; [`fusion`] the matmul-group planner; `matmul`,
+//! `ops`, `attention`, `moe` and [`delta`] (the hybrid models' delta-net layers and gates,
+//! and each sequence's recurrent state) the kernel launches; `held` the device buffers
+//! graphs hold; `memory` weight memory, tensor loading and the scratch arena; `step_io`
+//! the step buffer and the copy of the logits; `diagnostics` what the measurement
+//! settings keep; [`runner`] the engine's step loop with its CUDA graphs; [`options`]
 //! every setting.
 
 mod arena;
@@ -41,7 +42,9 @@ mod backend_ops;
 pub mod comm;
 mod deferred;
 pub mod delta;
+mod diagnostics;
 pub mod fusion;
+mod held;
 pub mod isq;
 mod matmul;
 mod matmul_choice;
@@ -152,7 +155,7 @@ impl CudaWeight {
     }
 }
 
-/// A GEMM input and what the GEMMs made of it (`Cuda::gemm_quantized`): scratch
+/// A GEMM input and what the GEMMs made of it (`FusionState::gemm_quantized`): scratch
 /// addresses of its int8 tiles and of its f16 rows, when made.
 #[derive(Clone, Copy, Debug)]
 struct GemmInput {
@@ -247,76 +250,36 @@ pub struct Cuda {
     scratch: Mutex<StepScratch<CudaSlice<u8>>>,
     step: Mutex<Option<StepBuf>>,
     error: Mutex<Option<CudaError>>,
-    /// The last matmul input and its q8_1 tiles: Q, K and V (and gate and up) multiply the
-    /// same activations, which are quantized once. Any other op forgets it.
-    quantized: Mutex<Option<Quantized>>,
-    /// The same for the GEMMs' inputs: an activation and its int8 tiles (`gemm::act`)
-    /// and f16 rows (`gemm::f16`), each made once for every matmul of it.
-    gemm_quantized: Mutex<Option<GemmInput>>,
-    /// `x += y` not launched yet: when the next op is the norm of `x` (the residual stream
-    /// then the next block's norm), both run as one fused kernel.
-    pending_add: Mutex<Option<(CudaTensor, CudaTensor)>>,
-    pending_gemv: Mutex<Option<PendingGemv>>,
-    pending_rope: Mutex<Option<PendingRope>>,
-    /// The expert plan of this step's last route (`moe`).
-    moe_plan: Mutex<moe::PlanCache>,
-    /// Column lists of `gather_cols` on the device ([`delta`]).
-    columns: Mutex<delta::ColumnCache>,
+    /// What an op leaves for the next ones of the step (`deferred`).
+    fusion: deferred::FusionState,
     staging: Mutex<Option<Staging>>,
-    /// Pinned buffers weights are uploaded through (made at the first upload).
-    uploader: Mutex<Option<upload::Uploader>>,
     /// Every setting, read once at open ([`options`]).
     opts: CudaOptions,
-    /// The combining attention's counters: zero between launches (each launch leaves them
-    /// so), allocated once and never moved (graphs hold the address).
-    attn_counters: Mutex<Option<CudaSlice<u32>>>,
-    /// The fused MoE router's last-block counter (zero between launches).
-    moe_counter: Mutex<Option<CudaSlice<u32>>>,
-    /// The split GEMMs' per-tile counters (`gemm::fixup::counter_slots`; zero between
-    /// launches, allocated once and never moved: graphs hold the address).
-    gemm_counters: Mutex<Option<CudaSlice<u32>>>,
-    /// The split argmax's per-row words and counters (zero between launches; graphs hold
-    /// the address).
-    argmax_state: Mutex<Option<CudaSlice<u64>>>,
-    /// Weight memory: chunks bump-allocated in load order; (chunks, next free, end).
-    weights: Mutex<(Vec<CudaSlice<u8>>, u64, u64)>,
-    /// Every weight's place and size in weight memory, in load order (for
-    /// [`Cuda::weights_digest`]).
-    weight_ranges: Mutex<Vec<(u64, usize)>>,
-    /// In-situ quantization into device memory while a model loads ([`isq`]).
-    isq: Mutex<Option<isq::IsqLoader>>,
-    /// GPU time per kernel of eager decode steps (`SMELT_CUDA_PROFILE=1`).
-    profile: Option<Mutex<profile::Profile>>,
-    /// Block timestamps of decode steps as their graphs run (`SMELT_CUDA_TIMELINE=1`).
-    timeline: Option<Mutex<timeline::Timeline>>,
-    /// `SMELT_CUDA_DIGEST=1`: an FNV-1a hash of the bits of everything copied to the host
-    /// (logits) and the number of copies, printed when the backend is dropped, so runs
-    /// under different launch settings can be shown to compute the same bits (a race
-    /// between kernels would change them).
-    digest: Option<Mutex<(u64, u64)>>,
-    /// With `digest`: an FNV-1a hash of every kernel launch's name and shape, in launch
-    /// order, and their count (a graph's kernels count once, when captured), printed beside
-    /// it: two builds that launch the same kernels in the same order print the same line.
-    launch_digest: Option<Mutex<(u64, u64)>>,
+    /// Device buffers made once that graphs hold the address of (`held`).
+    held: held::HeldBuffers,
+    /// Weight memory and what fills it (`memory`).
+    store: memory::WeightStore,
+    /// Measurement of the kernels and their results (`diagnostics`).
+    diag: diagnostics::Diagnostics,
 }
 
 impl Drop for Cuda {
     fn drop(&mut self) {
-        if let Some(d) = &self.digest {
+        if let Some(d) = &self.diag.digest {
             let d = lock(d);
             eprintln!("CUDA digest: {:016x} over {} host copies", d.0, d.1);
         }
-        if let Some(d) = &self.launch_digest {
+        if let Some(d) = &self.diag.launch_digest {
             let d = lock(d);
             eprintln!("CUDA launches: {:016x} over {} launches", d.0, d.1);
         }
-        if let Some(p) = &self.profile {
+        if let Some(p) = &self.diag.profile {
             let p = lock(p);
             if p.steps() > 0 {
                 eprint!("{}", p.table());
             }
         }
-        if let Some(t) = &self.timeline {
+        if let Some(t) = &self.diag.timeline {
             eprint!("{}", lock(t).table());
         }
     }
@@ -353,33 +316,41 @@ impl Cuda {
             scratch: Mutex::new(StepScratch::new(opts.launch.layer_scratch)),
             step: Mutex::new(None),
             error: Mutex::new(None),
-            quantized: Mutex::new(None),
-            gemm_quantized: Mutex::new(None),
-            pending_add: Mutex::new(None),
-            pending_gemv: Mutex::new(None),
-            pending_rope: Mutex::new(None),
-            moe_plan: Mutex::new(None),
-            columns: Mutex::new(Default::default()),
+            fusion: deferred::FusionState {
+                quantized: Mutex::new(None),
+                gemm_quantized: Mutex::new(None),
+                pending_add: Mutex::new(None),
+                pending_gemv: Mutex::new(None),
+                pending_rope: Mutex::new(None),
+                moe_plan: Mutex::new(None),
+            },
             staging: Mutex::new(None),
-            uploader: Mutex::new(None),
-            attn_counters: Mutex::new(None),
-            moe_counter: Mutex::new(None),
-            gemm_counters: Mutex::new(None),
-            argmax_state: Mutex::new(None),
-            weights: Mutex::new((Vec::new(), 0, 0)),
-            weight_ranges: Mutex::new(Vec::new()),
-            isq: Mutex::new(None),
-            profile: (opts.debug.profile != options::Profile::Off)
-                .then(|| Mutex::new(profile::Profile::default())),
-            timeline,
-            launch_digest: opts
-                .debug
-                .digest
-                .then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
-            digest: opts
-                .debug
-                .digest
-                .then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
+            held: held::HeldBuffers {
+                columns: Mutex::new(Default::default()),
+                attn_counters: Mutex::new(None),
+                moe_counter: Mutex::new(None),
+                gemm_counters: Mutex::new(None),
+                argmax_state: Mutex::new(None),
+            },
+            store: memory::WeightStore {
+                uploader: Mutex::new(None),
+                weights: Mutex::new((Vec::new(), 0, 0)),
+                weight_ranges: Mutex::new(Vec::new()),
+                isq: Mutex::new(None),
+            },
+            diag: diagnostics::Diagnostics {
+                profile: (opts.debug.profile != options::Profile::Off)
+                    .then(|| Mutex::new(profile::Profile::default())),
+                timeline,
+                launch_digest: opts
+                    .debug
+                    .digest
+                    .then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
+                digest: opts
+                    .debug
+                    .digest
+                    .then(|| Mutex::new((0xcbf2_9ce4_8422_2325, 0))),
+            },
             opts,
         })
     }
@@ -424,12 +395,12 @@ impl Cuda {
 
     /// Whether kernels are being timed one by one (graphs are then off).
     pub fn profiling(&self) -> bool {
-        self.profile.is_some()
+        self.diag.profile.is_some()
     }
 
     /// Starts a step of the timeline (`SMELT_CUDA_TIMELINE=1`): decode steps record.
     pub(crate) fn timeline_begin(&self, decode: bool) -> Result<(), CudaError> {
-        match &self.timeline {
+        match &self.diag.timeline {
             Some(t) => lock(t).begin(&self.gpu, decode),
             None => Ok(()),
         }
@@ -437,7 +408,7 @@ impl Cuda {
 
     /// Ends a step of the timeline: waits for it and adds its stamps up.
     pub(crate) fn timeline_end(&self) -> Result<(), CudaError> {
-        match &self.timeline {
+        match &self.diag.timeline {
             Some(t) => lock(t).end(&self.gpu),
             None => Ok(()),
         }
@@ -445,7 +416,7 @@ impl Cuda {
 
     /// Starts timing a step's kernels (when profiling).
     pub(crate) fn profile_begin(&self) -> Result<(), CudaError> {
-        match &self.profile {
+        match &self.diag.profile {
             Some(p) => lock(p).begin(&self.gpu),
             None => Ok(()),
         }
@@ -453,7 +424,7 @@ impl Cuda {
 
     /// Marks the end of kernel `name`, just launched (when profiling).
     pub(crate) fn profile_mark(&self, name: &str) -> Result<(), CudaError> {
-        match &self.profile {
+        match &self.diag.profile {
             Some(p) => lock(p).mark(&self.gpu, name),
             None => Ok(()),
         }
@@ -461,7 +432,7 @@ impl Cuda {
 
     /// Waits for the timed step and adds it up (when profiling).
     pub(crate) fn profile_end(&self) -> Result<(), CudaError> {
-        match &self.profile {
+        match &self.diag.profile {
             Some(p) => lock(p).end(&self.gpu),
             None => Ok(()),
         }

@@ -124,7 +124,7 @@ impl Cuda {
     /// layer launches no separate quantize (it did: a plain norm, then a quantize in the
     /// expert GEMV).
     fn settle_split_norm(&self) -> Result<(), CudaError> {
-        let cached = *lock(&self.quantized);
+        let cached = *lock(&self.fusion.quantized);
         let Some(Quantized { rms: Some(n), .. }) = cached else {
             return Ok(());
         };
@@ -133,7 +133,7 @@ impl Cuda {
             len: n.res.cols,
         };
         if n.out_pending && self.opts.fuse.quantize && self.can_norm_quantize(&n.res, &g, &n.out) {
-            *lock(&self.gemm_quantized) = None;
+            *lock(&self.fusion.gemm_quantized) = None;
             let q = self.scratch(act::row_bytes(n.out.cols)? * n.out.rows)?;
             self.op_norm_q8(
                 &n.res,
@@ -143,7 +143,7 @@ impl Cuda {
                 &n.out,
                 (q, smelt_kernels::fused::Sink::Q8_1),
             )?;
-            *lock(&self.quantized) = Some(Quantized {
+            *lock(&self.fusion.quantized) = Some(Quantized {
                 x: n.out,
                 q,
                 rms: None,
@@ -247,7 +247,7 @@ impl Cuda {
         n_expert: usize,
         tile_tokens: usize,
     ) -> Result<u64, CudaError> {
-        if let Some((r, t, tiles)) = *lock(&self.moe_plan) {
+        if let Some((r, t, tiles)) = *lock(&self.fusion.moe_plan) {
             if r == route.ptr && t == tile_tokens {
                 return Ok(tiles);
             }
@@ -272,7 +272,7 @@ impl Cuda {
                 .values(),
             ),
         )?;
-        *lock(&self.moe_plan) = Some((route.ptr, tile_tokens, tiles));
+        *lock(&self.fusion.moe_plan) = Some((route.ptr, tile_tokens, tiles));
         Ok(tiles)
     }
 
@@ -382,11 +382,11 @@ impl Cuda {
                 o.ptr < c.ptr + (c.cap * 4) as u64 && c.ptr < o.ptr + (o.cap * 4) as u64
             })
         };
-        if lock(&self.quantized).is_some_and(|c| overlaps(&c.x) || overlaps2(&c.x)) {
-            *lock(&self.quantized) = None;
+        if lock(&self.fusion.quantized).is_some_and(|c| overlaps(&c.x) || overlaps2(&c.x)) {
+            *lock(&self.fusion.quantized) = None;
         }
-        if lock(&self.gemm_quantized).is_some_and(|c| overlaps(&c.x) || overlaps2(&c.x)) {
-            *lock(&self.gemm_quantized) = None;
+        if lock(&self.fusion.gemm_quantized).is_some_and(|c| overlaps(&c.x) || overlaps2(&c.x)) {
+            *lock(&self.fusion.gemm_quantized) = None;
         }
         Ok(())
     }
@@ -413,13 +413,13 @@ impl Cuda {
             row_bytes,
         } = e;
         let (n, k) = (route.rows, route.cols / 2);
-        let cached = *lock(&self.quantized);
+        let cached = *lock(&self.fusion.quantized);
         let q = match cached {
             Some(c) if c.x == *x && c.rms.is_none() => c.q,
             _ => {
                 let q = self.scratch(act::row_bytes(cols)? * x.rows)?;
                 self.quantize_q8_1(x.ptr, q, cols, x.rows)?;
-                *lock(&self.quantized) = Some(Quantized {
+                *lock(&self.fusion.quantized) = Some(Quantized {
                     x: *x,
                     q,
                     rms: None,
@@ -533,7 +533,7 @@ impl Cuda {
             return Ok(false);
         }
         self.flush()?;
-        let cached = *lock(&self.quantized);
+        let cached = *lock(&self.fusion.quantized);
         let split = match cached {
             Some(Quantized { rms: Some(n), .. })
                 if n.out_pending
@@ -563,7 +563,7 @@ impl Cuda {
         let counter = self.moe_counter()?;
         let (normed, xp, g, partials, nparts, eps, out, q) = match split {
             Some(n) => {
-                *lock(&self.gemm_quantized) = None;
+                *lock(&self.fusion.gemm_quantized) = None;
                 let q = self.scratch(act::row_bytes(cols)?)?;
                 (1, n.res.ptr, n.g, n.partials, n.nparts, n.eps, n.out.ptr, q)
             }
@@ -602,7 +602,7 @@ impl Cuda {
             ),
         )?;
         if let Some(n) = split {
-            *lock(&self.quantized) = Some(Quantized {
+            *lock(&self.fusion.quantized) = Some(Quantized {
                 x: n.out,
                 q,
                 rms: None,
@@ -614,7 +614,7 @@ impl Cuda {
     /// The fused router's counter: one u32, zero between launches (the last block resets
     /// it), allocated once (graphs hold the address).
     fn moe_counter(&self) -> Result<u64, CudaError> {
-        let mut c = lock(&self.moe_counter);
+        let mut c = lock(&self.held.moe_counter);
         if c.is_none() {
             *c = Some(self.gpu.zeros::<u32>(4)?);
         }
@@ -674,7 +674,7 @@ impl Cuda {
                 .values(),
             ),
         )?;
-        *lock(&self.quantized) = Some(Quantized {
+        *lock(&self.fusion.quantized) = Some(Quantized {
             x: *out,
             q,
             rms: None,

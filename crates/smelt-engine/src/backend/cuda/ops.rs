@@ -46,7 +46,7 @@ impl Cuda {
         if self.skipped(name) {
             return Ok(());
         }
-        if let Some(d) = &self.launch_digest {
+        if let Some(d) = &self.diag.launch_digest {
             let mut d = super::lock(d);
             let (g, b) = (l.grid, l.block);
             let shape = [g.0, g.1, g.2, b.0, b.1, b.2, l.shared_bytes];
@@ -65,7 +65,7 @@ impl Cuda {
             shared_mem_bytes: l.shared_bytes,
         };
         let with_slot;
-        let args = match &self.timeline {
+        let args = match &self.diag.timeline {
             Some(t) => {
                 // Named with the grid, so that the shapes of one kernel get rows of their own.
                 let (x, y, z) = l.grid;
@@ -640,7 +640,7 @@ impl Cuda {
         if !self.opts.launch.split_argmax || rows > ARGMAX_ROWS {
             return Ok(None);
         }
-        let mut st = super::lock(&self.argmax_state);
+        let mut st = super::lock(&self.held.argmax_state);
         if st.is_none() {
             // The words (u64), then the counters (u32, in the same zeroed memory).
             *st = Some(self.gpu.zeros::<u64>(ARGMAX_ROWS * 2)?);

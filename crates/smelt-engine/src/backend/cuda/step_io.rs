@@ -114,12 +114,12 @@ impl Cuda {
         s.state_addrs.clear();
         drop(step);
         // Nothing of the last step's scratch is read again: forget what pointed into it.
-        *lock(&self.quantized) = None;
-        *lock(&self.gemm_quantized) = None;
-        *lock(&self.pending_add) = None;
-        *lock(&self.pending_gemv) = None;
-        *lock(&self.pending_rope) = None;
-        *lock(&self.moe_plan) = None;
+        *lock(&self.fusion.quantized) = None;
+        *lock(&self.fusion.gemm_quantized) = None;
+        *lock(&self.fusion.pending_add) = None;
+        *lock(&self.fusion.pending_gemv) = None;
+        *lock(&self.fusion.pending_rope) = None;
+        *lock(&self.fusion.moe_plan) = None;
         let mut chunk = Self::new_chunk(&self.gpu);
         lock(&self.scratch).reset(&mut chunk)?;
         Ok(())
@@ -231,7 +231,7 @@ impl Cuda {
         let host = unsafe { std::slice::from_raw_parts_mut(s.ptr, n) };
         unsafe { cu::memcpy_dtoh_async(host, x.ptr, self.gpu.stream().cu_stream()) }?;
         self.gpu.synchronize()?;
-        if let Some(d) = &self.digest {
+        if let Some(d) = &self.diag.digest {
             let mut d = lock(d);
             for v in host.iter() {
                 d.0 = (d.0 ^ u64::from(v.to_bits())).wrapping_mul(0x0100_0000_01b3);
