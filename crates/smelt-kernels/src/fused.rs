@@ -189,26 +189,9 @@ pub fn kernel_to(k: &Kernel, add: bool, sink: Sink) {
     k.shl(base, base, 2u32);
     let xs = k.add(k.reg(), x, base);
     let os = k.add(k.reg(), out, base);
-    let tid = k.tid_x();
-    let step = k.ntid_x();
-    let sum = k.f32(0.0);
-    match y {
-        None => k.stride_loop(tid, n, step, |k, i| {
-            let v = k.load::<F32>(Load::GLOBAL, k.elem_addr(xs, i, 4));
-            k.fma(sum, v, v, sum);
-        }),
-        Some(y) => {
-            let ys = k.add(k.reg(), y, base);
-            k.stride_loop(tid, n, step, |k, i| {
-                let a = k.elem_addr(xs, i, 4);
-                let v = k.load::<F32>(Load::GLOBAL, a);
-                let b = k.load::<F32>(Load::GLOBAL, k.elem_addr(ys, i, 4));
-                k.add(v, v, b);
-                k.st(Store::GLOBAL, a, v);
-                k.fma(sum, v, v, sum);
-            })
-        }
-    }
+    // All of a thread's loads issued at once, in `ops::norm`'s order (so the sum is its).
+    let ys = y.map(|y| k.add(k.reg(), y, base));
+    let sum = crate::ops::norm::add_sum_squares(k, xs, ys, n);
     // The reduction's barriers also make every thread's `x` writes visible to the block.
     let total = block_sum(k, sum, &scratch);
     let scale = rms_scale(k, total, n, eps);

@@ -1,7 +1,7 @@
 //! RMS norm over chunks of the weight's length (a whole row, or each head for Q/K norms),
 //! times the weight; and the fused residual add + RMS norm of a layer's boundary.
 
-use smelt_ptx::{Kernel, Load, Pred, Reg, Store, F32, U32};
+use smelt_ptx::{Kernel, Load, Pred, Reg, Store, F32, U32, U64};
 
 use super::{block_sum, dim, kernel_params, reduce_scratch, Launch};
 use crate::catalog::Entry;
@@ -142,23 +142,66 @@ fn norm_body(
     k.shl(base, base, 2u32);
     let xs = k.add(k.reg(), x, base);
     let os = k.add(k.reg(), out, base);
-    let tid = k.tid_x();
-    let step = k.ntid_x();
-    // Every load of a trip is issued before any is used: a row is read by one block, so
-    // the time is load latency times the number of dependent rounds.
-    let wide = k.shl(k.reg(), step, UNROLL.trailing_zeros());
-    let slots = |k: &Kernel, i: Reg<U32>| -> Vec<(Reg<U32>, Reg<Pred>)> {
-        (0..UNROLL)
-            .map(|u| {
-                let idx = k.mad(k.reg(), step, u, i);
-                (idx, k.lt(idx, n))
-            })
-            .collect()
-    };
-    let sum = k.f32(0.0);
     let ys = y.map(|y| k.add(k.reg(), y, base));
+    let sum = add_sum_squares(k, xs, ys, n);
+    let total = block_sum(k, sum, &scratch);
+    let nf = k.cvt(k.reg::<F32>(), n, smelt_ptx::FloatRound::Rn);
+    let mean = k.div_rn(k.reg(), total, nf);
+    k.add(mean, mean, eps);
+    let root = k.sqrt_rn(k.reg(), mean);
+    let scale = k.div_rn(k.reg(), 1.0f32, root);
+    // Each thread reads back only the values it wrote itself: no barrier needed.
+    let (tid, step) = (k.tid_x(), k.ntid_x());
+    let wide = k.shl(k.reg(), step, UNROLL.trailing_zeros());
     k.stride_loop(tid, n, wide, |k, i| {
-        let sl = slots(k, i);
+        let sl = slots(k, step, n, i);
+        let vals: Vec<(Reg<F32>, Reg<F32>)> = sl
+            .iter()
+            .map(|&(idx, ok)| {
+                let (v, g) = (k.f32(0.0), k.f32(0.0));
+                k.guarded(ok, |k| {
+                    k.ld(Load::GLOBAL, v, k.elem_addr(xs, idx, 4));
+                    k.ld(Load::GLOBAL_NC, g, k.elem_addr(w, idx, 4));
+                });
+                (v, g)
+            })
+            .collect();
+        for (&(idx, ok), &(v, g)) in sl.iter().zip(&vals) {
+            k.mul(v, v, scale);
+            k.mul(v, v, g);
+            k.guarded(ok, |k| k.st(Store::GLOBAL, k.elem_addr(os, idx, 4), v));
+        }
+    });
+}
+
+/// Trip `i` of a thread's values: `i, i + step, ...` ([`UNROLL`] of them), each with
+/// whether it is inside the chunk of `n`.
+fn slots(k: &Kernel, step: Reg<U32>, n: Reg<U32>, i: Reg<U32>) -> Vec<(Reg<U32>, Reg<Pred>)> {
+    (0..UNROLL)
+        .map(|u| {
+            let idx = k.mad(k.reg(), step, u, i);
+            (idx, k.lt(idx, n))
+        })
+        .collect()
+}
+
+/// The first pass of every RMS norm of a chunk (this module's and `fused`'s): `x += y`
+/// when `ys` is given (written back at `xs`), and this thread's sum of the squares of its
+/// values of `x`, which are `tid, tid + step, tid + 2 step, ...` summed in that order (one
+/// order for every norm kernel, so the fused and unfused ones agree to the bit). Every
+/// load of a trip of [`UNROLL`] values is issued before any is used: a row is read by one
+/// block, so the time is load latency times the number of dependent rounds.
+pub(crate) fn add_sum_squares(
+    k: &Kernel,
+    xs: Reg<U64>,
+    ys: Option<Reg<U64>>,
+    n: Reg<U32>,
+) -> Reg<F32> {
+    let (tid, step) = (k.tid_x(), k.ntid_x());
+    let wide = k.shl(k.reg(), step, UNROLL.trailing_zeros());
+    let sum = k.f32(0.0);
+    k.stride_loop(tid, n, wide, |k, i| {
+        let sl = slots(k, step, n, i);
         let vals: Vec<(Reg<F32>, Reg<F32>)> = sl
             .iter()
             .map(|&(idx, ok)| {
@@ -181,32 +224,7 @@ fn norm_body(
             k.fma(sum, v, v, sum);
         }
     });
-    let total = block_sum(k, sum, &scratch);
-    let nf = k.cvt(k.reg::<F32>(), n, smelt_ptx::FloatRound::Rn);
-    let mean = k.div_rn(k.reg(), total, nf);
-    k.add(mean, mean, eps);
-    let root = k.sqrt_rn(k.reg(), mean);
-    let scale = k.div_rn(k.reg(), 1.0f32, root);
-    // Each thread reads back only the values it wrote itself: no barrier needed.
-    k.stride_loop(tid, n, wide, |k, i| {
-        let sl = slots(k, i);
-        let vals: Vec<(Reg<F32>, Reg<F32>)> = sl
-            .iter()
-            .map(|&(idx, ok)| {
-                let (v, g) = (k.f32(0.0), k.f32(0.0));
-                k.guarded(ok, |k| {
-                    k.ld(Load::GLOBAL, v, k.elem_addr(xs, idx, 4));
-                    k.ld(Load::GLOBAL_NC, g, k.elem_addr(w, idx, 4));
-                });
-                (v, g)
-            })
-            .collect();
-        for (&(idx, ok), &(v, g)) in sl.iter().zip(&vals) {
-            k.mul(v, v, scale);
-            k.mul(v, v, g);
-            k.guarded(ok, |k| k.st(Store::GLOBAL, k.elem_addr(os, idx, 4), v));
-        }
-    });
+    sum
 }
 
 /// CPU twin of [`rms_norm_kernel`] (the CPU backend's `rms_norm`: f64 sum of the f32
