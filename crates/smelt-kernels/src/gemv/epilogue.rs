@@ -198,11 +198,7 @@ pub(crate) fn rms_from_partials(
         k.add(acc, acc, p);
     }
     let total = k.warp_sum(acc);
-    let nf = k.cvt(k.reg::<F32>(), n, FloatRound::Rn);
-    let mean = k.div_rn(k.reg(), total, nf);
-    k.add(mean, mean, eps);
-    let root = k.sqrt_rn(k.reg(), mean);
-    k.div_rn(k.reg(), 1.0f32, root)
+    crate::fused::rms_scale(k, total, n, eps)
 }
 
 /// The producer's epilogue: `res[row] += y[row]`; the block's 32 values of `res * g` as one
