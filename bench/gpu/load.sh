@@ -30,7 +30,8 @@
 #   cuda` q6_k and q4_k_m with each run's stage times, `run --isq q6_k` to 8 tokens, the CPU
 #   quantizer's q6_k and q4_k_m files compared with the GPU's (and main's GPU file with
 #   this tree's), and on a host with several GPUs the same q6_k with every GPU visible
-#   (SMELT_CUDA_ALL_DEVICES=1), and q6_k with SMELT_WRITE_ALLOC=sparse and SMELT_WRITE_PREFAULT=1;
+#   (SMELT_CUDA_ALL_DEVICES=1), and q6_k with SMELT_WRITE_ALLOC=sparse and SMELT_WRITE_PREFAULT=0
+#   (the prefault on by default since 2026-11-28);
 #   FULL=1 adds the checks, the write-mode A/B, serve and
 #   llama.cpp, the cold rows and the 14B shape (each also on its own: CHECKS=1, WRITE_AB=1,
 #   SERVE=1, LLAMACPP=1, COLD=1, BIG=1).
@@ -245,13 +246,13 @@ row "cat > /dev/null (page cache warm)" "$catw" "$(gbs $size $catw)"
 ab() { # ab LABEL BIN KIND ROUND: prints the wall seconds of one timed command
     local bin=$2 kind=$3 f s alloc= pf=
     [ $kind = sparse ] && { kind=q6_k; alloc=sparse; }
-    [ $kind = prefault ] && { kind=q6_k; alloc=prefault; pf=1; }  # label: SMELT_WRITE_PREFAULT=1
+    [ $kind = prefault ] && { kind=q6_k; alloc=prefault; pf=0; }  # label: SMELT_WRITE_PREFAULT=0
     case $kind in
     q6_k|q4_k_m)
         f=$W/l8-ab-$1-$kind.gguf
         sync
         s=$(SMELT_WRITE_ALLOC=${alloc%prefault} SMELT_WRITE_PREFAULT=$pf secs $bin quantize $bf $f --type $kind --device $DEV)
-        qstages "8B $kind --device $DEV, $1${alloc:+, $([ -n "$pf" ] && echo SMELT_WRITE_PREFAULT=1 || echo SMELT_WRITE_ALLOC=$alloc)}, round $4, $s s wall"
+        qstages "8B $kind --device $DEV, $1${alloc:+, $([ -n "$pf" ] && echo SMELT_WRITE_PREFAULT=0 || echo SMELT_WRITE_ALLOC=$alloc)}, round $4, $s s wall"
         if [ $kind = q6_k ] && [ -n "$alloc" ]; then
             echo "$(same $f $W/l8-q6_k-gpu.gguf)" > $W/$alloc-same
             rm -f $f
@@ -276,7 +277,7 @@ for round in 1 2; do
 done
 for kind in q6_k q4_k_m isq sparse prefault; do
     case $kind in
-    prefault) what="quantize q6_k, SMELT_WRITE_PREFAULT=1 (the output's pages faulted in on a thread from its creation)" ;;
+    prefault) what="quantize q6_k, SMELT_WRITE_PREFAULT=0 (no thread faulting the output's pages in ahead of the writer)" ;;
     isq) what="smelt run --isq q6_k --device $DEV: launch to 8 tokens" ;;
     sparse) what="quantize q6_k, SMELT_WRITE_ALLOC=sparse (output sized by ftruncate, as main)" ;;
     *) what="smelt quantize --device $DEV --type $kind" ;;
@@ -288,7 +289,7 @@ for kind in q6_k q4_k_m isq sparse prefault; do
     done
 done
 row "cmp q6_k: the SMELT_WRITE_ALLOC=sparse file (round 2) vs the default's" "-" "$(cat $W/sparse-same 2>/dev/null)"
-row "cmp q6_k: the SMELT_WRITE_PREFAULT=1 file (round 2) vs the default's" "-" "$(cat $W/prefault-same 2>/dev/null)"
+row "cmp q6_k: the SMELT_WRITE_PREFAULT=0 file (round 2) vs the default's" "-" "$(cat $W/prefault-same 2>/dev/null)"
 if [ -x "$M" ]; then
     row "cmp q6_k: main's GPU file vs this tree's" "-" "$(same $W/l8-q6_k-main.gguf $W/l8-q6_k-gpu.gguf)"
     row "8 greedy tokens of --isq q6_k: main vs this tree" "-" "$(same $W/isq-main-1.tok $W/isq-branch-1.tok)"

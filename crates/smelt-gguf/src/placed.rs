@@ -15,13 +15,15 @@
 //! `SMELT_WRITE_ALLOC=sparse` sizes it with `ftruncate` instead (holes; where `fallocate` is
 //! not supported that is what happens anyway).
 //!
-//! `SMELT_WRITE_PREFAULT=1` (a measurement switch, Linux) puts the file's pages in the page
-//! cache from a thread of its own, from the moment the file is created (while a GPU opens,
-//! the writer has nothing to write yet): window by window, a shared mapping's pages are
-//! faulted in for writing (`MADV_POPULATE_WRITE`), which never changes the file's bytes,
-//! and takes no inode lock, so it runs beside the writer's `pwrite`s. A `pwrite` into a page
-//! already cached is a copy and nothing more: on this project's VM, 5-6 GB/s against
-//! 1.5-4.5 GB/s into a new page.
+//! On Linux a thread of its own puts the file's pages in the page cache from the moment the
+//! file is created (while a GPU opens, the writer has nothing to write yet): window by
+//! window, a shared mapping's pages are faulted in for writing (`MADV_POPULATE_WRITE`),
+//! which never changes the file's bytes, and takes no inode lock, so it runs beside the
+//! writer's `pwrite`s. A `pwrite` into a page already cached is a copy and nothing more: on
+//! this project's VM, 5-6 GB/s against 1.5-4.5 GB/s into a new page. Measured with
+//! `bench/gpu/load.sh` (8B q6_k, 6.06 GB written, rounds 1 / 2): 1.83 / 2.13 s against 4.15
+//! / 2.06 s without it on an H100 host (2026-11-27), 2.27 / 2.36 s against 3.24 / 2.66 s on
+//! a 2x H200 host (2026-11-28); on by default since, `SMELT_WRITE_PREFAULT=0` turns it off.
 //!
 //! Two ways to put the bytes in: positioned writes (`pwrite`, the default), which a
 //! filesystem runs one at a time per file (buffered writes take the inode's lock), or copies
@@ -60,7 +62,7 @@ pub struct GgufPlacedWriter {
     prefault: Option<Prefault>,
 }
 
-/// The thread of `SMELT_WRITE_PREFAULT=1` (see the module docs); stopped and joined by
+/// The page-cache prefault thread (see the module docs); stopped and joined by
 /// [`GgufPlacedWriter::finish`] or on drop.
 struct Prefault {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -156,7 +158,7 @@ impl GgufPlacedWriter {
         tensors: Vec<TensorSpec>,
         mapped: bool,
     ) -> Result<Self, GgufError> {
-        let prefault = std::env::var("SMELT_WRITE_PREFAULT").as_deref() == Ok("1");
+        let prefault = std::env::var("SMELT_WRITE_PREFAULT").as_deref() != Ok("0");
         Self::create_opts(path, metadata, tensors, mapped, prefault)
     }
 

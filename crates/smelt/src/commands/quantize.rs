@@ -13,8 +13,8 @@
 //! writer threads (buffered writes to one file take its inode lock, so more `pwrite`
 //! threads only queue on it; a mapping's page faults run in parallel);
 //! `SMELT_WRITE_ALLOC=sparse` sizes the output with `ftruncate` instead of allocating its
-//! blocks, `SMELT_WRITE_PREFAULT=1` faults its pages in on a thread of their own
-//! (`smelt_gguf::GgufPlacedWriter`).
+//! blocks, `SMELT_WRITE_PREFAULT=0` stops a thread of its own faulting its pages in ahead of
+//! the writer (`smelt_gguf::GgufPlacedWriter`).
 //!
 //! Fixed costs overlap: the GPU opens on a thread of its own while the input is planned and
 //! the output created (only that GPU visible to the driver, `smelt_cuda::visible`), the
