@@ -11,6 +11,8 @@
 # with SMELT_CUDA_GLU_REDUCE 0 and 1 (the same greedy tokens expected: same bits); if it
 # wins, turn `fuse.glu_reduce` on.
 # Here:  bash bench/gpu/hybrid.sh pack    There: bash bench/gpu/prompt_f16.sh    carry [".gpu-dn"]
+# Ran 2026-11-28 03:24 (bench/RESULTS.md); both paths are the default since, and
+# SMELT_CUDA_GEMM_F16_UNMEASURED is gone (every f16 type measured): kept as the run's record.
 # Environment: ROUNDS (default 1). Log: $OUT/prompt_f16.log; table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
