@@ -5,6 +5,8 @@
 
 pub mod act_quant;
 mod attention;
+mod attention_row;
+mod attention_tiled;
 pub mod delta_net;
 pub mod ggml_dot;
 pub mod ggml_math;
