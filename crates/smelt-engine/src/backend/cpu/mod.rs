@@ -2,6 +2,10 @@
 //! matrices, quantized dot products come from `smelt-quant` (AVX2 where the CPU has it), and
 //! the work is spread over rayon's current thread pool (the engine installs one with the
 //! requested number of threads).
+//!
+//! This file holds the backend's ops (its `Backend` implementation). Its data types and
+//! weight loading are in `tensor.rs`, the element-wise row kernels in `pointwise.rs`, the
+//! KV cache and attention in `attention*.rs`.
 
 pub mod act_quant;
 mod attention;
@@ -13,19 +17,25 @@ pub mod ggml_math;
 pub(crate) mod ggml_simd;
 pub mod matmul;
 pub mod moe;
+mod pointwise;
 pub mod spin_pool;
+mod tensor;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use rayon::prelude::*;
 use smelt_gguf::{GgmlType, Gguf};
-use smelt_quant::fp::{f16_to_f32, f32_to_f16};
 
 pub use attention::CpuKv;
+#[cfg(target_arch = "x86_64")]
+use pointwise::gelu_table;
+use pointwise::{gelu_times, rms_scale, rotate_heads, rotate_heads_fma, silu_row_best};
+use tensor::load;
+pub use tensor::{padded_cols, CpuTensor, CpuWeight, WeightBytes};
 
 use super::{
     AttnParams, AttnSeq, Backend, DeltaParams, DeltaState, DeltaWeights, Glu, MoeRouting,
-    RopeParams, RopeStyle,
+    RopeParams,
 };
 use crate::EngineError;
 
@@ -44,107 +54,6 @@ impl Cpu {
     pub const GGML: Cpu = Cpu {
         batch_invariant: false,
     };
-}
-
-/// A row-major f32 matrix.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CpuTensor {
-    pub data: Vec<f32>,
-    pub rows: usize,
-    pub cols: usize,
-}
-
-/// A weight: matrices stay in the mapped file unless they need padding; vectors (norms,
-/// biases) are converted to f32 once.
-pub enum CpuWeight {
-    Matrix {
-        bytes: WeightBytes,
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        /// Weights per stored row: `cols` rounded up so legacy formats have whole groups of
-        /// eight blocks (see [`padded_cols`]).
-        stride: usize,
-    },
-    Vector(Vec<f32>),
-    /// `n_expert` matrices of `rows` x `cols` back to back (a MoE layer's `*_exps`).
-    Experts {
-        bytes: WeightBytes,
-        ty: GgmlType,
-        n_expert: usize,
-        rows: usize,
-        cols: usize,
-    },
-}
-
-/// Where a matrix's bytes live.
-pub enum WeightBytes {
-    Mapped {
-        gguf: Arc<Gguf>,
-        index: usize,
-    },
-    /// A padded copy, in u64 words so every block type is aligned.
-    Owned {
-        words: Vec<u64>,
-        len: usize,
-    },
-}
-
-impl WeightBytes {
-    fn get(&self) -> &[u8] {
-        match self {
-            WeightBytes::Mapped { gguf, index } => gguf.tensor_data(&gguf.tensors()[*index]),
-            WeightBytes::Owned { words, len } => &bytemuck::cast_slice(words)[..*len],
-        }
-    }
-}
-
-/// Row length a matmul weight is stored with. smelt-quant's AVX2 dots for some legacy
-/// formats (and IQ4_NL) take eight blocks per step and finish a ragged tail block by
-/// block on a much slower path; zero blocks added to both operands contribute exactly +0
-/// to the same partial sums, so padding to whole groups gives identical results at full
-/// speed. The formats with a ggml-order dot ([`ggml_dot`]) go block by block and need none.
-pub fn padded_cols(ty: GgmlType, cols: usize) -> usize {
-    use GgmlType::*;
-    let group = 8 * ty.block_size();
-    match ty {
-        Q4_0 | Q5_1 | IQ4_NL => cols.div_ceil(group) * group,
-        _ => cols,
-    }
-}
-
-impl CpuWeight {
-    /// Every value as f32 (a vector as it is, a matrix dequantized row by row).
-    fn to_f32(&self) -> Result<Vec<f32>, EngineError> {
-        match self {
-            CpuWeight::Vector(v) => Ok(v.clone()),
-            CpuWeight::Matrix {
-                bytes,
-                ty,
-                rows,
-                cols,
-                stride,
-            } => {
-                let rb = ty.type_size() * stride / ty.block_size();
-                let used = ty.type_size() * cols / ty.block_size();
-                let mut out = vec![0f32; rows * cols];
-                for (r, o) in out.chunks_mut(*cols).enumerate() {
-                    smelt_quant::dequantize_row(*ty, &bytes.get()[r * rb..r * rb + used], o)?;
-                }
-                Ok(out)
-            }
-            CpuWeight::Experts { .. } => Err(EngineError::BadOptions(
-                "a stack of experts is not a small weight".into(),
-            )),
-        }
-    }
-
-    fn vector(&self) -> &[f32] {
-        match self {
-            CpuWeight::Vector(v) => v,
-            CpuWeight::Matrix { .. } | CpuWeight::Experts { .. } => &[],
-        }
-    }
 }
 
 impl Backend for Cpu {
@@ -660,185 +569,11 @@ impl Backend for Cpu {
     }
 }
 
-fn load(gguf: &Arc<Gguf>, name: &str, pad: bool) -> Result<CpuWeight, EngineError> {
-    let index = gguf
-        .tensors()
-        .iter()
-        .position(|t| t.name == name)
-        .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
-    let info = &gguf.tensors()[index];
-    let cols = info.row_len() as usize;
-    let rows = info.n_rows() as usize;
-    let unsupported = || EngineError::UnsupportedType {
-        name: name.into(),
-        ty: info.ty,
-    };
-    if info.shape.len() <= 1 {
-        let mut v = vec![0f32; cols];
-        smelt_quant::dequantize_row(info.ty, gguf.tensor_data(info), &mut v)
-            .map_err(|_| unsupported())?;
-        return Ok(CpuWeight::Vector(v));
-    }
-    if !matmul::supported(info.ty) {
-        return Err(unsupported());
-    }
-    let ty = info.ty;
-    let stride = if pad { padded_cols(ty, cols) } else { cols };
-    let bytes = if stride == cols {
-        WeightBytes::Mapped {
-            gguf: gguf.clone(),
-            index,
-        }
-    } else {
-        let (rb, pb) = (
-            ty.type_size() * cols / ty.block_size(),
-            ty.type_size() * stride / ty.block_size(),
-        );
-        let len = rows * pb;
-        let mut words = vec![0u64; len.div_ceil(8)];
-        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
-        let src = gguf.tensor_data(info);
-        for (d, s) in dst.chunks_mut(pb).zip(src.chunks(rb)) {
-            d[..rb].copy_from_slice(s);
-        }
-        WeightBytes::Owned { words, len }
-    };
-    Ok(CpuWeight::Matrix {
-        bytes,
-        ty,
-        rows,
-        cols,
-        stride,
-    })
-}
-
-/// `gate = silu(gate) * up` over one row as ggml's `ggml_vec_swiglu_f32` (AVX-512 build):
-/// whole chunks of 16 through its vector exp, the rest through libm's.
-#[inline(always)]
-fn silu_row(g: &mut [f32], u: &[f32]) {
-    let whole = g.len() - g.len() % 16;
-    for (g, &u) in g[..whole].iter_mut().zip(&u[..whole]) {
-        *g = ggml_math::silu(*g) * u;
-    }
-    for (g, &u) in g[whole..].iter_mut().zip(&u[whole..]) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
-}
-
-#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-unsafe fn silu_row_fma(g: &mut [f32], u: &[f32]) {
-    silu_row(g, u)
-}
-
-/// [`silu_row`] with its whole chunks of 16 eight lanes at a time where the CPU allows
-/// (same bits: [`ggml_simd::silu8`] is the scalar lane's twin).
-fn silu_row_best(g: &mut [f32], u: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if ggml_simd::ok() {
-        // SAFETY: AVX2, FMA and F16C were detected at run time.
-        unsafe {
-            let whole = ggml_simd::swiglu_whole16(g, u);
-            return silu_row_fma(&mut g[whole..], &u[whole..]);
-        }
-    }
-    if ggml_math::fma_ok() {
-        // SAFETY: AVX2 and FMA were detected at run time.
-        unsafe { silu_row_fma(g, u) }
-    } else {
-        silu_row(g, u)
-    }
-}
-
-/// Rotates each head of one row: ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`, as GCC
-/// contracts them (-ffp-contract=fast): the first product fused, the second rounded.
-#[inline(always)]
-fn rotate_heads(
-    row: &mut [f32],
-    head_dim: usize,
-    cs: &[(f32, f32)],
-    style: RopeStyle,
-    n_rot: usize,
-) {
-    for head in row.chunks_mut(head_dim) {
-        for (i, &(cos, sin)) in cs.iter().enumerate() {
-            let (a, b) = match style {
-                RopeStyle::Normal => (2 * i, 2 * i + 1),
-                RopeStyle::Neox => (i, i + n_rot / 2),
-            };
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0.mul_add(cos, -(x1 * sin));
-            head[b] = x0.mul_add(sin, x1 * cos);
-        }
-    }
-}
-
-#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-unsafe fn rotate_heads_fma(
-    row: &mut [f32],
-    head_dim: usize,
-    cs: &[(f32, f32)],
-    style: RopeStyle,
-    n_rot: usize,
-) {
-    rotate_heads(row, head_dim, cs, style, n_rot)
-}
-
-/// `gelu(x) * u` as ggml's `ggml_vec_geglu_f32` computes it (`GGML_GELU_FP16`): GELU with
-/// the tanh approximation looked up by the input rounded to f16, so activations match
-/// llama.cpp's bit for bit; `x * u` itself past 10, 0 below -10.
-fn gelu_times(x: f32, u: f32) -> f32 {
-    if x <= -10.0 {
-        return 0.0;
-    }
-    if x >= 10.0 {
-        return x * u;
-    }
-    gelu(x) * u
-}
-
-/// GELU with the tanh approximation, looked up by the input rounded to f16 (ggml's table).
-fn gelu(x: f32) -> f32 {
-    if x <= -10.0 {
-        return 0.0;
-    }
-    if x >= 10.0 {
-        return x;
-    }
-    gelu_table()[f32_to_f16(x).to_bits() as usize]
-}
-
-/// ggml's `ggml_table_gelu_f16`, widened: GELU of every f16 input, rounded to f16.
-fn gelu_table() -> &'static [f32] {
-    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        (0..=u16::MAX)
-            .map(|b| f16_to_f32(f32_to_f16(gelu_exact(f16_to_f32(half::f16::from_bits(b))))))
-            .collect()
-    })
-}
-
-/// ggml's `ggml_gelu_f32` as GCC compiles it (`-ffp-contract=fast` fuses
-/// `1 + GELU_COEF_A*x*x` into one FMA); the table of f16 results equals ggml's for every
-/// input (checked against libggml-cpu).
-fn gelu_exact(x: f32) -> f32 {
-    #[allow(clippy::excessive_precision)]
-    const SQRT_2_OVER_PI: f32 = 0.797_884_560_802_865_355_879_892_119_868_76;
-    const COEF_A: f32 = 0.044715;
-    let inner = (SQRT_2_OVER_PI * x) * (COEF_A * x).mul_add(x, 1.0);
-    0.5 * x * (1.0 + inner.tanh())
-}
-
-/// `1 / sqrt(mean(x^2) + eps)` of one norm chunk, the sum in f64 (as ggml-cpu's
-/// `ggml_compute_forward_rms_norm`), for [`Backend::rms_norm`] and its in-place form.
-fn rms_scale(x: &[f32], eps: f32) -> f32 {
-    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    1.0 / (mean + eps).sqrt()
-}
-
 #[cfg(test)]
 mod tests {
+    use super::pointwise::silu_row;
     use super::*;
+    use crate::backend::RopeStyle;
 
     #[test]
     fn rms_norm_in_place_gives_the_bits_of_rms_norm() {
@@ -954,17 +689,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn gelu_matches_formula_within_f16() {
-        for x in [-3.0f32, -0.5, 0.0, 0.1, 1.0, 2.5] {
-            assert!(
-                (gelu(x) - gelu_exact(x)).abs() <= 2e-3 * (1.0 + x.abs()),
-                "{x}"
-            );
-        }
-        assert_eq!(gelu(-11.0), 0.0);
-        assert_eq!(gelu(12.0), 12.0);
     }
 }
