@@ -241,11 +241,12 @@ impl Cuda {
                 let row_bytes = catalog::row_bytes(ty, cols).map_err(CudaError::from)?;
                 let plain = self.opts.launch.plain_upload;
                 let ptr = self.upload_made(rows * row_bytes, |out| {
-                    upload::repack_parallel_into(ty, data, rows, cols, row_bytes, plain, out)
-                        .map_err(|e| EngineError::BadMetadata {
+                    upload::repack_parallel(ty, data, rows, cols, row_bytes, plain, out).map_err(
+                        |e| EngineError::BadMetadata {
                             key: name.into(),
                             why: format!("repacking for the GPU: {e}"),
-                        })
+                        },
+                    )
                 })?;
                 CudaWeight::Matrix {
                     ptr,

@@ -98,24 +98,10 @@ pub(crate) fn digest(bytes: &[u8]) -> u64 {
     })
 }
 
-/// [`smelt_kernels::catalog::repack`] on all cores: rows repack on their own, so groups of rows go to
-/// rayon's workers and land in one buffer (the same bytes as one call on the whole tensor).
-#[cfg(test)]
+/// [`smelt_kernels::catalog::repack`] on all cores into `out` (`rows * row_bytes` bytes,
+/// every one written): rows repack on their own, so groups of rows go to rayon's workers
+/// and land in one buffer (the same bytes as one call on the whole tensor).
 pub(crate) fn repack_parallel(
-    ty: GgmlType,
-    ggml: &[u8],
-    rows: usize,
-    cols: usize,
-    row_bytes: usize,
-    plain: bool,
-) -> Result<Vec<u8>, smelt_kernels::KernelError> {
-    let mut out = vec![0u8; rows * row_bytes];
-    repack_parallel_into(ty, ggml, rows, cols, row_bytes, plain, &mut out)?;
-    Ok(out)
-}
-
-/// [`repack_parallel`] into `out` (`rows * row_bytes` bytes; every byte written).
-pub(crate) fn repack_parallel_into(
     ty: GgmlType,
     ggml: &[u8],
     rows: usize,
@@ -163,7 +149,8 @@ mod tests {
             let ggml = smelt_quant::quantize_tensor(ty, &vals, cols, Some(1)).expect("quantizes");
             let row_bytes = smelt_kernels::catalog::row_bytes(ty, cols).expect("row bytes");
             let one = smelt_kernels::catalog::repack(ty, &ggml, rows, cols).expect("repack");
-            let par = repack_parallel(ty, &ggml, rows, cols, row_bytes, false).expect("parallel");
+            let mut par = vec![0u8; rows * row_bytes];
+            repack_parallel(ty, &ggml, rows, cols, row_bytes, false, &mut par).expect("parallel");
             assert!(one == par, "{ty}");
         }
     }
