@@ -11,10 +11,10 @@ use smelt_gguf::Gguf;
 use smelt_kernels::fused::Sink;
 
 use super::weights::Role;
-use super::{fusion, lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingRope};
+use super::{fusion, lock, Cuda, CudaKv, CudaTensor, CudaWeight};
 use crate::backend::{
     AttnParams, AttnSeq, Backend, DeltaParams, DeltaState, DeltaWeights, Glu, MoeRouting, RopeAt,
-    RopeParams, RopeStyle,
+    RopeParams,
 };
 use crate::EngineError;
 
@@ -126,7 +126,6 @@ impl Backend for Cuda {
             return self.take_error();
         }
         self.run_raw(|| {
-            self.flush_rope()?;
             // A deferred add may read the deferred GEMV's output: that GEMV goes first.
             if lock(&self.fusion.pending_add).is_some() {
                 self.flush_gemv()?;
@@ -154,7 +153,6 @@ impl Backend for Cuda {
         if fused {
             let mut done = false;
             self.run_raw(|| {
-                self.flush_rope()?;
                 if lock(&self.fusion.pending_add).is_some() {
                     self.flush_gemv()?;
                 }
@@ -192,7 +190,6 @@ impl Backend for Cuda {
             return Ok(());
         }
         self.run_raw(|| {
-            self.flush_rope()?;
             // A deferred add may read the deferred GEMV's output: that GEMV goes first.
             if lock(&self.fusion.pending_add).is_some() {
                 self.flush_gemv()?;
@@ -230,7 +227,6 @@ impl Backend for Cuda {
 
     fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) {
         self.run_raw(|| {
-            self.flush_rope()?;
             self.forget_quantized()?;
             self.ensure(out, x.rows, x.cols)?;
             if self.split_norm(x, w, eps, out)? {
@@ -274,7 +270,6 @@ impl Backend for Cuda {
     fn rms_norm_in_place(&self, x: &mut CudaTensor, w: &CudaWeight, eps: f32) {
         self.run_raw(|| {
             // Its rows may be a deferred GEMV's output (Q|K|V), and an add may be pending.
-            self.flush_rope()?;
             self.flush_gemv()?;
             self.flush_add()?;
             self.forget_quantized()?;
@@ -293,7 +288,6 @@ impl Backend for Cuda {
         eps: f32,
     ) {
         self.run_raw(|| {
-            self.flush_rope()?;
             self.flush_gemv()?;
             self.flush_add()?;
             self.forget_quantized()?;
@@ -318,8 +312,7 @@ impl Backend for Cuda {
                 && lock(&self.fusion.pending_add).is_none()
                 && matches!(*lock(&self.fusion.pending_gemv), Some(p) if p.out == y.ptr && y.rows == 1);
             if keep {
-                self.flush_rope()?;
-                self.flush_add()?;
+                    self.flush_add()?;
             } else {
                 self.flush()?;
             }
@@ -352,21 +345,7 @@ impl Backend for Cuda {
         p: &RopeParams,
         freq_factors: Option<&CudaWeight>,
     ) {
-        self.run_raw(|| {
-            // A decode row of the deferred Q|K|V GEMV's output stays deferred with it: the
-            // GEMV may do this rope (and the KV append after it) in its epilogue.
-            let keep_gemv = self.opts.fuse.rope_kv
-                && self.opts.fuse.gemv_rope_kv
-                && p.style == RopeStyle::Normal
-                && x.rows == 1
-                && lock(&self.fusion.pending_add).is_none()
-                && matches!(*lock(&self.fusion.pending_gemv), Some(g)
-                    if x.ptr >= g.out && x.ptr + (x.cols * 4) as u64 <= g.out + (g.rows * 4) as u64);
-            if !keep_gemv {
-                self.flush_gemv()?;
-                self.flush_add()?;
-                self.forget_quantized()?;
-            }
+        self.run(|| {
             let s = self.step_ptrs()?;
             if s.n_tokens != positions.len() || x.rows != positions.len() {
                 return Err(CudaError::BadLength {
@@ -375,46 +354,8 @@ impl Backend for Cuda {
                     want: s.n_tokens,
                 });
             }
-            let ff = match freq_factors {
-                Some(w) => w.ptr(),
-                None => 0,
-            };
-            // One row (a decode step): Q and K, adjacent in memory, rotate in one launch.
-            let mut pending = lock(&self.fusion.pending_rope);
-            if let Some(r) = pending.as_mut() {
-                if x.rows == 1
-                    && r.x.rows == 1
-                    && r.head_dim == head_dim
-                    && r.p == *p
-                    && r.freq_factors == ff
-                    && r.positions == s.positions
-                    && r.x.ptr + (r.x.cols * 4) as u64 == x.ptr
-                {
-                    r.x.cols += x.cols;
-                    r.x.cap = r.x.cols;
-                    return Ok(());
-                }
-            }
-            let prev = pending.take();
-            if x.rows == 1 {
-                *pending = Some(PendingRope {
-                    x: *x,
-                    positions: s.positions,
-                    head_dim,
-                    p: *p,
-                    freq_factors: ff,
-                });
-            }
-            drop(pending);
-            if let Some(r) = prev {
-                // Its rows may be the deferred GEMV's output: that GEMV first.
-                self.flush_gemv()?;
-                self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors)?;
-            }
-            if x.rows != 1 {
-                self.op_rope(x, s.positions, head_dim, p, ff)?;
-            }
-            Ok(())
+            let ff = freq_factors.map_or(0, |w| w.ptr());
+            self.op_rope(x, s.positions, head_dim, p, ff)
         });
     }
 
@@ -502,7 +443,7 @@ impl Backend for Cuda {
         v: &CudaTensor,
         seqs: &[AttnSeq<'_>],
     ) {
-        self.run_raw(|| {
+        self.run(|| {
             let s = self.step_ptrs()?;
             if s.n_seqs != seqs.len() {
                 return Err(CudaError::BadLength {
@@ -510,21 +451,6 @@ impl Backend for Cuda {
                     got: seqs.len(),
                     want: s.n_seqs,
                 });
-            }
-            if self.rope_kv_in_gemv(kv, layer, k, v, &s)? {
-                return self.forget_quantized();
-            }
-            self.flush_gemv()?;
-            self.flush_add()?;
-            self.forget_quantized()?;
-            // A decode row's deferred rope of Q|K ends with this K: rope and append in one
-            // launch.
-            let pending = lock(&self.fusion.pending_rope).take();
-            if let Some(r) = pending {
-                if self.opts.fuse.rope_kv && self.can_rope_kv(&r, kv, k, v, &s) {
-                    return self.op_rope_kv(&r, kv, layer, v, &s);
-                }
-                self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors)?;
             }
             self.op_kv_write(kv, layer, k, v, &s)
         });
@@ -540,9 +466,12 @@ impl Backend for Cuda {
         layer: usize,
         seqs: &[AttnSeq<'_>],
     ) {
-        // One row (a decode step of one sequence) keeps the deferred path: its rope joins
-        // the KV append in one kernel, or the Q|K|V GEMV's epilogue.
-        if q.rows <= 1 || !self.opts.fuse.rope_kv_rows || !can_rope_kv_rows(q, k, v, kv, rope) {
+        let fits = can_rope_kv_rows(q, k, v, kv, rope);
+        let fused = match q.rows {
+            1 => self.opts.fuse.rope_kv,
+            _ => self.opts.fuse.rope_kv_rows,
+        };
+        if q.rows == 0 || !fits || !fused {
             let r = rope;
             self.rope(q, r.positions, r.head_dim, &r.params, r.freq_factors);
             self.rope(k, r.positions, r.head_dim, &r.params, r.freq_factors);
@@ -550,13 +479,6 @@ impl Backend for Cuda {
             return;
         }
         self.run_raw(|| {
-            self.flush_gemv()?;
-            self.flush_add()?;
-            self.forget_quantized()?;
-            let pending = lock(&self.fusion.pending_rope).take();
-            if let Some(r) = pending {
-                self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors)?;
-            }
             let s = self.step_ptrs()?;
             if s.n_seqs != seqs.len() || s.n_tokens != rope.positions.len() || s.n_tokens != q.rows
             {
@@ -567,7 +489,16 @@ impl Backend for Cuda {
                 });
             }
             let ff = rope.freq_factors.map_or(0, |w| w.ptr());
-            self.op_rope_kv_rows((q, k, v), (rope.head_dim, &rope.params, ff), kv, layer, &s)
+            let how = (rope.head_dim, &rope.params, ff);
+            // A decode row whose Q|K|V the deferred GEMV computes (one `matmul_group` run,
+            // its members' outputs views of the GEMV's): that GEMV's epilogue rotates and
+            // appends, no launch of its own.
+            if self.rope_kv_in_gemv((q, k, v), how, kv, layer, &s)? {
+                return self.forget_quantized();
+            }
+            self.flush()?;
+            self.forget_quantized()?;
+            self.op_rope_kv_rows((q, k, v), how, kv, layer, &s)
         });
     }
 

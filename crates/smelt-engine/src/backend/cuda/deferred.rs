@@ -8,8 +8,7 @@ use std::sync::Mutex;
 use smelt_cuda::CudaError;
 
 use super::{
-    fusion, lock, moe, Cuda, CudaTensor, CudaWeight, GemmInput, PendingGemv, PendingRope,
-    Quantized, SplitNorm,
+    fusion, lock, moe, Cuda, CudaTensor, CudaWeight, GemmInput, PendingGemv, Quantized, SplitNorm,
 };
 
 /// The fusion state kept between the ops of a step: the deferred launches a following op
@@ -28,7 +27,6 @@ pub(super) struct FusionState {
     /// then the next block's norm), both run as one fused kernel.
     pub(super) pending_add: Mutex<Option<(CudaTensor, CudaTensor)>>,
     pub(super) pending_gemv: Mutex<Option<PendingGemv>>,
-    pub(super) pending_rope: Mutex<Option<PendingRope>>,
     /// The expert plan of this step's last route (`moe`).
     pub(super) moe_plan: Mutex<moe::PlanCache>,
 }
@@ -85,9 +83,6 @@ impl Cuda {
                 ptrs.extend([p.x.ptr, p.q, p.out]);
                 ptrs.extend(norm_ptrs(&p.rms));
             }
-            if let Some(r) = *lock(&self.fusion.pending_rope) {
-                ptrs.push(r.x.ptr);
-            }
             ptrs
         };
         if held(&pending) {
@@ -122,19 +117,10 @@ impl Cuda {
         Ok(())
     }
 
-    /// Launches whatever is deferred (a GEMV, an add or a rope; at most one is at a time).
+    /// Launches whatever is deferred (a GEMV or an add; at most one is at a time).
     pub fn flush(&self) -> Result<(), CudaError> {
         self.flush_gemv()?;
-        self.flush_rope()?;
         self.flush_add()
-    }
-
-    pub(super) fn flush_rope(&self) -> Result<(), CudaError> {
-        let pending = lock(&self.fusion.pending_rope).take();
-        match pending {
-            Some(r) => self.op_rope(&r.x, r.positions, r.head_dim, &r.p, r.freq_factors),
-            None => Ok(()),
-        }
     }
 
     pub(super) fn flush_gemv(&self) -> Result<(), CudaError> {

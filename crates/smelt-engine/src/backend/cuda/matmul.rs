@@ -10,11 +10,11 @@ use smelt_gguf::GgmlType;
 use smelt_kernels::{act, catalog, gemm, gemv, TILE};
 
 use super::matmul_choice::{choose, Activations, Choice, Family};
-use super::ops::args;
+use super::ops::{args, u32_of};
 use super::{
     lock, Cuda, CudaKv, CudaTensor, CudaWeight, PendingGemv, Quantized, SplitNorm, StepPtrs,
 };
-use crate::backend::{Glu, RopeStyle};
+use crate::backend::{Glu, RopeParams, RopeStyle};
 
 impl Cuda {
     /// `out = W x`: activations quantized to q8_1 tiles, then the GEMV over at most
@@ -185,7 +185,7 @@ impl Cuda {
     /// `y[t][r] = W[r] . xq[t]` for `t < ntok` (at most [`gemv::MAX_TOKENS`]); with `rms`,
     /// `xq` are a split norm's unscaled tiles (one token) and `y` is scaled by `1 / rms`;
     /// with `rope`, the rows are one token's Q|K|V and `rope` the rope + KV-append
-    /// parameters ([`Cuda::rope_kv_gemv_args`]).
+    /// parameters (`Cuda::rope_kv_in_gemv` makes them).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_gemv(
         &self,
@@ -269,39 +269,53 @@ impl Cuda {
         self.launch(&name, l, &args)
     }
 
-    /// The deferred rope of a decode row's Q|K and the KV write of its K and `v`, done by
-    /// the deferred GEMV that computes that Q|K|V row (`gemv::Config::rope_kv`). False when
-    /// they are not one such row (nothing launched then).
+    /// The rope of a decode row's `q` and `k` and the KV write of `k` and `v`, done by the
+    /// deferred GEMV whose output is that row's `q | k | v` (one `matmul_group` run: its
+    /// members' outputs are views of the GEMV's, in order), in its epilogue
+    /// (`gemv::Config::rope_kv`). False when the deferred GEMV is not that one, or the rope
+    /// not one it does (nothing launched then).
     pub(super) fn rope_kv_in_gemv(
         &self,
+        (q, k, v): (&CudaTensor, &CudaTensor, &CudaTensor),
+        (hd, p, freq_factors): (usize, &RopeParams, u64),
         kv: &CudaKv,
         layer: usize,
-        k: &CudaTensor,
-        v: &CudaTensor,
         s: &StepPtrs,
     ) -> Result<bool, CudaError> {
-        let (Some(r), Some(p)) = (
-            *lock(&self.fusion.pending_rope),
-            *lock(&self.fusion.pending_gemv),
-        ) else {
+        let Some(g) = *lock(&self.fusion.pending_gemv) else {
             return Ok(false);
         };
-        let fits = self.opts.fuse.rope_kv
-            && self.opts.fuse.gemv_rope_kv
-            && r.p.style == RopeStyle::Normal
-            && r.head_dim.is_multiple_of(2)
+        let at = |t: &CudaTensor, floats: usize| t.ptr == g.out + (floats * 4) as u64;
+        let fits = self.opts.fuse.gemv_rope_kv
+            && p.style == RopeStyle::Normal
+            && s.n_seqs == 1
+            && s.max_tokens == 1
+            && q.rows == 1
             && lock(&self.fusion.pending_add).is_none()
-            && self.can_rope_kv(&r, kv, k, v, s)
-            && p.out == r.x.ptr
-            && v.ptr == r.x.ptr + (r.x.cols * 4) as u64
-            && p.rows == r.x.cols + v.cols;
+            && g.rows == q.cols + k.cols + v.cols
+            && at(q, 0)
+            && at(k, q.cols)
+            && at(v, q.cols + k.cols);
         if !fits {
             return Ok(false);
         }
-        *lock(&self.fusion.pending_rope) = None;
         *lock(&self.fusion.pending_gemv) = None;
-        let rope = self.rope_kv_gemv_args(&r, kv, layer)?;
-        self.launch_pending_gemv(&p, Some(&rope))?;
+        let (kc, vc) = self.kv_layer(kv, layer, "rope_kv")?;
+        let rope = smelt_kernels::gemv::RopeKvArgs {
+            pos: s.positions,
+            freq_factors,
+            k_cache: kc,
+            v_cache: vc,
+            seqs: s.descs,
+            block_tables: s.block_tables,
+            q_rows: u32_of(q.cols, "rope_kv Q rows")?,
+            kv_dim: u32_of(kv.kv_dim, "rope_kv kv_dim")?,
+            head_dim: u32_of(hd, "rope_kv head_dim")?,
+            block_size: u32_of(kv.block_size, "rope_kv block size")?,
+            theta_scale: smelt_kernels::ops::rope::theta_scale(p.freq_base, hd),
+            freq_scale: p.freq_scale,
+        };
+        self.launch_pending_gemv(&g, Some(&rope))?;
         Ok(true)
     }
 

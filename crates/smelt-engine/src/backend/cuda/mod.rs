@@ -19,11 +19,12 @@
 //!
 //! A few ops are deferred to the next call so that neighbours can run as one launch (at
 //! decode a row is one block, and launch latency, not bandwidth, is the cost of the small
-//! ops): that GEMV waits for the ops that read its output (rope and KV append in its
-//! epilogue, or the residual add and norm split around it), Q's rope takes K's row along,
-//! the residual add runs inside the next norm, and a whole-row norm writes the q8_1 tiles
-//! its GEMVs read (the matmul finds them in a one-entry cache). Every other op launches
-//! what is deferred first, so the order of effects is the model's.
+//! ops): that GEMV waits for the op that reads its output (the fused rope + KV append,
+//! `Backend::rope_kv_write`, done in its epilogue when the GEMV is the row's Q|K|V group;
+//! or the residual add and norm split around it), the residual add runs inside the next
+//! norm, and a whole-row norm writes the q8_1 tiles its GEMVs read (the matmul finds them
+//! in a one-entry cache). Every other op launches what is deferred first, so the order of
+//! effects is the model's.
 //!
 //! The files, by job: this one holds the backend's state (the types every file shares,
 //! opening, settings, errors), grouped by job into the state of the files below;
@@ -69,7 +70,6 @@ use smelt_gguf::GgmlType;
 use self::arena::StepScratch;
 use self::options::CudaOptions;
 use self::step_io::{Staging, StepBuf};
-use crate::backend::RopeParams;
 use crate::EngineError;
 
 pub(crate) use self::step_io::StepPtrs;
@@ -207,18 +207,6 @@ struct PendingGemv {
     rms: Option<SplitNorm>,
 }
 
-/// A single-row rope not launched yet: the next rope of the row that follows it in memory
-/// with the same parameters (K after Q) joins it, and a KV write of its K part fuses
-/// with it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct PendingRope {
-    x: CudaTensor,
-    positions: u64,
-    head_dim: usize,
-    p: RopeParams,
-    freq_factors: u64,
-}
-
 // SAFETY: `ptr` points into `_buf`, owned alongside; used under the backend's mutex.
 
 /// Decode steps of at least this many sequences use the tensor-core attention for every
@@ -321,7 +309,6 @@ impl Cuda {
                 gemm_quantized: Mutex::new(None),
                 pending_add: Mutex::new(None),
                 pending_gemv: Mutex::new(None),
-                pending_rope: Mutex::new(None),
                 moe_plan: Mutex::new(None),
             },
             staging: Mutex::new(None),

@@ -5,7 +5,7 @@
 use smelt_cuda::{CudaError, LaunchConfig};
 use smelt_kernels::ops::{self, Launch};
 
-use super::{Cuda, CudaKv, CudaTensor, CudaWeight, PendingRope, StepPtrs};
+use super::{Cuda, CudaKv, CudaTensor, CudaWeight, StepPtrs};
 use crate::backend::{Glu, RopeParams, RopeStyle};
 
 /// One kernel parameter.
@@ -457,57 +457,6 @@ impl Cuda {
         )
     }
 
-    /// Whether the deferred rope `r` and the KV write of `k`, `v` can run as one
-    /// `rope_kv` launch: one sequence of one token, `r` ropes a whole row of Q heads then
-    /// K heads ending with `k`, every dimension rotated, `v` one row.
-    pub(crate) fn can_rope_kv(
-        &self,
-        r: &PendingRope,
-        kv: &CudaKv,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        s: &StepPtrs,
-    ) -> bool {
-        let hd = r.head_dim;
-        s.n_seqs == 1
-            && s.max_tokens == 1
-            && r.x.rows == 1
-            && k.rows == 1
-            && v.rows == 1
-            && hd > 0
-            && r.p.n_rot == hd
-            && k.cols == kv.kv_dim
-            && v.cols == kv.kv_dim
-            && kv.kv_dim.is_multiple_of(hd)
-            && r.x.cols.is_multiple_of(hd)
-            && r.x.cols > kv.kv_dim
-            && r.x.ptr + ((r.x.cols - kv.kv_dim) * 4) as u64 == k.ptr
-    }
-
-    /// The deferred rope `r` of one row's Q|K and the KV append of its K and `v`, in one
-    /// launch (see [`Self::can_rope_kv`]).
-    pub(crate) fn op_rope_kv(
-        &self,
-        r: &PendingRope,
-        kv: &CudaKv,
-        layer: usize,
-        v: &CudaTensor,
-        s: &StepPtrs,
-    ) -> Result<(), CudaError> {
-        // The many-row kernel on the one row: Q and K are the row's two parts.
-        let q_cols = r.x.cols - kv.kv_dim;
-        let part = |ptr: u64, cols: usize| CudaTensor {
-            ptr,
-            rows: 1,
-            cols,
-            cap: cols,
-        };
-        let q = part(r.x.ptr, q_cols);
-        let k = part(r.x.ptr + (q_cols * 4) as u64, kv.kv_dim);
-        let rope = (r.head_dim, &r.p, r.freq_factors);
-        self.op_rope_kv_rows((&q, &k, v), rope, kv, layer, s)
-    }
-
     /// A step's rope of `q` and `k` (head size, rotation, frequency factors' address or 0)
     /// and the KV append of the rotated `k` and `v`, in one launch for every sequence and
     /// token (see `can_rope_kv_rows` in `backend_ops`).
@@ -561,34 +510,6 @@ impl Cuda {
                 "{what}: no layer {layer} in the cache"
             ))),
         }
-    }
-
-    /// The parameters a Q|K|V GEMV with the rope + KV-append epilogue takes after its own
-    /// (`gemv::kernel`, `Config::rope_kv`), for the deferred rope `r` (see
-    /// [`Self::can_rope_kv`]) and layer `layer` of `kv`.
-    pub(crate) fn rope_kv_gemv_args(
-        &self,
-        r: &PendingRope,
-        kv: &CudaKv,
-        layer: usize,
-    ) -> Result<smelt_kernels::gemv::RopeKvArgs, CudaError> {
-        let (kc, vc) = self.kv_layer(kv, layer, "rope_kv")?;
-        let s = self.step_ptrs()?;
-        let hd = r.head_dim;
-        Ok(smelt_kernels::gemv::RopeKvArgs {
-            pos: r.positions,
-            freq_factors: r.freq_factors,
-            k_cache: kc,
-            v_cache: vc,
-            seqs: s.descs,
-            block_tables: s.block_tables,
-            q_rows: u32_of(r.x.cols - kv.kv_dim, "rope_kv Q rows")?,
-            kv_dim: u32_of(kv.kv_dim, "rope_kv kv_dim")?,
-            head_dim: u32_of(hd, "rope_kv head_dim")?,
-            block_size: u32_of(kv.block_size, "rope_kv block size")?,
-            theta_scale: ops::rope::theta_scale(r.p.freq_base, hd),
-            freq_scale: r.p.freq_scale,
-        })
     }
 
     /// The greedy token of each row of `logits` (`argmax_rows`: the first largest value,

@@ -118,7 +118,6 @@ impl Cuda {
         *lock(&self.fusion.gemm_quantized) = None;
         *lock(&self.fusion.pending_add) = None;
         *lock(&self.fusion.pending_gemv) = None;
-        *lock(&self.fusion.pending_rope) = None;
         *lock(&self.fusion.moe_plan) = None;
         let mut chunk = Self::new_chunk(&self.gpu);
         lock(&self.scratch).reset(&mut chunk)?;
