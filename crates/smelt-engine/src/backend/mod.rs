@@ -44,6 +44,14 @@ pub struct RopeAt<'a, W> {
     pub freq_factors: Option<&'a W>,
 }
 
+/// The RMS norms of each Q and K head an attention layer applies before its rope (Qwen3's
+/// and Gemma 3's `attn_q_norm`, `attn_k_norm`: one weight per head dimension).
+pub struct HeadNorms<'a, W> {
+    pub q: &'a W,
+    pub k: &'a W,
+    pub eps: f32,
+}
+
 /// The gated activation of the feed-forward block: `act(gate) * up`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Glu {
@@ -316,6 +324,24 @@ pub trait Backend: Send + Sync {
         self.rope(q, r.positions, r.head_dim, &r.params, r.freq_factors);
         self.rope(k, r.positions, r.head_dim, &r.params, r.freq_factors);
         self.kv_write(kv, layer, k, v, seqs);
+    }
+    /// [`Backend::head_norms_in_place`] of `q` and `k`, then [`Backend::rope_kv_write`]:
+    /// the new rows of an attention layer that norms each Q and K head before its rope. A
+    /// backend may run it as one kernel (the CUDA backend); this default is the two ops.
+    #[allow(clippy::too_many_arguments)]
+    fn head_norms_rope_kv_write(
+        &self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        v: &Self::Tensor,
+        norms: &HeadNorms<'_, Self::Weight>,
+        rope: &RopeAt<'_, Self::Weight>,
+        kv: &mut Self::KvStore,
+        layer: usize,
+        seqs: &[AttnSeq<'_>],
+    ) {
+        self.head_norms_in_place(q, norms.q, k, norms.k, norms.eps);
+        self.rope_kv_write(q, k, v, rope, kv, layer, seqs);
     }
     /// Causal attention of each sequence's queries over its cached keys and values.
     fn attention(

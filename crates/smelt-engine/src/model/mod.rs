@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use smelt_gguf::Gguf;
 
-use crate::backend::{AttnParams, AttnSeq, Backend, DeltaState, Glu, RopeAt, RopeParams};
+use crate::backend::{
+    AttnParams, AttnSeq, Backend, DeltaState, Glu, HeadNorms, RopeAt, RopeParams,
+};
 use crate::EngineError;
 pub use config::{Arch, DeltaInfo, ModelInfo, MoeInfo};
 use delta::DeltaBlock;
@@ -526,19 +528,6 @@ impl<B: Backend> Model<B> {
                     if let Some(bv) = &a.bv {
                         b.add_bias(&mut s.v, bv);
                     }
-                    match (&a.q_norm, &a.k_norm) {
-                        (Some(wq), Some(wk)) => {
-                            b.head_norms_in_place(&mut s.q, wq, &mut s.k, wk, i.rms_eps)
-                        }
-                        (q_norm, k_norm) => {
-                            if let Some(w) = q_norm {
-                                b.rms_norm_in_place(&mut s.q, w, i.rms_eps);
-                            }
-                            if let Some(w) = k_norm {
-                                b.rms_norm_in_place(&mut s.k, w, i.rms_eps);
-                            }
-                        }
-                    }
                     let (freq_base, freq_scale) = i.rope_for_layer(il);
                     let rope = RopeAt {
                         positions,
@@ -551,7 +540,27 @@ impl<B: Backend> Model<B> {
                         },
                         freq_factors: self.rope_freqs.as_ref(),
                     };
-                    b.rope_kv_write(&mut s.q, &mut s.k, &s.v, &rope, kv, il, seqs);
+                    match (&a.q_norm, &a.k_norm) {
+                        (Some(q), Some(k)) => {
+                            let norms = HeadNorms {
+                                q,
+                                k,
+                                eps: i.rms_eps,
+                            };
+                            b.head_norms_rope_kv_write(
+                                &mut s.q, &mut s.k, &s.v, &norms, &rope, kv, il, seqs,
+                            );
+                        }
+                        (q_norm, k_norm) => {
+                            if let Some(w) = q_norm {
+                                b.rms_norm_in_place(&mut s.q, w, i.rms_eps);
+                            }
+                            if let Some(w) = k_norm {
+                                b.rms_norm_in_place(&mut s.k, w, i.rms_eps);
+                            }
+                            b.rope_kv_write(&mut s.q, &mut s.k, &s.v, &rope, kv, il, seqs);
+                        }
+                    }
                     if i.q_scale != 1.0 {
                         b.scale(&mut s.q, i.q_scale);
                     }

@@ -231,16 +231,21 @@ pub fn check_rope(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
 /// decode rows; prompts and decodes mixed; more than 1,024 tokens of one sequence, so
 /// blocks stride), head sizes 64-256, frequency factors. Q and K against the rope twin and
 /// bit for bit against the unfused GPU path (`rope_*` of Q, of K, then `kv_append`), the
-/// caches bit for bit against that path, V's against the twin too.
+/// caches bit for bit against that path, V's against the twin too. The same cases through
+/// the variant that RMS-normalizes each Q and K head first (`rope_kv_rows_*_qknorm`), Q, K
+/// and the K cache against the twin (`rope_kv_rows_norm_cpu`), V's cache bit for bit.
 pub fn check_rope_kv_rows(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     let decode: Vec<(usize, usize)> = (0..64).map(|i| (i * 37 % 900, 1)).collect();
     let mixed = [(0, 37), (100, 1), (5, 3), (4000, 1)];
     for style in [rope::RopeStyle::Normal, rope::RopeStyle::Neox] {
         let name = rope::kv_rows_name(style);
+        let norm_name = rope::kv_rows_norm_name(style);
         let (mut cx, mut cc) = (
             Check::new(&format!("{name} (Q, K)")),
             Check::new(&format!("{name} (caches)")),
         );
+        let mut cn = Check::new(&format!("{norm_name} (Q, K, K cache)"));
+        let mut cnv = Check::new(&format!("{norm_name} (V cache)"));
         // (sequences, n_head, n_head_kv, head_dim, block size, freq factors, base, scale)
         for (shape, n_head, n_head_kv, hd, bs, ff, base, fscale) in [
             (&decode[..], 32, 8, 128, 16, false, 500000.0f32, 1.0f32),
@@ -382,9 +387,67 @@ pub fn check_rope_kv_rows(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Resu
                 &gpu.stream.clone_dtoh(&vcu)?,
             );
             cc.bits(&format!("V cache {case} vs twin"), &vcg, &vcw);
+            // With the Q and K head norms first.
+            let (wq, wk): (Vec<f32>, Vec<f32>) = (
+                (0..hd).map(|_| rng.gen_range(0.5..1.5)).collect(),
+                (0..hd).map(|_| rng.gen_range(0.5..1.5)).collect(),
+            );
+            let (wqd, wkd) = (gpu.stream.clone_htod(&wq)?, gpu.stream.clone_htod(&wk)?);
+            let eps = 1e-6f32;
+            let (qn, kn) = (gpu.stream.clone_htod(&q)?, gpu.stream.clone_htod(&k)?);
+            let (kcn, vcn) = (gpu.stream.clone_htod(&kc0)?, gpu.stream.clone_htod(&vc0)?);
+            let mut values = rope::RopeKvRowsArgs {
+                q: ptr(gpu, &qn),
+                k: ptr(gpu, &kn),
+                k_cache: ptr(gpu, &kcn),
+                v_cache: ptr(gpu, &vcn),
+                ..a
+            }
+            .values();
+            values.extend(
+                rope::HeadNormArgs {
+                    q_norm: ptr(gpu, &wqd),
+                    k_norm: ptr(gpu, &wkd),
+                    eps,
+                }
+                .values(),
+            );
+            let l = rope::kv_rows_launch(p.seqs.len(), p.max_tokens, n_head, n_head_kv, hd);
+            launch_values(gpu, norm_name, l, &values)?;
+            let (mut qw, mut kw, mut kcw, mut vcw) =
+                (q.clone(), k.clone(), kc0.clone(), vc0.clone());
+            rope::rope_kv_rows_norm_cpu(
+                &mut qw,
+                &mut kw,
+                &v,
+                &positions,
+                &mut kcw,
+                &mut vcw,
+                &p.seqs,
+                &p.tables,
+                (n_head, n_head_kv, hd, bs),
+                style,
+                (&wq, &wk, eps),
+                (base, fscale),
+                ff.then_some(&factors[..]),
+            );
+            let halfs = |b: &[u16]| b.iter().map(|&x| f16::from_bits(x).to_f32()).collect::<Vec<_>>();
+            let (qg, kg) = (gpu.stream.clone_dtoh(&qn)?, gpu.stream.clone_dtoh(&kn)?);
+            cn.add(&format!("Q {case}"), &qg, &qw, 2e-5, 2e-5);
+            cn.add(&format!("K {case}"), &kg, &kw, 2e-5, 2e-5);
+            let kcg = halfs(&gpu.stream.clone_dtoh(&kcn)?);
+            // f16 rounding of values a few ulps apart: one f16 step.
+            cn.add(&format!("K cache {case}"), &kcg, &halfs(&kcw), 1e-3, 1e-3);
+            cnv.bits(&format!("V cache {case} vs twin"), &gpu.stream.clone_dtoh(&vcn)?, &vcw);
         }
         rep.push(&format!("{name} (Q, K)"), cx, "1e-5 + 1e-5|r|, = rope_*");
         rep.push(&format!("{name} (caches)"), cc, "exact (bits) vs unfused");
+        rep.push(
+            &format!("{norm_name} (Q, K, K cache)"),
+            cn,
+            "2e-5 + 2e-5|r| (K cache 1e-3 + 1e-3|r|)",
+        );
+        rep.push(&format!("{norm_name} (V cache)"), cnv, "exact (bits) vs twin");
     }
     Ok(())
 }

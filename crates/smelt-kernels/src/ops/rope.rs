@@ -37,7 +37,17 @@ pub fn kv_rows_name(style: RopeStyle) -> &'static str {
     }
 }
 
-/// The rope kernels and the fused rope + KV-append kernels, for both styles.
+/// The name of the fused kernel that RMS-normalizes each Q and K head first
+/// ([`rope_kv_rows_norm_kernel`]), for `style`.
+pub fn kv_rows_norm_name(style: RopeStyle) -> &'static str {
+    match style {
+        RopeStyle::Normal => "rope_kv_rows_normal_qknorm",
+        RopeStyle::Neox => "rope_kv_rows_neox_qknorm",
+    }
+}
+
+/// The rope kernels and the fused rope + KV-append kernels (plain, and after the Q and K
+/// head norms), for both styles.
 pub fn catalog() -> Vec<Entry> {
     let mut v: Vec<Entry> = Vec::new();
     for s in [RopeStyle::Normal, RopeStyle::Neox] {
@@ -48,6 +58,10 @@ pub fn catalog() -> Vec<Entry> {
         v.push((
             kv_rows_name(s).to_string(),
             Box::new(move |k: &Kernel| rope_kv_rows_kernel(k, s)),
+        ));
+        v.push((
+            kv_rows_norm_name(s).to_string(),
+            Box::new(move |k: &Kernel| rope_kv_rows_norm_kernel(k, s)),
         ));
     }
     v
@@ -165,6 +179,31 @@ kernel_params! {
 /// SeqDesc, block_tables: *const u32, n_head: u32, n_head_kv: u32, head_dim: u32,
 /// block_size: u32, theta_scale: f32, freq_scale: f32`. Launch: [`kv_rows_launch`].
 pub fn rope_kv_rows_kernel(k: &Kernel, style: RopeStyle) {
+    kv_rows_body(k, style, false);
+}
+
+kernel_params! {
+    /// Then those of [`rope_kv_rows_norm_kernel`].
+    HeadNormArgs, HeadNormRegs {
+        q_norm: Ptr,
+        k_norm: Ptr,
+        eps: F32,
+    }
+}
+
+/// [`rope_kv_rows_kernel`] after an RMS norm of each Q and K head (Qwen3's and Gemma 3's
+/// `attn_q_norm` / `attn_k_norm`): the head's values `x * scale * w`, `scale = 1 /
+/// sqrt(mean(x²) + eps)` as `rms_norm` forms it (`w` the norm's `head_dim` weights, the
+/// sum of squares in the block's fixed order), then rotated and appended. One launch for
+/// what was the head norms' launch and this one.
+///
+/// Parameters: [`rope_kv_rows_kernel`]'s, then `q_norm: *const f32, k_norm: *const f32
+/// (head_dim each), eps: f32`. Launch: [`kv_rows_launch`].
+pub fn rope_kv_rows_norm_kernel(k: &Kernel, style: RopeStyle) {
+    kv_rows_body(k, style, true);
+}
+
+fn kv_rows_body(k: &Kernel, style: RopeStyle, norm: bool) {
     k.max_threads(1024, 1, 1);
     let RopeKvRowsRegs {
         q,
@@ -183,9 +222,16 @@ pub fn rope_kv_rows_kernel(k: &Kernel, style: RopeStyle) {
         theta_scale,
         freq_scale,
     } = RopeKvRowsRegs::declare(k);
+    let norms = norm.then(|| HeadNormRegs::declare(k));
+    let scratch = norm.then(|| super::reduce_scratch(k, "head_norm_red"));
     let half = k.shr(k.reg(), head_dim, 1u32);
     let i = k.tid_x();
-    k.exit_if(k.ge(i, half));
+    // With the norm, every thread stays for the block's sum (threads past the head's
+    // pairs bring 0 and store nothing); without it, they leave at once.
+    let active = k.lt(i, half);
+    if !norm {
+        k.exit_if(k.ge(i, half));
+    }
     let head = k.ctaid_y();
     let (a, b) = match style {
         RopeStyle::Normal => {
@@ -236,7 +282,11 @@ pub fn rope_kv_rows_kernel(k: &Kernel, style: RopeStyle) {
         let ca = k.add(k.reg(), col, a);
         let cb = k.add(k.reg(), col, b);
         let next = k.label();
-        k.if_(is_v, |k| {
+        let store_v = k.copy(is_v);
+        if norm {
+            k.and(store_v, store_v, active);
+        }
+        k.if_(store_v, |k| {
             let e = k.mad(k.reg(), row, kv_dim, 0u32);
             let va = k.load::<F32>(Load::GLOBAL, k.elem_addr(v, k.add(k.reg(), e, ca), 4));
             let vb = k.load::<F32>(Load::GLOBAL, k.elem_addr(v, k.add(k.reg(), e, cb), 4));
@@ -245,7 +295,15 @@ pub fn rope_kv_rows_kernel(k: &Kernel, style: RopeStyle) {
         });
         k.bra_if(is_v, next);
         let p = k.load::<U32>(Load::GLOBAL_NC, k.elem_addr(pos, row, 4));
-        let (sin, cos) = angle(k, p, i, ff_raw, theta_scale, freq_scale);
+        // Threads past the pairs (norm only) take the last pair's angle: no load of a
+        // frequency factor past the head's.
+        let pair = if norm {
+            let last = k.sub(k.reg(), half, 1u32);
+            k.min(k.reg(), i, last)
+        } else {
+            i
+        };
+        let (sin, cos) = angle(k, p, pair, ff_raw, theta_scale, freq_scale);
         // The row's first element in Q or K.
         let x = k.reg::<U64>();
         let first = k.reg::<U32>();
@@ -264,18 +322,101 @@ pub fn rope_kv_rows_kernel(k: &Kernel, style: RopeStyle) {
             k.elem_addr(x, k.add(k.reg(), first, ca), 4),
             k.elem_addr(x, k.add(k.reg(), first, cb), 4),
         );
-        let x0 = k.load::<F32>(Load::GLOBAL, pa);
-        let x1 = k.load::<F32>(Load::GLOBAL, pb);
+        let (x0, x1) = match (&norms, &scratch) {
+            (Some(n), Some(sc)) => {
+                // The norm's weights are loaded with the values, before the block's sum
+                // (no round trip after it).
+                let w = k.copy(n.q_norm);
+                k.selp(w, n.k_norm, n.q_norm, not_q);
+                let (x0, x1, wa, wb) = (k.f32(0.0), k.f32(0.0), k.f32(0.0), k.f32(0.0));
+                k.guarded(active, |k| {
+                    k.ld(Load::GLOBAL, x0, pa);
+                    k.ld(Load::GLOBAL, x1, pb);
+                    k.ld(Load::GLOBAL_NC, wa, k.elem_addr(w, a, 4));
+                    k.ld(Load::GLOBAL_NC, wb, k.elem_addr(w, b, 4));
+                });
+                let sq = k.mul(k.reg(), x0, x0);
+                let sq1 = k.mul(k.reg(), x1, x1);
+                k.add(sq, sq, sq1);
+                let total = super::block_sum(k, sq, sc);
+                let nf = k.cvt(k.reg::<F32>(), head_dim, FloatRound::Rn);
+                let mean = k.div_rn(k.reg(), total, nf);
+                k.add(mean, mean, n.eps);
+                let root = k.sqrt_rn(k.reg(), mean);
+                let scale = k.div_rn(k.reg(), 1.0f32, root);
+                for (x, g) in [(x0, wa), (x1, wb)] {
+                    k.mul(x, x, scale);
+                    k.mul(x, x, g);
+                }
+                (x0, x1)
+            }
+            _ => (
+                k.load::<F32>(Load::GLOBAL, pa),
+                k.load::<F32>(Load::GLOBAL, pb),
+            ),
+        };
         let (y0, y1) = rotate(k, x0, x1, sin, cos);
-        k.st(Store::GLOBAL, pa, y0);
-        k.st(Store::GLOBAL, pb, y1);
-        // Past the V heads' branch, not Q is K.
-        k.if_(not_q, |_| {
-            store_f16(kc, ca, y0);
-            store_f16(kc, cb, y1);
-        });
+        let store = |k: &Kernel| {
+            k.st(Store::GLOBAL, pa, y0);
+            k.st(Store::GLOBAL, pb, y1);
+            // Past the V heads' branch, not Q is K.
+            k.if_(not_q, |_| {
+                store_f16(kc, ca, y0);
+                store_f16(kc, cb, y1);
+            });
+        };
+        if norm {
+            k.if_(active, store);
+        } else {
+            store(k);
+        }
         k.place(next);
     });
+}
+
+/// CPU twin of [`rope_kv_rows_norm_kernel`]: `rms_norm_cpu` of every head of `q` (weights
+/// `q_norm`) and of `k` (`k_norm`), then [`rope_kv_rows_cpu`].
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_rows_norm_cpu(
+    q: &mut [f32],
+    k: &mut [f32],
+    v: &[f32],
+    positions: &[u32],
+    k_cache: &mut [u16],
+    v_cache: &mut [u16],
+    seqs: &[super::kv::SeqDesc],
+    block_tables: &[u32],
+    dims: (usize, usize, usize, usize),
+    style: RopeStyle,
+    (q_norm, k_norm, eps): (&[f32], &[f32], f32),
+    rope: (f32, f32),
+    freq_factors: Option<&[f32]>,
+) {
+    for (x, w) in [(&mut *q, q_norm), (&mut *k, k_norm)] {
+        let normed: Vec<f32> = x
+            .chunks(dims.2)
+            .flat_map(|h| {
+                let mut o = vec![0f32; h.len()];
+                super::norm::rms_norm_cpu(h, w, eps, &mut o);
+                o
+            })
+            .collect();
+        x.copy_from_slice(&normed);
+    }
+    rope_kv_rows_cpu(
+        q,
+        k,
+        v,
+        positions,
+        k_cache,
+        v_cache,
+        seqs,
+        block_tables,
+        dims,
+        style,
+        rope,
+        freq_factors,
+    );
 }
 
 /// CPU twin of [`rope_kv_rows_kernel`]: [`rope_cpu`] of `q` and of `k`, then

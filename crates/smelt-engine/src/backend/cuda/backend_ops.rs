@@ -13,8 +13,8 @@ use smelt_kernels::fused::Sink;
 use super::weights::Role;
 use super::{fusion, lock, Cuda, CudaKv, CudaTensor, CudaWeight};
 use crate::backend::{
-    AttnParams, AttnSeq, Backend, DeltaParams, DeltaState, DeltaWeights, Glu, MoeRouting, RopeAt,
-    RopeParams,
+    AttnParams, AttnSeq, Backend, DeltaParams, DeltaState, DeltaWeights, Glu, HeadNorms,
+    MoeRouting, RopeAt, RopeParams,
 };
 use crate::EngineError;
 
@@ -498,7 +498,62 @@ impl Backend for Cuda {
             }
             self.flush()?;
             self.forget_quantized()?;
-            self.op_rope_kv_rows((q, k, v), how, kv, layer, &s)
+            self.op_rope_kv_rows((q, k, v), how, None, kv, layer, &s)
+        });
+    }
+
+    fn head_norms_rope_kv_write(
+        &self,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        v: &CudaTensor,
+        norms: &HeadNorms<'_, CudaWeight>,
+        rope: &RopeAt<'_, CudaWeight>,
+        kv: &mut CudaKv,
+        layer: usize,
+        seqs: &[AttnSeq<'_>],
+    ) {
+        let hd = rope.head_dim;
+        let weights = match (norms.q, norms.k) {
+            (CudaWeight::Vector { ptr: wq, len: nq }, CudaWeight::Vector { ptr: wk, len: nk })
+                if *nq == hd && *nk == hd =>
+            {
+                Some((*wq, *wk))
+            }
+            _ => None,
+        };
+        let fused = match q.rows {
+            1 => self.opts.fuse.rope_kv,
+            _ => self.opts.fuse.rope_kv_rows,
+        };
+        let Some((wq, wk)) = weights.filter(|_| {
+            fused
+                && self.opts.fuse.head_norms_rope
+                && q.rows > 0
+                && can_rope_kv_rows(q, k, v, kv, rope)
+        }) else {
+            self.head_norms_in_place(q, norms.q, k, norms.k, norms.eps);
+            self.rope_kv_write(q, k, v, rope, kv, layer, seqs);
+            return;
+        };
+        self.run(|| {
+            let s = self.step_ptrs()?;
+            if s.n_seqs != seqs.len() || s.n_tokens != rope.positions.len() || s.n_tokens != q.rows
+            {
+                return Err(CudaError::BadLength {
+                    what: "head_norms_rope_kv_write rows or sequences (not the step's)",
+                    got: q.rows,
+                    want: s.n_tokens,
+                });
+            }
+            let ff = rope.freq_factors.map_or(0, |w| w.ptr());
+            let how = (hd, &rope.params, ff);
+            let norm = smelt_kernels::ops::rope::HeadNormArgs {
+                q_norm: wq,
+                k_norm: wk,
+                eps: norms.eps,
+            };
+            self.op_rope_kv_rows((q, k, v), how, Some(norm), kv, layer, &s)
         });
     }
 

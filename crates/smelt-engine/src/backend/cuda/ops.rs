@@ -459,11 +459,13 @@ impl Cuda {
 
     /// A step's rope of `q` and `k` (head size, rotation, frequency factors' address or 0)
     /// and the KV append of the rotated `k` and `v`, in one launch for every sequence and
-    /// token (see `can_rope_kv_rows` in `backend_ops`).
+    /// token (see `can_rope_kv_rows` in `backend_ops`); with `norm`, each Q and K head
+    /// RMS-normalized first (`ops::rope::rope_kv_rows_norm_kernel`).
     pub(crate) fn op_rope_kv_rows(
         &self,
         (q, k, v): (&CudaTensor, &CudaTensor, &CudaTensor),
         (hd, p, freq_factors): (usize, &RopeParams, u64),
+        norm: Option<ops::rope::HeadNormArgs>,
         kv: &CudaKv,
         layer: usize,
         s: &StepPtrs,
@@ -471,29 +473,35 @@ impl Cuda {
         let (kc, vc) = self.kv_layer(kv, layer, "rope_kv_rows")?;
         let (n_head, n_head_kv) = (q.cols / hd, kv.kv_dim / hd);
         let style = kernel_style(p.style);
+        let mut values = ops::rope::RopeKvRowsArgs {
+            q: q.ptr,
+            k: k.ptr,
+            v: v.ptr,
+            pos: s.positions,
+            freq_factors,
+            k_cache: kc,
+            v_cache: vc,
+            seqs: s.descs,
+            block_tables: s.block_tables,
+            n_head: u32_of(n_head, "rope_kv_rows heads")?,
+            n_head_kv: u32_of(n_head_kv, "rope_kv_rows kv heads")?,
+            head_dim: u32_of(hd, "rope_kv_rows head_dim")?,
+            block_size: u32_of(kv.block_size, "rope_kv_rows block size")?,
+            theta_scale: ops::rope::theta_scale(p.freq_base, hd),
+            freq_scale: p.freq_scale,
+        }
+        .values();
+        let name = match norm {
+            Some(n) => {
+                values.extend(n.values());
+                ops::rope::kv_rows_norm_name(style)
+            }
+            None => ops::rope::kv_rows_name(style),
+        };
         self.launch(
-            ops::rope::kv_rows_name(style),
+            name,
             ops::rope::kv_rows_launch(s.n_seqs, s.max_tokens, n_head, n_head_kv, hd),
-            &args(
-                &ops::rope::RopeKvRowsArgs {
-                    q: q.ptr,
-                    k: k.ptr,
-                    v: v.ptr,
-                    pos: s.positions,
-                    freq_factors,
-                    k_cache: kc,
-                    v_cache: vc,
-                    seqs: s.descs,
-                    block_tables: s.block_tables,
-                    n_head: u32_of(n_head, "rope_kv_rows heads")?,
-                    n_head_kv: u32_of(n_head_kv, "rope_kv_rows kv heads")?,
-                    head_dim: u32_of(hd, "rope_kv_rows head_dim")?,
-                    block_size: u32_of(kv.block_size, "rope_kv_rows block size")?,
-                    theta_scale: ops::rope::theta_scale(p.freq_base, hd),
-                    freq_scale: p.freq_scale,
-                }
-                .values(),
-            ),
+            &args(&values),
         )
     }
 

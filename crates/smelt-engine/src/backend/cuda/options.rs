@@ -21,6 +21,7 @@
 //! | `SMELT_CUDA_GLU_REDUCE=0` | `fuse.glu_reduce` | on |
 //! | `SMELT_CUDA_MOE_FUSE=0` | `fuse.moe` | on |
 //! | `SMELT_CUDA_HEAD_NORMS=0` | `fuse.head_norms` | on |
+//! | `SMELT_CUDA_HEAD_NORMS_ROPE=0` | `fuse.head_norms_rope` | on |
 //! | `SMELT_CUDA_SPLIT_FIXUP=1` | `fuse.split_fixup` | off (slower: bench/RESULTS.md 2026-11-27 14:00 UTC) |
 //! | **matmul kernel choice** | `matmul` ([`MatmulOptions`]) | |
 //! | `SMELT_CUDA_GEMV_R1_ROWS`, `_R4_ROWS` | `matmul.gemv_rows` | off |
@@ -123,6 +124,9 @@ pub struct FuseOptions {
     pub moe: bool,
     /// A decode row's Q and K head norms run as one kernel.
     pub head_norms: bool,
+    /// The Q and K head norms inside the rope + KV append's launch
+    /// (`ops::rope::rope_kv_rows_norm_kernel`), where that launch runs.
+    pub head_norms_rope: bool,
     /// A split-K GEMM's last block of each output tile sums the splits
     /// (`smelt_kernels::gemm::fixup`) instead of a reduce launch after it. Off unless
     /// asked for: the last block's reads of every split cost more than the launch they
@@ -298,6 +302,7 @@ impl CudaOptions {
                 glu_reduce: fused && on("SMELT_CUDA_GLU_REDUCE"),
                 moe: fused && on("SMELT_CUDA_MOE_FUSE"),
                 head_norms: fused && on("SMELT_CUDA_HEAD_NORMS"),
+                head_norms_rope: fused && on("SMELT_CUDA_HEAD_NORMS_ROPE"),
                 split_fixup: fused && set("SMELT_CUDA_SPLIT_FIXUP"),
             },
             matmul: MatmulOptions {
