@@ -431,14 +431,22 @@ pub fn check_rope_kv_rows(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Resu
                 (base, fscale),
                 ff.then_some(&factors[..]),
             );
-            let halfs = |b: &[u16]| b.iter().map(|&x| f16::from_bits(x).to_f32()).collect::<Vec<_>>();
+            let halfs = |b: &[u16]| {
+                b.iter()
+                    .map(|&x| f16::from_bits(x).to_f32())
+                    .collect::<Vec<_>>()
+            };
             let (qg, kg) = (gpu.stream.clone_dtoh(&qn)?, gpu.stream.clone_dtoh(&kn)?);
             cn.add(&format!("Q {case}"), &qg, &qw, 2e-5, 2e-5);
             cn.add(&format!("K {case}"), &kg, &kw, 2e-5, 2e-5);
             let kcg = halfs(&gpu.stream.clone_dtoh(&kcn)?);
             // f16 rounding of values a few ulps apart: one f16 step.
             cn.add(&format!("K cache {case}"), &kcg, &halfs(&kcw), 1e-3, 1e-3);
-            cnv.bits(&format!("V cache {case} vs twin"), &gpu.stream.clone_dtoh(&vcn)?, &vcw);
+            cnv.bits(
+                &format!("V cache {case} vs twin"),
+                &gpu.stream.clone_dtoh(&vcn)?,
+                &vcw,
+            );
         }
         rep.push(&format!("{name} (Q, K)"), cx, "1e-5 + 1e-5|r|, = rope_*");
         rep.push(&format!("{name} (caches)"), cc, "exact (bits) vs unfused");
@@ -447,7 +455,11 @@ pub fn check_rope_kv_rows(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Resu
             cn,
             "2e-5 + 2e-5|r| (K cache 1e-3 + 1e-3|r|)",
         );
-        rep.push(&format!("{norm_name} (V cache)"), cnv, "exact (bits) vs twin");
+        rep.push(
+            &format!("{norm_name} (V cache)"),
+            cnv,
+            "exact (bits) vs twin",
+        );
     }
     Ok(())
 }
