@@ -233,7 +233,7 @@ pub fn check_rope(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
 /// bit for bit against the unfused GPU path (`rope_*` of Q, of K, then `kv_append`), the
 /// caches bit for bit against that path, V's against the twin too. The same cases through
 /// the variant that RMS-normalizes each Q and K head first (`rope_kv_rows_*_qknorm`), Q, K
-/// and the K cache against the twin (`rope_kv_rows_norm_cpu`), V's cache bit for bit.
+/// and the K cache against the twin (`head_norms_cpu`, then `rope_kv_rows_cpu`), V's cache bit for bit.
 pub fn check_rope_kv_rows(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     let decode: Vec<(usize, usize)> = (0..64).map(|i| (i * 37 % 900, 1)).collect();
     let mixed = [(0, 37), (100, 1), (5, 3), (4000, 1)];
@@ -416,7 +416,8 @@ pub fn check_rope_kv_rows(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Resu
             launch_values(gpu, norm_name, l, &values)?;
             let (mut qw, mut kw, mut kcw, mut vcw) =
                 (q.clone(), k.clone(), kc0.clone(), vc0.clone());
-            rope::rope_kv_rows_norm_cpu(
+            rope::head_norms_cpu(&mut qw, &mut kw, hd, (&wq, &wk, eps));
+            rope::rope_kv_rows_cpu(
                 &mut qw,
                 &mut kw,
                 &v,
@@ -427,7 +428,6 @@ pub fn check_rope_kv_rows(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Resu
                 &p.tables,
                 (n_head, n_head_kv, hd, bs),
                 style,
-                (&wq, &wk, eps),
                 (base, fscale),
                 ff.then_some(&factors[..]),
             );

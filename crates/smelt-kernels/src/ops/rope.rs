@@ -374,49 +374,22 @@ fn kv_rows_body(k: &Kernel, style: RopeStyle, norm: bool) {
     });
 }
 
-/// CPU twin of [`rope_kv_rows_norm_kernel`]: `rms_norm_cpu` of every head of `q` (weights
-/// `q_norm`) and of `k` (`k_norm`), then [`rope_kv_rows_cpu`].
-#[allow(clippy::too_many_arguments)]
-pub fn rope_kv_rows_norm_cpu(
+/// The first step of [`rope_kv_rows_norm_kernel`]'s CPU twin: `rms_norm_cpu` of every
+/// `head_dim` values of `q` (weights `q_norm`) and of `k` (`k_norm`), in place; the twin is
+/// this, then [`rope_kv_rows_cpu`].
+pub fn head_norms_cpu(
     q: &mut [f32],
     k: &mut [f32],
-    v: &[f32],
-    positions: &[u32],
-    k_cache: &mut [u16],
-    v_cache: &mut [u16],
-    seqs: &[super::kv::SeqDesc],
-    block_tables: &[u32],
-    dims: (usize, usize, usize, usize),
-    style: RopeStyle,
+    head_dim: usize,
     (q_norm, k_norm, eps): (&[f32], &[f32], f32),
-    rope: (f32, f32),
-    freq_factors: Option<&[f32]>,
 ) {
-    for (x, w) in [(&mut *q, q_norm), (&mut *k, k_norm)] {
-        let normed: Vec<f32> = x
-            .chunks(dims.2)
-            .flat_map(|h| {
-                let mut o = vec![0f32; h.len()];
-                super::norm::rms_norm_cpu(h, w, eps, &mut o);
-                o
-            })
-            .collect();
-        x.copy_from_slice(&normed);
+    for (x, w) in [(q, q_norm), (k, k_norm)] {
+        let mut normed = vec![0f32; head_dim];
+        for h in x.chunks_mut(head_dim) {
+            super::norm::rms_norm_cpu(h, w, eps, &mut normed[..h.len()]);
+            h.copy_from_slice(&normed[..h.len()]);
+        }
     }
-    rope_kv_rows_cpu(
-        q,
-        k,
-        v,
-        positions,
-        k_cache,
-        v_cache,
-        seqs,
-        block_tables,
-        dims,
-        style,
-        rope,
-        freq_factors,
-    );
 }
 
 /// CPU twin of [`rope_kv_rows_kernel`]: [`rope_cpu`] of `q` and of `k`, then
