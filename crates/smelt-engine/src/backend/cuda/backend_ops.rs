@@ -311,9 +311,7 @@ impl Backend for Cuda {
             let keep = self.opts.fuse.split_norm
                 && lock(&self.fusion.pending_add).is_none()
                 && matches!(*lock(&self.fusion.pending_gemv), Some(p) if p.out == y.ptr && y.rows == 1);
-            if keep {
-                    self.flush_add()?;
-            } else {
+            if !keep {
                 self.flush()?;
             }
             self.forget_quantized()?;
