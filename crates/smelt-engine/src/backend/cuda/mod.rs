@@ -207,8 +207,6 @@ struct PendingGemv {
     rms: Option<SplitNorm>,
 }
 
-// SAFETY: `ptr` points into `_buf`, owned alongside; used under the backend's mutex.
-
 /// Decode steps of at least this many sequences use the tensor-core attention for every
 /// row. H100, 2026-11-26 (bench/RESULTS.md): 64 sequences decoded 6,109 tok/s with it (and the
 /// GEMM for every matmul) against 4,938 with the split attention.
