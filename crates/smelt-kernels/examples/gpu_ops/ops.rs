@@ -337,23 +337,30 @@ pub fn check_rope_kv_rows(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Resu
             };
             let l = kv::launch(p.seqs.len(), p.max_tokens, kv_dim);
             launch_values(gpu, kv::KV_APPEND, l, &ka.values())?;
-            // The twin.
-            let (mut qw, mut kw, mut kcw, mut vcw) =
-                (q.clone(), k.clone(), kc0.clone(), vc0.clone());
-            rope::rope_kv_rows_cpu(
-                &mut qw,
-                &mut kw,
-                &v,
-                &positions,
-                &mut kcw,
-                &mut vcw,
-                &p.seqs,
-                &p.tables,
-                (n_head, n_head_kv, hd, bs),
-                style,
-                (base, fscale),
-                ff.then_some(&factors[..]),
-            );
+            // The twin (after the Q and K head norms when given): Q, K and both caches.
+            let twin = |norms: Option<(&[f32], &[f32], f32)>| {
+                let (mut qw, mut kw, mut kcw, mut vcw) =
+                    (q.clone(), k.clone(), kc0.clone(), vc0.clone());
+                if let Some(n) = norms {
+                    rope::head_norms_cpu(&mut qw, &mut kw, hd, n);
+                }
+                rope::rope_kv_rows_cpu(
+                    &mut qw,
+                    &mut kw,
+                    &v,
+                    &positions,
+                    &mut kcw,
+                    &mut vcw,
+                    &p.seqs,
+                    &p.tables,
+                    (n_head, n_head_kv, hd, bs),
+                    style,
+                    (base, fscale),
+                    ff.then_some(&factors[..]),
+                );
+                (qw, kw, kcw, vcw)
+            };
+            let (qw, kw, _, vcw) = twin(None);
             let case = format!(
                 "{} seqs {rows} rows {n_head}/{n_head_kv}x{hd} bs {bs} ff {ff}",
                 p.seqs.len()
@@ -414,23 +421,7 @@ pub fn check_rope_kv_rows(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Resu
             );
             let l = rope::kv_rows_launch(p.seqs.len(), p.max_tokens, n_head, n_head_kv, hd);
             launch_values(gpu, norm_name, l, &values)?;
-            let (mut qw, mut kw, mut kcw, mut vcw) =
-                (q.clone(), k.clone(), kc0.clone(), vc0.clone());
-            rope::head_norms_cpu(&mut qw, &mut kw, hd, (&wq, &wk, eps));
-            rope::rope_kv_rows_cpu(
-                &mut qw,
-                &mut kw,
-                &v,
-                &positions,
-                &mut kcw,
-                &mut vcw,
-                &p.seqs,
-                &p.tables,
-                (n_head, n_head_kv, hd, bs),
-                style,
-                (base, fscale),
-                ff.then_some(&factors[..]),
-            );
+            let (qw, kw, kcw, vcw) = twin(Some((&wq, &wk, eps)));
             let halfs = |b: &[u16]| {
                 b.iter()
                     .map(|&x| f16::from_bits(x).to_f32())
