@@ -97,10 +97,12 @@ impl Gguf {
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.header
-            .index
-            .get(name)
-            .map(|&i| &self.header.tensors[i])
+        self.tensor_index(name).map(|i| &self.header.tensors[i])
+    }
+
+    /// The position of tensor `name` in [`Gguf::tensors`] (from the name index, no scan).
+    pub fn tensor_index(&self, name: &str) -> Option<usize> {
+        self.header.index.get(name).copied()
     }
 
     /// The `t.n_bytes()` bytes of a tensor of this file, borrowed from the map.

@@ -342,9 +342,7 @@ impl Backend for Cpu {
 
     fn load_experts(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CpuWeight, EngineError> {
         let index = gguf
-            .tensors()
-            .iter()
-            .position(|t| t.name == name)
+            .tensor_index(name)
             .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
         let info = &gguf.tensors()[index];
         if info.shape.len() != 3 {

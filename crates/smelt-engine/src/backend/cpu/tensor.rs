@@ -114,9 +114,7 @@ impl CpuWeight {
 
 pub(super) fn load(gguf: &Arc<Gguf>, name: &str, pad: bool) -> Result<CpuWeight, EngineError> {
     let index = gguf
-        .tensors()
-        .iter()
-        .position(|t| t.name == name)
+        .tensor_index(name)
         .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
     let info = &gguf.tensors()[index];
     let cols = info.row_len() as usize;
