@@ -1,16 +1,20 @@
-//! Compiled kernel modules cached across runs: the driver JIT-compiles smelt's PTX (every
-//! kernel of the catalog) when a process opens a GPU, which costs seconds at every start.
-//! The first run links the PTX into a cubin with the driver's own linker (`cuLink*`, the
-//! same JIT `cuModuleLoadData` runs on PTX) and stores it; later runs load the cubin, which
-//! takes milliseconds. The key is a hash of the PTX text, the driver version and the device
-//! (name and compute capability), so a new driver, another GPU or any kernel change makes a
-//! new entry and never loads a stale one. A second entry keyed by the binary itself (path,
-//! size, modification time, inode) and the settings that shape the PTX lets a start skip
-//! generating the PTX as well.
+//! The kernel module across runs. A process that opens a GPU needs the catalog's PTX (every
+//! kernel, about 25 MB, half a second to generate) compiled for the device. The PTX is kept
+//! on disk under a key of this binary and the settings that shape it, so a start skips
+//! generating it; the driver compiles it (`cuModuleLoadData`, whole-program) and keeps the
+//! machine code in its own JIT cache (`~/.nv/ComputeCache`, the `CUDA_CACHE_*` variables),
+//! so a later start compiles nothing either.
+//!
+//! Why no cubin of our own: the driver makes one only through its linker (`cuLink*`), which
+//! compiles PTX as relocatable code, and relocatable code takes more registers (`ptxas -c`
+//! against whole-program: the Q4_K GEMV 64 -> 90, its split-norm consumer 80 -> 96, the
+//! Q|K|V GEMV with rope 72 -> 104), so fewer warps an SM: single-stream decode was 5%
+//! slower on an H200 with the linked cubin (529 against 559 tok/s, bench/RESULTS.md
+//! 2026-11-28).
 //!
 //! Where: `$SMELT_KERNEL_CACHE` (a folder; `0` or `off` turns the cache off), else
 //! `$XDG_CACHE_HOME/smelt/kernels`, else `~/.cache/smelt/kernels`. A file that cannot be
-//! read, written or loaded is only a miss: the PTX path always works.
+//! read or written is only a miss: generating the PTX always works.
 
 use std::hash::Hasher;
 use std::path::PathBuf;
@@ -21,14 +25,14 @@ use cudarc::nvrtc::Ptx;
 
 use crate::CudaError;
 
-/// How a module was loaded, for the start-up log.
+/// Where a module's PTX came from, for the start-up log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Loaded {
-    /// From a cached cubin at this path.
+    /// Read from the cache at this path.
     Hit(PathBuf),
-    /// Compiled from PTX and stored at this path.
+    /// Generated and stored at this path.
     Stored(PathBuf),
-    /// Compiled from PTX; not cached (off, or the cache folder is not writable).
+    /// Generated; not cached (off, or the cache folder is not writable).
     Uncached,
 }
 
@@ -70,8 +74,8 @@ pub fn driver_version() -> i32 {
 }
 
 /// This binary's identity (path, size, modification time, inode) and `settings` (whatever
-/// else decides the generated PTX): the key of a cubin that can be loaded without
-/// generating the PTX at all (about half a second for the whole catalog). `None` when the
+/// else decides the generated PTX): the key of the PTX this binary generates, so a start
+/// need not generate it (about half a second for the whole catalog). `None` when the
 /// binary cannot be found.
 pub fn binary_key(settings: &str, driver: i32, device: &str, cc: (i32, i32)) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
@@ -89,9 +93,10 @@ pub fn binary_key(settings: &str, driver: i32, device: &str, cc: (i32, i32)) -> 
     Some(format!("bin-{}", key(&id, driver, device, cc)))
 }
 
-/// Loads the module whose PTX `generate` makes into `ctx`: from the cache when an entry
-/// for this binary and `settings`, or for the PTX's own hash, exists; else compiled from
-/// the PTX (and stored when the cache is on).
+/// Loads the module whose PTX `generate` makes into `ctx`: the PTX from the cache when an
+/// entry for this binary and `settings` exists, else generated (and stored when the cache
+/// is on); compiled by the driver either way (its JIT cache makes that fast after the first
+/// time).
 pub fn load(
     ctx: &Arc<CudaContext>,
     device: &str,
@@ -99,51 +104,29 @@ pub fn load(
     settings: &str,
     generate: impl FnOnce() -> Result<String, CudaError>,
 ) -> Result<(Arc<CudaModule>, Loaded), CudaError> {
-    let Some(dir) = dir() else {
+    let path = dir().and_then(|d| {
+        binary_key(settings, driver_version(), device, cc).map(|k| d.join(format!("{k}.ptx")))
+    });
+    let Some(path) = path else {
         return Ok((
             ctx.load_module(Ptx::from_src(generate()?))?,
             Loaded::Uncached,
         ));
     };
-    let driver = driver_version();
-    let try_load = |path: &PathBuf| {
-        let bytes = std::fs::read(path).ok()?;
-        ctx.load_module(Ptx::from_binary(bytes)).ok()
-    };
-    let by_binary =
-        binary_key(settings, driver, device, cc).map(|k| dir.join(format!("{k}.cubin")));
-    if let Some(p) = &by_binary {
-        if let Some(m) = try_load(p) {
-            return Ok((m, Loaded::Hit(p.clone())));
-        }
-    }
-    let ptx = generate()?;
-    let path = dir.join(format!("{}.cubin", key(&ptx, driver, device, cc)));
-    let store = |cubin: &[u8], at: &PathBuf| {
-        let tmp = at.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::create_dir_all(&dir).is_ok()
-            && std::fs::write(&tmp, cubin).is_ok()
-            && std::fs::rename(&tmp, at).is_ok()
-    };
-    if let Ok(bytes) = std::fs::read(&path) {
-        if let Ok(m) = ctx.load_module(Ptx::from_binary(bytes.clone())) {
-            if let Some(b) = &by_binary {
-                store(&bytes, b);
-            }
+    if let Ok(ptx) = std::fs::read_to_string(&path) {
+        if let Ok(m) = ctx.load_module(Ptx::from_src(ptx)) {
             return Ok((m, Loaded::Hit(path)));
         }
     }
-    ctx.bind_to_thread()?;
-    let cubin = match link(&ptx) {
-        Ok(c) => c,
-        // The linker refused what the loader may take: load the PTX as before.
-        Err(_) => return Ok((ctx.load_module(Ptx::from_src(ptx))?, Loaded::Uncached)),
-    };
-    let m = ctx.load_module(Ptx::from_binary(cubin.clone()))?;
-    let stored = store(&cubin, &path);
-    if let Some(b) = &by_binary {
-        store(&cubin, b);
-    }
+    let ptx = generate()?;
+    let stored = path
+        .parent()
+        .is_some_and(|d| std::fs::create_dir_all(d).is_ok())
+        && {
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, &ptx).is_ok() && std::fs::rename(&tmp, &path).is_ok()
+        };
+    let m = ctx.load_module(Ptx::from_src(ptx))?;
     Ok((
         m,
         if stored {
@@ -152,38 +135,6 @@ pub fn load(
             Loaded::Uncached
         },
     ))
-}
-
-/// PTX to a cubin for the current context's device with the driver's linker.
-fn link(ptx: &str) -> Result<Vec<u8>, CudaError> {
-    let src =
-        std::ffi::CString::new(ptx).map_err(|_| CudaError::Init("PTX with a NUL byte".into()))?;
-    let name = c"smelt.ptx";
-    let mut state: sys::CUlinkState = std::ptr::null_mut();
-    // SAFETY: no options; `state` is written by the driver and destroyed below; the cubin
-    // it returns belongs to `state` and is copied out before the destroy.
-    unsafe {
-        sys::cuLinkCreate_v2(0, std::ptr::null_mut(), std::ptr::null_mut(), &mut state).result()?;
-        let r = (|| {
-            sys::cuLinkAddData_v2(
-                state,
-                sys::CUjitInputType::CU_JIT_INPUT_PTX,
-                src.as_ptr() as *mut std::ffi::c_void,
-                src.as_bytes_with_nul().len(),
-                name.as_ptr(),
-                0,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-            .result()?;
-            let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
-            let mut size = 0usize;
-            sys::cuLinkComplete(state, &mut out, &mut size).result()?;
-            Ok(std::slice::from_raw_parts(out.cast::<u8>(), size).to_vec())
-        })();
-        let _ = sys::cuLinkDestroy(state);
-        r
-    }
 }
 
 #[cfg(test)]
@@ -218,8 +169,7 @@ mod tests {
         std::env::remove_var("XDG_CACHE_HOME");
     }
 
-    /// How long generating the whole catalog's PTX takes (the part of a start-up the cache
-    /// cannot skip, since the key hashes it).
+    /// How long generating the whole catalog's PTX takes (what the cache saves a start).
     #[test]
     fn catalog_ptx_generation_time() {
         let t = std::time::Instant::now();

@@ -258,9 +258,9 @@ impl Gpu {
                     generated.as_secs_f64() * 1e3,
                     load_time.as_secs_f64() * 1e3,
                     match &how {
-                        cache::Loaded::Hit(p) => format!("cached cubin {}", p.display()),
-                        cache::Loaded::Stored(p) => format!("JIT, cubin stored at {}", p.display()),
-                        cache::Loaded::Uncached => "JIT, not cached".to_string(),
+                        cache::Loaded::Hit(p) => format!("PTX from {}", p.display()),
+                        cache::Loaded::Stored(p) => format!("PTX stored at {}", p.display()),
+                        cache::Loaded::Uncached => "PTX not cached".to_string(),
                     }
                 );
             }

@@ -129,10 +129,8 @@ pub fn gemv_config_name(ty: GgmlType, cfg: Config) -> Result<String, KernelError
 /// Variants the GPU check times against the defaults, to choose defaults by measurement:
 /// rows per warp, load pinning and L1 allocation of the weights, for 1, 2, 4 and 8 tokens.
 pub fn tuning_configs() -> Vec<Config> {
-    let mut v = vec![Config {
-        rows_per_warp: 4,
-        ..Config::new(1)
-    }];
+    let mut v = one_token_layouts();
+    v.remove(0);
     // Many tokens: activations streamed one token at a time (one token ahead), with two
     // or four rows sharing them.
     for ntok in [2, 4, 8] {
@@ -153,18 +151,35 @@ pub fn tuning_configs() -> Vec<Config> {
                     if ntok > 1 && (!pin_loads || no_l1) {
                         continue;
                     }
-                    v.push(Config {
+                    let c = Config {
                         ntok,
                         rows_per_warp,
                         pin_loads,
                         no_l1,
                         ..Config::new(ntok)
-                    });
+                    };
+                    if c != Config::new(ntok) && !v.contains(&c) {
+                        v.push(c);
+                    }
                 }
             }
         }
     }
     v
+}
+
+/// The one-token GEMV layouts a card's choice is measured among (`gpu_ops -o gemv_tune`),
+/// the default first: one, two or four rows a warp. (Two steps of tiles in flight a warp,
+/// and eight-warp blocks, were measured beside them on an H200 and lost or tied: bench/
+/// RESULTS.md 2026-11-28.)
+pub fn one_token_layouts() -> Vec<Config> {
+    [2, 1, 4]
+        .into_iter()
+        .map(|rows_per_warp| Config {
+            rows_per_warp,
+            ..Config::new(1)
+        })
+        .collect()
 }
 
 /// Every configuration the catalog emits: the defaults for 1..=8 tokens and the variants.
@@ -252,12 +267,7 @@ pub fn all() -> Vec<Entry> {
             }, _ => {});
         }
     }
-    let mut configs: Vec<Config> = (1..=gemv::MAX_TOKENS).map(Config::new).collect();
-    configs.extend(
-        tuning_configs()
-            .into_iter()
-            .filter(|c| *c != Config::new(c.ntok)),
-    );
+    let mut configs = self::configs();
     configs.extend(fused_configs());
     for ty in GEMV_TYPES {
         for &cfg in &configs {

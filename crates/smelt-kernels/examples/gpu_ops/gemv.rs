@@ -201,6 +201,27 @@ pub fn check_quantize(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<(
 /// each output within 1e-5 of the sum of the magnitudes of its products (f32 accumulation
 /// in another order than the twin), none unwritten.
 pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let configs: Vec<Config> = catalog::configs()
+        .into_iter()
+        .filter(|c| c.ntok <= 3 || c == &Config::new(c.ntok) || c.act_ahead < c.ntok)
+        .collect();
+    check_configs(gpu, rng, rep, &catalog::GEMV_TYPES, &configs)
+}
+
+/// `gemv_tune`'s check: the one-token layouts of the formats real files mix, against
+/// the twin as [`check`] does.
+pub fn check_tune(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let types = [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0];
+    check_configs(gpu, rng, rep, &types, &catalog::one_token_layouts())
+}
+
+fn check_configs(
+    gpu: &Gpu,
+    rng: &mut StdRng,
+    rep: &mut Report,
+    types: &[GgmlType],
+    configs: &[Config],
+) -> Result<()> {
     let all_shapes = [
         (1, 256),
         (5, 512),
@@ -213,7 +234,7 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
         (2, 32),
         (11, 4128),
     ];
-    for ty in catalog::GEMV_TYPES {
+    for &ty in types {
         // K-quant rows are whole super-blocks; the 32-weight formats take any multiple of
         // 32 (rows padded to whole tiles on the GPU).
         let shapes: Vec<_> = all_shapes
@@ -230,10 +251,7 @@ pub fn check(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result<()> {
             let packed = catalog::repack(ty, &ggml, nrows, k)?;
             let row_bytes = catalog::row_bytes(ty, k)?;
             let wd = gpu.stream.clone_htod(&packed)?;
-            for cfg in catalog::configs()
-                .into_iter()
-                .filter(|c| c.ntok <= 3 || c == &Config::new(c.ntok) || c.act_ahead < c.ntok)
-            {
+            for &cfg in configs {
                 let ntok = cfg.ntok;
                 let x = random_floats(rng, k * ntok, 2.0);
                 let xd = gpu.stream.clone_htod(&x)?;
@@ -280,7 +298,8 @@ struct Row {
     gbs_graph: f64,
 }
 
-fn speed(gpu: &Gpu) -> Result<(f64, Vec<Row>)> {
+/// The device copy rate (`cuMemcpyDtoD` of 1 GiB, bytes read + written a second).
+fn copy_rate(gpu: &Gpu) -> Result<f64> {
     println!("\n== speed ==");
     let copy_bytes = 1usize << 30;
     let src = gpu.random_bytes(copy_bytes, 1)?;
@@ -290,8 +309,11 @@ fn speed(gpu: &Gpu) -> Result<(f64, Vec<Row>)> {
     })?;
     let copy = 2.0 * copy_bytes as f64 / (ms * 1e-3) / 1e9;
     println!("device copy (cuMemcpyDtoD of 1 GiB, read + write): {copy:.0} GB/s");
-    drop((src, dst));
+    Ok(copy)
+}
 
+fn speed(gpu: &Gpu) -> Result<(f64, Vec<Row>)> {
+    let copy = copy_rate(gpu)?;
     let shapes: &[(usize, usize)] = &[
         (14336, 4096),
         (4096, 14336),
@@ -332,6 +354,15 @@ fn speed(gpu: &Gpu) -> Result<(f64, Vec<Row>)> {
             cases.push((ty, (4096, 14336), Config::new(ntok)));
         }
     }
+    Ok((copy, time_cases(gpu, copy, cases)?))
+}
+
+/// Each case timed over stream launches and graph replays (printed as it goes).
+fn time_cases(
+    gpu: &Gpu,
+    copy: f64,
+    cases: Vec<(GgmlType, (usize, usize), Config)>,
+) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for (ty, (nrows, k), cfg) in cases {
         let ntok = cfg.ntok;
@@ -375,7 +406,53 @@ fn speed(gpu: &Gpu) -> Result<(f64, Vec<Row>)> {
             gbs_graph,
         });
     }
-    Ok((copy, rows))
+    Ok(rows)
+}
+
+/// The single-token decode shapes of Llama-3-8B and Qwen3-32B (Q|K|V, O, gate|up, down).
+const DECODE_SHAPES: [(usize, usize); 8] = [
+    (6144, 4096),
+    (4096, 4096),
+    (28672, 4096),
+    (4096, 14336),
+    (10240, 5120),
+    (5120, 8192),
+    (51200, 5120),
+    (5120, 25600),
+];
+
+/// `gemv_tune` (explicit): the single-token Q4_K GEMV at the decode shapes of both models
+/// in every one-token layout of the catalog (`catalog::one_token_layouts`: rows a warp,
+/// warps a block, steps in flight), to choose a card's layouts by measurement.
+pub fn tune(gpu: &Gpu, _rng: &mut StdRng, rep: &mut Report) -> Result<()> {
+    let copy = copy_rate(gpu)?;
+    let mut cases = Vec::new();
+    for s in DECODE_SHAPES {
+        for cfg in catalog::one_token_layouts() {
+            cases.push((GgmlType::Q4_K, s, cfg));
+        }
+    }
+    let rows = time_cases(gpu, copy, cases)?;
+    rep.perf.push(format!(
+        "Q4_K one-token GEMV layouts, CUDA-graph replays, % of the device copy ({copy:.0} GB/s):"
+    ));
+    let names: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.shape == rows[0].shape)
+        .map(|r| r.name.as_str())
+        .collect();
+    rep.perf.push(format!("| shape | {} |", names.join(" | ")));
+    rep.perf
+        .push(format!("|---|{}", "---:|".repeat(names.len())));
+    for chunk in rows.chunks(names.len()) {
+        let cells: Vec<String> = chunk
+            .iter()
+            .map(|r| format!("{:.2} us {:.1}%", r.us_graph, 100.0 * r.gbs_graph / copy))
+            .collect();
+        rep.perf
+            .push(format!("| {} | {} |", chunk[0].shape, cells.join(" | ")));
+    }
+    Ok(())
 }
 
 /// Each GEMV's time per launch and GB/s at Llama-3-8B and vocabulary shapes, stream

@@ -39,8 +39,8 @@ pub fn cfg(l: Launch) -> LaunchConfig {
 impl Gpu {
     /// Opens device 0 and loads the catalog's kernels whose names pass `keep`, plus the
     /// harness's own fill kernels. With `all`, the whole catalog as the engine builds it,
-    /// through the engine's cubin cache (`smelt_cuda::cache`): the engine's backend, which
-    /// the MoE cases open, then finds it there instead of compiling it again.
+    /// through the engine's kernel cache (`smelt_cuda::cache`): the engine's backend, which
+    /// the MoE cases open, then finds the same PTX compiled in the driver's JIT cache.
     pub fn new(keep: &dyn Fn(&str) -> bool, all: bool) -> Result<Self> {
         let ctx = CudaContext::new(0).context("no CUDA device")?;
         // One stream, so cudarc's per-slice event tracking only costs launch time.

@@ -127,6 +127,17 @@ pub fn registry() -> Vec<Case> {
             ..case("gemv", gemv::PLAIN, gemv::check)
         },
         Case {
+            needs: &[
+                "quantize_q8_1",
+                "gemv_q4_k_t1*",
+                "gemv_q6_k_t1*",
+                "gemv_q8_0_t1*",
+            ],
+            explicit: true,
+            perf: Some(gemv::tune),
+            ..case("gemv_tune", &[], gemv::check_tune)
+        },
+        Case {
             needs: &["quantize_q8_1"],
             ..case(
                 "gemv_resnorm",

@@ -59,7 +59,7 @@ pub fn run(op: &str, rng: &mut StdRng) -> Result<usize> {
             ensure!(q.len() == 3 * act::row_bytes(288)?);
             Ok(q.len())
         }
-        "gemv" | "gemv_resnorm" => matmul(rng, false),
+        "gemv" | "gemv_tune" | "gemv_resnorm" => matmul(rng, false),
         "gemm" | "gemm_variants" => matmul(rng, true),
         "gemv_rope_kv" | "rope_kv_rows" => {
             let (n_head, n_head_kv, hd, bs) = (4, 2, 64, 16);
