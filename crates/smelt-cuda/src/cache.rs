@@ -107,11 +107,16 @@ pub fn load(
     let path = dir().and_then(|d| {
         binary_key(settings, driver_version(), device, cc).map(|k| d.join(format!("{k}.ptx")))
     });
+    // A new build (or no cache) is what the driver has not compiled: say so before the
+    // wait, which is about a minute for the whole catalog.
+    let compile = |ptx: String| {
+        eprintln!(
+            "compiling the GPU kernels for {device}: about a minute at a build's first start (the driver keeps them for later starts)"
+        );
+        ctx.load_module(Ptx::from_src(ptx))
+    };
     let Some(path) = path else {
-        return Ok((
-            ctx.load_module(Ptx::from_src(generate()?))?,
-            Loaded::Uncached,
-        ));
+        return Ok((compile(generate()?)?, Loaded::Uncached));
     };
     if let Ok(ptx) = std::fs::read_to_string(&path) {
         if let Ok(m) = ctx.load_module(Ptx::from_src(ptx)) {
@@ -126,7 +131,7 @@ pub fn load(
             let tmp = path.with_extension(format!("tmp{}", std::process::id()));
             std::fs::write(&tmp, &ptx).is_ok() && std::fs::rename(&tmp, &path).is_ok()
         };
-    let m = ctx.load_module(Ptx::from_src(ptx))?;
+    let m = compile(ptx)?;
     Ok((
         m,
         if stored {

@@ -195,11 +195,14 @@ pub fn configs() -> Vec<Config> {
 
 /// The fused single-token GEMVs (the two halves of a residual add + RMS norm between two
 /// GEMVs, `gemv::Fuse`; the Q|K|V GEMV with rope and the KV append, on a split norm's
-/// tiles or on plain ones), emitted for every type beside [`configs`].
-pub fn fused_configs() -> [Config; 4] {
+/// tiles or on plain ones; the split norm's consumer with four rows a warp as well, for
+/// the wide matrices `SMELT_CUDA_GEMV_R4_ROWS` gives four), emitted for every type beside
+/// [`configs`].
+pub fn fused_configs() -> [Config; 5] {
     [
         Config::residual_norm(),
         Config::rms_input(),
+        Config::rms_input().with_rows(4),
         Config::rms_input().with_rope_kv(),
         Config::new(1).with_rope_kv(),
     ]

@@ -129,6 +129,14 @@ impl Config {
         }
     }
 
+    /// `self` with `rows_per_warp` rows a warp.
+    pub fn with_rows(self, rows_per_warp: u32) -> Self {
+        Self {
+            rows_per_warp,
+            ..self
+        }
+    }
+
     /// `self` rotating and appending one token's Q|K|V rows ([`Config::rope_kv`]).
     pub fn with_rope_kv(self) -> Self {
         Self {

@@ -133,7 +133,7 @@ impl Gpu {
     /// The consumer half (`gemv::Fuse::RmsInput`); `out` None passes a null pointer.
     pub fn gemv_rmsin_launch(
         &self,
-        ty: GgmlType,
+        (ty, cfg): (GgmlType, Config),
         w: &CudaSlice<u8>,
         x: &CudaSlice<u8>,
         y: &mut CudaSlice<f32>,
@@ -144,7 +144,6 @@ impl Gpu {
         g: &CudaSlice<f32>,
         out: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
-        let cfg = Config::rms_input();
         let f = self.gemv(ty, cfg)?;
         let d = GemvDims::new(cfg, nrows, k, row_bytes);
         let (nparts, n) = (partials.len() as u32, k as u32);

@@ -115,7 +115,7 @@ pub fn check_split_norm(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result
             let mut y2 = gpu.stream.clone_htod(&vec![f32::NAN; rows2])?;
             let mut out = gpu.stream.clone_htod(&vec![f32::NAN; n])?;
             gpu.gemv_rmsin_launch(
-                ty,
+                (ty, Config::rms_input()),
                 &wd2,
                 &q,
                 &mut y2,
@@ -142,7 +142,7 @@ pub fn check_split_norm(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result
             // Without an output pointer the GEMV's results are the same.
             let mut y3 = gpu.stream.clone_htod(&vec![f32::NAN; rows2])?;
             gpu.gemv_rmsin_launch(
-                ty,
+                (ty, Config::rms_input()),
                 &wd2,
                 &q,
                 &mut y3,
@@ -154,6 +154,24 @@ pub fn check_split_norm(gpu: &Gpu, rng: &mut StdRng, rep: &mut Report) -> Result
                 None,
             )?;
             if gpu.stream.clone_dtoh(&y3)? != y2g {
+                worst[4] = f64::NAN;
+            }
+            // Four rows a warp: each lane dots the same tiles of a row in the same order, so
+            // the same bits.
+            let mut y4 = gpu.stream.clone_htod(&vec![f32::NAN; rows2])?;
+            gpu.gemv_rmsin_launch(
+                (ty, Config::rms_input().with_rows(4)),
+                &wd2,
+                &q,
+                &mut y4,
+                (rows2, n, rb2),
+                &parts,
+                eps,
+                &res,
+                &gd,
+                None,
+            )?;
+            if gpu.stream.clone_dtoh(&y4)? != y2g {
                 worst[4] = f64::NAN;
             }
             // Each part against its bar: the worst ratio (tiles: bytes differing).

@@ -213,7 +213,10 @@ impl Cuda {
                     r.res.cols
                 )));
             }
-            cfg = gemv::Config::rms_input();
+            // Four rows a warp where the plain GEMV would take them; the split norm's
+            // consumer has no one-row form.
+            let rows_per_warp = if cfg.rows_per_warp == 4 { 4 } else { 2 };
+            cfg = gemv::Config::rms_input().with_rows(rows_per_warp);
         }
         if rope.is_some() {
             if ntok != 1 {

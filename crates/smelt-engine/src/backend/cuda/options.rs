@@ -137,7 +137,8 @@ pub struct FuseOptions {
 /// Which kernel multiplies a matrix, by token count and shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MatmulOptions {
-    /// Single-token GEMVs of at most `.0` rows run one row per warp, of at least `.1` four.
+    /// Single-token GEMVs of at most `.0` rows run one row per warp, of at least `.1` four
+    /// (the split norm's consumers too, which have no one-row form).
     pub gemv_rows: (usize, usize),
     /// Matmuls of at least this many tokens run on the tensor-core GEMM.
     pub gemm_min_tokens: usize,
