@@ -572,6 +572,10 @@ mod tests {
             "gemv_q4_k_t1_resnorm"
         );
         assert_eq!(Config::rms_input().name::<Q4K>(), "gemv_q4_k_t1_rmsin");
+        assert_eq!(
+            Config::rms_input().with_rows(4).name::<Q4K>(),
+            "gemv_q4_k_t1_rmsin_r4"
+        );
         let odd = Config {
             warps_per_cta: 8,
             ..Config::residual_norm()
@@ -587,6 +591,8 @@ mod tests {
         m.kernel("c", |k| kernel::<Q4K>(k, Config::residual_norm()))
             .unwrap();
         m.kernel("d", |k| kernel::<Q4K>(k, Config::rms_input()))
+            .unwrap();
+        m.kernel("e", |k| kernel::<Q4K>(k, Config::rms_input().with_rows(4)))
             .unwrap();
         let ptx = m.to_ptx();
         assert!(ptx.contains("bar.sync"));

@@ -421,8 +421,8 @@ const DECODE_SHAPES: [(usize, usize); 8] = [
 ];
 
 /// `gemv_tune` (explicit): the single-token Q4_K GEMV at the decode shapes of both models
-/// in every one-token layout of the catalog (`catalog::one_token_layouts`: rows a warp,
-/// warps a block, steps in flight), to choose a card's layouts by measurement.
+/// in every one-token layout of the catalog (`catalog::one_token_layouts`: one, two or four
+/// rows a warp), to choose a card's layouts by measurement.
 pub fn tune(gpu: &Gpu, _rng: &mut StdRng, rep: &mut Report) -> Result<()> {
     let copy = copy_rate(gpu)?;
     let mut cases = Vec::new();
