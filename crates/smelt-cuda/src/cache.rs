@@ -110,8 +110,13 @@ pub fn load(
     // A new build (or no cache) is what the driver has not compiled: say so before the
     // wait, which is about a minute for the whole catalog.
     let compile = |ptx: String| {
+        let kept = if std::env::var_os("CUDA_CACHE_DISABLE").is_some_and(|v| v == "1") {
+            "CUDA_CACHE_DISABLE=1 turns the driver's JIT cache off, so every start compiles"
+        } else {
+            "the driver keeps them for later starts"
+        };
         eprintln!(
-            "compiling the GPU kernels for {device}: about a minute at a build's first start (the driver keeps them for later starts)"
+            "compiling the GPU kernels for {device}: about a minute at a build's first start ({kept})"
         );
         ctx.load_module(Ptx::from_src(ptx))
     };
