@@ -169,17 +169,18 @@ pub fn tuning_configs() -> Vec<Config> {
 }
 
 /// The one-token GEMV layouts a card's choice is measured among (`gpu_ops -o gemv_tune`),
-/// the default first: one, two or four rows a warp. (Two steps of tiles in flight a warp,
-/// and eight-warp blocks, were measured beside them on an H200 and lost or tied: bench/
-/// RESULTS.md 2026-11-28.)
+/// the default first: one, two or four rows a warp, and two rows shared by two or four
+/// warps (`Config::split`, for the short rows whose two or four steps are all latency).
+/// (Two steps of tiles in flight a warp, and eight-warp blocks, were measured beside them
+/// on an H200 and lost or tied: bench/RESULTS.md 2026-11-28.)
 pub fn one_token_layouts() -> Vec<Config> {
-    [2, 1, 4]
+    let base = Config::new(1);
+    let mut v: Vec<Config> = [2, 1, 4]
         .into_iter()
-        .map(|rows_per_warp| Config {
-            rows_per_warp,
-            ..Config::new(1)
-        })
-        .collect()
+        .map(|rows_per_warp| base.with_rows(rows_per_warp))
+        .collect();
+    v.extend([2, 4].map(|split| Config { split, ..base }));
+    v
 }
 
 /// Every configuration the catalog emits: the defaults for 1..=8 tokens and the variants.

@@ -14,7 +14,7 @@
 mod epilogue;
 mod twin;
 
-use smelt_ptx::{Cmp, Kernel, Label, Reg, Store, U32, U64};
+use smelt_ptx::{Cmp, Kernel, Label, Load, Reg, Store, F32, U32, U64};
 
 use crate::act::{self, ActSlots};
 use crate::formats::{GpuFormat, WeightLoad};
@@ -91,6 +91,10 @@ pub struct Config {
     /// stores K and V as f16 into the sequence's KV-cache slot, the job of
     /// `ops::rope::rope_kv_rows_kernel` for one row, without its launch.
     pub rope_kv: bool,
+    /// Warps that share each warp's worth of rows (1, 2 or 4; plain GEMVs only): each
+    /// takes every `split`-th step of eight tiles, so a short row's chain of loads is
+    /// `split` times shorter, and their sums meet in shared memory in a fixed order.
+    pub split: u32,
 }
 
 impl Config {
@@ -107,6 +111,7 @@ impl Config {
             warps_per_cta: WARPS_PER_CTA,
             fuse: Fuse::None,
             rope_kv: false,
+            split: 1,
         }
     }
 
@@ -156,7 +161,7 @@ impl Config {
 
     /// Rows one block covers: the grid is `ceil(nrows / rows_per_cta())`.
     pub fn rows_per_cta(&self) -> u32 {
-        self.warps_per_cta * self.rows_per_warp
+        self.warps_per_cta / self.split * self.rows_per_warp
     }
 
     /// Threads per block, as `(32, warps_per_cta, 1)`.
@@ -195,6 +200,9 @@ impl Config {
         }
         if self.act_ahead != self.ntok {
             n.push_str(&format!("_a{}", self.act_ahead));
+        }
+        if self.split != 1 {
+            n.push_str(&format!("_s{}", self.split));
         }
         n
     }
@@ -286,6 +294,16 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         k.reject(format!("{} rows per warp: 1 to 4", cfg.rows_per_warp));
         return;
     }
+    let split_ok = matches!(cfg.split, 1 | 2 | 4)
+        && cfg.warps_per_cta % cfg.split == 0
+        && (cfg.split == 1 || (cfg.fuse == Fuse::None && !cfg.rope_kv));
+    if !split_ok {
+        k.reject(format!(
+            "{} warps a row group: 1, 2 or 4, dividing the block's warps, plain GEMVs only",
+            cfg.split
+        ));
+        return;
+    }
     if !(1..=32).contains(&cfg.warps_per_cta) {
         k.reject(format!("{} warps per block: 1 to 32", cfg.warps_per_cta));
         return;
@@ -370,11 +388,26 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
     let rope = cfg.rope_kv.then(|| RopeKv::params(k));
 
     let nr = cfg.rows_per_warp as usize;
-    let warp = k.mad(k.reg(), k.ctaid_x(), cfg.warps_per_cta, k.tid_y());
+    // The warp's group of rows, and (split) which of the group's warps it is.
+    let (warp, share) = if cfg.split == 1 {
+        (
+            k.mad(k.reg(), k.ctaid_x(), cfg.warps_per_cta, k.tid_y()),
+            None,
+        )
+    } else {
+        let in_block = k.shr(k.reg(), k.tid_y(), cfg.split.trailing_zeros());
+        let group = k.mad(
+            k.reg(),
+            k.ctaid_x(),
+            cfg.warps_per_cta / cfg.split,
+            in_block,
+        );
+        (group, Some(k.and(k.reg(), k.tid_y(), cfg.split - 1)))
+    };
     let first_row = k.mul(k.reg(), warp, cfg.rows_per_warp);
     // Fused kernels keep every warp to the end: their blocks meet at a barrier or share
-    // a grid-wide loop.
-    if let Fused::None = fused {
+    // a grid-wide loop; so do split ones, whose warps meet at a barrier.
+    if let (Fused::None, None) = (&fused, share) {
         k.exit_if(k.ge(first_row, nrows));
     }
     let last = k.sub(k.reg(), nrows, 1u32);
@@ -388,6 +421,12 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
     let lane = k.tid_x();
     let part = k.and(k.reg(), lane, 3u32);
     let first = k.shr(k.reg(), lane, 2u32);
+    // A split warp starts `share` steps in and takes every `split`-th step.
+    let first = match share {
+        Some(p) => k.mad(k.reg(), p, 8u32, first),
+        None => first,
+    };
+    let stride = 8 * cfg.split;
     let wrows: Vec<_> = rows
         .iter()
         .map(|&row| k.add(k.reg(), w, k.mul_wide(k.reg::<U64>(), row, row_bytes)))
@@ -471,11 +510,11 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
     let loop_from = match hoisted {
         Some((valid, weights)) => {
             k.if_(valid, |k| step(k, first, weights, false));
-            k.add(k.reg(), first, 8u32)
+            k.add(k.reg(), first, stride)
         }
         None => first,
     };
-    k.stride_loop(loop_from, ntiles, 8u32, |k, tile| {
+    k.stride_loop(loop_from, ntiles, stride, |k, tile| {
         let weights: Vec<_> = wrows
             .iter()
             .map(|&wr| F::load(k, &setup, wr, tile, how))
@@ -487,6 +526,46 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         .iter()
         .map(|acc_r| acc_r.iter().map(|&a| k.warp_sum(a)).collect())
         .collect();
+    // A split group's warps meet: each writes its sums, the group's first warp adds the
+    // others' in order and alone stores.
+    if let Some(p) = share {
+        let ntok32 = ntok as u32;
+        let red = k.shared::<F32>(
+            "gemv_split",
+            cfg.warps_per_cta * cfg.rows_per_warp * ntok32,
+            16,
+        );
+        let base = k.shared_base(&red);
+        let at = |k: &Kernel, warp_y: Reg<U32>, r: usize, t: usize| {
+            let slot = k.mad(
+                k.reg(),
+                warp_y,
+                cfg.rows_per_warp * ntok32,
+                (r * ntok + t) as u32,
+            );
+            k.mad(k.reg(), slot, 4u32, base)
+        };
+        let lane0 = k.eq(lane, 0u32);
+        for (r, sums_r) in sums.iter().enumerate() {
+            for (t, &v) in sums_r.iter().enumerate() {
+                let a = at(k, k.tid_y(), r, t);
+                k.guarded(lane0, |k| k.st(Store::SHARED, a, v));
+            }
+        }
+        k.bar_sync();
+        let lead = k.eq(p, 0u32);
+        k.if_(lead, |k| {
+            for other in 1..cfg.split {
+                let wy = k.add(k.reg(), k.tid_y(), other);
+                for (r, sums_r) in sums.iter().enumerate() {
+                    for (t, &v) in sums_r.iter().enumerate() {
+                        let o = k.load::<F32>(Load::SHARED, at(k, wy, r, t));
+                        k.add(v, v, o);
+                    }
+                }
+            }
+        });
+    }
     let inv_rms = match (&fused, &early) {
         (Fused::RmsInput { n, eps, .. }, Early::Parts(parts)) => {
             // Loaded before the loop (16 more registers): loaded after it, they cost
@@ -507,6 +586,10 @@ pub fn kernel<F: GpuFormat>(k: &Kernel, cfg: Config) {
         let store = k.lt(row, nrows);
         let lane0 = k.eq(lane, 0u32);
         k.and(store, store, lane0);
+        if let Some(p) = share {
+            let lead = k.eq(p, 0u32);
+            k.and(store, store, lead);
+        }
         k.if_(store, |k| {
             let mut out = k.elem_addr(y, row, 4);
             let stride = k.mul_wide(k.reg::<U64>(), nrows, 4u32);
@@ -596,6 +679,40 @@ mod tests {
             .unwrap();
         let ptx = m.to_ptx();
         assert!(ptx.contains("bar.sync"));
+    }
+
+    #[test]
+    fn split_gemvs_share_rows_between_warps_and_meet_at_a_barrier() {
+        use crate::formats::Q4K;
+        let s2 = Config {
+            split: 2,
+            ..Config::new(1)
+        };
+        assert_eq!(s2.name::<Q4K>(), "gemv_q4_k_t1_r2_s2");
+        assert_eq!(s2.rows_per_cta(), 4);
+        let mut m = smelt_ptx::Module::new(smelt_ptx::Target::Sm90);
+        for (i, bad) in [
+            Config { split: 3, ..s2 },
+            Config {
+                warps_per_cta: 2,
+                split: 4,
+                ..s2
+            },
+            Config {
+                split: 2,
+                ..Config::rms_input()
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            assert!(m
+                .kernel(&format!("bad{i}"), |k| kernel::<Q4K>(k, bad))
+                .is_err());
+        }
+        m.kernel("s2", |k| kernel::<Q4K>(k, s2)).unwrap();
+        let ptx = m.to_ptx();
+        assert!(ptx.contains("bar.sync") && ptx.contains("st.shared.f32"));
     }
 
     #[test]
