@@ -136,6 +136,11 @@ pub fn load(
             let tmp = path.with_extension(format!("tmp{}", std::process::id()));
             std::fs::write(&tmp, &ptx).is_ok() && std::fs::rename(&tmp, &path).is_ok()
         };
+    if stored {
+        if let Some(d) = path.parent() {
+            prune(d, KEEP);
+        }
+    }
     let m = compile(ptx)?;
     Ok((
         m,
@@ -145,6 +150,33 @@ pub fn load(
             Loaded::Uncached
         },
     ))
+}
+
+/// Entries the cache keeps: a build's PTX is about 25 MB, and every rebuild (or setting
+/// that shapes the PTX) makes a new one.
+const KEEP: usize = 8;
+
+/// Keeps the `keep` most recently written PTX entries in `dir` and removes the rest, and
+/// the cubins of older smelt versions. Best effort: what cannot be read or removed stays.
+fn prune(dir: &std::path::Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut ptx = Vec::new();
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".cubin") {
+            let _ = std::fs::remove_file(&p);
+        } else if name.starts_with("bin-") && name.ends_with(".ptx") {
+            let written = e.metadata().and_then(|m| m.modified()).ok();
+            ptx.push((written, p));
+        }
+    }
+    ptx.sort_by_key(|e| std::cmp::Reverse(e.0));
+    for (_, p) in ptx.into_iter().skip(keep) {
+        let _ = std::fs::remove_file(p);
+    }
 }
 
 #[cfg(test)]
@@ -164,6 +196,28 @@ mod tests {
         ] {
             assert_ne!(k, other);
         }
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_ptx_and_drops_old_cubins() {
+        let d = std::env::temp_dir().join(format!("smelt-cache-prune-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let t0 = std::time::SystemTime::now();
+        for i in 0..5u64 {
+            let f = std::fs::File::create(d.join(format!("bin-{i}.ptx"))).unwrap();
+            f.set_modified(t0 - std::time::Duration::from_secs(100 - i))
+                .unwrap();
+        }
+        std::fs::write(d.join("sm90-old.cubin"), b"x").unwrap();
+        std::fs::write(d.join("notes.txt"), b"x").unwrap();
+        prune(&d, 2);
+        let mut left: Vec<String> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["bin-3.ptx", "bin-4.ptx", "notes.txt"]);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
